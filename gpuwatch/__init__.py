@@ -1,0 +1,19 @@
+"""gpuwatch: where did my GPU memory go?
+
+A training script imports this package for its annotations::
+
+    import gpuwatch
+
+    with gpuwatch.phase("forward"):
+        loss = model(batch)
+    gpuwatch.mark("checkpoint saved")
+
+Importing it loads only the training-side client (no textual, numpy, sqlite3 or torch);
+the dashboard lives in ``gpuwatch.tui`` and is started by the ``gpuwatch`` command.
+"""
+
+from .instrument import configure, flush, mark, phase, step
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "configure", "flush", "mark", "phase", "step"]

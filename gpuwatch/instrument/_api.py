@@ -1,0 +1,230 @@
+"""The public training-side API: ``phase``, ``mark``, ``step`` and ``configure``.
+
+Every function here runs on the user's training thread. Each one reads the clock, maybe
+reads the allocator (only on CUDA), and appends a tuple to the sender's queue; nothing
+else. None of them raises into the caller.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable
+from itertools import count
+from typing import Any, TypeVar
+
+from .. import protocol
+from ._client import Client
+from ._torchmem import TorchMemory
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_monotonic_ns = time.monotonic_ns
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return default
+
+
+class _State:
+    """Process-wide state of the client (one per process; reset in forked children)."""
+
+    def __init__(self) -> None:
+        self.enabled = not _env_flag("GPUWATCH_DISABLE", False)
+        self.memory = TorchMemory(
+            peaks=_env_flag("GPUWATCH_PEAKS", True), sync=_env_flag("GPUWATCH_SYNC", False)
+        )
+        self.client = Client(memory=self.memory)
+        self.step: int = 0
+        self.ids = count(1)
+        self.local = threading.local()
+        # Called with (exc, phase name) when an OOM passes through a phase; set by the
+        # OOM forensics module so that this hot module needs no knowledge of it.
+        self.on_oom: Callable[[BaseException, str | None], None] | None = None
+
+    def stack(self) -> list[tuple[int, str]]:
+        try:
+            return self.local.stack
+        except AttributeError:
+            stack: list[tuple[int, str]] = []
+            self.local.stack = stack
+            return stack
+
+
+_state = _State()
+
+
+def _after_fork() -> None:
+    # A forked child (a DataLoader worker, say) is a new process: new pid, no sender thread.
+    _state.client.reset_after_fork()
+    _state.local = threading.local()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class phase:
+    """Annotate a phase of training, as a context manager or a decorator.
+
+    Phases may nest; each reports, at its start and end, the time and (on CUDA) the torch
+    allocated and reserved bytes and the peaks since the previous boundary. One instance can
+    be entered many times, from several threads.
+
+    Args:
+        name: The phase's name, e.g. ``"forward"`` or ``"optimizer.step"``. The end of a
+            phase named ``"optimizer.step"`` advances the step counter.
+
+    Example:
+        >>> with gpuwatch.phase("forward"):
+        ...     loss = model(batch)
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)[: protocol.MAX_NAME]
+
+    def __enter__(self) -> phase:
+        st = _state
+        if not st.enabled:
+            return self
+        try:
+            fig = st.memory.boundary()
+            t = _monotonic_ns()
+            stack = st.stack()
+            sid = next(st.ids)
+            parent = stack[-1][0] if stack else None
+            stack.append((sid, self.name))
+            st.client.emit(
+                ("phase", t, "begin", self.name, sid, parent, len(stack) - 1, st.step, fig, None)
+            )
+        except Exception:
+            pass
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        st = _state
+        if not st.enabled:
+            return False
+        try:
+            fig = st.memory.boundary()
+            t = _monotonic_ns()
+            stack = st.stack()
+            # Pop our own frame; tolerate an unbalanced stack rather than raise.
+            sid = None
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][1] == self.name:
+                    sid = stack[i][0]
+                    del stack[i:]
+                    break
+            if sid is None:
+                return False
+            parent = stack[-1][0] if stack else None
+            error = exc_type.__name__ if exc_type is not None else None
+            st.client.emit(
+                ("phase", t, "end", self.name, sid, parent, len(stack), st.step, fig, error)
+            )
+            if error is not None and "OutOfMemory" in error and st.on_oom is not None:
+                st.on_oom(exc, self.name)
+            elif error is None and self.name == "optimizer.step":
+                st.step += 1
+        except Exception:
+            pass
+        return False
+
+    def __call__(self, fn: F) -> F:
+        """Use the phase as a decorator: each call of ``fn`` is one phase."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def mark(text: str, level: str = "info") -> None:
+    """Record a point event (``level``: ``"info"``, ``"warning"`` or ``"error"``)."""
+    st = _state
+    if not st.enabled:
+        return
+    try:
+        if level not in protocol.LEVELS:
+            level = "info"
+        st.client.emit(("mark", _monotonic_ns(), str(text)[: protocol.MAX_TEXT], level, st.step))
+    except Exception:
+        pass
+
+
+def step(n: int | None = None) -> int:
+    """Set the training step the next phases belong to, or just read it.
+
+    Steps also advance by themselves when an ``optimizer.step`` phase ends, so calling this
+    is optional.
+
+    Returns:
+        The current step.
+    """
+    if n is not None:
+        try:
+            _state.step = int(n)
+        except (TypeError, ValueError):
+            pass
+    return _state.step
+
+
+def configure(
+    *,
+    socket: str | None = None,
+    sync: bool | None = None,
+    peaks: bool | None = None,
+    enabled: bool | None = None,
+) -> None:
+    """Change the client's settings (each also has an environment variable).
+
+    Args:
+        socket: Socket path (``GPUWATCH_SOCKET``); takes effect from the next send.
+        sync: Synchronise CUDA at every boundary for exact timing (``GPUWATCH_SYNC=1``).
+        peaks: Reset and report the allocator's peak counters (``GPUWATCH_PEAKS=0`` to
+            leave the user's own peak counters alone).
+        enabled: Turn the client off entirely (``GPUWATCH_DISABLE=1``).
+    """
+    st = _state
+    if socket is not None:
+        st.client.path = os.path.abspath(socket)
+        st.client.disconnect()  # greet whoever is there
+    if sync is not None:
+        st.memory.sync = bool(sync)
+    if peaks is not None:
+        st.memory.peaks = bool(peaks)
+    if enabled is not None:
+        st.enabled = bool(enabled)
+
+
+def send(kind: str, body: dict[str, Any]) -> None:
+    """Queue a message with a dict body (``facts``, ``oom``): for gpuwatch's own modules."""
+    st = _state
+    if st.enabled:
+        st.client.emit((kind, _monotonic_ns(), body))
+
+
+def set_facts(facts: dict[str, Any]) -> None:
+    """Send model facts now and again to any dashboard that connects later."""
+    st = _state
+    st.client.facts = facts
+    send("facts", facts)
+
+
+def flush() -> None:
+    """Send what is queued now (tests and short scripts; training never needs it)."""
+    try:
+        _state.client.flush()
+    except Exception:
+        pass

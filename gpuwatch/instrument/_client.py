@@ -1,0 +1,317 @@
+"""The background sender: a bounded queue on the training thread, a socket on its own thread.
+
+The training thread only appends a tuple to a deque. A daemon thread wakes every few
+milliseconds, turns the tuples into protocol messages and sends them with non-blocking
+``sendto`` calls, so a missing, slow or stalled dashboard can never block training: what
+cannot be sent is dropped and counted, and the count rides along with the next message that
+does get through.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from .. import protocol
+from ._torchmem import TorchMemory
+
+_VERSION = "0.1.0"
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+class Client:
+    """Queues events from the training process and sends them to a dashboard.
+
+    Args:
+        path: Socket path; ``None`` means :func:`gpuwatch.protocol.socket_path`.
+        memory: The allocator reader shared with the phase API.
+        queue_max: Events held while the sender is behind; more are dropped and counted.
+        interval: Seconds between sender wake-ups.
+        memory_interval: Seconds between periodic ``memory`` events while CUDA is in use.
+        max_wait: Seconds the sender thread may wait per flush for room in a busy
+            dashboard's queue before dropping (never the training thread).
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        memory: TorchMemory | None = None,
+        *,
+        queue_max: int = 8192,
+        interval: float = 0.01,
+        memory_interval: float = 0.05,
+        max_wait: float = 0.05,
+    ) -> None:
+        self.path = path or protocol.socket_path()
+        self.memory = memory or TorchMemory()
+        self.pid = os.getpid()
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.queue_max = queue_max
+        self.interval = interval
+        self.memory_interval = memory_interval
+        self.max_wait = max_wait
+        self._wait_budget = max_wait
+        self.queue_dropped = 0  # written by the training thread only
+        self.send_dropped = 0  # written by the sender thread only
+        self.sent = 0
+        self.facts: dict[str, Any] | None = None
+        self._seq = 0
+        self._sock: socket.socket | None = None
+        self._peer: tuple[int, int, int] | None = None  # identity of the socket we greeted
+        self._hello_devices: list[dict[str, Any]] | None = None
+        self._next_memory = 0.0
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    @property
+    def dropped(self) -> int:
+        """Events lost so far: queue overflow plus sends that failed."""
+        return self.queue_dropped + self.send_dropped
+
+    # ------------------------------------------------------------------ training thread
+
+    def emit(self, item: tuple[Any, ...]) -> None:
+        """Queue one event; never blocks, never raises (cost: a length check and an append)."""
+        q = self.queue
+        if len(q) >= self.queue_max:
+            self.queue_dropped += 1
+            return
+        q.append(item)
+        if self._thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is not None:
+                return
+            thread = threading.Thread(target=self._run, name="gpuwatch-sender", daemon=True)
+            self._thread = thread
+            thread.start()
+            atexit.register(self.close)
+
+    # ------------------------------------------------------------------ sender thread
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._stop.wait(self.interval)
+            try:
+                self.flush()
+            except Exception:  # never let the sender die; it must keep counting drops
+                pass
+
+    def flush(self) -> None:
+        """Send everything queued (called by the sender thread, and once at exit)."""
+        with self._send_lock:
+            items = []
+            q = self.queue
+            while q:
+                items.append(q.popleft())
+            now = time.monotonic()
+            if self.memory.active and now >= self._next_memory:
+                self._next_memory = now + self.memory_interval
+                fig = self.memory.current()
+                if fig is not None:
+                    items.append(("memory", time.monotonic_ns(), fig))
+            if not items:
+                return
+            self._wait_budget = self.max_wait
+            if not self._connected():
+                self._seq += len(items)
+                self.send_dropped += len(items)
+                return
+            for i, item in enumerate(items):
+                if self._send(*self._message(item)):
+                    continue
+                if self._peer is None and not self._connected():
+                    # The dashboard went away mid-batch and no new one is there.
+                    lost = len(items) - i - 1
+                    self._seq += lost
+                    self.send_dropped += lost
+                    return
+
+    def close(self, exit_code: int | None = None, reason: str = "exit") -> None:
+        """Flush the queue and say goodbye (registered with atexit once sending starts)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            self.queue.append(("bye", time.monotonic_ns(), exit_code, reason))
+            self.flush()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ helpers
+
+    def _connected(self) -> bool:
+        """Stat the socket; greet a dashboard we have not greeted yet (new one or restarted)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            self.disconnect()
+            return False
+        # ctime too: a restarted dashboard's socket may reuse the old inode number.
+        peer = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        if peer == self._peer:
+            devices = self.memory.devices()
+            if devices is not None and devices is not self._hello_devices:
+                self._send("hello", time.monotonic_ns(), self._hello_body())
+            return self._peer is not None
+        self.disconnect()
+        if st.st_uid != os.getuid():
+            # Someone else's socket: never hand them our annotations.
+            return False
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            # Connected, so that poll() can tell when the dashboard's queue has room.
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            return False
+        self._sock = sock
+        self._peer = peer
+        if not self._send("hello", time.monotonic_ns(), self._hello_body()):
+            self.disconnect()
+            return False
+        if self.facts is not None:
+            self._send("facts", time.monotonic_ns(), {"facts": self.facts})
+        return True
+
+    def disconnect(self) -> None:
+        """Forget the dashboard; the next flush greets whoever listens on the path."""
+        self._peer = None
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def _send(self, kind: str, t: int, body: dict[str, Any]) -> bool:
+        seq = self._seq
+        self._seq += 1
+        try:
+            data = protocol.encode(kind, self.pid, seq, t, self.dropped, body)
+        except (protocol.ProtocolError, TypeError, ValueError):
+            self.send_dropped += 1
+            return False
+        sock = self._sock
+        if sock is None:
+            self.send_dropped += 1
+            return False
+        for _ in range(2):
+            try:
+                sock.send(data)
+                self.sent += 1
+                return True
+            except BlockingIOError:
+                # The dashboard's queue is full: wait a little for room, on this thread
+                # only, then give up on this event (a stalled dashboard costs us nothing).
+                if self._wait_budget <= 0 or not self._wait_writable(sock):
+                    break
+            except OSError:
+                # No one bound there any more (ECONNREFUSED / ENOENT) or another fault.
+                self.send_dropped += 1
+                self.disconnect()
+                return False
+        self.send_dropped += 1
+        return False
+
+    def _wait_writable(self, sock: socket.socket) -> bool:
+        start = time.monotonic()
+        try:
+            ready = select.select([], [sock], [], self._wait_budget)[1]
+        except (OSError, ValueError):
+            ready = []
+        self._wait_budget -= time.monotonic() - start
+        if not ready:
+            self._wait_budget = 0.0
+        return bool(ready)
+
+    def _hello_body(self) -> dict[str, Any]:
+        devices = self.memory.devices()
+        self._hello_devices = devices
+        torch = sys.modules.get("torch")
+        body: dict[str, Any] = {
+            "argv": [a[: protocol.MAX_TEXT] for a in sys.argv[:64]],
+            "hostname": socket.gethostname()[:256],
+            "wall_ns": time.time_ns(),
+            "rank": _env_int("RANK"),
+            "local_rank": _env_int("LOCAL_RANK"),
+            "world_size": _env_int("WORLD_SIZE"),
+            "python": sys.version.split()[0],
+            "torch": (str(getattr(torch, "__version__", ""))[:64] or None) if torch else None,
+            "client": _VERSION,
+            "peaks": self.memory.peaks,
+            "sync": self.memory.sync,
+        }
+        if devices is not None:
+            body["devices"] = devices
+        return body
+
+    def _message(self, item: tuple[Any, ...]) -> tuple[str, int, dict[str, Any]]:
+        kind, t = item[0], item[1]
+        if kind == "phase":
+            _, _, event, name, sid, parent, depth, step, fig, error = item
+            body: dict[str, Any] = {
+                "event": event,
+                "name": name,
+                "id": sid,
+                "parent": parent,
+                "depth": depth,
+                "step": step,
+            }
+            if error is not None:
+                body["error"] = error
+            _add_figures(body, fig)
+        elif kind == "mark":
+            _, _, text, level, step = item
+            body = {"text": text, "level": level, "step": step}
+        elif kind == "memory":
+            body = {}
+            _add_figures(body, item[2])
+        elif kind == "bye":
+            body = {"exit_code": item[2], "reason": item[3]}
+        elif kind == "facts":
+            body = {"facts": item[2]}
+        else:  # "oom" and any dict-bodied kind
+            body = item[2]
+        return kind, t, body
+
+    def reset_after_fork(self) -> None:
+        """Start afresh in a forked child: new pid, no thread, no socket, nothing queued."""
+        self.pid = os.getpid()
+        self.queue = deque()
+        self._thread = None
+        self._start_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._stop = threading.Event()
+        self.disconnect()
+        self._seq = 0
+        self.queue_dropped = 0
+        self.send_dropped = 0
+        self.sent = 0
+
+
+def _add_figures(body: dict[str, Any], fig: tuple[Any, ...] | None) -> None:
+    if fig is None:
+        return
+    body["dev"], body["allocated"], body["reserved"] = fig[0], fig[1], fig[2]
+    if fig[3] is not None:
+        body["peak_allocated"] = fig[3]
+        body["peak_reserved"] = fig[4]

@@ -1,0 +1,125 @@
+"""Allocator figures from inside the training process, read only when CUDA is in use.
+
+torch is never imported here: the process imported it or it did not. On a CPU-only run
+:meth:`TorchMemory.boundary` returns ``None`` after one cheap check, so no memory figures are
+sent and the dashboard samples the process's RSS instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+Figures = tuple[int, int, int, "int | None", "int | None"]
+"""(torch device index, allocated, reserved, peak allocated, peak reserved) in bytes."""
+
+
+class TorchMemory:
+    """Reads and resets the CUDA caching allocator's counters at phase boundaries.
+
+    Args:
+        peaks: Reset the allocator's peak counters at each boundary so that each boundary
+            reports the exact peak since the previous one. This clobbers any peak counters
+            the user reads themselves (``torch.cuda.max_memory_allocated``); with
+            ``GPUWATCH_PEAKS=0`` they are left alone and no peaks are reported.
+        sync: Call ``torch.cuda.synchronize()`` before reading, so boundaries carry exact
+            timing at the cost of stalling the host at every boundary.
+    """
+
+    __slots__ = ("_devices", "_torch", "active", "last_device", "peaks", "sync")
+
+    def __init__(self, *, peaks: bool = True, sync: bool = False) -> None:
+        self.peaks = peaks
+        self.sync = sync
+        self.active = False
+        self.last_device: int | None = None
+        self._torch: Any = None
+        self._devices: list[dict[str, Any]] | None = None
+
+    def check_active(self) -> bool:
+        """True once this process has initialised CUDA (checked cheaply until it has)."""
+        if self.active:
+            return True
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        try:
+            if not torch.cuda.is_initialized():
+                return False
+        except Exception:
+            return False
+        self._torch = torch
+        self.active = True
+        return True
+
+    def boundary(self) -> Figures | None:
+        """Figures at a phase boundary; peaks cover the time since the previous boundary."""
+        if not self.active and not self.check_active():
+            return None
+        try:
+            cuda = self._torch.cuda
+            idx = cuda.current_device()
+            if self.sync:
+                cuda.synchronize(idx)
+            figures = self._read(idx)
+            if self.peaks:
+                cuda.reset_peak_memory_stats(idx)
+            self.last_device = idx
+            return figures
+        except Exception:
+            return None
+
+    def current(self, idx: int | None = None) -> Figures | None:
+        """Current figures without touching the peak counters (safe from any thread)."""
+        if not self.active:
+            return None
+        try:
+            if idx is None:
+                idx = self.last_device if self.last_device is not None else 0
+            figures = self._read(idx)
+            return (figures[0], figures[1], figures[2], None, None)
+        except Exception:
+            return None
+
+    def _read(self, idx: int) -> Figures:
+        # One call for all four counters: torch.cuda.memory_allocated() and friends each
+        # rebuild the whole flattened stats dict.
+        stats = self._torch.cuda.memory_stats_as_nested_dict(idx)
+        alloc = stats["allocated_bytes"]["all"]
+        res = stats["reserved_bytes"]["all"]
+        if self.peaks:
+            return (idx, alloc["current"], res["current"], alloc["peak"], res["peak"])
+        return (idx, alloc["current"], res["current"], None, None)
+
+    def devices(self) -> list[dict[str, Any]] | None:
+        """Visible CUDA devices with their UUIDs, for mapping torch's index to NVML's."""
+        if not self.active:
+            return None
+        if self._devices is None:
+            try:
+                cuda = self._torch.cuda
+                found = []
+                for i in range(cuda.device_count()):
+                    props = cuda.get_device_properties(i)
+                    found.append(
+                        {
+                            "index": i,
+                            "uuid": str(getattr(props, "uuid", "")),
+                            "name": str(props.name),
+                            "total": int(props.total_memory),
+                        }
+                    )
+                self._devices = found
+            except Exception:
+                return None
+        return self._devices
+
+    def mem_get_info(self, idx: int | None) -> tuple[int, int] | None:
+        """(free, total) bytes on the device as the driver sees it, or None."""
+        if not self.active:
+            return None
+        try:
+            free, total = self._torch.cuda.mem_get_info(idx)
+            return int(free), int(total)
+        except Exception:
+            return None

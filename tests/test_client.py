@@ -1,0 +1,194 @@
+"""The training-side client: API behaviour, never raising, never blocking."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, wait_for
+
+import gpuwatch
+from gpuwatch.instrument import _api
+from gpuwatch.instrument._client import Client
+from gpuwatch.session import Session
+from gpuwatch.sources.annotations import AnnotationReceiver
+
+
+@pytest.fixture
+def live(sock_path: str):
+    """A receiver, and the process-wide client pointed at it."""
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.start()
+    gpuwatch.configure(socket=sock_path, enabled=True)
+    yield session
+    gpuwatch.flush()
+    rx.stop()
+
+
+def _phases(session: Session) -> list[tuple[str, int, int]]:
+    proc = session.processes[os.getpid()]
+    cols = proc.phases.snapshot()
+    return [
+        (session.names[int(n)], int(d), int(s))
+        for n, d, s in zip(cols["name"], cols["depth"], cols["step"], strict=True)
+    ]
+
+
+def test_nested_phases_decorator_and_steps(live: Session) -> None:
+    gpuwatch.step(10)
+
+    @gpuwatch.phase("data")
+    def load() -> int:
+        return 3
+
+    with gpuwatch.phase("forward"), gpuwatch.phase("attention"):
+        pass
+    assert load() == 3
+    with gpuwatch.phase("optimizer.step"):
+        pass
+    with gpuwatch.phase("zero_grad"):
+        pass
+    assert gpuwatch.step() == 11
+    gpuwatch.mark("checkpoint saved", "warning")
+    gpuwatch.flush()
+    assert wait_for(
+        lambda: os.getpid() in live.processes and len(live.processes[os.getpid()].phases) == 5
+    )
+    assert _phases(live) == [
+        ("attention", 1, 10),
+        ("forward", 0, 10),
+        ("data", 0, 10),
+        ("optimizer.step", 0, 10),
+        ("zero_grad", 0, 11),
+    ]
+    assert wait_for(lambda: live.marks)
+    assert (live.marks[0].text, live.marks[0].level, live.marks[0].step) == (
+        "checkpoint saved",
+        "warning",
+        11,
+    )
+    hello = live.processes[os.getpid()].hello
+    assert hello["argv"] == sys.argv[:64]
+    assert "torch" in hello
+
+
+def test_exceptions_propagate_and_end_the_phase(live: Session) -> None:
+    with pytest.raises(KeyError), gpuwatch.phase("forward"):
+        raise KeyError("boom")
+    gpuwatch.flush()
+    assert wait_for(
+        lambda: os.getpid() in live.processes and len(live.processes[os.getpid()].phases) == 1
+    )
+    cols = live.processes[os.getpid()].phases.snapshot()
+    assert cols["error"][0] == 1
+
+
+def test_never_raises_on_bad_input_or_bad_socket(tmp_path) -> None:
+    gpuwatch.configure(socket=str(tmp_path / "no" / "such" / "dir" / "x.sock"))
+    with gpuwatch.phase(object()):  # type: ignore[arg-type]
+        gpuwatch.mark(None, level="nonsense")  # type: ignore[arg-type]
+        gpuwatch.step("not a number")  # type: ignore[arg-type]
+    gpuwatch.flush()
+
+
+def test_disabled_client_sends_nothing(live: Session) -> None:
+    gpuwatch.configure(enabled=False)
+    try:
+        with gpuwatch.phase("forward"):
+            gpuwatch.mark("x")
+        gpuwatch.flush()
+        time.sleep(0.1)
+        assert os.getpid() not in live.processes
+    finally:
+        gpuwatch.configure(enabled=True)
+
+
+def test_queue_is_bounded_and_drops_are_counted(sock_path: str) -> None:
+    client = Client(sock_path, queue_max=10, interval=3600)
+    for i in range(25):
+        client.emit(("mark", i, "x", "info", 0))
+    assert len(client.queue) == 10
+    assert client.queue_dropped == 15
+
+
+def test_stalled_dashboard_costs_the_sender_little_and_training_nothing(
+    sock_path: str,
+) -> None:
+    # Bound but never read: the kernel queue fills, sends fail with EAGAIN.
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stalled.bind(sock_path)
+    try:
+        client = Client(sock_path, interval=3600, max_wait=0.02)
+        for i in range(200):
+            client.emit(("mark", i, "x" * 100, "info", 0))
+        start = time.monotonic()
+        client.flush()
+        elapsed = time.monotonic() - start
+        assert elapsed < 1.0
+        assert client.sent > 0
+        assert client.send_dropped > 0
+        assert client.sent + client.send_dropped == 201  # + the hello
+    finally:
+        stalled.close()
+
+
+def test_drops_are_reported_to_a_dashboard_that_appears_later(sock_path: str) -> None:
+    client = Client(sock_path, interval=3600)
+    client.emit(("mark", 1, "lost", "info", 0))
+    client.flush()  # nobody listening: dropped
+    assert client.dropped == 1
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.start()
+    try:
+        client.emit(("mark", 2, "kept", "info", 0))
+        client.flush()
+        assert wait_for(lambda: session.marks)
+        proc = session.processes[client.pid]
+        assert proc.dropped == 1
+        assert [m.text for m in session.marks] == ["kept"]
+    finally:
+        rx.stop()
+
+
+def test_dashboard_restart_gets_a_new_hello(sock_path: str) -> None:
+    client = Client(sock_path, interval=3600)
+    for round_ in range(2):
+        session = Session()
+        rx = AnnotationReceiver(session, sock_path)
+        rx.start()
+        try:
+            client.emit(("mark", round_, f"round {round_}", "info", 0))
+            client.flush()
+            assert wait_for(lambda s=session: s.marks)
+            assert session.processes[client.pid].hello.get("argv") is not None
+        finally:
+            rx.stop()
+
+
+def test_forked_child_gets_a_fresh_client(live: Session) -> None:
+    code = (
+        "import os, gpuwatch, time\n"
+        "with gpuwatch.phase('parent'): pass\n"
+        "gpuwatch.flush()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    with gpuwatch.phase('child'): pass\n"
+        "    gpuwatch.flush()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print(pid)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUWATCH_SOCKET": _api._state.client.path}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    child = int(out.strip())
+    assert wait_for(lambda: child in live.processes and len(live.processes[child].phases) == 1)
+    assert live.names[int(live.processes[child].phases.snapshot()["name"][0])] == "child"
+    assert live.processes[child].hello  # the child greeted on its own

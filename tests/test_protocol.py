@@ -1,0 +1,171 @@
+"""Protocol v1: encoding, validation, and the socket path rules."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuwatch import protocol
+from gpuwatch.protocol import ProtocolError, decode, encode
+
+
+def _raw(**fields: object) -> bytes:
+    base = {"v": 1, "kind": "mark", "seq": 0, "pid": 123, "t": 5, "text": "hi"}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not ...}).encode()
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        (
+            "hello",
+            {
+                "argv": ["train.py", "--lr", "1"],
+                "rank": 0,
+                "world_size": 2,
+                "devices": [{"index": 0, "uuid": "abc", "name": "H100", "total": 80}],
+            },
+        ),
+        ("facts", {"facts": {"params": [{"dtype": "float32", "count": 10}]}}),
+        (
+            "phase",
+            {
+                "event": "begin",
+                "name": "forward",
+                "id": 7,
+                "parent": None,
+                "step": 3,
+                "allocated": 10,
+                "reserved": 20,
+                "peak_allocated": 15,
+                "peak_reserved": 20,
+                "dev": 0,
+            },
+        ),
+        ("mark", {"text": "checkpoint saved", "level": "warning"}),
+        ("memory", {"dev": 1, "allocated": 1, "reserved": 2}),
+        ("oom", {"requested": 1 << 30, "free": 0, "total": 80, "phase": "forward"}),
+        ("bye", {"exit_code": 0, "reason": "exit"}),
+    ],
+)
+def test_round_trip(kind: str, body: dict) -> None:
+    msg = decode(encode(kind, 42, 9, 1234, 3, body))
+    assert (msg.kind, msg.pid, msg.seq, msg.t, msg.dropped) == (kind, 42, 9, 1234, 3)
+    for key, value in body.items():
+        assert msg.body[key] == value
+
+
+def test_unknown_fields_are_ignored() -> None:
+    msg = decode(_raw(future_field={"x": 1}))
+    assert "future_field" not in msg.body
+    assert msg.body["text"] == "hi"
+    assert msg.body["level"] == "info"  # default
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"not json", "json"),
+        (b"[1, 2]", "json"),
+        (b"\xff\xfe", "json"),
+        (_raw(v=2), "version"),
+        (_raw(v="1"), "version"),
+        (_raw(v=True), "version"),
+        (_raw(v=...), "version"),
+        (_raw(kind="teleport"), "kind"),
+        (_raw(kind=None), "kind"),
+        (_raw(pid=-1), "field"),
+        (_raw(pid=0), "field"),
+        (_raw(pid=True), "field"),
+        (_raw(seq=1.5), "field"),
+        (_raw(t="now"), "field"),
+        (_raw(text=...), "field"),
+        (_raw(text=5), "field"),
+        (_raw(text="x" * 5000), "field"),
+        (_raw(level="fatal"), "field"),
+        (_raw(dropped=-3), "field"),
+        (_raw(kind="phase", event="middle", name="f", id=1), "field"),
+        (_raw(kind="phase", event="begin", name="f", id=1, allocated=-5), "field"),
+        (_raw(kind="phase", event="begin", name="f", id=1, allocated=True), "field"),
+        (_raw(kind="hello", argv="python train.py"), "field"),
+        (_raw(kind="hello", devices=[{"index": "0"}]), "field"),
+        (_raw(kind="facts", facts=[1, 2]), "field"),
+        (b"{" + b" " * protocol.MAX_DATAGRAM + b"}", "size"),
+    ],
+)
+def test_rejects(data: bytes, reason: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(data)
+    assert info.value.reason == reason
+
+
+def test_encode_refuses_oversized() -> None:
+    with pytest.raises(ProtocolError):
+        encode("facts", 1, 0, 0, 0, {"facts": {"blob": "x" * protocol.MAX_DATAGRAM}})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_decode_random_bytes_only_raises_protocol_error(data: bytes) -> None:
+    try:
+        decode(data)
+    except ProtocolError:
+        pass
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(protocol.KINDS),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "event",
+                "name",
+                "id",
+                "text",
+                "level",
+                "argv",
+                "facts",
+                "allocated",
+                "devices",
+                "step",
+                "exit_code",
+                "dev",
+            ]
+        ),
+        json_values,
+        max_size=6,
+    ),
+)
+def test_decode_random_objects_only_raises_protocol_error(kind: str, fields: dict) -> None:
+    obj = {"v": 1, "kind": kind, "seq": 1, "pid": 2, "t": 3, **fields}
+    try:
+        msg = decode(json.dumps(obj).encode())
+    except ProtocolError:
+        return
+    assert msg.kind == kind
+
+
+def test_socket_path_order(tmp_path) -> None:
+    assert protocol.socket_path({"GPUWATCH_SOCKET": "/x/y.sock"}) == "/x/y.sock"
+    runtime = str(tmp_path)
+    assert protocol.socket_path({"XDG_RUNTIME_DIR": runtime}) == os.path.join(
+        runtime, "gpuwatch", "gpuwatch.sock"
+    )
+    assert protocol.socket_path({}) == f"/tmp/gpuwatch-{os.getuid()}/gpuwatch.sock"
+    # A runtime dir that does not exist is skipped.
+    assert protocol.socket_path({"XDG_RUNTIME_DIR": "/nonexistent/dir"}).startswith("/tmp/")

@@ -1,0 +1,19 @@
+"""The in-memory session: columnar series, phase spans, marks and range queries."""
+
+from .model import HOST, Device, Mark, Oom, OpenSpan, gpu_key, norm_uuid
+from .session import Process, Session
+from .table import MISSING_INT, Table
+
+__all__ = [
+    "HOST",
+    "MISSING_INT",
+    "Device",
+    "Mark",
+    "Oom",
+    "OpenSpan",
+    "Process",
+    "Session",
+    "Table",
+    "gpu_key",
+    "norm_uuid",
+]

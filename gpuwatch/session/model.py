@@ -1,0 +1,136 @@
+"""Plain records of the session: devices, processes, phase spans, marks and OOMs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+HOST = "host"
+"""Device key of the host (RAM and the RSS of instrumented processes)."""
+
+GPU_COLUMNS = (
+    ("t", "i8"),
+    ("used", "i8"),
+    ("free", "i8"),
+    ("total", "i8"),
+    ("reserved", "i8"),  # driver-reserved memory (nvmlDeviceGetMemoryInfo_v2)
+    ("util_gpu", "f4"),
+    ("util_mem", "f4"),
+    ("temp", "f4"),
+    ("power", "f4"),  # watts
+    ("power_limit", "f4"),
+    ("clock_sm", "f4"),  # MHz
+    ("clock_mem", "f4"),
+)
+HOST_COLUMNS = (("t", "i8"), ("total", "i8"), ("used", "i8"), ("available", "i8"))
+TORCH_COLUMNS = (
+    ("t", "i8"),
+    ("dev", "i8"),  # torch device index inside the process
+    ("allocated", "i8"),
+    ("reserved", "i8"),
+)
+PEAK_COLUMNS = (
+    ("t1", "i8"),  # the boundary that reported the peak
+    ("t0", "i8"),  # the previous boundary: the peak happened somewhere in between
+    ("dev", "i8"),
+    ("peak_allocated", "i8"),
+    ("peak_reserved", "i8"),
+)
+RSS_COLUMNS = (("t", "i8"), ("rss", "i8"))
+PHASE_COLUMNS = (
+    ("t1", "i8"),  # end time: spans are appended as they end
+    ("t0", "i8"),
+    ("name", "i4"),  # index into Session.names
+    ("step", "i8"),
+    ("depth", "i2"),
+    ("id", "i8"),
+    ("parent", "i8"),
+    ("dev", "i8"),
+    ("alloc0", "i8"),
+    ("reserved0", "i8"),
+    ("alloc1", "i8"),
+    ("reserved1", "i8"),
+    ("peak_alloc", "i8"),  # exact peak allocated inside the span (from the allocator)
+    ("peak_reserved", "i8"),
+    ("error", "i1"),
+)
+GPU_PROC_COLUMNS = (("t", "i8"), ("pid", "i8"), ("used", "i8"), ("type", "i1"))
+"""NVML's process list per GPU; ``type`` 0 compute, 1 graphics. One snapshot = one ``t``."""
+
+
+def norm_uuid(uuid: str | None) -> str:
+    """Compare NVML's ``GPU-xxxx`` and torch's bare ``xxxx`` UUIDs as the same string."""
+    u = (uuid or "").strip().lower()
+    return u[4:] if u.startswith("gpu-") else u
+
+
+def gpu_key(uuid: str) -> str:
+    """Device key of a GPU with this UUID."""
+    return "gpu:" + norm_uuid(uuid)
+
+
+@dataclass
+class Device:
+    """A device shown as one panel: a GPU (by UUID) or the host.
+
+    Attributes:
+        key: ``"host"`` or ``"gpu:<uuid>"``.
+        kind: ``"gpu"`` or ``"host"``.
+        index: NVML's index (not torch's: CUDA_VISIBLE_DEVICES reorders).
+        name: Product name, or the host name.
+        uuid: NVML UUID.
+        bus_id: PCI bus id.
+        total: Total memory in bytes.
+        state: ``"ok"``, ``"lost"`` (fell off the bus) or ``"error"``.
+        note: Why the state is not ok, or what is not available here.
+        source: ``"nvml"``, ``"torch"`` (known only from a script's hello) or ``"host"``.
+    """
+
+    key: str
+    kind: str
+    index: int | None = None
+    name: str = ""
+    uuid: str | None = None
+    bus_id: str | None = None
+    total: int | None = None
+    state: str = "ok"
+    note: str = ""
+    source: str = "nvml"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OpenSpan:
+    """A phase that has begun and not yet ended."""
+
+    id: int
+    name: str
+    t0: int
+    step: int | None
+    depth: int
+    parent: int | None
+    dev: int | None = None
+    alloc0: int | None = None
+    reserved0: int | None = None
+    peak_alloc: int | None = None
+    peak_reserved: int | None = None
+
+
+@dataclass
+class Mark:
+    """A point event from a script (``level`` info / warning / error)."""
+
+    t: int
+    pid: int
+    text: str
+    level: str = "info"
+    step: int | None = None
+
+
+@dataclass
+class Oom:
+    """An out-of-memory error reported by a script."""
+
+    t: int
+    pid: int
+    body: dict[str, Any]

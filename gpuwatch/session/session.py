@@ -1,0 +1,486 @@
+"""The in-memory truth of one session: devices, samples, processes, phases, marks.
+
+Sources call the ``add_*`` methods and :meth:`Session.ingest` from their own threads; the
+dashboard reads with the query methods. Every change bumps :attr:`Session.version` and is
+passed to subscribers (the recorder), so the session is the single place facts flow through.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..protocol import Message
+from .decimate import minmax, segment_max
+from .model import (
+    GPU_COLUMNS,
+    GPU_PROC_COLUMNS,
+    HOST,
+    HOST_COLUMNS,
+    PEAK_COLUMNS,
+    PHASE_COLUMNS,
+    RSS_COLUMNS,
+    TORCH_COLUMNS,
+    Device,
+    Mark,
+    Oom,
+    OpenSpan,
+    gpu_key,
+    norm_uuid,
+)
+from .table import MISSING_INT, Table
+
+Listener = Callable[[str, tuple[Any, ...]], None]
+
+
+def _opt(v: int | None) -> int:
+    return MISSING_INT if v is None else v
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a >= b else b
+
+
+@dataclass
+class Process:
+    """An instrumented process, known from its messages.
+
+    Attributes:
+        pid: Process id.
+        hello: The latest ``hello`` body (argv, rank, devices, ...).
+        facts: The latest model facts, if the script sent any.
+        devices: torch device index -> session device key.
+        dropped: Events the process says it dropped (cumulative, as reported).
+        gaps: Sequence numbers never received (sent but lost, or rejected).
+        torch: Allocator figures reported at boundaries and periodically.
+        peaks: Exact allocator peaks between consecutive boundaries.
+        rss: Resident set size sampled by the gpuwatch process.
+        phases: Ended spans (see :data:`~gpuwatch.session.model.PHASE_COLUMNS`).
+        open: Spans begun and not yet ended, by id.
+        ended: The time of its ``bye``, if it said goodbye.
+    """
+
+    pid: int
+    hello: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] | None = None
+    devices: dict[int, str] = field(default_factory=dict)
+    dropped: int = 0
+    gaps: int = 0
+    last_seq: int = -1
+    first_t: int = 0
+    last_t: int = 0
+    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS))
+    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS))
+    last_boundary: int | None = None
+    max_segment: int = 0
+    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS))
+    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS))
+    open: dict[int, OpenSpan] = field(default_factory=dict)
+    ended: int | None = None
+    exit_code: int | None = None
+    max_span: int = 0
+
+    @property
+    def label(self) -> str:
+        """Short name for a phase row: ``rank N`` under torchrun, else the pid."""
+        rank = self.hello.get("rank")
+        world = self.hello.get("world_size")
+        if rank is not None and (world or 0) > 1:
+            return f"rank {rank}"
+        return f"pid {self.pid}"
+
+    @property
+    def uses_cuda(self) -> bool:
+        return len(self.torch) > 0
+
+
+class Session:
+    """Everything known about one live or replayed session.
+
+    Args:
+        t_origin: ``time.monotonic_ns()`` at the start (time zero on the axis).
+        wall_offset: ``time.time_ns() - time.monotonic_ns()`` on the recording host.
+    """
+
+    def __init__(self, t_origin: int | None = None, wall_offset: int | None = None) -> None:
+        self.t_origin = time.monotonic_ns() if t_origin is None else t_origin
+        self.wall_offset = (
+            time.time_ns() - time.monotonic_ns() if wall_offset is None else wall_offset
+        )
+        self.devices: dict[str, Device] = {}
+        self.gpu: dict[str, Table] = {}
+        self.gpu_procs: dict[str, Table] = {}
+        self.host = Table(HOST_COLUMNS)
+        self.processes: dict[int, Process] = {}
+        self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
+        self.names: list[str] = []
+        self._name_ids: dict[str, int] = {}
+        self.marks: list[Mark] = []
+        self.ooms: list[Oom] = []
+        self.rejects: Counter[str] = Counter()
+        self.notes: list[str] = []  # one-line notices (no driver, permission, ...)
+        self.sampler_rate: dict[str, float] = {}  # achieved samples/s by source
+        self.version = 0
+        self.live = True
+        self._lock = threading.RLock()
+        self._listeners: list[Listener] = []
+
+    # ------------------------------------------------------------------ plumbing
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(kind, args)`` for every fact added (the recorder uses this)."""
+        self._listeners.append(listener)
+
+    def _emit(self, kind: str, args: tuple[Any, ...]) -> None:
+        self.version += 1
+        for listener in self._listeners:
+            try:
+                listener(kind, args)
+            except Exception:  # a failing subscriber must not stop the data path
+                pass
+
+    def name_id(self, name: str) -> int:
+        """Intern a phase name."""
+        nid = self._name_ids.get(name)
+        if nid is None:
+            with self._lock:
+                nid = self._name_ids.get(name)
+                if nid is None:
+                    nid = len(self.names)
+                    self.names.append(name)
+                    self._name_ids[name] = nid
+        return nid
+
+    def now(self) -> int:
+        """The newest time seen (live: the clock; replay: the last sample)."""
+        if self.live:
+            return time.monotonic_ns()
+        return self.time_range()[1]
+
+    def time_range(self) -> tuple[int, int]:
+        """(first, last) time of anything recorded; (t_origin, t_origin) when empty."""
+        lo, hi = None, None
+        tables: list[Table] = [self.host, *self.gpu.values()]
+        for p in self.processes.values():
+            tables += [p.torch, p.phases, p.rss]
+        for table in tables:
+            s = table.span()
+            if s is None:
+                continue
+            lo = s[0] if lo is None else min(lo, s[0])
+            hi = s[1] if hi is None else max(hi, s[1])
+        for p in self.processes.values():
+            for span in list(p.open.values()):
+                hi = span.t0 if hi is None else max(hi, span.t0)
+        if lo is None or hi is None:
+            return self.t_origin, self.t_origin
+        return lo, hi
+
+    # ------------------------------------------------------------------ devices and samples
+
+    def add_device(self, device: Device) -> Device:
+        """Register a device (or update one with the same key)."""
+        with self._lock:
+            old = self.devices.get(device.key)
+            if old is not None and old.source == "torch" and device.source == "nvml":
+                old.source = "nvml"
+            self.devices[device.key] = device
+            if device.kind == "gpu" and device.key not in self.gpu:
+                self.gpu[device.key] = Table(GPU_COLUMNS)
+                self.gpu_procs[device.key] = Table(GPU_PROC_COLUMNS)
+        self._emit("device", (device,))
+        return device
+
+    def ensure_host(self, name: str = "host", total: int | None = None) -> Device:
+        """The host device, registered on first use."""
+        dev = self.devices.get(HOST)
+        if dev is None:
+            dev = self.add_device(Device(HOST, "host", name=name, total=total, source="host"))
+        return dev
+
+    def set_device_state(self, key: str, state: str, note: str = "") -> None:
+        """Mark a device lost / in error / ok again."""
+        dev = self.devices.get(key)
+        if dev is None or (dev.state == state and dev.note == note):
+            return
+        dev.state, dev.note = state, note
+        self._emit("device", (dev,))
+
+    def add_gpu_sample(self, key: str, row: dict[str, float | int | None]) -> None:
+        """One NVML sample (keys of :data:`GPU_COLUMNS`; None for n/a)."""
+        self.gpu[key].append(row)
+        self._emit("gpu", (key, row))
+
+    def add_gpu_processes(
+        self, key: str, t: int, rows: Iterable[tuple[int, int | None, int]]
+    ) -> None:
+        """A snapshot of NVML's process list on a GPU: (pid, used bytes, type)."""
+        rows = list(rows)
+        table = self.gpu_procs[key]
+        if rows:
+            table.extend(
+                {
+                    "t": [t] * len(rows),
+                    "pid": [r[0] for r in rows],
+                    "used": [_opt(r[1]) for r in rows],
+                    "type": [r[2] for r in rows],
+                }
+            )
+        else:  # an empty snapshot still says "no processes from now on"
+            table.append({"t": t, "pid": 0, "used": 0, "type": -1})
+        self._emit("gpu_procs", (key, t, rows))
+
+    def add_host_sample(self, row: dict[str, int]) -> None:
+        """One host memory sample (t, total, used, available)."""
+        self.host.append(row)
+        self._emit("host", (row,))
+
+    def add_rss(self, pid: int, t: int, rss: int) -> None:
+        """The RSS of an instrumented process, sampled by the gpuwatch process."""
+        proc = self.processes.get(pid)
+        if proc is None:
+            return
+        proc.rss.append((t, rss))
+        self._emit("rss", (pid, t, rss))
+
+    def set_proc_info(self, pid: int, info: dict[str, Any]) -> None:
+        """Name / user / command line of a pid, as psutil sees it (``visible`` False if not)."""
+        if self.proc_info.get(pid) != info:
+            self.proc_info[pid] = info
+            self._emit("proc_info", (pid, info))
+
+    def count_reject(self, reason: str) -> None:
+        """A datagram the receiver refused (malformed, oversized, wrong version...)."""
+        self.rejects[reason] += 1
+        self._emit("reject", (reason,))
+
+    def note(self, text: str) -> None:
+        """A one-line notice for the dashboard (and the recording)."""
+        if text not in self.notes:
+            self.notes.append(text)
+            self._emit("note", (text,))
+
+    # ------------------------------------------------------------------ messages
+
+    def ingest(self, msg: Message) -> None:
+        """Apply one validated message from an instrumented process."""
+        with self._lock:
+            proc = self.processes.get(msg.pid)
+            if proc is None:
+                proc = Process(msg.pid, first_t=msg.t)
+                self.processes[msg.pid] = proc
+            if msg.seq > proc.last_seq + 1 and proc.last_seq >= 0:
+                proc.gaps += msg.seq - proc.last_seq - 1
+            proc.last_seq = max(proc.last_seq, msg.seq)
+            proc.dropped = max(proc.dropped, msg.dropped)
+            proc.last_t = max(proc.last_t, msg.t)
+            handler = getattr(self, "_on_" + msg.kind)
+            handler(proc, msg)
+        self._emit("message", (msg,))
+
+    def _on_hello(self, proc: Process, msg: Message) -> None:
+        proc.hello = {**proc.hello, **msg.body}
+        facts = msg.body.get("facts")
+        if facts:
+            proc.facts = facts
+        for d in msg.body.get("devices") or ():
+            proc.devices[d["index"]] = self._device_for(d)
+
+    def _device_for(self, d: dict[str, Any]) -> str:
+        """Map a torch device (from a hello) to a session device, by UUID."""
+        uuid = norm_uuid(d.get("uuid"))
+        if uuid:
+            key = gpu_key(uuid)
+            if key not in self.devices:
+                # NVML has not (or cannot) see it: show it from torch's figures alone.
+                self.add_device(
+                    Device(
+                        key,
+                        "gpu",
+                        index=None,
+                        name=d.get("name", ""),
+                        uuid=uuid,
+                        total=d.get("total"),
+                        source="torch",
+                    )
+                )
+            return key
+        key = f"gpu:torch{d['index']}"
+        if key not in self.devices:
+            self.add_device(
+                Device(
+                    key,
+                    "gpu",
+                    name=d.get("name", ""),
+                    total=d.get("total"),
+                    source="torch",
+                    note="no UUID from torch",
+                )
+            )
+        return key
+
+    def _on_facts(self, proc: Process, msg: Message) -> None:
+        proc.facts = msg.body["facts"]
+
+    def _figures(self, proc: Process, msg: Message) -> None:
+        b = msg.body
+        if b.get("allocated") is None or b.get("reserved") is None:
+            return
+        proc.torch.append((msg.t, _opt(b.get("dev")), b["allocated"], b["reserved"]))
+
+    def _on_memory(self, proc: Process, msg: Message) -> None:
+        self._figures(proc, msg)
+
+    def _on_phase(self, proc: Process, msg: Message) -> None:
+        b = msg.body
+        self._figures(proc, msg)
+        # The peaks a boundary reports cover the time since the previous boundary, which
+        # lay inside every span open until now (the ending one included).
+        pa, pr = b.get("peak_allocated"), b.get("peak_reserved")
+        if pa is not None or pr is not None:
+            start = proc.last_boundary if proc.last_boundary is not None else msg.t
+            proc.peaks.append((msg.t, start, _opt(b.get("dev")), _opt(pa), _opt(pr)))
+            proc.max_segment = max(proc.max_segment, msg.t - start)
+            for span in proc.open.values():
+                span.peak_alloc = _max(span.peak_alloc, pa)
+                span.peak_reserved = _max(span.peak_reserved, pr)
+        if b.get("allocated") is not None:
+            proc.last_boundary = msg.t
+        if b["event"] == "begin":
+            proc.open[b["id"]] = OpenSpan(
+                id=b["id"],
+                name=b["name"],
+                t0=msg.t,
+                step=b.get("step"),
+                depth=b.get("depth", 0),
+                parent=b.get("parent"),
+                dev=b.get("dev"),
+                alloc0=b.get("allocated"),
+                reserved0=b.get("reserved"),
+            )
+            return
+        span = proc.open.pop(b["id"], None)
+        if span is None:  # its begin was lost or predates this dashboard
+            return
+        proc.max_span = max(proc.max_span, msg.t - span.t0)
+        proc.phases.append(
+            (
+                msg.t,
+                span.t0,
+                self.name_id(span.name),
+                _opt(span.step),
+                span.depth,
+                span.id,
+                _opt(span.parent),
+                _opt(b.get("dev", span.dev)),
+                _opt(span.alloc0),
+                _opt(span.reserved0),
+                _opt(b.get("allocated")),
+                _opt(b.get("reserved")),
+                _opt(span.peak_alloc),
+                _opt(span.peak_reserved),
+                1 if b.get("error") else 0,
+            )
+        )
+
+    def _on_mark(self, proc: Process, msg: Message) -> None:
+        b = msg.body
+        self.marks.append(Mark(msg.t, proc.pid, b["text"], b.get("level", "info"), b.get("step")))
+
+    def _on_oom(self, proc: Process, msg: Message) -> None:
+        self.ooms.append(Oom(msg.t, proc.pid, dict(msg.body)))
+        self._figures(proc, msg)
+
+    def _on_bye(self, proc: Process, msg: Message) -> None:
+        proc.ended = msg.t
+        proc.exit_code = msg.body.get("exit_code")
+
+    # ------------------------------------------------------------------ queries
+
+    def gpu_window(
+        self, key: str, column: str, t0: int, t1: int, width: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Min/max-decimated NVML column of a GPU over ``[t0, t1]`` in ``width`` columns."""
+        return _window(self.gpu[key], column, t0, t1, width)
+
+    def host_window(
+        self, column: str, t0: int, t1: int, width: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Min/max-decimated host column (``used``, ``available``, ``total``)."""
+        return _window(self.host, column, t0, t1, width)
+
+    def processes_on(self, key: str) -> list[Process]:
+        """Instrumented processes that report figures for device ``key``."""
+        return [p for p in self.processes.values() if key in p.devices.values()]
+
+    def torch_window(
+        self, proc: Process, key: str, column: str, t0: int, t1: int, width: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Min/max-decimated torch column of one process on one device."""
+        cols = proc.torch.between(t0, t1, pad=1)
+        devs = [i for i, k in proc.devices.items() if k == key]
+        mask = np.isin(cols["dev"], devs)
+        if not mask.all():
+            cols = {n: c[mask] for n, c in cols.items()}
+        return minmax(cols["t"], _float(cols[column]), t0, t1, width)
+
+    def peak_window(
+        self, proc: Process, key: str, column: str, t0: int, t1: int, width: int
+    ) -> np.ndarray:
+        """Per-column exact allocator peaks (``peak_allocated`` / ``peak_reserved``)."""
+        cols = proc.peaks.between(t0, t1 + proc.max_segment)
+        devs = [i for i, k in proc.devices.items() if k == key]
+        keep = np.isin(cols["dev"], devs) & (cols[column] != MISSING_INT)
+        return segment_max(cols["t0"][keep], cols["t1"][keep], cols[column][keep], t0, t1, width)
+
+    def spans(self, proc: Process, t0: int, t1: int) -> dict[str, np.ndarray]:
+        """Ended spans of ``proc`` overlapping ``[t0, t1]`` (columns of PHASE_COLUMNS)."""
+        cols = proc.phases.snapshot()
+        end = cols["t1"]
+        i0 = int(np.searchsorted(end, t0, "left"))
+        i1 = int(np.searchsorted(end, t1 + proc.max_span, "right"))
+        cut = {n: c[i0:i1] for n, c in cols.items()}
+        keep = cut["t0"] <= t1
+        if not keep.all():
+            cut = {n: c[keep] for n, c in cut.items()}
+        return cut
+
+    def phase_at(self, proc: Process, t: int) -> str | None:
+        """The innermost phase of ``proc`` running at time ``t``."""
+        cols = self.spans(proc, t, t)
+        best = None
+        best_depth = -1
+        for i in range(len(cols["t0"])):
+            if cols["t0"][i] <= t <= cols["t1"][i] and cols["depth"][i] > best_depth:
+                best, best_depth = self.names[int(cols["name"][i])], int(cols["depth"][i])
+        for span in list(proc.open.values()):
+            if span.t0 <= t and span.depth > best_depth:
+                best, best_depth = span.name, span.depth
+        return best
+
+
+def _window(
+    table: Table, column: str, t0: int, t1: int, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    # One row either side carries the held value in and the line out to the next sample.
+    cols = table.between(t0, t1, pad=1)
+    return minmax(cols[table.time], _float(cols[column]), t0, t1, width)
+
+
+def _float(col: np.ndarray) -> np.ndarray:
+    """Column as float64 with missing ints as NaN (decimation skips NaN)."""
+    if col.dtype.kind == "i":
+        out = col.astype(np.float64)
+        out[col == MISSING_INT] = np.nan
+        return out
+    return col

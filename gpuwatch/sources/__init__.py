@@ -1,0 +1,1 @@
+"""Producers of timestamped events: NVML, host, annotations, replay."""

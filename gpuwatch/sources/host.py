@@ -1,0 +1,85 @@
+"""The host as a device: RAM, and the RSS of every instrumented process.
+
+This is what a machine without a GPU shows, and the only memory figure a CPU-only training
+script gets (the script itself sends none on the CPU).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import psutil
+
+from ..session import Session
+
+
+class HostSampler:
+    """Samples host memory and instrumented processes' RSS on a background thread.
+
+    Args:
+        session: Where samples go.
+        interval: Seconds between samples.
+    """
+
+    def __init__(self, session: Session, interval: float = 0.1) -> None:
+        self.session = session
+        self.interval = interval
+        self._procs: dict[int, psutil.Process] = {}
+        self._gone: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Register the host device and start sampling."""
+        vm = psutil.virtual_memory()
+        self.session.ensure_host(socket.gethostname(), int(vm.total))
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-host", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:
+                pass
+            next_t += self.interval
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind: do not try to catch up in a burst
+                next_t = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def sample_once(self) -> None:
+        """Take one host sample and one RSS sample per live instrumented process."""
+        t = time.monotonic_ns()
+        vm = psutil.virtual_memory()
+        self.session.add_host_sample(
+            {
+                "t": t,
+                "total": int(vm.total),
+                "used": int(vm.total - vm.available),
+                "available": int(vm.available),
+            }
+        )
+        for pid, proc in list(self.session.processes.items()):
+            if proc.ended is not None or pid in self._gone:
+                continue
+            handle = self._procs.get(pid)
+            try:
+                if handle is None:
+                    handle = self._procs[pid] = psutil.Process(pid)
+                rss = handle.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                self._gone.add(pid)
+                self._procs.pop(pid, None)
+                continue
+            self.session.add_rss(pid, time.monotonic_ns(), int(rss))

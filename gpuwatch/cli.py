@@ -1,0 +1,126 @@
+"""The ``gpuwatch`` command: live dashboard, run, record, replay, info, export, estimate.
+
+Heavy modules (textual, numpy, the samplers) are imported inside the command that needs
+them, so ``gpuwatch --help`` is quick and errors reach the user as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from . import __version__
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _interval_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}")
+    if not 10 <= value <= 60_000:
+        raise argparse.ArgumentTypeError("the interval must be between 10 and 60000 ms")
+    return value
+
+
+def add_dashboard_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by the live dashboard and ``gpuwatch run``."""
+    p.add_argument(
+        "--interval",
+        type=_interval_ms,
+        default=100.0,
+        metavar="MS",
+        help="NVML sampling interval in ms (default 100, at least 10)",
+    )
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="annotation socket (default: $GPUWATCH_SOCKET or a per-user path)",
+    )
+    p.add_argument(
+        "--theme", metavar="NAME", help="colour theme (default: $GPUWATCH_THEME or gpuwatch-dark)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (subcommands register themselves here)."""
+    parser = argparse.ArgumentParser(
+        prog="gpuwatch",
+        description="Where did my GPU memory go? Live timelines of nvidia-smi used memory "
+        "against torch allocated, reserved and predicted memory, lined up with the "
+        "training phases an instrumented script reports.",
+        epilog="Run without a command for the live dashboard. "
+        "See 'gpuwatch COMMAND --help' for each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpuwatch {__version__}")
+    add_dashboard_options(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    live = sub.add_parser("live", help="the live dashboard (the default command)")
+    add_dashboard_options(live)
+    live.set_defaults(func=cmd_live)
+    parser.set_defaults(func=cmd_live)
+    return parser
+
+
+def _theme_name(args: argparse.Namespace) -> str | None:
+    import os
+
+    return args.theme or os.environ.get("GPUWATCH_THEME") or None
+
+
+def check_theme(name: str | None) -> None:
+    """Fail early, with the list of themes, when ``--theme`` names none of them."""
+    if name is None:
+        return
+    from .tui.theme import builtin_themes
+
+    names = [t.name for t in builtin_themes()]
+    if name not in names and name not in ("textual-dark", "textual-light"):
+        raise CliError(f"unknown theme {name!r}; choose one of: {', '.join(names)}")
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    """The live dashboard of every GPU and the host."""
+    from .live import LiveSources
+
+    theme = _theme_name(args)
+    check_theme(theme)
+    sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
+    sources.start()
+    try:
+        from .tui.app import GpuwatchApp
+
+        app = GpuwatchApp(sources.session, theme_name=theme, subtitle=sources.describe())
+        app.run()
+    finally:
+        sources.stop()
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gpuwatch`` console script and ``python -m gpuwatch``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CliError as exc:
+        print(f"gpuwatch: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["CliError", "build_parser", "main"]

@@ -1,0 +1,69 @@
+"""Human-readable bytes and durations, shared by the dashboard and the CLI reports."""
+
+from __future__ import annotations
+
+import math
+
+GIB = 1024**3
+MIB = 1024**2
+KIB = 1024
+
+
+def fmt_bytes(n: float | None, digits: int = 2) -> str:
+    """``1.50 GiB``, ``312 MiB``, ``4.0 KiB``; ``n/a`` for None or NaN."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    if n >= GIB:
+        return f"{sign}{n / GIB:.{digits}f} GiB"
+    if n >= MIB:
+        return f"{sign}{n / MIB:.0f} MiB" if n >= 100 * MIB else f"{sign}{n / MIB:.1f} MiB"
+    if n >= KIB:
+        return f"{sign}{n / KIB:.1f} KiB"
+    return f"{sign}{int(n)} B"
+
+
+def fmt_gib(n: float | None, digits: int = 1) -> str:
+    """Bytes as a bare GiB number for axes: ``12.5``."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "n/a"
+    return f"{n / GIB:.{digits}f}"
+
+
+def fmt_duration(ns: float) -> str:
+    """A span of time: ``850ms``, ``12.3s``, ``4:05``, ``2:03:09``."""
+    sign = "-" if ns < 0 else ""
+    s = abs(ns) / 1e9
+    if s < 1:
+        ms = s * 1000
+        return f"{sign}{ms:.1f}ms" if ms < 10 else f"{sign}{ms:.0f}ms"
+    if s < 60:
+        return f"{sign}{s:.1f}s"
+    m, sec = divmod(round(s), 60)
+    if m < 60:
+        return f"{sign}{m}:{sec:02d}"
+    h, m = divmod(m, 60)
+    return f"{sign}{h}:{m:02d}:{sec:02d}"
+
+
+def fmt_clock(ns: float) -> str:
+    """Position on the session axis: ``00:12.345`` or ``1:02:03.4``."""
+    s = max(0.0, ns / 1e9)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    if h >= 1:
+        return f"{int(h)}:{int(m):02d}:{sec:04.1f}"
+    return f"{int(m):02d}:{sec:06.3f}"
+
+
+def nice_step(span: float, target: int) -> float:
+    """A 1-2-5 step that divides ``span`` into about ``target`` intervals."""
+    if span <= 0 or target <= 0:
+        return 1.0
+    raw = span / target
+    mag = 10 ** math.floor(math.log10(raw))
+    for mult in (1, 2, 5, 10):
+        if raw <= mult * mag:
+            return mult * mag
+    return 10 * mag

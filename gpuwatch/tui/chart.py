@@ -1,0 +1,236 @@
+"""The timeline chart: a Line API widget that draws min/max braille lines, never averages.
+
+The widget asks its data source for one (low, high) pair per dot column of the current
+window, rasterises all lines at once with numpy, and keeps the resulting strips until the
+data, the window, the size, the cursor or the theme change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.geometry import Size
+from textual.message import Message
+from textual.strip import Strip
+from textual.widget import Widget
+
+from ..fmt import GIB, fmt_duration, nice_step
+from ._braille import rasterise, to_text
+
+AXIS_WIDTH = 7
+"""Cells left of the plot for y labels (shared with the phase band, so columns align)."""
+
+
+@dataclass
+class Series:
+    """One line of the chart: a theme role and per-dot-column low/high values (bytes)."""
+
+    role: str
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+@dataclass
+class ChartFrame:
+    """What the chart draws for one window."""
+
+    series: list[Series]
+    ymax: float
+
+
+Fetch = Callable[[int, int, int], ChartFrame]
+"""``fetch(t0, t1, dot_columns) -> ChartFrame``."""
+
+
+class TimelineChart(Widget):
+    """Memory lines over time with a GiB y axis, a time axis and a cursor.
+
+    Args:
+        fetch: Supplies the series for a window.
+        origin: Time shown as zero on the time axis (``Session.t_origin``).
+    """
+
+    DEFAULT_CSS = """
+    TimelineChart {
+        height: 1fr;
+        min-height: 5;
+    }
+    """
+
+    class CursorSet(Message):
+        """The user clicked the plot: put the cursor at ``t``."""
+
+        def __init__(self, t: int) -> None:
+            super().__init__()
+            self.t = t
+
+    def __init__(self, fetch: Fetch, origin: int, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.fetch = fetch
+        self.origin = origin
+        self.window: tuple[int, int] = (origin, origin + 60 * 10**9)
+        self.cursor: int | None = None
+        self.data_version = 0
+        self._key: tuple[object, ...] | None = None
+        self._strips: list[Strip] = []
+        self.last_frame: ChartFrame | None = None
+        self.build_count = 0  # how often strips were rebuilt (tests check the cache)
+
+    # ------------------------------------------------------------------ updates
+
+    def update_view(self, window: tuple[int, int], cursor: int | None, data_version: int) -> None:
+        """Set what to show; redraws only if something changed."""
+        if (window, cursor, data_version) != (self.window, self.cursor, self.data_version):
+            self.window, self.cursor, self.data_version = window, cursor, data_version
+            self.refresh()
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "theme", self._theme_changed, init=False)
+
+    def _theme_changed(self) -> None:
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Drop the cached strips (a setting that is not part of the cache key changed)."""
+        self._key = None
+        self.refresh()
+
+    @property
+    def plot_width(self) -> int:
+        return max(0, self.size.width - AXIS_WIDTH)
+
+    def x_to_time(self, x: int) -> int:
+        """Time under cell column ``x`` of the widget."""
+        t0, t1 = self.window
+        col = min(max(x - AXIS_WIDTH, 0), max(self.plot_width - 1, 0))
+        return int(t0 + (col + 0.5) * (t1 - t0) / max(self.plot_width, 1))
+
+    def time_to_col(self, t: int) -> int | None:
+        """Plot column of time ``t``, or None when outside the window."""
+        t0, t1 = self.window
+        w = self.plot_width
+        if w <= 0 or not t0 <= t <= t1:
+            return None
+        return min(w - 1, int((t - t0) * w / max(t1 - t0, 1)))
+
+    def on_click(self, event: events.Click) -> None:
+        if event.x >= AXIS_WIDTH:
+            self.post_message(self.CursorSet(self.x_to_time(event.x)))
+
+    # ------------------------------------------------------------------ drawing
+
+    def render_line(self, y: int) -> Strip:
+        size = self.size
+        key = (self.window, self.cursor, self.data_version, size, self.app.theme)
+        if key != self._key:
+            self._strips = self._build(size)
+            self._key = key
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(size.width, self.rich_style)
+
+    def _style(self, role: str) -> Style:
+        variables = self.app.theme_variables
+        return Style(color=variables.get(f"gw-{role}", "#ffffff"))
+
+    def _build(self, size: Size) -> list[Strip]:
+        self.build_count += 1
+        width, height = size.width, size.height
+        plot_w, plot_h = width - AXIS_WIDTH, height - 1
+        base = self.rich_style
+        if plot_w <= 0 or plot_h <= 0:
+            return [Strip.blank(width, base) for _ in range(height)]
+        t0, t1 = self.window
+        frame = self.fetch(t0, t1, plot_w * 2)
+        self.last_frame = frame
+        ymax = frame.ymax if frame.ymax > 0 else 1.0
+        bits, owner = rasterise([(s.lo, s.hi) for s in frame.series], plot_w, plot_h, ymax)
+        text = to_text(bits)
+        line_styles = [base + self._style(s.role) for s in frame.series]
+        axis_style = base + self._style("axis")
+        cursor_bg = Style(bgcolor=self.app.theme_variables.get("gw-cursor"))
+        cursor_col = self.time_to_col(self.cursor) if self.cursor is not None else None
+        labels = _y_labels(ymax, plot_h)
+        strips = []
+        for row in range(plot_h):
+            segments = [
+                Segment(
+                    labels.get(row, "").rjust(AXIS_WIDTH - 1) + "┤"
+                    if row in labels
+                    else " " * (AXIS_WIDTH - 1) + "│",
+                    axis_style,
+                )
+            ]
+            segments += _runs(text[row], owner[row], line_styles, base)
+            strip = Strip(segments, width)
+            if cursor_col is not None:
+                strip = _highlight(strip, AXIS_WIDTH + cursor_col, cursor_bg)
+            strips.append(strip)
+        strips.append(Strip([Segment(self._time_axis(plot_w), axis_style)], width))
+        return strips
+
+    def _time_axis(self, plot_w: int) -> str:
+        t0, t1 = self.window
+        span = t1 - t0
+        step = nice_step(span / 1e9, max(1, plot_w // 12)) * 1e9
+        line = [" "] * (AXIS_WIDTH + plot_w)
+        line[AXIS_WIDTH - 1] = "└"
+        for i in range(plot_w):
+            line[AXIS_WIDTH + i] = "─"
+        first = int(np.ceil((t0 - self.origin) / step))
+        k = first
+        while True:
+            t = self.origin + k * step
+            if t > t1:
+                break
+            col = int((t - t0) * plot_w / span)
+            label = fmt_duration(t - self.origin)
+            if col >= 0 and col + len(label) < plot_w + 1:
+                line[AXIS_WIDTH + col] = "┴"
+                for j, ch in enumerate(label[: max(0, plot_w - col - 1)]):
+                    line[AXIS_WIDTH + col + 1 + j] = ch
+            k += 1
+        return "".join(line[: AXIS_WIDTH + plot_w])
+
+
+def _y_labels(ymax: float, rows: int) -> dict[int, str]:
+    """Row -> GiB label at 1-2-5 steps, top row included, no two labels adjacent."""
+    gib = ymax / GIB
+    step = nice_step(gib, max(1, rows // 3))
+    digits = 0 if step >= 1 else 1 if step >= 0.1 else 2
+    labels: dict[int, str] = {}
+    v = 0.0
+    while v <= gib * 1.0001:
+        row = round((1 - v / gib) * (rows - 1)) if gib > 0 else rows - 1
+        if all(abs(row - r) > 1 for r in labels):
+            labels[row] = f"{v:.{digits}f}G"
+        v += step
+    return labels
+
+
+def _runs(text: str, owner: np.ndarray, styles: list[Style], base: Style) -> list[Segment]:
+    """Segments of equal colour along one row."""
+    segments = []
+    n = len(text)
+    if n == 0:
+        return segments
+    change = np.flatnonzero(np.diff(owner)) + 1
+    starts = [0, *change.tolist()]
+    ends = [*change.tolist(), n]
+    for s, e in zip(starts, ends, strict=True):
+        idx = int(owner[s])
+        segments.append(Segment(text[s:e], styles[idx] if idx >= 0 else base))
+    return segments
+
+
+def _highlight(strip: Strip, x: int, style: Style) -> Strip:
+    """Give cell ``x`` of a strip an extra (background) style."""
+    if x >= strip.cell_length:
+        return strip
+    left, mid, right = strip.divide([x, x + 1, strip.cell_length])
+    return Strip.join([left, mid.apply_style(style), right])

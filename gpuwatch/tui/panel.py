@@ -1,0 +1,262 @@
+"""One device's panel: header, timeline chart, phase band and a legend at the cursor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from ..fmt import fmt_bytes, fmt_duration
+from ..session import HOST, Session
+from ..session.decimate import minmax, value_at
+from .band import BandMarker, BandRow, BandSpan, PhaseBand
+from .chart import ChartFrame, Series, TimelineChart
+
+LINE_LABELS = {
+    "gpu": {
+        "nvml": "nvidia-smi",
+        "reserved": "reserved",
+        "allocated": "allocated",
+        "predicted": "predicted",
+        "peak": "peak in phase",
+    },
+    "host": {"nvml": "RAM used", "allocated": "RSS"},
+}
+
+
+class DevicePanel(Vertical):
+    """Everything about one device (a GPU or the host).
+
+    Args:
+        session: The session to draw from.
+        key: The device's key in the session.
+    """
+
+    DEFAULT_CSS = """
+    DevicePanel {
+        height: 1fr;
+        min-height: 12;
+        border: round $panel-lighten-2;
+        border-title-color: $text;
+        padding: 0 1 0 0;
+    }
+    DevicePanel:focus-within {
+        border: round $primary;
+    }
+    DevicePanel > .panel-header {
+        height: 1;
+        color: $text-muted;
+    }
+    DevicePanel > .panel-legend {
+        height: 1;
+    }
+    """
+
+    def __init__(self, session: Session, key: str) -> None:
+        super().__init__(id="panel-" + _css_id(key))
+        self.session = session
+        self.key = key
+        self.fit = key == HOST  # the host's total dwarfs a process's RSS
+        self.header = Static("", classes="panel-header", markup=False)
+        self.chart = TimelineChart(self._fetch_chart, session.t_origin)
+        self.band = PhaseBand(self._fetch_band)
+        self.legend = Static("", classes="panel-legend")
+
+    @property
+    def device(self):
+        return self.session.devices[self.key]
+
+    def compose(self) -> ComposeResult:
+        yield self.header
+        yield self.chart
+        yield self.band
+        yield self.legend
+
+    def update_view(self, window: tuple[int, int], cursor: int | None, version: int) -> None:
+        """Show ``window`` with the cursor at ``cursor`` (None: no cursor, latest values)."""
+        self.chart.update_view(window, cursor, version)
+        self.band.update_view(window, cursor, version)
+        self.border_title = self._title()
+        self.header.update(self._header_text())
+        self.legend.update(self._legend(cursor if cursor is not None else window[1]))
+
+    # ------------------------------------------------------------------ text
+
+    def _title(self) -> str:
+        dev = self.device
+        if dev.kind == "host":
+            return f"host · {dev.name}"
+        index = f"GPU {dev.index}" if dev.index is not None else "GPU"
+        state = "" if dev.state == "ok" else f" · {dev.state.upper()}"
+        return f"{index} · {dev.name}{state}"
+
+    def _header_text(self) -> str:
+        dev = self.device
+        if dev.kind == "host":
+            last = self.session.host.last()
+            if last is None:
+                return "waiting for the first sample"
+            procs = [p for p in self.session.processes.values() if p.ended is None]
+            return (
+                f"RAM {fmt_bytes(last['used'])} / {fmt_bytes(last['total'])} used · "
+                f"{len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
+            )
+        parts = []
+        table = self.session.gpu.get(self.key)
+        last = table.last() if table is not None else None
+        if dev.state != "ok":
+            parts.append(dev.note or dev.state)
+        if last is None:
+            parts.append(
+                "torch figures only (NVML cannot see this GPU)"
+                if dev.source == "torch"
+                else "waiting for the first sample"
+            )
+        else:
+            parts.append(f"{fmt_bytes(last['used'])} / {fmt_bytes(last['total'])}")
+            parts.append(f"util {_num(last['util_gpu'], '%')}")
+            parts.append(f"{_num(last['temp'], '°C')}")
+            parts.append(f"{_num(last['power'], ' W')} / {_num(last['power_limit'], ' W')}")
+        rate = self.session.sampler_rate.get(self.key)
+        if rate is not None:
+            parts.append(f"{rate:.0f} Hz")
+        return " · ".join(parts)
+
+    def _legend(self, t: int) -> str:
+        variables = self.app.theme_variables
+        labels = LINE_LABELS["host" if self.key == HOST else "gpu"]
+        frame = self.chart.last_frame
+        roles = [s.role for s in frame.series] if frame else []
+        values = self.values_at(t)
+        parts = []
+        for role, label in labels.items():
+            if role not in roles and role not in values:
+                continue
+            color = variables.get(f"gw-{role}", "white")
+            parts.append(f"[{color}]━[/] {label} {fmt_bytes(values.get(role))}")
+        phase = self.phase_at(t)
+        if phase:
+            parts.append(f"[b]{phase}[/b]")
+        parts.append(f"@ {fmt_duration(t - self.session.t_origin)}")
+        return "  ".join(parts)
+
+    # ------------------------------------------------------------------ data
+
+    def values_at(self, t: int) -> dict[str, float | None]:
+        """Each line's step-hold value at time ``t``."""
+        out: dict[str, float | None] = {}
+        s = self.session
+        if self.key == HOST:
+            cols = s.host.snapshot()
+            out["nvml"] = value_at(cols["t"], cols["used"], t)
+            rss = [
+                value_at(c["t"], c["rss"], t)
+                for c in (p.rss.snapshot() for p in s.processes.values())
+            ]
+            rss = [v for v in rss if v is not None]
+            if rss:
+                out["allocated"] = float(sum(rss))
+            return out
+        table = s.gpu.get(self.key)
+        if table is not None and len(table):
+            cols = table.snapshot()
+            out["nvml"] = value_at(cols["t"], cols["used"].astype(np.float64), t)
+        for proc in s.processes_on(self.key):
+            cols = proc.torch.snapshot()
+            for role in ("reserved", "allocated"):
+                v = value_at(cols["t"], cols[role], t)
+                if v is not None:
+                    out[role] = (out.get(role) or 0) + v
+        return out
+
+    def phase_at(self, t: int) -> str | None:
+        """The phase running at ``t`` on this device (first process that has one)."""
+        procs = (
+            self.session.processes_on(self.key)
+            if self.key != HOST
+            else list(self.session.processes.values())
+        )
+        for proc in procs:
+            name = self.session.phase_at(proc, t)
+            if name:
+                return name
+        return None
+
+    def _fetch_chart(self, t0: int, t1: int, n: int) -> ChartFrame:
+        s = self.session
+        series: list[Series] = []
+        peak_seen = 0.0
+        if self.key == HOST:
+            lo, hi = s.host_window("used", t0, t1, n)
+            series.append(Series("nvml", lo, hi))
+            for proc in s.processes.values():
+                cols = proc.rss.between(t0, t1, pad=1)
+                lo, hi = minmax(cols["t"], cols["rss"], t0, t1, n)
+                series.append(Series("allocated", lo, hi))
+            total = self.device.total
+        else:
+            if self.key in s.gpu and len(s.gpu[self.key]):
+                lo, hi = s.gpu_window(self.key, "used", t0, t1, n)
+                series.append(Series("nvml", lo, hi))
+            for proc in s.processes_on(self.key):
+                for role in ("reserved", "allocated"):
+                    lo, hi = s.torch_window(proc, self.key, role, t0, t1, n)
+                    series.append(Series(role, lo, hi))
+                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
+                series.append(Series("peak", peak, peak))
+            total = self.device.total
+        for line in series:
+            if np.isfinite(line.hi).any():
+                peak_seen = max(peak_seen, float(np.nanmax(line.hi)))
+        if self.fit or not total:
+            ymax = _nice_ceiling(peak_seen * 1.1) if peak_seen > 0 else float(total or 1)
+        else:
+            ymax = float(total)
+        return ChartFrame(series, ymax)
+
+    def _fetch_band(self, t0: int, t1: int) -> list[BandRow]:
+        s = self.session
+        procs = s.processes_on(self.key) if self.key != HOST else list(s.processes.values())
+        rows = []
+        now = s.now()
+        for proc in procs:
+            cols = s.spans(proc, t0, t1)
+            spans = [
+                BandSpan(s.names[int(n)], int(a), int(b), int(d))
+                for n, a, b, d in zip(
+                    cols["name"], cols["t0"], cols["t1"], cols["depth"], strict=True
+                )
+            ]
+            spans += [
+                BandSpan(o.name, o.t0, max(o.t0, now), o.depth)
+                for o in list(proc.open.values())
+                if o.t0 <= t1
+            ]
+            markers = [BandMarker(m.t, m.level) for m in s.marks if m.pid == proc.pid]
+            markers += [BandMarker(o.t, "oom") for o in s.ooms if o.pid == proc.pid]
+            rows.append(BandRow(proc.label, spans, markers))
+        return rows
+
+
+def _num(v: float | None, unit: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:.0f}{unit}"
+
+
+def _nice_ceiling(v: float) -> float:
+    """Round up to 1, 2 or 5 times a power of two-ish GiB fraction for a tidy axis."""
+    if v <= 0:
+        return 1.0
+    mag = 2 ** math.floor(math.log2(v))
+    for mult in (1, 1.25, 1.5, 2):
+        if v <= mult * mag:
+            return mult * mag
+    return 2 * mag
+
+
+def _css_id(key: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in key)

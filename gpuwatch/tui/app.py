@@ -7,6 +7,7 @@ posts one mergeable :class:`NewData` message at a time; a timer redraws at most
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from textual import on
@@ -40,6 +41,8 @@ class GpuwatchApp(App[int]):
         session: What to show.
         theme_name: A theme from ``themes/`` (default ``gpuwatch-dark``).
         subtitle: Shown in the status bar (socket path, file name...).
+        clock: Returns the newest time to show (default :meth:`Session.now`); a replay
+            passes its playback position.
     """
 
     TITLE = "gpuwatch"
@@ -81,9 +84,11 @@ class GpuwatchApp(App[int]):
         *,
         theme_name: str | None = None,
         subtitle: str = "",
+        clock: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
         self.session = session
+        self.clock = clock or session.now
         self.view = View()
         self.subtitle_text = subtitle
         self._theme_name = theme_name or DEFAULT_THEME
@@ -136,8 +141,8 @@ class GpuwatchApp(App[int]):
     # ------------------------------------------------------------------ drawing
 
     def now(self) -> int:
-        """The newest time: the clock when live, the last sample when replaying."""
-        return self.session.now()
+        """The newest time: the clock when live, the playback position when replaying."""
+        return self.clock()
 
     def _tick(self) -> None:
         version = self.session.version

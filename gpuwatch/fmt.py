@@ -67,3 +67,18 @@ def nice_step(span: float, target: int) -> float:
         if raw <= mult * mag:
             return mult * mag
     return 10 * mag
+
+
+def axis_label(ns: float, step_ns: float) -> str:
+    """A time-axis tick: as many decimals as the tick step needs (``0s``, ``1.5s``, ``2:30``)."""
+    s = ns / 1e9
+    step = step_ns / 1e9
+    if step >= 60 or abs(s) >= 600:
+        return fmt_duration(ns)
+    if step >= 1:
+        return f"{s:.0f}s"
+    if step >= 0.1:
+        return f"{s:.1f}s"
+    if step >= 0.01:
+        return f"{s:.2f}s"
+    return f"{s * 1000:.0f}ms" if step >= 0.001 else f"{s * 1000:.1f}ms"

@@ -455,18 +455,48 @@ class Session:
             cut = {n: c[keep] for n, c in cut.items()}
         return cut
 
-    def phase_at(self, proc: Process, t: int) -> str | None:
-        """The innermost phase of ``proc`` running at time ``t``."""
+    def span_at(self, proc: Process, t: int) -> dict[str, Any] | None:
+        """The innermost phase of ``proc`` running at time ``t``, or None.
+
+        Returns:
+            ``name``, ``t0``, ``t1`` (None while running), ``step``, ``depth``,
+            ``peak_alloc`` and ``peak_reserved`` (None when not reported).
+        """
         cols = self.spans(proc, t, t)
-        best = None
-        best_depth = -1
+        best: dict[str, Any] | None = None
         for i in range(len(cols["t0"])):
-            if cols["t0"][i] <= t <= cols["t1"][i] and cols["depth"][i] > best_depth:
-                best, best_depth = self.names[int(cols["name"][i])], int(cols["depth"][i])
+            depth = int(cols["depth"][i])
+            if cols["t0"][i] <= t <= cols["t1"][i] and (best is None or depth > best["depth"]):
+                best = {
+                    "name": self.names[int(cols["name"][i])],
+                    "t0": int(cols["t0"][i]),
+                    "t1": int(cols["t1"][i]),
+                    "step": _none(int(cols["step"][i])),
+                    "depth": depth,
+                    "peak_alloc": _none(int(cols["peak_alloc"][i])),
+                    "peak_reserved": _none(int(cols["peak_reserved"][i])),
+                }
         for span in list(proc.open.values()):
-            if span.t0 <= t and span.depth > best_depth:
-                best, best_depth = span.name, span.depth
+            if span.t0 <= t and (best is None or span.depth > best["depth"]):
+                best = {
+                    "name": span.name,
+                    "t0": span.t0,
+                    "t1": None,
+                    "step": span.step,
+                    "depth": span.depth,
+                    "peak_alloc": span.peak_alloc,
+                    "peak_reserved": span.peak_reserved,
+                }
         return best
+
+    def phase_at(self, proc: Process, t: int) -> str | None:
+        """The name of the innermost phase of ``proc`` running at time ``t``."""
+        span = self.span_at(proc, t)
+        return span["name"] if span else None
+
+
+def _none(v: int) -> int | None:
+    return None if v == MISSING_INT else v
 
 
 def _window(

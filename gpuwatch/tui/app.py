@@ -7,24 +7,30 @@ posts one mergeable :class:`NewData` message at a time; a timer redraws at most
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from textual import on
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Static
+from textual.screen import Screen
+from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
-from ..fmt import fmt_duration
+from ..fmt import fmt_bytes, fmt_duration
 from ..session import HOST, Session
+from ..session import navigate as nav
 from .chart import TimelineChart
+from .help import HelpScreen
 from .panel import DevicePanel
+from .tables import PeaksTable, ProcessTable
 from .theme import DEFAULT_THEME, builtin_themes
-from .view import SECOND, View
+from .view import View
 
 REDRAW_HZ = 20
+TABLE_HZ = 2
 
 
 class NewData(Message):
@@ -32,6 +38,88 @@ class NewData(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, NewData)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One user action: its keys, its action string, and how to describe it."""
+
+    keys: str
+    action: str
+    title: str
+    help: str
+    footer: bool = False
+    key_display: str | None = None
+
+
+ACTIONS: tuple[Action, ...] = (
+    Action(
+        "f,space",
+        "toggle_follow",
+        "Follow / pause",
+        "Follow the newest data, or freeze the window where it is",
+        True,
+        "f",
+    ),
+    Action("plus,equals_sign", "zoom(0.5)", "Zoom in", "Halve the time window", True, "+"),
+    Action("minus", "zoom(2.0)", "Zoom out", "Double the time window", True, "-"),
+    Action("left", "cursor(-1)", "Cursor left", "Move the cursor one column back"),
+    Action("right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
+    Action("ctrl+left", "cursor(-10)", "Cursor far left", "Move the cursor ten columns back"),
+    Action("ctrl+right", "cursor(10)", "Cursor far right", "Move the cursor ten columns on"),
+    Action(
+        "shift+left,less_than_sign",
+        "pan(-0.25)",
+        "Pan back",
+        "Move the window a quarter back in time",
+    ),
+    Action(
+        "shift+right,greater_than_sign",
+        "pan(0.25)",
+        "Pan forward",
+        "Move the window a quarter forward in time",
+    ),
+    Action(
+        "left_square_bracket",
+        "jump_boundary(-1)",
+        "Previous phase boundary",
+        "Cursor to the previous phase start or end",
+        False,
+        "[",
+    ),
+    Action(
+        "right_square_bracket",
+        "jump_boundary(1)",
+        "Next phase boundary",
+        "Cursor to the next phase start or end",
+        False,
+        "]",
+    ),
+    Action("m", "jump_event(1)", "Next mark", "Cursor to the next mark or OOM"),
+    Action("M", "jump_event(-1)", "Previous mark", "Cursor to the previous mark or OOM"),
+    Action(
+        "s",
+        "jump_spike",
+        "Largest spike",
+        "Cursor to the highest reading of the focused device in the session",
+        True,
+    ),
+    Action("home", "home", "Start", "Show the start of the session"),
+    Action("end", "end", "Newest", "Follow the newest data"),
+    Action("escape", "clear_cursor", "Clear cursor", "Remove the cursor"),
+    Action(
+        "y",
+        "toggle_fit",
+        "Fit / total",
+        "Scale the y axis to the data or to the device's total memory",
+        True,
+    ),
+    Action("1", "show_tab('timelines')", "Timelines", "Show the timelines"),
+    Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
+    Action("3", "show_tab('processes')", "Processes", "Show the process table", True, "3"),
+    Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
+    Action("q", "quit", "Quit", "Quit gpuwatch", True),
+)
 
 
 class GpuwatchApp(App[int]):
@@ -61,21 +149,20 @@ class GpuwatchApp(App[int]):
         color: $warning;
         padding: 0 1;
     }
+    TabbedContent {
+        height: 1fr;
+    }
+    TabbedContent > ContentSwitcher {
+        height: 1fr;
+    }
     #panels {
         height: 1fr;
     }
     """
 
     BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("f", "toggle_follow", "Follow/pause"),
-        Binding("plus,equals_sign", "zoom_in", "Zoom in", key_display="+"),
-        Binding("minus", "zoom_out", "Zoom out", key_display="-"),
-        Binding("left", "cursor(-1)", "Cursor ←", show=False),
-        Binding("right", "cursor(1)", "Cursor →", show=False),
-        Binding("shift+left", "pan(-0.25)", "Pan ←", show=False),
-        Binding("shift+right", "pan(0.25)", "Pan →", show=False),
-        Binding("y", "toggle_fit", "Fit/total"),
+        Binding(a.keys, a.action, a.title, show=a.footer, key_display=a.key_display)
+        for a in ACTIONS
     ]
 
     def __init__(
@@ -95,14 +182,28 @@ class GpuwatchApp(App[int]):
         self._panels: dict[str, DevicePanel] = {}
         self._pending = False
         self._drawn_version = -1
+        self._tables_version = -1
         self.redraws = 0
 
     # ------------------------------------------------------------------ setup
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="status")
-        yield Static("", id="notes")
-        yield VerticalScroll(id="panels")
+        # Kept as attributes: a modal screen on top must not hide them from the timers.
+        self.status_bar = Static("", id="status")
+        self.notes_bar = Static("", id="notes")
+        self.tabs = TabbedContent(initial="timelines")
+        self.panel_list = VerticalScroll(id="panels")
+        self.peaks_table = PeaksTable(self.session, id="peaks-table")
+        self.process_table = ProcessTable(self.session, id="process-table")
+        yield self.status_bar
+        yield self.notes_bar
+        with self.tabs:
+            with TabPane("Timelines", id="timelines"):
+                yield self.panel_list
+            with TabPane("Peaks", id="peaks"):
+                yield self.peaks_table
+            with TabPane("Processes", id="processes"):
+                yield self.process_table
         yield Footer()
 
     def on_mount(self) -> None:
@@ -110,8 +211,14 @@ class GpuwatchApp(App[int]):
             self.register_theme(theme)
         self.theme = self._theme_name
         self.session.subscribe(self._on_session_change)
+        # The tab strip would swallow the arrow keys meant for the cursor: tabs switch by
+        # click or 1/2/3 instead, and focus starts on the first device panel.
+        self.tabs.query_one(Tabs).can_focus = False
         self._sync_panels()
+        if self.panels:
+            self.panels[0].focus()
         self.set_interval(1 / REDRAW_HZ, self._tick)
+        self.set_interval(1 / TABLE_HZ, self._refresh_tables)
         self._tick()
 
     def _on_session_change(self, kind: str, args: tuple[Any, ...]) -> None:
@@ -125,18 +232,26 @@ class GpuwatchApp(App[int]):
         self._pending = False
 
     def _sync_panels(self) -> None:
-        """Mount a panel for every device the session knows (GPUs first, host last)."""
-        keys = sorted(self.session.devices, key=lambda k: (k == HOST, self._order(k)))
-        container = self.query_one("#panels", VerticalScroll)
+        """Mount a panel for every device the session knows (GPUs by index, host last)."""
+        keys = sorted(self.session.devices, key=self._order)
         for key in keys:
             if key not in self._panels:
                 panel = DevicePanel(self.session, key)
                 self._panels[key] = panel
-                container.mount(panel)
+                self.panel_list.mount(panel)
+        # With GPUs to show, the host panel is a small strip at the bottom.
+        host = self._panels.get(HOST)
+        if host is not None:
+            host.set_class(len(self._panels) > 1, "-secondary")
 
-    def _order(self, key: str) -> tuple[int, str]:
+    def _order(self, key: str) -> tuple[bool, int, str]:
         dev = self.session.devices[key]
-        return (dev.index if dev.index is not None else 1 << 30, key)
+        return (key == HOST, dev.index if dev.index is not None else 1 << 30, key)
+
+    @property
+    def panels(self) -> list[DevicePanel]:
+        """Device panels in display order."""
+        return [self._panels[k] for k in sorted(self._panels, key=self._order)]
 
     # ------------------------------------------------------------------ drawing
 
@@ -152,19 +267,29 @@ class GpuwatchApp(App[int]):
         if len(self._panels) != len(self.session.devices):
             self._sync_panels()
         now = self.now()
+        self.view.first = self.session.time_range()[0]
         window = self.view.window(now)
         with self.batch_update():
             for panel in self._panels.values():
                 panel.update_view(window, self.view.cursor, version)
-            self._update_status(now)
+            self._update_status()
         self.redraws += 1
+
+    def _refresh_tables(self) -> None:
+        if self.session.version == self._tables_version:
+            return
+        self._tables_version = self.session.version
+        if self.tabs.active == "peaks":
+            self.peaks_table.refresh_rows()
+        elif self.tabs.active == "processes":
+            self.process_table.refresh_rows()
 
     def redraw(self) -> None:
         """Redraw now (after a key or mouse action)."""
         self._drawn_version = -1
         self._tick()
 
-    def _update_status(self, now: int) -> None:
+    def _update_status(self) -> None:
         s = self.session
         mode = "LIVE" if self.view.following else "PAUSED"
         procs = len([p for p in s.processes.values() if p.ended is None])
@@ -183,10 +308,20 @@ class GpuwatchApp(App[int]):
             parts.append(f"cursor {fmt_duration(self.view.cursor - s.t_origin)}")
         if self.subtitle_text:
             parts.append(self.subtitle_text)
-        self.query_one("#status", Static).update(" · ".join(parts))
-        self.query_one("#notes", Static).update("\n".join(s.notes))
+        self.status_bar.update(" · ".join(parts))
+        self.notes_bar.update("\n".join(s.notes))
 
-    # ------------------------------------------------------------------ actions
+    # ------------------------------------------------------------------ helpers
+
+    def focused_panel(self) -> DevicePanel | None:
+        """The panel holding focus, else the first one."""
+        node = self.focused
+        while node is not None:
+            if isinstance(node, DevicePanel):
+                return node
+            node = node.parent  # type: ignore[assignment]
+        panels = self.panels
+        return panels[0] if panels else None
 
     def _plot_width(self) -> int:
         for panel in self._panels.values():
@@ -194,24 +329,37 @@ class GpuwatchApp(App[int]):
                 return panel.chart.plot_width
         return 100
 
+    def _reference_time(self, direction: int) -> int:
+        """Where jumps start from: the cursor; without one, the window's left edge when
+        going forward and its right edge (at most the newest time) when going back."""
+        if self.view.cursor is not None:
+            return self.view.cursor
+        now = self.now()
+        t0, t1 = self.view.window(now)
+        return t0 - 1 if direction > 0 else min(t1, now) + 1
+
+    def _jump(self, t: int | None, what: str) -> None:
+        if t is None:
+            self.notify(f"no {what} there", severity="warning", timeout=2)
+            return
+        self.view.jump(t, self.now())
+        self.redraw()
+
+    # ------------------------------------------------------------------ actions
+
     def action_toggle_follow(self) -> None:
         """Follow live data / freeze the window."""
         self.view.toggle_follow(self.now())
         self.redraw()
 
-    def action_zoom_in(self) -> None:
-        """Halve the time window."""
-        self.view.zoom(0.5, self.now())
-        self.redraw()
-
-    def action_zoom_out(self) -> None:
-        """Double the time window."""
-        self.view.zoom(2.0, self.now())
+    def action_zoom(self, factor: float) -> None:
+        """Scale the time window (around the cursor when there is one)."""
+        self.view.zoom(factor, self.now())
         self.redraw()
 
     def action_pan(self, fraction: float) -> None:
         """Move the window by a fraction of its width."""
-        self.view.pan(fraction, self.now(), self.session.time_range()[0])
+        self.view.pan(fraction, self.now())
         self.redraw()
 
     def action_cursor(self, cells: int) -> None:
@@ -219,18 +367,112 @@ class GpuwatchApp(App[int]):
         self.view.move_cursor(cells, self._plot_width(), self.now())
         self.redraw()
 
+    def action_clear_cursor(self) -> None:
+        """Remove the cursor (the legend shows the newest values again)."""
+        self.view.cursor = None
+        self.redraw()
+
+    def action_home(self) -> None:
+        """Show the session's start."""
+        first = self.session.time_range()[0]
+        self.view.pause(self.now())
+        self.view.end = first + self.view.span
+        self.view.cursor = None
+        self.redraw()
+
+    def action_end(self) -> None:
+        """Follow the newest data."""
+        self.view.follow()
+        self.redraw()
+
+    def action_jump_boundary(self, direction: int) -> None:
+        """Cursor to the previous / next phase boundary on the focused device."""
+        panel = self.focused_panel()
+        key = panel.key if panel else None
+        times = nav.boundaries(self.session, key)
+        if len(times) == 0 and key is not None:
+            times = nav.boundaries(self.session, None)
+        self._jump(nav.step_to(times, self._reference_time(direction), direction), "phase boundary")
+
+    def action_jump_event(self, direction: int) -> None:
+        """Cursor to the previous / next mark or OOM."""
+        times = nav.events(self.session, None)
+        self._jump(nav.step_to(times, self._reference_time(direction), direction), "mark")
+
+    def action_jump_spike(self) -> None:
+        """Cursor to the highest reading of the focused device."""
+        panel = self.focused_panel()
+        if panel is None:
+            return
+        found = nav.largest_spike(self.session, panel.key)
+        if found is not None:
+            self.notify(
+                f"largest reading on {panel.border_title}: {fmt_bytes(found[1])}", timeout=3
+            )
+        self._jump(found[0] if found else None, "reading")
+
     def action_toggle_fit(self) -> None:
-        """Scale the y axis to the data / to the device total."""
+        """Scale GPU y axes to the data / to the device total."""
         for panel in self._panels.values():
             if panel.key != HOST:
                 panel.fit = not panel.fit
                 panel.chart.invalidate()
         self.redraw()
 
+    def action_show_tab(self, tab: str) -> None:
+        """Switch between timelines, peaks and processes."""
+        self.tabs.active = tab
+        target = {"peaks": self.peaks_table, "processes": self.process_table}.get(tab)
+        if target is not None:
+            target.focus()
+        elif self.panels:
+            self.panels[0].focus()
+        self._tables_version = -1
+        self._refresh_tables()
+
+    def action_help(self) -> None:
+        """Show the help screen."""
+        self.push_screen(HelpScreen(help_keys()))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Every gpuwatch action in the command palette, beside Textual's own."""
+        yield from super().get_system_commands(screen)
+        for a in ACTIONS:
+            if a.action == "quit":
+                continue
+            yield SystemCommand(a.title, a.help, _bind(self, a.action))
+
+    # ------------------------------------------------------------------ mouse
+
     @on(TimelineChart.CursorSet)
     def _cursor_set(self, event: TimelineChart.CursorSet) -> None:
         self.view.set_cursor(event.t, self.now())
         self.redraw()
 
+    @on(TimelineChart.Zoom)
+    def _zoom_at(self, event: TimelineChart.Zoom) -> None:
+        self.view.zoom(event.factor, self.now(), anchor=event.t)
+        self.redraw()
 
-__all__ = ["SECOND", "GpuwatchApp", "NewData"]
+    @on(TimelineChart.Pan)
+    def _pan(self, event: TimelineChart.Pan) -> None:
+        self.action_pan(event.fraction)
+
+
+def _bind(app: App, action: str) -> Callable[[], object]:
+    async def run() -> None:
+        await app.run_action(action)
+
+    return run
+
+
+def help_keys() -> list[tuple[str, str]]:
+    """(keys, description) for the help screen."""
+    rows = []
+    for a in ACTIONS:
+        keys = a.keys.replace("equals_sign", "=").replace("plus", "+").replace("minus", "-")
+        keys = keys.replace("left_square_bracket", "[").replace("right_square_bracket", "]")
+        keys = keys.replace("less_than_sign", "<").replace("greater_than_sign", ">")
+        keys = keys.replace("question_mark", "?").replace(",", " / ")
+        rows.append((keys, a.help))
+    return rows

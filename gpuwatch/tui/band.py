@@ -141,11 +141,9 @@ class PhaseBand(Widget):
             for c in range(c0, c1 + 1):
                 chars[c] = " "
                 kinds[c] = kind
-            room = c1 - c0 + 1
-            if room >= 3:
-                label = span.name[:room]
-                for j, ch in enumerate(label):
-                    chars[c0 + j] = ch
+            label = _label(span.name, c1 - c0 + 1)
+            for j, ch in enumerate(label):
+                chars[c0 + j] = ch
         marker_cols: dict[int, str] = {}
         for m in row.markers:
             if t0 <= m.t <= t1:
@@ -193,6 +191,26 @@ class PhaseBand(Widget):
         if run_text and run_key is not None:
             segments.append(Segment("".join(run_text), style_for(*run_key)))
         return Strip(segments, width)
+
+
+SHORT_NAMES = {
+    "forward": "fwd",
+    "backward": "bwd",
+    "optimizer.step": "opt",
+    "zero_grad": "zg",
+    "data": "dat",
+    "eval": "ev",
+}
+
+
+def _label(name: str, room: int) -> str:
+    """The phase's name if it fits in ``room`` cells, else a short form, else nothing."""
+    if len(name) <= room:
+        return name
+    short = SHORT_NAMES.get(name)
+    if short and len(short) <= room:
+        return short
+    return name[: room - 1] + "…" if room >= 4 else ""
 
 
 def _contrast(color: str, variables: dict[str, str]) -> str:

@@ -19,10 +19,10 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ..fmt import GIB, fmt_duration, nice_step
+from ..fmt import GIB, axis_label, nice_step
 from ._braille import rasterise, to_text
 
-AXIS_WIDTH = 7
+AXIS_WIDTH = 9
 """Cells left of the plot for y labels (shared with the phase band, so columns align)."""
 
 
@@ -68,6 +68,21 @@ class TimelineChart(Widget):
         def __init__(self, t: int) -> None:
             super().__init__()
             self.t = t
+
+    class Zoom(Message):
+        """The user turned the wheel over the plot: zoom by ``factor`` around ``t``."""
+
+        def __init__(self, t: int, factor: float) -> None:
+            super().__init__()
+            self.t = t
+            self.factor = factor
+
+    class Pan(Message):
+        """The user scrolled sideways: move the window by ``fraction`` of its width."""
+
+        def __init__(self, fraction: float) -> None:
+            super().__init__()
+            self.fraction = fraction
 
     def __init__(self, fetch: Fetch, origin: int, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -122,6 +137,22 @@ class TimelineChart(Widget):
         if event.x >= AXIS_WIDTH:
             self.post_message(self.CursorSet(self.x_to_time(event.x)))
 
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()  # zoom, do not scroll the panel list
+        self.post_message(self.Zoom(self.x_to_time(event.x), 0.8))
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self.post_message(self.Zoom(self.x_to_time(event.x), 1.25))
+
+    def on_mouse_scroll_left(self, event: events.MouseScrollLeft) -> None:
+        event.stop()
+        self.post_message(self.Pan(-0.1))
+
+    def on_mouse_scroll_right(self, event: events.MouseScrollRight) -> None:
+        event.stop()
+        self.post_message(self.Pan(0.1))
+
     # ------------------------------------------------------------------ drawing
 
     def render_line(self, y: int) -> Strip:
@@ -153,24 +184,23 @@ class TimelineChart(Widget):
         text = to_text(bits)
         line_styles = [base + self._style(s.role) for s in frame.series]
         axis_style = base + self._style("axis")
-        cursor_bg = Style(bgcolor=self.app.theme_variables.get("gw-cursor"))
         cursor_col = self.time_to_col(self.cursor) if self.cursor is not None else None
+        if cursor_col is not None:
+            # The cursor is a vertical rule through the empty cells of its column.
+            line_styles.append(base + self._style("cursor"))
+            owner = owner.copy()
+            blank = bits[:, cursor_col] == 0
+            owner[blank, cursor_col] = len(line_styles) - 1
+            for row in np.flatnonzero(blank):
+                text[row] = text[row][:cursor_col] + "│" + text[row][cursor_col + 1 :]
         labels = _y_labels(ymax, plot_h)
         strips = []
         for row in range(plot_h):
-            segments = [
-                Segment(
-                    labels.get(row, "").rjust(AXIS_WIDTH - 1) + "┤"
-                    if row in labels
-                    else " " * (AXIS_WIDTH - 1) + "│",
-                    axis_style,
-                )
-            ]
+            label = labels.get(row)
+            axis = label.rjust(AXIS_WIDTH - 1) + "┤" if label else " " * (AXIS_WIDTH - 1) + "│"
+            segments = [Segment(axis, axis_style)]
             segments += _runs(text[row], owner[row], line_styles, base)
-            strip = Strip(segments, width)
-            if cursor_col is not None:
-                strip = _highlight(strip, AXIS_WIDTH + cursor_col, cursor_bg)
-            strips.append(strip)
+            strips.append(Strip(segments, width))
         strips.append(Strip([Segment(self._time_axis(plot_w), axis_style)], width))
         return strips
 
@@ -189,7 +219,7 @@ class TimelineChart(Widget):
             if t > t1:
                 break
             col = int((t - t0) * plot_w / span)
-            label = fmt_duration(t - self.origin)
+            label = axis_label(t - self.origin, step)
             if col >= 0 and col + len(label) < plot_w + 1:
                 line[AXIS_WIDTH + col] = "┴"
                 for j, ch in enumerate(label[: max(0, plot_w - col - 1)]):
@@ -226,11 +256,3 @@ def _runs(text: str, owner: np.ndarray, styles: list[Style], base: Style) -> lis
         idx = int(owner[s])
         segments.append(Segment(text[s:e], styles[idx] if idx >= 0 else base))
     return segments
-
-
-def _highlight(strip: Strip, x: int, style: Style) -> Strip:
-    """Give cell ``x`` of a strip an extra (background) style."""
-    if x >= strip.cell_length:
-        return strip
-    left, mid, right = strip.divide([x, x + 1, strip.cell_length])
-    return Strip.join([left, mid.apply_style(style), right])

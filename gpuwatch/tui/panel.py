@@ -43,8 +43,11 @@ class DevicePanel(Vertical):
         border-title-color: $text;
         padding: 0 1 0 0;
     }
-    DevicePanel:focus-within {
+    DevicePanel:focus, DevicePanel:focus-within {
         border: round $primary;
+    }
+    DevicePanel.-secondary {
+        height: 12;
     }
     DevicePanel > .panel-header {
         height: 1;
@@ -54,6 +57,8 @@ class DevicePanel(Vertical):
         height: 1;
     }
     """
+
+    can_focus = True
 
     def __init__(self, session: Session, key: str) -> None:
         super().__init__(id="panel-" + _css_id(key))
@@ -131,15 +136,18 @@ class DevicePanel(Vertical):
         frame = self.chart.last_frame
         roles = [s.role for s in frame.series] if frame else []
         values = self.values_at(t)
+        span = self.span_at(t)
+        if span is not None and span.get("peak_alloc") is not None:
+            values["peak"] = span["peak_alloc"]
         parts = []
         for role, label in labels.items():
             if role not in roles and role not in values:
                 continue
             color = variables.get(f"gw-{role}", "white")
             parts.append(f"[{color}]━[/] {label} {fmt_bytes(values.get(role))}")
-        phase = self.phase_at(t)
-        if phase:
-            parts.append(f"[b]{phase}[/b]")
+        if span is not None:
+            step = f" step {span['step']}" if span.get("step") is not None else ""
+            parts.append(f"[b]{span['name']}[/b]{step}")
         parts.append(f"@ {fmt_duration(t - self.session.t_origin)}")
         return "  ".join(parts)
 
@@ -172,7 +180,7 @@ class DevicePanel(Vertical):
                     out[role] = (out.get(role) or 0) + v
         return out
 
-    def phase_at(self, t: int) -> str | None:
+    def span_at(self, t: int) -> dict | None:
         """The phase running at ``t`` on this device (first process that has one)."""
         procs = (
             self.session.processes_on(self.key)
@@ -180,9 +188,9 @@ class DevicePanel(Vertical):
             else list(self.session.processes.values())
         )
         for proc in procs:
-            name = self.session.phase_at(proc, t)
-            if name:
-                return name
+            span = self.session.span_at(proc, t)
+            if span:
+                return span
         return None
 
     def _fetch_chart(self, t0: int, t1: int, n: int) -> ChartFrame:
@@ -198,15 +206,18 @@ class DevicePanel(Vertical):
                 series.append(Series("allocated", lo, hi))
             total = self.device.total
         else:
+            # Drawing order: where lines share a cell, the later one's colour shows.
+            procs = s.processes_on(self.key)
+            for proc in procs:
+                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
+                series.append(Series("peak", peak, peak))
             if self.key in s.gpu and len(s.gpu[self.key]):
                 lo, hi = s.gpu_window(self.key, "used", t0, t1, n)
                 series.append(Series("nvml", lo, hi))
-            for proc in s.processes_on(self.key):
+            for proc in procs:
                 for role in ("reserved", "allocated"):
                     lo, hi = s.torch_window(proc, self.key, role, t0, t1, n)
                     series.append(Series(role, lo, hi))
-                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
-                series.append(Series("peak", peak, peak))
             total = self.device.total
         for line in series:
             if np.isfinite(line.hi).any():
@@ -219,7 +230,10 @@ class DevicePanel(Vertical):
 
     def _fetch_band(self, t0: int, t1: int) -> list[BandRow]:
         s = self.session
-        procs = s.processes_on(self.key) if self.key != HOST else list(s.processes.values())
+        if self.key == HOST:  # GPU processes have their rows on their GPU's panel
+            procs = [p for p in s.processes.values() if not p.devices]
+        else:
+            procs = s.processes_on(self.key)
         rows = []
         now = s.now()
         for proc in procs:

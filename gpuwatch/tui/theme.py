@@ -37,7 +37,7 @@ VARIABLE_DEFAULTS: dict[str, str] = {
     "gw-phase-other": "#6a5acd",
     "gw-mark": "#ffd75f",
     "gw-oom": "#ff3030",
-    "gw-cursor": "#3a4150",
+    "gw-cursor": "#7f8aa3",
     "gw-axis": "#8a93a3",
     "gw-grid": "#2a2f38",
     "gw-other-procs": "#7a7a7a",

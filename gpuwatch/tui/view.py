@@ -21,25 +21,34 @@ class View:
         span: Width of the window in ns.
         end: Right edge when paused; None when following live.
         cursor: Cursor time, or None for "no cursor" (legend shows the newest values).
+        first: The session's first time (see :meth:`window`), kept up to date by the app.
     """
 
     span: int = 60 * SECOND
     end: int | None = None
     cursor: int | None = None
+    first: int | None = None
 
     @property
     def following(self) -> bool:
         return self.end is None
 
+    def limit(self, now: int) -> int:
+        """The latest right edge: the newest time, or the first time plus the span while
+        the session is younger than the window (so lines grow from the left)."""
+        if self.first is not None and now - self.first < self.span:
+            return self.first + self.span
+        return now
+
     def window(self, now: int) -> tuple[int, int]:
         """The window to draw, given the newest time."""
-        end = now if self.end is None else self.end
+        end = self.limit(now) if self.end is None else self.end
         return end - self.span, end
 
     def pause(self, now: int) -> None:
         """Freeze the window where it is."""
         if self.end is None:
-            self.end = now
+            self.end = self.window(now)[1]
 
     def follow(self) -> None:
         """Follow the newest data again (the cursor goes)."""
@@ -56,7 +65,7 @@ class View:
         """Scale the span by ``factor`` (<1 zooms in), keeping ``anchor`` in place.
 
         The anchor defaults to the cursor, else the right edge; a following view stays
-        following when zoomed without a cursor.
+        following when zoomed without a cursor or anchor.
         """
         new_span = int(min(MAX_SPAN, max(MIN_SPAN, self.span * factor)))
         if self.following and anchor is None and self.cursor is None:
@@ -67,19 +76,19 @@ class View:
             anchor = self.cursor if self.cursor is not None else t1
         frac = (anchor - t0) / max(self.span, 1)
         self.span = new_span
-        self.end = min(now, anchor + int((1 - frac) * new_span))
+        self.end = min(self.limit(now), anchor + int((1 - frac) * new_span))
 
-    def pan(self, fraction: float, now: int, first: int | None = None) -> None:
+    def pan(self, fraction: float, now: int) -> None:
         """Move the window by ``fraction`` of its span (negative: back in time).
 
-        Stops at the newest data and, when ``first`` is given, at the session's start.
+        Stops at the newest data and at the session's start.
         """
         self.pause(now)
         assert self.end is not None
         end = self.end + int(fraction * self.span)
-        if first is not None:
-            end = max(end, min(first + self.span, now))
-        self.end = min(end, now)
+        if self.first is not None:
+            end = max(end, self.first + self.span)
+        self.end = min(end, self.limit(now))
 
     def set_cursor(self, t: int, now: int) -> None:
         """Put the cursor at ``t`` (pauses, so the cursor does not slide away)."""
@@ -90,9 +99,11 @@ class View:
         """Move the cursor by whole chart columns; the window scrolls to keep it in view."""
         if self.cursor is None:
             self.pause(now)
-            self.cursor = self.window(now)[1]
+            self.cursor = min(now, self.window(now)[1])
         step = max(1, self.span // max(width, 1))
         self.cursor = min(now, self.cursor + cells * step)
+        if self.first is not None:
+            self.cursor = max(self.first, self.cursor)
         self.reveal(self.cursor, now)
 
     def reveal(self, t: int, now: int) -> None:
@@ -101,12 +112,12 @@ class View:
         if t < t0:
             self.end = t + self.span // 10 * 9
         elif t > t1:
-            self.end = min(now, t + self.span // 10)
-        if self.end is not None and self.end >= now and self.cursor is None:
-            self.end = None
+            self.end = min(self.limit(now), t + self.span // 10)
 
     def jump(self, t: int, now: int) -> None:
         """Cursor to ``t``, window centred on it (jump to a phase, mark or spike)."""
         self.pause(now)
         self.cursor = t
-        self.end = min(now, t + self.span // 2)
+        t0, t1 = self.window(now)
+        if not t0 + self.span // 10 <= t <= t1 - self.span // 10:
+            self.end = min(self.limit(now), t + self.span // 2)

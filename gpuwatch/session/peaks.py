@@ -1,0 +1,95 @@
+"""Per-phase peaks: what the allocator reported inside each phase, and what NVML saw."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import HOST
+from .session import Process, Session
+from .table import MISSING_INT
+
+
+@dataclass
+class PhasePeak:
+    """One ended phase with its peaks (bytes; None when not reported / not sampled).
+
+    Attributes:
+        device_max: The highest NVML "used" reading during the phase on its GPU (the
+            held reading from just before counts: a short phase may fall between polls),
+            or the process's highest RSS for the host.
+    """
+
+    pid: int
+    step: int | None
+    name: str
+    t0: int
+    t1: int
+    depth: int
+    peak_alloc: int | None
+    peak_reserved: int | None
+    device_max: float | None
+
+
+def range_max(t: np.ndarray, v: np.ndarray, t0: int, t1: int) -> float | None:
+    """Highest step-hold value over ``[t0, t1]``: samples inside plus the one in effect at t0."""
+    i0 = int(np.searchsorted(t, t0, "right")) - 1  # the sample in effect at t0
+    i1 = int(np.searchsorted(t, t1, "right"))
+    i0 = max(i0, 0)
+    if i1 <= i0 or len(t) == 0:
+        return None
+    return float(np.max(v[i0:i1]))
+
+
+def _opt(v: int) -> int | None:
+    return None if v == MISSING_INT else int(v)
+
+
+def phase_peaks(
+    session: Session, proc: Process, key: str, last_steps: int = 20, depth: int | None = 0
+) -> list[PhasePeak]:
+    """Ended phases of ``proc`` in its last ``last_steps`` steps, newest step first.
+
+    Args:
+        session: The session.
+        proc: The process.
+        key: The device whose NVML readings (or, for the host, RSS) give ``device_max``.
+        last_steps: How many steps back to go.
+        depth: Only phases at this nesting depth (None: all).
+    """
+    cols = proc.phases.snapshot()
+    if len(cols["t0"]) == 0:
+        return []
+    steps = cols["step"]
+    known = steps[steps != MISSING_INT]
+    keep = np.ones(len(steps), dtype=bool)
+    if len(known):
+        newest = int(known.max())
+        keep &= (steps == MISSING_INT) | (steps > newest - last_steps)
+    if depth is not None:
+        keep &= cols["depth"] == depth
+    idx = np.flatnonzero(keep)
+    if key == HOST:
+        ref = proc.rss.snapshot()
+        ref_t, ref_v = ref["t"], ref["rss"]
+    else:
+        table = session.gpu.get(key)
+        ref = table.snapshot() if table is not None else {"t": np.empty(0), "used": np.empty(0)}
+        ref_t, ref_v = ref["t"], ref["used"]
+    out = [
+        PhasePeak(
+            pid=proc.pid,
+            step=_opt(int(cols["step"][i])),
+            name=session.names[int(cols["name"][i])],
+            t0=int(cols["t0"][i]),
+            t1=int(cols["t1"][i]),
+            depth=int(cols["depth"][i]),
+            peak_alloc=_opt(int(cols["peak_alloc"][i])),
+            peak_reserved=_opt(int(cols["peak_reserved"][i])),
+            device_max=range_max(ref_t, ref_v, int(cols["t0"][i]), int(cols["t1"][i])),
+        )
+        for i in idx
+    ]
+    out.sort(key=lambda p: (-(p.step if p.step is not None else -1), p.t0))
+    return out

@@ -1,0 +1,81 @@
+"""The help screen (``?``): every key and mouse action, and what the lines mean."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+HELP = """\
+# gpuwatch
+
+Each panel is one device. The chart shows, on one time axis:
+
+| line | what it is |
+| --- | --- |
+| **nvidia-smi** | NVML's *used* memory for the whole GPU (host: RAM used) |
+| **reserved** | what torch's caching allocator holds from the driver |
+| **allocated** | what live tensors use (host: the script's RSS) |
+| **predicted** | what gpuwatch expects from the model's facts |
+| **peak in phase** | the exact allocator peak inside each phase, drawn over the phase |
+
+nvidia-smi − reserved is the CUDA context and memory outside torch (and other processes);
+reserved − allocated is the allocator's cache. Under the chart, the phase band has one row
+per instrumented process: ◆ is a mark, ✖ an out-of-memory error.
+
+CUDA runs asynchronously: phase boundaries are when Python *enqueued* the work. Allocated,
+reserved and NVML memory line up with them; GPU utilisation does not.
+
+## Keys
+
+| key | action |
+| --- | --- |
+{keys}
+
+## Mouse
+
+| action | effect |
+| --- | --- |
+| click a chart | put the cursor there (pauses) |
+| wheel on a chart | zoom around the pointer |
+| horizontal wheel | pan |
+| click a tab | switch view |
+
+Every action is also in the command palette (`ctrl+p`), and so is the theme switcher.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    """Keys, mouse actions and a legend."""
+
+    DEFAULT_CSS = """
+    HelpScreen {
+        align: center middle;
+    }
+    HelpScreen > VerticalScroll {
+        width: 90;
+        max-width: 95%;
+        height: 90%;
+        border: round $primary;
+        background: $surface;
+        padding: 0 1;
+    }
+    """
+
+    BINDINGS = [
+        Binding("escape,q,question_mark", "dismiss", "Close"),
+    ]
+
+    def __init__(self, keys: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.keys = keys
+
+    def compose(self) -> ComposeResult:
+        table = "\n".join(f"| `{key}` | {desc} |" for key, desc in self.keys)
+        with VerticalScroll():
+            yield Markdown(HELP.format(keys=table))
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)

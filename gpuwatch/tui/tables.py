@@ -1,0 +1,156 @@
+"""The tabular views: per-phase peaks and the process table."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from ..fmt import fmt_bytes, fmt_duration
+from ..session import HOST, Session
+from ..session.peaks import phase_peaks
+
+
+class PeaksTable(DataTable):
+    """Phases x steps with the exact peaks the script reported and what NVML saw.
+
+    Newest step first. Rows cover every instrumented process on every device it uses.
+    """
+
+    COLUMNS = (
+        ("step", "step"),
+        ("phase", "phase"),
+        ("process", "process"),
+        ("device", "device"),
+        ("duration", "duration"),
+        ("alloc", "peak allocated"),
+        ("reserved", "peak reserved"),
+        ("devmax", "nvidia-smi max / RSS max"),
+        ("predicted", "predicted"),
+    )
+
+    def __init__(self, session: Session, last_steps: int = 20, *, id: str | None = None) -> None:
+        super().__init__(id=id, zebra_stripes=True, cursor_type="row")
+        self.session = session
+        self.last_steps = last_steps
+        self.predict = None  # set by the app once a predictor is available
+        self._signature: tuple[object, ...] | None = None
+
+    def on_mount(self) -> None:
+        for key, label in self.COLUMNS:
+            self.add_column(label, key=key)
+
+    def refresh_rows(self) -> None:
+        """Rebuild the rows if any process ended a phase since the last call."""
+        s = self.session
+        signature = tuple((p.pid, len(p.phases)) for p in s.processes.values())
+        if signature == self._signature:
+            return
+        self._signature = signature
+        rows = []
+        for proc in s.processes.values():
+            keys = sorted(set(proc.devices.values())) or [HOST]
+            for key in keys:
+                dev = s.devices.get(key)
+                dev_label = (
+                    "host"
+                    if key == HOST
+                    else f"GPU {dev.index}"
+                    if dev and dev.index is not None
+                    else "GPU"
+                )
+                predicted = self.predict(proc) if self.predict is not None else None
+                for p in phase_peaks(s, proc, key, self.last_steps):
+                    pred = predicted.get(p.name) if predicted else None
+                    rows.append(
+                        (
+                            "" if p.step is None else str(p.step),
+                            p.name,
+                            proc.label,
+                            dev_label,
+                            fmt_duration(p.t1 - p.t0),
+                            Text(fmt_bytes(p.peak_alloc), justify="right"),
+                            Text(fmt_bytes(p.peak_reserved), justify="right"),
+                            Text(fmt_bytes(p.device_max), justify="right"),
+                            Text(fmt_bytes(pred), justify="right"),
+                        )
+                    )
+        self.clear()
+        self.add_rows(rows)
+
+
+class ProcessTable(DataTable):
+    """Every process on every GPU (NVML) plus every instrumented process."""
+
+    COLUMNS = (
+        ("pid", "pid"),
+        ("user", "user"),
+        ("name", "name"),
+        ("device", "device"),
+        ("memory", "GPU memory / RSS"),
+        ("instrumented", "instrumented"),
+        ("command", "command"),
+    )
+
+    def __init__(self, session: Session, *, id: str | None = None) -> None:
+        super().__init__(id=id, zebra_stripes=True, cursor_type="row")
+        self.session = session
+        self._last: list[tuple[object, ...]] | None = None
+
+    def on_mount(self) -> None:
+        for key, label in self.COLUMNS:
+            self.add_column(label, key=key)
+
+    def refresh_rows(self) -> None:
+        """Rebuild from the newest NVML process lists and the instrumented processes."""
+        s = self.session
+        rows: list[tuple[object, ...]] = []
+        seen: set[int] = set()
+        for key, table in sorted(s.gpu_procs.items()):
+            snap = table.snapshot()
+            if len(snap["t"]) == 0:
+                continue
+            last_t = snap["t"][-1]
+            dev = s.devices[key]
+            for pid, used in zip(
+                snap["pid"][snap["t"] == last_t], snap["used"][snap["t"] == last_t], strict=True
+            ):
+                pid = int(pid)
+                if pid == 0:  # an empty snapshot
+                    continue
+                seen.add(pid)
+                rows.append(self._row(pid, f"GPU {dev.index}", int(used)))
+        for pid, proc in s.processes.items():
+            if pid in seen or proc.ended is not None:
+                continue
+            last = proc.rss.last()
+            rows.append(self._row(pid, "host", last["rss"] if last else None))
+        if rows != self._last:
+            self._last = rows
+            self.clear()
+            self.add_rows(rows)
+
+    def _row(self, pid: int, device: str, memory: int | None) -> tuple[object, ...]:
+        info = self.session.proc_info.get(pid, {})
+        proc = self.session.processes.get(pid)
+        visible = info.get("visible", proc is not None)
+        name = info.get("name") or (
+            proc.hello.get("argv", ["?"])[0].rsplit("/", 1)[-1] if proc else "?"
+        )
+        if not visible:
+            name = (
+                f"{name} (not visible from here)" if info.get("name") else "(not visible from here)"
+            )
+        command = info.get("cmdline") or (" ".join(proc.hello.get("argv", [])) if proc else "")
+        if isinstance(command, list):
+            command = " ".join(command)
+        return (
+            str(pid),
+            info.get("user") or "",
+            name,
+            device,
+            Text(
+                fmt_bytes(memory) if memory is not None and memory >= 0 else "n/a", justify="right"
+            ),
+            proc.label if proc is not None else "",
+            command[:200],
+        )

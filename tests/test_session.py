@@ -234,3 +234,26 @@ def test_a_failing_subscriber_does_not_stop_the_data_path(bad: Exception) -> Non
     s.subscribe(listener)
     s.add_host_sample({"t": 1, "total": 2, "used": 1, "available": 1})
     assert len(s.host) == 1
+
+
+def test_minmax_on_int_columns_skips_the_missing_marker() -> None:
+    t = np.arange(6, dtype=np.int64)
+    v = np.array([5, MISSING_INT, 7, MISSING_INT, MISSING_INT, 2], dtype=np.int64)
+    lo, hi = minmax(t, v, 0, 6, 3, hold=False)
+    assert lo.tolist() == [5.0, 7.0, 2.0]
+    assert hi.tolist() == [5.0, 7.0, 2.0]
+    lo, hi = minmax(t, v, 0, 6, 6, hold=False)
+    assert np.isnan(lo[1]) and np.isnan(hi[4])
+
+
+def test_segment_max_matches_a_brute_force_reference() -> None:
+    rng = np.random.default_rng(3)
+    bounds = np.cumsum(rng.integers(1, 50, 400)).astype(np.int64)
+    start, end = bounds[:-1], bounds[1:]
+    vals = rng.integers(0, 1000, len(start)).astype(np.int64)
+    t0, t1, width = int(bounds[10]), int(bounds[300]), 97
+    got = segment_max(start, end, vals, t0, t1, width)
+    edges = t0 + np.arange(width + 1) * ((t1 - t0) / width)
+    for j in range(width):
+        over = (end >= int(edges[j])) & (start <= int(edges[j + 1]))
+        assert got[j] == vals[over].max()

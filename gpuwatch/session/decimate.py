@@ -23,8 +23,8 @@ def minmax(
 
     Args:
         t: Non-decreasing int64 sample times.
-        values: Sample values (NaN, or an int column's missing marker converted to NaN by the
-            caller, means "unknown" and is skipped).
+        values: Sample values; NaN (floats) or the session's missing marker (ints) means
+            "unknown" and is skipped.
         t0: Start of the window.
         t1: End of the window (exclusive of later samples).
         width: Number of output columns.
@@ -45,13 +45,11 @@ def minmax(
     i1 = int(np.searchsorted(t, t1, "right"))
     idx[-1] = i1
     if i1 > i0:
-        v = np.asarray(values[i0:i1], dtype=np.float64)
         starts = idx[:-1] - i0
         nonempty = idx[1:] > idx[:-1]
         if nonempty.any():
             s = starts[nonempty]
-            lo[nonempty] = np.fmin.reduceat(v, s)
-            hi[nonempty] = np.fmax.reduceat(v, s)
+            lo[nonempty], hi[nonempty] = _reduce(values[i0:i1], s)
     if hold:
         # The value in effect at each column's start is the last sample before the edge.
         prev = idx[:-1] - 1
@@ -60,10 +58,38 @@ def minmax(
         valid &= edges[:-1] <= t[-1]
         if valid.any():
             held = np.full(width, np.nan)
-            held[valid] = np.asarray(values[prev[valid]], dtype=np.float64)
+            held[valid] = _as_float(values[prev[valid]])
             lo = np.fmin(lo, held)
             hi = np.fmax(hi, held)
     return lo, hi
+
+
+_MISSING = np.iinfo(np.int64).min  # the session's "unknown" marker in int columns
+
+
+def _as_float(v: np.ndarray) -> np.ndarray:
+    """Small arrays to float64, with the int "unknown" marker as NaN."""
+    out = np.asarray(v, dtype=np.float64)
+    if v.dtype.kind == "i":
+        out[v == _MISSING] = np.nan
+    return out
+
+
+def _reduce(v: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Min and max of ``v`` between consecutive ``starts``, skipping unknown values.
+
+    Integer columns are reduced as integers (no float copy of a million samples); the
+    unknown marker is the smallest int64, so it can only ever win the minimum, and the
+    minimum is redone without it only when it did.
+    """
+    if v.dtype.kind == "f":
+        return np.fmin.reduceat(v, starts), np.fmax.reduceat(v, starts)
+    lo = np.minimum.reduceat(v, starts)
+    hi = np.maximum.reduceat(v, starts)
+    if (lo == _MISSING).any():
+        lo = np.minimum.reduceat(np.where(v == _MISSING, np.iinfo(np.int64).max, v), starts)
+        lo = np.where(lo == np.iinfo(np.int64).max, _MISSING, lo)
+    return _as_float(lo), _as_float(hi)
 
 
 def value_at(t: np.ndarray, values: np.ndarray, at: int) -> float | None:
@@ -81,27 +107,33 @@ def segment_max(
     """Per-column maximum of values that hold over time segments ``[t_start, t_end]``.
 
     Used for the allocator's exact per-phase peaks: each is known to have happened
-    somewhere inside its segment, so it is drawn over the whole segment.
+    somewhere inside its segment, so it is drawn over the whole segment. Segments must be
+    in time order and must not overlap (consecutive phase boundaries of one process), so
+    both ends are sorted and every column's segments are one contiguous index range.
 
     Returns:
         Float64 array of length ``width``, NaN where no segment overlaps.
     """
-    out = np.full(width, -np.inf)
+    out = np.full(width, np.nan)
     if width <= 0 or t1 <= t0 or len(values) == 0:
-        return np.full(width, np.nan)
-    keep = (t_end >= t0) & (t_start <= t1)
-    if not keep.any():
-        return np.full(width, np.nan)
-    a, b = t_start[keep], t_end[keep]
-    v = np.asarray(values[keep], dtype=np.float64)
-    scale = width / (t1 - t0)
-    c0 = np.clip(((a - t0) * scale).astype(np.int64), 0, width - 1)
-    c1 = np.clip(((b - t0) * scale).astype(np.int64), 0, width - 1)
-    np.maximum.at(out, c0, v)
-    np.maximum.at(out, c1, v)
-    # Segments are disjoint in time, so their interiors add up to at most `width` columns.
-    for i in np.flatnonzero(c1 - c0 >= 2):
-        seg = out[c0[i] + 1 : c1[i]]
-        np.maximum(seg, v[i], out=seg)
-    out[np.isneginf(out)] = np.nan
+        return out
+    # Only segments that overlap the window: views, no copies.
+    i0 = int(np.searchsorted(t_end, t0, "left"))
+    i1 = int(np.searchsorted(t_start, t1, "right"))
+    if i1 <= i0:
+        return out
+    a, b = t_start[i0:i1], t_end[i0:i1]
+    edges = column_edges(t0, t1, width)
+    lo = np.searchsorted(b, edges[:-1], "left")  # first segment ending in or after column
+    hi = np.searchsorted(a, edges[1:], "right")  # one past the last starting before its end
+    nonempty = hi > lo
+    if not nonempty.any():
+        return out
+    # One reduceat over interleaved (lo, hi) pairs: the even results are each column's max.
+    # A -inf sentinel makes `hi == len` a valid index.
+    v = np.append(np.asarray(values[i0:i1], dtype=np.float64), -np.inf)
+    pairs = np.empty(2 * width, dtype=np.int64)
+    pairs[0::2], pairs[1::2] = lo, hi
+    maxima = np.maximum.reduceat(v, pairs)[0::2]
+    out[nonempty] = maxima[nonempty]
     return out

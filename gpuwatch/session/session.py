@@ -82,6 +82,7 @@ class Process:
     torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS))
     peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS))
     last_boundary: int | None = None
+    torch_devs: set[int] = field(default_factory=set)  # device indices seen in figures
     max_segment: int = 0
     rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS))
     phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS))
@@ -336,7 +337,9 @@ class Session:
         b = msg.body
         if b.get("allocated") is None or b.get("reserved") is None:
             return
-        proc.torch.append((msg.t, _opt(b.get("dev")), b["allocated"], b["reserved"]))
+        dev = _opt(b.get("dev"))
+        proc.torch_devs.add(dev)
+        proc.torch.append((msg.t, dev, b["allocated"], b["reserved"]))
 
     def _on_memory(self, proc: Process, msg: Message) -> None:
         self._figures(proc, msg)
@@ -428,20 +431,27 @@ class Session:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Min/max-decimated torch column of one process on one device."""
         cols = proc.torch.between(t0, t1, pad=1)
-        devs = [i for i, k in proc.devices.items() if k == key]
-        mask = np.isin(cols["dev"], devs)
-        if not mask.all():
+        if not self._all_on(proc, key):
+            mask = np.isin(cols["dev"], [i for i, k in proc.devices.items() if k == key])
             cols = {n: c[mask] for n, c in cols.items()}
-        return minmax(cols["t"], _float(cols[column]), t0, t1, width)
+        return minmax(cols["t"], cols[column], t0, t1, width)
+
+    @staticmethod
+    def _all_on(proc: Process, key: str) -> bool:
+        """True when every figure the process reported is for device ``key``."""
+        return all(proc.devices.get(d) == key for d in proc.torch_devs)
 
     def peak_window(
         self, proc: Process, key: str, column: str, t0: int, t1: int, width: int
     ) -> np.ndarray:
         """Per-column exact allocator peaks (``peak_allocated`` / ``peak_reserved``)."""
         cols = proc.peaks.between(t0, t1 + proc.max_segment)
-        devs = [i for i, k in proc.devices.items() if k == key]
-        keep = np.isin(cols["dev"], devs) & (cols[column] != MISSING_INT)
-        return segment_max(cols["t0"][keep], cols["t1"][keep], cols[column][keep], t0, t1, width)
+        keep = cols[column] != MISSING_INT
+        if not self._all_on(proc, key):
+            keep &= np.isin(cols["dev"], [i for i, k in proc.devices.items() if k == key])
+        if not keep.all():
+            cols = {n: c[keep] for n, c in cols.items()}
+        return segment_max(cols["t0"], cols["t1"], cols[column], t0, t1, width)
 
     def spans(self, proc: Process, t0: int, t1: int) -> dict[str, np.ndarray]:
         """Ended spans of ``proc`` overlapping ``[t0, t1]`` (columns of PHASE_COLUMNS)."""
@@ -504,13 +514,4 @@ def _window(
 ) -> tuple[np.ndarray, np.ndarray]:
     # One row either side carries the held value in and the line out to the next sample.
     cols = table.between(t0, t1, pad=1)
-    return minmax(cols[table.time], _float(cols[column]), t0, t1, width)
-
-
-def _float(col: np.ndarray) -> np.ndarray:
-    """Column as float64 with missing ints as NaN (decimation skips NaN)."""
-    if col.dtype.kind == "i":
-        out = col.astype(np.float64)
-        out[col == MISSING_INT] = np.nan
-        return out
-    return col
+    return minmax(cols[table.time], cols[column], t0, t1, width)

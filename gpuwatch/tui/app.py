@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
@@ -23,7 +23,9 @@ from ..fmt import fmt_bytes, fmt_duration
 from ..session import HOST, Session
 from ..session import navigate as nav
 from .chart import TimelineChart
+from .confirm import Confirm
 from .help import HelpScreen
+from .log import LogView
 from .panel import DevicePanel
 from .tables import PeaksTable, ProcessTable
 from .theme import DEFAULT_THEME, builtin_themes
@@ -31,6 +33,20 @@ from .view import View
 
 REDRAW_HZ = 20
 TABLE_HZ = 2
+
+
+class ChildLike(Protocol):
+    """What the dashboard needs of a command started by ``gpuwatch run``."""
+
+    pid: int
+    log_path: str
+    command: str
+
+    def poll(self) -> int | None:
+        """The exit status, or None while it runs."""
+
+    def terminate(self) -> None:
+        """Ask it to stop."""
 
 
 class NewData(Message):
@@ -117,6 +133,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("1", "show_tab('timelines')", "Timelines", "Show the timelines"),
     Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
     Action("3", "show_tab('processes')", "Processes", "Show the process table", True, "3"),
+    Action("4", "show_tab('log')", "Log", "Show the command's output (gpuwatch run)"),
     Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
     Action("q", "quit", "Quit", "Quit gpuwatch", True),
 )
@@ -131,6 +148,8 @@ class GpuwatchApp(App[int]):
         subtitle: Shown in the status bar (socket path, file name...).
         clock: Returns the newest time to show (default :meth:`Session.now`); a replay
             passes its playback position.
+        child: The command started by ``gpuwatch run``: its output gets a tab, its state
+            the status bar, and quitting while it runs asks first.
     """
 
     TITLE = "gpuwatch"
@@ -172,9 +191,12 @@ class GpuwatchApp(App[int]):
         theme_name: str | None = None,
         subtitle: str = "",
         clock: Callable[[], int] | None = None,
+        child: ChildLike | None = None,
     ) -> None:
         super().__init__()
         self.session = session
+        self.child = child
+        self._child_status: int | None = None
         self.clock = clock or session.now
         self.view = View()
         self.subtitle_text = subtitle
@@ -204,6 +226,9 @@ class GpuwatchApp(App[int]):
                 yield self.peaks_table
             with TabPane("Processes", id="processes"):
                 yield self.process_table
+            if self.child is not None:
+                with TabPane("Log", id="log"):
+                    yield LogView(self.child.log_path, id="child-log")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -306,10 +331,27 @@ class GpuwatchApp(App[int]):
             parts.append(f"[$warning]{dropped} dropped[/]")
         if self.view.cursor is not None:
             parts.append(f"cursor {fmt_duration(self.view.cursor - s.t_origin)}")
+        if self.child is not None:
+            parts.append(self._child_text())
         if self.subtitle_text:
             parts.append(self.subtitle_text)
         self.status_bar.update(" · ".join(parts))
         self.notes_bar.update("\n".join(s.notes))
+
+    def _child_text(self) -> str:
+        assert self.child is not None
+        status = self.child.poll()
+        if status is None:
+            return f"running pid {self.child.pid} (4: log)"
+        if self._child_status is None:
+            self._child_status = status
+            self.notify(
+                f"the command exited with status {status}",
+                severity="information" if status == 0 else "error",
+                timeout=6,
+            )
+        colour = "$success" if status == 0 else "$error"
+        return f"[{colour}]command exited {status}[/]"
 
     # ------------------------------------------------------------------ helpers
 
@@ -420,7 +462,10 @@ class GpuwatchApp(App[int]):
         self.redraw()
 
     def action_show_tab(self, tab: str) -> None:
-        """Switch between timelines, peaks and processes."""
+        """Switch between timelines, peaks, processes and the command's log."""
+        if tab == "log" and self.child is None:
+            self.notify("no command is running under gpuwatch", timeout=2)
+            return
         self.tabs.active = tab
         target = {"peaks": self.peaks_table, "processes": self.process_table}.get(tab)
         if target is not None:
@@ -429,6 +474,23 @@ class GpuwatchApp(App[int]):
             self.panels[0].focus()
         self._tables_version = -1
         self._refresh_tables()
+
+    async def action_quit(self) -> None:
+        """Quit; while a command started by ``gpuwatch run`` still runs, ask first."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            self.exit()
+            return
+
+        def answered(stop: bool | None) -> None:
+            if stop:
+                child.terminate()
+                self.exit()
+
+        self.push_screen(
+            Confirm(f"{child.command} (pid {child.pid}) is still running. Stop it and quit?"),
+            answered,
+        )
 
     def action_help(self) -> None:
         """Show the help screen."""

@@ -99,6 +99,8 @@ class Simulation:
         backward_end: What backward leaves (parameter gradients).
         eval_peak: Peak of the same forward without grad (nothing saved).
         grad_bytes: Parameter gradient bytes the program allocates.
+        forward_peak_at, backward_peak_at: Where in its pass each peak falls (0 to 1, by
+            op count), so a curve can place it.
     """
 
     forward_peak: Moment
@@ -107,6 +109,8 @@ class Simulation:
     backward_end: Moment
     eval_peak: Moment
     grad_bytes: int
+    forward_peak_at: float = 1.0
+    backward_peak_at: float = 0.0
 
 
 class _Live:
@@ -116,6 +120,8 @@ class _Live:
         self.alive: dict[int, tuple[Tensor, str]] = {}
         self.now = Moment()
         self.peak = Moment()
+        self.step = 0  # the op being walked, to say where the peak fell
+        self.peak_step = 0
 
     def add(self, t: Tensor, kind: str) -> None:
         key = id(t)
@@ -144,6 +150,7 @@ class _Live:
         if self.now.total() + extra > self.peak.total():
             self.peak = self.now.copy()
             self.peak.temp += extra
+            self.peak_step = self.step
 
 
 def _kind(t: Tensor) -> str:
@@ -158,9 +165,13 @@ def simulate(ops: list[Op], keep: list[Tensor]) -> Simulation:
         keep: Tensors the caller holds after forward (the loss).
     """
     forward_peak, forward_end, live, saved_by, last_read = _forward(ops, keep, grad=True)
+    forward_at = live.peak_step / max(1, len(ops) - 1)
     eval_peak = _forward(ops, keep, grad=False)[0]
     backward_peak, backward_end, grad_bytes = _backward(ops, live, saved_by, last_read)
+    backward_at = 1.0 - live.peak_step / max(1, len(ops) - 1)
     return Simulation(
+        forward_peak_at=forward_at,
+        backward_peak_at=backward_at,
         forward_peak=forward_peak,
         forward_end=forward_end,
         backward_peak=backward_peak,
@@ -208,6 +219,7 @@ def _forward(
     kept = {id(t) for t in keep}
     live = _Live()
     for i, op in enumerate(ops):
+        live.step = i
         for t in op.outputs:
             live.add(t, _kind(t) if id(t) in saved_by else "temp")
         live.bump()
@@ -224,6 +236,7 @@ def _backward(
     ops: list[Op], live: _Live, saved_by: dict[int, int], last_read: dict[int, int]
 ) -> tuple[Moment, Moment, int]:
     live.peak = live.now.copy()
+    live.peak_step = len(ops) - 1
     grads: dict[int, Tensor] = {}  # activation gradients alive, by tensor id
     param_grads: set[str] = set()
     grad_bytes = 0
@@ -236,6 +249,7 @@ def _backward(
     region_saver: dict[int, int] = {}
     for i in range(len(ops) - 1, -1, -1):
         op = ops[i]
+        live.step = i
         if not any(t.rg for t in op.outputs):
             continue  # not part of the autograd graph: no backward, nothing saved
         if op.region is not None and op.region not in recomputed:

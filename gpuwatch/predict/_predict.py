@@ -51,6 +51,9 @@ DTYPE_BYTES = {
 
 Breakdown = dict[str, int]
 
+MAX_LAYERS = 1024
+"""Deeper models are not simulated (the walk is linear in layers; facts may be hostile)."""
+
 
 @dataclass
 class PhaseMemory:
@@ -125,6 +128,8 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     need = ("layers", "hidden", "heads", "vocab")
     if not tf or any(_n(tf.get(k)) <= 0 for k in need):
         return None, ["activations unknown: no transformer shape in the facts"]
+    if _n(tf.get("layers")) > MAX_LAYERS:
+        return None, [f"activations unknown: more than {MAX_LAYERS} layers"]
     b, s = _n(batch.get("batch")), _n(batch.get("seq"))
     if b <= 0 or s <= 0:
         return None, ["activations unknown: no batch shape yet (sent with the first forward)"]

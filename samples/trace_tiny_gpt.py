@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_tiny_gpt import TinyGPT  # noqa: E402
+from train_tiny_gpt import TinyGPT
 
 
 def build(

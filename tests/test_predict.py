@@ -54,8 +54,9 @@ def test_flash_attention_drops_the_s_squared_term() -> None:
 def test_fp32_doubles_every_activation_but_masks() -> None:
     sbh = S * B * H
     stats = 2 * 2 * S * B * 4
-    got = _layer_bytes(attention="eager", param_elt=4, device="cuda", attn_dropout=0.1,
-                       resid_dropout=0.1)
+    got = _layer_bytes(
+        attention="eager", param_elt=4, device="cuda", attn_dropout=0.1, resid_dropout=0.1
+    )
     # 16 two-byte units become four-byte ones; bool masks stay one byte (sbh and as²b).
     assert got == sbh * (32 * 2 + 2) + A * S * S * B * (4 + 4 + 1) + stats
 
@@ -64,8 +65,18 @@ def test_full_checkpointing_keeps_each_layers_input() -> None:
     # Korthikanti et al. 2022, section 5: about 2sbh per layer (its input at 16 bits).
     saved = []
     for layers in (2, 3):
-        ops, loss = record(Arch(layers=layers, hidden=H, heads=A, vocab=1000, batch=B, seq=S,
-                                checkpointing=True, **GPT16))
+        ops, loss = record(
+            Arch(
+                layers=layers,
+                hidden=H,
+                heads=A,
+                vocab=1000,
+                batch=B,
+                seq=S,
+                checkpointing=True,
+                **GPT16,
+            )
+        )
         saved.append(simulate(ops, [loss]).forward_end.saved)
     assert saved[1] - saved[0] == 2 * S * B * H
 
@@ -131,8 +142,12 @@ def test_foreach_temporary_is_per_param_group() -> None:
 
 
 def test_first_step_creates_state_and_later_forward_holds_it() -> None:
-    facts = facts_from_shape(ModelShape(layers=2, hidden=256, heads=4, vocab=1000),
-                             batch=2, seq=128, precision="bf16-mixed")
+    facts = facts_from_shape(
+        ModelShape(layers=2, hidden=256, heads=4, vocab=1000),
+        batch=2,
+        seq=128,
+        precision="bf16-mixed",
+    )
     p = predict(facts)
     first, later = p.phases["optimizer.step", True], p.phases["optimizer.step", False]
     assert first.start["optimizer_state"] == 0 and first.end["optimizer_state"] > 0
@@ -146,16 +161,21 @@ def test_first_step_creates_state_and_later_forward_holds_it() -> None:
 def _spans(steps: int) -> list[Span]:
     out, t = [], 0
     for step in range(steps):
-        for name, d in (("forward", 100), ("backward", 200), ("optimizer.step", 50),
-                        ("zero_grad", 10)):
+        for name, d in (
+            ("forward", 100),
+            ("backward", 200),
+            ("optimizer.step", 50),
+            ("zero_grad", 10),
+        ):
             out.append(Span(name, t, t + d, step))
             t += d + 5
     return out
 
 
 def test_curve_follows_the_phases() -> None:
-    facts = facts_from_shape(ModelShape(layers=2, hidden=256, heads=4, vocab=1000),
-                             batch=2, seq=128, precision="fp32")
+    facts = facts_from_shape(
+        ModelShape(layers=2, hidden=256, heads=4, vocab=1000), batch=2, seq=128, precision="fp32"
+    )
     p = predict(facts)
     spans = _spans(2)
     times, values = predicted_curve(p, spans)
@@ -180,8 +200,9 @@ def test_curve_follows_the_phases() -> None:
 
 
 def test_replayed_facts_predict_the_same() -> None:
-    facts = facts_from_shape(ModelShape(layers=2, hidden=256, heads=4, vocab=1000),
-                             batch=2, seq=128)
+    facts = facts_from_shape(
+        ModelShape(layers=2, hidden=256, heads=4, vocab=1000), batch=2, seq=128
+    )
     again = json.loads(json.dumps(facts))
     assert predict(again).phases == predict(facts).phases
 
@@ -195,8 +216,14 @@ def test_without_a_transformer_activations_are_unknown() -> None:
 
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 10**6)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 _keys = st.sampled_from(["params", "optimizer", "transformer", "batch", "amp", "checkpointing"])

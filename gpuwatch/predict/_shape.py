@@ -105,7 +105,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _bucket(shapes: list[tuple[int, ...]], elt: int, dtype: str) -> dict[str, Any]:
-    sizes = sorted((_numel(s) * elt for s in shapes), reverse=True) + [0, 0]
+    sizes = [*sorted((_numel(s) * elt for s in shapes), reverse=True), 0, 0]
     factored = vector = small = 0
     for s in shapes:
         n = _numel(s)

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     live = sub.add_parser("live", help="the live dashboard (the default command)")
     add_dashboard_options(live)
     live.set_defaults(func=cmd_live)
+    # estimate: predicted memory per phase before any run (gpuwatch/estimate_cli.py).
+    from .estimate_cli import add_parser as add_estimate
+
+    add_estimate(sub)
     parser.set_defaults(func=cmd_live)
     return parser
 

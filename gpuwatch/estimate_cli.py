@@ -1,0 +1,259 @@
+"""``gpuwatch estimate``: predicted memory per phase before any run.
+
+From ``--params``, shape options or a Hugging Face ``config.json`` it builds the facts a
+training script would send and runs the same predictor the dashboard runs. ``--trace``
+instead builds the user's own model on fake tensors and counts one real training step
+with PyTorch's MemTracker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+from .cli import EXIT_OK, CliError
+from .fmt import fmt_bytes
+
+TRACE_STEPS = 2
+"""Steps ``--trace`` runs: the first creates optimizer state, the second is the steady one."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``estimate`` on the CLI's subparsers."""
+    from .predict._shape import IMPLS, OPTIMIZERS, PRECISIONS
+
+    p = sub.add_parser(
+        "estimate",
+        help="predict GPU memory per training phase before running",
+        description="Predict memory per phase (weights, gradients, optimizer state, "
+        "activations, temporaries) for a decoder-only transformer, before any run.",
+    )
+    src = p.add_argument_group("model")
+    src.add_argument("--params", type=_positive, help="parameter count (no activations)")
+    src.add_argument("--config", metavar="FILE", help="a Hugging Face style config.json")
+    src.add_argument("--arch", choices=("gpt", "llama"), default=None, help="layer layout")
+    for name in ("layers", "hidden", "heads", "kv-heads", "intermediate", "vocab"):
+        src.add_argument(f"--{name}", type=_positive)
+    p.add_argument("--seq", type=_positive, help="sequence length")
+    p.add_argument("--batch", type=_positive, default=1, help="micro-batch size (default 1)")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--optimizer-impl", choices=IMPLS, default="foreach")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
+    p.add_argument("--checkpointing", action="store_true", help="checkpoint every layer")
+    p.add_argument("--lora-rank", type=_positive, default=0, metavar="R")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--trace",
+        metavar="MODULE:FUNCTION",
+        help="build your model with FUNCTION() on fake tensors and count real steps",
+    )
+    p.set_defaults(func=cmd_estimate)
+
+
+def _shape(args: argparse.Namespace) -> Any:
+    from .predict._shape import ModelShape, shape_from_config
+
+    if args.config:
+        try:
+            with open(args.config) as f:
+                config = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"cannot read {args.config}: {exc}")
+        if not isinstance(config, dict):
+            raise CliError(f"{args.config} is not a JSON object")
+        try:
+            shape = shape_from_config(config)
+        except ValueError as exc:
+            raise CliError(f"{args.config}: {exc}")
+        if args.arch:
+            shape.arch = args.arch
+        if args.seq is None:
+            args.seq = shape.max_positions
+        return shape
+    given = [args.layers, args.hidden, args.heads, args.vocab]
+    if not any(given):
+        return None
+    if not all(given):
+        raise CliError("a shape needs --layers, --hidden, --heads and --vocab")
+    try:
+        return ModelShape(
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            vocab=args.vocab,
+            arch=args.arch or ("llama" if args.kv_heads else "gpt"),
+            kv_heads=args.kv_heads,
+            intermediate=args.intermediate,
+            max_positions=args.seq,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc))
+
+
+def estimate(args: argparse.Namespace) -> dict[str, Any]:
+    """The estimate as ``{"peak_bytes", "phases", "first_step", "notes"}``."""
+    from .predict import PHASES, predict
+    from .predict._shape import facts_from_shape
+
+    shape = _shape(args)
+    if shape is None and args.params is None:
+        raise CliError("give --params, a shape (--layers --hidden --heads --vocab) or --config")
+    if args.lora_rank and shape is None:
+        raise CliError("--lora-rank needs a shape or --config")
+    try:
+        facts = facts_from_shape(
+            shape,
+            params=args.params,
+            batch=args.batch,
+            seq=args.seq,
+            precision=args.precision,
+            optimizer=args.optimizer,
+            impl=args.optimizer_impl,
+            attention=args.attention,
+            checkpointing=args.checkpointing,
+            lora_rank=args.lora_rank,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc))
+    pred = predict(facts)
+    if shape is not None and not args.seq:
+        pred.notes.append("activations unknown: give --seq")
+    later = {ph: dict(pred.phases[ph, False].peak) for ph in PHASES}
+    first = {ph: dict(pred.phases[ph, True].peak) for ph in PHASES}
+    return {
+        "peak_bytes": pred.peak_bytes,
+        "peak_phase": pred.peak_phase[0],
+        "phases": later,
+        "first_step": first,
+        "parameters": facts["params"]["count"],
+        "trainable_parameters": facts["params"]["trainable_count"],
+        "activations_known": pred.activations_known,
+        "notes": pred.notes,
+    }
+
+
+def _table(result: dict[str, Any]) -> str:
+    from .predict import CATEGORIES, PHASES
+
+    phases = result["phases"]
+    width = max(len(c) for c in CATEGORIES) + 2
+    head = "".ljust(width) + "".join(ph.rjust(16) for ph in PHASES)
+    lines = [
+        f"{result['parameters']:,} parameters ({result['trainable_parameters']:,} trainable);"
+        " bytes at each phase's peak, steps after the first:",
+        "",
+        head,
+    ]
+    for cat in CATEGORIES:
+        if cat == "activations" and not result["activations_known"]:
+            cells = "".join("unknown".rjust(16) for _ in PHASES)
+        else:
+            cells = "".join(fmt_bytes(phases[ph][cat]).rjust(16) for ph in PHASES)
+        lines.append(cat.replace("_", " ").ljust(width) + cells)
+    totals = "".join(fmt_bytes(sum(phases[ph].values())).rjust(16) for ph in PHASES)
+    lines.append("total".ljust(width) + totals)
+    lines.append("")
+    lines.append(f"peak: {fmt_bytes(result['peak_bytes'])} in {result['peak_phase']}")
+    lines.extend(f"note: {n}" for n in result["notes"])
+    return "\n".join(lines)
+
+
+def trace(spec: str) -> dict[str, Any]:
+    """Run ``MODULE:FUNCTION``'s model for :data:`TRACE_STEPS` steps on fake tensors.
+
+    ``FUNCTION()`` (no arguments) is called under ``FakeTensorMode`` and returns
+    ``(model, optimizer, batch)``: ``model(*batch)`` (or ``model(**batch)`` for a dict)
+    returns the loss tensor, or an object with a ``.loss``. Every tensor it makes is fake:
+    shapes and dtypes only, no memory, so a model far larger than this machine works.
+    PyTorch's MemTracker counts each step (forward, backward, ``optimizer.step()``,
+    ``zero_grad(set_to_none=True)``) by category.
+    """
+    module_name, _, func_name = spec.partition(":")
+    if not module_name or not func_name:
+        raise CliError(f"--trace wants MODULE:FUNCTION, not {spec!r}")
+    try:
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as exc:
+        raise CliError(f"--trace needs torch with MemTracker: {exc}", 1)
+    sys.path.insert(0, os.getcwd())
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            spec_ = importlib.util.spec_from_file_location("_gpuwatch_trace", module_name)
+            if spec_ is None or spec_.loader is None:
+                raise ImportError(module_name)
+            module = importlib.util.module_from_spec(spec_)
+            spec_.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        func = getattr(module, func_name)
+    except (ImportError, AttributeError, OSError) as exc:
+        raise CliError(f"cannot load {spec}: {exc}")
+    steps = []
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        built = func()
+        if not (isinstance(built, tuple) and len(built) == 3):
+            raise CliError(f"{spec} must return (model, optimizer, batch)")
+        model, opt, batch = built
+        tracker = MemTracker()
+        tracker.track_external(model, opt)
+        with tracker:
+            for _ in range(TRACE_STEPS):
+                out = model(**batch) if isinstance(batch, dict) else model(*batch)
+                loss = getattr(out, "loss", out)
+                if not isinstance(loss, torch.Tensor):
+                    raise CliError(f"{spec}: the model returned no loss tensor")
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del out, loss
+                snap = tracker.get_tracker_snapshot("peak")
+                steps.append(
+                    {
+                        str(dev): {getattr(k, "value", str(k)): int(v) for k, v in cats.items()}
+                        for dev, cats in snap.items()
+                    }
+                )
+                tracker.reset_mod_stats()
+    peak = max((d.get("Total", 0) for s in steps for d in s.values()), default=0)
+    return {"peak_bytes": peak, "steps": steps}
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """``gpuwatch estimate``."""
+    if args.trace:
+        result = trace(args.trace)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            for i, step in enumerate(result["steps"], 1):
+                for dev, cats in step.items():
+                    parts = ", ".join(
+                        f"{k.lower()} {fmt_bytes(v)}" for k, v in cats.items() if v and k != "Total"
+                    )
+                    print(f"peak up to step {i} on {dev}: {fmt_bytes(cats.get('Total'))} ({parts})")
+            print(f"peak: {fmt_bytes(result['peak_bytes'])} (MemTracker, fake tensors)")
+        return EXIT_OK
+    result = estimate(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(_table(result))
+    return EXIT_OK

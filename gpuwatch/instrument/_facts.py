@@ -1,0 +1,580 @@
+"""Model facts for the predictor, read once inside the training process (``docs/facts.md``).
+
+:func:`collect_facts` walks the model and optimizer once (never per step) and returns a
+small JSON-able dict: aggregates by (dtype, device, trainable), never one entry per tensor.
+It never raises: a part that cannot be read is left out and named under ``errors``.
+torch is imported only when a function runs (the instrument package must stay light).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+FACTS_VERSION = 1
+"""Version of the facts schema (``docs/facts.md``); bumped on incompatible changes."""
+
+MAX_BUCKETS = 64
+"""At most this many optimizer (group, device, dtype) buckets, to keep a datagram small."""
+
+SMALL_TENSOR = 4096
+"""bitsandbytes keeps 32-bit state for tensors under ``min_8bit_size`` (4096) elements."""
+
+# Hugging Face config attribute names (and a few other libraries'), first match wins.
+_CONFIG_NAMES = {
+    "layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "hidden": ("hidden_size", "n_embd", "d_model", "dim"),
+    "heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_head_kv"),
+    "head_dim": ("head_dim",),
+    "intermediate": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
+    "vocab": ("vocab_size", "padded_vocab_size"),
+    "max_positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
+}
+_DROPOUT_NAMES = {
+    "attn": ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
+    "resid": ("resid_pdrop", "hidden_dropout", "hidden_dropout_prob", "dropout"),
+    "embd": ("embd_pdrop", "embed_dropout"),
+}
+_ATTN_ATTRS = ("_attn_implementation", "attn_implementation", "attention_implementation")
+_ATTN_VALUES = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+# Linear names by role, as Hugging Face, Megatron, nanoGPT and LLaMA's reference name them.
+_ROLE_NAMES = {
+    "q": ("q_proj", "query", "c_attn", "qkv", "qkv_proj", "query_key_value", "wqkv", "wq"),
+    "k": ("k_proj", "key", "wk"),
+    "v": ("v_proj", "value", "wv"),
+    "o": ("o_proj", "out_proj", "dense", "wo", "proj"),
+    "gate": ("gate_proj", "w1", "gate_up_proj"),
+    "up": ("up_proj", "c_fc", "fc1", "w3", "dense_h_to_4h", "fc", "wi"),
+    "down": ("down_proj", "fc2", "w2", "dense_4h_to_h", "wo_mlp"),
+}
+_ATTN_PARTS = ("attn", "attention", "self_attn")
+_MLP_PARTS = ("mlp", "feed_forward", "ffn", "feedforward")
+_LORA_PARTS = ("lora_A", "lora_B", "base_layer", "lora_embedding_A", "lora_embedding_B")
+
+
+def _dtype(t: Any) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _device(t: Any) -> str:
+    return str(t.device)
+
+
+def _scalar(v: Any) -> Any:
+    """A JSON scalar (or list of numbers) for an optimizer option, else None."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, (tuple, list)) and all(isinstance(x, (int, float)) for x in v):
+        return [float(x) for x in v]
+    try:  # a 0-d tensor (lr as a Tensor)
+        return float(v.item()) if getattr(v, "numel", lambda: 0)() == 1 else None
+    except Exception:
+        return None
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
+    """Count and bytes of tensors by (dtype, device[, trainable])."""
+    out: dict[tuple[str, str, bool], list[int]] = {}
+    count = size = t_count = t_size = 0
+    for t in tensors:
+        n, b = int(t.numel()), _nbytes(t)
+        rg = bool(getattr(t, "requires_grad", False)) if trainable else False
+        key = (_dtype(t), _device(t), rg)
+        acc = out.setdefault(key, [0, 0, 0])
+        acc[0] += n
+        acc[1] += b
+        acc[2] += 1
+        count += n
+        size += b
+        if rg:
+            t_count += n
+            t_size += b
+    groups = [
+        {"dtype": d, "device": dev, "trainable": rg, "count": c, "bytes": b, "tensors": k}
+        for (d, dev, rg), (c, b, k) in out.items()
+    ]
+    if not trainable:
+        for g in groups:
+            del g["trainable"]
+        return {"count": count, "bytes": size, "groups": groups}
+    return {
+        "count": count,
+        "bytes": size,
+        "trainable_count": t_count,
+        "trainable_bytes": t_size,
+        "frozen_count": count - t_count,
+        "frozen_bytes": size - t_size,
+        "groups": groups,
+    }
+
+
+def _params(model: Any) -> dict[str, Any]:
+    import torch
+
+    facts = _groups(model.parameters())
+    # What autocast casts: the weights of matmul-like modules (its lower-precision list).
+    cast_types = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, torch.nn.Bilinear)
+    seen: set[int] = set()
+    cast = 0
+    for mod in model.modules():
+        if isinstance(mod, cast_types):
+            for p in mod.parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    cast += int(p.numel())
+    facts["autocast_count"] = cast
+    return facts
+
+
+def _impl(optimizer: Any) -> tuple[str | None, bool]:
+    """The implementation ``step()`` will run (foreach / fused / for-loop), and whether
+    the user chose it.
+
+    Mirrors ``torch.optim`` (``adam()``, ``_default_to_fused_or_foreach``): explicit
+    ``fused``/``foreach`` win; else foreach when every parameter is on a device with
+    foreach kernels (CUDA, XPU, MTIA, a PrivateUse1 backend) and the optimizer is not
+    differentiable, and not for a Tensor ``lr`` without ``capturable``; else (e.g. on the
+    CPU) the for-loop.
+    """
+    defaults = getattr(optimizer, "defaults", {}) or {}
+    groups = getattr(optimizer, "param_groups", []) or []
+    first = groups[0] if groups else defaults
+    fused, foreach = first.get("fused", defaults.get("fused")), first.get("foreach")
+    if fused:
+        return "fused", True
+    if foreach:
+        return "foreach", True
+    if "foreach" not in defaults and "fused" not in defaults:
+        return None, False  # not a torch.optim optimizer with these paths
+    if foreach is False:
+        return "for-loop", True
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        params = [p for g in groups for p in g["params"]]
+        _, auto = _default_to_fused_or_foreach(params, bool(first.get("differentiable")), False)
+        lr = first.get("lr")
+        if auto and hasattr(lr, "numel") and not first.get("capturable"):
+            auto = False
+    except Exception:
+        auto = False
+    return ("foreach" if auto else "for-loop"), False
+
+
+def _optimizer(optimizer: Any) -> dict[str, Any]:
+    cls = type(optimizer)
+    defaults = getattr(optimizer, "defaults", {}) or {}
+    options = {k: _scalar(v) for k, v in defaults.items() if k != "params"}
+    options = {k: v for k, v in options.items() if v is not None or k in ("foreach", "fused")}
+    impl, explicit = _impl(optimizer)
+    buckets: dict[tuple[int, str, str], dict[str, Any]] = {}
+    truncated = False
+    for gi, group in enumerate(getattr(optimizer, "param_groups", []) or []):
+        frozen = 0
+        per_group = {
+            k: _scalar(group.get(k))
+            for k in ("weight_decay", "momentum", "nesterov", "amsgrad", "lr")
+            if k in group and _scalar(group.get(k)) is not None
+        }
+        for p in group.get("params", []):
+            if not getattr(p, "requires_grad", False):
+                frozen += 1  # no gradient: step() skips it and makes no state for it
+                continue
+            key = (gi, _device(p), _dtype(p))
+            b = buckets.get(key)
+            if b is None:
+                if len(buckets) >= MAX_BUCKETS:
+                    truncated = True
+                    continue
+                b = buckets[key] = {
+                    "group": gi,
+                    "device": key[1],
+                    "dtype": key[2],
+                    "tensors": 0,
+                    "count": 0,
+                    "bytes": 0,
+                    "max_tensor_bytes": 0,
+                    "second_tensor_bytes": 0,
+                    "small_count": 0,
+                    "factored_count": 0,
+                    "vector_count": 0,
+                    **per_group,
+                }
+            n, nb = int(p.numel()), _nbytes(p)
+            b["tensors"] += 1
+            b["count"] += n
+            b["bytes"] += nb
+            if nb > b["max_tensor_bytes"]:
+                b["second_tensor_bytes"], b["max_tensor_bytes"] = b["max_tensor_bytes"], nb
+            elif nb > b["second_tensor_bytes"]:
+                b["second_tensor_bytes"] = nb
+            if n < SMALL_TENSOR:
+                b["small_count"] += n
+            if p.dim() >= 2 and n:
+                # Adafactor's row and column variances: shape[:-1] and shape[:-2]+shape[-1:].
+                b["factored_count"] += n // int(p.shape[-1]) + n // int(p.shape[-2])
+            else:
+                b["vector_count"] += n
+        if frozen:
+            for b in buckets.values():
+                if b["group"] == gi:
+                    b["frozen_tensors"] = frozen
+                    break
+    state_bytes = state_tensors = 0
+    seen: set[int] = set()
+    for st in getattr(optimizer, "state", {}).values():
+        if not isinstance(st, dict):
+            continue
+        for v in st.values():
+            if hasattr(v, "untyped_storage"):
+                try:
+                    storage = v.untyped_storage()
+                    ptr = storage.data_ptr()
+                    if ptr in seen and ptr:
+                        continue
+                    seen.add(ptr)
+                    state_bytes += int(storage.nbytes())
+                    state_tensors += 1
+                except Exception:
+                    continue
+    facts = {
+        "class": cls.__name__,
+        "module": cls.__module__,
+        "impl": impl,
+        "impl_explicit": explicit,
+        "options": options,
+        "groups": list(buckets.values()),
+        "param_groups": len(getattr(optimizer, "param_groups", []) or []),
+        "state_bytes": state_bytes,
+        "state_tensors": state_tensors,
+    }
+    if truncated:
+        facts["groups_truncated"] = True
+    return facts
+
+
+def _checkpointing(model: Any, checkpointing: bool | None) -> dict[str, Any]:
+    if checkpointing is not None:
+        return {"enabled": bool(checkpointing), "source": "argument"}
+    hf = getattr(model, "is_gradient_checkpointing", None)
+    if isinstance(hf, bool):
+        return {"enabled": hf, "source": "hf"}
+    for mod in model.modules():
+        flag = getattr(mod, "gradient_checkpointing", None)
+        if flag is True:
+            return {"enabled": True, "source": "module"}
+        if type(mod).__name__ == "CheckpointWrapper":  # torch.distributed's wrapper
+            return {"enabled": True, "source": "wrapper"}
+    return {"enabled": False, "source": "none"}
+
+
+def _config(model: Any) -> Any:
+    for obj in (model, getattr(model, "model", None), getattr(model, "base_model", None)):
+        cfg = getattr(obj, "config", None) if obj is not None else None
+        if cfg is not None:
+            return cfg
+    return None
+
+
+def _first(obj: Any, names: tuple[str, ...]) -> Any:
+    for name in names:
+        v = getattr(obj, name, None)
+        if v is not None and not callable(v):
+            return v
+    return None
+
+
+def _layers(model: Any) -> tuple[str, Any] | None:
+    """The longest ModuleList of same-class modules: the transformer's layers."""
+    import torch
+
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) > 0:
+            kinds = {type(m) for m in mod}
+            if len(kinds) == 1 and (best is None or len(mod) > len(best[1])):
+                best = (name, mod)
+    return best
+
+
+def _role(path: str) -> str | None:
+    parts = [p for p in path.split(".") if p not in _LORA_PARTS and p != "default"]
+    if not parts:
+        return None
+    leaf = parts[-1].lower()
+    in_attn = any(any(a in p.lower() for a in _ATTN_PARTS) for p in parts[:-1])
+    in_mlp = any(any(m in p.lower() for m in _MLP_PARTS) for p in parts[:-1])
+    if leaf == "c_proj":  # GPT-2 names both output projections c_proj
+        return "down" if in_mlp else "o"
+    for role, names in _ROLE_NAMES.items():
+        if leaf in names:
+            if role == "o" and in_mlp:
+                return "down"
+            return role
+    if in_attn and leaf in ("out", "o"):
+        return "o"
+    if in_mlp and leaf in ("out", "c_out"):
+        return "down"
+    return None
+
+
+def _module_shape(model: Any, found: tuple[str, Any]) -> dict[str, Any]:
+    """Transformer shape from the module tree (no config)."""
+    import torch
+
+    _, layers = found
+    layer = layers[0]
+    shape: dict[str, Any] = {"layers": len(layers)}
+    embeds = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    if embeds:
+        tok = max(embeds, key=lambda e: e.num_embeddings)
+        shape["vocab"], shape["hidden"] = tok.num_embeddings, tok.embedding_dim
+        positions = [e for e in embeds if e is not tok]
+        shape["learned_positions"] = bool(positions)
+        if positions:
+            shape["max_positions"] = positions[0].num_embeddings
+    for mod in layer.modules():
+        heads = _first(mod, ("num_heads", "n_head", "num_attention_heads", "n_heads", "heads"))
+        if isinstance(heads, int) and "heads" not in shape:
+            shape["heads"] = heads
+        kv = _first(mod, ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "kv_heads"))
+        if isinstance(kv, int) and "kv_heads" not in shape:
+            shape["kv_heads"] = kv
+        for attr in (*_ATTN_ATTRS, "attention"):
+            v = getattr(mod, attr, None)
+            if isinstance(v, str) and v in _ATTN_VALUES and "attention" not in shape:
+                shape["attention"] = v
+        if getattr(mod, "flash", None) is True and "attention" not in shape:  # nanoGPT
+            shape["attention"] = "sdpa"
+    for name, mod in layer.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            role = _role(name)
+            if role in ("up", "gate") and "intermediate" not in shape:
+                shape["intermediate"] = mod.out_features
+            if role == "q" and mod.out_features == 3 * shape.get("hidden", -1):
+                shape["fused_qkv"] = True
+    return shape
+
+
+def _transformer(model: Any) -> dict[str, Any] | None:
+    import torch
+
+    cfg = _config(model)
+    found = _layers(model)
+    shape: dict[str, Any] = {}
+    if cfg is not None:
+        for key, names in _CONFIG_NAMES.items():
+            v = _first(cfg, names)
+            if isinstance(v, int) and not isinstance(v, bool):
+                shape[key] = v
+        if getattr(cfg, "multi_query", False) and "kv_heads" not in shape:
+            shape["kv_heads"] = 1
+        attn = _first(cfg, _ATTN_ATTRS)
+        if isinstance(attn, str):
+            shape["attention"] = attn
+        act = _first(cfg, ("hidden_act", "activation_function", "hidden_activation"))
+        if isinstance(act, str):
+            shape["activation"] = act
+        mt = getattr(cfg, "model_type", None)
+        if isinstance(mt, str):
+            shape["model_type"] = mt
+        drop = {}
+        for key, names in _DROPOUT_NAMES.items():
+            v = _first(cfg, names)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                drop[key] = float(v)
+        if drop:
+            shape["dropout"] = drop
+        shape["source"] = "config"
+    if found is not None:
+        for k, v in _module_shape(model, found).items():
+            shape.setdefault(k, v)
+        shape.setdefault("source", "modules")
+    if not all(k in shape for k in ("layers", "hidden", "heads")):
+        return None
+    if found is None:
+        return shape
+    layer = found[1][0]
+    names = [type(m).__name__ for m in layer.modules()]
+    rms = [m for m in layer.modules() if "rmsnorm" in type(m).__name__.lower()]
+    if rms:
+        shape["norm"] = "rmsnorm"
+        shape["norm_class"] = type(rms[0]).__name__
+        # torch's own RMSNorm does not upcast; the LLaMA-family copies do (LlamaRMSNorm).
+        shape["norm_upcast"] = not isinstance(rms[0], getattr(torch.nn, "RMSNorm", ()))
+    elif any(isinstance(m, torch.nn.LayerNorm) for m in layer.modules()):
+        shape["norm"] = "layernorm"
+    roles: dict[str, bool] = {}
+    lora_rank = 0
+    lora_targets: set[str] = set()
+    has_bias = False
+    for name, mod in layer.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        parts = name.split(".")
+        role = _role(name)
+        if "lora_A" in parts or "lora_B" in parts:
+            if "lora_A" in parts:
+                lora_rank = max(lora_rank, mod.out_features)
+                if role:
+                    lora_targets.add(role)
+            continue
+        has_bias = has_bias or mod.bias is not None
+        if role:
+            roles[role] = roles.get(role, False) or bool(mod.weight.requires_grad)
+    gated = "gate" in roles or any("gate" in n.lower() for n, _ in layer.named_modules())
+    shape["mlp"] = "gated" if gated else "gelu"
+    shape["fused_qkv"] = bool(shape.get("fused_qkv")) or ("q" in roles and "k" not in roles)
+    shape["bias"] = has_bias
+    norm_w = [
+        p
+        for m in layer.modules()
+        if "norm" in type(m).__name__.lower()
+        for p in m.parameters(recurse=False)
+    ]
+    roles["norm"] = any(p.requires_grad for p in norm_w) if norm_w else True
+    inp = getattr(model, "get_input_embeddings", lambda: None)()
+    out = getattr(model, "get_output_embeddings", lambda: None)()
+    embeds = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    tok = (
+        inp
+        if isinstance(inp, torch.nn.Embedding)
+        else (max(embeds, key=lambda e: e.num_embeddings) if embeds else None)
+    )
+    if out is None:
+        heads = [
+            m
+            for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in ("lm_head", "head", "output")
+        ]
+        out = heads[0] if heads else None
+    if tok is not None:
+        roles["embed"] = bool(tok.weight.requires_grad)
+    if out is not None and getattr(out, "weight", None) is not None:
+        roles["head"] = bool(out.weight.requires_grad)
+        shape["tied_embeddings"] = tok is not None and out.weight is tok.weight
+    shape["trainable"] = roles
+    if lora_rank:
+        shape["lora"] = {"rank": lora_rank, "targets": sorted(lora_targets)}
+    shape["rope"] = not shape.get("learned_positions", False) and (
+        gated or any("rotary" in n.lower() for n in names) or bool(_first(cfg, ("rope_theta",)))
+    )
+    shape["learned_positions"] = bool(shape.get("learned_positions", False))
+    if "dropout" not in shape:
+        drop = {"attn": 0.0, "resid": 0.0, "embd": 0.0}
+        for name, mod in layer.named_modules():
+            if isinstance(mod, torch.nn.Dropout) and mod.p > 0:
+                key = "attn" if "attn_drop" in name or "attention_drop" in name else "resid"
+                drop[key] = max(drop[key], float(mod.p))
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.nn.Dropout) and mod.p > 0 and found[0] not in name:
+                drop["embd"] = max(drop["embd"], float(mod.p))
+        shape["dropout"] = drop
+    return shape
+
+
+def collect_facts(
+    model: Any,
+    optimizer: Any = None,
+    *,
+    amp_dtype: Any = None,
+    checkpointing: bool | None = None,
+) -> dict[str, Any]:
+    """Read the facts the predictor needs from a model and its optimizer, once.
+
+    Args:
+        model: A ``torch.nn.Module``.
+        optimizer: Its optimizer (any ``torch.optim.Optimizer``-like object), or None.
+        amp_dtype: The autocast dtype the training uses (``torch.bfloat16``, ``"float16"``),
+            or None when it does not use autocast (or it is detected later by
+            :func:`batch_facts`).
+        checkpointing: Whether the layers run under activation checkpointing; None reads
+            it from the model where it can (HF ``is_gradient_checkpointing``).
+
+    Returns:
+        The facts dict (schema ``docs/facts.md``); parts that failed are listed in
+        ``errors`` instead of raising.
+    """
+    facts: dict[str, Any] = {"version": FACTS_VERSION}
+    errors: list[str] = []
+
+    def part(key: str, fn: Any, *args: Any) -> None:
+        try:
+            value = fn(*args)
+            if value is not None:
+                facts[key] = value
+        except Exception as exc:  # never into training: say what failed
+            errors.append(f"{key}: {type(exc).__name__}: {str(exc)[:120]}")
+
+    try:
+        import torch
+
+        facts["torch"] = str(torch.__version__)
+    except Exception as exc:
+        return {"version": FACTS_VERSION, "errors": [f"torch: {type(exc).__name__}"]}
+    part("params", _params, model)
+    part("buffers", lambda m: _groups(m.buffers(), trainable=False), model)
+    if optimizer is not None:
+        part("optimizer", _optimizer, optimizer)
+    amp = None if amp_dtype is None else str(amp_dtype).replace("torch.", "")
+    facts["amp"] = {"dtype": amp, "source": "argument" if amp else None}
+    part("checkpointing", _checkpointing, model, checkpointing)
+    part("transformer", _transformer, model)
+    if errors:
+        facts["errors"] = errors
+    return facts
+
+
+def batch_facts(args: Any, kwargs: Any) -> dict[str, Any]:
+    """The batch shape of a forward call, from its arguments (call it on the first forward).
+
+    Takes ``input_ids`` (or the first tensor argument): an integer ``(batch, seq)`` tensor
+    of token ids, or a float ``(batch, seq, hidden)`` tensor of embeddings. Also records
+    whether autocast is on at that moment, and in which dtype.
+
+    Returns:
+        ``{"shape", "dtype", "device", "batch", "seq", "autocast"}``; ``{}`` when no tensor
+        argument is found. Never raises.
+    """
+    try:
+        import torch
+
+        candidates = []
+        if isinstance(kwargs, dict):
+            for key in ("input_ids", "idx", "inputs_embeds", "x", "input"):
+                if isinstance(kwargs.get(key), torch.Tensor):
+                    candidates.append(kwargs[key])
+        for a in args or ():
+            if isinstance(a, torch.Tensor):
+                candidates.append(a)
+            elif isinstance(a, dict) and isinstance(a.get("input_ids"), torch.Tensor):
+                candidates.append(a["input_ids"])
+        if not candidates:
+            return {}
+        t = candidates[0]
+        out: dict[str, Any] = {
+            "shape": [int(d) for d in t.shape],
+            "dtype": _dtype(t),
+            "device": _device(t),
+        }
+        if t.dim() >= 2:
+            out["batch"], out["seq"] = int(t.shape[0]), int(t.shape[1])
+        elif t.dim() == 1:
+            out["batch"], out["seq"] = 1, int(t.shape[0])
+        out["autocast"] = None
+        dev = t.device.type
+        try:
+            if torch.is_autocast_enabled(dev):
+                out["autocast"] = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        except Exception:
+            pass
+        return out
+    except Exception:
+        return {}

@@ -1,0 +1,42 @@
+"""Predicted memory: model facts in, bytes per category and per phase out.
+
+Pure Python (no torch, no numpy): it runs in the dashboard from the facts a training
+script sent (``docs/facts.md``), so a replayed recording is predicted anew from its facts.
+
+    >>> p = predict(facts)
+    >>> breakdown(p, "backward", first_step=False)      # the breakdown bar at a phase peak
+    >>> times, values = predicted_curve(p, spans)       # the predicted line on the timeline
+"""
+
+from ._curve import Span, breakdown_at, curve_points, predicted_curve, spans_from_columns
+from ._graph import (
+    ACTIVATIONS,
+    AMP_COPIES,
+    CATEGORIES,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    TEMPORARIES,
+    WEIGHTS,
+)
+from ._predict import PHASES, PhaseMemory, Prediction, breakdown, predict, total
+
+__all__ = [
+    "ACTIVATIONS",
+    "AMP_COPIES",
+    "CATEGORIES",
+    "GRADIENTS",
+    "OPTIMIZER_STATE",
+    "PHASES",
+    "TEMPORARIES",
+    "WEIGHTS",
+    "PhaseMemory",
+    "Prediction",
+    "Span",
+    "breakdown",
+    "breakdown_at",
+    "curve_points",
+    "predict",
+    "predicted_curve",
+    "spans_from_columns",
+    "total",
+]

@@ -1,0 +1,158 @@
+"""The predicted line on the timeline: predicted allocated bytes through a process's phases.
+
+The curve is piecewise linear between points placed inside each known phase span:
+forward ramps up to its peak at the loss, backward spikes where the simulation puts its
+peak and ramps down to the gradients, optimizer.step makes the first step's state at its
+start and its temporaries in its middle, zero_grad drops the gradients. Between spans the
+level holds. Whether a step is the first is decided by the optimizer state: the first
+``optimizer.step`` span (or the one whose ``step`` is ``first_step``) creates it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._graph import CATEGORIES, GRADIENTS
+from ._predict import Breakdown, PhaseMemory, Prediction, total
+
+
+@dataclass(frozen=True)
+class Span:
+    """One phase span of a process (the columns the session keeps, PHASE_COLUMNS).
+
+    Attributes:
+        name: Phase name (``forward``, ``backward``, ``optimizer.step``, ...).
+        t0, t1: Start and end (``time.monotonic_ns()``).
+        step: Training step, or None.
+        depth: Nesting depth (0 = outermost).
+    """
+
+    name: str
+    t0: int
+    t1: int
+    step: int | None = None
+    depth: int = 0
+
+
+MISSING = -(2**63)
+"""The session's missing-integer marker (``gpuwatch.session.table.MISSING_INT``)."""
+
+
+def spans_from_columns(cols: Mapping[str, Sequence[Any]], names: Sequence[str]) -> list[Span]:
+    """Spans from :meth:`Session.spans` columns and :attr:`Session.names`."""
+    out = []
+    for i in range(len(cols["t0"])):
+        step = int(cols["step"][i])
+        out.append(
+            Span(
+                name=names[int(cols["name"][i])],
+                t0=int(cols["t0"][i]),
+                t1=int(cols["t1"][i]),
+                step=None if step == MISSING else step,
+                depth=int(cols["depth"][i]),
+            )
+        )
+    return out
+
+
+def _known(spans: Iterable[Span], phases: dict[tuple[str, bool], PhaseMemory]) -> list[Span]:
+    """Known phases, outermost first; a known span inside another known one is skipped
+    (a forward inside eval is eval's)."""
+    names = {name for name, _ in phases}
+    chosen: list[Span] = []
+    for sp in sorted(spans, key=lambda s: (s.t0, s.depth)):
+        if sp.name not in names or sp.t1 < sp.t0:
+            continue
+        if chosen and sp.t0 >= chosen[-1].t0 and sp.t1 <= chosen[-1].t1:
+            continue
+        chosen.append(sp)
+    return chosen
+
+
+def _plus_grads(b: Breakdown, grads: int) -> Breakdown:
+    return dict(b, **{GRADIENTS: max(b.get(GRADIENTS, 0), grads)})
+
+
+def _mix(a: Breakdown, b: Breakdown, f: float) -> Breakdown:
+    return {c: round(a.get(c, 0) + (b.get(c, 0) - a.get(c, 0)) * f) for c in CATEGORIES}
+
+
+def curve_points(
+    prediction: Prediction, spans: Iterable[Span], *, first_step: int | None = None
+) -> list[tuple[int, Breakdown]]:
+    """The curve as ``(time, breakdown)`` points, in time order (times may repeat: steps).
+
+    Args:
+        prediction: From :func:`predict`.
+        spans: The process's phase spans (any order; unknown names are ignored).
+        first_step: The step of the process's first ``optimizer.step``, when the spans do
+            not reach back to it; None infers it from the spans.
+    """
+    phases = prediction.phases
+    grads_total = phases["optimizer.step", False].start.get(GRADIENTS, 0)
+    state = prediction.optimizer.present
+    grads = False
+    points: list[tuple[int, Breakdown]] = []
+    for sp in _known(spans, phases):
+        if first_step is not None and sp.step is not None and sp.step > first_step:
+            state = True
+        pm = phases[sp.name, not state]
+        start, peak, end = pm.start, pm.peak, pm.end
+        if grads and sp.name in ("forward", "eval", "backward"):
+            # Gradient accumulation: earlier gradients are still there.
+            start, peak, end = (_plus_grads(b, grads_total) for b in (start, peak, end))
+        d = sp.t1 - sp.t0
+        if points:
+            points.append((sp.t0, points[-1][1]))  # hold the level up to this span
+        points.append((sp.t0, start))
+        if sp.name == "forward":
+            points.append((sp.t0 + round(d * _at(prediction, "forward")), peak))
+        elif sp.name == "backward":
+            points.append((sp.t0 + round(d * _at(prediction, "backward")), peak))
+            grads = True
+        elif sp.name == "optimizer.step":
+            if not state:
+                made = dict(start, **{"optimizer_state": end.get("optimizer_state", 0)})
+                points.append((sp.t0 + d // 10, made))
+            points.append((sp.t0 + d // 2, peak))
+            state = True
+        elif sp.name == "eval":
+            points.append((sp.t0 + d // 2, peak))
+        elif sp.name == "zero_grad":
+            grads = False
+        points.append((sp.t1, end))
+    return points
+
+
+def _at(prediction: Prediction, phase: str) -> float:
+    where = prediction.peak_at.get(phase)
+    return 0.5 if where is None else min(1.0, max(0.0, where))
+
+
+def predicted_curve(
+    prediction: Prediction, spans: Iterable[Span], *, first_step: int | None = None
+) -> tuple[list[int], list[int]]:
+    """Predicted allocated bytes at the curve's points: ``(times, values)``.
+
+    Draw it by joining the points with straight lines; equal times make vertical steps.
+    """
+    pts = curve_points(prediction, spans, first_step=first_step)
+    return [t for t, _ in pts], [total(b) for _, b in pts]
+
+
+def breakdown_at(
+    prediction: Prediction, spans: Iterable[Span], t: int, *, first_step: int | None = None
+) -> Breakdown | None:
+    """Predicted bytes by category at time ``t`` (None before the first known span)."""
+    pts = curve_points(prediction, spans, first_step=first_step)
+    if not pts or t < pts[0][0]:
+        return None
+    for (ta, a), (tb, b) in itertools.pairwise(pts):
+        if ta <= t <= tb:
+            if tb == ta:
+                continue
+            return _mix(a, b, (t - ta) / (tb - ta))
+    return dict(pts[-1][1])

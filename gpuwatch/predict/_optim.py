@@ -1,0 +1,162 @@
+"""Optimizer state and the temporaries of ``optimizer.step()``, from the optimizer facts.
+
+Sources, per rule:
+
+- Adam/AdamW state: ``exp_avg`` and ``exp_avg_sq`` (``zeros_like`` the parameter) and, with
+  ``amsgrad``, ``max_exp_avg_sq``, created lazily by ``_init_group`` on the first step
+  (``torch/optim/adam.py``); a scalar ``step`` per parameter that lives on the parameter's
+  device only for ``fused``/``capturable`` (else on the CPU). Kingma & Ba 2015 for the
+  algorithm; 2 states × 4 bytes + fp32 weights + gradients is ZeRO's 16 bytes per
+  parameter with mixed precision (Rajbhandari et al. 2020, section 3.1).
+- foreach Adam(W) (``_multi_tensor_adam``): per (device, dtype) bucket one parameter-sized
+  ``exp_avg_sq_sqrt`` list; the previous bucket's list is still referenced while the next
+  one is made, and each param group is a separate call. Fused (``_fused_adam_``) works in
+  place. The for-loop path (``_single_tensor_adam``) makes ``sqrt`` and then ``denom`` per
+  tensor while the previous tensor's ``denom`` is alive; Adam (not W) with weight decay adds
+  ``grad.add(param)``.
+- SGD (``torch/optim/sgd.py``): ``momentum_buffer`` cloned from the gradient on the first
+  step when ``momentum != 0``; foreach makes a bucket-sized gradient copy for weight decay
+  or Nesterov, the for-loop one tensor.
+- Adafactor (``torch/optim/_adafactor.py``; Shazeer & Stern 2018): row and column variances
+  for matrices (``shape[:-1]`` and ``shape[:-2] + shape[-1:]``), a full variance for
+  vectors; the update makes one parameter-sized ``var_estimate`` per tensor (a bucket's
+  worth with foreach).
+- 8-bit Adam (bitsandbytes ``Optimizer2State``; Dettmers et al. 2022, "8-bit Optimizers
+  via Block-wise Quantization"): two uint8 states plus one fp32 absmax per 256-element
+  block for tensors of at least ``min_8bit_size`` (4096) elements; smaller tensors keep
+  32-bit states. Its kernels update in place.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+BNB_BLOCK = 256
+"""bitsandbytes' block size for block-wise 8-bit states (``Optimizer2State.init_state``)."""
+
+
+@dataclass
+class OptimizerMemory:
+    """What an optimizer adds to device memory.
+
+    Attributes:
+        state: Optimizer state bytes after the first step.
+        temp: Peak temporary bytes inside ``step()``.
+        present: True when the state already existed when facts were read (a resumed run):
+            then there is no first-step jump.
+        kind: The optimizer kind the rules used.
+        notes: What could not be predicted exactly.
+    """
+
+    state: int = 0
+    temp: int = 0
+    present: bool = False
+    kind: str = "none"
+    notes: list[str] = field(default_factory=list)
+
+
+def _n(v: Any) -> int:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+
+def _pairs_peak(sizes: list[int]) -> int:
+    """Peak of a loop whose per-bucket temporary outlives the next bucket's creation."""
+    if not sizes:
+        return 0
+    peak = sizes[0]
+    for a, b in itertools.pairwise(sizes):
+        peak = max(peak, a + b)
+    return peak
+
+
+def kind_of(opt: dict[str, Any]) -> str:
+    """Normalised optimizer kind from its class and module names."""
+    name = str(opt.get("class", "")).lower()
+    module = str(opt.get("module", "")).lower()
+    if "8bit" in name or ("bitsandbytes" in module and "adam" in name):
+        return "adamw-8bit"
+    for kind in ("adamw", "adam", "adafactor", "sgd"):
+        if name.startswith(kind) or name == kind:
+            return kind
+    return "other"
+
+
+def optimizer_memory(opt: dict[str, Any] | None, device: str | None = None) -> OptimizerMemory:
+    """State and temporaries of the optimizer described by ``opt`` (facts' ``optimizer``).
+
+    Args:
+        opt: The optimizer facts, or None for no optimizer.
+        device: Only count buckets on this device (None: all).
+    """
+    if not opt:
+        return OptimizerMemory()
+    kind = opt.get("kind") or kind_of(opt)
+    options = opt.get("options") or {}
+    impl = opt.get("impl") or "for-loop"
+    groups = [
+        g
+        for g in opt.get("groups") or []
+        if isinstance(g, dict) and (device is None or g.get("device") == device)
+    ]
+    mem = OptimizerMemory(kind=kind, present=_n(opt.get("state_bytes")) > 0)
+    by_group: dict[int, list[dict[str, Any]]] = {}
+    for g in groups:
+        by_group.setdefault(_n(g.get("group")), []).append(g)
+
+    def opt_of(g: dict[str, Any], name: str, default: Any = None) -> Any:
+        return g.get(name, options.get(name, default))
+
+    temps: list[int] = []
+    for buckets in by_group.values():
+        sizes = [_n(b.get("bytes")) for b in buckets]
+        big = max((_n(b.get("max_tensor_bytes")) for b in buckets), default=0)
+        second = max((_n(b.get("second_tensor_bytes")) for b in buckets), default=0)
+        on_device_step = bool(options.get("fused") or options.get("capturable")) or any(
+            str(b.get("device", "")).startswith("cpu") for b in buckets
+        )
+        steps = sum(_n(b.get("tensors")) for b in buckets) * 4 if on_device_step else 0
+        b0 = buckets[0]
+        if kind in ("adam", "adamw"):
+            n_states = 3 if opt_of(b0, "amsgrad", False) else 2
+            mem.state += n_states * sum(sizes) + steps
+            coupled_wd = kind == "adam" and float(opt_of(b0, "weight_decay", 0) or 0) != 0
+            if impl == "foreach":
+                temps.append(_pairs_peak(sizes))
+            elif impl == "for-loop":
+                temps.append(2 * big + second + (big if coupled_wd else 0))
+        elif kind == "sgd":
+            momentum = float(opt_of(b0, "momentum", 0) or 0)
+            if momentum:
+                mem.state += sum(sizes)
+            needs_copy = float(opt_of(b0, "weight_decay", 0) or 0) != 0 or bool(
+                opt_of(b0, "nesterov", False)
+            )
+            if needs_copy and impl == "foreach":
+                temps.append(_pairs_peak(sizes))
+            elif needs_copy and impl == "for-loop":
+                temps.append(big)
+        elif kind == "adafactor":
+            for b in buckets:
+                elt = _n(b.get("bytes")) // max(1, _n(b.get("count"))) or 4
+                mem.state += (_n(b.get("factored_count")) + _n(b.get("vector_count"))) * elt
+            mem.state += steps
+            temps.append(_pairs_peak(sizes) if impl == "foreach" else big + second)
+        elif kind == "adamw-8bit":
+            for b in buckets:
+                count, small = _n(b.get("count")), _n(b.get("small_count"))
+                big_count = max(0, count - small)
+                blocks = -(-big_count // BNB_BLOCK)
+                mem.state += 2 * big_count + 2 * 4 * blocks + 2 * 4 * small
+        else:
+            mem.state += _n(opt.get("state_bytes"))
+    if kind == "other":
+        mem.notes.append(
+            f"optimizer {opt.get('class')!r} has no rules: state taken as measured when facts"
+            " were read, temporaries unknown"
+        )
+    if kind == "adamw-8bit":
+        mem.notes.append("8-bit Adam: bitsandbytes' block-wise states (256-element blocks)")
+    mem.temp = max(temps, default=0)
+    return mem

@@ -1,0 +1,278 @@
+"""Facts in, predicted bytes per category and per phase out (see ``docs/facts.md``).
+
+The phase model (DESIGN.md, "Predicted memory, and the gap"), with W weights and buffers,
+S optimizer state, G gradients, A what forward keeps for backward:
+
+- forward: from W (+S after the first step) up to +A; its peak is at the loss, where the
+  fp32 logits and their log-softmax are alive together;
+- backward: gradients appear while activations are freed; its peak is early, at the LM
+  head's logits gradient, or late, when G outgrows A;
+- optimizer.step: the first step creates S lazily (``_init_group``), then the update's
+  temporaries come and go;
+- zero_grad(set_to_none=True): G goes (the default since PyTorch 2.0);
+- eval: a forward without grad keeps nothing; its peak is its largest working set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._graph import (
+    ACTIVATIONS,
+    AMP_COPIES,
+    CATEGORIES,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    TEMPORARIES,
+    WEIGHTS,
+    Moment,
+    Simulation,
+    simulate,
+)
+from ._optim import OptimizerMemory, optimizer_memory
+from ._transformer import ROLES, Arch, record
+
+PHASES = ("forward", "backward", "optimizer.step", "zero_grad", "eval")
+"""Phases the predictor knows, by the names the training side reports."""
+
+DTYPE_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+}
+
+Breakdown = dict[str, int]
+
+MAX_LAYERS = 1024
+"""Deeper models are not simulated (the walk is linear in layers; facts may be hostile)."""
+
+
+@dataclass
+class PhaseMemory:
+    """Predicted allocated bytes by category at a phase's start, peak and end."""
+
+    start: Breakdown
+    peak: Breakdown
+    end: Breakdown
+
+
+@dataclass
+class Prediction:
+    """The predictor's answer for one set of facts.
+
+    Attributes:
+        phases: ``(phase, first_step)`` -> :class:`PhaseMemory`.
+        peak_bytes: The highest predicted total over all phases and steps.
+        peak_phase: ``(phase, first_step)`` where that peak is.
+        activations_known: False when the facts lack a transformer shape or batch shape:
+            activations and the temporaries around them are then left out, not guessed.
+        notes: Assumptions and gaps, one line each.
+        optimizer: The optimizer rules' result.
+        peak_at: Phase -> where in it the peak falls (0 to 1), for the curve.
+    """
+
+    phases: dict[tuple[str, bool], PhaseMemory]
+    peak_bytes: int
+    peak_phase: tuple[str, bool]
+    activations_known: bool
+    notes: list[str] = field(default_factory=list)
+    optimizer: OptimizerMemory = field(default_factory=OptimizerMemory)
+    peak_at: dict[str, float] = field(default_factory=dict)
+
+
+def total(b: Breakdown) -> int:
+    """Sum of a breakdown."""
+    return sum(b.values())
+
+
+def _n(v: Any) -> int:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _device_type(facts: dict[str, Any]) -> str:
+    groups = _dict(facts.get("params")).get("groups") or []
+    best, size = "cuda", -1
+    for g in groups:
+        if isinstance(g, dict) and _n(g.get("bytes")) > size:
+            best, size = str(g.get("device", "cuda")).split(":")[0], _n(g.get("bytes"))
+    return best
+
+
+def _param_elt(facts: dict[str, Any]) -> int:
+    """Bytes per element of the bulk of the weights."""
+    by: dict[int, int] = {}
+    for g in _dict(facts.get("params")).get("groups") or []:
+        if isinstance(g, dict):
+            elt = DTYPE_BYTES.get(str(g.get("dtype", "")).replace("torch.", ""), 4)
+            by[elt] = by.get(elt, 0) + _n(g.get("bytes"))
+    return max(by, key=lambda k: by[k]) if by else 4
+
+
+def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
+    """The :class:`Arch` the recorder needs, or None with the reason in the notes."""
+    notes: list[str] = []
+    tf = _dict(facts.get("transformer"))
+    batch = _dict(facts.get("batch"))
+    need = ("layers", "hidden", "heads", "vocab")
+    if not tf or any(_n(tf.get(k)) <= 0 for k in need):
+        return None, ["activations unknown: no transformer shape in the facts"]
+    if _n(tf.get("layers")) > MAX_LAYERS:
+        return None, [f"activations unknown: more than {MAX_LAYERS} layers"]
+    b, s = _n(batch.get("batch")), _n(batch.get("seq"))
+    if b <= 0 or s <= 0:
+        return None, ["activations unknown: no batch shape yet (sent with the first forward)"]
+    param_elt = _param_elt(facts)
+    # The autocast dtype given to watch(), else the one seen at the first forward.
+    amp = _dict(facts.get("amp")).get("dtype") or batch.get("autocast")
+    autocast_elt = DTYPE_BYTES.get(str(amp).replace("torch.", "")) if amp else None
+    if autocast_elt is not None and autocast_elt >= param_elt:
+        autocast_elt = None  # autocast to a dtype no narrower than the weights: no casts
+    attention = str(tf.get("attention") or "sdpa")
+    if attention not in ("eager", "sdpa", "flash_attention_2"):
+        notes.append(f"attention {attention!r} modelled as sdpa")
+        attention = "sdpa" if "flash" not in attention else "flash_attention_2"
+    mlp = "gated" if tf.get("mlp") in ("gated", "swiglu", "geglu") else "gelu"
+    act = tf.get("activation")
+    if act and act not in ("gelu", "gelu_pytorch_tanh", "silu", "swish", "relu", "gelu_fast"):
+        notes.append(f"activation {act!r} modelled as one fused op (it may keep more)")
+    drop = _dict(tf.get("dropout"))
+    lora = _dict(tf.get("lora"))
+    trainable = {r: bool(v) for r, v in _dict(tf.get("trainable")).items() if r in ROLES}
+    ckpt = bool(_dict(facts.get("checkpointing")).get("enabled"))
+    arch = Arch(
+        layers=_n(tf["layers"]),
+        hidden=_n(tf["hidden"]),
+        heads=_n(tf["heads"]),
+        vocab=_n(tf["vocab"]),
+        batch=b,
+        seq=s,
+        kv_heads=_n(tf.get("kv_heads")) or None,
+        head_dim=_n(tf.get("head_dim")) or None,
+        intermediate=_n(tf.get("intermediate")) or None,
+        param_elt=param_elt,
+        autocast_elt=autocast_elt,
+        device="cpu" if _device_type(facts) == "cpu" else "cuda",
+        attention=attention,
+        norm="rmsnorm" if tf.get("norm") == "rmsnorm" else "layernorm",
+        norm_upcast=bool(tf.get("norm_upcast", tf.get("norm") == "rmsnorm")),
+        mlp=mlp,
+        fused_qkv=bool(tf.get("fused_qkv", mlp != "gated")),
+        rope=bool(tf.get("rope", mlp == "gated")),
+        softmax_fp32=bool(tf.get("softmax_fp32", mlp == "gated")),
+        attn_dropout=float(drop.get("attn", 0) or 0),
+        resid_dropout=float(drop.get("resid", 0) or 0),
+        embd_dropout=float(drop.get("embd", 0) or 0),
+        learned_positions=bool(tf.get("learned_positions", mlp != "gated")),
+        tied=bool(tf.get("tied_embeddings", False)),
+        bias=bool(tf.get("bias", mlp != "gated")),
+        trainable=trainable,
+        lora_rank=_n(lora.get("rank")),
+        lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
+        checkpointing=ckpt,
+    )
+    if arch.device == "cpu" and arch.attn_dropout > 0 and arch.attention != "eager":
+        notes.append("SDPA with dropout on the CPU takes the math path: modelled as eager")
+    return arch, notes
+
+
+def _moment(m: Moment, grad_scale: float) -> Breakdown:
+    return {
+        ACTIVATIONS: m.saved,
+        AMP_COPIES: m.amp,
+        TEMPORARIES: m.temp,
+        GRADIENTS: round(m.grads * grad_scale),
+    }
+
+
+def _with(base: Breakdown, extra: Breakdown) -> Breakdown:
+    out = {c: base.get(c, 0) + extra.get(c, 0) for c in CATEGORIES}
+    return out
+
+
+def predict(facts: dict[str, Any]) -> Prediction:
+    """Predict memory per phase from a facts dict (never raises on odd facts)."""
+    facts = facts if isinstance(facts, dict) else {}
+    params = _dict(facts.get("params"))
+    buffers = _dict(facts.get("buffers"))
+    weights = _n(params.get("bytes")) + _n(buffers.get("bytes"))
+    grads = _n(params.get("trainable_bytes"))
+    opt = optimizer_memory(_dict(facts.get("optimizer")) or None)
+    notes = list(opt.notes)
+    arch, arch_notes = arch_from_facts(facts)
+    notes.extend(arch_notes)
+    sim: Simulation | None = None
+    if arch is not None:
+        try:
+            ops, loss = record(arch)
+            sim = simulate(ops, [loss])
+        except (ValueError, ZeroDivisionError, OverflowError) as exc:  # odd shapes
+            notes.append(f"activations unknown: {exc}")
+            sim = None
+    # The recorder counts the gradients of the weights it models; the facts know them all.
+    grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
+    phases: dict[tuple[str, bool], PhaseMemory] = {}
+    for first in (True, False):
+        state_now = opt.state if (opt.present or not first) else 0
+        base = {c: 0 for c in CATEGORIES}
+        base[WEIGHTS] = weights
+        base[OPTIMIZER_STATE] = state_now
+        after = dict(base, **{OPTIMIZER_STATE: opt.state})
+        with_grads = dict(base, **{GRADIENTS: grads})
+        if sim is not None:
+            fwd_end = _with(base, _moment(sim.forward_end, grad_scale))
+            phases["forward", first] = PhaseMemory(
+                base, _with(base, _moment(sim.forward_peak, grad_scale)), fwd_end
+            )
+            bwd_end = _with(base, _moment(sim.backward_end, grad_scale))
+            bwd_end[GRADIENTS] = grads
+            phases["backward", first] = PhaseMemory(
+                fwd_end, _with(base, _moment(sim.backward_peak, grad_scale)), bwd_end
+            )
+            eval_base = after if not first else base
+            phases["eval", first] = PhaseMemory(
+                eval_base, _with(eval_base, _moment(sim.eval_peak, grad_scale)), eval_base
+            )
+        else:
+            phases["forward", first] = PhaseMemory(base, base, base)
+            phases["backward", first] = PhaseMemory(base, with_grads, with_grads)
+            eval_base = after if not first else base
+            phases["eval", first] = PhaseMemory(eval_base, eval_base, eval_base)
+        step_end = dict(with_grads, **{OPTIMIZER_STATE: opt.state})
+        step_peak = dict(step_end, **{TEMPORARIES: opt.temp})
+        phases["optimizer.step", first] = PhaseMemory(with_grads, step_peak, step_end)
+        zg_start = dict(step_end)
+        zg_end = dict(zg_start, **{GRADIENTS: 0})
+        phases["zero_grad", first] = PhaseMemory(zg_start, zg_start, zg_end)
+    peak_key = max(phases, key=lambda k: total(phases[k].peak))
+    return Prediction(
+        phases=phases,
+        peak_bytes=total(phases[peak_key].peak),
+        peak_phase=peak_key,
+        activations_known=sim is not None,
+        notes=notes,
+        optimizer=opt,
+        peak_at={
+            "forward": sim.forward_peak_at if sim else 1.0,
+            "backward": sim.backward_peak_at if sim else 1.0,
+        },
+    )
+
+
+def breakdown(prediction: Prediction, phase_name: str, first_step: bool = False) -> Breakdown:
+    """Bytes by category at the peak of ``phase_name`` (all zeros for an unknown phase)."""
+    pm = prediction.phases.get((phase_name, bool(first_step)))
+    if pm is None:
+        return {c: 0 for c in CATEGORIES}
+    return dict(pm.peak)

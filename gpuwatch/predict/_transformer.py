@@ -1,0 +1,381 @@
+"""One training forward of a decoder-only transformer, recorded op by op for ``_graph``.
+
+The per-layer inventory generalises Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", section 4.1). Their count for a Megatron GPT
+layer at 16 bits with dropout is ``sbh(34 + 5as/h)`` bytes:
+
+- attention ``11sbh + 5as²b``: QKV input 2sbh, Q and K 4sbh, softmax output 2as²b, its
+  dropout mask as²b and output 2as²b, V 2sbh, output-projection input 2sbh, dropout mask sbh;
+- MLP ``19sbh``: fc input 2sbh, GeLU input 8sbh, GeLU output 8sbh, dropout mask sbh;
+- two LayerNorm inputs ``4sbh``.
+
+Recording each op with the element size of its real dtype gives that figure back exactly
+(``tests/test_predict.py`` checks it), and also the cases the formula does not cover:
+fp32 activations (every 2 becomes 4), no dropout, SDPA/flash attention (no s² term: the
+kernels keep Q, K, V, the output and a log-sum-exp; Dao et al. 2022, "FlashAttention"),
+grouped KV heads, RMSNorm, SwiGLU, LoRA's frozen layers (a frozen linear does not keep its
+input), autocast's casts and the LM head's logits.
+
+Which tensors an op keeps follows ``tools/autograd/derivatives.yaml`` in PyTorch: an input
+is kept only when the gradient of *another* input that requires grad needs it. What the
+ops are follows Hugging Face ``transformers`` (``modeling_gpt2.py``, ``modeling_llama.py``,
+``loss_utils.ForCausalLMLoss``) and nanoGPT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._graph import Op, Tensor
+
+ROLES = ("q", "k", "v", "o", "gate", "up", "down", "norm", "embed", "head")
+"""Parameter roles whose trainability changes what is saved (q covers a fused QKV)."""
+
+
+@dataclass
+class Arch:
+    """The transformer and run settings the recorder needs (built from facts).
+
+    Attributes:
+        layers, hidden, heads, kv_heads, head_dim, intermediate, vocab: The shape.
+        batch, seq: The batch shape of a training forward.
+        param_elt: Bytes per element of the weights (and of activations without autocast).
+        autocast_elt: Bytes per element autocast computes matmuls in, or None.
+        device: ``"cuda"`` or ``"cpu"``: autocast's op lists and dropout masks differ.
+        attention: ``"eager"``, ``"sdpa"`` or ``"flash_attention_2"``.
+        norm: ``"layernorm"`` or ``"rmsnorm"``.
+        norm_upcast: RMSNorm computed in fp32 and cast back (Hugging Face's LlamaRMSNorm).
+        mlp: ``"gelu"`` (two matrices) or ``"gated"`` (SwiGLU/GeGLU: three).
+        fused_qkv: One QKV matrix (GPT-2) instead of q/k/v projections.
+        rope: Rotary position embeddings applied to Q and K.
+        softmax_fp32: Eager softmax computed in fp32 and cast back (HF LLaMA).
+        attn_dropout, resid_dropout, embd_dropout: Dropout probabilities.
+        learned_positions: A position embedding table (GPT-2).
+        tied: LM head shares the token embedding.
+        bias: Linear layers have biases.
+        trainable: Role -> whether its base weights train.
+        lora_rank: LoRA rank (0: none); ``lora_targets``: the roles it adapts.
+        checkpointing: Each layer runs under activation checkpointing.
+        upcast_logits: The loss upcasts logits to fp32 (HF ForCausalLMLoss).
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    batch: int
+    seq: int
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    intermediate: int | None = None
+    param_elt: int = 4
+    autocast_elt: int | None = None
+    device: str = "cuda"
+    attention: str = "sdpa"
+    norm: str = "layernorm"
+    norm_upcast: bool = False
+    mlp: str = "gelu"
+    fused_qkv: bool = True
+    rope: bool = False
+    softmax_fp32: bool = False
+    attn_dropout: float = 0.0
+    resid_dropout: float = 0.0
+    embd_dropout: float = 0.0
+    learned_positions: bool = True
+    tied: bool = True
+    bias: bool = True
+    trainable: dict[str, bool] = field(default_factory=dict)
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+    checkpointing: bool = False
+    upcast_logits: bool = True
+
+    def __post_init__(self) -> None:
+        self.kv_heads = self.kv_heads or self.heads
+        self.head_dim = self.head_dim or self.hidden // self.heads
+        if not self.intermediate:
+            # GPT-2's 4h; a gated MLP of the same cost has 8h/3 (Shazeer 2020, "GLU Variants
+            # Improve Transformer").
+            self.intermediate = 4 * self.hidden if self.mlp != "gated" else 8 * self.hidden // 3
+
+    def trains(self, role: str) -> bool:
+        return self.trainable.get(role, True)
+
+
+class _Recorder:
+    """Records ops with PyTorch's saving rules, casting the way autocast does."""
+
+    def __init__(self, arch: Arch) -> None:
+        self.a = arch
+        self.ops: list[Op] = []
+        self.region: int | None = None
+        self.rows = arch.batch * arch.seq
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def new(self, numel: int, elt: int, rg: bool, amp: bool = False) -> Tensor:
+        return Tensor(int(numel) * elt, rg, elt, amp)
+
+    def op(
+        self,
+        inputs: list[Tensor],
+        outputs: list[Tensor],
+        saved: list[Tensor | None] = (),  # type: ignore[assignment]
+        params: list[tuple[str, int]] = (),  # type: ignore[assignment]
+    ) -> None:
+        self.ops.append(
+            Op(list(inputs), list(outputs), [t for t in saved if t is not None], list(params))
+        )
+        self.ops[-1].region = self.region
+
+    def numel(self, t: Tensor) -> int:
+        return t.nbytes // t.elt
+
+    def cast(self, x: Tensor, elt: int) -> Tensor:
+        """``x.to(dtype)``: a copy when the dtype changes; ``_to_copy`` saves nothing."""
+        if x.elt == elt:
+            return x
+        out = self.new(self.numel(x), elt, x.rg)
+        self.op([x], [out])
+        return out
+
+    def unary(self, x: Tensor, save_input: bool = False, save_output: bool = False) -> Tensor:
+        out = self.new(self.numel(x), x.elt, x.rg)
+        self.op([x], [out], [x if save_input and x.rg else None, out if save_output else None])
+        if save_output and not x.rg:
+            self.ops[-1].saved.clear()
+        return out
+
+    def mul(self, a: Tensor, b: Tensor, numel: int | None = None) -> Tensor:
+        """``a * b``: keeps ``b`` for ``a``'s gradient and ``a`` for ``b``'s."""
+        n = numel if numel is not None else max(self.numel(a), self.numel(b))
+        out = self.new(n, max(a.elt, b.elt), a.rg or b.rg)
+        self.op([a, b], [out], [b if a.rg else None, a if b.rg else None])
+        return out
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a + b`` keeps nothing; the result has the wider dtype (type promotion)."""
+        out = self.new(max(self.numel(a), self.numel(b)), max(a.elt, b.elt), a.rg or b.rg)
+        self.op([a, b], [out])
+        return out
+
+    def fp32_op(self, x: Tensor) -> Tensor:
+        """Inputs of ops on CUDA autocast's float32 list (softmax, layer_norm, pow, ...)."""
+        if self.a.autocast_elt and self.a.device == "cuda":
+            return self.cast(x, 4)
+        return x
+
+    def lp_op(self, x: Tensor) -> Tensor:
+        """Inputs of ops on autocast's lower-precision list (linear, matmul, bmm, SDPA)."""
+        return self.cast(x, self.a.autocast_elt) if self.a.autocast_elt else x
+
+    # -- layers ---------------------------------------------------------------------
+
+    def linear(self, x: Tensor, n_in: int, n_out: int, key: str, role: str) -> Tensor:
+        """``nn.Linear`` (plus LoRA's ``B(A(x)) * scale`` when its role is adapted)."""
+        a = self.a
+        trains = a.trains(role)
+        base = self._linear(x, n_in, n_out, key, trains, a.bias)
+        if a.lora_rank and role in a.lora_targets:
+            low = self._linear(x, n_in, a.lora_rank, key + ".lora_A", True, False)
+            up = self._linear(low, a.lora_rank, n_out, key + ".lora_B", True, False)
+            scaled = self.unary(up)  # * scaling: a Python number, nothing kept
+            base = self.add(base, scaled)
+        return base
+
+    def _linear(
+        self, x: Tensor, n_in: int, n_out: int, key: str, trains: bool, bias: bool
+    ) -> Tensor:
+        a = self.a
+        xin = self.lp_op(x)
+        w_numel = n_in * n_out + (n_out if bias else 0)
+        weight = None
+        if a.autocast_elt:
+            # Autocast casts the weight on use and caches the copy for the forward
+            # (autocast_mode.cpp, cached_cast); the linear keeps it for the input gradient.
+            weight = self.new(w_numel, a.autocast_elt, trains, amp=True)
+            self.op([], [weight])
+        rows = self.numel(x) // n_in
+        out = self.new(rows * n_out, xin.elt, xin.rg or trains)
+        # addmm/mm: grad of the weight needs the input; grad of the input needs the weight.
+        params = [(key, w_numel * a.param_elt)] if trains else []
+        inputs = [xin] + ([weight] if weight is not None else [])
+        self.op(
+            inputs,
+            [out],
+            [xin if trains else None, weight if (weight is not None and xin.rg) else None],
+            params,
+        )
+        return out
+
+    def norm(self, x: Tensor, key: str) -> Tensor:
+        a = self.a
+        trains = a.trains("norm")
+        h = a.hidden
+        params = [(key, (2 if a.norm == "layernorm" and a.bias else 1) * h * a.param_elt)]
+        params = params if trains else []
+        rg = x.rg or trains
+        fused = a.norm == "layernorm" or (
+            not a.norm_upcast and a.device == "cuda" and a.norm == "rmsnorm"
+        )
+        if fused:
+            # native_layer_norm (and CUDA's fused rms_norm) keep the input, mean and rstd.
+            xin = self.fp32_op(x)
+            out = self.new(self.numel(xin), xin.elt, rg)
+            stats = self.new(self.rows * (2 if a.norm == "layernorm" else 1), 4, False)
+            self.op([xin], [out, stats], [xin, stats] if rg else [], params)
+            return out
+        # RMSNorm written out (HF LlamaRMSNorm upcasts to fp32; torch's RMSNorm on the CPU
+        # is the same composite without the casts).
+        x32 = self.cast(x, 4) if a.norm_upcast else self.fp32_op(x)
+        sq = self.unary(x32, save_input=True)  # pow(x, 2)
+        var = self.new(self.rows, x32.elt, x32.rg)
+        self.op([sq], [var])  # mean: keeps only sizes
+        rstd = self.unary(var, save_output=True)  # rsqrt(var + eps) keeps its result
+        normed = self.mul(x32, rstd, self.numel(x32))
+        normed = self.cast(normed, x.elt) if a.norm_upcast else normed
+        w = Tensor(h * a.param_elt, trains, a.param_elt)  # the parameter: no new memory
+        out = self.new(self.numel(normed), max(a.param_elt, normed.elt), normed.rg or trains)
+        self.op([normed], [out], [normed if trains else None], params)
+        del w
+        return out
+
+    def dropout(self, x: Tensor, p: float) -> Tensor:
+        if p <= 0:
+            return x
+        # CUDA's fused native_dropout keeps a bool mask (1 byte, as Korthikanti count); the
+        # CPU path (ATen Dropout.cpp, is_fused_kernel_acceptable is false) multiplies by a
+        # noise tensor of the input's dtype and keeps that.
+        mask = self.new(self.numel(x), 1 if self.a.device == "cuda" else x.elt, False)
+        out = self.new(self.numel(x), x.elt, x.rg)
+        self.op([x], [out, mask], [mask] if x.rg else [])
+        return out
+
+    def copy(self, x: Tensor, numel: int | None = None) -> Tensor:
+        """A reshape of a non-contiguous view: a contiguous copy, nothing kept."""
+        out = self.new(numel if numel is not None else self.numel(x), x.elt, x.rg)
+        self.op([x], [out])
+        return out
+
+    def rope(self, x: Tensor) -> Tensor:
+        """``x * cos + rotate_half(x) * sin``: cos/sin need no grad, so nothing big is kept."""
+        t1 = self.unary(x)
+        half = self.new(self.numel(x) // 2, x.elt, x.rg)
+        self.op([x], [half])  # -x2
+        rot = self.new(self.numel(x), x.elt, x.rg)
+        self.op([half, x], [rot])  # cat
+        t2 = self.unary(rot)
+        return self.add(t1, t2)
+
+    def attention(self, x: Tensor, layer: int) -> Tensor:
+        a = self.a
+        b, s, h, heads = a.batch, a.seq, a.hidden, a.heads
+        d = a.head_dim or h // heads
+        kv = (a.kv_heads or heads) * d
+        q_n = full = b * s * heads * d
+        if a.fused_qkv:
+            qkv = self.linear(x, h, heads * d + 2 * kv, f"{layer}.qkv", "q")
+            q = k = v = qkv
+            k_n = v_n = b * s * kv
+        else:
+            q = self.linear(x, h, heads * d, f"{layer}.q", "q")
+            k = self.linear(x, h, kv, f"{layer}.k", "k")
+            v = self.linear(x, h, kv, f"{layer}.v", "v")
+            k_n = v_n = b * s * kv
+        if a.rope:
+            q = self.rope(q)
+            k = self.rope(k)
+        repeated = a.attention != "flash_attention_2" and kv != heads * d
+        if repeated:
+            # HF repeat_kv: expand + reshape, a copy at the full head count (eager and
+            # sdpa paths in modeling_llama.py; flash_attention_2 takes grouped K/V as is).
+            k = self.copy(k, full)
+            v = self.copy(v, full)
+            k_n = v_n = full
+        dropout_on_cpu_sdpa = a.device == "cpu" and a.attn_dropout > 0
+        if a.attention == "eager" or dropout_on_cpu_sdpa:
+            # matmul folds (b, heads) for bmm: Q, and K/V unless repeat_kv already made
+            # them contiguous, are transposed views and become contiguous copies.
+            qc = self.copy(self.lp_op(q), q_n)
+            kc = self.lp_op(k) if repeated else self.copy(self.lp_op(k), k_n)
+            scores = self.new(b * heads * s * s, qc.elt, qc.rg or kc.rg)
+            self.op([qc, kc], [scores], [qc if kc.rg else None, kc if qc.rg else None])
+            scaled = self.unary(scores)  # * 1/sqrt(d), masked_fill: nothing big kept
+            masked = self.unary(scaled)
+            if a.softmax_fp32:
+                probs = self.cast(masked, 4)
+                probs = self.unary(probs, save_output=True)
+                probs = self.cast(probs, qc.elt)
+            else:
+                probs = self.unary(self.fp32_op(masked), save_output=True)
+            probs = self.lp_op(self.dropout(probs, a.attn_dropout))
+            vc = self.lp_op(v) if repeated else self.copy(self.lp_op(v), v_n)
+            ctx = self.new(q_n, probs.elt, probs.rg or vc.rg)
+            self.op([probs, vc], [ctx], [probs if vc.rg else None, vc if probs.rg else None])
+            y = self.copy(ctx)  # transpose(1, 2).reshape(b, s, h)
+        else:
+            # Flash/memory-efficient SDPA keeps Q, K, V, the output and a log-sum-exp, no
+            # s×s matrix (Dao et al. 2022); its output transposes back without a copy.
+            qs, ks, vs = self.lp_op(q), self.lp_op(k), self.lp_op(v)
+            y = self.new(q_n, qs.elt, qs.rg or ks.rg or vs.rg)
+            lse = self.new(b * heads * s, 4, False)
+            keep = [qs, ks, vs, y, lse] if y.rg else []
+            self.op([qs, ks, vs], [y, lse], keep)
+        out = self.linear(y, heads * d, h, f"{layer}.o", "o")
+        return self.dropout(out, a.resid_dropout)
+
+    def mlp(self, x: Tensor, layer: int) -> Tensor:
+        a = self.a
+        h, f = a.hidden, a.intermediate or 4 * a.hidden
+        if a.mlp == "gated":
+            gate = self.linear(x, h, f, f"{layer}.gate", "gate")
+            up = self.linear(x, h, f, f"{layer}.up", "up")
+            act = self.unary(gate, save_input=True)  # silu keeps its input
+            inner = self.mul(act, up)
+        else:
+            fc = self.linear(x, h, f, f"{layer}.up", "up")
+            inner = self.unary(fc, save_input=True)  # gelu keeps its input
+        out = self.linear(inner, f, h, f"{layer}.down", "down")
+        return self.dropout(out, a.resid_dropout)
+
+    def block(self, x: Tensor, layer: int) -> Tensor:
+        """A pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+        x = self.add(x, self.attention(self.norm(x, f"{layer}.norm1"), layer))
+        return self.add(x, self.mlp(self.norm(x, f"{layer}.norm2"), layer))
+
+    def model(self) -> Tensor:
+        """Embeddings, layers, final norm, LM head and cross-entropy loss; returns the loss."""
+        a = self.a
+        h = a.hidden
+        rows = self.rows
+        embed = a.trains("embed")
+        x = self.new(rows * h, a.param_elt, embed)
+        self.op([], [x], [], [("embed", a.vocab * h * a.param_elt)] if embed else [])
+        if a.learned_positions:
+            pos = self.new(a.seq * h, a.param_elt, embed)
+            self.op([], [pos], [], [("pos", a.seq * h * a.param_elt)] if embed else [])
+            x = self.add(x, pos)
+        x = self.dropout(x, a.embd_dropout)
+        for layer in range(a.layers):
+            self.region = layer if a.checkpointing else None
+            x = self.block(x, layer)
+        self.region = None
+        x = self.norm(x, "norm_f")
+        head_trains = a.trains("embed") if a.tied else a.trains("head")
+        key = "embed" if a.tied else "head"
+        logits = self._linear(x, h, a.vocab, key, head_trains, False)
+        if a.upcast_logits or a.autocast_elt:
+            # HF's loss upcasts; cross_entropy is on both autocast float32 lists anyway.
+            logits = self.cast(logits, 4)
+        # cross_entropy = log_softmax (keeps its fp32 output) + nll_loss (keeps the target).
+        logp = self.unary(logits, save_output=True)
+        loss = self.new(1, 4, logp.rg)
+        self.op([logp], [loss])
+        return loss
+
+
+def record(arch: Arch) -> tuple[list[Op], Tensor]:
+    """The recorded training forward of ``arch`` and the loss it returns."""
+    rec = _Recorder(arch)
+    loss = rec.model()
+    return rec.ops, loss

@@ -255,6 +255,8 @@ class FakeNvml:
 
     def nvmlInit(self) -> None:
         self.calls["nvmlInit"] += 1
+        if self._rules:  # a slow or hanging start of the driver
+            self._scripted("nvmlInit", None)
         if self.init_error is not None:
             raise NVMLError(self.init_error)
         self.initialised += 1

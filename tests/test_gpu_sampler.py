@@ -138,6 +138,33 @@ def test_no_gpu_is_a_note() -> None:
     assert fake.initialised == 0  # shut down again
 
 
+def test_nvml_failing_after_init_is_a_note_and_shut_down() -> None:
+    s = Session()
+    fake = FakeNvml(2)
+    fake.fail("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN)
+    assert GpuSampler(s, nvml=Nvml(fake)).start() is False
+    assert len(s.notes) == 1 and s.notes[0].startswith("NVML is not usable")
+    assert fake.initialised == 0
+
+
+def test_a_hanging_init_does_not_hold_up_start() -> None:
+    fake = FakeNvml(2)
+    gate = fake.hang("nvmlInit")
+    s = Session()
+    sampler = GpuSampler(s, interval=0.01, nvml=Nvml(fake), init_timeout=0.2)
+    t = time.monotonic()
+    try:
+        assert sampler.start() is True
+        assert time.monotonic() - t < 1.0
+        assert s.devices == {} and "NVML has not answered" in s.notes[0]
+        gate.set()  # the driver answers at last: the GPUs appear and are sampled
+        assert wait_for(lambda: len(s.gpu) == 2 and all(len(t) > 5 for t in s.gpu.values()))
+        assert wait_for(lambda: len(s.sampler_rate) == 2)
+    finally:
+        sampler.stop()
+        fake.release()
+
+
 def test_unsupported_fields_are_none_and_not_asked_again() -> None:
     fake = FakeNvml(1)
     for call in (

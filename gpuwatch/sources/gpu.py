@@ -170,9 +170,11 @@ class GpuSampler:
         """Stop sampling within about ``timeout`` seconds, even if an NVML call hangs."""
         self._stop.set()
         deadline = time.monotonic() + timeout
-        threads = [w.thread for w in self._workers if w.thread is not None]
-        if self._monitor is not None:
+        threads = []
+        if self._monitor is not None:  # first: once it has ended it starts no new worker
+            self._monitor.join(timeout)
             threads.append(self._monitor)
+        threads += [w.thread for w in self._workers if w.thread is not None]
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if any(t.is_alive() for t in threads):
@@ -191,8 +193,10 @@ class GpuSampler:
             self.nvml.init()
             count = self.nvml.device_count()
         except NvmlUnavailable as exc:
+            self.nvml.shutdown()  # a no-op unless nvmlInit itself succeeded
             return self._unavailable(f"no NVIDIA driver found ({exc}): showing the host only")
         except Exception as exc:
+            self.nvml.shutdown()
             return self._unavailable(f"NVML is not usable ({exc}): showing the host only")
         if count == 0:
             self.nvml.shutdown()

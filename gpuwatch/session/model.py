@@ -55,7 +55,8 @@ PHASE_COLUMNS = (
     ("error", "i1"),
 )
 GPU_PROC_COLUMNS = (("t", "i8"), ("pid", "i8"), ("used", "i8"), ("type", "i1"))
-"""NVML's process list per GPU; ``type`` 0 compute, 1 graphics. One snapshot = one ``t``."""
+"""NVML's process list per GPU; ``type`` 0 compute, 1 graphics, 2 both (one row per PID).
+One snapshot = one ``t``."""
 
 
 def norm_uuid(uuid: str | None) -> str:

@@ -1,0 +1,109 @@
+"""The real CLI and live sources in child processes, NVML served by the fake via the env."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+
+import pytest
+from conftest import wait_for
+
+FAKE = "tests.fake_nvml"
+
+
+def fake_env(sub_env: dict[str, str], spec: dict) -> dict[str, str]:
+    env = dict(sub_env)
+    env["GPUWATCH_NVML_BACKEND"] = FAKE
+    env["GPUWATCH_FAKE_NVML"] = json.dumps(spec)
+    return env
+
+
+def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> None:
+    code = (
+        "import time\n"
+        "from gpuwatch.live import LiveSources\n"
+        "ls = LiveSources(interval=0.02); ls.start(); time.sleep(1.0)\n"
+        "s = ls.session\n"
+        "print(sorted((d.index, d.name, d.state, len(s.gpu[k]) > 10, s.sampler_rate.get(k, 0) > 5)"
+        " for k, d in s.devices.items() if d.kind == 'gpu'))\n"
+        "print(s.notes)\n"
+        "ls.stop()\n"
+    )
+    env = fake_env(sub_env, {"gpus": 2, "trace": "flat"})
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    name = "NVIDIA Fake A100-SXM4-80GB"
+    assert out.stdout.splitlines() == [
+        f"[(0, '{name}', 'ok', True, True), (1, '{name}', 'ok', True, True)]",
+        "[]",
+    ]
+
+
+def test_no_driver_in_a_child_is_one_note(sub_env: dict[str, str]) -> None:
+    code = (
+        "from gpuwatch.live import LiveSources\n"
+        "import json\n"
+        "ls = LiveSources(); ls.start(); print(json.dumps(ls.session.notes)); ls.stop()\n"
+    )
+    env = fake_env(sub_env, {"init_error": "DRIVER_NOT_LOADED"})
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    notes = json.loads(out.stdout)
+    assert len(notes) == 1 and notes[0].startswith("no NVIDIA driver found")
+
+
+def _tmux(server: str, *args: str) -> str:
+    # A private server (-L) with no config: other tmux users on this machine cannot change
+    # the window size or options under the test.
+    return subprocess.run(
+        ["tmux", "-L", server, "-f", "/dev/null", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+
+
+@pytest.mark.tmux
+def test_dashboard_shows_a_gpu_lost_while_the_other_samples(sub_env: dict[str, str]) -> None:
+    env = fake_env(sub_env, {"gpus": 2, "lose": [1, 1.5]})
+    name = "gw-nvml-" + uuid.uuid4().hex[:8]
+    exports = " ".join(
+        f"{k}={shlex.quote(env[k])}"
+        for k in ("PYTHONPATH", "GPUWATCH_SOCKET", "GPUWATCH_NVML_BACKEND", "GPUWATCH_FAKE_NVML")
+    )
+    cmd = (
+        # COLUMNS/LINES (pytest sets them) would pin the app's size below the window's.
+        f"env -u COLUMNS -u LINES {exports} {shlex.quote(sys.executable)} -m gpuwatch "
+        "--interval 50; "
+        "echo EXIT=$?; sleep 30"
+    )
+    _tmux(name, "new-session", "-d", "-s", name, "-x", "200", "-y", "60", cmd)
+    try:
+        screen = lambda: _tmux(name, "capture-pane", "-p", "-t", name)  # noqa: E731
+
+        def shown() -> bool:
+            text = screen()
+            lines = text.splitlines()
+            gpu0 = [i for i, line in enumerate(lines) if "GPU 0 · NVIDIA Fake" in line]
+            # 50 ms asked: the header shows the achieved rate, about 20 Hz.
+            rate = re.search(r"· (\d+) Hz", lines[gpu0[0] + 1]) if gpu0 else None
+            return (
+                "GPU 1 · NVIDIA Fake A100-SXM4-80GB · LOST" in text
+                and "fell off the bus" in text
+                and rate is not None
+                and 10 <= int(rate.group(1)) <= 22
+            )
+
+        assert wait_for(shown, timeout=30), screen()
+        _tmux(name, "send-keys", "-t", name, "q")
+        assert wait_for(lambda: "EXIT=0" in screen(), timeout=15), screen()
+    finally:
+        _tmux(name, "kill-server")

@@ -24,6 +24,17 @@ def fmt_bytes(n: float | None, digits: int = 2) -> str:
     return f"{sign}{int(n)} B"
 
 
+def fmt_short(n: float | None) -> str:
+    """Compact bytes for dense labels: ``2.5G``, ``512M``, ``-1.2G``, ``0``."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "n/a"
+    if abs(n) >= GIB:
+        return f"{n / GIB:.1f}G"
+    if abs(n) >= MIB:
+        return f"{n / MIB:.0f}M"
+    return "0" if abs(n) < KIB else f"{n / KIB:.0f}K"
+
+
 def fmt_gib(n: float | None, digits: int = 1) -> str:
     """Bytes as a bare GiB number for axes: ``12.5``."""
     if n is None or (isinstance(n, float) and math.isnan(n)):

@@ -8,6 +8,7 @@ assertions do not depend on the clock. Each step has an optimizer.step spike tha
 
 from __future__ import annotations
 
+from gpuwatch.predict._shape import ModelShape, facts_from_shape
 from gpuwatch.protocol import Message
 from gpuwatch.session import Device, Session, gpu_key
 
@@ -51,7 +52,9 @@ def allocated_at(step: int, ms: float) -> float:
     return base
 
 
-def build(steps: int = 6, *, with_process: bool = True, t_origin: int = 0) -> Session:
+def build(
+    steps: int = 6, *, with_process: bool = True, with_facts: bool = True, t_origin: int = 0
+) -> Session:
     """A session of ``steps`` one-second training steps on one 80 GiB GPU."""
     s = Session(t_origin=t_origin, wall_offset=1_700_000_000 * 10**9)
     s.live = False
@@ -124,6 +127,23 @@ def build(steps: int = 6, *, with_process: bool = True, t_origin: int = 0) -> Se
         torch="2.13.0",
         devices=[{"index": 0, "uuid": UUID[4:], "name": "H100", "total": 80 * GIB}],
     )
+    if with_facts:
+        # A 2.7B-parameter GPT in fp32 with foreach AdamW, batch 3 x 1024: about the sizes
+        # above, so the breakdown bar has every category and a small unexplained part.
+        shape = ModelShape(layers=32, hidden=2560, heads=32, vocab=50257)
+        msg(
+            "facts",
+            1 * MS,
+            facts=facts_from_shape(
+                shape,
+                batch=3,
+                seq=1024,
+                precision="fp32",
+                optimizer="adamw",
+                impl="foreach",
+                attention="sdpa",
+            ),
+        )
     span = iter(range(1, 1_000_000))
     for step in range(steps):
         for name, a, b in PHASES:

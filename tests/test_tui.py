@@ -35,7 +35,12 @@ async def test_panels_for_every_device_and_lines() -> None:
         assert [p.key for p in app.panels] == [KEY, HOST]
         panel = gpu_panel(app)
         roles = [s.role for s in panel.chart.last_frame.series]
-        assert roles == ["peak", "nvml", "reserved", "allocated"]
+        assert roles == ["predicted", "peak", "nvml", "reserved", "allocated"]
+        # The breakdown bar names every part of nvidia-smi's figure.
+        bar = panel.bar.render().plain
+        for label in ("context", "cache", "weights", "optim", "unexplained", "free"):
+            assert label in bar
+        assert "predicted" in str(panel.legend.render())
         # GPU y axis: the device total is the ceiling by default.
         assert panel.chart.last_frame.ymax == 80 * synthetic.GIB
         assert "GPU 0" in panel.border_title and "H100" in panel.border_title
@@ -183,6 +188,11 @@ async def test_tabs_peaks_and_processes() -> None:
         nvml_max = str(opt_rows[0][7])
         assert peak_alloc == "50.00 GiB"
         assert nvml_max != peak_alloc
+        predicted = {
+            table.get_row_at(i)[1]: str(table.get_row_at(i)[8]) for i in range(table.row_count)
+        }
+        assert predicted.pop("data") == "n/a"  # the predictor has no model of data loading
+        assert "n/a" not in predicted.values()
         await pilot.press("3")
         await pilot.pause()
         assert app.tabs.active == "processes"

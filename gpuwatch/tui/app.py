@@ -22,6 +22,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 from ..fmt import fmt_bytes, fmt_duration
 from ..session import HOST, Session
 from ..session import navigate as nav
+from ..session.predicted import PredictedLine
 from .chart import TimelineChart
 from .confirm import Confirm
 from .help import HelpScreen
@@ -202,6 +203,7 @@ class GpuwatchApp(App[int]):
         self.subtitle_text = subtitle
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
+        self.predicted: dict[int, PredictedLine] = {}
         self._pending = False
         self._drawn_version = -1
         self._tables_version = -1
@@ -216,6 +218,7 @@ class GpuwatchApp(App[int]):
         self.tabs = TabbedContent(initial="timelines")
         self.panel_list = VerticalScroll(id="panels")
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
+        self.peaks_table.predicted = self.predicted
         self.process_table = ProcessTable(self.session, id="process-table")
         yield self.status_bar
         yield self.notes_bar
@@ -261,7 +264,7 @@ class GpuwatchApp(App[int]):
         keys = sorted(self.session.devices, key=self._order)
         for key in keys:
             if key not in self._panels:
-                panel = DevicePanel(self.session, key)
+                panel = DevicePanel(self.session, key, self.predicted)
                 self._panels[key] = panel
                 self.panel_list.mount(panel)
         # With GPUs to show, the host panel is a small strip at the bottom.
@@ -291,6 +294,7 @@ class GpuwatchApp(App[int]):
         self._drawn_version = version
         if len(self._panels) != len(self.session.devices):
             self._sync_panels()
+        self._update_predictions()
         now = self.now()
         self.view.first = self.session.time_range()[0]
         window = self.view.window(now)
@@ -299,6 +303,16 @@ class GpuwatchApp(App[int]):
                 panel.update_view(window, self.view.cursor, version)
             self._update_status()
         self.redraws += 1
+
+    def _update_predictions(self) -> None:
+        """Predict each process that sent facts (cached per completed step)."""
+        for pid, proc in list(self.session.processes.items()):
+            line = self.predicted.get(pid)
+            if line is None:
+                if not proc.facts:
+                    continue
+                line = self.predicted[pid] = PredictedLine(self.session, proc)
+            line.update()
 
     def _refresh_tables(self) -> None:
         if self.session.version == self._tables_version:

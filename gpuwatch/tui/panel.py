@@ -11,8 +11,11 @@ from textual.widgets import Static
 
 from ..fmt import fmt_bytes, fmt_duration
 from ..session import HOST, Session
+from ..session.breakdown import breakdown
 from ..session.decimate import minmax, value_at
+from ..session.predicted import PredictedLine
 from .band import BandMarker, BandRow, BandSpan, PhaseBand
+from .breakdown import BreakdownBar
 from .chart import ChartFrame, Series, TimelineChart
 
 LINE_LABELS = {
@@ -60,14 +63,19 @@ class DevicePanel(Vertical):
 
     can_focus = True
 
-    def __init__(self, session: Session, key: str) -> None:
+    def __init__(
+        self, session: Session, key: str, predicted: dict[int, PredictedLine] | None = None
+    ) -> None:
         super().__init__(id="panel-" + _css_id(key))
         self.session = session
         self.key = key
+        # Predicted lines by pid, shared with the app (which keeps them up to date).
+        self.predicted = predicted if predicted is not None else {}
         self.fit = key == HOST  # the host's total dwarfs a process's RSS
         self.header = Static("", classes="panel-header", markup=False)
         self.chart = TimelineChart(self._fetch_chart, session.t_origin)
         self.band = PhaseBand(self._fetch_band)
+        self.bar = BreakdownBar() if key != HOST else None
         self.legend = Static("", classes="panel-legend")
 
     @property
@@ -78,6 +86,8 @@ class DevicePanel(Vertical):
         yield self.header
         yield self.chart
         yield self.band
+        if self.bar is not None:
+            yield self.bar
         yield self.legend
 
     def update_view(self, window: tuple[int, int], cursor: int | None, version: int) -> None:
@@ -86,7 +96,10 @@ class DevicePanel(Vertical):
         self.band.update_view(window, cursor, version)
         self.border_title = self._title()
         self.header.update(self._header_text())
-        self.legend.update(self._legend(cursor if cursor is not None else window[1]))
+        t = cursor if cursor is not None else min(window[1], self.session.now())
+        self.legend.update(self._legend(t))
+        if self.bar is not None:
+            self.bar.show(breakdown(self.session, self.key, t, self.predicted))
 
     # ------------------------------------------------------------------ text
 
@@ -178,6 +191,10 @@ class DevicePanel(Vertical):
                 v = value_at(cols["t"], cols[role], t)
                 if v is not None:
                     out[role] = (out.get(role) or 0) + v
+            line = self.predicted.get(proc.pid)
+            v = line.value_at(t) if line is not None else None
+            if v is not None:
+                out["predicted"] = (out.get("predicted") or 0) + v
         return out
 
     def span_at(self, t: int) -> dict | None:
@@ -208,6 +225,11 @@ class DevicePanel(Vertical):
         else:
             # Drawing order: where lines share a cell, the later one's colour shows.
             procs = s.processes_on(self.key)
+            for proc in procs:
+                line = self.predicted.get(proc.pid)
+                if line is not None:
+                    lo, hi = line.window(t0, t1, n)
+                    series.append(Series("predicted", lo, hi))
             for proc in procs:
                 peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
                 series.append(Series("peak", peak, peak))

@@ -32,7 +32,7 @@ class PeaksTable(DataTable):
         super().__init__(id=id, zebra_stripes=True, cursor_type="row")
         self.session = session
         self.last_steps = last_steps
-        self.predict = None  # set by the app once a predictor is available
+        self.predicted: dict = {}  # pid -> PredictedLine, shared with the app
         self._signature: tuple[object, ...] | None = None
 
     def on_mount(self) -> None:
@@ -58,9 +58,9 @@ class PeaksTable(DataTable):
                     if dev and dev.index is not None
                     else "GPU"
                 )
-                predicted = self.predict(proc) if self.predict is not None else None
+                line = self.predicted.get(proc.pid)
                 for p in phase_peaks(s, proc, key, self.last_steps):
-                    pred = predicted.get(p.name) if predicted else None
+                    pred = line.phase_peak(p.name, p.step) if line is not None else None
                     rows.append(
                         (
                             "" if p.step is None else str(p.step),

@@ -1,0 +1,159 @@
+"""Where every byte of a GPU went at one moment: the breakdown bar's arithmetic.
+
+Measured parts come from NVML (device used, per-process used) and the scripts' allocator
+figures; the allocated part is split by the predictor's categories, and whatever the
+prediction does not explain is shown as such, negative too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .decimate import value_at
+from .predicted import PredictedLine
+from .session import Session
+
+PART_ORDER = (
+    "other",
+    "context",
+    "cache",
+    "weights",
+    "amp_copies",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "unexplained",
+)
+"""Bar segments from the left; ``free`` fills the rest up to the device total."""
+
+
+@dataclass
+class Breakdown:
+    """One GPU at one moment, in bytes (None: not known here).
+
+    Attributes:
+        total: Device memory.
+        used: NVML "used" (what nvidia-smi shows).
+        other: Used by processes gpuwatch does not instrument (from NVML's process list).
+        context: NVML's figure for the instrumented processes minus their reserved bytes:
+            the CUDA context, NCCL buffers and anything allocated outside torch.
+        reserved: torch reserved, summed over instrumented processes.
+        allocated: torch allocated, summed.
+        cache: reserved - allocated: the caching allocator's free blocks.
+        predicted: Predicted bytes by category (sums over processes), if any prediction.
+        unexplained: allocated - sum(predicted); negative when the prediction is higher.
+    """
+
+    total: int | None = None
+    used: float | None = None
+    other: float | None = None
+    context: float | None = None
+    reserved: float | None = None
+    allocated: float | None = None
+    cache: float | None = None
+    predicted: dict[str, float] = field(default_factory=dict)
+    unexplained: float | None = None
+
+    @property
+    def free(self) -> float | None:
+        if self.total is None or self.used is None:
+            return None
+        return max(0.0, self.total - self.used)
+
+    def parts(self) -> list[tuple[str, float]]:
+        """Non-negative bar segments in :data:`PART_ORDER`, each scaled to fit its whole.
+
+        When the prediction exceeds what is allocated, its categories are scaled down to
+        the allocated bytes (the bar cannot draw a negative width; the label says it).
+        """
+        out: list[tuple[str, float]] = []
+        for name in ("other", "context", "cache"):
+            v = getattr(self, name)
+            if v is not None and v > 0:
+                out.append((name, v))
+        predicted_sum = sum(self.predicted.values())
+        scale = 1.0
+        if self.allocated is not None and predicted_sum > self.allocated > 0:
+            scale = self.allocated / predicted_sum
+        for name in PART_ORDER[3:-1]:
+            v = self.predicted.get(name, 0) * scale
+            if v > 0:
+                out.append((name, v))
+        if self.predicted and self.unexplained is not None and self.unexplained > 0:
+            out.append(("unexplained", self.unexplained))
+        elif not self.predicted and self.allocated:
+            out.append(("allocated", self.allocated))
+        return out
+
+
+def breakdown(
+    session: Session, key: str, t: int, predicted: dict[int, PredictedLine] | None = None
+) -> Breakdown:
+    """The breakdown of GPU ``key`` at time ``t``.
+
+    Args:
+        session: The session.
+        key: A GPU's device key.
+        t: The moment (the cursor, or the newest time).
+        predicted: Predicted lines by pid (from the dashboard's cache), if any.
+    """
+    dev = session.devices[key]
+    out = Breakdown(total=dev.total)
+    table = session.gpu.get(key)
+    if table is not None and len(table):
+        cols = table.snapshot()
+        out.used = value_at(cols["t"], cols["used"], t)
+    procs = session.processes_on(key)
+    pids = {p.pid for p in procs}
+    reserved = allocated = None
+    for proc in procs:
+        cols = proc.torch.snapshot()
+        r = value_at(cols["t"], cols["reserved"], t)
+        a = value_at(cols["t"], cols["allocated"], t)
+        if r is not None:
+            reserved = (reserved or 0.0) + r
+        if a is not None:
+            allocated = (allocated or 0.0) + a
+    out.reserved, out.allocated = reserved, allocated
+    if reserved is not None and allocated is not None:
+        out.cache = reserved - allocated
+    # NVML's process list at t: what each process uses on this GPU.
+    per_pid = _process_usage(session, key, t)
+    if per_pid is not None:
+        out.other = float(sum(u for pid, u in per_pid.items() if pid not in pids))
+        mine = [per_pid[pid] for pid in pids if pid in per_pid]
+        if mine and reserved is not None:
+            out.context = float(sum(mine)) - reserved
+    if out.context is None and out.used is not None and reserved is not None:
+        out.context = out.used - (out.other or 0.0) - reserved
+    for proc in procs:
+        line = (predicted or {}).get(proc.pid)
+        if line is None:
+            continue
+        parts = line.breakdown_at(t)
+        for name, v in (parts or {}).items():
+            out.predicted[name] = out.predicted.get(name, 0.0) + v
+    if out.predicted and allocated is not None:
+        out.unexplained = allocated - sum(out.predicted.values())
+    return out
+
+
+def _process_usage(session: Session, key: str, t: int) -> dict[int, float] | None:
+    """pid -> used bytes from the newest NVML process snapshot at or before ``t``."""
+    table = session.gpu_procs.get(key)
+    if table is None or not len(table):
+        return None
+    cols = table.snapshot()
+    i = int(np.searchsorted(cols["t"], t, "right")) - 1
+    if i < 0:
+        return None
+    at = cols["t"][i]
+    j = int(np.searchsorted(cols["t"], at, "left"))
+    out: dict[int, float] = {}
+    for pid, used in zip(cols["pid"][j : i + 1], cols["used"][j : i + 1], strict=True):
+        if int(pid) > 0 and used >= 0:
+            out[int(pid)] = out.get(int(pid), 0.0) + float(used)
+    return out

@@ -1,0 +1,107 @@
+"""The predicted line (cached per step) and the breakdown bar's arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import synthetic
+
+from gpuwatch import predict as pr
+from gpuwatch.session import gpu_key
+from gpuwatch.session.breakdown import breakdown
+from gpuwatch.session.predicted import PredictedLine
+
+GIB = synthetic.GIB
+MS = synthetic.MS
+KEY = gpu_key(synthetic.UUID)
+
+
+@pytest.fixture
+def session():
+    return synthetic.build()
+
+
+def line_for(session) -> PredictedLine:
+    line = PredictedLine(session, session.processes[synthetic.PID])
+    assert line.update()
+    return line
+
+
+def test_predicted_line_matches_the_predictor_and_caches_completed_steps(session) -> None:
+    line = line_for(session)
+    proc = session.processes[synthetic.PID]
+    # Steps 0..4 are complete (step 5 is the newest): cached; step 5 computed on the fly.
+    cols = proc.phases.snapshot()
+    assert line._done == int(np.flatnonzero(cols["step"] < 5)[-1]) + 1
+    assert line.first_step == 0
+    spans = pr.spans_from_columns(cols, session.names)
+    times, values = pr.predicted_curve(line.prediction, spans, first_step=0)
+    for t in (150 * MS, 1500 * MS, 2750 * MS, 4100 * MS, 5300 * MS):
+        expected = float(np.interp(t, times, values))
+        assert line.value_at(t) == pytest.approx(expected, rel=1e-9)
+
+
+def test_predicted_window_never_misses_a_vertex(session) -> None:
+    line = line_for(session)
+    t, v = line.points(0, synthetic.end_time())
+    lo, hi = line.window(0, synthetic.end_time(), 37)
+    assert np.nanmax(hi) == pytest.approx(v.max())
+    assert np.nanmin(lo) == pytest.approx(v.min())
+
+
+def test_new_facts_reset_the_prediction(session) -> None:
+    line = line_for(session)
+    before = line.prediction
+    proc = session.processes[synthetic.PID]
+    proc.facts = dict(proc.facts)  # a new facts message replaces the object
+    line.update()
+    assert line.prediction is not before
+
+
+def test_breakdown_without_a_process_list(session) -> None:
+    line = line_for(session)
+    t = 2750 * MS  # in step 2's optimizer.step, outside the 10 ms spike
+    b = breakdown(session, KEY, t, {synthetic.PID: line})
+    proc = session.processes[synthetic.PID]
+    cols = proc.torch.snapshot()
+    i = int(np.searchsorted(cols["t"], t, "right")) - 1
+    reserved, allocated = float(cols["reserved"][i]), float(cols["allocated"][i])
+    assert b.reserved == reserved and b.allocated == allocated
+    assert b.cache == reserved - allocated
+    assert b.context == pytest.approx(synthetic.CONTEXT * GIB, rel=0.01)
+    assert b.other is None  # no NVML process list: nothing known of other processes
+    expected = line.breakdown_at(t)
+    assert b.predicted == pytest.approx({k: float(v) for k, v in expected.items()})
+    assert b.unexplained == pytest.approx(allocated - sum(expected.values()))
+    assert b.free == pytest.approx(80 * GIB - b.used)
+    parts = dict(b.parts())
+    assert parts["cache"] == b.cache and "weights" in parts
+
+
+def test_breakdown_with_nvml_process_list(session) -> None:
+    t = 2750 * MS
+    # NVML says: our process uses reserved + 3 GiB, another process 5 GiB.
+    proc = session.processes[synthetic.PID]
+    cols = proc.torch.snapshot()
+    reserved = float(cols["reserved"][int(np.searchsorted(cols["t"], t, "right")) - 1])
+    session.add_gpu_processes(
+        KEY, t - 50 * MS, [(synthetic.PID, int(reserved + 3 * GIB), 0), (777, 5 * GIB, 0)]
+    )
+    b = breakdown(session, KEY, t)
+    assert b.other == 5 * GIB
+    assert b.context == pytest.approx(3 * GIB)
+    assert b.predicted == {} and b.unexplained is None
+    assert ("allocated", b.allocated) in b.parts()
+
+
+def test_over_prediction_is_scaled_into_the_bar_and_kept_negative(session) -> None:
+    line = line_for(session)
+    t = 2750 * MS
+    b = breakdown(session, KEY, t, {synthetic.PID: line})
+    b.predicted = {k: v * 3 for k, v in b.predicted.items()}
+    b.unexplained = b.allocated - sum(b.predicted.values())
+    assert b.unexplained < 0
+    parts = dict(b.parts())
+    predicted_in_bar = sum(v for k, v in parts.items() if k in b.predicted)
+    assert predicted_in_bar == pytest.approx(b.allocated)
+    assert "unexplained" not in parts

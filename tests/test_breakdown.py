@@ -43,7 +43,7 @@ def test_predicted_line_matches_the_predictor_and_caches_completed_steps(session
 
 def test_predicted_window_never_misses_a_vertex(session) -> None:
     line = line_for(session)
-    t, v = line.points(0, synthetic.end_time())
+    _, v = line.points(0, synthetic.end_time())
     lo, hi = line.window(0, synthetic.end_time(), 37)
     assert np.nanmax(hi) == pytest.approx(v.max())
     assert np.nanmin(lo) == pytest.approx(v.min())

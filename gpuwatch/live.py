@@ -45,11 +45,8 @@ class LiveSources:
             raise CliError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
         self.receiver.start()
         self.host.start()
-        try:
-            from .sources.gpu import GpuSampler
-        except ImportError:
-            self.session.note("NVML sampling is not available in this build: host only")
-            return
+        from .sources.gpu import GpuSampler
+
         self.gpu = GpuSampler(self.session, interval=self.interval)
         self.gpu.start()
 

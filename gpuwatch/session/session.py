@@ -7,6 +7,7 @@ passed to subscribers (the recorder), so the session is the single place facts f
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -132,6 +133,7 @@ class Session:
         self.notes: list[str] = []  # one-line notices (no driver, permission, ...)
         self.sampler_rate: dict[str, float] = {}  # achieved samples/s by source
         self.version = 0
+        self._versions = itertools.count(1)  # next() is atomic: sources call from threads
         self.live = True
         self._lock = threading.RLock()
         self._listeners: list[Listener] = []
@@ -143,7 +145,7 @@ class Session:
         self._listeners.append(listener)
 
     def _emit(self, kind: str, args: tuple[Any, ...]) -> None:
-        self.version += 1
+        self.version = next(self._versions)
         for listener in self._listeners:
             try:
                 listener(kind, args)

@@ -134,6 +134,8 @@ class DevicePanel(Vertical):
                 else "waiting for the first sample"
             )
         else:
+            if dev.state == "lost":
+                parts.append("last seen")
             parts.append(f"{fmt_bytes(last['used'])} / {fmt_bytes(last['total'])}")
             parts.append(f"util {_num(last['util_gpu'], '%')}")
             parts.append(f"{_num(last['temp'], '°C')}")

@@ -179,6 +179,7 @@ def dashboard_cpu_share(seconds: float) -> float | None:
         "from gpuwatch.tui.app import GpuwatchApp\n"
         "d = tempfile.mkdtemp(); os.chmod(d, 0o700)\n"
         "src = LiveSources(socket=d + '/gw.sock', interval=0.01); src.start()\n"
+        "assert len(src.session.gpu) == 8, src.session.notes\n"
         "app = GpuwatchApp(src.session)\n"
         "async def main():\n"
         "    async with app.run_test(size=(200, 60)) as pilot:\n"

@@ -23,6 +23,7 @@ from ..fmt import fmt_bytes, fmt_duration
 from ..session import HOST, Session
 from ..session import navigate as nav
 from ..session.predicted import PredictedLine
+from ._text import Line
 from .chart import TimelineChart
 from .confirm import Confirm
 from .help import HelpScreen
@@ -203,9 +204,10 @@ class GpuwatchApp(App[int]):
         self.subtitle_text = subtitle
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
+        self._notes = ""
         self.predicted: dict[int, PredictedLine] = {}
         self._pending = False
-        self._drawn_version = -1
+        self._drawn_key: object = None
         self._tables_version = -1
         self.redraws = 0
 
@@ -213,7 +215,7 @@ class GpuwatchApp(App[int]):
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: a modal screen on top must not hide them from the timers.
-        self.status_bar = Static("", id="status")
+        self.status_bar = Line("", id="status")
         self.notes_bar = Static("", id="notes")
         self.tabs = TabbedContent(initial="timelines")
         self.panel_list = VerticalScroll(id="panels")
@@ -288,16 +290,30 @@ class GpuwatchApp(App[int]):
         return self.clock()
 
     def _tick(self) -> None:
-        version = self.session.version
-        if version == self._drawn_version and not self.view.following:
+        """Redraw if anything visible changed.
+
+        Following live, the window moves continuously but the chart can only show it in
+        whole columns, and new samples only touch the newest column: so the frame is keyed
+        on the column the clock is in, and redraws happen once a column (at most
+        :data:`REDRAW_HZ` a second), with the newest column at most one column behind.
+        Paused, the frame is keyed on the session's data version.
+        """
+        now = self.now()
+        if self.view.following:
+            col = max(1, self.view.span // max(self._plot_width(), 1))
+            key = ("follow", now // col, self.view.span)
+            now = (now // col) * col
+        else:
+            key = ("paused", self.session.version)
+        if key == self._drawn_key:
             return
-        self._drawn_version = version
+        self._drawn_key = key
         if len(self._panels) != len(self.session.devices):
             self._sync_panels()
         self._update_predictions()
-        now = self.now()
         self.view.first = self.session.time_range()[0]
         window = self.view.window(now)
+        version = self.session.version
         with self.batch_update():
             for panel in self._panels.values():
                 panel.update_view(window, self.view.cursor, version)
@@ -325,7 +341,7 @@ class GpuwatchApp(App[int]):
 
     def redraw(self) -> None:
         """Redraw now (after a key or mouse action)."""
-        self._drawn_version = -1
+        self._drawn_key = None
         self._tick()
 
     def _update_status(self) -> None:
@@ -349,8 +365,11 @@ class GpuwatchApp(App[int]):
             parts.append(self._child_text())
         if self.subtitle_text:
             parts.append(self.subtitle_text)
-        self.status_bar.update(" · ".join(parts))
-        self.notes_bar.update("\n".join(s.notes))
+        self.status_bar.set(" · ".join(parts))
+        notes = "\n".join(s.notes)
+        if notes != self._notes:  # height auto: a new note needs a layout pass
+            self._notes = notes
+            self.notes_bar.update(notes)
 
     def _child_text(self) -> str:
         assert self.child is not None

@@ -7,13 +7,13 @@ import math
 import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Static
 
 from ..fmt import fmt_bytes, fmt_duration
 from ..session import HOST, Session
 from ..session.breakdown import breakdown
 from ..session.decimate import minmax, value_at
 from ..session.predicted import PredictedLine
+from ._text import Line
 from .band import BandMarker, BandRow, BandSpan, PhaseBand
 from .breakdown import BreakdownBar
 from .chart import ChartFrame, Series, TimelineChart
@@ -72,11 +72,11 @@ class DevicePanel(Vertical):
         # Predicted lines by pid, shared with the app (which keeps them up to date).
         self.predicted = predicted if predicted is not None else {}
         self.fit = key == HOST  # the host's total dwarfs a process's RSS
-        self.header = Static("", classes="panel-header", markup=False)
+        self.header = Line("", classes="panel-header", markup=False)
         self.chart = TimelineChart(self._fetch_chart, session.t_origin)
         self.band = PhaseBand(self._fetch_band)
         self.bar = BreakdownBar() if key != HOST else None
-        self.legend = Static("", classes="panel-legend")
+        self.legend = Line("", classes="panel-legend")
 
     @property
     def device(self):
@@ -95,9 +95,9 @@ class DevicePanel(Vertical):
         self.chart.update_view(window, cursor, version)
         self.band.update_view(window, cursor, version)
         self.border_title = self._title()
-        self.header.update(self._header_text())
+        self.header.set(self._header_text())
         t = cursor if cursor is not None else min(window[1], self.session.now())
-        self.legend.update(self._legend(t))
+        self.legend.set(self._legend(t))
         if self.bar is not None:
             self.bar.show(breakdown(self.session, self.key, t, self.predicted))
 

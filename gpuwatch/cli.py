@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from . import __version__
 
@@ -23,6 +24,13 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
 def _interval_ms(text: str) -> float:
@@ -56,7 +64,7 @@ def add_dashboard_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (subcommands register themselves here)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpuwatch",
         description="Where did my GPU memory go? Live timelines of nvidia-smi used memory "
         "against torch allocated, reserved and predicted memory, lined up with the "

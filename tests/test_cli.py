@@ -1,0 +1,50 @@
+"""The command line: help, version, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+import gpuwatch
+
+
+def gw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatch", *args], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT,
+    )
+
+
+def test_help_lists_the_commands() -> None:
+    out = gw("--help")
+    assert out.returncode == 0
+    for word in ("live", "estimate", "--interval", "--theme"):
+        assert word in out.stdout
+
+
+def test_version() -> None:
+    out = gw("--version")
+    assert out.returncode == 0 and gpuwatch.__version__ in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (("--theme", "nope"), {}, "unknown theme 'nope'"),
+        ((), {"GPUWATCH_THEME": "nope"}, "unknown theme 'nope'"),
+        (("--interval", "5"), {}, "between 10 and 60000"),
+        (("--interval", "fast"), {}, "not a number"),
+        (("estimate", "--layers", "x"), {}, "not a number"),
+        (("no-such-command",), {}, "invalid choice"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(args, env, needle) -> None:
+    out = gw(*args, env=env)
+    assert out.returncode == 2
+    assert needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("gpuwatch")

@@ -52,6 +52,9 @@ def add_dashboard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--theme", metavar="NAME", help="colour theme (default: $GPUWATCH_THEME or gpuwatch-dark)"
     )
+    from .store.cli import add_record_options
+
+    add_record_options(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_dashboard_options(live)
     live.set_defaults(func=cmd_live)
     parser.set_defaults(func=cmd_live)
+    from .store.cli import register as register_store
+
+    register_store(sub)
     return parser
 
 
@@ -97,7 +103,10 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     theme = _theme_name(args)
     check_theme(theme)
+    from .store.cli import configure_recording
+
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
+    configure_recording(sources, args)
     sources.start()
     try:
         from .tui.app import GpuwatchApp

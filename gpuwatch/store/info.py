@@ -13,11 +13,6 @@ from ..session import HOST, MISSING_INT, Process, Session
 from .reader import Recording
 
 
-def _opt(v: Any) -> int | None:
-    v = int(v)
-    return None if v == MISSING_INT else v
-
-
 def _max(values: np.ndarray) -> int | None:
     """Largest known value of an int column, or None."""
     known = values[values != MISSING_INT]
@@ -121,8 +116,13 @@ def summarize(rec: Recording, session: Session) -> dict[str, Any]:
 
 def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
     cols = p.phases.snapshot()
-    steps = cols["step"][cols["step"] != MISSING_INT]
     counts = Counter(s.names[int(n)] for n in cols["name"])
+    # A step is an optimizer step: the client advances its step counter when one ends, so
+    # phases after it (zero_grad) already carry the next number.
+    opt = [i for i, name in enumerate(s.names) if name.lower().startswith("optimizer")]
+    known = cols["step"] != MISSING_INT
+    mask = known & np.isin(cols["name"], opt)
+    steps = cols["step"][mask if mask.any() else known]
     return {
         "pid": p.pid,
         "label": p.label,
@@ -219,7 +219,10 @@ def format_summary(info: dict[str, Any]) -> str:
     lines.append("processes")
     for p in info["processes"]:
         argv = " ".join(p["argv"] or []) or "?"
-        end = f"exit {p['exit_code']}" if p["end_s"] is not None else "no bye"
+        if p["end_s"] is None:
+            end = "still running or killed"
+        else:
+            end = "ended" if p["exit_code"] is None else f"exit {p['exit_code']}"
         lines.append(
             f"  {p['label']:10} {argv[:60]:60} {p['steps']} steps, "
             f"{sum(p['phases'].values())} phases, {end}"

@@ -72,6 +72,10 @@ class Recorder:
         """Subscribe to the session and start the writing thread."""
         self._active = True
         self.session.subscribe(self._listen)
+        # Hellos that arrived before the recorder did: keep them as events too.
+        for pid, proc in list(self.session.processes.items()):
+            if proc.hello:
+                self.writer.add_event(proc.first_t, "hello", pid, dict(proc.hello))
         self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
         self._thread.start()
 

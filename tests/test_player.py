@@ -164,3 +164,23 @@ def test_growing_file_end_follows_the_tail(
     clock.advance(100)
     assert p.position() == p.bounds()[1] and p.playing  # waits at the tail, still playing
     rec.close()
+
+
+async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> None:
+    from gpuwatch.tui.app import GpuwatchApp
+
+    path = save_session(session, tmp_path / "app.gpuwatch")
+    player = open_replay(path)
+    try:
+        app = GpuwatchApp(player.session, subtitle="replay app.gpuwatch", clock=player.position)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            assert app.redraws >= 1 and app.now() == player.position()
+            player.pause()
+            spike = player.jump_to_spike()
+            app.redraw()
+            await pilot.pause()
+            assert app.now() == spike
+            assert len(app._panels) == len(session.devices)
+    finally:
+        player.close()

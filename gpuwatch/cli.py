@@ -35,8 +35,8 @@ def _interval_ms(text: str) -> float:
     return value
 
 
-def add_dashboard_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by the live dashboard and ``gpuwatch run``."""
+def add_source_options(p: argparse.ArgumentParser) -> None:
+    """``--interval`` and ``--socket``: how the live sources sample and listen."""
     p.add_argument(
         "--interval",
         type=_interval_ms,
@@ -49,6 +49,11 @@ def add_dashboard_options(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="annotation socket (default: $GPUWATCH_SOCKET or a per-user path)",
     )
+
+
+def add_dashboard_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by the live dashboard and ``gpuwatch run``."""
+    add_source_options(p)
     p.add_argument(
         "--theme", metavar="NAME", help="colour theme (default: $GPUWATCH_THEME or gpuwatch-dark)"
     )

@@ -175,8 +175,8 @@ async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> 
         app = GpuwatchApp(player.session, subtitle="replay app.gpuwatch", clock=player.position)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
-            assert app.redraws >= 1 and app.now() == player.position()
             player.pause()
+            assert app.redraws >= 1 and app.now() == player.position()
             spike = player.jump_to_spike()
             app.redraw()
             await pilot.pause()

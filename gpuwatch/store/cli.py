@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli import EXIT_ERROR, EXIT_OK, CliError, _interval_ms, _theme_name, check_theme
+from ..cli import EXIT_ERROR, EXIT_OK, CliError, _theme_name, add_source_options, check_theme
 
 if TYPE_CHECKING:
     from ..live import LiveSources
@@ -132,18 +132,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, metavar="FILE", help="the recording to create")
     p.add_argument("--duration", type=_duration, metavar="SECONDS", help="stop after this")
-    p.add_argument(
-        "--socket",
-        metavar="PATH",
-        help="annotation socket (default: $GPUWATCH_SOCKET or a per-user path)",
-    )
-    p.add_argument(
-        "--interval",
-        type=_interval_ms,
-        default=100.0,
-        metavar="MS",
-        help="NVML sampling interval in ms (default 100, at least 10)",
-    )
+    add_source_options(p)
     p.add_argument("--label", default="", help="a description stored in the file")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     p.set_defaults(func=cmd_record)

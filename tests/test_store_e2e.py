@@ -58,7 +58,10 @@ def test_record_the_cpu_sample_then_info_matches(
     out = tmp_path / "sample.gpuwatch"
     recorder = _start_recorder(sub_env, sock_path, out)
     steps, every = 8, 4
-    sample = run_sample(sub_env, "--steps", str(steps), "--eval-every", str(every))
+    # Sleeping between steps lets the 10 Hz RSS sampler see the process during its phases.
+    sample = run_sample(
+        sub_env, "--steps", str(steps), "--eval-every", str(every), "--step-sleep", "0.05"
+    )
     assert sample.returncode == 0, sample.stderr
     time.sleep(0.3)  # the last datagrams reach the receiver
     recorder.send_signal(signal.SIGINT)
@@ -83,7 +86,7 @@ def test_record_the_cpu_sample_then_info_matches(
         "zero_grad": steps,
     }
     assert proc["steps"] == steps and proc["last_step"] == steps - 1
-    assert proc["argv"][1:] == ["--steps", str(steps), "--eval-every", str(every)]
+    assert proc["argv"][1:5] == ["--steps", str(steps), "--eval-every", str(every)]
     assert proc["rss_max"] > 10 << 20 and proc["end_s"] is not None
     assert info["marks"] == 1 + evals
     assert info["phases"]["forward"]["count"] == steps

@@ -43,8 +43,8 @@ def _interval_ms(text: str) -> float:
     return value
 
 
-def add_dashboard_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by the live dashboard and ``gpuwatch run``."""
+def add_source_options(p: argparse.ArgumentParser) -> None:
+    """``--interval`` and ``--socket``: how the live sources sample and listen."""
     p.add_argument(
         "--interval",
         type=_interval_ms,
@@ -57,9 +57,17 @@ def add_dashboard_options(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="annotation socket (default: $GPUWATCH_SOCKET or a per-user path)",
     )
+
+
+def add_dashboard_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by the live dashboard and ``gpuwatch run``."""
+    add_source_options(p)
     p.add_argument(
         "--theme", metavar="NAME", help="colour theme (default: $GPUWATCH_THEME or gpuwatch-dark)"
     )
+    from .store.cli import add_record_options
+
+    add_record_options(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_estimate(sub)
     parser.set_defaults(func=cmd_live)
+    from .store.cli import register as register_store
+
+    register_store(sub)
     return parser
 
 
@@ -109,7 +120,10 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     theme = _theme_name(args)
     check_theme(theme)
+    from .store.cli import configure_recording
+
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
+    configure_recording(sources, args)
     sources.start()
     try:
         from .tui.app import GpuwatchApp

@@ -6,6 +6,10 @@ the host sampler and the NVML sampler all fill one :class:`~gpuwatch.session.Ses
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 from .cli import CliError
 from .session import Session
 from .sources.annotations import AnnotationReceiver, SocketDirUnsafe, SocketInUse
@@ -26,6 +30,28 @@ class LiveSources:
         self.host = HostSampler(self.session, interval=max(interval, 0.1))
         self.gpu = None
         self.interval = interval
+        self.recorder: Any = None  # a gpuwatch.store.Recorder while recording
+        self.record_path: Path | None = None
+        self._record: dict[str, Any] | None = None
+
+    def record_to(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        label: str = "",
+        overwrite: bool = False,
+        optional: bool = False,
+    ) -> None:
+        """Record the session to ``path`` once started.
+
+        Args:
+            path: The recording to create.
+            label: Its ``meta.label``.
+            overwrite: Replace an existing file.
+            optional: A file that cannot be created is a note in the session, not an error.
+        """
+        self.record_path = Path(path)
+        self._record = {"label": label, "overwrite": overwrite, "optional": optional}
 
     @property
     def socket_path(self) -> str:
@@ -43,6 +69,9 @@ class LiveSources:
             raise CliError(str(exc))
         except OSError as exc:
             raise CliError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
+        # After the socket (a second gpuwatch fails there without leaving a file), before
+        # the samplers (nothing is missed).
+        self._start_recorder()
         self.receiver.start()
         self.host.start()
         from .sources.gpu import GpuSampler
@@ -50,13 +79,47 @@ class LiveSources:
         self.gpu = GpuSampler(self.session, interval=self.interval)
         self.gpu.start()
 
+    def _start_recorder(self) -> None:
+        if self._record is None or self.record_path is None:
+            return
+        import sqlite3
+
+        from .store import Recorder
+
+        options = dict(self._record)
+        optional = options.pop("optional")
+        try:
+            self.recorder = Recorder(self.session, self.record_path, **options)
+        except (OSError, sqlite3.Error) as exc:
+            message = (
+                f"cannot record to {self.record_path}: {getattr(exc, 'strerror', None) or exc}"
+            )
+            if not optional:
+                self.receiver.stop()
+                raise CliError(message)
+            self.session.note(f"not recording: {message}")
+            self.record_path = None
+            return
+        self.recorder.start()
+
     def stop(self) -> None:
-        """Stop every source and release the socket."""
+        """Stop every source and release the socket; finish the recording."""
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()
         self.receiver.stop()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def describe(self) -> str:
         """One line for the status bar."""
-        return f"socket {self.socket_path}"
+        text = f"socket {self.socket_path}"
+        if self.recorder is not None and self.recorder.error is None:
+            path = str(self.record_path)
+            home = os.path.expanduser("~")
+            if path.startswith(home + os.sep):
+                path = "~" + path[len(home) :]
+            text += f" · recording {path}"
+        elif self.recorder is None:
+            text += " · not recording"
+        return text

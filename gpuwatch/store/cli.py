@@ -1,0 +1,306 @@
+"""The recording commands: ``record``, ``replay``, ``info``, ``export``, and ``--record``.
+
+Registered by :func:`gpuwatch.cli.build_parser`; this module imports only the standard
+library at import time, so ``gpuwatch --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..cli import EXIT_ERROR, EXIT_OK, CliError, _theme_name, add_source_options, check_theme
+
+if TYPE_CHECKING:
+    from ..live import LiveSources
+    from ..session import Session
+    from .reader import Recording
+
+SUFFIX = ".gpuwatch"  # the same as _schema.SUFFIX, which this module must not import
+
+
+# --------------------------------------------------------------------------- --record
+
+
+def add_record_options(p: argparse.ArgumentParser) -> None:
+    """``--record PATH`` / ``--no-record`` for the live dashboard (and ``gpuwatch run``)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--record",
+        metavar="PATH",
+        help="record the session to PATH (default: a new file under "
+        "the user data directory, see 'gpuwatch info')",
+    )
+    g.add_argument("--no-record", action="store_true", help="do not record this session")
+
+
+def default_recording_path(now: datetime.datetime | None = None) -> Path:
+    """``<user data dir>/sessions/<start time>-<host>.gpuwatch`` (platformdirs convention)."""
+    from platformdirs import user_data_dir
+
+    now = now or datetime.datetime.now()
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    name = f"{now:%Y%m%d-%H%M%S}-{host or 'host'}{SUFFIX}"
+    return Path(user_data_dir("gpuwatch")) / "sessions" / name
+
+
+def configure_recording(sources: LiveSources, args: argparse.Namespace) -> None:
+    """Tell live sources where to record, from ``--record`` / ``--no-record``.
+
+    An explicit ``--record PATH`` that cannot be written is an error; the default location
+    failing only leaves a note in the dashboard.
+    """
+    if getattr(args, "no_record", False):
+        return
+    path = getattr(args, "record", None)
+    if path:
+        sources.record_to(path)
+    else:
+        target = default_recording_path()
+        # Two sessions started in the same second on one host: do not collide.
+        n = 1
+        while target.exists():
+            n += 1
+            target = target.with_name(f"{target.stem}-{n}{SUFFIX}")
+        sources.record_to(target, optional=True)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _open(path: str) -> Recording:
+    from .reader import RecordingError, open_recording
+
+    try:
+        return open_recording(path)
+    except RecordingError as exc:
+        raise CliError(str(exc))
+
+
+def _load(path: str) -> tuple[Recording, Session]:
+    from .reader import RecordingError
+
+    rec = _open(path)
+    try:
+        session, loader = rec.open_session()
+        loader.load_all(strict=True)
+    except RecordingError as exc:
+        rec.close()
+        raise CliError(str(exc))
+    return rec, session
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text.lower().lstrip("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a speed: {text!r}")
+    if not 0.25 <= value <= 64:
+        raise argparse.ArgumentTypeError("the speed must be between 0.25 and 64")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError("the duration must be positive")
+    return value
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def register(sub: Any) -> None:
+    """Add ``record``, ``replay``, ``info`` and ``export`` to the subcommand parsers."""
+    p = sub.add_parser(
+        "record",
+        help="record a session to a file, without a terminal (batch jobs)",
+        description="Record NVML, host and annotation data to FILE until SIGINT/SIGTERM "
+        "or --duration. Scripts send to the same socket as for the dashboard.",
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="the recording to create")
+    p.add_argument("--duration", type=_duration, metavar="SECONDS", help="stop after this")
+    add_source_options(p)
+    p.add_argument("--label", default="", help="a description stored in the file")
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    p.set_defaults(func=cmd_record)
+
+    p = sub.add_parser(
+        "replay",
+        help="play a recording back in the dashboard",
+        description="Replay a recording (also one still being written: it follows the tail).",
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--theme", metavar="NAME", help="colour theme")
+    p.add_argument(
+        "--speed", type=_speed, default=1.0, metavar="X", help="playback speed, 0.25 to 64"
+    )
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("info", help="summarise a recording")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+
+    from .export import FORMATS, TABLES
+
+    p = sub.add_parser(
+        "export",
+        help="write a recording's tables as CSV or JSON lines",
+        description="Write flat tables (see docs/recording.md) for pandas / polars.",
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--format", choices=FORMATS, default="csv")
+    p.add_argument("--table", choices=sorted(TABLES), help="only this table")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="directory for <table>.<format> files (default: FILE's name + '-export'; "
+        "with --table and no --out, the table goes to stdout)",
+    )
+    p.set_defaults(func=cmd_export)
+
+
+def _auto_label(session: Session) -> str:
+    gpus = [d for d in session.devices.values() if d.kind == "gpu"]
+    what = f"{len(gpus)}-GPU recording" if gpus else "CPU recording (no GPU seen)"
+    argv = next((p.hello.get("argv") for p in session.processes.values() if p.hello), None)
+    return f"{what} on {socket.gethostname()}" + (f" of {' '.join(argv)[:120]}" if argv else "")
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Record until SIGINT/SIGTERM or ``--duration``, with a status line on stderr."""
+    from ..live import LiveSources
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise CliError(f"{out} already exists (use --force to overwrite it)")
+    sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
+    sources.record_to(out, label=args.label, overwrite=args.force)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        sources.start()
+        recorder = sources.recorder
+        assert recorder is not None
+        tty = sys.stderr.isatty()
+        started = time.monotonic()
+        print(
+            f"gpuwatch: recording to {out} (socket {sources.socket_path}); Ctrl-C or SIGTERM stops",
+            file=sys.stderr,
+            flush=True,
+        )
+        deadline = None if args.duration is None else started + args.duration
+        while not stop.is_set() and recorder.error is None:
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0 or stop.wait(wait):
+                break
+            if tty:
+                print("\r\x1b[K" + _status(sources, started), end="", file=sys.stderr, flush=True)
+        if not args.label:
+            recorder.writer.set_label(_auto_label(sources.session))
+    finally:
+        sources.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if tty:
+        print("\r\x1b[K", end="", file=sys.stderr)
+    if recorder.error is not None:
+        print(f"gpuwatch: {recorder.error}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"gpuwatch: {_status(sources, started)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _status(sources: LiveSources, started: float) -> str:
+    s = sources.session
+    phases = sum(len(p.phases) for p in s.processes.values())
+    recorder = sources.recorder
+    rows = recorder.rows_written if recorder is not None else 0
+    size = recorder.path.stat().st_size if recorder is not None and recorder.path.exists() else 0
+    return (
+        f"recorded {time.monotonic() - started:.0f} s · {len(s.processes)} processes · "
+        f"{phases} phases · {rows} rows · {size / 1e6:.1f} MB in {sources.record_path}"
+    )
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Open the dashboard on a recording, playing from its start (or its growing tail)."""
+    from .player import open_replay
+    from .reader import RecordingError
+
+    theme = _theme_name(args)
+    check_theme(theme)
+    try:
+        player = open_replay(args.file, speed=args.speed)
+    except RecordingError as exc:
+        raise CliError(str(exc))
+    label = player.loader.recording.label if player.loader is not None else ""
+    subtitle = f"replay {Path(args.file).name}" + (f" · {label}" if label else "")
+    try:
+        from ..tui.app import GpuwatchApp
+
+        app = GpuwatchApp(
+            player.session, theme_name=theme, subtitle=subtitle, clock=player.position
+        )
+        app.run()
+    finally:
+        player.close()
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print what a recording holds."""
+    from .info import format_summary, summarize
+
+    rec, session = _load(args.file)
+    try:
+        info = summarize(rec, session)
+    finally:
+        rec.close()
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_summary(info))
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the recording's tables as CSV or JSON lines."""
+    from .export import TABLES, table, write
+
+    rec, session = _load(args.file)
+    try:
+        names = [args.table] if args.table else list(TABLES)
+        if args.table and not args.out:
+            write(table(rec, session, args.table), args.format, sys.stdout)
+            return EXIT_OK
+        out = Path(args.out) if args.out else Path(Path(args.file).stem + "-export")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            total = 0
+            for name in names:
+                with open(out / f"{name}.{args.format}", "w", newline="") as f:
+                    total += write(table(rec, session, name), args.format, f)
+        except OSError as exc:
+            raise CliError(f"cannot write to {out}: {exc.strerror or exc}", EXIT_ERROR)
+    finally:
+        rec.close()
+    print(f"gpuwatch: wrote {len(names)} tables, {total} rows, to {out}{os.sep}", file=sys.stderr)
+    return EXIT_OK

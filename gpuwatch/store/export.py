@@ -1,0 +1,293 @@
+"""``gpuwatch export``: a recording as flat tables (CSV or JSON lines) for pandas / polars.
+
+Every table has raw monotonic times in ns (``t``, ``t0``, ``t1``: the session's one clock)
+and the same times in seconds from the session's start (``time_s``, ``start_s``, ``end_s``).
+Unknown values are empty in CSV and ``null`` in JSON lines. ``docs/recording.md`` lists
+the columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import numpy as np
+
+from ..session import MISSING_INT, Process, Session, Table
+from ..session.model import GPU_COLUMNS, PHASE_COLUMNS
+from ._schema import SERIES
+from .reader import Recording
+
+Columns = dict[str, list[Any]]
+
+
+def _list(col: np.ndarray) -> list[Any]:
+    """A column as Python values, unknowns (missing ints, NaN) as None."""
+    if col.dtype.kind == "i":
+        values = col.tolist()
+        if (col == MISSING_INT).any():
+            return [None if v == MISSING_INT else v for v in values]
+        return values
+    if col.dtype.kind == "f":
+        return [None if math.isnan(v) else v for v in col.tolist()]
+    return col.tolist()
+
+
+def _seconds(t: np.ndarray, origin: int) -> list[float | None]:
+    s = np.round((t - origin) / 1e9, 9)
+    if t.dtype.kind == "i" and (t == MISSING_INT).any():
+        missing = (t == MISSING_INT).tolist()
+        return [None if m else v for v, m in zip(s.tolist(), missing, strict=True)]
+    return s.tolist()
+
+
+def _concat(parts: list[Columns]) -> Columns:
+    return {k: [v for part in parts for v in part[k]] for k in parts[0]}
+
+
+def _meta(rec: Recording, s: Session) -> Columns:
+    keys = sorted(rec.meta)
+    return {"key": keys, "value": [rec.meta[k] for k in keys]}
+
+
+def _devices(rec: Recording, s: Session) -> Columns:
+    names = ("key", "kind", "index", "name", "uuid", "bus_id", "total", "state", "note", "source")
+    return {n: [getattr(d, n) for d in s.devices.values()] for n in names}
+
+
+def _per_device(kind: str, build: Callable[[Session, dict[str, np.ndarray]], Columns]):
+    """A table of every GPU's rows of one kind, with a ``device`` column first."""
+
+    def table(rec: Recording, s: Session) -> Columns:
+        tables = list(getattr(s, kind).items()) or [("", Table(SERIES[kind][0]))]
+        parts = []
+        for key, tab in tables:
+            c = tab.snapshot()
+            part: Columns = {"device": [key] * len(c["t"])}
+            part.update(build(s, c))
+            parts.append(part)
+        return _concat(parts)
+
+    return table
+
+
+def _gpu(s: Session, c: dict[str, np.ndarray]) -> Columns:
+    out = {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)}
+    out.update({name: _list(c[name]) for name, _ in GPU_COLUMNS[1:]})
+    return out
+
+
+def _gpu_processes(s: Session, c: dict[str, np.ndarray]) -> Columns:
+    out = {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)}
+    out.update({n: _list(c[n]) for n in ("pid", "used", "type")})
+    return out
+
+
+def _host(rec: Recording, s: Session) -> Columns:
+    c = s.host.snapshot()
+    out = {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)}
+    out.update({n: _list(c[n]) for n in ("total", "used", "available")})
+    return out
+
+
+def _per_process(kind: str, build: Callable[[Session, Process, dict[str, np.ndarray]], Columns]):
+    """A table of every process's rows of one kind, with a ``pid`` column first."""
+
+    def table(rec: Recording, s: Session) -> Columns:
+        procs = list(s.processes.values()) or [Process(0)]  # no processes: just the header
+        parts = []
+        for p in procs:
+            c = getattr(p, kind).snapshot()
+            part: Columns = {"pid": [p.pid] * len(c[getattr(p, kind).time])}
+            part.update(build(s, p, c))
+            parts.append(part)
+        return _concat(parts)
+
+    return table
+
+
+def _device_keys(p: Process, dev: np.ndarray) -> list[str | None]:
+    return [p.devices.get(d) for d in dev.tolist()]
+
+
+def _torch(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
+    return {
+        "device": _device_keys(p, c["dev"]),
+        "dev": _list(c["dev"]),
+        "t": _list(c["t"]),
+        "time_s": _seconds(c["t"], s.t_origin),
+        "allocated": _list(c["allocated"]),
+        "reserved": _list(c["reserved"]),
+    }
+
+
+def _peaks(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
+    return {
+        "device": _device_keys(p, c["dev"]),
+        "dev": _list(c["dev"]),
+        "t0": _list(c["t0"]),
+        "t1": _list(c["t1"]),
+        "start_s": _seconds(c["t0"], s.t_origin),
+        "end_s": _seconds(c["t1"], s.t_origin),
+        "peak_allocated": _list(c["peak_allocated"]),
+        "peak_reserved": _list(c["peak_reserved"]),
+    }
+
+
+def _rss(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
+    return {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin), "rss": _list(c["rss"])}
+
+
+def _phases(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
+    out: Columns = {
+        "name": [s.names[n] for n in c["name"].tolist()],
+        "device": _device_keys(p, c["dev"]),
+        "start_s": _seconds(c["t0"], s.t_origin),
+        "end_s": _seconds(c["t1"], s.t_origin),
+        "duration_s": np.round((c["t1"] - c["t0"]) / 1e9, 9).tolist(),
+    }
+    out.update({n: _list(c[n]) for n, _ in PHASE_COLUMNS if n != "name"})
+    return out
+
+
+def _open_phases(rec: Recording, s: Session) -> Columns:
+    names = ("id", "name", "t0", "step", "depth", "parent", "dev", "alloc0", "reserved0")
+    rows = [(p.pid, o) for p in s.processes.values() for o in p.open.values()]
+    out: Columns = {"pid": [pid for pid, _ in rows]}
+    out.update({n: [getattr(o, n) for _, o in rows] for n in names})
+    out["start_s"] = [round((o.t0 - s.t_origin) / 1e9, 9) for _, o in rows]
+    return out
+
+
+def _marks(rec: Recording, s: Session) -> Columns:
+    return {
+        "pid": [m.pid for m in s.marks],
+        "t": [m.t for m in s.marks],
+        "time_s": [round((m.t - s.t_origin) / 1e9, 9) for m in s.marks],
+        "level": [m.level for m in s.marks],
+        "step": [m.step for m in s.marks],
+        "text": [m.text for m in s.marks],
+    }
+
+
+_OOM_FIELDS = ("phase", "step", "requested", "free", "total", "dev", "allocated", "reserved")
+
+
+def _ooms(rec: Recording, s: Session) -> Columns:
+    out: Columns = {
+        "pid": [o.pid for o in s.ooms],
+        "t": [o.t for o in s.ooms],
+        "time_s": [round((o.t - s.t_origin) / 1e9, 9) for o in s.ooms],
+    }
+    for name in (*_OOM_FIELDS, "peak_allocated", "peak_reserved", "message", "snapshot"):
+        out[name] = [o.body.get(name) for o in s.ooms]
+    return out
+
+
+def _processes(rec: Recording, s: Session) -> Columns:
+    procs = list(s.processes.values())
+    hello = [p.hello for p in procs]
+    return {
+        "pid": [p.pid for p in procs],
+        "label": [p.label for p in procs],
+        "argv": [json.dumps(h.get("argv")) if h.get("argv") is not None else None for h in hello],
+        "hostname": [h.get("hostname") for h in hello],
+        "rank": [h.get("rank") for h in hello],
+        "local_rank": [h.get("local_rank") for h in hello],
+        "world_size": [h.get("world_size") for h in hello],
+        "python": [h.get("python") for h in hello],
+        "torch": [h.get("torch") for h in hello],
+        "devices": [json.dumps({str(k): v for k, v in p.devices.items()}) for p in procs],
+        "first_t": [p.first_t for p in procs],
+        "last_t": [p.last_t for p in procs],
+        "ended_t": [p.ended for p in procs],
+        "exit_code": [p.exit_code for p in procs],
+        "dropped": [p.dropped for p in procs],
+        "gaps": [p.gaps for p in procs],
+        "facts": [json.dumps(p.facts) if p.facts is not None else None for p in procs],
+    }
+
+
+def _process_info(rec: Recording, s: Session) -> Columns:
+    items = list(s.proc_info.items())
+    keys = sorted({k for _, info in items for k in info})
+    out: Columns = {"pid": [pid for pid, _ in items]}
+    out.update({k: [info.get(k) for _, info in items] for k in keys})
+    return out
+
+
+def _events(rec: Recording, s: Session) -> Columns:
+    events = rec.events()
+    return {
+        "seq": [e["seq"] for e in events],
+        "t": [e["t"] for e in events],
+        "time_s": [round((e["t"] - s.t_origin) / 1e9, 9) for e in events],
+        "kind": [e["kind"] for e in events],
+        "pid": [e["pid"] for e in events],
+        "body": [json.dumps(e["body"]) for e in events],
+    }
+
+
+def _rejects(rec: Recording, s: Session) -> Columns:
+    items = sorted(s.rejects.items())
+    return {"reason": [k for k, _ in items], "count": [v for _, v in items]}
+
+
+def _notes(rec: Recording, s: Session) -> Columns:
+    return {"text": list(s.notes)}
+
+
+TABLES: dict[str, Callable[[Recording, Session], Columns]] = {
+    "meta": _meta,
+    "devices": _devices,
+    "gpu": _per_device("gpu", _gpu),
+    "gpu_processes": _per_device("gpu_procs", _gpu_processes),
+    "host": _host,
+    "torch": _per_process("torch", _torch),
+    "peaks": _per_process("peaks", _peaks),
+    "rss": _per_process("rss", _rss),
+    "phases": _per_process("phases", _phases),
+    "open_phases": _open_phases,
+    "marks": _marks,
+    "ooms": _ooms,
+    "processes": _processes,
+    "process_info": _process_info,
+    "events": _events,
+    "rejects": _rejects,
+    "notes": _notes,
+}
+"""Export table name -> builder. Keep docs/recording.md in step."""
+
+FORMATS = ("csv", "jsonl")
+
+
+def table(rec: Recording, session: Session, name: str) -> Columns:
+    """One export table as columns of Python values."""
+    return TABLES[name](rec, session)
+
+
+def _rows(cols: Columns) -> Iterator[tuple[Any, ...]]:
+    return zip(*cols.values(), strict=True) if cols else iter(())
+
+
+def write(cols: Columns, fmt: str, out: IO[str]) -> int:
+    """Write one table as CSV (with a header) or JSON lines; returns the number of rows."""
+    n = 0
+    names = list(cols)
+    if fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(names)
+        for row in _rows(cols):
+            writer.writerow(["" if v is None else v for v in row])
+            n += 1
+    else:
+        for row in _rows(cols):
+            out.write(json.dumps(dict(zip(names, row, strict=True)), default=str) + "\n")
+            n += 1
+    return n
+
+
+__all__ = ["FORMATS", "TABLES", "table", "write"]

@@ -1,0 +1,253 @@
+"""``gpuwatch info``: what a recording holds, as a dict (``--json``) or a short report."""
+
+from __future__ import annotations
+
+import datetime
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ..fmt import fmt_bytes, fmt_duration
+from ..session import HOST, MISSING_INT, Process, Session
+from .reader import Recording
+
+
+def _max(values: np.ndarray) -> int | None:
+    """Largest known value of an int column, or None."""
+    known = values[values != MISSING_INT]
+    return int(known.max()) if len(known) else None
+
+
+def _max_during(t: np.ndarray, v: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> int | None:
+    """Largest value of a step-hold signal while any of the spans ``[t0, t1]`` ran.
+
+    The sample in effect when a span began counts, as does every sample inside it.
+    """
+    if len(t) == 0 or len(t0) == 0:
+        return None
+    i0 = np.clip(np.searchsorted(t, t0, "right") - 1, 0, None)
+    i1 = np.searchsorted(t, t1, "right")
+    keep = i1 > i0
+    cover = np.zeros(len(t) + 1, np.int64)
+    np.add.at(cover, i0[keep], 1)
+    np.add.at(cover, i1[keep], -1)
+    inside = np.cumsum(cover[:-1]) > 0
+    return _max(v[inside])
+
+
+def _merge_max(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+def summarize(rec: Recording, session: Session) -> dict[str, Any]:
+    """Devices, duration, processes, phases per name with their peaks, OOMs, rejects.
+
+    Args:
+        rec: The open recording (for its metadata).
+        session: Its fully loaded session.
+    """
+    s = session
+    first, last = s.time_range()
+    origin = s.t_origin
+
+    def rel(t: int) -> float:
+        return round((t - origin) / 1e9, 6)
+
+    created = int(rec.meta.get("created_wall_ns", "0") or 0)
+    out: dict[str, Any] = {
+        "file": str(rec.path),
+        "format": rec.meta.get("format"),
+        "schema": int(rec.meta["schema"]),
+        "label": rec.label,
+        "host": rec.meta.get("host"),
+        "gpuwatch_version": rec.meta.get("gpuwatch_version"),
+        "created": datetime.datetime.fromtimestamp(created / 1e9, datetime.timezone.utc)
+        .isoformat(timespec="seconds")
+        .replace("+00:00", "Z"),
+        "complete": rec.complete,
+        "start_s": rel(first),
+        "end_s": rel(last),
+        "duration_s": round((last - first) / 1e9, 6),
+        "bytes": rec.file_size(),
+    }
+    devices = []
+    for key, dev in s.devices.items():
+        table = s.host if key == HOST else s.gpu.get(key)
+        cols = table.snapshot() if table is not None else {"used": np.zeros(0, np.int64)}
+        devices.append(
+            {
+                "key": key,
+                "kind": dev.kind,
+                "index": dev.index,
+                "name": dev.name,
+                "uuid": dev.uuid,
+                "total": dev.total,
+                "state": dev.state,
+                "source": dev.source,
+                "samples": len(cols["used"]),
+                "used_max": _max(cols["used"]),
+            }
+        )
+    out["devices"] = devices
+    out["processes"] = [_process(s, p, rel) for p in s.processes.values()]
+    out["phases"] = _phases(s)
+    out["marks"] = len(s.marks)
+    out["ooms"] = [
+        {
+            "t_s": rel(o.t),
+            "pid": o.pid,
+            "phase": o.body.get("phase"),
+            "step": o.body.get("step"),
+            "requested": o.body.get("requested"),
+            "message": (o.body.get("message") or "").splitlines()[0][:200] or None,
+        }
+        for o in s.ooms
+    ]
+    out["rejects"] = dict(s.rejects)
+    out["rejected"] = sum(s.rejects.values())
+    out["dropped"] = sum(p.dropped for p in s.processes.values())
+    out["gaps"] = sum(p.gaps for p in s.processes.values())
+    out["notes"] = list(s.notes)
+    return out
+
+
+def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
+    cols = p.phases.snapshot()
+    counts = Counter(s.names[int(n)] for n in cols["name"])
+    # A step is an optimizer step: the client advances its step counter when one ends, so
+    # phases after it (zero_grad) already carry the next number.
+    opt = [i for i, name in enumerate(s.names) if name.lower().startswith("optimizer")]
+    known = cols["step"] != MISSING_INT
+    mask = known & np.isin(cols["name"], opt)
+    steps = cols["step"][mask if mask.any() else known]
+    return {
+        "pid": p.pid,
+        "label": p.label,
+        "argv": p.hello.get("argv"),
+        "rank": p.hello.get("rank"),
+        "world_size": p.hello.get("world_size"),
+        "torch": p.hello.get("torch"),
+        "devices": sorted(set(p.devices.values())),
+        "start_s": rel(p.first_t),
+        "end_s": rel(p.ended) if p.ended is not None else None,
+        "exit_code": p.exit_code,
+        "steps": len(np.unique(steps)),
+        "last_step": int(steps.max()) if len(steps) else None,
+        "phases": dict(sorted(counts.items())),
+        "open_phases": sorted(o.name for o in p.open.values()),
+        "allocated_max": _max(p.torch.snapshot()["allocated"]),
+        "rss_max": _max(p.rss.snapshot()["rss"]),
+        "dropped": p.dropped,
+        "gaps": p.gaps,
+    }
+
+
+_REPORTED = (("peak_allocated", "peak_alloc"), ("peak_reserved", "peak_reserved"))
+
+
+def _phases(s: Session) -> dict[str, dict[str, Any]]:
+    """Per phase name, over all processes: count, time, reported peaks, NVML and RSS max."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in s.processes.values():
+        cols = p.phases.snapshot()
+        if not len(cols["t0"]):
+            continue
+        rss = p.rss.snapshot()
+        for nid in np.unique(cols["name"]):
+            sel = cols["name"] == nid
+            name = s.names[int(nid)]
+            t0, t1 = cols["t0"][sel], cols["t1"][sel]
+            entry = out.setdefault(
+                name,
+                {
+                    "count": 0,
+                    "total_s": 0.0,
+                    "max_s": 0.0,
+                    "peak_allocated": None,
+                    "peak_reserved": None,
+                    "nvml_used_max": None,
+                    "rss_max": None,
+                },
+            )
+            dur = (t1 - t0) / 1e9
+            entry["count"] += int(sel.sum())
+            entry["total_s"] = round(entry["total_s"] + float(dur.sum()), 6)
+            entry["max_s"] = round(max(entry["max_s"], float(dur.max())), 6)
+            for field, column in (
+                ("peak_allocated", "peak_alloc"),
+                ("peak_reserved", "peak_reserved"),
+            ):
+                entry[field] = _merge_max(entry[field], _max(cols[column][sel]))
+            for key in set(p.devices.values()):
+                table = s.gpu.get(key)
+                if table is None:
+                    continue
+                g = table.snapshot()
+                entry["nvml_used_max"] = _merge_max(
+                    entry["nvml_used_max"], _max_during(g["t"], g["used"], t0, t1)
+                )
+            entry["rss_max"] = _merge_max(
+                entry["rss_max"], _max_during(rss["t"], rss["rss"], t0, t1)
+            )
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["count"]))
+
+
+def format_summary(info: dict[str, Any]) -> str:
+    """The human-readable report of :func:`summarize`'s dict."""
+    lines = [f"{info['file']}" + (f" — {info['label']}" if info["label"] else "")]
+    state = "complete" if info["complete"] else "incomplete (still written, or interrupted)"
+    lines.append(
+        f"  {fmt_duration(info['duration_s'] * 1e9)} on {info['host']}, started "
+        f"{info['created']}, gpuwatch {info['gpuwatch_version']}, {state}, "
+        f"{fmt_bytes(info['bytes'])}"
+    )
+    lines.append("devices")
+    for d in info["devices"]:
+        where = (
+            "host"
+            if d["kind"] == "host"
+            else f"gpu {d['index'] if d['index'] is not None else '?'}"
+        )
+        extra = f" [{d['state']}]" if d["state"] != "ok" else ""
+        lines.append(
+            f"  {where:6} {d['name'] or d['key']:24} total {fmt_bytes(d['total'])}"
+            f"  used max {fmt_bytes(d['used_max'])}  {d['samples']} samples{extra}"
+        )
+    lines.append("processes")
+    for p in info["processes"]:
+        argv = " ".join(p["argv"] or []) or "?"
+        if p["end_s"] is None:
+            end = "still running or killed"
+        else:
+            end = "ended" if p["exit_code"] is None else f"exit {p['exit_code']}"
+        lines.append(
+            f"  {p['label']:10} {argv[:60]:60} {p['steps']} steps, "
+            f"{sum(p['phases'].values())} phases, {end}"
+        )
+    if info["phases"]:
+        lines.append(
+            f"phases{'':14} {'count':>7} {'total':>8} {'peak alloc':>11} {'peak resv':>11}"
+            f" {'NVML max':>11} {'RSS max':>11}"
+        )
+        for name, ph in info["phases"].items():
+            lines.append(
+                f"  {name[:18]:18} {ph['count']:7d} {fmt_duration(ph['total_s'] * 1e9):>8}"
+                f" {fmt_bytes(ph['peak_allocated']):>11} {fmt_bytes(ph['peak_reserved']):>11}"
+                f" {fmt_bytes(ph['nvml_used_max']):>11} {fmt_bytes(ph['rss_max']):>11}"
+            )
+    rejects = ", ".join(f"{k} {v}" for k, v in info["rejects"].items())
+    lines.append(
+        f"marks {info['marks']} · OOMs {len(info['ooms'])} · rejected {info['rejected']}"
+        + (f" ({rejects})" if rejects else "")
+        + f" · dropped {info['dropped']} · lost {info['gaps']}"
+    )
+    for o in info["ooms"]:
+        lines.append(
+            f"  OOM at {fmt_duration(o['t_s'] * 1e9)} pid {o['pid']} in {o['phase'] or '?'}"
+            f" (step {o['step']}): {o['message'] or ''}"
+        )
+    lines += [f"note: {n}" for n in info["notes"]]
+    return "\n".join(lines)

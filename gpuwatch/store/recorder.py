@@ -1,0 +1,145 @@
+"""The recorder: a session subscriber that writes it to a recording from its own thread.
+
+Samplers never wait for the disk: the listener the session calls on their threads only
+queues the rare facts the session does not keep (each hello, facts and bye message, device
+state changes); everything else is read from the session's append-only tables once a
+second, in one transaction, on the recorder's thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..session import Session
+from .writer import SessionWriter
+
+_LOGGED = frozenset(("hello", "facts", "bye"))
+"""Message kinds kept as events: the session keeps only the latest hello and facts."""
+
+
+class Recorder:
+    """Records a session into a new file, committing about once a second.
+
+    A process killed at any moment leaves a file that opens, holding everything up to the
+    last commit (WAL mode: a commit is one append to the ``-wal`` file).
+
+    Args:
+        session: What to record (subscribe before the sources start, to miss nothing).
+        path: The file to create.
+        label: ``meta.label``, e.g. "CPU recording of samples/train_tiny_gpt.py".
+        interval: Seconds between commits.
+        overwrite: Replace an existing file.
+
+    Raises:
+        FileExistsError, OSError, sqlite3.Error: The file cannot be created.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        path: str | os.PathLike[str],
+        *,
+        label: str = "",
+        interval: float = 1.0,
+        overwrite: bool = False,
+    ) -> None:
+        self.session = session
+        self.interval = interval
+        self.writer = SessionWriter(path, session, label=label, overwrite=overwrite)
+        self.error: str | None = None
+        self.syncs = 0
+        self.cpu_seconds = 0.0  # CPU time of the recorder thread (benchmarks report it)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._synced = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._active = False
+
+    @property
+    def path(self) -> Path:
+        return self.writer.path
+
+    @property
+    def rows_written(self) -> int:
+        return self.writer.rows_written
+
+    def start(self) -> None:
+        """Subscribe to the session and start the writing thread."""
+        self._active = True
+        self.session.subscribe(self._listen)
+        # Hellos that arrived before the recorder did: keep them as events too.
+        for pid, proc in list(self.session.processes.items()):
+            if proc.hello:
+                self.writer.add_event(proc.first_t, "hello", pid, dict(proc.hello))
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
+        self._thread.start()
+
+    def _listen(self, kind: str, args: tuple[Any, ...]) -> None:
+        # Called on sampler and receiver threads for every fact: stay cheap.
+        if not self._active:
+            return
+        if kind == "message":
+            msg = args[0]
+            if msg.kind in _LOGGED:
+                self.writer.add_event(msg.t, msg.kind, msg.pid, msg.body)
+        elif kind == "device":
+            body = dataclasses.asdict(args[0])
+            self.writer.add_event(time.monotonic_ns(), "device", None, body)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            if not self._sync(final=False):
+                return
+
+    def _sync(self, final: bool) -> bool:
+        start = time.thread_time()
+        try:
+            self.writer.sync(final=final)
+        except Exception as exc:  # disk full, file removed...: say so, never crash the app
+            self.error = f"recording to {self.path} stopped: {exc}"
+            self._active = False
+            self.session.note(self.error)
+            return False
+        finally:
+            self.cpu_seconds += time.thread_time() - start
+            with self._synced:
+                self.syncs += 1
+                self._synced.notify_all()
+        return True
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Commit now (on the recorder thread) and wait for it; False on timeout."""
+        with self._synced:
+            target = self.syncs + 1
+            self._wake.set()
+            return self._synced.wait_for(lambda: self.syncs >= target, timeout)
+
+    def close(self) -> None:
+        """Write what is left, mark the file complete and close it."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        failed = self.error is not None
+        self._active = False
+        if failed:
+            try:
+                self.writer.close(complete=False)
+            except Exception:
+                pass
+            return
+        start = time.thread_time()
+        try:
+            self.writer.close()
+        except Exception as exc:
+            self.error = f"recording to {self.path} stopped: {exc}"
+        self.cpu_seconds += time.thread_time() - start

@@ -1,0 +1,383 @@
+"""Writing a session into a recording: incrementally (the recorder) or all at once.
+
+:class:`SessionWriter` copies what is new in a :class:`~gpuwatch.session.Session` into the
+file in one transaction per :meth:`~SessionWriter.sync`. Session tables only grow, so it
+keeps a row cursor per table and never looks at a row twice, except to *seal*: rows first
+land as a small chunk per sync, and once a series has a full chunk's worth (or its time
+span) the small chunks are replaced by one large one, so each row is compressed at most
+twice and the finished file holds few, well compressed chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..session import Process, Session, Table
+from . import _codec
+from ._schema import (
+    CHUNK_ROWS,
+    CHUNK_SPAN,
+    DDL,
+    FORMAT,
+    PROCESS_SERIES,
+    SCHEMA_VERSION,
+    SERIES,
+    layout_dtypes,
+)
+
+PAGE_SIZE = 8192
+
+_PROCESS_STATE = tuple(
+    f.name for f in dataclasses.fields(Process) if f.name not in PROCESS_SERIES and f.name != "open"
+)
+"""Process attributes stored as its JSON body (everything but its tables and open spans)."""
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON for the file's text columns (non-JSON values become strings)."""
+    return json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False)
+
+
+def process_body(proc: Process) -> dict[str, Any]:
+    """A process's scalar state and hello/facts as a JSON-able dict."""
+    body = {name: getattr(proc, name) for name in _PROCESS_STATE}
+    body["devices"] = {str(k): v for k, v in proc.devices.items()}
+    return body
+
+
+@dataclass
+class _Series:
+    id: int
+    layout: list
+    primary: str
+    written: int = 0  # rows in the file
+    sealed: int = 0  # rows in large chunks; rows after this are in small ones
+
+
+class SessionWriter:
+    """Creates a recording and brings it up to date with a session on each :meth:`sync`.
+
+    Not thread-safe: one thread calls :meth:`sync` and :meth:`close` (the recorder's, or
+    the caller's for a one-shot save); :meth:`add_event` may be called from any thread.
+
+    Args:
+        path: The file to create (its parent directories too).
+        session: What to record.
+        label: Free-form description stored in ``meta.label``.
+        overwrite: Replace an existing file instead of refusing.
+        chunk_rows: Most rows per sealed chunk.
+        chunk_span: Most nanoseconds per sealed chunk.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is false.
+        OSError, sqlite3.Error: The file cannot be created.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        session: Session,
+        *,
+        label: str = "",
+        overwrite: bool = False,
+        chunk_rows: int = CHUNK_ROWS,
+        chunk_span: int = CHUNK_SPAN,
+    ) -> None:
+        self.path = Path(path)
+        self.session = session
+        self.chunk_rows = chunk_rows
+        self.chunk_span = chunk_span
+        self.rows_written = 0
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._events: deque[tuple[int, str, int | None, dict[str, Any]]] = deque()
+        self._cache: dict[tuple[str, Any], Any] = {}
+        self._cursors = {"names": 0, "marks": 0, "ooms": 0, "notes": 0}
+        self._closed = False
+        self._lock = threading.Lock()
+        if self.path.exists() or self.path.is_symlink():
+            if not overwrite:
+                raise FileExistsError(f"{self.path} already exists")
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: transactions are the explicit BEGIN/COMMIT in sync().
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        try:
+            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a commit survives the process being killed (it is in the
+            # OS's page cache); only a power loss may take the last commits back.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("BEGIN")
+            for statement in DDL.split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._set_meta(
+                {
+                    "format": FORMAT,
+                    "schema": SCHEMA_VERSION,
+                    "gpuwatch_version": __version__,
+                    "host": socket.gethostname(),
+                    "created_wall_ns": time.time_ns(),
+                    "t_origin": session.t_origin,
+                    "wall_offset": session.wall_offset,
+                    "label": label,
+                    "writer_pid": os.getpid(),
+                    "complete": 0,
+                }
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.close()
+            raise
+
+    # ------------------------------------------------------------------ public
+
+    def add_event(self, t: int, kind: str, pid: int | None, body: dict[str, Any]) -> None:
+        """Queue a point event (written at the next sync); safe from any thread."""
+        self._events.append((t, kind, pid, body))
+
+    def set_label(self, label: str) -> None:
+        """Replace ``meta.label`` (written at the next sync)."""
+        self._cache["label"] = label
+
+    def sync(self, final: bool = False) -> None:
+        """Write everything new in the session in one transaction.
+
+        Args:
+            final: Seal every series completely (the last sync before closing).
+        """
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                # Rows first, then what they refer to (names, processes, devices): those
+                # only grow and are created before any row that uses them, so everything
+                # a written row refers to is written in the same transaction.
+                self._sync_series(final)
+                self._sync_names()
+                self._sync_devices()
+                self._sync_processes()
+                self._sync_events()
+                self._sync_misc()
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def close(self, complete: bool = True) -> None:
+        """Final sync, mark the file complete and make it one self-contained file.
+
+        Args:
+            complete: Write ``meta.complete = 1`` (false leaves it looking interrupted).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.sync(final=True)
+            if complete:
+                with self._lock:
+                    self._set_meta({"complete": 1, "ended_t": time.monotonic_ns()})
+            # Fold the WAL back in and leave WAL mode, so the finished file opens read-only
+            # anywhere (a WAL file needs its -shm beside it). If a reader is following the
+            # file this fails and the file simply stays in WAL mode.
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._db.execute("PRAGMA journal_mode=DELETE")
+            except sqlite3.Error:
+                pass
+        finally:
+            self._db.close()
+
+    # ------------------------------------------------------------------ pieces
+
+    def _set_meta(self, values: dict[str, Any]) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+            [(k, str(v)) for k, v in values.items()],
+        )
+
+    def _changed(self, key: tuple[str, Any], value: Any) -> bool:
+        if self._cache.get(key, _NOTHING) == value:
+            return False
+        self._cache[key] = value
+        return True
+
+    def _tables(self) -> list[tuple[str, str, Table]]:
+        s = self.session
+        out: list[tuple[str, str, Table]] = [("host", "host", s.host)]
+        for key, table in list(s.gpu.items()):
+            out.append(("gpu", key, table))
+        for key, table in list(s.gpu_procs.items()):
+            out.append(("gpu_procs", key, table))
+        for pid, proc in list(s.processes.items()):
+            for kind in PROCESS_SERIES:
+                out.append((kind, str(pid), getattr(proc, kind)))
+        return out
+
+    def _sync_series(self, final: bool) -> None:
+        for kind, key, table in self._tables():
+            st = self._series.get((kind, key))
+            if st is None:
+                if len(table) == 0:
+                    continue
+                layout, primary = SERIES[kind]
+                cur = self._db.execute(
+                    "INSERT INTO series (kind, key, columns) VALUES (?, ?, ?)",
+                    (kind, key, dumps([list(c) for c in layout])),
+                )
+                st = _Series(int(cur.lastrowid or 0), layout_dtypes(layout), primary)
+                self._series[(kind, key)] = st
+            if len(table) == st.written and not (final and st.sealed < st.written):
+                continue
+            self._write_rows(st, table, final)
+
+    def _write_rows(self, st: _Series, table: Table, final: bool) -> None:
+        cols = table.snapshot()
+        t = cols[table.time]
+        n = len(t)
+        ends = _codec.cut(t, st.sealed, n, self.chunk_rows, self.chunk_span)
+        complete = ends if final else ends[:-1]
+        if ends and not final:
+            last_start = ends[-2] if len(ends) > 1 else st.sealed
+            if ends[-1] - last_start >= self.chunk_rows:  # the last one is full too
+                complete = ends
+        if complete:
+            # Replace the small chunks with sealed ones; what is left over after the last
+            # complete chunk goes back in as one small chunk.
+            self._db.execute(
+                "DELETE FROM chunks WHERE series = ? AND row0 >= ?", (st.id, st.sealed)
+            )
+            start = st.sealed
+            for end in complete:
+                self._insert(st, cols, t, start, end)
+                start = end
+            st.sealed = start
+            if start < n:
+                self._insert(st, cols, t, start, n)
+        elif n > st.written:
+            self._insert(st, cols, t, st.written, n)
+        self.rows_written += n - st.written
+        st.written = n
+
+    def _insert(self, st: _Series, cols: dict, t: Any, i: int, j: int) -> None:
+        blob = _codec.encode(cols, st.layout, i, j)
+        vmax, t_vmax = _codec.summary(t[i:j], cols[st.primary][i:j])
+        self._db.execute(
+            "INSERT INTO chunks (series, row0, n, t_first, t_last, vmax, t_vmax, codec, data)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (st.id, i, j - i, int(t[i]), int(t[j - 1]), vmax, t_vmax, _codec.CODEC, blob),
+        )
+
+    def _sync_names(self) -> None:
+        names = self.session.names
+        start, stop = self._cursors["names"], len(names)
+        if stop > start:
+            self._db.executemany(
+                "INSERT INTO names (id, name) VALUES (?, ?)",
+                [(i, names[i]) for i in range(start, stop)],
+            )
+            self._cursors["names"] = stop
+
+    def _sync_devices(self) -> None:
+        for key, dev in list(self.session.devices.items()):
+            body = dumps(dataclasses.asdict(dev))
+            if self._changed(("device", key), body):
+                self._db.execute(
+                    "INSERT OR REPLACE INTO devices (key, body) VALUES (?, ?)", (key, body)
+                )
+
+    def _sync_processes(self) -> None:
+        s = self.session
+        for pid, proc in list(s.processes.items()):
+            body = dumps(process_body(proc))
+            if self._changed(("process", pid), body):
+                self._db.execute(
+                    "INSERT OR REPLACE INTO processes (pid, body) VALUES (?, ?)", (pid, body)
+                )
+            spans = sorted(
+                (sid, dumps(dataclasses.asdict(o))) for sid, o in list(proc.open.items())
+            )
+            if self._changed(("open", pid), spans):
+                self._db.execute("DELETE FROM open_spans WHERE pid = ?", (pid,))
+                self._db.executemany(
+                    "INSERT INTO open_spans (pid, id, body) VALUES (?, ?, ?)",
+                    [(pid, sid, body) for sid, body in spans],
+                )
+        for pid, info in list(s.proc_info.items()):
+            body = dumps(info)
+            if self._changed(("proc_info", pid), body):
+                self._db.execute(
+                    "INSERT OR REPLACE INTO proc_info (pid, body) VALUES (?, ?)", (pid, body)
+                )
+
+    def _sync_events(self) -> None:
+        s = self.session
+        rows: list[tuple[int, str, int | None, str]] = []
+        while self._events:
+            t, kind, pid, body = self._events.popleft()
+            rows.append((t, kind, pid, dumps(body)))
+        c = self._cursors
+        for m in s.marks[c["marks"] :]:
+            rows.append(
+                (m.t, "mark", m.pid, dumps({"text": m.text, "level": m.level, "step": m.step}))
+            )
+            c["marks"] += 1
+        for o in s.ooms[c["ooms"] :]:
+            rows.append((o.t, "oom", o.pid, dumps(o.body)))
+            c["ooms"] += 1
+        now = time.monotonic_ns()
+        for text in s.notes[c["notes"] :]:
+            rows.append((now, "note", None, dumps({"text": text})))
+            c["notes"] += 1
+        if rows:
+            self._db.executemany(
+                "INSERT INTO events (t, kind, pid, body) VALUES (?, ?, ?, ?)", rows
+            )
+
+    def _sync_misc(self) -> None:
+        s = self.session
+        rejects = dict(s.rejects)
+        for reason, count in rejects.items():
+            if self._changed(("reject", reason), count):
+                self._db.execute(
+                    "INSERT OR REPLACE INTO rejects (reason, count) VALUES (?, ?)",
+                    (reason, count),
+                )
+        meta: dict[str, Any] = {}
+        rates = dumps(dict(s.sampler_rate))
+        if self._changed(("meta", "sampler_rate"), rates):
+            meta["sampler_rate"] = rates
+        label = self._cache.get("label")
+        if label is not None and self._changed(("meta", "label"), label):
+            meta["label"] = label
+        if meta:
+            self._set_meta(meta)
+
+
+_NOTHING = object()
+
+
+def save_session(
+    session: Session, path: str | os.PathLike[str], *, label: str = "", overwrite: bool = False
+) -> Path:
+    """Write a whole session to a new recording in one go (tests, benchmarks, conversions).
+
+    Returns:
+        The path written.
+    """
+    writer = SessionWriter(path, session, label=label, overwrite=overwrite)
+    writer.close()
+    return writer.path

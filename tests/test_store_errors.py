@@ -1,0 +1,128 @@
+"""Bad files: one line and exit status 2 from replay, info and export, never a traceback."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from store_data import populated_session
+
+from gpuwatch.store import RecordingError, load, open_recording, save_session
+from gpuwatch.store._schema import SCHEMA_VERSION
+
+
+def _good(path: Path) -> Path:
+    return save_session(populated_session(3), path)
+
+
+def _empty(path: Path) -> Path:
+    path.write_bytes(b"")
+    return path
+
+
+def _truncated(path: Path) -> Path:
+    data = _good(path).read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _corrupt(path: Path) -> Path:
+    data = bytearray(_good(path).read_bytes())
+    # Keep the SQLite header, scramble the rest of the first pages (the schema lives there).
+    for i in range(100, min(len(data), 40_000)):
+        data[i] = (data[i] * 7 + i) & 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _not_sqlite(path: Path) -> Path:
+    path.write_text("step,loss\n1,2.3\n" * 100)
+    return path
+
+
+def _foreign(path: Path) -> Path:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("CREATE TABLE meta (key TEXT, value TEXT)")
+        db.execute("INSERT INTO meta VALUES ('format', 'something-else')")
+    return path
+
+
+def _newer(path: Path) -> Path:
+    _good(path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION + 1),))
+    return path
+
+
+def _missing(path: Path) -> Path:
+    return path
+
+
+def _damaged_chunk(path: Path) -> Path:
+    _good(path)
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "UPDATE chunks SET data = zeroblob(40) WHERE rowid = (SELECT max(rowid) FROM chunks)"
+        )
+    return path
+
+
+BAD: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "empty": (_empty, "is empty"),
+    "truncated": (_truncated, "is truncated"),
+    "corrupt": (_corrupt, "damaged"),
+    "not-sqlite": (_not_sqlite, "not an SQLite database"),
+    "foreign": (_foreign, "not a gpuwatch recording"),
+    "newer": (_newer, "newer gpuwatch"),
+    "missing": (_missing, "no such file"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_open_raises_a_one_line_recording_error(tmp_path: Path, kind: str) -> None:
+    make, text = BAD[kind]
+    path = make(tmp_path / f"{kind}.gpuwatch")
+    with pytest.raises(RecordingError) as info:
+        open_recording(path)
+    message = str(info.value)
+    assert text in message and "\n" not in message and str(path) in message
+
+
+def test_damaged_chunk_fails_a_full_load_and_notes_in_replay(tmp_path: Path) -> None:
+    path = _damaged_chunk(tmp_path / "chunk.gpuwatch")
+    with pytest.raises(RecordingError, match="damaged"):
+        load(path)
+    rec = open_recording(path)  # the structure is sound: replay shows what loads
+    session, loader = rec.open_session()
+    loader.load_all()
+    assert loader.error is not None and any("damaged" in n for n in session.notes)
+    rec.close()
+
+
+def test_every_command_gives_exit_2_and_one_line(tmp_path: Path, sub_env: dict[str, str]) -> None:
+    cases = {kind: make(tmp_path / f"{kind}.gpuwatch") for kind, (make, _) in BAD.items()}
+    cases["damaged-chunk"] = _damaged_chunk(tmp_path / "chunk.gpuwatch")
+    procs = {}
+    for kind, path in cases.items():
+        for command in ("replay", "info", "export"):
+            if kind == "damaged-chunk" and command == "replay":
+                continue  # replay shows the sound part (tested above)
+            argv = [sys.executable, "-m", "gpuwatch", command, str(path)]
+            if command == "export":
+                argv += ["--out", str(tmp_path / "out")]
+            procs[kind, command] = subprocess.Popen(
+                argv, env=sub_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+    for (kind, command), proc in procs.items():
+        out, err = proc.communicate(timeout=60)
+        lines = err.splitlines()
+        assert proc.returncode == 2, (kind, command, err)
+        assert len(lines) == 1 and lines[0].startswith("gpuwatch: "), (kind, command, err)
+        assert "Traceback" not in err and out == ""

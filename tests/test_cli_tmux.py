@@ -78,7 +78,7 @@ def gw_env(sock_path: str) -> dict[str, str]:
 
 
 def test_live_dashboard_shows_the_sample_and_reacts_to_keys(gw_env, sock_path) -> None:
-    tmux = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch", gw_env)
+    tmux = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
     try:
         assert tmux.wait_for_text("host"), tmux.screen()
         assert "LIVE" in tmux.screen()
@@ -110,10 +110,10 @@ def test_live_dashboard_shows_the_sample_and_reacts_to_keys(gw_env, sock_path) -
 
 
 def test_second_dashboard_on_the_same_socket_is_refused(gw_env) -> None:
-    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch", gw_env)
+    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
     try:
         assert first.wait_for_text("host")
-        second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch", gw_env)
+        second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
         try:
             assert second.wait_for_text("EXIT=2"), second.screen()
             assert "already listening" in second.screen()

@@ -94,7 +94,22 @@ def build_parser() -> argparse.ArgumentParser:
     from .store.cli import register as register_store
 
     register_store(sub)
+    _top_level_wins(parser, sub)
     return parser
+
+
+def _top_level_wins(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
+    """Let ``gpuwatch --no-record live`` mean what it says.
+
+    argparse applies a subcommand's defaults after the top-level options were parsed, so an
+    option shared by both would silently fall back to its default. A subcommand's copy of a
+    top-level option therefore sets nothing unless given; the top level holds the default.
+    """
+    shared = {a.dest for a in parser._actions if a.option_strings}
+    for child in set(sub.choices.values()):
+        for action in child._actions:
+            if action.option_strings and action.dest in shared and action.dest != "help":
+                action.default = argparse.SUPPRESS
 
 
 def _theme_name(args: argparse.Namespace) -> str | None:

@@ -152,7 +152,7 @@ def build(
             peak = max(alloc_ms[t0:t1])
             for event, t, figures in (
                 ("begin", t0, (alloc_ms[t0], reserved_ms[t0], alloc_ms[t0])),
-                ("end", t1, (alloc_ms[t1 - 1], reserved_ms[t1 - 1], peak)),
+                ("end", t1, (alloc_ms[t1], reserved_ms[t1], peak)),
             ):
                 alloc, reserved, peak_here = figures
                 msg(

@@ -14,8 +14,12 @@ import gpuwatch
 
 def gw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "gpuwatch", *args], capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT,
+        [sys.executable, "-m", "gpuwatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        cwd=ROOT,
     )
 
 
@@ -48,3 +52,17 @@ def test_bad_options_exit_2_with_one_line(args, env, needle) -> None:
     assert needle in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert out.stderr.startswith("gpuwatch")
+
+
+def test_top_level_options_reach_the_subcommand() -> None:
+    from gpuwatch.cli import build_parser
+
+    args = build_parser().parse_args(["--no-record", "--interval", "50", "live"])
+    assert args.interval == 50.0
+    assert args.no_record is True
+    args = build_parser().parse_args(["live", "--interval", "20"])
+    assert args.interval == 20.0
+    args = build_parser().parse_args(["--interval", "30", "record", "--out", "x.gpuwatch"])
+    assert args.interval == 30.0
+    args = build_parser().parse_args([])
+    assert args.interval == 100.0 and args.no_record is False

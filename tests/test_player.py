@@ -167,12 +167,12 @@ def test_growing_file_end_follows_the_tail(
 
 
 async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> None:
-    from gpuwatch.tui.app import GpuwatchApp
+    from gpuwatch.tui.replay import ReplayApp
 
     path = save_session(session, tmp_path / "app.gpuwatch")
     player = open_replay(path)
     try:
-        app = GpuwatchApp(player.session, subtitle="replay app.gpuwatch", clock=player.position)
+        app = ReplayApp(player, subtitle="replay app.gpuwatch")
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             player.pause()

@@ -257,3 +257,9 @@ def test_segment_max_matches_a_brute_force_reference() -> None:
     for j in range(width):
         over = (end >= int(edges[j])) & (start <= int(edges[j + 1]))
         assert got[j] == vals[over].max()
+
+
+def test_value_at_treats_the_missing_marker_as_unknown() -> None:
+    t = np.array([10, 20], dtype=np.int64)
+    assert value_at(t, np.array([5, MISSING_INT], dtype=np.int64), 25) is None
+    assert value_at(t, np.array([5, MISSING_INT], dtype=np.int64), 15) == 5.0

@@ -97,7 +97,10 @@ def value_at(t: np.ndarray, values: np.ndarray, at: int) -> float | None:
     i = int(np.searchsorted(t, at, "right")) - 1
     if i < 0:
         return None
-    v = float(values[i])
+    v = values[i]
+    if v == _MISSING and values.dtype.kind == "i":
+        return None
+    v = float(v)
     return None if np.isnan(v) else v
 
 

@@ -254,12 +254,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     label = player.loader.recording.label if player.loader is not None else ""
     subtitle = f"replay {Path(args.file).name}" + (f" · {label}" if label else "")
     try:
-        from ..tui.app import GpuwatchApp
+        from ..tui.replay import ReplayApp
 
-        app = GpuwatchApp(
-            player.session, theme_name=theme, subtitle=subtitle, clock=player.position
-        )
-        app.run()
+        ReplayApp(player, theme_name=theme, subtitle=subtitle).run()
     finally:
         player.close()
     return EXIT_OK

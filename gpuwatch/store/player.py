@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..session import HOST, MISSING_INT, Session
+from ..session import navigate as nav
 from .reader import Loader, open_recording
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -195,12 +196,7 @@ class Player:
         procs = list(self.session.processes.values())
         stamp = sum(len(p.phases) + len(p.open) for p in procs)
         if stamp != self._boundaries[0]:
-            parts = [np.zeros(0, np.int64)]
-            for p in procs:
-                cols = p.phases.snapshot()
-                parts += [cols["t0"], cols["t1"]]
-                parts.append(np.array([o.t0 for o in list(p.open.values())], np.int64))
-            self._boundaries = (stamp, np.unique(np.concatenate(parts)))
+            self._boundaries = (stamp, nav.boundaries(self.session))
         return self._boundaries[1]
 
     def next_phase(self) -> int | None:
@@ -211,24 +207,21 @@ class Player:
         """Jump to the previous phase boundary."""
         return self._jump(self.phase_boundaries(), False)
 
-    def _times(self, events: list) -> np.ndarray:
-        return np.sort(np.array([e.t for e in list(events)], np.int64))
-
     def next_mark(self) -> int | None:
         """Jump to the next mark."""
-        return self._jump(self._times(self.session.marks), True)
+        return self._jump(nav.events(self.session, kinds=("mark",)), True)
 
     def prev_mark(self) -> int | None:
         """Jump to the previous mark."""
-        return self._jump(self._times(self.session.marks), False)
+        return self._jump(nav.events(self.session, kinds=("mark",)), False)
 
     def next_oom(self) -> int | None:
         """Jump to the next OOM."""
-        return self._jump(self._times(self.session.ooms), True)
+        return self._jump(nav.events(self.session, kinds=("oom",)), True)
 
     def prev_oom(self) -> int | None:
         """Jump to the previous OOM."""
-        return self._jump(self._times(self.session.ooms), False)
+        return self._jump(nav.events(self.session, kinds=("oom",)), False)
 
     def largest_spike(self) -> tuple[int, int, str] | None:
         """Where memory was highest (see :data:`SPIKE_SOURCES`).

@@ -130,7 +130,6 @@ ACTIONS: tuple[Action, ...] = (
         "toggle_fit",
         "Fit / total",
         "Scale the y axis to the data or to the device's total memory",
-        True,
     ),
     Action("1", "show_tab('timelines')", "Timelines", "Show the timelines"),
     Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
@@ -139,6 +138,14 @@ ACTIONS: tuple[Action, ...] = (
     Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
     Action("q", "quit", "Quit", "Quit gpuwatch", True),
 )
+
+
+def bindings(actions: Iterable[Action]) -> list[Binding]:
+    """Key bindings for ``actions``."""
+    return [
+        Binding(a.keys, a.action, a.title, show=a.footer, key_display=a.key_display)
+        for a in actions
+    ]
 
 
 class GpuwatchApp(App[int]):
@@ -181,10 +188,8 @@ class GpuwatchApp(App[int]):
     }
     """
 
-    BINDINGS = [
-        Binding(a.keys, a.action, a.title, show=a.footer, key_display=a.key_display)
-        for a in ACTIONS
-    ]
+    ACTION_TABLE: tuple[Action, ...] = ACTIONS
+    BINDINGS = bindings(ACTIONS)
 
     def __init__(
         self,
@@ -217,6 +222,7 @@ class GpuwatchApp(App[int]):
         # Kept as attributes: a modal screen on top must not hide them from the timers.
         self.status_bar = Line("", id="status")
         self.notes_bar = Static("", id="notes")
+        self.notes_bar.display = False
         self.tabs = TabbedContent(initial="timelines")
         self.panel_list = VerticalScroll(id="panels")
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
@@ -299,12 +305,7 @@ class GpuwatchApp(App[int]):
         Paused, the frame is keyed on the session's data version.
         """
         now = self.now()
-        if self.view.following:
-            col = max(1, self.view.span // max(self._plot_width(), 1))
-            key = ("follow", now // col, self.view.span)
-            now = (now // col) * col
-        else:
-            key = ("paused", self.session.version)
+        key, now = self.frame_key(now)
         if key == self._drawn_key:
             return
         self._drawn_key = key
@@ -319,6 +320,13 @@ class GpuwatchApp(App[int]):
                 panel.update_view(window, self.view.cursor, version)
             self._update_status()
         self.redraws += 1
+
+    def frame_key(self, now: int) -> tuple[object, int]:
+        """What identifies a frame, and the time to draw it at (see :meth:`_tick`)."""
+        if self.view.following:
+            col = max(1, self.view.span // max(self._plot_width(), 1))
+            return ("follow", now // col, self.view.span), (now // col) * col
+        return ("paused", self.session.version), now
 
     def _update_predictions(self) -> None:
         """Predict each process that sent facts (cached per completed step)."""
@@ -344,14 +352,23 @@ class GpuwatchApp(App[int]):
         self._drawn_key = None
         self._tick()
 
+    def mode_text(self) -> str:
+        """The first words of the status bar."""
+        return "LIVE" if self.view.following else "PAUSED"
+
     def _update_status(self) -> None:
         s = self.session
-        mode = "LIVE" if self.view.following else "PAUSED"
-        procs = len([p for p in s.processes.values() if p.ended is None])
+        now = self.now()
+        # Processes running at the time shown (in a replay, not the ones that ended since).
+        procs = sum(
+            1
+            for p in list(s.processes.values())
+            if p.first_t <= now and (p.ended is None or p.ended > now)
+        )
         rejects = sum(s.rejects.values())
         dropped = sum(p.dropped for p in s.processes.values())
         parts = [
-            f"[b]gpuwatch[/b] · {mode}",
+            f"[b]gpuwatch[/b] · {self.mode_text()}",
             f"window {fmt_duration(self.view.span)}",
             f"{procs} instrumented",
         ]
@@ -370,6 +387,7 @@ class GpuwatchApp(App[int]):
         if notes != self._notes:  # height auto: a new note needs a layout pass
             self._notes = notes
             self.notes_bar.update(notes)
+            self.notes_bar.display = bool(notes)
 
     def _child_text(self) -> str:
         assert self.child is not None
@@ -527,12 +545,12 @@ class GpuwatchApp(App[int]):
 
     def action_help(self) -> None:
         """Show the help screen."""
-        self.push_screen(HelpScreen(help_keys()))
+        self.push_screen(HelpScreen(help_keys(self.ACTION_TABLE)))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """Every gpuwatch action in the command palette, beside Textual's own."""
         yield from super().get_system_commands(screen)
-        for a in ACTIONS:
+        for a in self.ACTION_TABLE:
             if a.action == "quit":
                 continue
             yield SystemCommand(a.title, a.help, _bind(self, a.action))
@@ -561,10 +579,10 @@ def _bind(app: App, action: str) -> Callable[[], object]:
     return run
 
 
-def help_keys() -> list[tuple[str, str]]:
+def help_keys(actions: Iterable[Action] = ACTIONS) -> list[tuple[str, str]]:
     """(keys, description) for the help screen."""
     rows = []
-    for a in ACTIONS:
+    for a in actions:
         keys = a.keys.replace("equals_sign", "=").replace("plus", "+").replace("minus", "-")
         keys = keys.replace("left_square_bracket", "[").replace("right_square_bracket", "]")
         keys = keys.replace("less_than_sign", "<").replace("greater_than_sign", ">")

@@ -186,7 +186,7 @@ class DevicePanel(Vertical):
         table = s.gpu.get(self.key)
         if table is not None and len(table):
             cols = table.snapshot()
-            out["nvml"] = value_at(cols["t"], cols["used"].astype(np.float64), t)
+            out["nvml"] = value_at(cols["t"], cols["used"], t)
         for proc in s.processes_on(self.key):
             cols = proc.torch.snapshot()
             for role in ("reserved", "allocated"):

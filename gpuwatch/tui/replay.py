@@ -1,0 +1,265 @@
+"""Replay: the same dashboard over a recording, with transport controls.
+
+The playback position is the dashboard's clock: while playing, the window follows it as it
+follows "now" when live. Paused, the whole recording can be browsed (zoomed, panned,
+jumped through) and playing again resumes from the position.
+"""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult
+from textual.message import Message
+from textual.widget import Widget
+
+from ..fmt import fmt_bytes, fmt_clock
+from ..store.player import Player
+from .app import ACTIONS, Action, GpuwatchApp, bindings
+
+REPLAY_ACTIONS: tuple[Action, ...] = (
+    Action("space", "toggle_play", "Play / pause", "Play or pause the recording", True, "space"),
+    Action("right", "seek(0.1)", "Seek forward", "Seek a tenth of the window forward"),
+    Action("left", "seek(-0.1)", "Seek back", "Seek a tenth of the window back"),
+    Action("home", "seek_home", "Start", "Seek to the start of the recording"),
+    Action("end", "seek_end", "End", "Seek to the end (a growing file: follow its tail)"),
+    Action(
+        "greater_than_sign", "speed(1)", "Faster", "Double the playback speed (to x64)", True, ">"
+    ),
+    Action(
+        "less_than_sign", "speed(-1)", "Slower", "Halve the playback speed (to x0.25)", True, "<"
+    ),
+    Action(
+        "right_square_bracket",
+        "replay_jump('next_phase')",
+        "Next phase boundary",
+        "Seek to the next phase start or end",
+        False,
+        "]",
+    ),
+    Action(
+        "left_square_bracket",
+        "replay_jump('prev_phase')",
+        "Previous phase boundary",
+        "Seek to the previous phase start or end",
+        False,
+        "[",
+    ),
+    Action("m", "replay_jump('next_mark')", "Next mark", "Seek to the next mark"),
+    Action("M", "replay_jump('prev_mark')", "Previous mark", "Seek to the previous mark"),
+    Action("o", "replay_jump('next_oom')", "Next OOM", "Seek to the next out-of-memory error"),
+    Action(
+        "O", "replay_jump('prev_oom')", "Previous OOM", "Seek to the previous out-of-memory error"
+    ),
+    Action(
+        "s",
+        "replay_jump('jump_to_spike')",
+        "Largest spike",
+        "Seek to where memory was highest in the whole recording",
+        True,
+    ),
+    Action("w", "whole", "Whole session", "Show the whole recording at once", True),
+    Action("ctrl+left", "cursor(-1)", "Cursor left", "Move the cursor one column back"),
+    Action("ctrl+right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
+    # Live keys kept, but out of the footer: replay's own keys need the room.
+    Action("f", "toggle_follow", "Follow position", "Let the window follow the playback position"),
+    Action("y", "toggle_fit", "Fit / total", "Scale the y axis to the data or to the total"),
+)
+
+# Live keys that replay gives another meaning (or does not need).
+_REPLACED = {
+    "f,space",
+    "y",
+    "left",
+    "right",
+    "ctrl+left",
+    "ctrl+right",
+    "home",
+    "end",
+    "m",
+    "M",
+    "s",
+    "left_square_bracket",
+    "right_square_bracket",
+    "shift+left,less_than_sign",
+    "shift+right,greater_than_sign",
+}
+_KEPT = (
+    *(a for a in ACTIONS if a.keys not in _REPLACED),
+    Action("shift+left", "pan(-0.25)", "Pan back", "Move the window a quarter back in time"),
+    Action("shift+right", "pan(0.25)", "Pan forward", "Move the window a quarter forward in time"),
+)
+
+
+class Scrubber(Widget):
+    """Where the playback is in the recording, and how much is loaded; click to seek."""
+
+    DEFAULT_CSS = """
+    Scrubber {
+        height: 1;
+        padding: 0 1;
+        background: $panel;
+    }
+    """
+
+    class Seek(Message):
+        """Seek to ``fraction`` of the recording."""
+
+        def __init__(self, fraction: float) -> None:
+            super().__init__()
+            self.fraction = fraction
+
+    def __init__(self, player: Player) -> None:
+        super().__init__()
+        self.player = player
+        self._bar = (0, 0)  # (first cell, cells) of the bar within the widget
+
+    def render(self) -> Text:
+        p = self.player
+        first, last = p.bounds()
+        pos = p.position()
+        span = max(1, last - first)
+        variables = self.app.theme_variables
+        state = "▶" if p.playing else "paused"
+        left = f"{state} x{p.speed:g}  "
+        right = f"  {fmt_clock(pos - first)} / {fmt_clock(last - first)}"
+        loader = p.loader
+        if loader is not None and not loader.done and not p.growing:
+            loaded = (loader.loaded_until - first) / span
+            right += f"  loading {min(100, max(0, int(loaded * 100)))}%"
+        elif p.growing:
+            right += "  following a growing file"
+        width = max(10, self.size.width - len(left) - len(right))
+        self._bar = (len(left), width)
+        played = int(width * (pos - first) / span)
+        loaded_cells = width
+        if loader is not None and not loader.done:
+            loaded_cells = int(width * (loader.loaded_until - first) / span)
+        bar = Text()
+        bar.append("━" * played, Style(color=variables.get("gw-allocated")))
+        bar.append("●", Style(color=variables.get("gw-allocated"), bold=True))
+        rest = max(0, width - played - 1)
+        loaded_rest = max(0, min(rest, loaded_cells - played - 1))
+        bar.append("─" * loaded_rest, Style(color=variables.get("gw-axis")))
+        bar.append("┄" * (rest - loaded_rest), Style(color=variables.get("gw-grid")))
+        return Text(left) + bar + Text(right)
+
+    def on_click(self, event: events.Click) -> None:
+        start, cells = self._bar
+        x = event.x - 1  # padding
+        if cells and start <= x < start + cells:
+            self.post_message(self.Seek((x - start) / cells))
+
+
+class ReplayApp(GpuwatchApp):
+    """The dashboard over a recording, driven by a :class:`Player`."""
+
+    ACTION_TABLE = REPLAY_ACTIONS + _KEPT
+    # Textual merges these over the live bindings: the keys named here change meaning,
+    # the rest (zoom, tabs, f, shift+arrows, help, quit) stay.
+    BINDINGS = bindings(REPLAY_ACTIONS)
+
+    def __init__(
+        self, player: Player, *, theme_name: str | None = None, subtitle: str = ""
+    ) -> None:
+        super().__init__(
+            player.session, theme_name=theme_name, subtitle=subtitle, clock=self._replay_now
+        )
+        self.player = player
+        self.scrubber = Scrubber(player)
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            yield widget
+            if widget is self.notes_bar:
+                yield self.scrubber
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.set_interval(0.25, self.scrubber.refresh)
+
+    def _replay_now(self) -> int:
+        # Following: the playback position. Paused to browse: the whole recording is open.
+        if self.view.following or self.player.playing:
+            return self.player.position()
+        return self.player.bounds()[1]
+
+    def mode_text(self) -> str:
+        return "REPLAY " + ("▶" if self.player.playing else "paused")
+
+    def frame_key(self, now: int) -> tuple[object, int]:
+        # Playing and following: like live. Otherwise the position stands still and the
+        # frame changes with the data (the loader filling in) or a key.
+        if self.player.playing and self.view.following:
+            return super().frame_key(now)
+        return ("replay", self.session.version, now), now
+
+    # ------------------------------------------------------------------ actions
+
+    def _follow_position(self) -> None:
+        self.view.follow()
+        self.redraw()
+        self.scrubber.refresh()
+
+    def action_toggle_play(self) -> None:
+        """Play / pause; playing again makes the window follow the position."""
+        if self.player.playing:
+            self.player.pause()
+            self.view.pause(self.player.position())
+            self.redraw()
+            self.scrubber.refresh()
+        else:
+            self.player.play()
+            self._follow_position()
+
+    def action_seek(self, fraction: float) -> None:
+        """Seek by a fraction of the window."""
+        self.player.seek_by(int(fraction * self.view.span))
+        self._follow_position()
+
+    def action_seek_home(self) -> None:
+        """Seek to the start."""
+        self.player.home()
+        self._follow_position()
+
+    def action_seek_end(self) -> None:
+        """Seek to the end (and keep following a growing file)."""
+        self.player.end()
+        self._follow_position()
+
+    def action_speed(self, direction: int) -> None:
+        """Double or halve the speed."""
+        speed = self.player.faster() if direction > 0 else self.player.slower()
+        self.notify(f"speed x{speed:g}", timeout=1.5)
+        self.scrubber.refresh()
+
+    def action_replay_jump(self, method: str) -> None:
+        """Seek to a phase boundary, mark, OOM or the largest spike; pause there."""
+        target = getattr(self.player, method)()
+        if target is None:
+            self.notify("nothing there", severity="warning", timeout=2)
+            return
+        if method == "jump_to_spike":
+            spike = self.player.largest_spike()
+            if spike is not None:
+                self.notify(f"highest memory: {fmt_bytes(spike[1])}", timeout=3)
+        self.player.pause()
+        self.view.jump(target, self._replay_now())
+        self.redraw()
+        self.scrubber.refresh()
+
+    def action_whole(self) -> None:
+        """Zoom out to the whole recording."""
+        first, last = self.player.bounds()
+        self.player.pause()
+        self.view.span = max(last - first, 10**8)
+        self.view.end = first + self.view.span
+        self.view.cursor = None
+        self.redraw()
+        self.scrubber.refresh()
+
+    def on_scrubber_seek(self, event: Scrubber.Seek) -> None:
+        first, last = self.player.bounds()
+        self.player.seek(first + int(event.fraction * (last - first)))
+        self._follow_position()

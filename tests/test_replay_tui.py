@@ -1,0 +1,147 @@
+"""The replay screen under Pilot: transport keys, jumps, the scrubber."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import synthetic
+
+from gpuwatch.session import navigate as nav
+from gpuwatch.store import Player, open_recording, save_session
+from gpuwatch.tui.replay import ReplayApp, Scrubber
+
+SIZE = (140, 45)
+SECOND = 10**9
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100 * SECOND
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def replay(tmp_path: Path):
+    """A Player over a real recording file of the synthetic session, on a fake clock."""
+    path = save_session(synthetic.build(), tmp_path / "synthetic.gpuwatch")
+    rec = open_recording(path)
+    session, loader = rec.open_session()
+    loader.load_all()
+    clock = FakeClock()
+    player = Player(session, loader, playing=False, clock=clock)
+    yield player, clock
+    rec.close()
+
+
+def make_app(player: Player, theme: str = "gpuwatch-dark") -> ReplayApp:
+    return ReplayApp(player, theme_name=theme, subtitle="replay synthetic.gpuwatch")
+
+
+async def test_space_plays_and_pauses_and_the_window_follows(replay) -> None:
+    player, clock = replay
+    app = make_app(player)
+    async with app.run_test(size=SIZE) as pilot:
+        assert "REPLAY paused" in app.status_bar.text
+        await pilot.press("space")
+        assert player.playing and app.view.following
+        clock.now += 2 * SECOND
+        await pilot.pause(0.2)
+        assert app.now() == player.bounds()[0] + 2 * SECOND
+        assert "REPLAY ▶" in app.status_bar.text
+        await pilot.press("space")
+        assert not player.playing
+
+
+async def test_arrows_seek_by_a_tenth_of_the_window(replay) -> None:
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("plus", "plus", "plus")  # 7.5 s window
+        start = player.position()
+        await pilot.press("right")
+        assert player.position() == start + app.view.span // 10
+        await pilot.press("right", "left")
+        assert player.position() == start + app.view.span // 10
+        await pilot.press("end")
+        assert player.position() == player.bounds()[1]
+        await pilot.press("home")
+        assert player.position() == player.bounds()[0]
+
+
+async def test_speed_keys(replay) -> None:
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("greater_than_sign", "greater_than_sign")
+        assert player.speed == 4.0
+        await pilot.press(*["less_than_sign"] * 10)
+        assert player.speed == 0.25
+        await pilot.press(*["greater_than_sign"] * 12)
+        assert player.speed == 64.0
+
+
+async def test_jumps_seek_and_pause_there(replay) -> None:
+    player, _ = replay
+    app = make_app(player)
+    session = player.session
+    async with app.run_test(size=SIZE) as pilot:
+        times = nav.boundaries(session)
+        await pilot.press("right_square_bracket")
+        first = player.position()
+        assert first == times[np.searchsorted(times, player.bounds()[0], "right")]
+        assert app.view.cursor == first and not player.playing
+        await pilot.press("right_square_bracket", "left_square_bracket")
+        assert player.position() == first
+        await pilot.press("m")
+        assert player.position() == session.marks[0].t
+        await pilot.press("o")
+        assert player.position() == session.ooms[0].t
+        await pilot.press("O")
+        assert player.position() == session.ooms[0].t  # no earlier OOM: no move
+        await pilot.press("home", "s")
+        key = next(iter(session.gpu))
+        cols = session.gpu[key].snapshot()
+        assert player.position() == int(cols["t"][int(np.argmax(cols["used"]))])
+
+
+async def test_whole_session_and_follow(replay) -> None:
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("w")
+        first, last = player.bounds()
+        assert app.view.window(app.now()) == (first, last)
+        await pilot.press("f")
+        assert app.view.following
+
+
+async def test_scrubber_click_seeks(replay) -> None:
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        bar = app.query_one(Scrubber)
+        start, cells = bar._bar
+        await pilot.click(Scrubber, offset=(1 + start + cells // 2, 0))
+        await pilot.pause()
+        first, last = player.bounds()
+        assert abs(player.position() - (first + (last - first) // 2)) <= (last - first) / cells
+
+
+async def test_replay_help_lists_transport_keys(replay) -> None:
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        text = " ".join(desc for _, desc in app.screen.keys)
+        assert "Play or pause" in text and "playback speed" in text
+
+
+def test_replay_snapshot(snap_compare, replay) -> None:
+    player, _ = replay
+    assert snap_compare(make_app(player), press=("plus", "plus", "plus", "m"), terminal_size=SIZE)

@@ -8,7 +8,7 @@ marks and two OOMs. Targets (issue 5):
 
 - file size at most 300 MB;
 - ``gpuwatch replay`` start to first frame within 1 s: a fresh interpreter runs what
-  ``gpuwatch replay`` runs (``open_replay`` and ``GpuwatchApp``, headless) and reports when
+  ``gpuwatch replay`` runs (``open_replay`` and ``ReplayApp``, headless) and reports when
   the app has drawn its first frame; the time is taken in this process, from before the
   child is started, so interpreter start and imports count;
 - seek to a random point within 50 ms: in the same child, once everything is loaded,
@@ -215,13 +215,13 @@ START = time.perf_counter()
 import asyncio, os, random, statistics, sys
 sys.path.insert(0, {root!r})
 from gpuwatch.store.player import open_replay
-from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.replay import ReplayApp
 
 async def main():
     t = time.perf_counter()
     player = open_replay({path!r})
     print("OPEN", time.perf_counter() - t, flush=True)
-    app = GpuwatchApp(player.session, subtitle="bench", clock=player.position)
+    app = ReplayApp(player, subtitle="bench")
     async with app.run_test(size=(160, 60)) as pilot:
         while app.redraws < 1:
             await pilot.pause()

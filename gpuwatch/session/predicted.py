@@ -96,42 +96,51 @@ class PredictedLine:
 
     # ------------------------------------------------------------------ reading
 
-    def points(self, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
-        """Curve points covering ``[t0, t1]`` (one point either side when there is one)."""
-        times = self._times
-        values = self._values
-        if times:
-            all_t = np.concatenate(times) if len(times) > 1 else times[0]
-            all_v = np.concatenate(values) if len(values) > 1 else values[0]
-            if len(times) > 1:  # merge chunks so later lookups are one searchsorted
-                self._times, self._values = [all_t], [all_v]
-        else:
-            all_t = np.empty(0, dtype=np.int64)
-            all_v = np.empty(0)
-        # The running step: recomputed every time (its spans are still arriving).
+    def _cached(self) -> tuple[np.ndarray, np.ndarray]:
+        """The completed steps' curve as one pair of arrays (chunks merged once)."""
+        if len(self._times) > 1:
+            self._times = [np.concatenate(self._times)]
+            self._values = [np.concatenate(self._values)]
+        if not self._times:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        return self._times[0], self._values[0]
+
+    def _running(self, held: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """The running step's curve (its spans are still arriving), joined to ``held``."""
         cols = self.proc.phases.snapshot()
         tail = self._spans(cols, self._done, len(cols["t0"]))
         tail += [
             pr.Span(o.name, o.t0, max(o.t0, self.session.now()), o.step, o.depth)
             for o in list(self.proc.open.values())
         ]
-        if tail and self.prediction is not None:
-            tt, tv = self._curve(tail)
-            if len(tt):
-                if len(all_t):
-                    tt = np.concatenate(([tt[0]], tt))
-                    tv = np.concatenate(([all_v[-1]], tv))
-                all_t = np.concatenate((all_t, tt))
-                all_v = np.concatenate((all_v, tv))
-        if not len(all_t):
-            return all_t, all_v
+        if not tail or self.prediction is None:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        tt, tv = self._curve(tail)
+        if len(tt) and held is not None:
+            tt = np.concatenate(([tt[0]], tt))
+            tv = np.concatenate(([held], tv))
+        return tt, tv
+
+    def points(self, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Curve points covering ``[t0, t1]`` (one point either side when there is one)."""
+        ct, cv = self._cached()
+        # Only the window's part of the cached curve is copied, never the whole day.
+        i0 = max(0, int(np.searchsorted(ct, t0, "left")) - 1)
+        i1 = min(len(ct), int(np.searchsorted(ct, t1, "right")) + 1)
+        parts_t, parts_v = [ct[i0:i1]], [cv[i0:i1]]
+        if i1 == len(ct):  # the window reaches the running step
+            rt, rv = self._running(float(cv[-1]) if len(cv) else None)
+            parts_t.append(rt)
+            parts_v.append(rv)
+        t = np.concatenate(parts_t)
+        v = np.concatenate(parts_v)
+        if not len(t):
+            return t, v
         now = self.session.now()
-        if now > all_t[-1]:  # between phases the prediction holds its last level
-            all_t = np.append(all_t, now)
-            all_v = np.append(all_v, all_v[-1])
-        i0 = max(0, int(np.searchsorted(all_t, t0, "left")) - 1)
-        i1 = min(len(all_t), int(np.searchsorted(all_t, t1, "right")) + 1)
-        return all_t[i0:i1], all_v[i0:i1]
+        if now > t[-1] and t1 >= t[-1]:  # between phases the prediction holds its level
+            t = np.append(t, now)
+            v = np.append(v, v[-1])
+        return t, v
 
     def window(self, t0: int, t1: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-column (low, high) of the piecewise-linear curve over ``[t0, t1]``."""
@@ -169,6 +178,7 @@ class PredictedLine:
         if self.prediction is None:
             return None
         cols = self.session.spans(self.proc, t - 120 * 10**9, t)
+        cols = {k: v[-60:] for k, v in cols.items()}  # the few steps before t are enough
         spans = pr.spans_from_columns(cols, self.session.names)
         spans += [
             pr.Span(o.name, o.t0, max(o.t0, self.session.now()), o.step, o.depth)
@@ -177,7 +187,7 @@ class PredictedLine:
         ]
         if not spans:
             return None
-        return pr.breakdown_at(self.prediction, spans[-400:], t, first_step=self.first_step)
+        return pr.breakdown_at(self.prediction, spans, t, first_step=self.first_step)
 
     def phase_peak(self, phase: str, step: int | None) -> int | None:
         """The predicted peak of ``phase`` in ``step`` (the first step is higher)."""

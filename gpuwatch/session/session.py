@@ -133,6 +133,7 @@ class Session:
         self.notes: list[str] = []  # one-line notices (no driver, permission, ...)
         self.sampler_rate: dict[str, float] = {}  # achieved samples/s by source
         self.version = 0
+        self._range: tuple[int, tuple[int, int]] | None = None  # (version, time_range())
         self._versions = itertools.count(1)  # next() is atomic: sources call from threads
         self.live = True
         self._lock = threading.RLock()
@@ -172,6 +173,14 @@ class Session:
 
     def time_range(self) -> tuple[int, int]:
         """(first, last) time of anything recorded; (t_origin, t_origin) when empty."""
+        cached = self._range
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        result = self._time_range()
+        self._range = (self.version, result)
+        return result
+
+    def _time_range(self) -> tuple[int, int]:
         lo, hi = None, None
         tables: list[Table] = [self.host, *self.gpu.values()]
         for p in self.processes.values():

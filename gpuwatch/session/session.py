@@ -145,6 +145,18 @@ class Session:
         """Call ``listener(kind, args)`` for every fact added (the recorder uses this)."""
         self._listeners.append(listener)
 
+    def touch(self) -> None:
+        """Mark the session changed without a new fact (a loader filled in tables)."""
+        self.version = next(self._versions)
+
+    def alive(self, t: int) -> list[Process]:
+        """Instrumented processes running at time ``t`` (seen by then, not yet gone)."""
+        return [
+            p
+            for p in list(self.processes.values())
+            if p.first_t <= t and (p.ended is None or p.ended > t)
+        ]
+
     def _emit(self, kind: str, args: tuple[Any, ...]) -> None:
         self.version = next(self._versions)
         for listener in self._listeners:

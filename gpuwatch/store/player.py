@@ -22,6 +22,10 @@ SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 MIN_SPEED, MAX_SPEED = SPEEDS[0], SPEEDS[-1]
 
+FIRST_FRAME_BUDGET = 0.1
+"""Seconds :func:`open_replay` spends loading before the first frame beyond what that frame
+needs: enough for a recording of a few minutes to open fully loaded."""
+
 FIRST_FRAME_GRACE = 1.0
 """Seconds :func:`open_replay` lets the dashboard draw its first frame before the loader
 competes with it for the CPU (the first frame's own chunks are loaded before)."""
@@ -278,10 +282,15 @@ def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
         if growing:
             player.end()
         loader.load_until(player.position())
+        # A small recording loads whole before the first frame; a large one as much as
+        # fits in the budget, the rest on the loader's thread after the first frame.
+        deadline = time.monotonic() + FIRST_FRAME_BUDGET
+        while time.monotonic() < deadline and loader.step():
+            pass
     except BaseException:
         rec.close()
         raise
-    loader.start(follow=growing, delay=FIRST_FRAME_GRACE)
+    loader.start(follow=growing, delay=0.0 if loader.done else FIRST_FRAME_GRACE)
     return player
 
 

@@ -359,7 +359,7 @@ class Loader:
         rates = db.execute("SELECT value FROM meta WHERE key = 'sampler_rate'").fetchone()
         if rates:
             s.sampler_rate.update(json.loads(rates[0]))
-        s.version += 1
+        s.touch()
 
     def _apply_device(self, body: dict[str, Any]) -> None:
         s = self.session
@@ -501,7 +501,7 @@ class Loader:
             if feed.loaded < feed.limit:
                 heapq.heappush(self._heap, (feed.next_time(), sid))
             self._update_frontier()
-            self.session.version += 1
+            self.session.touch()
             return True
 
     def _load_next(self, feed: _Feed) -> None:

@@ -360,11 +360,7 @@ class GpuwatchApp(App[int]):
         s = self.session
         now = self.now()
         # Processes running at the time shown (in a replay, not the ones that ended since).
-        procs = sum(
-            1
-            for p in list(s.processes.values())
-            if p.first_t <= now and (p.ended is None or p.ended > now)
-        )
+        procs = len(s.alive(now))
         rejects = sum(s.rejects.values())
         dropped = sum(p.dropped for p in s.processes.values())
         parts = [

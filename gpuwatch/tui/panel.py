@@ -117,7 +117,7 @@ class DevicePanel(Vertical):
             last = self.session.host.last()
             if last is None:
                 return "waiting for the first sample"
-            procs = [p for p in self.session.processes.values() if p.ended is None]
+            procs = self.session.alive(self.app.now())
             return (
                 f"RAM {fmt_bytes(last['used'])} / {fmt_bytes(last['total'])} used · "
                 f"{len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"

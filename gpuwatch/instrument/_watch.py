@@ -76,6 +76,7 @@ def watch(
     """
     global _primary
     try:
+        optimizer = _unwrap_optimizer(optimizer)
         with _lock:
             current = _primary
             if current is not None and current.model() is model:
@@ -133,6 +134,20 @@ def _discovered(module: Any, args: tuple, kwargs: dict) -> None:
     _await(watched)
 
 
+def describe_batch(args: tuple, kwargs: dict) -> None:
+    """The batch of the described model, from a framework that knows it (Lightning)."""
+    watched = _primary
+    if watched is None or watched.batch is not None:
+        return
+    facts = _facts_module()
+    try:
+        watched.batch = facts.batch_facts(args, kwargs) if facts is not None else {}
+    except Exception:
+        watched.batch = {}
+    _await(watched)
+    _send(watched)
+
+
 def _await(watched: _Watched) -> None:
     """Ask the automatic phases for what only a forward or a step can tell."""
     _auto.facts_hook = _on_forward if watched.batch is None else None
@@ -174,7 +189,7 @@ def _on_step(optimizer: Any) -> None:
     except Exception:
         return
     _auto.step_hook = None
-    watched.optimizer = optimizer
+    watched.optimizer = _unwrap_optimizer(optimizer)
     _send(watched)
 
 
@@ -219,6 +234,16 @@ def _unwrap(module: Any) -> Any:
             return module
         module = inner
     return module
+
+
+def _unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a framework's wrapper (Accelerate's, Lightning's)."""
+    for _ in range(4):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer or not hasattr(inner, "param_groups"):
+            return optimizer
+        optimizer = inner
+    return optimizer
 
 
 def _autocast_dtype() -> Any:

@@ -79,6 +79,28 @@ def test_plain_script_gets_phases(
     assert not proc.open, "every phase ended by exit"
 
 
+def test_manual_phases_under_the_startup_hook_are_not_doubled(
+    live: Session, sock_path: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    # The sample annotates every phase itself; the automatic ones must step aside.
+    sample = str(ROOT / "samples" / "train_tiny_gpt.py")
+    child = launch.start(
+        [sys.executable, sample, "--steps", "6", "--eval-every", "3"],
+        socket_path=sock_path,
+        log_path=tmp_path / "log",
+        env=env,
+    )
+    assert child.wait(timeout=120) == 0, child.log_path.read_text()
+    assert wait_for(lambda: _ended(live, child.pid))
+    top = [r[0] for r in rows(live, child.pid) if r[1] == 0]
+    expected: list[str] = []
+    for step in range(6):
+        expected += ["data", "forward", "backward", "optimizer.step", "zero_grad"]
+        expected += ["eval"] if (step + 1) % 3 == 0 else []
+    assert top == expected
+    assert [r for r in rows(live, child.pid) if r[1] > 0] == [("data", 1, 3), ("data", 1, 6)]
+
+
 def test_exit_status_and_log(sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
     child = _run(sock_path, env, tmp_path, "--steps", "1", "--exit-code", "3")
     assert (child.returncode, child.exit_status) == (3, 3)

@@ -29,6 +29,14 @@ MESSAGE = (
     "is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
     "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
 )
+PARSED = {
+    "requested": 20 * MIB,
+    "total": int(79.15 * GIB),
+    "free": int(3.5 * MIB),
+    "allocated": int(78.25 * GIB),
+    "reserved": int(78.25 * GIB) + 512 * MIB,
+    "dev": 1,
+}
 
 
 @pytest.fixture
@@ -54,14 +62,7 @@ def _ooms(session: Session, n: int = 1) -> list[dict]:
 
 
 def test_parse_message() -> None:
-    assert _oom.parse_message(MESSAGE) == {
-        "requested": 20 * MIB,
-        "total": int(79.15 * GIB),
-        "free": int(3.5 * MIB),
-        "allocated": int(78.25 * GIB),
-        "reserved": int(78.25 * GIB) + 512 * MIB,
-        "dev": 1,
-    }
+    assert _oom.parse_message(MESSAGE) == PARSED
     # Older torch spelled "capacty"; "0 bytes" is how format_size writes nothing.
     old = "Tried to allocate 2.00 GiB (GPU 0; 7.79 GiB total capacty; 0 bytes free"
     assert _oom.parse_message(old)["requested"] == 2 * GIB
@@ -80,12 +81,7 @@ def test_oom_in_a_manual_phase(live: Session) -> None:
         raise torch.OutOfMemoryError(MESSAGE)
     (body,) = _ooms(live)
     assert body == {
-        "requested": 20 * MIB,
-        "total": int(79.15 * GIB),
-        "free": int(3.5 * MIB),
-        "allocated": int(78.25 * GIB),
-        "reserved": int(78.25 * GIB) + 512 * MIB,
-        "dev": 1,
+        **PARSED,
         "phase": "optimizer.step",  # the innermost phase; the outer one did not repeat it
         "step": 7,
         "message": MESSAGE,

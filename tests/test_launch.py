@@ -239,6 +239,7 @@ def test_torchrun_ranks_annotate_their_own_phases(
             2,
         )
         assert proc.label == f"rank {rank}"
+        assert (proc.dropped, proc.gaps) == (0, 0)
         assert rows(live, pid) == step_rows(3, last_data=True)
     # The torchrun agent imported torch too but trained nothing: it sent nothing.
     assert set(live.processes) == set(workers)

@@ -4,6 +4,7 @@ hook, a real socket and a real receiver; exit statuses, logs, signals, torchrun.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,10 +225,9 @@ def test_torchrun_ranks_annotate_their_own_phases(
         raise
     log = child.log_path.read_text()
     assert code == 0, log
+    # Unbuffered prints of two ranks may interleave in the shared log: no line structure.
     workers = {
-        int(line.split(" pid ")[1].split()[0]): int(line.split()[1])
-        for line in log.splitlines()
-        if line.startswith("rank ") and line.endswith(" done")
+        int(pid): int(rank) for rank, pid in re.findall(r"rank (\d) of 2 pid (\d+) done", log)
     }
     assert sorted(workers.values()) == [0, 1]
     assert wait_for(lambda: all(_ended(live, pid) for pid in workers))

@@ -56,6 +56,9 @@ from ._api import close_span, open_span
 
 _st = _api._state
 
+_OFF = ("0", "off", "false", "no")
+"""Values of ``GPUWATCH_AUTO`` that turn the automatic phases off."""
+
 _KIND = {
     "forward": "forward",
     "eval": "forward",
@@ -136,8 +139,8 @@ class _Installed:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.torch: Any = None
-        self.handles: list[Any] = []  # optimizer hooks and the global module hooks
-        self.global_module: list[Any] = []
+        self.handles: list[Any] = []  # the optimizer step hooks
+        self.global_module: list[Any] = []  # the module hooks of discovery
         self.discovering = False
         self.roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self.hooked: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
@@ -150,11 +153,6 @@ _I = _Installed()
 
 
 # --------------------------------------------------------------------------- install
-
-
-def installed() -> bool:
-    """True while the process-wide hooks are installed."""
-    return _I.torch is not None
 
 
 def install(*, discover: bool = False) -> bool:
@@ -171,7 +169,7 @@ def install(*, discover: bool = False) -> bool:
         True when the hooks are in place.
     """
     torch = sys.modules.get("torch")
-    if torch is None or os.environ.get("GPUWATCH_AUTO", "1").strip().lower() in ("0", "off"):
+    if torch is None or os.environ.get("GPUWATCH_AUTO", "").strip().lower() in _OFF:
         return False
     with _I.lock:
         try:
@@ -185,6 +183,7 @@ def install(*, discover: bool = False) -> bool:
 
 
 def _install_process_hooks(torch: Any) -> None:
+    global _compiling
     from torch.optim import optimizer as optim
 
     try:
@@ -197,7 +196,6 @@ def _install_process_hooks(torch: Any) -> None:
         _undo()  # all or nothing
         raise
     _I.torch = torch
-    global _compiling
     _compiling = torch.compiler.is_compiling
 
 
@@ -467,9 +465,10 @@ def _forward_end(module: Any, args: Any, kwargs: Any) -> None:
     A = _A
     A.root = None
     sid, A.fwd_sid = A.fwd_sid, None
+    exc0, A.fwd_exc0 = A.fwd_exc0, None  # hold no traceback (and its tensors) past here
     if sid is not None:
         exc = sys.exc_info()[1]
-        close_span(sid, A.fwd_name, exc=None if exc is A.fwd_exc0 else exc)
+        close_span(sid, A.fwd_name, exc=None if exc is exc0 else exc)
     hook = facts_hook
     if hook is not None and A.fwd_name == "forward":
         hook(module, args, kwargs)

@@ -140,7 +140,23 @@ def test_observer_report_is_not_repeated(live: Session) -> None:
     assert (second["phase"], second["requested"]) == ("forward", 20 * MIB)
 
 
-def test_snapshot_named_in_the_oom_event(live: Session, tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture
+def oom_snapshots(tmp_path: Path, monkeypatch) -> Path:
+    """GPUWATCH_SNAPSHOT=oom into tmp_path (the fixture ``live`` restores the state)."""
+    monkeypatch.setenv("GPUWATCH_SNAPSHOT_DIR", str(tmp_path))
+    _oom._O.modes = frozenset({"oom"})
+    _oom._O.snapshots = {"oom": 0, "spike": 0}
+    return tmp_path
+
+
+def _oom_in_forward(session: Session) -> dict:
+    with pytest.raises(torch.OutOfMemoryError), gpuwatch.phase("forward"):
+        raise torch.OutOfMemoryError(MESSAGE)
+    (body,) = _ooms(session)
+    return body
+
+
+def test_snapshot_named_in_the_oom_event(live: Session, oom_snapshots: Path, monkeypatch) -> None:
     written: list[str] = []
 
     def fake_dump(path: str) -> None:  # the real one needs a CUDA allocator
@@ -148,24 +164,14 @@ def test_snapshot_named_in_the_oom_event(live: Session, tmp_path: Path, monkeypa
         written.append(path)
 
     monkeypatch.setattr(_oom, "dump_snapshot", fake_dump)
-    monkeypatch.setenv("GPUWATCH_SNAPSHOT_DIR", str(tmp_path))
-    _oom._O.modes = frozenset({"oom"})
-    _oom._O.snapshots = {"oom": 0, "spike": 0}
-    with pytest.raises(torch.OutOfMemoryError), gpuwatch.phase("forward"):
-        raise torch.OutOfMemoryError(MESSAGE)
-    (body,) = _ooms(live)
+    body = _oom_in_forward(live)
     assert body["snapshot"] == written[0]
-    assert Path(written[0]).parent == tmp_path and f"-{PID}-step7-" in written[0]
+    assert Path(written[0]).parent == oom_snapshots and f"-{PID}-step7-" in written[0]
 
 
-def test_no_snapshot_without_cuda(live: Session, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("GPUWATCH_SNAPSHOT_DIR", str(tmp_path))
-    _oom._O.modes = frozenset({"oom"})
-    _oom._O.snapshots = {"oom": 0, "spike": 0}
-    with pytest.raises(torch.OutOfMemoryError), gpuwatch.phase("forward"):
-        raise torch.OutOfMemoryError(MESSAGE)
-    (body,) = _ooms(live)
-    assert body["snapshot"] is None and list(tmp_path.iterdir()) == []
+def test_no_snapshot_without_cuda(live: Session, oom_snapshots: Path) -> None:
+    assert _oom_in_forward(live)["snapshot"] is None
+    assert list(oom_snapshots.iterdir()) == []
 
 
 class _FakeCuda:

@@ -8,12 +8,16 @@ A training script imports this package for its annotations::
         loss = model(batch)
     gpuwatch.mark("checkpoint saved")
 
+or lets gpuwatch infer the phases (forward, backward, optimizer.step, ...) itself::
+
+    gpuwatch.watch(model, optimizer)
+
 Importing it loads only the training-side client (no textual, numpy, sqlite3 or torch);
 the dashboard lives in ``gpuwatch.tui`` and is started by the ``gpuwatch`` command.
 """
 
-from .instrument import configure, flush, mark, phase, step
+from .instrument import configure, flush, mark, phase, step, watch
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "configure", "flush", "mark", "phase", "step"]
+__all__ = ["__version__", "configure", "flush", "mark", "phase", "step", "watch"]

@@ -3,6 +3,10 @@
 Imports neither textual, numpy nor sqlite3, and torch only if the process already did.
 """
 
+from . import _oom
 from ._api import configure, flush, mark, phase, step
+from ._watch import watch
 
-__all__ = ["configure", "flush", "mark", "phase", "step"]
+_oom.install()
+
+__all__ = ["configure", "flush", "mark", "phase", "step", "watch"]

@@ -150,6 +150,97 @@ class phase:
         return wrapper  # type: ignore[return-value]
 
 
+_READ: Any = object()
+"""Sentinel for :func:`open_span` / :func:`close_span`: read the allocator figures now."""
+
+
+def open_span(
+    name: str, *, t: int | None = None, fig: Any = _READ, sid: int | None = None
+) -> int | None:
+    """Begin a phase on this thread's stack, for gpuwatch's own automatic phases.
+
+    Emits exactly what :class:`phase` emits (same tuple, same boundary read), so automatic
+    and manual phases nest on one stack and carry figures and peaks alike.
+
+    Args:
+        name: Phase name.
+        t: Event time; ``None`` means now. A begin sent late names the time it happened.
+        fig: Allocator figures to send; :data:`_READ` reads them now (a boundary), ``None``
+            sends none (for a begin sent late, which must not count as a boundary).
+        sid: A span id already taken from the id counter, or ``None`` for a new one.
+
+    Returns:
+        The span id, or ``None`` when the client is disabled or anything failed.
+    """
+    st = _state
+    if not st.enabled:
+        return None
+    try:
+        if fig is _READ:
+            fig = st.memory.boundary()
+        if t is None:
+            t = _monotonic_ns()
+        if sid is None:
+            sid = next(st.ids)
+        stack = st.stack()
+        parent = stack[-1][0] if stack else None
+        stack.append((sid, name))
+        st.client.emit(("phase", t, "begin", name, sid, parent, len(stack) - 1, st.step, fig, None))
+        return sid
+    except Exception:
+        return None
+
+
+def close_span(
+    sid: int,
+    name: str,
+    *,
+    exc: BaseException | None = None,
+    error: str | None = None,
+    t: int | None = None,
+    fig: Any = _READ,
+) -> tuple[int, Any] | None:
+    """End a span begun by :func:`open_span` (by id: frames above it are left alone).
+
+    Args:
+        sid: The span id :func:`open_span` returned.
+        name: Its name.
+        exc: The exception that ended it, if any; an out-of-memory error is handed to the
+            OOM hook as for manual phases.
+        error: An error name to send when there is no exception object.
+        t: Event time; ``None`` means now.
+        fig: As for :func:`open_span`.
+
+    Returns:
+        ``(t, figures)`` of the end boundary (so a following begin can reuse them), or
+        ``None`` when nothing was sent.
+    """
+    st = _state
+    try:
+        stack = st.stack()
+        depth = len(stack)
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == sid:
+                depth = i
+                del stack[i]
+                break
+        if not st.enabled:
+            return None
+        if fig is _READ:
+            fig = st.memory.boundary()
+        if t is None:
+            t = _monotonic_ns()
+        parent = stack[depth - 1][0] if depth and stack else None
+        if exc is not None:
+            error = exc.__class__.__name__
+        st.client.emit(("phase", t, "end", name, sid, parent, depth, st.step, fig, error))
+        if exc is not None and st.on_oom is not None and "OutOfMemory" in error:
+            st.on_oom(exc, name)
+        return t, fig
+    except Exception:
+        return None
+
+
 def mark(text: str, level: str = "info") -> None:
     """Record a point event (``level``: ``"info"``, ``"warning"`` or ``"error"``)."""
     st = _state

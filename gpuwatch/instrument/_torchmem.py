@@ -8,6 +8,7 @@ sent and the dashboard samples the process's RSS instead.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 Figures = tuple[int, int, int, "int | None", "int | None"]
@@ -26,7 +27,17 @@ class TorchMemory:
             timing at the cost of stalling the host at every boundary.
     """
 
-    __slots__ = ("_devices", "_torch", "active", "last_device", "peaks", "sync")
+    __slots__ = (
+        "_devices",
+        "_torch",
+        "active",
+        "last_device",
+        "on_active",
+        "on_peak",
+        "peaks",
+        "sync",
+        "watermark",
+    )
 
     def __init__(self, *, peaks: bool = True, sync: bool = False) -> None:
         self.peaks = peaks
@@ -35,6 +46,11 @@ class TorchMemory:
         self.last_device: int | None = None
         self._torch: Any = None
         self._devices: list[dict[str, Any]] | None = None
+        # Set by the OOM forensics module: called once when CUDA turns out to be in use,
+        # and at a boundary whose peak tops ``watermark`` (the callback raises it).
+        self.on_active: Callable[[], None] | None = None
+        self.on_peak: Callable[[Figures], None] | None = None
+        self.watermark = 0
 
     def check_active(self) -> bool:
         """True once this process has initialised CUDA (checked cheaply until it has)."""
@@ -50,6 +66,11 @@ class TorchMemory:
             return False
         self._torch = torch
         self.active = True
+        if self.on_active is not None:
+            try:
+                self.on_active()
+            except Exception:
+                pass
         return True
 
     def boundary(self) -> Figures | None:
@@ -65,6 +86,13 @@ class TorchMemory:
             if self.peaks:
                 cuda.reset_peak_memory_stats(idx)
             self.last_device = idx
+            if self.on_peak is not None:
+                high = figures[3] if figures[3] is not None else figures[1]
+                if high > self.watermark:
+                    try:
+                        self.on_peak(figures)
+                    except Exception:
+                        pass
             return figures
         except Exception:
             return None

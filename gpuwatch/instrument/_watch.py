@@ -1,0 +1,260 @@
+"""``gpuwatch.watch(model, optimizer)``: model facts for the predictor, automatic phases.
+
+Facts are sent once at :func:`watch` and again, completed, when the first training forward
+shows the batch (and the autocast dtype) and when the first optimizer step shows the
+optimizer, if :func:`watch` was not given one. Without a call to :func:`watch` (the start-up
+hook of ``gpuwatch run``), the first model to run a training forward is the one described.
+
+The facts come from ``gpuwatch.instrument._facts`` (``collect_facts`` / ``batch_facts``);
+while that module is absent no facts are sent and the phases work all the same.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, TypeVar
+
+from . import _api, _auto
+
+M = TypeVar("M")
+
+_WRAPPERS = {
+    "DistributedDataParallel": "module",
+    "DataParallel": "module",
+    "OptimizedModule": "_orig_mod",
+    "FullyShardedDataParallel": "_fsdp_wrapped_module",
+}
+"""Wrapper classes and the submodule through which each reaches the model."""
+
+
+class _Watched:
+    """What we know of the described model."""
+
+    def __init__(self, model: Any, optimizer: Any, amp_dtype: Any, checkpointing: Any) -> None:
+        self.model = weakref.ref(model)
+        self.optimizer = optimizer
+        self.amp_dtype = amp_dtype
+        self.checkpointing = checkpointing
+        self.batch: dict[str, Any] | None = None
+
+
+_lock = threading.Lock()
+_primary: _Watched | None = None
+
+
+def watch(
+    model: M,
+    optimizer: Any = None,
+    *,
+    amp_dtype: Any = None,
+    checkpointing: bool | None = None,
+    phases: bool = True,
+) -> M:
+    """Describe ``model`` to gpuwatch and infer its training phases automatically.
+
+    Sends the model facts (parameters, buffers, optimizer, precision, batch shape) that the
+    dashboard's predictor needs, and installs the automatic phases: forward / eval for the
+    outermost calls of ``model``, backward, optimizer.step, zero_grad and data. Calling it
+    again with the same model only adds what is new (an optimizer, say). Never raises.
+
+    Args:
+        model: The ``torch.nn.Module`` being trained (before or after wrapping it in DDP
+            or ``torch.compile``).
+        optimizer: Its optimizer; when omitted, the first optimizer that steps this model's
+            parameters is used.
+        amp_dtype: The autocast dtype, if known; otherwise read at the first forward.
+        checkpointing: Whether activation checkpointing is on, if known.
+        phases: Install the automatic phases (``False``: facts only).
+
+    Returns:
+        ``model``, unchanged.
+
+    Example:
+        >>> model = gpuwatch.watch(MyModel().cuda(), optimizer)
+    """
+    global _primary
+    try:
+        optimizer = _unwrap_optimizer(optimizer)
+        with _lock:
+            current = _primary
+            if current is not None and current.model() is model:
+                changed = False
+                for name, value in (
+                    ("optimizer", optimizer),
+                    ("amp_dtype", amp_dtype),
+                    ("checkpointing", checkpointing),
+                ):
+                    if value is not None and getattr(current, name) is not value:
+                        setattr(current, name, value)
+                        changed = True
+                watched, fresh = current, changed
+            else:
+                watched = _primary = _Watched(model, optimizer, amp_dtype, checkpointing)
+                fresh = True
+        if phases and _auto.install():
+            _auto.hook_module(model, compiled_later=not _compiled(model))
+        _api._state.memory.check_active()  # CUDA already in use: OOM observer, history
+        if fresh:
+            _send(watched)
+        _await(watched)
+    except Exception:
+        pass
+    return model
+
+
+def autowatch() -> bool:
+    """Zero-code mode (the start-up hook): discover the model, describe the first that trains.
+
+    Installs the automatic phases with module discovery (see :func:`_auto.install`); the
+    first module whose outermost call runs a training forward is described as if
+    :func:`watch` had been called on it. torch must be imported.
+
+    Returns:
+        True when the automatic phases are installed.
+    """
+    try:
+        if not _auto.install(discover=True):
+            return False
+        if _primary is None:
+            _auto.facts_hook = _discovered
+        return True
+    except Exception:
+        return False
+
+
+def _discovered(module: Any, args: tuple, kwargs: dict) -> None:
+    global _primary
+    with _lock:
+        if _primary is not None:
+            return
+        _primary = watched = _Watched(_unwrap(module), None, None, None)
+    _on_forward(module, args, kwargs)
+    _await(watched)
+
+
+def describe_batch(args: tuple, kwargs: dict) -> None:
+    """The batch of the described model, from a framework that knows it (Lightning)."""
+    watched = _primary
+    if watched is None or watched.batch is not None:
+        return
+    facts = _facts_module()
+    try:
+        watched.batch = facts.batch_facts(args, kwargs) if facts is not None else {}
+    except Exception:
+        watched.batch = {}
+    _await(watched)
+    _send(watched)
+
+
+def _await(watched: _Watched) -> None:
+    """Ask the automatic phases for what only a forward or a step can tell."""
+    _auto.facts_hook = _on_forward if watched.batch is None else None
+    _auto.step_hook = _on_step if watched.optimizer is None else None
+
+
+def _on_forward(module: Any, args: tuple, kwargs: dict) -> None:
+    """After a training forward: the batch and autocast dtype of the described model."""
+    watched = _primary
+    if watched is None:
+        return
+    model = watched.model()
+    if model is None or _unwrap(module) is not _unwrap(model):
+        return
+    _auto.facts_hook = None
+    try:
+        facts = _facts_module()
+        watched.batch = facts.batch_facts(args, kwargs) if facts is not None else {}
+    except Exception:
+        watched.batch = {}
+    if watched.amp_dtype is None:
+        watched.amp_dtype = _autocast_dtype()
+    _send(watched)
+
+
+def _on_step(optimizer: Any) -> None:
+    """Before an optimizer step: adopt it if it steps the described model's parameters."""
+    watched = _primary
+    if watched is None or watched.optimizer is not None:
+        _auto.step_hook = None
+        return
+    model = watched.model()
+    if model is None:
+        return
+    try:
+        ours = {id(p) for p in model.parameters()}
+        if not any(id(p) in ours for g in optimizer.param_groups for p in g["params"]):
+            return
+    except Exception:
+        return
+    _auto.step_hook = None
+    watched.optimizer = _unwrap_optimizer(optimizer)
+    _send(watched)
+
+
+def _send(watched: _Watched) -> None:
+    """Collect the facts and send them (replacing earlier ones); quiet without ``_facts``."""
+    model = watched.model()
+    facts_module = _facts_module()
+    if model is None or facts_module is None:
+        return
+    try:
+        facts = facts_module.collect_facts(
+            _unwrap(model),
+            watched.optimizer,
+            amp_dtype=watched.amp_dtype,
+            checkpointing=watched.checkpointing,
+        )
+        if watched.batch:
+            facts = {**facts, **watched.batch}
+        _api.set_facts(facts)
+    except Exception:
+        pass
+
+
+def _compiled(model: Any) -> bool:
+    return type(model).__name__ == "OptimizedModule"
+
+
+def _facts_module() -> Any:
+    try:
+        from . import _facts
+    except ImportError:
+        return None
+    return _facts
+
+
+def _unwrap(module: Any) -> Any:
+    """The model inside DDP / DataParallel / torch.compile / FSDP wrappers."""
+    for _ in range(8):
+        attr = _WRAPPERS.get(type(module).__name__)
+        inner = getattr(module, "_modules", {}).get(attr) if attr else None
+        if inner is None:
+            return module
+        module = inner
+    return module
+
+
+def _unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside a framework's wrapper (Accelerate's, Lightning's)."""
+    for _ in range(4):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer or not hasattr(inner, "param_groups"):
+            return optimizer
+        optimizer = inner
+    return optimizer
+
+
+def _autocast_dtype() -> Any:
+    """The autocast dtype in force (CUDA first), or None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    for device in ("cuda", "cpu"):
+        try:
+            if torch.is_autocast_enabled(device):
+                return torch.get_autocast_dtype(device)
+        except Exception:
+            continue
+    return None

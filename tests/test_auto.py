@@ -405,7 +405,8 @@ def fake_facts(monkeypatch) -> list[tuple]:
     def batch_facts(args, kwargs):
         calls.append(("batch", args, kwargs))
         tensors = [*args, *kwargs.values()]
-        return {"batch": [list(t.shape) for t in tensors if isinstance(t, torch.Tensor)]}
+        shapes = [list(t.shape) for t in tensors if isinstance(t, torch.Tensor)]
+        return {"shape": shapes[0]} if shapes else {}
 
     fake.collect_facts = collect_facts  # type: ignore[attr-defined]
     fake.batch_facts = batch_facts  # type: ignore[attr-defined]
@@ -438,14 +439,14 @@ def test_watch_sends_facts_then_batch_then_optimizer(live: Session, fake_facts: 
         nn.functional.cross_entropy(model(input_ids=x), y).backward()
         gpuwatch.flush()
         assert wait_for(lambda: "batch" in (live.processes[PID].facts or {}))
-        assert live.processes[PID].facts["batch"] == [[4, 8]]  # from the kwargs
+        assert live.processes[PID].facts["batch"] == {"shape": [4, 8]}  # from the kwargs
         opt.step()
         gpuwatch.flush()
         assert wait_for(lambda: live.processes[PID].facts.get("optimizer") == "AdamW")
         assert live.processes[PID].facts == {
             "params": params,
             "optimizer": "AdamW",
-            "batch": [[4, 8]],
+            "batch": {"shape": [4, 8]},
         }
         # The inner Sequential is never described: the watched model is.
         assert all(c[1] is model for c in fake_facts if c[0] == "collect")
@@ -457,6 +458,8 @@ def test_watch_sends_facts_then_batch_then_optimizer(live: Session, fake_facts: 
 
 def test_watch_without_facts_module_still_phases(live: Session, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "gpuwatch.instrument._facts", None)  # import fails
+    # ... even where an earlier test imported it (``from . import`` reads the attribute).
+    monkeypatch.delattr(sys.modules["gpuwatch.instrument"], "_facts", raising=False)
     model = _model()
     try:
         gpuwatch.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -482,7 +485,7 @@ def test_autowatch_describes_the_first_model_that_trains(live: Session, fake_fac
         gpuwatch.flush()
         assert wait_for(lambda: (live.processes[PID].facts or {}).get("optimizer") == "SGD")
         assert {c[1] for c in fake_facts if c[0] == "collect"} == {student}
-        assert live.processes[PID].facts["batch"] == [[4, 8]]
+        assert live.processes[PID].facts["batch"] == {"shape": [4, 8]}
     finally:
         _auto.uninstall()
         _watch._primary = None

@@ -91,7 +91,7 @@ def test_transformers_trainer(live: Session, sub_env: dict[str, str]) -> None:
         "params": proc.facts["params"],
         "optimizer": "AdamW",  # Accelerate's wrapper unwrapped
         "amp_dtype": None,
-        "batch": [[2, 16]],
+        "batch": {"shape": [2, 16]},
     }
     marks = [(m.text.split(":")[0], m.step) for m in live.marks if m.pid == pid]
     assert marks == [
@@ -123,7 +123,11 @@ def test_lightning_trainer(live: Session, sub_env: dict[str, str]) -> None:
         assert s[1] == 0
         assert not [r for r in got if r is not s and s[3] <= r[3] and r[4] <= s[4]]
     facts = live.processes[pid].facts
-    assert (facts["model"], facts["optimizer"], facts["batch"]) == ("Tiny", "AdamW", [[4, 16]])
+    assert (facts["model"], facts["optimizer"], facts["batch"]) == (
+        "Tiny",
+        "AdamW",
+        {"shape": [4, 16]},
+    )
     marks = [m.text.split(":")[0] for m in live.marks if m.pid == pid]
     assert marks == ["validation at step 2", "validation at step 4"]
 

@@ -207,7 +207,7 @@ def _send(watched: _Watched) -> None:
             checkpointing=watched.checkpointing,
         )
         if watched.batch:
-            facts = {**facts, **watched.batch}
+            facts["batch"] = watched.batch  # docs/facts.md: batch_facts() goes under "batch"
         _api.set_facts(facts)
     except Exception:
         pass

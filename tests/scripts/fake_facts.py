@@ -24,7 +24,7 @@ def install() -> None:
 
     def batch_facts(args: tuple, kwargs: dict) -> dict:
         shapes = [list(v.shape) for v in (*args, *kwargs.values()) if hasattr(v, "shape")]
-        return {"batch": shapes[:1]}
+        return {"shape": shapes[0]} if shapes else {}
 
     fake.collect_facts = collect_facts  # type: ignore[attr-defined]
     fake.batch_facts = batch_facts  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ them, so ``gpuwatch --help`` is quick and errors reach the user as one line.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -86,6 +87,24 @@ def build_parser() -> argparse.ArgumentParser:
     live = sub.add_parser("live", help="the live dashboard (the default command)")
     add_dashboard_options(live)
     live.set_defaults(func=cmd_live)
+    run = sub.add_parser(
+        "run",
+        help="the dashboard plus a command, instrumented with no code change",
+        description="Start the dashboard and COMMAND as a child process whose Python "
+        "processes get automatic phases (forward, backward, optimizer.step, zero_grad, "
+        "eval, data) once they import torch. Its output goes to a log shown in the "
+        "dashboard's Log tab; its exit status becomes gpuwatch's.",
+        usage="gpuwatch run [options] -- COMMAND [ARGS...]",
+    )
+    add_dashboard_options(run)
+    run.add_argument(
+        "--log",
+        metavar="FILE",
+        help="where the command's output goes (default: a file in gpuwatch's "
+        "log directory, named in the Log tab)",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    run.set_defaults(func=cmd_run)
     # estimate: predicted memory per phase before any run (gpuwatch/estimate_cli.py).
     from .estimate_cli import add_parser as add_estimate
 
@@ -148,6 +167,61 @@ def cmd_live(args: argparse.Namespace) -> int:
     finally:
         sources.stop()
     return EXIT_OK
+
+
+def command_after_dashes(words: Sequence[str]) -> list[str]:
+    """The command given after ``--`` (argparse keeps the ``--`` in a REMAINDER)."""
+    words = list(words or [])
+    return words[1:] if words[:1] == ["--"] else words
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """The dashboard plus a launched command; exits with the command's status."""
+    import shlex
+
+    from . import launch
+    from .live import LiveSources
+    from .store.cli import configure_recording
+
+    command = command_after_dashes(args.command)
+    if not command:
+        raise CliError("gpuwatch run needs a command, e.g. gpuwatch run -- python train.py")
+    theme = _theme_name(args)
+    check_theme(theme)
+    sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
+    configure_recording(sources, args)
+
+    def terminated(signum: int, frame: object) -> None:
+        # Until the dashboard takes these signals over: unwind, so the command is stopped.
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    sources.start()
+    child = None
+    try:
+        try:
+            child = launch.start(command, socket_path=sources.socket_path, log_path=args.log)
+        except launch.LaunchError as exc:
+            raise CliError(str(exc), EXIT_ERROR)
+        from .tui.app import GpuwatchApp
+
+        GpuwatchApp(
+            sources.session, theme_name=theme, subtitle=sources.describe(), child=child
+        ).run()
+    finally:
+        if child is not None and child.running:
+            child.stop()  # INT, then TERM, then KILL to its process group
+        sources.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert child is not None
+    print(
+        f"gpuwatch: {shlex.join(command)}: {launch.describe_returncode(child.returncode)} "
+        f"(output in {child.log_path})",
+        file=sys.stderr,
+    )
+    status = child.exit_status
+    return EXIT_ERROR if status is None else status
 
 
 def main(argv: Sequence[str] | None = None) -> int:

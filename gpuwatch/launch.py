@@ -98,12 +98,14 @@ class Child:
     Attributes:
         command: The command line.
         pid: The child's pid (also its process group id).
-        log_path: Where its stdout and stderr go.
+        log_path: Where its stdout and stderr go (None: gpuwatch's own).
         started_ns: ``time.monotonic_ns()`` at start.
         ended_ns: ``time.monotonic_ns()`` when its exit was first seen, else None.
     """
 
-    def __init__(self, proc: subprocess.Popen, command: Sequence[str], log_path: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen, command: Sequence[str], log_path: Path | None
+    ) -> None:
         self._proc = proc
         self.command = list(command)
         self.pid = proc.pid
@@ -148,6 +150,8 @@ class Child:
             if self.ended_ns is not None:
                 return
             self.ended_ns = time.monotonic_ns()
+        if self.log_path is None:
+            return
         with contextlib.suppress(OSError), open(self.log_path, "a") as log:
             log.write(f"\n[gpuwatch] {self.describe()}\n")
 
@@ -203,7 +207,8 @@ def start(
         command: The program and its arguments.
         socket_path: The socket this gpuwatch's receiver is bound to.
         log_path: Where stdout and stderr go (appended; created 0600). Default:
-            :func:`default_log_path`.
+            :func:`default_log_path`; ``"-"``: ours (``gpuwatch record``, no screen to
+            protect).
         cwd: Working directory of the child.
         env: Base environment (default: ours).
         instrument: Add the start-up hook (automatic phases).
@@ -213,19 +218,23 @@ def start(
     """
     if not command:
         raise LaunchError("no command to run")
-    path = Path(log_path) if log_path is not None else default_log_path()
+    inherit = str(log_path) == "-"
+    path = None if inherit else Path(log_path) if log_path is not None else default_log_path()
+    fd = None
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise LaunchError(f"cannot open the log {path}: {exc.strerror or exc}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    except OSError as exc:
-        raise LaunchError(f"cannot open the log {path}: {exc.strerror or exc}")
-    try:
-        os.write(fd, f"[gpuwatch] $ {shlex.join(command)}\n".encode())
+        if fd is not None:
+            os.write(fd, f"[gpuwatch] $ {shlex.join(command)}\n".encode())
         proc = subprocess.Popen(
             list(command),
             stdin=subprocess.DEVNULL,
             stdout=fd,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT if fd is not None else None,
             cwd=cwd,
             env=child_env(socket_path, env, instrument=instrument),
             # Its own session: the terminal's Ctrl-C reaches gpuwatch, which decides.
@@ -234,7 +243,8 @@ def start(
     except OSError as exc:
         raise LaunchError(f"cannot run {command[0]}: {exc.strerror or exc}")
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     return Child(proc, command, path)
 
 

@@ -6,64 +6,12 @@ import os
 import shlex
 import subprocess
 import sys
-import time
-import uuid
 
 import pytest
-from conftest import ROOT, SAMPLE, wait_for
+from conftest import ROOT, SAMPLE
+from tmuxhelp import Tmux
 
 pytestmark = pytest.mark.tmux
-
-
-class Tmux:
-    """One detached tmux session running a command at a fixed size."""
-
-    def __init__(
-        self, command: str, env: dict[str, str], width: int = 140, height: int = 45
-    ) -> None:
-        self.name = f"gw-{uuid.uuid4().hex[:8]}"
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        # Keep the pane open after the command exits so its exit status can be read.
-        script = f"env {exports} {command}; echo EXIT=$?; sleep 60"
-        subprocess.run(
-            [
-                "tmux",
-                "new-session",
-                "-d",
-                "-s",
-                self.name,
-                "-x",
-                str(width),
-                "-y",
-                str(height),
-                script,
-            ],
-            check=True,
-        )
-        # A server started by someone else may impose its own size: pin ours.
-        subprocess.run(
-            ["tmux", "set-option", "-t", self.name, "window-size", "manual"], capture_output=True
-        )
-        subprocess.run(
-            ["tmux", "resize-window", "-t", self.name, "-x", str(width), "-y", str(height)],
-            capture_output=True,
-        )
-
-    def screen(self) -> str:
-        return subprocess.run(
-            ["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True
-        ).stdout
-
-    def keys(self, *keys: str) -> None:
-        for key in keys:
-            subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
-            time.sleep(0.15)
-
-    def wait_for_text(self, text: str, timeout: float = 30) -> bool:
-        return wait_for(lambda: text in self.screen(), timeout=timeout, interval=0.2)
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
 
 @pytest.fixture

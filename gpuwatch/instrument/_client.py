@@ -41,7 +41,8 @@ class Client:
         path: Socket path; ``None`` means :func:`gpuwatch.protocol.socket_path`.
         memory: The allocator reader shared with the phase API.
         queue_max: Events held while the sender is behind; more are dropped and counted.
-        interval: Seconds between sender wake-ups.
+        interval: Seconds between sender wake-ups while events flow.
+        idle_interval: The longest sleep while nothing is queued.
         memory_interval: Seconds between periodic ``memory`` events while CUDA is in use.
         max_wait: Seconds the sender thread may wait per flush for room in a busy
             dashboard's queue before dropping (never the training thread).
@@ -54,8 +55,9 @@ class Client:
         *,
         queue_max: int = 8192,
         interval: float = 0.01,
+        idle_interval: float = 0.08,
         memory_interval: float = 0.05,
-        max_wait: float = 0.05,
+        max_wait: float = 0.25,
     ) -> None:
         self.path = path or protocol.socket_path()
         self.memory = memory or TorchMemory()
@@ -63,6 +65,7 @@ class Client:
         self.queue: deque[tuple[Any, ...]] = deque()
         self.queue_max = queue_max
         self.interval = interval
+        self.idle_interval = max(interval, idle_interval)
         self.memory_interval = memory_interval
         self.max_wait = max_wait
         self._wait_budget = max_wait
@@ -109,12 +112,24 @@ class Client:
     # ------------------------------------------------------------------ sender thread
 
     def _run(self) -> None:
+        # Wake every `interval` while there is traffic; back off (doubling) to
+        # `idle_interval` while there is none, so an idle sender costs the training process
+        # next to nothing. The first event after a quiet spell waits at most idle_interval.
+        delay = self.interval
         while not self._stop.is_set():
-            self._stop.wait(self.interval)
+            self._stop.wait(delay)
+            busy = bool(self.queue)
             try:
                 self.flush()
             except Exception:  # never let the sender die; it must keep counting drops
                 pass
+            if busy:
+                delay = self.interval
+            else:
+                limit = self.idle_interval
+                if self.memory.active:  # periodic allocator figures are due
+                    limit = min(limit, self.memory_interval)
+                delay = min(limit, delay * 2)
 
     def flush(self) -> None:
         """Send everything queued (called by the sender thread, and once at exit)."""

@@ -10,6 +10,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -128,13 +129,22 @@ def register(sub: Any) -> None:
         "record",
         help="record a session to a file, without a terminal (batch jobs)",
         description="Record NVML, host and annotation data to FILE until SIGINT/SIGTERM "
-        "or --duration. Scripts send to the same socket as for the dashboard.",
+        "or --duration. Scripts send to the same socket as for the dashboard. With "
+        "'-- COMMAND', run COMMAND instrumented (as 'gpuwatch run' does) and record until it "
+        "exits; SIGINT/SIGTERM go to the command, and its exit status becomes gpuwatch's.",
+        usage="gpuwatch record --out FILE [options] [-- COMMAND [ARGS...]]",
     )
     p.add_argument("--out", required=True, metavar="FILE", help="the recording to create")
     p.add_argument("--duration", type=_duration, metavar="SECONDS", help="stop after this")
     add_source_options(p)
     p.add_argument("--label", default="", help="a description stored in the file")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    p.add_argument(
+        "--log", metavar="FILE", help="with a COMMAND: write its output to FILE (default: ours)"
+    )
+    p.add_argument(
+        "command", nargs=argparse.REMAINDER, help="a command to run instrumented, after --"
+    )
     p.set_defaults(func=cmd_record)
 
     p = sub.add_parser(
@@ -182,17 +192,31 @@ def _auto_label(session: Session) -> str:
 
 def cmd_record(args: argparse.Namespace) -> int:
     """Record until SIGINT/SIGTERM or ``--duration``, with a status line on stderr."""
+    from .. import launch
+    from ..cli import command_after_dashes
     from ..live import LiveSources
 
     out = Path(args.out)
     if out.exists() and not args.force:
         raise CliError(f"{out} already exists (use --force to overwrite it)")
+    command = command_after_dashes(getattr(args, "command", None) or [])
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     sources.record_to(out, label=args.label, overwrite=args.force)
     stop = threading.Event()
+    child: launch.Child | None = None
+    interrupts = 0
 
     def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
+        nonlocal interrupts
+        if child is None or not child.running:
+            stop.set()
+            return
+        # The job decides when to stop; recording goes on until it has. A second Ctrl-C
+        # escalates to SIGTERM, a third to SIGKILL.
+        if signum == signal.SIGINT:
+            interrupts += 1
+            signum = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(interrupts, 3) - 1]
+        child.signal(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -206,8 +230,17 @@ def cmd_record(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if command:
+            try:
+                child = launch.start(
+                    command, socket_path=sources.socket_path, log_path=args.log or "-"
+                )
+            except launch.LaunchError as exc:
+                raise CliError(str(exc), EXIT_ERROR)
         deadline = None if args.duration is None else started + args.duration
         while not stop.is_set() and recorder.error is None:
+            if child is not None and not child.running:
+                break
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             if wait <= 0 or stop.wait(wait):
                 break
@@ -216,6 +249,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         if not args.label:
             recorder.writer.set_label(_auto_label(sources.session))
     finally:
+        if child is not None and child.running:
+            child.stop()
         sources.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -225,6 +260,12 @@ def cmd_record(args: argparse.Namespace) -> int:
         print(f"gpuwatch: {recorder.error}", file=sys.stderr)
         return EXIT_ERROR
     print(f"gpuwatch: {_status(sources, started)}", file=sys.stderr)
+    if child is not None:
+        print(
+            f"gpuwatch: {shlex.join(command)}: {launch.describe_returncode(child.returncode)}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR if child.exit_status is None else child.exit_status
     return EXIT_OK
 
 

@@ -7,6 +7,10 @@ posts one mergeable :class:`NewData` message at a time; a timer redraws at most
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import shlex
+import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,17 +42,17 @@ TABLE_HZ = 2
 
 
 class ChildLike(Protocol):
-    """What the dashboard needs of a command started by ``gpuwatch run``."""
+    """What the dashboard needs of a command started by ``gpuwatch run`` (launch.Child)."""
 
     pid: int
-    log_path: str
-    command: str
+    log_path: Any
+    command: list[str]
 
     def poll(self) -> int | None:
-        """The exit status, or None while it runs."""
+        """The return code, or None while it runs."""
 
-    def terminate(self) -> None:
-        """Ask it to stop."""
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` to its process group."""
 
 
 class NewData(Message):
@@ -253,6 +257,12 @@ class GpuwatchApp(App[int]):
         self._sync_panels()
         if self.panels:
             self.panels[0].focus()
+        # A closed terminal (SIGHUP) or a kill (SIGTERM) quits cleanly: the recording is
+        # flushed, the socket removed, and `gpuwatch run` stops its command.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGHUP, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.exit)
         self.set_interval(1 / REDRAW_HZ, self._tick)
         self.set_interval(1 / TABLE_HZ, self._refresh_tables)
         self._tick()
@@ -387,9 +397,10 @@ class GpuwatchApp(App[int]):
 
     def _child_text(self) -> str:
         assert self.child is not None
-        status = self.child.poll()
-        if status is None:
+        code = self.child.poll()
+        if code is None:
             return f"running pid {self.child.pid} (4: log)"
+        status = code if code >= 0 else 128 - code  # killed by signal N: 128 + N
         if self._child_status is None:
             self._child_status = status
             self.notify(
@@ -514,7 +525,11 @@ class GpuwatchApp(App[int]):
             self.notify("no command is running under gpuwatch", timeout=2)
             return
         self.tabs.active = tab
-        target = {"peaks": self.peaks_table, "processes": self.process_table}.get(tab)
+        # Focus follows the tab (focusing a widget in another tab would switch back to it).
+        targets = {"peaks": self.peaks_table, "processes": self.process_table}
+        if tab == "log":
+            targets["log"] = self.query_one(LogView)
+        target = targets.get(tab)
         if target is not None:
             target.focus()
         elif self.panels:
@@ -531,11 +546,14 @@ class GpuwatchApp(App[int]):
 
         def answered(stop: bool | None) -> None:
             if stop:
-                child.terminate()
+                child.signal(signal.SIGTERM)  # gpuwatch run escalates after the app closes
                 self.exit()
 
         self.push_screen(
-            Confirm(f"{child.command} (pid {child.pid}) is still running. Stop it and quit?"),
+            Confirm(
+                f"{_ellipsis(shlex.join(child.command), 70)}\n"
+                f"pid {child.pid} is still running. Stop it and quit?"
+            ),
             answered,
         )
 
@@ -566,6 +584,10 @@ class GpuwatchApp(App[int]):
     @on(TimelineChart.Pan)
     def _pan(self, event: TimelineChart.Pan) -> None:
         self.action_pan(event.fraction)
+
+
+def _ellipsis(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _bind(app: App, action: str) -> Callable[[], object]:

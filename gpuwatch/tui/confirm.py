@@ -17,12 +17,15 @@ class Confirm(ModalScreen[bool]):
         align: center middle;
     }
     Confirm > Vertical {
-        width: auto;
-        max-width: 80%;
+        width: 80;
+        max-width: 90%;
         height: auto;
         border: round $warning;
         background: $surface;
         padding: 1 2;
+    }
+    Confirm Static {
+        width: 100%;
     }
     """
 

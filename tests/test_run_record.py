@@ -1,0 +1,210 @@
+"""``gpuwatch record --out FILE -- COMMAND`` and ``gpuwatch run -- COMMAND``, end to end.
+
+A plain training script that never imports gpuwatch is run through the real CLI; the
+recording (or the dashboard in tmux) must show its automatic phases, and the command's
+exit status must become gpuwatch's.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, wait_for
+from phasecheck import rows, step_rows
+from tmuxhelp import Tmux
+
+from gpuwatch.store import open_recording
+
+PLAIN = str(ROOT / "tests" / "scripts" / "plain_train.py")
+
+
+def record(tmp: Path, sock: str, *command: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp / "run.gpuwatch"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GPUWATCH_SOCKET", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwatch",
+            "record",
+            "--out",
+            str(out),
+            "--socket",
+            sock,
+            "--",
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=ROOT,
+    )
+    return result, out
+
+
+def recorded_rows(path: Path) -> list[tuple[str, int, int]]:
+    rec = open_recording(path)
+    try:
+        session, loader = rec.open_session()
+        loader.load_all()
+        (pid,) = [p for p in session.processes if len(session.processes[p].phases)]
+        return rows(session, pid)
+    finally:
+        rec.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--steps", "3"), step_rows(3, last_data=True)),
+        (("--steps", "2", "--accum", "3"), step_rows(2, accum=3, last_data=True)),
+        (("--steps", "4", "--eval-every", "2"), step_rows(4, eval_every=2, last_data=True)),
+    ],
+    ids=["plain", "accumulation", "eval"],
+)
+def test_record_a_command_with_no_gpuwatch_import(tmp_path, sock_path, args, expected) -> None:
+    result, out = record(tmp_path, sock_path, sys.executable, PLAIN, *args)
+    assert result.returncode == 0, result.stderr
+    got = recorded_rows(out)
+    assert got == expected
+    names = [r[0] for r in got]
+    for name in ("forward", "backward", "optimizer.step", "zero_grad"):
+        assert name in names
+
+
+def test_record_passes_the_exit_status_through(tmp_path, sock_path) -> None:
+    result, _ = record(
+        tmp_path, sock_path, sys.executable, PLAIN, "--steps", "1", "--exit-code", "3"
+    )
+    assert result.returncode == 3
+    assert "exited with status 3" in result.stderr
+
+
+def test_record_a_command_that_does_not_exist(tmp_path, sock_path) -> None:
+    result, _ = record(tmp_path, sock_path, "no-such-program-anywhere")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("gpuwatch: cannot run")
+
+
+def test_run_without_a_command_is_a_usage_error() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "needs a command" in out.stderr
+
+
+@pytest.mark.tmux
+def test_run_shows_the_command_and_asks_before_quitting(sock_path, tmp_path) -> None:
+    log = tmp_path / "child.log"
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+    cmd = (
+        f"{shlex.quote(sys.executable)} -m gpuwatch run --no-record --socket {sock_path} "
+        f"--log {log} -- {shlex.quote(sys.executable)} {PLAIN} --steps 100000 --sleep 0.01"
+    )
+    tmux = Tmux(cmd, env)
+    try:
+        assert tmux.wait_for_text("running pid"), tmux.screen()
+        tmux.keys("2")  # automatic phases of a script that never imported gpuwatch
+        assert tmux.wait_for_text("optimizer.step", timeout=60), tmux.screen()
+        tmux.keys("4")
+        assert tmux.wait_for_text("[gpuwatch] $"), tmux.screen()  # the log tab
+        tmux.keys("q")
+        assert tmux.wait_for_text("still running"), tmux.screen()
+        tmux.keys("n")
+        assert wait_for(lambda: "still running" not in tmux.screen()), tmux.screen()
+        tmux.keys("q", "y")
+        # Stopped by gpuwatch: SIGTERM to its process group, status 128 + 15.
+        assert tmux.wait_for_text("EXIT=143"), tmux.screen()
+    finally:
+        tmux.close()
+
+
+@pytest.mark.tmux
+def test_run_exit_status_becomes_gpuwatchs(sock_path, tmp_path) -> None:
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+    cmd = (
+        f"{shlex.quote(sys.executable)} -m gpuwatch run --no-record --socket {sock_path} "
+        f"--log {tmp_path / 'c.log'} -- {shlex.quote(sys.executable)} {PLAIN} --steps 2 "
+        "--exit-code 5"
+    )
+    tmux = Tmux(cmd, env)
+    try:
+        assert tmux.wait_for_text("command exited 5", timeout=60), tmux.screen()
+        tmux.keys("q")  # no question: the command has ended
+        assert tmux.wait_for_text("EXIT=5"), tmux.screen()
+    finally:
+        tmux.close()
+
+
+def test_run_stops_its_command_when_gpuwatch_is_terminated(sock_path, tmp_path) -> None:
+    import signal
+    import time
+
+    from conftest import wait_for
+
+    pidfile = tmp_path / "pid"
+    script = tmp_path / "child.py"
+    script.write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+    cmd = (
+        f"{shlex.quote(sys.executable)} -m gpuwatch run --no-record --socket {sock_path} "
+        f"--log {tmp_path / 'c.log'} -- {shlex.quote(sys.executable)} {script}"
+    )
+    tmux = Tmux(cmd, env)
+    try:
+        assert wait_for(pidfile.exists, timeout=60)
+        child = int(pidfile.read_text())
+        # The gpuwatch process itself (not the shell tmux started it from).
+        gw = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[1:4] == ["-m", "gpuwatch", "run"]
+            and sock_path in p.info["cmdline"]
+        ]
+        assert len(gw) == 1
+        gw[0].send_signal(signal.SIGTERM)
+        assert tmux.wait_for_text("EXIT="), tmux.screen()
+
+        def gone() -> bool:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        assert wait_for(gone, timeout=30), (
+            "the command outlived gpuwatch: " + tmux.screen() + (tmp_path / "c.log").read_text()
+        )
+        time.sleep(0.1)
+    finally:
+        tmux.close()

@@ -5,7 +5,8 @@ Runs on the CPU in seconds and on CUDA when present::
     python samples/train_tiny_gpt.py --steps 20
     gpuwatch run -- python samples/train_tiny_gpt.py --steps 200   # watch it live
 
-Phases: data, forward, backward, optimizer.step, zero_grad, and eval every few steps.
+Phases: data, forward, backward, optimizer.step, zero_grad, and eval every few steps;
+``gpuwatch.watch`` sends the model's facts so the dashboard can predict its memory.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         device
     )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=args.foreach)
+    # Model facts for the predicted line and the breakdown bar. The phases below are
+    # written out by hand to show the API; watch() alone would infer them (phases=True).
+    gpuwatch.watch(model, opt, phases=False)
     gpuwatch.mark(f"start: {sum(p.numel() for p in model.parameters())} parameters")
 
     def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -370,7 +370,8 @@ class GpuwatchApp(App[int]):
         s = self.session
         now = self.now()
         # Processes running at the time shown (in a replay, not the ones that ended since).
-        procs = len(s.alive(now))
+        at = self.view.cursor if self.view.cursor is not None else now
+        procs = len(s.alive(at))
         rejects = sum(s.rejects.values())
         dropped = sum(p.dropped for p in s.processes.values())
         parts = [

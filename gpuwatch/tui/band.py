@@ -132,18 +132,31 @@ class PhaseBand(Widget):
         scale = plot_w / max(t1 - t0, 1)
         chars = [" "] * plot_w
         kinds: list[str | None] = [None] * plot_w
-        for span in sorted(row.spans, key=lambda s: s.depth):
+        owner = [-1] * plot_w
+        placed: list[tuple[int, int, str]] = []
+        # Inner phases over outer ones; among equals, longer ones last, so a cell that
+        # holds several short phases shows the one that filled most of it.
+        for span in sorted(row.spans, key=lambda s: (s.depth, s.t1 - s.t0)):
             c0 = max(0, int((span.t0 - t0) * scale))
             c1 = min(plot_w - 1, int((span.t1 - t0) * scale))
             if c1 < 0 or c0 > plot_w - 1 or c1 < c0:
                 continue
             kind = phase_kind(span.name)
+            index = len(placed)
+            placed.append((c0, c1, span.name))
             for c in range(c0, c1 + 1):
-                chars[c] = " "
                 kinds[c] = kind
-            label = _label(span.name, c1 - c0 + 1)
-            for j, ch in enumerate(label):
-                chars[c0 + j] = ch
+                owner[c] = index
+        # Names go where their phase still shows, after every phase has taken its cells.
+        for index, (c0, c1, name) in enumerate(placed):
+            start = next((c for c in range(c0, c1 + 1) if owner[c] == index), None)
+            if start is None:
+                continue
+            end = start
+            while end + 1 <= c1 and owner[end + 1] == index:
+                end += 1
+            for j, ch in enumerate(_label(name, end - start + 1)):
+                chars[start + j] = ch
         marker_cols: dict[int, str] = {}
         for m in row.markers:
             if t0 <= m.t <= t1:

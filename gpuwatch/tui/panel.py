@@ -117,7 +117,9 @@ class DevicePanel(Vertical):
             last = self.session.host.last()
             if last is None:
                 return "waiting for the first sample"
-            procs = self.session.alive(self.app.now())
+            view = getattr(self.app, "view", None)
+            cursor = view.cursor if view is not None else None
+            procs = self.session.alive(cursor if cursor is not None else self.app.now())
             return (
                 f"RAM {fmt_bytes(last['used'])} / {fmt_bytes(last['total'])} used · "
                 f"{len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"

@@ -118,6 +118,68 @@ def encode(kind: str, pid: int, seq: int, t: int, dropped: int, body: dict[str, 
     return data
 
 
+_quoted: dict[str, str] = {}
+
+
+def _quote(text: str) -> str:
+    """JSON string literal of ``text``, cached: phase names repeat every step."""
+    q = _quoted.get(text)
+    if q is None:
+        q = json.dumps(text)
+        if len(_quoted) < 4096:
+            _quoted[text] = q
+    return q
+
+
+def _num(v: int | None) -> str:
+    return "null" if v is None else str(int(v))
+
+
+def encode_phase(
+    pid: int,
+    seq: int,
+    t: int,
+    dropped: int,
+    event: str,
+    name: str,
+    sid: int,
+    parent: int | None,
+    depth: int,
+    step: int | None,
+    figures: tuple[Any, ...] | None = None,
+    error: str | None = None,
+) -> bytes:
+    """Encode a ``phase`` message: the same JSON :func:`encode` makes, a few times faster.
+
+    Phase boundaries are most of what a training process sends, and the sender thread's
+    time is taken from the training process, so this kind gets a formatter of its own.
+
+    Args:
+        figures: ``(dev, allocated, reserved, peak_allocated, peak_reserved)``; the peaks
+            may be None (not reported).
+    """
+    parts = [
+        f'{{"v":{VERSION},"kind":"phase","seq":{seq},"pid":{pid},"t":{t}',
+        f',"dropped":{dropped}' if dropped else "",
+        f',"event":{_quote(event)},"name":{_quote(name)},"id":{sid}',
+        f',"parent":{_num(parent)},"depth":{depth},"step":{_num(step)}',
+    ]
+    if error is not None:
+        parts.append(f',"error":{json.dumps(error)}')
+    if figures is not None:
+        dev, allocated, reserved, peak_a, peak_r = figures
+        parts.append(
+            f',"dev":{_num(dev)},"allocated":{_num(allocated)},"reserved":{_num(reserved)}'
+        )
+        if peak_a is not None:
+            parts.append(f',"peak_allocated":{_num(peak_a)},"peak_reserved":{_num(peak_r)}')
+    parts.append("}")
+    data = "".join(parts).encode()
+    if len(data) > MAX_DATAGRAM:
+        raise ProtocolError("size", f"{len(data)} bytes > {MAX_DATAGRAM}")
+    return data
+
+
 # --------------------------------------------------------------------------- validation
 
 # A field spec is (type-check, required). Type checks are small functions so that bool is

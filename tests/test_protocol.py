@@ -169,3 +169,43 @@ def test_socket_path_order(tmp_path) -> None:
     assert protocol.socket_path({}) == f"/tmp/gpuwatch-{os.getuid()}/gpuwatch.sock"
     # A runtime dir that does not exist is skipped.
     assert protocol.socket_path({"XDG_RUNTIME_DIR": "/nonexistent/dir"}).startswith("/tmp/")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 2**31),
+    st.integers(0, 2**40),
+    st.integers(0, 2**62),
+    st.integers(0, 99),
+    st.sampled_from(protocol.PHASE_EVENTS),
+    st.text(max_size=40),
+    st.integers(0, 2**40),
+    st.none() | st.integers(0, 2**40),
+    st.integers(0, 20),
+    st.none() | st.integers(-5, 2**40),
+    st.none()
+    | st.tuples(
+        st.integers(0, 7),
+        st.integers(0, 2**45),
+        st.integers(0, 2**45),
+        st.none() | st.integers(0, 2**45),
+        st.integers(0, 2**45),
+    ),
+    st.none() | st.text(max_size=20),
+)
+def test_fast_phase_encoder_says_what_encode_says(
+    pid, seq, t, dropped, event, name, sid, parent, depth, step, fig, error
+) -> None:
+    fast = protocol.encode_phase(
+        pid, seq, t, dropped, event, name, sid, parent, depth, step, fig, error
+    )
+    body = {"event": event, "name": name, "id": sid, "parent": parent, "depth": depth, "step": step}
+    if error is not None:
+        body["error"] = error
+    if fig is not None:
+        body.update(dev=fig[0], allocated=fig[1], reserved=fig[2])
+        if fig[3] is not None:
+            body.update(peak_allocated=fig[3], peak_reserved=fig[4])
+    assert json.loads(fast) == json.loads(encode("phase", pid, seq, t, dropped, body))
+    if len(name) <= protocol.MAX_NAME:
+        assert decode(fast).body["name"] == name

@@ -54,8 +54,8 @@ class Client:
         memory: TorchMemory | None = None,
         *,
         queue_max: int = 8192,
-        interval: float = 0.01,
-        idle_interval: float = 0.08,
+        interval: float = 0.02,
+        idle_interval: float = 0.1,
         memory_interval: float = 0.05,
         max_wait: float = 0.25,
     ) -> None:
@@ -152,7 +152,7 @@ class Client:
                 self.send_dropped += len(items)
                 return
             for i, item in enumerate(items):
-                if self._send(*self._message(item)):
+                if self._send_item(item):
                     continue
                 if self._peer is None and not self._connected():
                     # The dashboard went away mid-batch and no new one is there.
@@ -217,6 +217,21 @@ class Client:
                 self._sock.close()
             self._sock = None
 
+    def _send_item(self, item: tuple[Any, ...]) -> bool:
+        if item[0] != "phase":
+            return self._send(*self._message(item))
+        _, t, event, name, sid, parent, depth, step, fig, error = item
+        seq = self._seq
+        self._seq += 1
+        try:
+            data = protocol.encode_phase(
+                self.pid, seq, t, self.dropped, event, name, sid, parent, depth, step, fig, error
+            )
+        except (protocol.ProtocolError, TypeError, ValueError):
+            self.send_dropped += 1
+            return False
+        return self._transmit(data)
+
     def _send(self, kind: str, t: int, body: dict[str, Any]) -> bool:
         seq = self._seq
         self._seq += 1
@@ -225,6 +240,9 @@ class Client:
         except (protocol.ProtocolError, TypeError, ValueError):
             self.send_dropped += 1
             return False
+        return self._transmit(data)
+
+    def _transmit(self, data: bytes) -> bool:
         sock = self._sock
         if sock is None:
             self.send_dropped += 1

@@ -171,7 +171,7 @@ def dashboard_cpu_share(seconds: float) -> float | None:
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "GPUWATCH_NVML_BACKEND": "tests.fake_nvml",
-        "GPUWATCH_FAKE_GPUS": "8",
+        "GPUWATCH_FAKE_NVML": '{"gpus": 8, "trace": "training"}',
     }
     code = (
         "import asyncio, os, resource, time, tempfile\n"
@@ -179,6 +179,8 @@ def dashboard_cpu_share(seconds: float) -> float | None:
         "from gpuwatch.tui.app import GpuwatchApp\n"
         "d = tempfile.mkdtemp(); os.chmod(d, 0o700)\n"
         "src = LiveSources(socket=d + '/gw.sock', interval=0.01); src.start()\n"
+        "deadline = time.monotonic() + 10\n"
+        "while len(src.session.gpu) < 8 and time.monotonic() < deadline: time.sleep(0.05)\n"
         "assert len(src.session.gpu) == 8, src.session.notes\n"
         "app = GpuwatchApp(src.session)\n"
         "async def main():\n"

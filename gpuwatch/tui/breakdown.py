@@ -52,9 +52,10 @@ class BreakdownBar(Widget):
         self.data: Breakdown | None = None
 
     def show(self, data: Breakdown | None) -> None:
-        """Draw ``data`` (None hides the contents)."""
-        self.data = data
-        self.refresh()
+        """Draw ``data`` (None hides the contents); nothing to do when it is unchanged."""
+        if data != self.data:
+            self.data = data
+            self.refresh()
 
     def render(self) -> Text:
         data = self.data

@@ -27,18 +27,33 @@ def line_for(session) -> PredictedLine:
     return line
 
 
-def test_predicted_line_matches_the_predictor_and_caches_completed_steps(session) -> None:
+def test_predicted_line_matches_the_predictor(session) -> None:
     line = line_for(session)
     proc = session.processes[synthetic.PID]
-    # Steps 0..4 are complete (step 5 is the newest): cached; step 5 computed on the fly.
-    cols = proc.phases.snapshot()
-    assert line._done == int(np.flatnonzero(cols["step"] < 5)[-1]) + 1
     assert line.first_step == 0
-    spans = pr.spans_from_columns(cols, session.names)
+    spans = pr.spans_from_columns(proc.phases.snapshot(), session.names)
     times, values = pr.predicted_curve(line.prediction, spans, first_step=0)
     for t in (150 * MS, 1500 * MS, 2750 * MS, 4100 * MS, 5300 * MS):
         expected = float(np.interp(t, times, values))
         assert line.value_at(t) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_window_with_too_many_spans_draws_one_step_per_column() -> None:
+    from gpuwatch.session import predicted
+
+    session = synthetic.build(steps=40)
+    line = line_for(session)
+    end = 40 * 1000 * MS
+    full = line.window(0, end, 10)
+    old = predicted.MAX_SPANS
+    predicted.MAX_SPANS = 20  # 200 spans in view: representative steps
+    try:
+        sampled = line.window(0, end, 10)
+    finally:
+        predicted.MAX_SPANS = old
+    # Every step repeats the same shape, so each column's range is the same.
+    np.testing.assert_allclose(sampled[0][1:], full[0][1:], rtol=1e-6)
+    np.testing.assert_allclose(sampled[1], full[1], rtol=1e-6)
 
 
 def test_predicted_window_never_misses_a_vertex(session) -> None:

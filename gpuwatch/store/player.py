@@ -22,9 +22,9 @@ SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 MIN_SPEED, MAX_SPEED = SPEEDS[0], SPEEDS[-1]
 
-FIRST_FRAME_BUDGET = 0.1
-"""Seconds :func:`open_replay` spends loading before the first frame beyond what that frame
-needs: enough for a recording of a few minutes to open fully loaded."""
+SMALL_RECORDING = 4 * 1024 * 1024
+"""Recordings up to this size (about an hour of one GPU) open fully loaded; larger ones
+load what the first frame needs, then the rest on the loader's thread."""
 
 FIRST_FRAME_GRACE = 1.0
 """Seconds :func:`open_replay` lets the dashboard draw its first frame before the loader
@@ -282,11 +282,9 @@ def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
         if growing:
             player.end()
         loader.load_until(player.position())
-        # A small recording loads whole before the first frame; a large one as much as
-        # fits in the budget, the rest on the loader's thread after the first frame.
-        deadline = time.monotonic() + FIRST_FRAME_BUDGET
-        while time.monotonic() < deadline and loader.step():
-            pass
+        if rec.file_size() <= SMALL_RECORDING:
+            # Loads in milliseconds: open it whole, so the first frame has everything.
+            loader.load_all()
     except BaseException:
         rec.close()
         raise

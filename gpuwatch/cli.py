@@ -7,6 +7,7 @@ them, so ``gpuwatch --help`` is quick and errors reach the user as one line.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -236,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `gpuwatch info FILE | head`: the reader left; say nothing more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_ERROR
 
 
 __all__ = ["CliError", "build_parser", "main"]

@@ -98,3 +98,16 @@ def start_sample(env: dict[str, str], *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+class FakeClock:
+    """A wall clock that moves only when told to (replay tests)."""
+
+    def __init__(self, start_s: float = 5.0) -> None:
+        self.now = int(start_s * 10**9)
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 10**9)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FakeClock
 from store_data import GIB, MS, T0, populated_session
 
 from gpuwatch.session import Session
@@ -13,17 +14,6 @@ from gpuwatch.store import Player, open_recording, save_session
 from gpuwatch.store.player import MAX_SPEED, MIN_SPEED, open_replay
 
 SECOND = 10**9
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 5 * SECOND
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * SECOND)
 
 
 @pytest.fixture

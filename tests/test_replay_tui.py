@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
+from conftest import FakeClock
 
 from gpuwatch.session import navigate as nav
 from gpuwatch.store import Player, open_recording, save_session
@@ -16,14 +17,6 @@ SIZE = (140, 45)
 SECOND = 10**9
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100 * SECOND
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
 def replay(tmp_path: Path):
     """A Player over a real recording file of the synthetic session, on a fake clock."""
@@ -31,7 +24,7 @@ def replay(tmp_path: Path):
     rec = open_recording(path)
     session, loader = rec.open_session()
     loader.load_all()
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     player = Player(session, loader, playing=False, clock=clock)
     yield player, clock
     rec.close()

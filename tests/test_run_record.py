@@ -24,6 +24,16 @@ from gpuwatch.store import open_recording
 PLAIN = str(ROOT / "tests" / "scripts" / "plain_train.py")
 
 
+def terminal_env() -> dict[str, str]:
+    """What the shell in tmux gets: this checkout first on the path, a colour terminal."""
+    return {
+        "PYTHONPATH": str(ROOT),
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+
+
 def record(tmp: Path, sock: str, *command: str) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp / "run.gpuwatch"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -109,12 +119,7 @@ def test_run_without_a_command_is_a_usage_error() -> None:
 @pytest.mark.tmux
 def test_run_shows_the_command_and_asks_before_quitting(sock_path, tmp_path) -> None:
     log = tmp_path / "child.log"
-    env = {
-        "PYTHONPATH": str(ROOT),
-        "TERM": "xterm-256color",
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": os.environ.get("HOME", "/tmp"),
-    }
+    env = terminal_env()
     cmd = (
         f"{shlex.quote(sys.executable)} -m gpuwatch run --no-record --socket {sock_path} "
         f"--log {log} -- {shlex.quote(sys.executable)} {PLAIN} --steps 100000 --sleep 0.01"
@@ -139,12 +144,7 @@ def test_run_shows_the_command_and_asks_before_quitting(sock_path, tmp_path) -> 
 
 @pytest.mark.tmux
 def test_run_exit_status_becomes_gpuwatchs(sock_path, tmp_path) -> None:
-    env = {
-        "PYTHONPATH": str(ROOT),
-        "TERM": "xterm-256color",
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": os.environ.get("HOME", "/tmp"),
-    }
+    env = terminal_env()
     cmd = (
         f"{shlex.quote(sys.executable)} -m gpuwatch run --no-record --socket {sock_path} "
         f"--log {tmp_path / 'c.log'} -- {shlex.quote(sys.executable)} {PLAIN} --steps 2 "
@@ -170,12 +170,7 @@ def test_run_stops_its_command_when_gpuwatch_is_terminated(sock_path, tmp_path) 
     script.write_text(
         f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
     )
-    env = {
-        "PYTHONPATH": str(ROOT),
-        "TERM": "xterm-256color",
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": os.environ.get("HOME", "/tmp"),
-    }
+    env = terminal_env()
     cmd = (
         f"{shlex.quote(sys.executable)} -m gpuwatch run --no-record --socket {sock_path} "
         f"--log {tmp_path / 'c.log'} -- {shlex.quote(sys.executable)} {script}"

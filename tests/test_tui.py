@@ -330,3 +330,19 @@ async def test_theme_switch_rebuilds_chart() -> None:
         app.theme = "gpuwatch-light"
         await pilot.pause(0.2)
         assert chart.build_count > builds
+
+
+async def test_one_band_row_per_rank_named_by_rank() -> None:
+    from gpuwatch.protocol import Message
+
+    session = synthetic.build(with_process=False)
+    for rank, pid in ((0, 501), (1, 502)):
+        session.ingest(Message("hello", pid, 0, 0, body={
+            "rank": rank, "world_size": 2, "devices": [{"index": 0, "uuid": synthetic.UUID}]}))
+        for seq, (event, t) in enumerate((("begin", 100), ("end", 300)), start=1):
+            session.ingest(Message("phase", pid, seq, t * synthetic.MS, body={
+                "event": event, "name": "forward", "id": 1, "depth": 0}))
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert [r.label for r in gpu_panel(app).band.rows] == ["rank 0", "rank 1"]

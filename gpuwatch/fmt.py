@@ -35,13 +35,6 @@ def fmt_short(n: float | None) -> str:
     return "0" if abs(n) < KIB else f"{n / KIB:.0f}K"
 
 
-def fmt_gib(n: float | None, digits: int = 1) -> str:
-    """Bytes as a bare GiB number for axes: ``12.5``."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "n/a"
-    return f"{n / GIB:.{digits}f}"
-
-
 def fmt_duration(ns: float) -> str:
     """A span of time: ``850ms``, ``12.3s``, ``4:05``, ``2:03:09``."""
     sign = "-" if ns < 0 else ""

@@ -248,31 +248,40 @@ def start(
     return Child(proc, command, path)
 
 
+class SignalForwarder:
+    """Passes signals meant for the job on to its process group.
+
+    SIGHUP goes on as SIGTERM (the job has no terminal); a second Ctrl-C escalates to
+    SIGTERM, a third to SIGKILL. Used as a ``signal.signal`` handler.
+    """
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        self.interrupts = 0
+
+    def __call__(self, sig: int, _frame: object = None) -> None:
+        if sig == signal.SIGINT:
+            self.interrupts += 1
+            sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(self.interrupts, 3) - 1]
+        elif sig == signal.SIGHUP:
+            sig = signal.SIGTERM
+        self.child.signal(sig)
+
+
 def supervise(
     child: Child,
     signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
 ) -> int:
     """Wait for ``child`` while forwarding ``signals`` to its process group.
 
-    For ``gpuwatch record``, which has no dashboard to ask: a signal to gpuwatch goes to the
-    job (SIGHUP as SIGTERM, since the job has no terminal); a second Ctrl-C escalates to
-    SIGTERM, a third to SIGKILL. Handlers are installed only on the main thread and put back
+    With no dashboard to ask, a signal to gpuwatch goes to the job (see
+    :class:`SignalForwarder`). Handlers are installed only on the main thread and put back
     afterwards.
 
     Returns:
         The child's exit status (``128 + N`` when killed by signal N).
     """
-    interrupts = 0
-
-    def forward(sig: int, _frame: object) -> None:
-        nonlocal interrupts
-        if sig == signal.SIGINT:
-            interrupts += 1
-            sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(interrupts, 3) - 1]
-        elif sig == signal.SIGHUP:
-            sig = signal.SIGTERM
-        child.signal(sig)
-
+    forward = SignalForwarder(child)
     previous: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in signals:
@@ -282,4 +291,4 @@ def supervise(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
-    return code if code >= 0 else 128 - code
+    return exit_status(code)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,15 +72,6 @@ class Message:
 # --------------------------------------------------------------------------- socket path
 
 
-def socket_dir(env: dict[str, str] | None = None) -> str:
-    """The per-user directory that holds the socket, as DESIGN.md orders it.
-
-    ``$GPUWATCH_SOCKET``'s directory if set, else ``$XDG_RUNTIME_DIR/gpuwatch``, else
-    ``/tmp/gpuwatch-<uid>``.
-    """
-    return os.path.dirname(socket_path(env))
-
-
 def socket_path(env: dict[str, str] | None = None) -> str:
     """The socket path: ``$GPUWATCH_SOCKET`` if set, else the per-user default."""
     env = os.environ if env is None else env
@@ -92,15 +82,6 @@ def socket_path(env: dict[str, str] | None = None) -> str:
     if runtime and os.path.isdir(runtime):
         return os.path.join(runtime, "gpuwatch", SOCKET_NAME)
     return os.path.join("/tmp", f"gpuwatch-{os.getuid()}", SOCKET_NAME)
-
-
-def private_dir_ok(path: str) -> bool:
-    """True when ``path`` is a directory owned by this user that nobody else can enter."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and (st.st_mode & 0o077) == 0
 
 
 # --------------------------------------------------------------------------- encoding
@@ -188,10 +169,6 @@ def encode_phase(
 
 def _int(v: Any) -> bool:
     return type(v) is int and v >= 0
-
-
-def _int_any(v: Any) -> bool:
-    return type(v) is int
 
 
 def _opt_int(v: Any) -> bool:

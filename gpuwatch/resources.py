@@ -21,8 +21,3 @@ def data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"gpuwatch's {name}/ directory is missing from this install")
-
-
-def sample_path(filename: str) -> Path:
-    """Path of a file in ``samples/``."""
-    return data_dir("samples") / filename

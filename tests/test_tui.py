@@ -337,11 +337,29 @@ async def test_one_band_row_per_rank_named_by_rank() -> None:
 
     session = synthetic.build(with_process=False)
     for rank, pid in ((0, 501), (1, 502)):
-        session.ingest(Message("hello", pid, 0, 0, body={
-            "rank": rank, "world_size": 2, "devices": [{"index": 0, "uuid": synthetic.UUID}]}))
+        session.ingest(
+            Message(
+                "hello",
+                pid,
+                0,
+                0,
+                body={
+                    "rank": rank,
+                    "world_size": 2,
+                    "devices": [{"index": 0, "uuid": synthetic.UUID}],
+                },
+            )
+        )
         for seq, (event, t) in enumerate((("begin", 100), ("end", 300)), start=1):
-            session.ingest(Message("phase", pid, seq, t * synthetic.MS, body={
-                "event": event, "name": "forward", "id": 1, "depth": 0}))
+            session.ingest(
+                Message(
+                    "phase",
+                    pid,
+                    seq,
+                    t * synthetic.MS,
+                    body={"event": event, "name": "forward", "id": 1, "depth": 0},
+                )
+            )
     app = GpuwatchApp(session, clock=lambda: END)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()

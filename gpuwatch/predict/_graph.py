@@ -130,20 +130,10 @@ class _Live:
         self.alive[key] = (t, kind)
         setattr(self.now, kind, getattr(self.now, kind) + t.nbytes)
 
-    def retag(self, t: Tensor, kind: str) -> None:
-        entry = self.alive.get(id(t))
-        if entry is None or entry[1] == kind:
-            return
-        self.drop(t)
-        self.add(t, kind)
-
     def drop(self, t: Tensor) -> None:
         entry = self.alive.pop(id(t), None)
         if entry is not None:
             setattr(self.now, entry[1], getattr(self.now, entry[1]) - t.nbytes)
-
-    def has(self, t: Tensor) -> bool:
-        return id(t) in self.alive
 
     def bump(self, extra: int = 0) -> None:
         """Record the current moment (plus ``extra`` transient bytes) if it is the peak."""

@@ -37,6 +37,7 @@ class PredictedLine:
         self._facts: Any = None
         self.first_step: int | None = None
         self._checked = 0  # phase rows searched for the first optimizer.step
+        self._last: tuple[Any, dict[str, int] | None] | None = None  # breakdown_at memo
 
     def update(self) -> bool:
         """Predict anew when the facts changed; False while the process has sent none."""
@@ -138,17 +139,24 @@ class PredictedLine:
 
     def value_at(self, t: int) -> float | None:
         """The predicted allocated bytes at ``t`` (None before the first phase)."""
-        times, values = self._curve(self._around(t))
-        if len(times) == 0 or t < times[0]:
-            return None
-        return float(np.interp(t, times, values))
+        parts = self.breakdown_at(t)
+        return None if parts is None else float(sum(parts.values()))
 
     def breakdown_at(self, t: int) -> dict[str, int] | None:
-        """Predicted bytes by category at ``t``, from the spans around it."""
+        """Predicted bytes by category at ``t``, from the spans around it.
+
+        The legend and the breakdown bar both ask for the cursor's time on every frame;
+        the last answer is kept until the time or the phases change.
+        """
+        stamp = (t, len(self.proc.phases), len(self.proc.open), self.prediction)
+        if self._last is not None and self._last[0] == stamp:
+            return self._last[1]
         spans = self._around(t)
-        if self.prediction is None or not spans:
-            return None
-        return pr.breakdown_at(self.prediction, spans, t, first_step=self.first_step)
+        parts = None
+        if self.prediction is not None and spans:
+            parts = pr.breakdown_at(self.prediction, spans, t, first_step=self.first_step)
+        self._last = (stamp, parts)
+        return parts
 
     def phase_peak(self, phase: str, step: int | None) -> int | None:
         """The predicted peak of ``phase`` in ``step`` (the first step is higher)."""

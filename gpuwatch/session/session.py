@@ -101,10 +101,6 @@ class Process:
             return f"rank {rank}"
         return f"pid {self.pid}"
 
-    @property
-    def uses_cuda(self) -> bool:
-        return len(self.torch) > 0
-
 
 class Session:
     """Everything known about one live or replayed session.

@@ -204,19 +204,14 @@ def cmd_record(args: argparse.Namespace) -> int:
     sources.record_to(out, label=args.label, overwrite=args.force)
     stop = threading.Event()
     child: launch.Child | None = None
-    interrupts = 0
+    forward: launch.SignalForwarder | None = None
 
     def on_signal(signum: int, frame: Any) -> None:
-        nonlocal interrupts
-        if child is None or not child.running:
+        if forward is None or not forward.child.running:
             stop.set()
             return
-        # The job decides when to stop; recording goes on until it has. A second Ctrl-C
-        # escalates to SIGTERM, a third to SIGKILL.
-        if signum == signal.SIGINT:
-            interrupts += 1
-            signum = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(interrupts, 3) - 1]
-        child.signal(signum)
+        # The job decides when to stop; recording goes on until it has.
+        forward(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -235,6 +230,7 @@ def cmd_record(args: argparse.Namespace) -> int:
                 child = launch.start(
                     command, socket_path=sources.socket_path, log_path=args.log or "-"
                 )
+                forward = launch.SignalForwarder(child)
             except launch.LaunchError as exc:
                 raise CliError(str(exc), EXIT_ERROR)
         deadline = None if args.duration is None else started + args.duration

@@ -25,6 +25,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
 from ..fmt import fmt_bytes, fmt_duration
+from ..launch import exit_status
 from ..session import HOST, Session
 from ..session import navigate as nav
 from ..session.predicted import PredictedLine
@@ -419,7 +420,7 @@ class GpuwatchApp(App[int]):
         code = self.child.poll()
         if code is None:
             return f"running pid {self.child.pid} (4: log)"
-        status = code if code >= 0 else 128 - code  # killed by signal N: 128 + N
+        status = exit_status(code)
         if self._child_status is None:
             self._child_status = status
             self.notify(

@@ -1,6 +1,6 @@
 """The in-memory session: columnar series, phase spans, marks and range queries."""
 
-from .model import HOST, Device, Mark, Oom, OpenSpan, gpu_key, norm_uuid
+from .model import HOST, Device, Mark, Oom, OpenSpan, gpu_key, is_host, norm_uuid, origin_key
 from .session import Process, Session
 from .table import MISSING_INT, Table
 
@@ -15,5 +15,7 @@ __all__ = [
     "Session",
     "Table",
     "gpu_key",
+    "is_host",
     "norm_uuid",
+    "origin_key",
 ]

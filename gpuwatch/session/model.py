@@ -70,6 +70,16 @@ def gpu_key(uuid: str) -> str:
     return "gpu:" + norm_uuid(uuid)
 
 
+def origin_key(origin: str, key: str) -> str:
+    """A device key inside a merged replay: ``<origin>/<key>`` (origin: the recording's host)."""
+    return f"{origin}/{key}" if origin else key
+
+
+def is_host(key: str | None) -> bool:
+    """True for the key of a host device (``host``, or ``<origin>/host`` when merged)."""
+    return key is not None and (key == HOST or key.endswith("/" + HOST))
+
+
 @dataclass
 class Device:
     """A device shown as one panel: a GPU (by UUID) or the host.
@@ -85,6 +95,7 @@ class Device:
         state: ``"ok"``, ``"lost"`` (fell off the bus) or ``"error"``.
         note: Why the state is not ok, or what is not available here.
         source: ``"nvml"``, ``"torch"`` (known only from a script's hello) or ``"host"``.
+        origin: In a merged replay, the recording it came from (its host name); else "".
     """
 
     key: str
@@ -98,6 +109,7 @@ class Device:
     note: str = ""
     source: str = "nvml"
     extra: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""
 
 
 @dataclass

@@ -9,13 +9,15 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .model import HOST
+from .model import is_host
 from .session import Process, Session
 
 
 def _processes(session: Session, key: str | None) -> list[Process]:
-    if key is None or key == HOST:
+    if key is None:
         return list(session.processes.values())
+    if is_host(key):
+        return session.processes_of_host(key)
     return session.processes_on(key)
 
 
@@ -66,9 +68,9 @@ def largest_spike(
     """
     lo = t0 if t0 is not None else np.iinfo(np.int64).min
     hi = t1 if t1 is not None else np.iinfo(np.int64).max
-    if key == HOST:
+    if is_host(key):
         best: tuple[int, float] | None = None
-        for proc in session.processes.values():
+        for proc in session.processes_of_host(key):
             cols = proc.rss.between(lo, hi)
             if len(cols["t"]):
                 i = int(np.argmax(cols["rss"]))

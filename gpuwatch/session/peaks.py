@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import HOST
+from .model import is_host
 from .session import Process, Session
 from .table import MISSING_INT
 
@@ -70,7 +70,7 @@ def phase_peaks(
     if depth is not None:
         keep &= cols["depth"] == depth
     idx = np.flatnonzero(keep)
-    if key == HOST:
+    if is_host(key):
         ref = proc.rss.snapshot()
         ref_t, ref_v = ref["t"], ref["rss"]
     else:

@@ -91,15 +91,23 @@ class Process:
     ended: int | None = None
     exit_code: int | None = None
     max_span: int = 0
+    host: str = HOST  # the key of the host device it runs on
+    origin: str = ""  # the recording it came from, in a merged replay (host name)
+    os_pid: int | None = None  # its pid there, when ``pid`` had to be renumbered
 
     @property
-    def label(self) -> str:
-        """Short name for a phase row: ``rank N`` under torchrun, else the pid."""
+    def short_label(self) -> str:
+        """Name for a phase row under its device: ``rank N`` under torchrun, else the pid."""
         rank = self.hello.get("rank")
         world = self.hello.get("world_size")
         if rank is not None and (world or 0) > 1:
             return f"rank {rank}"
-        return f"pid {self.pid}"
+        return f"pid {self.os_pid if self.os_pid is not None else self.pid}"
+
+    @property
+    def label(self) -> str:
+        """:attr:`short_label`, after the recording's origin (host) in a merged replay."""
+        return f"{self.origin} {self.short_label}" if self.origin else self.short_label
 
 
 class Session:
@@ -118,7 +126,8 @@ class Session:
         self.devices: dict[str, Device] = {}
         self.gpu: dict[str, Table] = {}
         self.gpu_procs: dict[str, Table] = {}
-        self.host = Table(HOST_COLUMNS)
+        # Host memory by host device key: one host live, several in a merged replay.
+        self.hosts: dict[str, Table] = {HOST: Table(HOST_COLUMNS)}
         self.processes: dict[int, Process] = {}
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
         self.names: list[str] = []
@@ -134,6 +143,26 @@ class Session:
         self.live = True
         self._lock = threading.RLock()
         self._listeners: list[Listener] = []
+
+    @property
+    def host(self) -> Table:
+        """This host's memory samples (the only host of a live session)."""
+        return self.host_table(HOST)
+
+    @host.setter
+    def host(self, table: Table) -> None:
+        self.hosts[HOST] = table
+
+    def host_table(self, key: str = HOST) -> Table:
+        """Memory samples of the host device ``key`` (empty if it has none)."""
+        table = self.hosts.get(key)
+        if table is None:
+            table = self.hosts.setdefault(key, Table(HOST_COLUMNS))
+        return table
+
+    def processes_of_host(self, key: str = HOST) -> list[Process]:
+        """Instrumented processes that ran on the host device ``key``."""
+        return [p for p in list(self.processes.values()) if p.host == key]
 
     # ------------------------------------------------------------------ plumbing
 
@@ -190,7 +219,7 @@ class Session:
 
     def _time_range(self) -> tuple[int, int]:
         lo, hi = None, None
-        tables: list[Table] = [self.host, *self.gpu.values()]
+        tables: list[Table] = [*self.hosts.values(), *self.gpu.values()]
         for p in self.processes.values():
             tables += [p.torch, p.phases, p.rss]
         for table in tables:
@@ -436,10 +465,10 @@ class Session:
         return _window(self.gpu[key], column, t0, t1, width)
 
     def host_window(
-        self, column: str, t0: int, t1: int, width: int
+        self, column: str, t0: int, t1: int, width: int, key: str = HOST
     ) -> tuple[np.ndarray, np.ndarray]:
         """Min/max-decimated host column (``used``, ``available``, ``total``)."""
-        return _window(self.host, column, t0, t1, width)
+        return _window(self.host_table(key), column, t0, t1, width)
 
     def processes_on(self, key: str) -> list[Process]:
         """Instrumented processes that report figures for device ``key``."""

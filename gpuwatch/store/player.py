@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..session import HOST, MISSING_INT, Session
+from ..session import MISSING_INT, Session
 from ..session import navigate as nav
 from .reader import Loader, open_recording
 
@@ -296,7 +296,7 @@ def _tables(session: Session, kind: str) -> list:
     if kind == "gpu":
         return list(session.gpu.items())
     if kind == "host":
-        return [(HOST, session.host)]
+        return list(session.hosts.items())
     return [(str(pid), getattr(p, kind)) for pid, p in list(session.processes.items())]
 
 

@@ -26,7 +26,7 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
 from ..fmt import fmt_bytes, fmt_duration
 from ..launch import exit_status
-from ..session import HOST, Session
+from ..session import Session
 from ..session import navigate as nav
 from ..session.predicted import PredictedLine
 from ._text import Line
@@ -301,14 +301,16 @@ class GpuwatchApp(App[int]):
                 panel = DevicePanel(self.session, key, self.predicted)
                 self._panels[key] = panel
                 self.panel_list.mount(panel)
-        # With GPUs to show, the host panel is a small strip at the bottom.
-        host = self._panels.get(HOST)
-        if host is not None:
-            host.set_class(len(self._panels) > 1, "-secondary")
+        # With GPUs to show, a host panel is a small strip (below its host's GPUs).
+        gpus = any(not p.is_host for p in self._panels.values())
+        for panel in self._panels.values():
+            if panel.is_host:
+                panel.set_class(gpus, "-secondary")
 
-    def _order(self, key: str) -> tuple[bool, int, str]:
+    def _order(self, key: str) -> tuple[str, bool, int, str]:
         dev = self.session.devices[key]
-        return (key == HOST, dev.index if dev.index is not None else 1 << 30, key)
+        index = dev.index if dev.index is not None else 1 << 30
+        return (dev.origin, dev.kind == "host", index, key)
 
     @property
     def panels(self) -> list[DevicePanel]:
@@ -534,7 +536,7 @@ class GpuwatchApp(App[int]):
     def action_toggle_fit(self) -> None:
         """Scale GPU y axes to the data / to the device total."""
         for panel in self._panels.values():
-            if panel.key != HOST:
+            if not panel.is_host:
                 panel.fit = not panel.fit
                 panel.chart.invalidate()
         self.redraw()

@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 
 from ..fmt import fmt_bytes, fmt_duration
-from ..session import HOST, Session
+from ..session import Session, is_host
 from ..session.breakdown import breakdown
 from ..session.decimate import minmax, value_at
 from ..session.predicted import PredictedLine
@@ -71,11 +71,12 @@ class DevicePanel(Vertical):
         self.key = key
         # Predicted lines by pid, shared with the app (which keeps them up to date).
         self.predicted = predicted if predicted is not None else {}
-        self.fit = key == HOST  # the host's total dwarfs a process's RSS
+        self.is_host = is_host(key)
+        self.fit = self.is_host  # the host's total dwarfs a process's RSS
         self.header = Line("", classes="panel-header", markup=False)
         self.chart = TimelineChart(self._fetch_chart, session.t_origin)
         self.band = PhaseBand(self._fetch_band)
-        self.bar = BreakdownBar() if key != HOST else None
+        self.bar = BreakdownBar() if not self.is_host else None
         self.legend = Line("", classes="panel-legend")
 
     @property
@@ -105,21 +106,23 @@ class DevicePanel(Vertical):
 
     def _title(self) -> str:
         dev = self.device
+        where = f"{dev.origin} · " if dev.origin else ""  # merged replay: which recording
         if dev.kind == "host":
-            return f"host · {dev.name}"
+            return f"{where}host · {dev.name}"
         index = f"GPU {dev.index}" if dev.index is not None else "GPU"
         state = "" if dev.state == "ok" else f" · {dev.state.upper()}"
-        return f"{index} · {dev.name}{state}"
+        return f"{where}{index} · {dev.name}{state}"
 
     def _header_text(self) -> str:
         dev = self.device
         if dev.kind == "host":
-            last = self.session.host.last()
+            last = self.session.host_table(self.key).last()
             if last is None:
                 return "waiting for the first sample"
             view = getattr(self.app, "view", None)
             cursor = view.cursor if view is not None else None
-            procs = self.session.alive(cursor if cursor is not None else self.app.now())
+            at = cursor if cursor is not None else self.app.now()
+            procs = [p for p in self.session.alive(at) if p.host == self.key]
             return (
                 f"RAM {fmt_bytes(last['used'])} / {fmt_bytes(last['total'])} used · "
                 f"{len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
@@ -149,7 +152,7 @@ class DevicePanel(Vertical):
 
     def _legend(self, t: int) -> str:
         variables = self.app.theme_variables
-        labels = LINE_LABELS["host" if self.key == HOST else "gpu"]
+        labels = LINE_LABELS["host" if self.is_host else "gpu"]
         frame = self.chart.last_frame
         roles = [s.role for s in frame.series] if frame else []
         values = self.values_at(t)
@@ -174,12 +177,12 @@ class DevicePanel(Vertical):
         """Each line's step-hold value at time ``t``."""
         out: dict[str, float | None] = {}
         s = self.session
-        if self.key == HOST:
-            cols = s.host.snapshot()
+        if self.is_host:
+            cols = s.host_table(self.key).snapshot()
             out["nvml"] = value_at(cols["t"], cols["used"], t)
             rss = [
                 value_at(c["t"], c["rss"], t)
-                for c in (p.rss.snapshot() for p in s.processes.values())
+                for c in (p.rss.snapshot() for p in s.processes_of_host(self.key))
             ]
             rss = [v for v in rss if v is not None]
             if rss:
@@ -204,9 +207,9 @@ class DevicePanel(Vertical):
     def span_at(self, t: int) -> dict | None:
         """The phase running at ``t`` on this device (first process that has one)."""
         procs = (
-            self.session.processes_on(self.key)
-            if self.key != HOST
-            else list(self.session.processes.values())
+            self.session.processes_of_host(self.key)
+            if self.is_host
+            else self.session.processes_on(self.key)
         )
         for proc in procs:
             span = self.session.span_at(proc, t)
@@ -218,10 +221,10 @@ class DevicePanel(Vertical):
         s = self.session
         series: list[Series] = []
         peak_seen = 0.0
-        if self.key == HOST:
-            lo, hi = s.host_window("used", t0, t1, n)
+        if self.is_host:
+            lo, hi = s.host_window("used", t0, t1, n, self.key)
             series.append(Series("nvml", lo, hi))
-            for proc in s.processes.values():
+            for proc in s.processes_of_host(self.key):
                 cols = proc.rss.between(t0, t1, pad=1)
                 lo, hi = minmax(cols["t"], cols["rss"], t0, t1, n)
                 series.append(Series("allocated", lo, hi))
@@ -256,8 +259,8 @@ class DevicePanel(Vertical):
 
     def _fetch_band(self, t0: int, t1: int) -> list[BandRow]:
         s = self.session
-        if self.key == HOST:  # GPU processes have their rows on their GPU's panel
-            procs = [p for p in s.processes.values() if not p.devices]
+        if self.is_host:  # GPU processes have their rows on their GPU's panel
+            procs = [p for p in s.processes_of_host(self.key) if not p.devices]
         else:
             procs = s.processes_on(self.key)
         rows = []
@@ -277,7 +280,7 @@ class DevicePanel(Vertical):
             ]
             markers = [BandMarker(m.t, m.level) for m in s.marks if m.pid == proc.pid]
             markers += [BandMarker(o.t, "oom") for o in s.ooms if o.pid == proc.pid]
-            rows.append(BandRow(proc.label, spans, markers))
+            rows.append(BandRow(proc.short_label, spans, markers))  # the title names the host
         return rows
 
 

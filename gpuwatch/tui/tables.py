@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from ..fmt import fmt_bytes, fmt_duration
-from ..session import HOST, Session
+from ..session import Session, is_host
 from ..session.peaks import phase_peaks
 
 
@@ -48,12 +48,12 @@ class PeaksTable(DataTable):
         self._signature = signature
         rows = []
         for proc in s.processes.values():
-            keys = sorted(set(proc.devices.values())) or [HOST]
+            keys = sorted(set(proc.devices.values())) or [proc.host]
             for key in keys:
                 dev = s.devices.get(key)
                 dev_label = (
                     "host"
-                    if key == HOST
+                    if is_host(key)
                     else f"GPU {dev.index}"
                     if dev and dev.index is not None
                     else "GPU"
@@ -118,12 +118,14 @@ class ProcessTable(DataTable):
                 if pid == 0:  # an empty snapshot
                     continue
                 seen.add(pid)
-                rows.append(self._row(pid, f"GPU {dev.index}", int(used)))
+                where = f"{dev.origin} GPU" if dev.origin else "GPU"
+                rows.append(self._row(pid, f"{where} {dev.index}", int(used)))
         for pid, proc in s.processes.items():
             if pid in seen or proc.ended is not None:
                 continue
             last = proc.rss.last()
-            rows.append(self._row(pid, "host", last["rss"] if last else None))
+            where = f"{proc.origin} host" if proc.origin else "host"
+            rows.append(self._row(pid, where, last["rss"] if last else None))
         if rows != self._last:
             self._last = rows
             self.clear()
@@ -144,7 +146,7 @@ class ProcessTable(DataTable):
         if isinstance(command, list):
             command = " ".join(command)
         return (
-            str(pid),
+            str(info.get("os_pid", pid)),  # a merged replay renumbers clashing pids
             info.get("user") or "",
             name,
             device,

@@ -16,6 +16,7 @@ GIB = 1024**3
 MS = 10**6
 UUID = "GPU-5f1c0de0-0000-4000-8000-000000000001"
 PID = 4242
+WALL_OFFSET = 1_700_000_000 * 10**9
 
 # Per step (ms offsets within a 1 s step) and memory figures in GiB.
 PHASES = (
@@ -53,10 +54,19 @@ def allocated_at(step: int, ms: float) -> float:
 
 
 def build(
-    steps: int = 6, *, with_process: bool = True, with_facts: bool = True, t_origin: int = 0
+    steps: int = 6,
+    *,
+    with_process: bool = True,
+    with_facts: bool = True,
+    t_origin: int = 0,
+    wall_offset: int = WALL_OFFSET,
 ) -> Session:
-    """A session of ``steps`` one-second training steps on one 80 GiB GPU."""
-    s = Session(t_origin=t_origin, wall_offset=1_700_000_000 * 10**9)
+    """A session of ``steps`` one-second training steps on one 80 GiB GPU.
+
+    ``t_origin`` moves the whole session on its monotonic clock (another host's clock);
+    ``wall_offset`` is that clock's distance to wall time.
+    """
+    s = Session(t_origin=t_origin, wall_offset=wall_offset)
     s.live = False
     key = gpu_key(UUID)
     s.add_device(

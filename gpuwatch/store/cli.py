@@ -24,6 +24,7 @@ from ..cli import EXIT_ERROR, EXIT_OK, CliError, _theme_name, add_source_options
 if TYPE_CHECKING:
     from ..live import LiveSources
     from ..session import Session
+    from .multi import Opened
     from .reader import Recording
 
 SUFFIX = ".gpuwatch"  # the same as _schema.SUFFIX, which this module must not import
@@ -87,17 +88,37 @@ def _open(path: str) -> Recording:
         raise CliError(str(exc))
 
 
-def _load(path: str) -> tuple[Recording, Session]:
+def _load(paths: list[str], align: str = "wall") -> Opened:
+    """Open and load one recording, or several merged; a bad file is one line, exit 2."""
+    from .multi import load_many
     from .reader import RecordingError
 
-    rec = _open(path)
     try:
-        session, loader = rec.open_session()
-        loader.load_all(strict=True)
+        return load_many(paths, align=align, progress=_loading if len(paths) > 1 else None)
     except RecordingError as exc:
-        rec.close()
         raise CliError(str(exc))
-    return rec, session
+
+
+def _loading(i: int, n: int, path: Path) -> None:
+    """Progress while several files load (each is read whole before they can be merged)."""
+    if sys.stderr.isatty():
+        size = path.stat().st_size if path.exists() else 0
+        print(
+            f"\r\x1b[Kgpuwatch: loading {i + 1}/{n} {path.name} ({size / 1e6:.1f} MB)",
+            end="\n" if i + 1 == n else "",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _add_align(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--align",
+        choices=("wall", "start"),
+        default="wall",
+        help="with several files: line them up by wall clock (default; hosts of one job) "
+        "or by their starts (runs made at different times)",
+    )
 
 
 def _speed(text: str) -> float:
@@ -150,18 +171,26 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "replay",
         help="play a recording back in the dashboard",
-        description="Replay a recording (also one still being written: it follows the tail).",
+        description="Replay a recording (also one still being written: it follows the tail). "
+        "Several files (the hosts of one job, or several runs) replay as one session, lined "
+        "up by each file's wall clock, their devices named by host.",
     )
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", nargs="+")
+    _add_align(p)
     p.add_argument("--theme", metavar="NAME", help="colour theme")
     p.add_argument(
         "--speed", type=_speed, default=1.0, metavar="X", help="playback speed, 0.25 to 64"
     )
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("info", help="summarise a recording")
-    p.add_argument("file", metavar="FILE")
+    p = sub.add_parser(
+        "info",
+        help="summarise a recording",
+        description="Summarise a recording, or several merged as 'replay' shows them.",
+    )
+    p.add_argument("file", metavar="FILE", nargs="+")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_align(p)
     p.set_defaults(func=cmd_info)
 
     from .export import FORMATS, TABLES
@@ -169,16 +198,18 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "export",
         help="write a recording's tables as CSV or JSON lines",
-        description="Write flat tables (see docs/recording.md) for pandas / polars.",
+        description="Write flat tables (see docs/recording.md) for pandas / polars. Several "
+        "files are merged as 'replay' shows them (device keys start with each file's host).",
     )
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", nargs="+")
+    _add_align(p)
     p.add_argument("--format", choices=FORMATS, default="csv")
     p.add_argument("--table", choices=sorted(TABLES), help="only this table")
     p.add_argument(
         "--out",
         metavar="DIR",
-        help="directory for <table>.<format> files (default: FILE's name + '-export'; "
-        "with --table and no --out, the table goes to stdout)",
+        help="directory for <table>.<format> files (default: the first FILE's name + "
+        "'-export'; with --table and no --out, the table goes to stdout)",
     )
     p.set_defaults(func=cmd_export)
 
@@ -278,18 +309,26 @@ def _status(sources: LiveSources, started: float) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    """Open the dashboard on a recording, playing from its start (or its growing tail)."""
-    from .player import open_replay
+    """Open the dashboard on a recording (or several merged), playing from its start."""
+    from .player import Player, open_replay
     from .reader import RecordingError
 
     theme = _theme_name(args)
     check_theme(theme)
-    try:
-        player = open_replay(args.file, speed=args.speed)
-    except RecordingError as exc:
-        raise CliError(str(exc))
-    label = player.loader.recording.label if player.loader is not None else ""
-    subtitle = f"replay {Path(args.file).name}" + (f" · {label}" if label else "")
+    files: list[str] = args.file
+    if len(files) == 1:
+        try:
+            player = open_replay(files[0], speed=args.speed)
+        except RecordingError as exc:
+            raise CliError(str(exc))
+        label = player.loader.recording.label if player.loader is not None else ""
+        subtitle = f"replay {Path(files[0]).name}" + (f" · {label}" if label else "")
+    else:
+        opened = _load(files, args.align)
+        opened.close()  # all loaded: the files are not needed any more
+        player = Player(opened.session, speed=args.speed)
+        names = ", ".join(p.origin for p in opened.parts)
+        subtitle = f"replay of {len(files)} recordings merged ({args.align} clock): {names}"
     try:
         from ..tui.replay import ReplayApp
 
@@ -301,13 +340,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Print what a recording holds."""
-    from .info import format_summary, summarize
+    from .info import format_summary, summarize_opened
 
-    rec, session = _load(args.file)
+    opened = _load(args.file, args.align)
     try:
-        info = summarize(rec, session)
+        info = summarize_opened(opened)
     finally:
-        rec.close()
+        opened.close()
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -319,22 +358,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Write the recording's tables as CSV or JSON lines."""
     from .export import TABLES, table, write
 
-    rec, session = _load(args.file)
+    opened = _load(args.file, args.align)
     try:
         names = [args.table] if args.table else list(TABLES)
         if args.table and not args.out:
-            write(table(rec, session, args.table), args.format, sys.stdout)
+            write(table(opened, args.table), args.format, sys.stdout)
             return EXIT_OK
-        out = Path(args.out) if args.out else Path(Path(args.file).stem + "-export")
+        out = Path(args.out) if args.out else Path(Path(args.file[0]).stem + "-export")
         try:
             out.mkdir(parents=True, exist_ok=True)
             total = 0
             for name in names:
                 with open(out / f"{name}.{args.format}", "w", newline="") as f:
-                    total += write(table(rec, session, name), args.format, f)
+                    total += write(table(opened, name), args.format, f)
         except OSError as exc:
             raise CliError(f"cannot write to {out}: {exc.strerror or exc}", EXIT_ERROR)
     finally:
-        rec.close()
+        opened.close()
     print(f"gpuwatch: wrote {len(names)} tables, {total} rows, to {out}{os.sep}", file=sys.stderr)
     return EXIT_OK

@@ -19,7 +19,7 @@ import numpy as np
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.model import GPU_COLUMNS, PHASE_COLUMNS
 from ._schema import SERIES
-from .reader import Recording
+from .multi import Opened
 
 Columns = dict[str, list[Any]]
 
@@ -48,12 +48,23 @@ def _concat(parts: list[Columns]) -> Columns:
     return {k: [v for part in parts for v in part[k]] for k in parts[0]}
 
 
-def _meta(rec: Recording, s: Session) -> Columns:
-    keys = sorted(rec.meta)
-    return {"key": keys, "value": [rec.meta[k] for k in keys]}
+def _meta(src: Opened, s: Session) -> Columns:
+    if not src.merged:
+        rec = src.recordings[0]
+        keys = sorted(rec.meta)
+        return {"key": keys, "value": [rec.meta[k] for k in keys]}
+    # Several files: one row per file and key, with the file's origin and its time shift.
+    out: Columns = {"origin": [], "key": [], "value": []}
+    for rec, part in zip(src.recordings, src.parts, strict=True):
+        meta = {**rec.meta, "file": str(rec.path), "shift_ns": str(part.shift)}
+        for key in sorted(meta):
+            out["origin"].append(part.origin)
+            out["key"].append(key)
+            out["value"].append(meta[key])
+    return out
 
 
-def _devices(rec: Recording, s: Session) -> Columns:
+def _devices(src: Opened, s: Session) -> Columns:
     names = ("key", "kind", "index", "name", "uuid", "bus_id", "total", "state", "note", "source")
     return {n: [getattr(d, n) for d in s.devices.values()] for n in names}
 
@@ -61,7 +72,7 @@ def _devices(rec: Recording, s: Session) -> Columns:
 def _per_device(kind: str, build: Callable[[Session, dict[str, np.ndarray]], Columns]):
     """A table of every GPU's rows of one kind, with a ``device`` column first."""
 
-    def table(rec: Recording, s: Session) -> Columns:
+    def table(src: Opened, s: Session) -> Columns:
         tables = list(getattr(s, kind).items()) or [("", Table(SERIES[kind][0]))]
         parts = []
         for key, tab in tables:
@@ -86,17 +97,22 @@ def _gpu_processes(s: Session, c: dict[str, np.ndarray]) -> Columns:
     return out
 
 
-def _host(rec: Recording, s: Session) -> Columns:
-    c = s.host.snapshot()
-    out = {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)}
-    out.update({n: _list(c[n]) for n in ("total", "used", "available")})
-    return out
+def _host(src: Opened, s: Session) -> Columns:
+    parts = []
+    for key, tab in list(s.hosts.items()) or [("", Table(SERIES["host"][0]))]:
+        c = tab.snapshot()
+        # Merged files have a host each: say which, as the GPU tables do.
+        out: Columns = {"device": [key] * len(c["t"])} if src.merged else {}
+        out.update({"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)})
+        out.update({n: _list(c[n]) for n in ("total", "used", "available")})
+        parts.append(out)
+    return _concat(parts)
 
 
 def _per_process(kind: str, build: Callable[[Session, Process, dict[str, np.ndarray]], Columns]):
     """A table of every process's rows of one kind, with a ``pid`` column first."""
 
-    def table(rec: Recording, s: Session) -> Columns:
+    def table(src: Opened, s: Session) -> Columns:
         procs = list(s.processes.values()) or [Process(0)]  # no processes: just the header
         parts = []
         for p in procs:
@@ -153,7 +169,7 @@ def _phases(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
     return out
 
 
-def _open_phases(rec: Recording, s: Session) -> Columns:
+def _open_phases(src: Opened, s: Session) -> Columns:
     names = ("id", "name", "t0", "step", "depth", "parent", "dev", "alloc0", "reserved0")
     rows = [(p.pid, o) for p in s.processes.values() for o in p.open.values()]
     out: Columns = {"pid": [pid for pid, _ in rows]}
@@ -162,7 +178,7 @@ def _open_phases(rec: Recording, s: Session) -> Columns:
     return out
 
 
-def _marks(rec: Recording, s: Session) -> Columns:
+def _marks(src: Opened, s: Session) -> Columns:
     return {
         "pid": [m.pid for m in s.marks],
         "t": [m.t for m in s.marks],
@@ -176,7 +192,7 @@ def _marks(rec: Recording, s: Session) -> Columns:
 _OOM_FIELDS = ("phase", "step", "requested", "free", "total", "dev", "allocated", "reserved")
 
 
-def _ooms(rec: Recording, s: Session) -> Columns:
+def _ooms(src: Opened, s: Session) -> Columns:
     out: Columns = {
         "pid": [o.pid for o in s.ooms],
         "t": [o.t for o in s.ooms],
@@ -187,7 +203,7 @@ def _ooms(rec: Recording, s: Session) -> Columns:
     return out
 
 
-def _processes(rec: Recording, s: Session) -> Columns:
+def _processes(src: Opened, s: Session) -> Columns:
     procs = list(s.processes.values())
     hello = [p.hello for p in procs]
     return {
@@ -211,7 +227,7 @@ def _processes(rec: Recording, s: Session) -> Columns:
     }
 
 
-def _process_info(rec: Recording, s: Session) -> Columns:
+def _process_info(src: Opened, s: Session) -> Columns:
     items = list(s.proc_info.items())
     keys = sorted({k for _, info in items for k in info})
     out: Columns = {"pid": [pid for pid, _ in items]}
@@ -219,9 +235,17 @@ def _process_info(rec: Recording, s: Session) -> Columns:
     return out
 
 
-def _events(rec: Recording, s: Session) -> Columns:
-    events = rec.events()
-    return {
+def _events(src: Opened, s: Session) -> Columns:
+    events = []
+    for rec, part in zip(src.recordings, src.parts, strict=True):
+        for e in rec.events():
+            e["t"] += part.shift
+            e["pid"] = part.pids.get(e["pid"], e["pid"])
+            e["origin"] = part.origin
+            events.append(e)
+    events.sort(key=lambda e: e["t"])
+    out: Columns = {"origin": [e["origin"] for e in events]} if src.merged else {}
+    return out | {
         "seq": [e["seq"] for e in events],
         "t": [e["t"] for e in events],
         "time_s": [round((e["t"] - s.t_origin) / 1e9, 9) for e in events],
@@ -231,16 +255,16 @@ def _events(rec: Recording, s: Session) -> Columns:
     }
 
 
-def _rejects(rec: Recording, s: Session) -> Columns:
+def _rejects(src: Opened, s: Session) -> Columns:
     items = sorted(s.rejects.items())
     return {"reason": [k for k, _ in items], "count": [v for _, v in items]}
 
 
-def _notes(rec: Recording, s: Session) -> Columns:
+def _notes(src: Opened, s: Session) -> Columns:
     return {"text": list(s.notes)}
 
 
-TABLES: dict[str, Callable[[Recording, Session], Columns]] = {
+TABLES: dict[str, Callable[[Opened, Session], Columns]] = {
     "meta": _meta,
     "devices": _devices,
     "gpu": _per_device("gpu", _gpu),
@@ -264,9 +288,9 @@ TABLES: dict[str, Callable[[Recording, Session], Columns]] = {
 FORMATS = ("csv", "jsonl")
 
 
-def table(rec: Recording, session: Session, name: str) -> Columns:
-    """One export table as columns of Python values."""
-    return TABLES[name](rec, session)
+def table(src: Opened, name: str) -> Columns:
+    """One export table of one recording, or of several merged, as Python values."""
+    return TABLES[name](src, src.session)
 
 
 def _rows(cols: Columns) -> Iterator[tuple[Any, ...]]:

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from ..fmt import fmt_bytes, fmt_duration
-from ..session import HOST, MISSING_INT, Process, Session
+from ..session import MISSING_INT, Process, Session
+from .multi import Opened
 from .reader import Recording
 
 
@@ -49,15 +50,42 @@ def summarize(rec: Recording, session: Session) -> dict[str, Any]:
         rec: The open recording (for its metadata).
         session: Its fully loaded session.
     """
-    s = session
-    first, last = s.time_range()
-    origin = s.t_origin
+    first, last = session.time_range()
+    out = _file(rec)
+    out.update(_extent(session, first, last))
+    out["bytes"] = rec.file_size()
+    out.update(_content(session))
+    return out
 
-    def rel(t: int) -> float:
-        return round((t - origin) / 1e9, 6)
 
+def summarize_opened(opened: Opened) -> dict[str, Any]:
+    """:func:`summarize` of one file, or of several merged: ``files`` then the content.
+
+    Each entry of ``files`` says where that recording lies on the merged time axis
+    (``start_s`` / ``end_s``) and how far it was shifted to get there (``shift_s``).
+    """
+    if not opened.merged:
+        return summarize(opened.recordings[0], opened.session)
+    s = opened.session
+    files = []
+    for rec, part in zip(opened.recordings, opened.parts, strict=True):
+        first, last = part.session.time_range()
+        entry = _file(rec)
+        entry["origin"] = part.origin
+        entry["shift_s"] = round(part.shift / 1e9, 6)
+        entry.update(_extent(s, first + part.shift, last + part.shift))
+        entry["bytes"] = rec.file_size()
+        files.append(entry)
+    out: dict[str, Any] = {"files": files}
+    out.update(_extent(s, *s.time_range()))
+    out["bytes"] = sum(f["bytes"] for f in files)
+    out.update(_content(s))
+    return out
+
+
+def _file(rec: Recording) -> dict[str, Any]:
     created = int(rec.meta.get("created_wall_ns", "0") or 0)
-    out: dict[str, Any] = {
+    return {
         "file": str(rec.path),
         "format": rec.meta.get("format"),
         "schema": int(rec.meta["schema"]),
@@ -68,29 +96,43 @@ def summarize(rec: Recording, session: Session) -> dict[str, Any]:
         .isoformat(timespec="seconds")
         .replace("+00:00", "Z"),
         "complete": rec.complete,
-        "start_s": rel(first),
-        "end_s": rel(last),
-        "duration_s": round((last - first) / 1e9, 6),
-        "bytes": rec.file_size(),
     }
+
+
+def _extent(s: Session, first: int, last: int) -> dict[str, float]:
+    return {
+        "start_s": round((first - s.t_origin) / 1e9, 6),
+        "end_s": round((last - s.t_origin) / 1e9, 6),
+        "duration_s": round((last - first) / 1e9, 6),
+    }
+
+
+def _content(s: Session) -> dict[str, Any]:
+    origin = s.t_origin
+
+    def rel(t: int) -> float:
+        return round((t - origin) / 1e9, 6)
+
+    out: dict[str, Any] = {}
     devices = []
     for key, dev in s.devices.items():
-        table = s.host if key == HOST else s.gpu.get(key)
+        table = s.hosts.get(key) if dev.kind == "host" else s.gpu.get(key)
         cols = table.snapshot() if table is not None else {"used": np.zeros(0, np.int64)}
-        devices.append(
-            {
-                "key": key,
-                "kind": dev.kind,
-                "index": dev.index,
-                "name": dev.name,
-                "uuid": dev.uuid,
-                "total": dev.total,
-                "state": dev.state,
-                "source": dev.source,
-                "samples": len(cols["used"]),
-                "used_max": _max(cols["used"]),
-            }
-        )
+        entry = {
+            "key": key,
+            "kind": dev.kind,
+            "index": dev.index,
+            "name": dev.name,
+            "uuid": dev.uuid,
+            "total": dev.total,
+            "state": dev.state,
+            "source": dev.source,
+            "samples": len(cols["used"]),
+            "used_max": _max(cols["used"]),
+        }
+        if dev.origin:
+            entry["origin"] = dev.origin
+        devices.append(entry)
     out["devices"] = devices
     out["processes"] = [_process(s, p, rel) for p in s.processes.values()]
     out["phases"] = _phases(s)
@@ -123,7 +165,7 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
     known = cols["step"] != MISSING_INT
     mask = known & np.isin(cols["name"], opt)
     steps = cols["step"][mask if mask.any() else known]
-    return {
+    out = {
         "pid": p.pid,
         "label": p.label,
         "argv": p.hello.get("argv"),
@@ -143,6 +185,10 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
         "dropped": p.dropped,
         "gaps": p.gaps,
     }
+    if p.origin:  # merged: which recording, and its own pid if renumbered
+        out["origin"] = p.origin
+        out["os_pid"] = p.os_pid if p.os_pid is not None else p.pid
+    return out
 
 
 _REPORTED = (("peak_allocated", "peak_alloc"), ("peak_reserved", "peak_reserved"))
@@ -197,13 +243,21 @@ def _phases(s: Session) -> dict[str, dict[str, Any]]:
 
 def format_summary(info: dict[str, Any]) -> str:
     """The human-readable report of :func:`summarize`'s dict."""
-    lines = [f"{info['file']}" + (f" — {info['label']}" if info["label"] else "")]
-    state = "complete" if info["complete"] else "incomplete (still written, or interrupted)"
-    lines.append(
-        f"  {fmt_duration(info['duration_s'] * 1e9)} on {info['host']}, started "
-        f"{info['created']}, gpuwatch {info['gpuwatch_version']}, {state}, "
-        f"{fmt_bytes(info['bytes'])}"
-    )
+    lines: list[str] = []
+    if "files" in info:
+        lines.append(
+            f"{len(info['files'])} recordings merged: {fmt_duration(info['duration_s'] * 1e9)}"
+            f" in all, {fmt_bytes(info['bytes'])}"
+        )
+        for f in info["files"]:
+            lines += _file_lines(f, f"{f['origin']}: ")
+            lines.append(
+                f"    from {fmt_duration(f['start_s'] * 1e9)} to "
+                f"{fmt_duration(f['end_s'] * 1e9)} on the merged clock"
+                f" (shifted {f['shift_s']:+.3f} s)"
+            )
+    else:
+        lines += _file_lines(info)
     lines.append("devices")
     for d in info["devices"]:
         where = (
@@ -211,6 +265,8 @@ def format_summary(info: dict[str, Any]) -> str:
             if d["kind"] == "host"
             else f"gpu {d['index'] if d['index'] is not None else '?'}"
         )
+        if d.get("origin"):
+            where = f"{d['origin']} {where}"
         extra = f" [{d['state']}]" if d["state"] != "ok" else ""
         lines.append(
             f"  {where:6} {d['name'] or d['key']:24} total {fmt_bytes(d['total'])}"
@@ -251,3 +307,13 @@ def format_summary(info: dict[str, Any]) -> str:
         )
     lines += [f"note: {n}" for n in info["notes"]]
     return "\n".join(lines)
+
+
+def _file_lines(f: dict[str, Any], prefix: str = "") -> list[str]:
+    state = "complete" if f["complete"] else "incomplete (still written, or interrupted)"
+    return [
+        f"{prefix}{f['file']}" + (f" — {f['label']}" if f["label"] else ""),
+        f"  {fmt_duration(f['duration_s'] * 1e9)} on {f['host']}, started "
+        f"{f['created']}, gpuwatch {f['gpuwatch_version']}, {state}, "
+        f"{fmt_bytes(f['bytes'])}",
+    ]

@@ -1,0 +1,91 @@
+"""Several recordings opened as one session (``replay``, ``info`` and ``export`` of FILE...).
+
+Each file is validated and loaded whole, then :func:`gpuwatch.session.merge.merge` puts
+them on one clock (each file's wall-clock offset) with devices named by host. One file is
+opened as itself, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..session import Session
+from ..session.merge import Part, merge, origins
+from ._schema import SUFFIX
+from .reader import Recording, RecordingError, open_recording
+
+Progress = Callable[[int, int, Path], None]
+"""``progress(i, n, path)``: about to load file ``i`` (0-based) of ``n``."""
+
+
+@dataclass
+class Opened:
+    """Open recordings and the session they make.
+
+    Attributes:
+        recordings: The files, in the order given.
+        parts: One per file: its origin name, time shift and pid renumbering.
+        session: The merged session (a single file's own session when there is one).
+    """
+
+    recordings: list[Recording]
+    parts: list[Part]
+    session: Session
+
+    @property
+    def merged(self) -> bool:
+        return len(self.recordings) > 1
+
+    def close(self) -> None:
+        for rec in self.recordings:
+            rec.close()
+
+
+def load_many(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    align: str = "wall",
+    strict: bool = True,
+    progress: Progress | None = None,
+) -> Opened:
+    """Open, validate and fully load every file; merge them when there are several.
+
+    Args:
+        paths: One or more recordings.
+        align: ``"wall"`` or ``"start"`` (see :func:`~gpuwatch.session.merge.merge`).
+        strict: A damaged chunk is an error (else what loaded before it is kept).
+        progress: Called before each file is loaded.
+
+    Raises:
+        RecordingError: A file is not a readable recording, or a file is given twice.
+    """
+    resolved = [Path(p).resolve() for p in paths]
+    for i, path in enumerate(resolved):
+        if path in resolved[:i]:
+            raise RecordingError(f"{paths[i]} is given twice")
+    recordings: list[Recording] = []
+    sessions: list[Session] = []
+    try:
+        for i, path in enumerate(paths):
+            if progress is not None:
+                progress(i, len(paths), Path(path))
+            rec = open_recording(path)
+            recordings.append(rec)
+            session, loader = rec.open_session()
+            loader.load_all(strict=strict)
+            sessions.append(session)
+    except BaseException:
+        for rec in recordings:
+            rec.close()
+        raise
+    if len(sessions) == 1:
+        return Opened(recordings, [Part(sessions[0], "")], sessions[0])
+    names = origins(
+        [rec.meta.get("host", "") for rec in recordings],
+        [rec.path.name.removesuffix(SUFFIX) for rec in recordings],
+    )
+    parts = [Part(s, name) for s, name in zip(sessions, names, strict=True)]
+    return Opened(recordings, parts, merge(parts, align))

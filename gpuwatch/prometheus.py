@@ -372,8 +372,11 @@ class SessionCollector:
         return _index(device.index) if device is not None else ""
 
     def _phase(self, name: str) -> str:
+        """The ``phase`` label of an open span (its name is interned when it ends)."""
         nid = self.session._name_ids.get(name)
-        return name if nid is not None and nid < MAX_PHASE_NAMES else OTHER_PHASE
+        if nid is None:  # first of its name: it gets the next id when it ends
+            nid = len(self.session.names)
+        return name if nid < MAX_PHASE_NAMES else OTHER_PHASE
 
     def _phase_of(self, nid: int) -> str:
         return self.session.names[nid] if nid < MAX_PHASE_NAMES else OTHER_PHASE

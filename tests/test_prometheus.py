@@ -393,3 +393,9 @@ def test_the_cli_loads_prometheus_client_only_when_serving() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_docs_describe_every_metric() -> None:
+    doc = (ROOT / "docs" / "prometheus.md").read_text()
+    missing = [m.name for m in METRICS if f"`{m.name}`" not in doc]
+    assert missing == []

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, SAMPLE, wait_for
+from test_grafana_dashboard import dashboard_queries
 
 from gpuwatch.store import open_recording
 
@@ -147,12 +148,19 @@ def prometheus_factory(tmp_path: Path) -> Iterator:
             proc.wait()
 
 
+def ask(base: str, promql: str) -> tuple[int, dict]:
+    """An instant query: HTTP status and Prometheus's JSON answer."""
+    status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, {"error": body}
+
+
 def query(base: str, promql: str) -> list[dict]:
     """An instant query's result vector (empty while Prometheus has nothing)."""
-    status, body = http_get(f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-    if status != 200:
-        return []
-    return json.loads(body)["data"]["result"]
+    status, answer = ask(base, promql)
+    return answer["data"]["result"] if status == 200 else []
 
 
 def test_prometheus_scrapes_a_recorded_run(recording, prometheus_factory) -> None:
@@ -190,6 +198,19 @@ def test_prometheus_scrapes_a_recorded_run(recording, prometheus_factory) -> Non
     (rss,) = query(base, "gpuwatch_process_rss_bytes")
     assert rss["metric"]["pid"] == pid and float(rss["value"][1]) > 0
     assert query(base, 'up{job="gpuwatch"} == 1')
+
+    # Every query of the Grafana dashboard is valid PromQL, and its NVML line has data.
+    variables = {"$host": socket.gethostname(), "$gpu": "0", "$__rate_interval": "1m"}
+    for q in dashboard_queries():
+        if q.startswith("label_values("):
+            continue  # Grafana's, not PromQL
+        for var, v in variables.items():
+            q = q.replace(var, v)
+        status, answer = ask(base, q)
+        assert status == 200 and answer.get("status") == "success", (q, answer)
+    (nvml,) = [q for q in dashboard_queries() if q.startswith("gpuwatch_gpu_memory_used_bytes")]
+    nvml = nvml.replace("$host", socket.gethostname()).replace("$gpu", "0")
+    assert len(query(base, nvml)) == 1
 
     # Stop the run (SIGTERM reaches the script through gpuwatch); the recording names
     # the same process Prometheus saw.

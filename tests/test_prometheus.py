@@ -399,3 +399,35 @@ def test_docs_describe_every_metric() -> None:
     doc = (ROOT / "docs" / "prometheus.md").read_text()
     missing = [m.name for m in METRICS if f"`{m.name}`" not in doc]
     assert missing == []
+
+
+@pytest.mark.tmux
+def test_live_dashboard_serves_metrics_and_shows_where(sock_path: str) -> None:
+    from tmuxhelp import Tmux
+
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "GPUWATCH_SOCKET": sock_path,
+        "GPUWATCH_NVML_BACKEND": "tests.fake_nvml",
+        "GPUWATCH_FAKE_NVML": json.dumps({"gpus": 2, "trace": "flat"}),
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+    cmd = f"{sys.executable} -m gpuwatch --no-record --prometheus 0"
+    tmux = Tmux(cmd, env, width=220)
+    try:
+        shown = r"metrics http://127\.0\.0\.1:(\d+)/metrics"
+        assert tmux.wait_for_text("metrics http://"), tmux.screen()
+        match = re.search(shown, tmux.screen())
+        assert match, tmux.screen()
+        url = f"http://127.0.0.1:{match.group(1)}/metrics"
+        text = get(url)
+        for gpu in ("0", "1"):
+            assert re.search(rf'gpuwatch_gpu_memory_used_bytes\{{gpu="{gpu}"', text), text
+        tmux.keys("q")
+        assert tmux.wait_for_text("EXIT=0"), tmux.screen()
+        with pytest.raises(OSError):  # stopped with the dashboard
+            get(url)
+    finally:
+        tmux.close()

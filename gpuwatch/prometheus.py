@@ -277,7 +277,7 @@ class SessionCollector:
         host = self.host
         torch = _torch_last(proc)
         for dev, (allocated, reserved) in torch.items():
-            labels = [*ids, self._gpu_of(proc, dev), host]
+            labels = [*ids, self._gpu_of(proc, dev, ""), host]
             _add(f["gpuwatch_process_torch_allocated_bytes"], labels, allocated)
             _add(f["gpuwatch_process_torch_reserved_bytes"], labels, reserved)
         rss = proc.rss.last()
@@ -286,28 +286,24 @@ class SessionCollector:
         main_dev = next(reversed(torch), None) if torch else folded.last_dev
         if (main_dev is None or main_dev == MISSING_INT) and proc.devices:
             main_dev = min(proc.devices)
-        gpu = self._gpu_of(proc, main_dev)
+        gpu = self._gpu_of(proc, main_dev, "")
         opened = list(proc.open.values())
         step = folded.last_step
         if opened:
             now = max(opened, key=lambda o: (o.depth, o.t0))
-            labels = [*ids, self._gpu_of(proc, now.dev) if now.dev is not None else gpu, host]
+            labels = [*ids, self._gpu_of(proc, now.dev, gpu), host]
             f["gpuwatch_process_phase_info"].add_metric([*labels, self._phase(now.name)], 1)
             step = now.step if now.step is not None else step
         _add(f["gpuwatch_process_step"], [*ids, gpu, host], step)
         for nid, (pa, pr, dev) in folded.peaks.items():
-            labels = [*ids, self._gpu_of(proc, dev), host, self._phase_of(nid)]
+            labels = [*ids, self._gpu_of(proc, dev, gpu), host, self._phase_of(nid)]
             _add(f["gpuwatch_process_phase_peak_allocated_bytes"], labels, pa)
             _add(f["gpuwatch_process_phase_peak_reserved_bytes"], labels, pr)
-        counts: Counter[str] = Counter()
-        seconds: Counter[str] = Counter()
         for nid, n in folded.count.items():
-            counts[self._phase_of(nid)] += n
-            seconds[self._phase_of(nid)] += folded.seconds[nid]
-        for phase, n in counts.items():
-            labels = [*ids, gpu, host, phase]
+            labels = [*ids, gpu, host, self._phase_of(nid)]
             f["gpuwatch_process_phases_total"].add_metric(labels, n)
-            f["gpuwatch_process_phase_seconds_total"].add_metric(labels, seconds[phase] / 1e9)
+            seconds = folded.seconds[nid] / 1e9
+            f["gpuwatch_process_phase_seconds_total"].add_metric(labels, seconds)
         self._predicted(f, proc, folded, [*ids, gpu, host])
         f["gpuwatch_process_ooms_total"].add_metric([*ids, host], ooms)
         f["gpuwatch_process_dropped_events_total"].add_metric([*ids, host], proc.dropped)
@@ -340,7 +336,8 @@ class SessionCollector:
             return
         new = {k: c[folded.seen : n] for k, c in cols.items()}
         folded.seen = n
-        names = new["name"]
+        # Names past the cap share one key (and one label), so their series stay one each.
+        names = np.minimum(new["name"], MAX_PHASE_NAMES)
         ids, inverse = np.unique(names, return_inverse=True)
         counts = np.bincount(inverse, minlength=len(ids))
         ns = np.bincount(inverse, weights=(new["t1"] - new["t0"]).astype(np.float64))
@@ -365,11 +362,12 @@ class SessionCollector:
 
     # ------------------------------------------------------------------ helpers
 
-    def _gpu_of(self, proc: Process, dev: int | None) -> str:
-        """The NVML index (as the ``gpu`` label) of a process's torch device."""
+    def _gpu_of(self, proc: Process, dev: int | None, default: str) -> str:
+        """The ``gpu`` label (NVML index) of a process's torch device; ``default`` when
+        the device is not known (none given, or not among those the process named)."""
         key = proc.devices.get(dev) if dev is not None else None
         device = self.session.devices.get(key) if key is not None else None
-        return _index(device.index) if device is not None else ""
+        return _index(device.index) if device is not None else default
 
     def _phase(self, name: str) -> str:
         """The ``phase`` label of an open span (its name is interned when it ends)."""

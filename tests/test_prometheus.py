@@ -45,11 +45,14 @@ def scrape(collector: SessionCollector) -> list[Sample]:
     registry = CollectorRegistry()
     registry.register(collector)
     text = generate_latest(registry).decode()
-    return [
+    samples = [
         (s.name, s.labels, s.value)
         for family in text_string_to_metric_families(text)
         for s in family.samples
     ]
+    series = [(name, tuple(sorted(labels.items()))) for name, labels, _ in samples]
+    assert len(set(series)) == len(series), "a series twice: Prometheus rejects the scrape"
+    return samples
 
 
 def find(samples: list[Sample], metric: str, /, **labels: str) -> list[Sample]:
@@ -213,13 +216,23 @@ def test_processes_that_ended_are_not_exported(session: Session) -> None:
 def test_phase_names_beyond_the_cap_share_one_label() -> None:
     s = Session(t_origin=0)
     send = Sender(s, 1, seq=0)
+    collector = SessionCollector(s, host="h")
     for i in range(MAX_PHASE_NAMES + 40):  # a script that puts the step into the name
+        figures = {"allocated": i, "reserved": i, "peak_allocated": i, "peak_reserved": i}
         send("phase", 2 * i * MS, event="begin", name=f"step {i}", id=i + 1, depth=0)
-        send("phase", (2 * i + 1) * MS, event="end", name=f"step {i}", id=i + 1)
-    samples = scrape(SessionCollector(s, host="h"))
-    phases = {s[1]["phase"] for s in find(samples, "gpuwatch_process_phases_total")}
-    assert len(phases) == MAX_PHASE_NAMES + 1
+        send("phase", (2 * i + 1) * MS, event="end", name=f"step {i}", id=i + 1, **figures)
+        if i in (MAX_PHASE_NAMES - 2, MAX_PHASE_NAMES + 10):
+            scrape(collector)  # folding in several batches must agree with one
+    send("phase", 999 * MS, event="begin", name="step 999", id=10**6, depth=0)
+    samples = scrape(collector)  # every series once (scrape() checks)
+    for metric in ("gpuwatch_process_phases_total", "gpuwatch_process_phase_peak_allocated_bytes"):
+        phases = {s[1]["phase"] for s in find(samples, metric)}
+        assert len(phases) == MAX_PHASE_NAMES + 1 and "other" in phases
     assert value(samples, "gpuwatch_process_phases_total", phase="other") == 40
+    last = MAX_PHASE_NAMES + 39  # the newest of the names labelled "other"
+    assert value(samples, "gpuwatch_process_phase_peak_allocated_bytes", phase="other") == last
+    (info,) = find(samples, "gpuwatch_process_phase_info")
+    assert info[1]["phase"] == "other"
 
 
 def test_every_exported_name_is_declared_and_follows_the_conventions(session: Session) -> None:

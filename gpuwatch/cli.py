@@ -11,9 +11,12 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .live import LiveSources
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -45,8 +48,45 @@ def _interval_ms(text: str) -> float:
     return value
 
 
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """``--prometheus [HOST:]PORT``: ``9400``, ``0.0.0.0:9400``, ``[::1]:9400``.
+
+    Only this machine can scrape unless a host is given: the port alone binds loopback.
+    Port 0 picks a free port.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a port, or an IPv6 address without brackets.
+    """
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host = DEFAULT_METRICS_HOST
+    elif text.startswith("[") and not host.endswith("]"):
+        raise argparse.ArgumentTypeError(f"expected [IPv6 ADDRESS]:PORT, got {text!r}")
+    elif host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an IPv6 address: [{host}]")
+    elif ":" in host:
+        raise argparse.ArgumentTypeError(
+            f"put an IPv6 address in brackets, e.g. [::1]:9400 (got {text!r})"
+        )
+    elif not host:
+        raise argparse.ArgumentTypeError(f"no host before ':' in {text!r} (e.g. 0.0.0.0:9400)")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port (0 to 65535): {port!r}")
+    return host, int(port)
+
+
 def add_source_options(p: argparse.ArgumentParser) -> None:
-    """``--interval`` and ``--socket``: how the live sources sample and listen."""
+    """``--interval``, ``--socket`` and ``--prometheus``: how the live sources run."""
     p.add_argument(
         "--interval",
         type=_interval_ms,
@@ -59,6 +99,20 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="annotation socket (default: $GPUWATCH_SOCKET or a per-user path)",
     )
+    p.add_argument(
+        "--prometheus",
+        type=metrics_address,
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST defaults to "
+        "127.0.0.1; 0.0.0.0:PORT for every interface; port 0 picks a free one)",
+    )
+
+
+def configure_metrics(sources: LiveSources, args: argparse.Namespace) -> None:
+    """Tell live sources to serve Prometheus metrics, from ``--prometheus``."""
+    address = getattr(args, "prometheus", None)
+    if address is not None:
+        sources.serve_metrics(*address)
 
 
 def add_dashboard_options(p: argparse.ArgumentParser) -> None:
@@ -159,6 +213,7 @@ def cmd_live(args: argparse.Namespace) -> int:
 
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     configure_recording(sources, args)
+    configure_metrics(sources, args)
     sources.start()
     try:
         from .tui.app import GpuwatchApp
@@ -191,6 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_theme(theme)
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     configure_recording(sources, args)
+    configure_metrics(sources, args)
 
     def terminated(signum: int, frame: object) -> None:
         # Until the dashboard takes these signals over: unwind, so the command is stopped.

@@ -1,7 +1,8 @@
 """The live sources of one gpuwatch process, started and stopped together.
 
 Used by the dashboard, ``gpuwatch record`` and ``gpuwatch run``: the annotation receiver,
-the host sampler and the NVML sampler all fill one :class:`~gpuwatch.session.Session`.
+the host sampler and the NVML sampler all fill one :class:`~gpuwatch.session.Session`;
+the recorder and the Prometheus exporter (``--prometheus``) read it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class LiveSources:
         self.recorder: Any = None  # a gpuwatch.store.Recorder while recording
         self.record_path: Path | None = None
         self._record: dict[str, Any] | None = None
+        self.metrics: Any = None  # a gpuwatch.prometheus.MetricsServer while serving
+        self._metrics_at: tuple[str, int] | None = None
 
     def record_to(
         self,
@@ -53,6 +56,10 @@ class LiveSources:
         self.record_path = Path(path)
         self._record = {"label": label, "overwrite": overwrite, "optional": optional}
 
+    def serve_metrics(self, host: str, port: int) -> None:
+        """Serve Prometheus metrics on ``host:port`` once started (port 0: any free one)."""
+        self._metrics_at = (host, port)
+
     @property
     def socket_path(self) -> str:
         return self.receiver.path
@@ -69,8 +76,9 @@ class LiveSources:
             raise CliError(str(exc))
         except OSError as exc:
             raise CliError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
-        # After the socket (a second gpuwatch fails there without leaving a file), before
-        # the samplers (nothing is missed).
+        # After the socket (a second gpuwatch fails there), before the recorder (a port in
+        # use leaves no file behind) and the samplers (nothing is missed).
+        self._start_metrics()
         self._start_recorder()
         self.receiver.start()
         self.host.start()
@@ -78,6 +86,22 @@ class LiveSources:
 
         self.gpu = GpuSampler(self.session, interval=self.interval)
         self.gpu.start()
+
+    def _start_metrics(self) -> None:
+        if self._metrics_at is None:
+            return
+        from .prometheus import MetricsServer  # prometheus_client only when asked for
+
+        host, port = self._metrics_at
+        server = MetricsServer(self.session, host, port, gone=self.host.gone)
+        try:
+            server.start()
+        except OSError as exc:
+            self.receiver.stop()
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            reason = exc.strerror or str(exc)
+            raise CliError(f"cannot serve metrics on {where}: {reason}")
+        self.metrics = server
 
     def _start_recorder(self) -> None:
         if self._record is None or self.record_path is None:
@@ -96,6 +120,8 @@ class LiveSources:
             )
             if not optional:
                 self.receiver.stop()
+                if self.metrics is not None:
+                    self.metrics.stop()
                 raise CliError(message)
             self.session.note(f"not recording: {message}")
             self.record_path = None
@@ -108,6 +134,8 @@ class LiveSources:
             self.gpu.stop()
         self.host.stop()
         self.receiver.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.recorder is not None:
             self.recorder.close()
 
@@ -122,4 +150,6 @@ class LiveSources:
             text += f" · recording {path}"
         elif self.recorder is None:
             text += " · not recording"
+        if self.metrics is not None:
+            text += f" · metrics {self.metrics.url}"
         return text

@@ -44,6 +44,10 @@ class HostSampler:
         if self._thread is not None:
             self._thread.join(timeout=2)
 
+    def gone(self, pid: int) -> bool:
+        """True once instrumented process ``pid`` was found to have exited."""
+        return pid in self._gone
+
     def _run(self) -> None:
         next_t = time.monotonic()
         while not self._stop.is_set():

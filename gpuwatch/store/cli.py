@@ -224,7 +224,7 @@ def _auto_label(session: Session) -> str:
 def cmd_record(args: argparse.Namespace) -> int:
     """Record until SIGINT/SIGTERM or ``--duration``, with a status line on stderr."""
     from .. import launch
-    from ..cli import command_after_dashes
+    from ..cli import command_after_dashes, configure_metrics
     from ..live import LiveSources
 
     out = Path(args.out)
@@ -233,6 +233,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     command = command_after_dashes(getattr(args, "command", None) or [])
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     sources.record_to(out, label=args.label, overwrite=args.force)
+    configure_metrics(sources, args)
     stop = threading.Event()
     child: launch.Child | None = None
     forward: launch.SignalForwarder | None = None
@@ -256,6 +257,8 @@ def cmd_record(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if sources.metrics is not None:
+            print(f"gpuwatch: metrics on {sources.metrics.url}", file=sys.stderr, flush=True)
         if command:
             try:
                 child = launch.start(

@@ -1,0 +1,474 @@
+"""A Prometheus exporter of a live session: ``--prometheus [HOST:]PORT``.
+
+:class:`SessionCollector` reads the newest values from the session when Prometheus
+scrapes (``Table.last()`` and snapshots, each under its table's short lock), so nothing
+runs on the sampling threads and a slow scrape cannot delay a sample.
+:class:`MetricsServer` serves it from prometheus_client's own HTTP server (a daemon
+thread, one more per request). The metrics, their labels and units are listed in
+:data:`METRICS` and documented in ``docs/prometheus.md``.
+
+Imported only when ``--prometheus`` is given: ``gpuwatch --help`` never loads
+prometheus_client.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from . import __version__
+from .session import MISSING_INT, Process, Session
+from .session.predicted import PredictedLine
+
+GPU = ("gpu", "uuid", "name", "host")
+PROC = ("pid", "rank", "host")
+PROC_GPU = ("pid", "rank", "gpu", "host")
+
+MAX_PHASE_NAMES = 64
+"""Distinct phase names exported as themselves; later ones are labelled ``other``, so a
+script that puts a step number into its phase names cannot grow the series without end."""
+
+OTHER_PHASE = "other"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One exported metric: name (with its unit suffix), type, labels and meaning."""
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    labels: tuple[str, ...]
+    help: str
+
+
+METRICS = (
+    Spec("gpuwatch_build_info", "gauge", ("version", "host"), "gpuwatch's version (always 1)."),
+    Spec(
+        "gpuwatch_gpu_up",
+        "gauge",
+        GPU,
+        "1 while NVML samples the GPU; 0 when it is lost or NVML keeps failing on it.",
+    ),
+    Spec(
+        "gpuwatch_gpu_memory_used_bytes",
+        "gauge",
+        GPU,
+        "NVML used device memory (what nvidia-smi shows), newest sample.",
+    ),
+    Spec("gpuwatch_gpu_memory_total_bytes", "gauge", GPU, "Total device memory."),
+    Spec(
+        "gpuwatch_gpu_utilization_ratio",
+        "gauge",
+        GPU,
+        "NVML GPU utilisation, 0 to 1 (time a kernel ran over NVML's last period).",
+    ),
+    Spec("gpuwatch_gpu_power_watts", "gauge", GPU, "Power draw."),
+    Spec("gpuwatch_gpu_temperature_celsius", "gauge", GPU, "GPU core temperature."),
+    Spec(
+        "gpuwatch_process_torch_allocated_bytes",
+        "gauge",
+        PROC_GPU,
+        "Bytes of live tensors (torch.cuda.memory_allocated) the process last reported.",
+    ),
+    Spec(
+        "gpuwatch_process_torch_reserved_bytes",
+        "gauge",
+        PROC_GPU,
+        "Bytes the caching allocator holds (torch.cuda.memory_reserved), last reported.",
+    ),
+    Spec(
+        "gpuwatch_process_rss_bytes",
+        "gauge",
+        PROC,
+        "Resident set size of the instrumented process, sampled by gpuwatch.",
+    ),
+    Spec(
+        "gpuwatch_process_phase_info",
+        "gauge",
+        (*PROC_GPU, "phase"),
+        "The phase the process is in now (the innermost open one); absent between phases.",
+    ),
+    Spec(
+        "gpuwatch_process_step",
+        "gauge",
+        PROC_GPU,
+        "The training step of the current (else the last ended) phase.",
+    ),
+    Spec(
+        "gpuwatch_process_phase_peak_allocated_bytes",
+        "gauge",
+        (*PROC_GPU, "phase"),
+        "Exact allocator peak of allocated bytes inside the last ended phase of this name.",
+    ),
+    Spec(
+        "gpuwatch_process_phase_peak_reserved_bytes",
+        "gauge",
+        (*PROC_GPU, "phase"),
+        "Exact allocator peak of reserved bytes inside the last ended phase of this name.",
+    ),
+    Spec(
+        "gpuwatch_process_phases_total",
+        "counter",
+        (*PROC_GPU, "phase"),
+        "Phases of this name that ended.",
+    ),
+    Spec(
+        "gpuwatch_process_phase_seconds_total",
+        "counter",
+        (*PROC_GPU, "phase"),
+        "Time spent in ended phases of this name (exact, whatever the scrape interval).",
+    ),
+    Spec(
+        "gpuwatch_process_predicted_bytes",
+        "gauge",
+        PROC_GPU,
+        "Predicted allocated bytes now, from the model facts and the phases.",
+    ),
+    Spec(
+        "gpuwatch_process_predicted_peak_bytes",
+        "gauge",
+        PROC_GPU,
+        "Highest predicted allocated bytes over all phases (the first step included).",
+    ),
+    Spec(
+        "gpuwatch_process_ooms_total",
+        "counter",
+        PROC,
+        "Out-of-memory errors the process reported.",
+    ),
+    Spec(
+        "gpuwatch_process_dropped_events_total",
+        "counter",
+        PROC,
+        "Events the process dropped before sending (its queue was full or no one listened).",
+    ),
+    Spec(
+        "gpuwatch_process_lost_events_total",
+        "counter",
+        PROC,
+        "Events the process sent that never arrived or were rejected (sequence gaps).",
+    ),
+    Spec(
+        "gpuwatch_receiver_rejected_datagrams_total",
+        "counter",
+        ("reason", "host"),
+        "Datagrams the annotation receiver refused, by reason (json, version, kind, "
+        "field, size, internal).",
+    ),
+)
+"""Everything the exporter can export, in exposition order."""
+
+
+@dataclass
+class _Folded:
+    """What the collector has gathered from one process's ended phases so far."""
+
+    seen: int = 0  # rows of Process.phases folded in
+    count: Counter[int] = field(default_factory=Counter)  # name id -> ended phases
+    seconds: Counter[int] = field(default_factory=Counter)  # name id -> ns inside
+    peaks: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # -> (alloc, res, dev)
+    last_step: int | None = None
+    last_dev: int | None = None
+    predicted: PredictedLine | None = None
+
+
+class SessionCollector:
+    """Turns the newest state of a session into Prometheus metric families.
+
+    Args:
+        session: The live session.
+        host: The ``host`` label (default: this machine's host name).
+        gone: Says whether an instrumented process has exited without saying goodbye
+            (the host sampler knows); such processes are no longer exported.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        host: str | None = None,
+        gone: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.session = session
+        self.host = host or socket.gethostname()
+        self.gone = gone
+        self._folded: dict[int, _Folded] = {}
+        # Concurrent scrapes (one thread per request) share _folded; no sampler takes this.
+        self._lock = threading.Lock()
+        self.scrapes = 0
+        self.cpu_seconds = 0.0  # this collector's thread CPU time, encoding included
+
+    def describe(self) -> Iterable[Metric]:
+        """The families, without samples (lets a registry refuse a clashing name)."""
+        return list(_families().values())
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families as of now.
+
+        A generator: its CPU time is counted until the registry has consumed it, so
+        :attr:`cpu_seconds` includes formatting the samples for the response.
+        """
+        start = time.thread_time()
+        try:
+            with self._lock:
+                families = _families()
+                self._gpus(families)
+                self._processes(families)
+                self._receiver(families)
+            yield from families.values()
+        finally:
+            with self._lock:
+                self.scrapes += 1
+                self.cpu_seconds += time.thread_time() - start
+
+    # ------------------------------------------------------------------ GPUs
+
+    def _gpus(self, f: dict[str, Metric]) -> None:
+        s = self.session
+        f["gpuwatch_build_info"].add_metric([__version__, self.host], 1)
+        for dev in list(s.devices.values()):
+            if dev.kind != "gpu":
+                continue
+            labels = [_index(dev.index), dev.uuid or "", dev.name, self.host]
+            table = s.gpu.get(dev.key)
+            row = table.last() if table is not None else None
+            up = dev.state == "ok" and dev.source == "nvml" and row is not None
+            f["gpuwatch_gpu_up"].add_metric(labels, 1 if up else 0)
+            total = dev.total if dev.total is not None else (row or {}).get("total")
+            _add(f["gpuwatch_gpu_memory_total_bytes"], labels, total)
+            if not up or row is None:
+                continue  # the newest values of a lost GPU are not its values now
+            _add(f["gpuwatch_gpu_memory_used_bytes"], labels, row["used"])
+            util = _number(row["util_gpu"])
+            _add(f["gpuwatch_gpu_utilization_ratio"], labels, None if util is None else util / 100)
+            _add(f["gpuwatch_gpu_power_watts"], labels, row["power"])
+            _add(f["gpuwatch_gpu_temperature_celsius"], labels, row["temp"])
+
+    # ------------------------------------------------------------------ processes
+
+    def _processes(self, f: dict[str, Metric]) -> None:
+        s = self.session
+        ooms = Counter(o.pid for o in list(s.ooms))
+        shown: set[int] = set()
+        for pid, proc in list(s.processes.items()):
+            if proc.ended is not None or (self.gone is not None and self.gone(pid)):
+                continue
+            shown.add(pid)
+            folded = self._folded.setdefault(pid, _Folded())
+            self._fold(proc, folded)
+            rank = proc.hello.get("rank")
+            ids = [str(pid), "" if rank is None else str(rank)]
+            self._process(f, proc, folded, ids, ooms[pid])
+        for pid in set(self._folded) - shown:  # ended: forget, so the state stays bounded
+            del self._folded[pid]
+
+    def _process(
+        self, f: dict[str, Metric], proc: Process, folded: _Folded, ids: list[str], ooms: int
+    ) -> None:
+        host = self.host
+        torch = _torch_last(proc)
+        for dev, (allocated, reserved) in torch.items():
+            labels = [*ids, self._gpu_of(proc, dev, ""), host]
+            _add(f["gpuwatch_process_torch_allocated_bytes"], labels, allocated)
+            _add(f["gpuwatch_process_torch_reserved_bytes"], labels, reserved)
+        rss = proc.rss.last()
+        _add(f["gpuwatch_process_rss_bytes"], [*ids, host], rss["rss"] if rss else None)
+        # The process's main GPU: where it last reported figures, else the first it named.
+        main_dev = next(reversed(torch), None) if torch else folded.last_dev
+        if (main_dev is None or main_dev == MISSING_INT) and proc.devices:
+            main_dev = min(proc.devices)
+        gpu = self._gpu_of(proc, main_dev, "")
+        opened = list(proc.open.values())
+        step = folded.last_step
+        if opened:
+            now = max(opened, key=lambda o: (o.depth, o.t0))
+            labels = [*ids, self._gpu_of(proc, now.dev, gpu), host]
+            f["gpuwatch_process_phase_info"].add_metric([*labels, self._phase(now.name)], 1)
+            step = now.step if now.step is not None else step
+        _add(f["gpuwatch_process_step"], [*ids, gpu, host], step)
+        for nid, (pa, pr, dev) in folded.peaks.items():
+            labels = [*ids, self._gpu_of(proc, dev, gpu), host, self._phase_of(nid)]
+            _add(f["gpuwatch_process_phase_peak_allocated_bytes"], labels, pa)
+            _add(f["gpuwatch_process_phase_peak_reserved_bytes"], labels, pr)
+        for nid, n in folded.count.items():
+            labels = [*ids, gpu, host, self._phase_of(nid)]
+            f["gpuwatch_process_phases_total"].add_metric(labels, n)
+            seconds = folded.seconds[nid] / 1e9
+            f["gpuwatch_process_phase_seconds_total"].add_metric(labels, seconds)
+        self._predicted(f, proc, folded, [*ids, gpu, host])
+        f["gpuwatch_process_ooms_total"].add_metric([*ids, host], ooms)
+        f["gpuwatch_process_dropped_events_total"].add_metric([*ids, host], proc.dropped)
+        f["gpuwatch_process_lost_events_total"].add_metric([*ids, host], proc.gaps)
+
+    def _predicted(
+        self, f: dict[str, Metric], proc: Process, folded: _Folded, labels: list[str]
+    ) -> None:
+        if not proc.facts:
+            return
+        if folded.predicted is None:
+            folded.predicted = PredictedLine(self.session, proc)
+        line = folded.predicted
+        try:
+            # Facts come from the script: a fact the predictor trips on costs this
+            # process its predicted series, not the whole scrape.
+            if not line.update() or line.prediction is None:
+                return
+            now = line.value_at(self.session.now())
+        except Exception:
+            return
+        _add(f["gpuwatch_process_predicted_peak_bytes"], labels, line.prediction.peak_bytes)
+        _add(f["gpuwatch_process_predicted_bytes"], labels, now)
+
+    def _fold(self, proc: Process, folded: _Folded) -> None:
+        """Count the phases that ended since the last scrape (only those are read)."""
+        cols = proc.phases.snapshot()
+        n = len(cols["t1"])
+        if n <= folded.seen:
+            return
+        new = {k: c[folded.seen : n] for k, c in cols.items()}
+        folded.seen = n
+        # Names past the cap share one key (and one label), so their series stay one each.
+        names = np.minimum(new["name"], MAX_PHASE_NAMES)
+        ids, inverse = np.unique(names, return_inverse=True)
+        counts = np.bincount(inverse, minlength=len(ids))
+        ns = np.bincount(inverse, weights=(new["t1"] - new["t0"]).astype(np.float64))
+        for nid, c, d in zip(ids.tolist(), counts.tolist(), ns.tolist(), strict=True):
+            folded.count[nid] += c
+            folded.seconds[nid] += d
+        if new["step"][-1] != MISSING_INT:
+            folded.last_step = int(new["step"][-1])
+        if new["dev"][-1] != MISSING_INT:
+            folded.last_dev = int(new["dev"][-1])
+        with_peak = np.flatnonzero(new["peak_alloc"] != MISSING_INT)
+        if len(with_peak):
+            # The last ended span of each name that carries a peak.
+            last, first_rev = np.unique(names[with_peak][::-1], return_index=True)
+            for nid, j in zip(last.tolist(), first_rev.tolist(), strict=True):
+                i = with_peak[len(with_peak) - 1 - j]
+                folded.peaks[nid] = (
+                    int(new["peak_alloc"][i]),
+                    int(new["peak_reserved"][i]),
+                    int(new["dev"][i]),
+                )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _gpu_of(self, proc: Process, dev: int | None, default: str) -> str:
+        """The ``gpu`` label (NVML index) of a process's torch device; ``default`` when
+        the device is not known (none given, or not among those the process named)."""
+        key = proc.devices.get(dev) if dev is not None else None
+        device = self.session.devices.get(key) if key is not None else None
+        return _index(device.index) if device is not None else default
+
+    def _phase(self, name: str) -> str:
+        """The ``phase`` label of an open span (its name is interned when it ends)."""
+        nid = self.session._name_ids.get(name)
+        if nid is None:  # first of its name: it gets the next id when it ends
+            nid = len(self.session.names)
+        return name if nid < MAX_PHASE_NAMES else OTHER_PHASE
+
+    def _phase_of(self, nid: int) -> str:
+        return self.session.names[nid] if nid < MAX_PHASE_NAMES else OTHER_PHASE
+
+    def _receiver(self, f: dict[str, Metric]) -> None:
+        for reason, n in sorted(dict(self.session.rejects).items()):
+            f["gpuwatch_receiver_rejected_datagrams_total"].add_metric([reason, self.host], n)
+
+
+def _families() -> dict[str, Metric]:
+    out: dict[str, Metric] = {}
+    for spec in METRICS:
+        cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+        out[spec.name] = cls(spec.name, spec.help, labels=spec.labels)
+    return out
+
+
+def _number(v: Any) -> float | None:
+    """A stored value as a number, None where it is n/a (NaN or MISSING_INT)."""
+    if v is None or v == MISSING_INT or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return float(v)
+
+
+def _add(family: Metric, labels: list[str], value: Any) -> None:
+    v = _number(value)
+    if v is not None:
+        family.add_metric(labels, v)
+
+
+def _index(index: int | None) -> str:
+    return "" if index is None else str(index)
+
+
+def _torch_last(proc: Process) -> dict[int, tuple[int, int]]:
+    """torch device index -> newest (allocated, reserved), the newest device last."""
+    if len(proc.torch_devs) <= 1:
+        row = proc.torch.last()
+        return {} if row is None else {int(row["dev"]): (row["allocated"], row["reserved"])}
+    cols = proc.torch.snapshot()
+    tail = {k: c[-4096:] for k, c in cols.items()}  # every device reports at each boundary
+    _, first_rev = np.unique(tail["dev"][::-1], return_index=True)
+    n = len(tail["dev"])
+    out: dict[int, tuple[int, int]] = {}
+    for i in sorted(n - 1 - j for j in first_rev.tolist()):
+        out[int(tail["dev"][i])] = (int(tail["allocated"][i]), int(tail["reserved"][i]))
+    return out
+
+
+class MetricsServer:
+    """Serves ``/metrics`` for a session from prometheus_client's HTTP server.
+
+    Args:
+        session: The live session.
+        host: Address to bind (``127.0.0.1``, ``0.0.0.0``, ``::1``, a host name).
+        port: TCP port; 0 picks a free one (see :attr:`port`).
+        gone: See :class:`SessionCollector`.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        host: str = "127.0.0.1",
+        port: int = 9400,
+        gone: Callable[[int], bool] | None = None,
+    ) -> None:
+        self.collector = SessionCollector(session, gone=gone)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self.host = host
+        self.port = port
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind and serve on a daemon thread.
+
+        Raises:
+            OSError: The address cannot be bound (in use, not this machine's, unknown).
+        """
+        self._server, self._thread = start_http_server(self.port, self.host, self.registry)
+        self.port = int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -111,6 +111,9 @@ def _loading(i: int, n: int, path: Path) -> None:
         )
 
 
+_FILES_HELP = "a recording; several are merged into one session (see --align)"
+
+
 def _add_align(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--align",
@@ -175,7 +178,7 @@ def register(sub: Any) -> None:
         "Several files (the hosts of one job, or several runs) replay as one session, lined "
         "up by each file's wall clock, their devices named by host.",
     )
-    p.add_argument("file", metavar="FILE", nargs="+")
+    p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     _add_align(p)
     p.add_argument("--theme", metavar="NAME", help="colour theme")
     p.add_argument(
@@ -188,7 +191,7 @@ def register(sub: Any) -> None:
         help="summarise a recording",
         description="Summarise a recording, or several merged as 'replay' shows them.",
     )
-    p.add_argument("file", metavar="FILE", nargs="+")
+    p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _add_align(p)
     p.set_defaults(func=cmd_info)
@@ -201,7 +204,7 @@ def register(sub: Any) -> None:
         description="Write flat tables (see docs/recording.md) for pandas / polars. Several "
         "files are merged as 'replay' shows them (device keys start with each file's host).",
     )
-    p.add_argument("file", metavar="FILE", nargs="+")
+    p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     _add_align(p)
     p.add_argument("--format", choices=FORMATS, default="csv")
     p.add_argument("--table", choices=sorted(TABLES), help="only this table")

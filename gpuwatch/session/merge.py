@@ -43,12 +43,14 @@ class Part:
         origin: Its name in the merged one (unique; usually the recording's host).
         shift: What was added to its times (ns), set by :func:`merge`.
         pids: Its pids -> their pids in the merged session, set by :func:`merge`.
+        span: Its first and last time on the merged clock, set by :func:`merge`.
     """
 
     session: Session
     origin: str
     shift: int = 0
     pids: dict[int, int] = field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)
 
 
 def origins(hosts: Sequence[str], names: Sequence[str]) -> list[str]:
@@ -73,6 +75,9 @@ def origins(hosts: Sequence[str], names: Sequence[str]) -> list[str]:
 def merge(parts: Sequence[Part], align: str = "wall") -> Session:
     """One replay session holding all of ``parts``, on the first part's clock.
 
+    The parts' tables move into the merged session (shifted in place): do not use the
+    parts' sessions afterwards.
+
     Args:
         parts: Loaded sessions with unique origins; each part's ``shift`` is set here.
         align: ``"wall"`` (same wall-clock instant, same time) or ``"start"``.
@@ -89,10 +94,12 @@ def merge(parts: Sequence[Part], align: str = "wall") -> Session:
     ref = parts[0].session
     for part in parts:
         s = part.session
+        first, last = s.time_range()
         if align == "wall":
             part.shift = s.wall_offset - ref.wall_offset
         else:
-            part.shift = ref.time_range()[0] - s.time_range()[0]
+            part.shift = ref.time_range()[0] - first
+        part.span = (first + part.shift, last + part.shift)
     out = Session(
         t_origin=min(p.session.t_origin + p.shift for p in parts), wall_offset=ref.wall_offset
     )
@@ -168,7 +175,10 @@ def _shifted(
     pids: dict[int, int] | None = None,
     names: np.ndarray | None = None,
 ) -> Table:
-    """A copy of ``table`` with its times moved by ``shift``.
+    """``table`` itself, its times moved by ``shift`` in place.
+
+    In place: the parts are used up by the merge, and copying a day of samples would
+    double the memory a merged replay needs.
 
     Args:
         table: The part's table.
@@ -176,20 +186,17 @@ def _shifted(
         pids: Renumbered pids, for a ``pid`` column.
         names: The merged name id of each of the part's phase name ids.
     """
-    cols = table.snapshot()
-    n = len(cols[table.time])
-    out = Table([(name, table.dtypes[name].str) for name in table.names], capacity=n)
-    if n == 0:
-        return out
-    moved = {}
+    cols = table.snapshot()  # views of the table's own arrays
+    if len(cols[table.time]) == 0:
+        return table
     for name, col in cols.items():
-        col = col.copy()
         if name in _TIMES and shift:
             col[col != MISSING_INT] += shift
         elif name == "pid" and pids:
-            col = np.array([pids.get(int(p), int(p)) for p in col.tolist()], dtype=col.dtype)
+            old = col.copy()
+            for pid, new in pids.items():
+                if new != pid:
+                    col[old == pid] = new
         elif name == "name" and names is not None:
-            col = names[col].astype(col.dtype)
-        moved[name] = col
-    out.extend(moved)
-    return out
+            col[:] = names[col]
+    return table

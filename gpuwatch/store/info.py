@@ -69,11 +69,10 @@ def summarize_opened(opened: Opened) -> dict[str, Any]:
     s = opened.session
     files = []
     for rec, part in zip(opened.recordings, opened.parts, strict=True):
-        first, last = part.session.time_range()
         entry = _file(rec)
         entry["origin"] = part.origin
         entry["shift_s"] = round(part.shift / 1e9, 6)
-        entry.update(_extent(s, first + part.shift, last + part.shift))
+        entry.update(_extent(s, *part.span))
         entry["bytes"] = rec.file_size()
         files.append(entry)
     out: dict[str, Any] = {"files": files}

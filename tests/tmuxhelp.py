@@ -49,5 +49,9 @@ class Tmux:
         """Wait until ``text`` is on the screen."""
         return wait_for(lambda: text in self.screen(), timeout=timeout, interval=0.2)
 
+    def wait_for_gone(self, text: str, timeout: float = 30) -> bool:
+        """Wait until ``text`` is no longer on the screen."""
+        return wait_for(lambda: text not in self.screen(), timeout=timeout, interval=0.2)
+
     def close(self) -> None:
         self._tmux("kill-server")

@@ -90,7 +90,7 @@ class LiveSources:
     def _start_metrics(self) -> None:
         if self._metrics_at is None:
             return
-        from .prometheus import MetricsServer  # prometheus_client only when asked for
+        from .prometheus import MetricsServer, host_port  # prometheus_client only if asked
 
         host, port = self._metrics_at
         server = MetricsServer(self.session, host, port, gone=self.host.gone)
@@ -98,9 +98,8 @@ class LiveSources:
             server.start()
         except OSError as exc:
             self.receiver.stop()
-            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             reason = exc.strerror or str(exc)
-            raise CliError(f"cannot serve metrics on {where}: {reason}")
+            raise CliError(f"cannot serve metrics on {host_port(host, port)}: {reason}")
         self.metrics = server
 
     def _start_recorder(self) -> None:

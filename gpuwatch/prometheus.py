@@ -405,6 +405,11 @@ def _add(family: Metric, labels: list[str], value: Any) -> None:
         family.add_metric(labels, v)
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _index(index: int | None) -> str:
     return "" if index is None else str(index)
 
@@ -460,8 +465,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"http://{host_port(self.host, self.port)}/metrics"
 
     def stop(self) -> None:
         """Stop serving and release the port."""

@@ -76,6 +76,27 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0, interval: float = 
     return cond()
 
 
+def run_gpuwatch(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run this checkout's ``gpuwatch`` command to completion, output captured.
+
+    Args:
+        args: The command line after ``gpuwatch``.
+        env: The whole environment (default: ours, with this checkout on the path).
+        cwd: Where to run it.
+        timeout: Seconds before the run counts as hung.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatch", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT)} if env is None else env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def run_sample(
     env: dict[str, str], *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess:

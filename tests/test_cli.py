@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_gpuwatch
 
 import gpuwatch
 
 
 def gw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwatch", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        cwd=ROOT,
-    )
+    return run_gpuwatch(*args, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 def test_help_lists_the_commands() -> None:

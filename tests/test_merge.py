@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import synthetic
+from conftest import run_gpuwatch
 from store_data import assert_tables_equal
 
 from gpuwatch.session import HOST, gpu_key
@@ -107,14 +106,8 @@ def two_files(tmp_path: Path) -> list[Path]:
     return [a, b]
 
 
-def _gpuwatch(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwatch", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_info_json_of_two_files_shows_both_aligned(two_files: list[Path]) -> None:
-    run = _gpuwatch("info", "--json", *map(str, two_files))
+    run = run_gpuwatch("info", "--json", *map(str, two_files))
     assert run.returncode == 0, run.stderr
     info = json.loads(run.stdout)
     a, b = info["files"]
@@ -136,16 +129,16 @@ def test_info_json_of_two_files_shows_both_aligned(two_files: list[Path]) -> Non
         [info["ooms"][0]["t_s"], info["ooms"][0]["t_s"] + 2]
     )
     # Per phase name, counts add up over both hosts.
-    single = json.loads(_gpuwatch("info", "--json", str(two_files[0])).stdout)
+    single = json.loads(run_gpuwatch("info", "--json", str(two_files[0])).stdout)
     assert info["phases"]["forward"]["count"] == 2 * single["phases"]["forward"]["count"]
-    text = _gpuwatch("info", *map(str, two_files))
+    text = run_gpuwatch("info", *map(str, two_files))
     assert text.returncode == 0 and "2 recordings merged" in text.stdout
     assert "node-b gpu 0" in text.stdout
 
 
 def test_export_of_two_files(two_files: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "x"
-    run = _gpuwatch("export", "--format", "jsonl", "--out", str(out), *map(str, two_files))
+    run = run_gpuwatch("export", "--format", "jsonl", "--out", str(out), *map(str, two_files))
     assert run.returncode == 0, run.stderr
     rows = [json.loads(line) for line in (out / "gpu.jsonl").read_text().splitlines()]
     by_device: dict[str, list[float]] = {}
@@ -174,10 +167,10 @@ def test_bad_files_among_several_are_one_line_errors(two_files: list[Path], tmp_
         [str(two_files[0]), str(two_files[0])],
         [str(two_files[0]), str(tmp_path / "missing.gpuwatch")],
     ):
-        run = _gpuwatch("info", *args)
+        run = run_gpuwatch("info", *args)
         assert run.returncode == 2, args
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
-    run = _gpuwatch("info", "--align", "sideways", *map(str, two_files))
+    run = run_gpuwatch("info", "--align", "sideways", *map(str, two_files))
     assert run.returncode == 2
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import synthetic
-from conftest import ROOT
+from conftest import ROOT, run_gpuwatch
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -322,14 +322,7 @@ def gpuwatch(*args: str, sock: str, timeout: float = 60) -> subprocess.Completed
     env["GPUWATCH_NVML_BACKEND"] = "tests.fake_nvml"
     env["GPUWATCH_FAKE_NVML"] = json.dumps({"gpus": 1, "trace": "flat"})
     env["GPUWATCH_SOCKET"] = sock
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwatch", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
-    )
+    return run_gpuwatch(*args, env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize(

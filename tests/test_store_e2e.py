@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_sample, start_sample, wait_for
+from conftest import ROOT, run_gpuwatch, run_sample, start_sample, wait_for
 from store_data import populated_session
 
 from gpuwatch.cli import CliError
@@ -35,14 +35,7 @@ def _gpuwatch(env: dict[str, str], *args: str) -> subprocess.Popen:
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuwatch", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_gpuwatch(*args, env=env)
 
 
 def _start_recorder(env: dict[str, str], sock_path: str, out: Path) -> subprocess.Popen:

@@ -167,8 +167,10 @@ def test_run_stops_its_command_when_gpuwatch_is_terminated(sock_path, tmp_path) 
 
     pidfile = tmp_path / "pid"
     script = tmp_path / "child.py"
+    # Written under another name and renamed, so the test never reads a half-written file.
     script.write_text(
-        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+        f"import os, time\nopen({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+        f"os.replace({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\ntime.sleep(120)\n"
     )
     env = terminal_env()
     cmd = (

@@ -371,7 +371,7 @@ class SessionCollector:
 
     def _phase(self, name: str) -> str:
         """The ``phase`` label of an open span (its name is interned when it ends)."""
-        nid = self.session._name_ids.get(name)
+        nid = self.session.find_name(name)
         if nid is None:  # first of its name: it gets the next id when it ends
             nid = len(self.session.names)
         return name if nid < MAX_PHASE_NAMES else OTHER_PHASE

@@ -54,7 +54,7 @@ class PredictedLine:
 
     def _find_first_step(self) -> None:
         """The step of the process's first ``optimizer.step`` (the first step is higher)."""
-        opt = self.session._name_ids.get("optimizer.step")
+        opt = self.session.find_name("optimizer.step")
         cols = self.proc.phases.snapshot()
         names, steps = cols["name"][self._checked :], cols["step"][self._checked :]
         self._checked += len(names)

@@ -202,6 +202,10 @@ class Session:
                     self._name_ids[name] = nid
         return nid
 
+    def find_name(self, name: str) -> int | None:
+        """The id of an interned phase name, or None; unlike :meth:`name_id` it adds none."""
+        return self._name_ids.get(name)
+
     def now(self) -> int:
         """The newest time seen (live: the clock; replay: the last sample)."""
         if self.live:

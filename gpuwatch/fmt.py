@@ -24,6 +24,20 @@ def fmt_bytes(n: float | None, digits: int = 2) -> str:
     return f"{sign}{int(n)} B"
 
 
+def first_line(text: object, limit: int = 200) -> str | None:
+    """The first non-empty line of ``text``, cut to ``limit`` characters; None if there is none.
+
+    Recordings and datagrams may hold null, empty or non-string values where text is
+    expected (an OOM seen by the allocator's observer has no message): never assume a line.
+    """
+    if not isinstance(text, str):
+        return None
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return None
+
+
 def fmt_short(n: float | None) -> str:
     """Compact bytes for dense labels: ``2.5G``, ``512M``, ``-1.2G``, ``0``."""
     if n is None or (isinstance(n, float) and math.isnan(n)):

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fmt import fmt_bytes, fmt_duration
+from ..fmt import first_line, fmt_bytes, fmt_duration
 from ..session import MISSING_INT, Process, Session
 from .multi import Opened
 from .reader import Recording
@@ -143,7 +143,7 @@ def _content(s: Session) -> dict[str, Any]:
             "phase": o.body.get("phase"),
             "step": o.body.get("step"),
             "requested": o.body.get("requested"),
-            "message": (o.body.get("message") or "").splitlines()[0][:200] or None,
+            "message": first_line(o.body.get("message"), 200),
         }
         for o in s.ooms
     ]

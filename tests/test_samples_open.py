@@ -1,0 +1,46 @@
+"""Every recording shipped in samples/ opens in info (text and JSON), export and a full load.
+
+The H100 recordings were made on a real GPU; the OOM one holds an ``oom`` event whose
+``message`` is null (the allocator's observer saw it before any exception text existed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_gpuwatch
+
+from gpuwatch.store import load
+
+SAMPLES = sorted((ROOT / "samples").glob("*.gpuwatch"))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_sample_opens_in_info_export_and_load(path: Path, tmp_path: Path) -> None:
+    text = run_gpuwatch("info", str(path))
+    assert text.returncode == 0, text.stderr
+    assert "Traceback" not in text.stderr
+    as_json = run_gpuwatch("info", "--json", str(path))
+    assert as_json.returncode == 0, as_json.stderr
+    info = json.loads(as_json.stdout)
+    assert info["devices"]
+    out = tmp_path / "export"
+    exported = run_gpuwatch("export", str(path), "--out", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert (out / "events.csv").exists()
+    session = load(path)
+    assert session.processes
+
+
+def test_oom_without_message_is_reported_not_fatal() -> None:
+    path = ROOT / "samples" / "gpt2-small-h100-oom.gpuwatch"
+    result = run_gpuwatch("info", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    [oom] = json.loads(result.stdout)["ooms"]
+    assert oom["phase"] == "forward" and oom["step"] == 5
+    assert oom["requested"] > 100 * 1024**3  # the sample asks for 192 GiB on purpose
+    assert oom["message"] is None
+    text = run_gpuwatch("info", str(path))
+    assert text.returncode == 0 and "OOM at" in text.stdout

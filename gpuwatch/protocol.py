@@ -10,7 +10,9 @@ side, and the socket path both agree on.
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,8 @@ class ProtocolError(ValueError):
 
     Attributes:
         reason: A short, stable reason code (``"json"``, ``"version"``, ``"kind"``,
-            ``"field"``, ``"size"``), used by the receiver to count rejects by cause.
+            ``"field"``, ``"range"``, ``"time"``, ``"size"``, ``"identity"``), used by the
+            receiver to count rejects by cause.
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:
@@ -59,6 +62,8 @@ class Message:
         t: ``time.monotonic_ns()`` on the sender when the event happened.
         dropped: Events the sender has dropped so far (cumulative).
         body: The kind-specific fields, validated; unknown fields are removed.
+        container_pid: The pid the datagram claimed, when the kernel's differs (a process
+            in a container names its pid in its own PID namespace); None otherwise.
     """
 
     kind: str
@@ -67,6 +72,7 @@ class Message:
     t: int
     dropped: int = 0
     body: dict[str, Any] = field(default_factory=dict)
+    container_pid: int | None = None
 
 
 # --------------------------------------------------------------------------- socket path
@@ -163,147 +169,236 @@ def encode_phase(
 
 # --------------------------------------------------------------------------- validation
 
-# A field spec is (type-check, required). Type checks are small functions so that bool is
-# never mistaken for int (json gives True for `true`, and isinstance(True, int) holds).
+# Every number a datagram carries has a range: a value no real process could send is
+# rejected (reason ``range``, or ``time`` for a timestamp off the receiver's clock) before
+# it can reach a table, a file or an axis. The ranges also keep every integer inside
+# SQLite's and numpy's int64.
+
+MAX_PID = 4_194_304
+"""Largest pid Linux can issue (``PID_MAX_LIMIT`` on 64-bit kernels)."""
+
+MAX_BYTES = 2**50
+"""Largest byte count accepted (1 PiB): more memory than any device or host has."""
+
+MAX_COUNT = 2**53
+"""Largest sequence number, span id, step or drop count (exact in a double, far from 2^63)."""
+
+MAX_DEVICE_INDEX = 1023
+MAX_DEVICES = 16
+"""Most CUDA devices one ``hello`` may list (the largest single hosts have 16 GPUs)."""
+
+MAX_DEPTH = 256
+"""Deepest phase nesting accepted."""
+
+MAX_RANK = 2**20
+"""Largest rank / world size accepted."""
+
+MAX_FACTS_DEPTH = 16
+"""Deepest nesting of objects and lists inside ``facts``."""
+
+PAST_NS = 15 * 60 * 10**9
+"""How far before the receiver's clock a timestamp may lie: a message waits in the
+sender's queue for milliseconds, and a ``begin`` sent late (the automatic ``data`` phase)
+carries the time its phase began, at most a data-loading wait ago."""
+
+FUTURE_NS = 10 * 10**9
+"""How far after the receiver's clock a timestamp may lie (CLOCK_MONOTONIC is shared by
+every process of the host, so only scheduling separates the two readings)."""
+
+T_MAX = 2**63 - 1
+
+# A field spec is (check, required). Checks are small functions returning a reject reason
+# ("field" for a wrong type, "range" for a number out of range) or None when the value is
+# good; bool is never mistaken for int (json gives True for `true`, and
+# isinstance(True, int) holds).
+
+Check = Callable[[Any], "str | None"]
 
 
-def _int(v: Any) -> bool:
-    return type(v) is int and v >= 0
-
-
-def _opt_int(v: Any) -> bool:
-    return v is None or _int(v)
-
-
-def _opt_int_any(v: Any) -> bool:
-    return v is None or type(v) is int
-
-
-def _str(limit: int):
-    def check(v: Any) -> bool:
-        return isinstance(v, str) and len(v) <= limit
+def _int(lo: int, hi: int) -> Check:
+    def check(v: Any) -> str | None:
+        if type(v) is not int:
+            return "field"
+        return None if lo <= v <= hi else "range"
 
     return check
 
 
-def _opt_str(limit: int):
-    inner = _str(limit)
-
-    def check(v: Any) -> bool:
-        return v is None or inner(v)
+def _opt(inner: Check) -> Check:
+    def check(v: Any) -> str | None:
+        return None if v is None else inner(v)
 
     return check
 
 
-def _bool(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
-def _obj(v: Any) -> bool:
-    return isinstance(v, dict)
-
-
-def _opt_obj(v: Any) -> bool:
-    return v is None or isinstance(v, dict)
-
-
-def _argv(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(a, str) and len(a) <= MAX_TEXT for a in v)
-
-
-def _one_of(options: tuple[str, ...]):
-    def check(v: Any) -> bool:
-        return v in options
+def _str(limit: int) -> Check:
+    def check(v: Any) -> str | None:
+        return None if isinstance(v, str) and len(v) <= limit else "field"
 
     return check
 
 
-def _device(v: Any) -> bool:
-    return (
-        isinstance(v, dict)
-        and _int(v.get("index"))
-        and isinstance(v.get("uuid", ""), str)
-        and isinstance(v.get("name", ""), str)
-        and _opt_int(v.get("total"))
-    )
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "field"
 
 
-def _devices(v: Any) -> bool:
-    return isinstance(v, list) and len(v) <= 64 and all(_device(d) for d in v)
+def _facts(v: Any) -> str | None:
+    """A facts object: JSON of bounded depth whose numbers are finite and in range."""
+    if not isinstance(v, dict):
+        return "field"
+    stack: list[tuple[Any, int]] = [(v, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        elif type(value) is int:
+            if not -MAX_COUNT <= value <= MAX_COUNT:
+                return "range"
+            continue
+        elif type(value) is float:
+            if not math.isfinite(value):
+                return "range"
+            continue
+        else:
+            continue
+        if depth >= MAX_FACTS_DEPTH:
+            return "field"
+        stack.extend((c, depth + 1) for c in children)
+    return None
 
 
-_MEMORY_FIELDS = {
-    "dev": (_opt_int, False),
-    "allocated": (_opt_int, False),
-    "reserved": (_opt_int, False),
-    "peak_allocated": (_opt_int, False),
-    "peak_reserved": (_opt_int, False),
+def _opt_facts(v: Any) -> str | None:
+    return None if v is None else _facts(v)
+
+
+def _argv(v: Any) -> str | None:
+    ok = isinstance(v, list) and len(v) <= 64
+    return None if ok and all(isinstance(a, str) and len(a) <= MAX_TEXT for a in v) else "field"
+
+
+def _one_of(options: tuple[str, ...]) -> Check:
+    def check(v: Any) -> str | None:
+        return None if isinstance(v, str) and v in options else "field"
+
+    return check
+
+
+_count = _int(0, MAX_COUNT)
+_bytes = _int(0, MAX_BYTES)
+_opt_bytes = _opt(_bytes)
+_dev_index = _int(0, MAX_DEVICE_INDEX)
+_step = _opt(_int(-MAX_COUNT, MAX_COUNT))
+_rank = _opt(_int(0, MAX_RANK))
+
+
+def _devices(v: Any) -> str | None:
+    if not isinstance(v, list):
+        return "field"
+    if len(v) > MAX_DEVICES:
+        return "range"
+    for d in v:
+        if not isinstance(d, dict):
+            return "field"
+        for reason in (
+            _dev_index(d.get("index")),
+            _str(128)(d.get("uuid", "")),
+            _str(256)(d.get("name", "")),
+            _opt_bytes(d.get("total")),
+        ):
+            if reason:
+                return reason
+    return None
+
+
+_MEMORY_FIELDS: dict[str, tuple[Check, bool]] = {
+    "dev": (_opt(_dev_index), False),
+    "allocated": (_opt_bytes, False),
+    "reserved": (_opt_bytes, False),
+    "peak_allocated": (_opt_bytes, False),
+    "peak_reserved": (_opt_bytes, False),
 }
 
-SCHEMA: dict[str, dict[str, tuple[Any, bool]]] = {
+SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     "hello": {
         "argv": (_argv, False),
         "hostname": (_str(256), False),
-        "wall_ns": (_int, False),
-        "rank": (_opt_int, False),
-        "local_rank": (_opt_int, False),
-        "world_size": (_opt_int, False),
-        "python": (_opt_str(64), False),
-        "torch": (_opt_str(64), False),
-        "client": (_opt_str(64), False),
+        "wall_ns": (_int(0, T_MAX), False),
+        "rank": (_rank, False),
+        "local_rank": (_rank, False),
+        "world_size": (_rank, False),
+        "python": (_opt(_str(64)), False),
+        "torch": (_opt(_str(64)), False),
+        "client": (_opt(_str(64)), False),
         "devices": (_devices, False),
         "peaks": (_bool, False),
         "sync": (_bool, False),
-        "facts": (_opt_obj, False),
+        "facts": (_opt_facts, False),
     },
-    "facts": {"facts": (_obj, True)},
+    "facts": {"facts": (_facts, True)},
     "phase": {
         "event": (_one_of(PHASE_EVENTS), True),
         "name": (_str(MAX_NAME), True),
-        "id": (_int, True),
-        "parent": (_opt_int, False),
-        "depth": (_int, False),
-        "step": (_opt_int_any, False),
-        "error": (_opt_str(MAX_TEXT), False),
+        "id": (_count, True),
+        "parent": (_opt(_count), False),
+        "depth": (_int(0, MAX_DEPTH), False),
+        "step": (_step, False),
+        "error": (_opt(_str(MAX_TEXT)), False),
         **_MEMORY_FIELDS,
     },
     "mark": {
         "text": (_str(MAX_TEXT), True),
         "level": (_one_of(LEVELS), False),
-        "step": (_opt_int_any, False),
+        "step": (_step, False),
     },
     "memory": {**_MEMORY_FIELDS},
     "oom": {
-        "requested": (_opt_int, False),
-        "free": (_opt_int, False),
-        "total": (_opt_int, False),
-        "phase": (_opt_str(MAX_NAME), False),
-        "step": (_opt_int_any, False),
-        "message": (_opt_str(MAX_TEXT * 4), False),
-        "snapshot": (_opt_str(4096), False),
+        "requested": (_opt_bytes, False),
+        "free": (_opt_bytes, False),
+        "total": (_opt_bytes, False),
+        "phase": (_opt(_str(MAX_NAME)), False),
+        "step": (_step, False),
+        "message": (_opt(_str(MAX_TEXT * 4)), False),
+        "snapshot": (_opt(_str(4096)), False),
         **_MEMORY_FIELDS,
     },
     "bye": {
-        "exit_code": (_opt_int_any, False),
-        "reason": (_opt_str(MAX_TEXT), False),
+        "exit_code": (_opt(_int(-(2**31), 2**31 - 1)), False),
+        "reason": (_opt(_str(MAX_TEXT)), False),
     },
 }
 
 _DEFAULTS = {"mark": {"level": "info"}, "phase": {"depth": 0}}
+_COMMON: tuple[tuple[str, Check], ...] = (
+    ("seq", _count),
+    ("pid", _int(1, MAX_PID)),
+    ("t", _int(0, T_MAX)),
+    ("dropped", _count),
+)
 
 
-def decode(data: bytes) -> Message:
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode(data: bytes, now: int | None = None) -> Message:
     """Validate one datagram and return its :class:`Message`.
 
-    Unknown fields are dropped (a newer v1 sender may add fields); a wrong type, a missing
-    required field, an unknown kind or version, or an oversized datagram raises
-    :class:`ProtocolError`.
+    Unknown fields are dropped (a newer v1 sender may add fields); a wrong type, a value
+    out of its range, a missing required field, an unknown kind or version, or an
+    oversized datagram raises :class:`ProtocolError`.
+
+    Args:
+        data: The datagram.
+        now: The receiver's ``time.monotonic_ns()``; when given, ``t`` must lie within
+            :data:`PAST_NS` before it and :data:`FUTURE_NS` after it (reason ``time``).
     """
     if len(data) > MAX_DATAGRAM:
         raise ProtocolError("size", f"{len(data)} bytes")
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+        obj = json.loads(data, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError("json", str(exc)[:80])
     if not isinstance(obj, dict):
         raise ProtocolError("json", "not an object")
@@ -313,23 +408,24 @@ def decode(data: bytes) -> Message:
     spec = SCHEMA.get(kind) if isinstance(kind, str) else None
     if spec is None:
         raise ProtocolError("kind", repr(kind)[:40])
-    for name, check in (("seq", _int), ("pid", _int), ("t", _int)):
-        if not check(obj.get(name)):
-            raise ProtocolError("field", f"{kind}.{name}")
-    if obj["pid"] == 0:
-        raise ProtocolError("field", f"{kind}.pid")
-    dropped = obj.get("dropped", 0)
-    if not _int(dropped):
-        raise ProtocolError("field", f"{kind}.dropped")
+    obj.setdefault("dropped", 0)
+    for name, check in _COMMON:
+        reason = check(obj.get(name))
+        if reason:
+            raise ProtocolError(reason, f"{kind}.{name}")
+    t = obj["t"]
+    if now is not None and not now - PAST_NS <= t <= now + FUTURE_NS:
+        raise ProtocolError("time", f"{kind}.t is {(t - now) / 1e9:+.0f} s off the clock")
     body: dict[str, Any] = dict(_DEFAULTS.get(kind, {}))
     for name, (check, required) in spec.items():
         if name in obj:
             value = obj[name]
-            if not check(value):
-                raise ProtocolError("field", f"{kind}.{name}")
+            reason = check(value)
+            if reason:
+                raise ProtocolError(reason, f"{kind}.{name}")
             body[name] = value
         elif required:
             raise ProtocolError("field", f"{kind}.{name} missing")
     return Message(
-        kind=kind, pid=obj["pid"], seq=obj["seq"], t=obj["t"], dropped=dropped, body=body
+        kind=kind, pid=obj["pid"], seq=obj["seq"], t=t, dropped=obj["dropped"], body=body
     )

@@ -79,8 +79,8 @@ def test_unknown_fields_are_ignored() -> None:
         (_raw(v=...), "version"),
         (_raw(kind="teleport"), "kind"),
         (_raw(kind=None), "kind"),
-        (_raw(pid=-1), "field"),
-        (_raw(pid=0), "field"),
+        (_raw(pid=-1), "range"),
+        (_raw(pid=0), "range"),
         (_raw(pid=True), "field"),
         (_raw(seq=1.5), "field"),
         (_raw(t="now"), "field"),
@@ -88,9 +88,9 @@ def test_unknown_fields_are_ignored() -> None:
         (_raw(text=5), "field"),
         (_raw(text="x" * 5000), "field"),
         (_raw(level="fatal"), "field"),
-        (_raw(dropped=-3), "field"),
+        (_raw(dropped=-3), "range"),
         (_raw(kind="phase", event="middle", name="f", id=1), "field"),
-        (_raw(kind="phase", event="begin", name="f", id=1, allocated=-5), "field"),
+        (_raw(kind="phase", event="begin", name="f", id=1, allocated=-5), "range"),
         (_raw(kind="phase", event="begin", name="f", id=1, allocated=True), "field"),
         (_raw(kind="hello", argv="python train.py"), "field"),
         (_raw(kind="hello", devices=[{"index": "0"}]), "field"),
@@ -173,7 +173,7 @@ def test_socket_path_order(tmp_path) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.integers(1, 2**31),
+    st.integers(1, protocol.MAX_PID),
     st.integers(0, 2**40),
     st.integers(0, 2**62),
     st.integers(0, 99),
@@ -209,3 +209,147 @@ def test_fast_phase_encoder_says_what_encode_says(
     assert json.loads(fast) == json.loads(encode("phase", pid, seq, t, dropped, body))
     if len(name) <= protocol.MAX_NAME:
         assert decode(fast).body["name"] == name
+
+
+# ---------------------------------------------------------------------- ranges: hostile values
+
+
+def _nested(depth: int) -> list:
+    value: list = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+NOW = 10**15  # the receiver's clock in these tests (~11.6 days of uptime)
+BIG = 2**63  # one past SQLite's and numpy's int64
+PHASE = {"kind": "phase", "event": "end", "name": "forward", "id": 1}
+HOSTILE = [
+    # Valid JSON, right types, values no real process sends: each would reach a table, a file
+    # or an axis. (fields, reason)
+    ({"t": BIG}, "range"),
+    ({"t": BIG - 1}, "time"),  # 292 years ahead
+    ({"t": 0}, "time"),  # the boot: an axis reaching back days
+    ({"t": NOW - protocol.PAST_NS - 1}, "time"),
+    ({"t": NOW + protocol.FUTURE_NS + 1}, "time"),
+    ({"pid": BIG}, "range"),
+    ({"pid": protocol.MAX_PID + 1}, "range"),
+    ({"seq": BIG}, "range"),
+    ({"dropped": 10**30}, "range"),
+    ({**PHASE, "allocated": BIG}, "range"),
+    ({**PHASE, "reserved": protocol.MAX_BYTES + 1}, "range"),
+    ({**PHASE, "peak_allocated": 10**40}, "range"),
+    ({**PHASE, "id": BIG}, "range"),
+    ({**PHASE, "parent": -1}, "range"),
+    ({**PHASE, "depth": 10**6}, "range"),
+    ({**PHASE, "step": BIG}, "range"),
+    ({**PHASE, "step": -BIG}, "range"),
+    ({**PHASE, "dev": 10**9}, "range"),
+    ({"kind": "memory", "allocated": BIG, "reserved": 0}, "range"),
+    ({"kind": "oom", "requested": BIG}, "range"),
+    ({"kind": "oom", "total": -1}, "range"),
+    ({"kind": "bye", "exit_code": BIG}, "range"),
+    ({"kind": "bye", "exit_code": -BIG}, "range"),
+    ({"kind": "mark", "text": "x", "step": BIG}, "range"),
+    ({"kind": "hello", "wall_ns": BIG}, "range"),
+    ({"kind": "hello", "rank": BIG}, "range"),
+    ({"kind": "hello", "world_size": -1}, "range"),
+    ({"kind": "hello", "devices": [{"index": i, "uuid": f"u{i}"} for i in range(63)]}, "range"),
+    ({"kind": "hello", "devices": [{"index": 0, "total": BIG}]}, "range"),
+    ({"kind": "hello", "devices": [{"index": BIG}]}, "range"),
+    ({"kind": "facts", "facts": {"params": {"bytes": BIG}}}, "range"),
+    ({"kind": "facts", "facts": {"params": {"bytes": 1e308 * 10}}}, "json"),  # inf in JSON
+    ({"kind": "hello", "facts": {"deep": _nested(protocol.MAX_FACTS_DEPTH + 1)}}, "field"),
+]
+
+
+@pytest.mark.parametrize(("fields", "reason"), HOSTILE)
+def test_hostile_values_are_rejected_by_range(fields: dict, reason: str) -> None:
+    obj = {"v": 1, "kind": "mark", "seq": 0, "pid": 123, "t": NOW - 10**6, "text": "hi"}
+    obj.update(fields)
+    if obj["kind"] != "mark":
+        obj.pop("text")
+    data = json.dumps(obj).encode()
+    with pytest.raises(ProtocolError) as info:
+        decode(data, now=NOW)
+    assert info.value.reason == reason
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_json_constants_are_not_numbers(constant: bytes) -> None:
+    # Python's json reads them; the recording's JSON writer refuses them (allow_nan=False),
+    # so one NaN in a facts object would have stopped the recording at its next commit.
+    data = b'{"v":1,"kind":"facts","seq":0,"pid":5,"t":1,"facts":{"x":' + constant + b"}}"
+    with pytest.raises(ProtocolError) as info:
+        decode(data)
+    assert info.value.reason == "json"
+
+
+def test_deep_nesting_is_a_json_reject_not_a_crash() -> None:
+    data = b'{"v":1,"kind":"facts","seq":0,"pid":5,"t":1,"facts":' + b"[" * 60000
+    with pytest.raises(ProtocolError):
+        decode(data)
+
+
+def test_the_clock_window_admits_a_late_begin_and_the_present() -> None:
+    late = {**PHASE, "event": "begin", "t": NOW - protocol.PAST_NS + 1}
+    for fields in (late, {"t": NOW}, {"t": NOW + 10**6}):
+        obj = {"v": 1, "kind": "mark", "seq": 0, "pid": 123, "text": "hi", **fields}
+        assert decode(json.dumps(obj).encode(), now=NOW).t == fields["t"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(protocol.KINDS),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "t",
+                "pid",
+                "seq",
+                "dropped",
+                "allocated",
+                "reserved",
+                "peak_allocated",
+                "requested",
+                "free",
+                "total",
+                "exit_code",
+                "step",
+                "id",
+                "parent",
+                "depth",
+                "dev",
+                "wall_ns",
+                "rank",
+                "world_size",
+            ]
+        ),
+        st.integers(-(2**70), 2**70),
+        max_size=5,
+    ),
+)
+def test_any_integer_that_decodes_fits_int64_and_its_range(kind: str, fields: dict) -> None:
+    obj = {
+        "v": 1,
+        "kind": kind,
+        "seq": 1,
+        "pid": 2,
+        "t": NOW,
+        "text": "x",
+        "facts": {},
+        "event": "end",
+        "name": "f",
+        "id": 1,
+        **fields,
+    }
+    try:
+        msg = decode(json.dumps(obj).encode(), now=NOW)
+    except ProtocolError as exc:
+        assert exc.reason in ("range", "time", "field")
+        return
+    assert 0 < msg.pid <= protocol.MAX_PID
+    assert abs(msg.t - NOW) <= protocol.PAST_NS
+    for value in msg.body.values():
+        if type(value) is int:
+            assert -(2**63) < value < 2**63

@@ -13,7 +13,7 @@ from typing import Any
 
 from .cli import CliError
 from .session import Session
-from .sources.annotations import AnnotationReceiver, SocketDirUnsafe, SocketInUse
+from .sources.annotations import AnnotationReceiver, SocketError
 from .sources.host import HostSampler
 
 
@@ -72,7 +72,7 @@ class LiveSources:
         """
         try:
             self.receiver.bind()
-        except (SocketInUse, SocketDirUnsafe) as exc:
+        except SocketError as exc:
             raise CliError(str(exc))
         except OSError as exc:
             raise CliError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
@@ -147,7 +147,9 @@ class LiveSources:
             if path.startswith(home + os.sep):
                 path = "~" + path[len(home) :]
             text += f" · recording {path}"
-        elif self.recorder is None:
+        elif self.recorder is not None:
+            text += f" · NOT RECORDING ({self.recorder.cause})"
+        else:
             text += " · not recording"
         if self.metrics is not None:
             text += f" · metrics {self.metrics.url}"

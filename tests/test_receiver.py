@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
 
 from gpuwatch import protocol
 from gpuwatch.session import Session
-from gpuwatch.sources.annotations import AnnotationReceiver, SocketInUse
+from gpuwatch.sources.annotations import (
+    AnnotationReceiver,
+    SocketDirUnsafe,
+    SocketInUse,
+    SocketPathTaken,
+)
 
 
 @pytest.fixture
@@ -87,7 +97,8 @@ def test_stale_socket_file_is_replaced(sock_path: str) -> None:
     rx = AnnotationReceiver(session, sock_path)
     rx.start()
     try:
-        _send(sock_path, protocol.encode("mark", 77, 0, 1, 0, {"text": "hello"}))
+        now = time.monotonic_ns()
+        _send(sock_path, protocol.encode("mark", 77, 0, now, 0, {"text": "hello"}))
         assert wait_for(lambda: len(session.marks) == 1)
     finally:
         rx.stop()
@@ -98,19 +109,216 @@ def test_malformed_datagrams_are_counted_and_valid_ones_arrive(
     receiver: AnnotationReceiver,
 ) -> None:
     session = receiver.session
+    t = time.monotonic_ns()
     bad = [
         b"garbage",
-        b'{"v": 99, "kind": "mark", "seq": 0, "pid": 5, "t": 1, "text": "x"}',
-        b'{"v": 1, "kind": "mark", "seq": 0, "pid": 5, "t": 1}',
-        b'{"v": 1, "kind": "nope", "seq": 0, "pid": 5, "t": 1}',
+        b'{"v": 99, "kind": "mark", "seq": 0, "pid": 5, "t": %d, "text": "x"}' % t,
+        b'{"v": 1, "kind": "mark", "seq": 0, "pid": 5, "t": %d}' % t,
+        b'{"v": 1, "kind": "nope", "seq": 0, "pid": 5, "t": %d}' % t,
         b"x" * (protocol.MAX_DATAGRAM + 10),
     ]
     for i, data in enumerate(bad):
         _send(receiver.path, data)
-        _send(receiver.path, protocol.encode("mark", 5, i, 10 + i, 0, {"text": f"ok {i}"}))
+        now = time.monotonic_ns()
+        _send(receiver.path, protocol.encode("mark", 5, i, now, 0, {"text": f"ok {i}"}))
     assert wait_for(
         lambda: len(session.marks) == len(bad) and sum(session.rejects.values()) == len(bad)
     )
     assert session.rejects == {"json": 1, "version": 1, "field": 1, "kind": 1, "size": 1}
     assert [m.text for m in session.marks] == [f"ok {i}" for i in range(len(bad))]
     assert receiver.rejected == len(bad)
+
+
+# ---------------------------------------------------------------------- the path is not ours
+
+
+def _gpuwatch(*args: str, env: dict | None = None, cwd: Path | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        cwd=cwd,
+    )
+
+
+@pytest.mark.parametrize("via", ["option", "environment"])
+def test_a_file_at_the_socket_path_is_refused_and_left_alone(tmp_path: Path, via: str) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("print('the user's training script')\n")
+    if via == "option":
+        args, env = ["--socket", str(train)], {}
+    else:
+        args, env = [], {"GPUWATCH_SOCKET": str(train)}
+    out = tmp_path / "r.gpuwatch"
+    result = _gpuwatch("record", "--out", str(out), "--duration", "1", *args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "not a socket" in result.stderr
+    assert train.read_text() == "print('the user's training script')\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]  # no lock, no recording
+
+
+def test_a_lock_file_name_taken_by_a_user_file_is_left_alone(sock_path: str) -> None:
+    lock = Path(sock_path + ".lock")
+    lock.write_text("my notes, not a pid\n")
+    with pytest.raises(SocketPathTaken):
+        AnnotationReceiver(Session(), sock_path).bind()
+    assert lock.read_text() == "my notes, not a pid\n"
+    assert not os.path.exists(sock_path)
+
+
+def test_a_link_at_the_lock_file_is_not_followed(sock_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    os.symlink(target, sock_dir / "gw.sock.lock")
+    with pytest.raises(SocketPathTaken):
+        AnnotationReceiver(Session(), str(sock_dir / "gw.sock")).bind()
+    assert target.read_text() == "keep me"
+
+
+def test_a_socket_another_program_listens_on_is_not_replaced(sock_path: str) -> None:
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    other.bind(sock_path)
+    try:
+        with pytest.raises(SocketInUse) as info:
+            AnnotationReceiver(Session(), sock_path).bind()
+        assert "another program" in str(info.value)
+        other.settimeout(1)
+        _send(sock_path, b"still yours")
+        assert other.recv(100) == b"still yours"  # its socket file is still bound there
+    finally:
+        other.close()
+
+
+def _runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    monkeypatch.delenv("GPUWATCH_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    return runtime
+
+
+@pytest.mark.parametrize("target_mode", [0o1777, 0o755])
+def test_a_link_planted_as_the_default_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target_mode: int
+) -> None:
+    runtime = _runtime(tmp_path, monkeypatch)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, target_mode)  # a shared sticky directory, or another user's home
+    os.symlink(shared, runtime / "gpuwatch")
+    with pytest.raises(SocketDirUnsafe) as info:
+        AnnotationReceiver(Session()).bind()
+    assert "symbolic link" in str(info.value)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == target_mode  # sticky bit kept
+    assert list(shared.iterdir()) == []
+
+
+def test_a_default_directory_open_to_others_is_refused_not_chmodded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = _runtime(tmp_path, monkeypatch)
+    (runtime / "gpuwatch").mkdir()
+    os.chmod(runtime / "gpuwatch", 0o755)
+    with pytest.raises(SocketDirUnsafe) as info:
+        AnnotationReceiver(Session()).bind()
+    assert "0755" in str(info.value)
+    assert stat.S_IMODE(os.stat(runtime / "gpuwatch").st_mode) == 0o755
+
+
+def test_an_explicit_socket_directory_keeps_its_mode(tmp_path: Path) -> None:
+    mine = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    try:
+        os.chmod(mine, 0o755)
+        rx = AnnotationReceiver(Session(), str(mine / "x.sock"))
+        rx.bind()
+        rx.stop()
+        assert stat.S_IMODE(os.stat(mine).st_mode) == 0o755
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+
+
+def test_stop_removes_only_its_own_socket(sock_path: str) -> None:
+    rx = AnnotationReceiver(Session(), sock_path)
+    rx.bind()
+    os.unlink(sock_path)
+    Path(sock_path).write_text("a file that replaced it")
+    rx.stop()
+    assert Path(sock_path).read_text() == "a file that replaced it"
+
+
+# ---------------------------------------------------------------------- identity
+
+
+_CLAIM = """
+import json, os, socket, sys, time
+path, claim = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+t = time.monotonic_ns()
+for seq, (kind, body) in enumerate([
+    ("hello", {"argv": ["made-up", "argv"], "devices": []}),
+    ("mark", {"text": "spoken for pid %d" % claim}),
+]):
+    msg = {"v": 1, "kind": kind, "seq": seq, "pid": claim, "t": t + seq, **body}
+    s.sendto(json.dumps(msg).encode(), path)
+print(os.getpid())
+"""
+
+
+@pytest.mark.parametrize("claim", [1, 424242])
+def test_the_kernel_names_the_sender_not_the_datagram(
+    receiver: AnnotationReceiver, claim: int
+) -> None:
+    # pid 1 is init: a receiver that believed the datagram would sample init's RSS under a
+    # made-up command line. The claim is kept only as the pid "in its container".
+    out = subprocess.run(
+        [sys.executable, "-c", _CLAIM, receiver.path, str(claim)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    real = int(out.stdout)
+    session = receiver.session
+    assert wait_for(lambda: len(session.marks) == 1)
+    assert claim not in session.processes
+    assert list(session.processes) == [real]
+    proc = session.processes[real]
+    assert proc.container_pid == claim
+    assert session.marks[0].pid == real
+
+
+def test_the_sender_s_own_pid_is_not_a_container_pid(receiver: AnnotationReceiver) -> None:
+    now = time.monotonic_ns()
+    _send(receiver.path, protocol.encode("mark", os.getpid(), 0, now, 0, {"text": "me"}))
+    assert wait_for(lambda: len(receiver.session.marks) == 1)
+    assert receiver.session.processes[os.getpid()].container_pid is None
+
+
+def test_hostile_datagrams_interleaved_with_valid_ones(receiver: AnnotationReceiver) -> None:
+    # Valid JSON with values out of every range, between valid events that must all arrive.
+    now = time.monotonic_ns()
+    me = os.getpid()
+    hostile = [
+        {"kind": "mark", "text": "far future", "t": 2**63 - 1},
+        {"kind": "mark", "text": "boot", "t": 0},
+        {"kind": "memory", "allocated": 2**63, "reserved": 1},
+        {"kind": "phase", "event": "begin", "name": "x", "id": 2**64},
+        {"kind": "bye", "exit_code": 2**63},
+        {"kind": "hello", "devices": [{"index": i, "uuid": f"fake-{i}"} for i in range(63)]},
+        {"kind": "facts", "facts": {"x": 2**70}},
+    ]
+    for i, fields in enumerate(hostile):
+        msg = {"v": 1, "seq": 2 * i, "pid": me, "t": now, **fields}
+        _send(receiver.path, json.dumps(msg).encode())
+        _send(receiver.path, protocol.encode("mark", me, 2 * i + 1, now, 0, {"text": f"ok {i}"}))
+    session = receiver.session
+    assert wait_for(lambda: len(session.marks) == len(hostile))
+    assert wait_for(lambda: sum(session.rejects.values()) == len(hostile))
+    assert [m.text for m in session.marks] == [f"ok {i}" for i in range(len(hostile))]
+    assert session.rejects == {"time": 2, "range": 5}
+    assert not [d for d in session.devices.values() if d.kind == "gpu"]
+    lo, hi = session.time_range()
+    assert hi - lo < 60 * 10**9

@@ -39,6 +39,10 @@ from .table import MISSING_INT, Table
 
 Listener = Callable[[str, tuple[Any, ...]], None]
 
+MAX_TORCH_DEVICES = 64
+"""Most GPUs a session shows that only instrumented processes name (NVML lists none of
+them): enough for every MIG instance of an 8-GPU host, and a bound on what hellos create."""
+
 
 def _opt(v: int | None) -> int:
     return MISSING_INT if v is None else v
@@ -57,7 +61,7 @@ class Process:
     """An instrumented process, known from its messages.
 
     Attributes:
-        pid: Process id.
+        pid: Process id, as the kernel reports the sender (never the datagram's claim).
         hello: The latest ``hello`` body (argv, rank, devices, ...).
         facts: The latest model facts, if the script sent any.
         devices: torch device index -> session device key.
@@ -94,6 +98,9 @@ class Process:
     host: str = HOST  # the key of the host device it runs on
     origin: str = ""  # the recording it came from, in a merged replay (host name)
     os_pid: int | None = None  # its pid there, when ``pid`` had to be renumbered
+    # The pid it gave itself, when the kernel's differs: its pid inside its container's
+    # PID namespace (``pid`` is always the kernel's, as seen from the gpuwatch process).
+    container_pid: int | None = None
 
     @property
     def short_label(self) -> str:
@@ -332,6 +339,8 @@ class Session:
             if proc is None:
                 proc = Process(msg.pid, first_t=msg.t)
                 self.processes[msg.pid] = proc
+            if msg.container_pid is not None:
+                proc.container_pid = msg.container_pid
             if msg.seq > proc.last_seq + 1 and proc.last_seq >= 0:
                 proc.gaps += msg.seq - proc.last_seq - 1
             proc.last_seq = max(proc.last_seq, msg.seq)
@@ -347,13 +356,28 @@ class Session:
         if facts:
             proc.facts = facts
         for d in msg.body.get("devices") or ():
-            proc.devices[d["index"]] = self._device_for(d)
+            key = self._device_for(d)
+            if key is not None:
+                proc.devices[d["index"]] = key
 
-    def _device_for(self, d: dict[str, Any]) -> str:
-        """Map a torch device (from a hello) to a session device, by UUID."""
+    def _device_for(self, d: dict[str, Any]) -> str | None:
+        """Map a torch device (from a hello) to a session device, by UUID.
+
+        Returns None for a device NVML does not list once :data:`MAX_TORCH_DEVICES` such
+        devices exist: hellos are a process's word, and one process must not be able to
+        fill the dashboard with made-up GPUs.
+        """
         uuid = norm_uuid(d.get("uuid"))
+        key = gpu_key(uuid) if uuid else f"gpu:torch{d['index']}"
+        if key not in self.devices:
+            torch_only = sum(1 for dev in self.devices.values() if dev.source == "torch")
+            if torch_only >= MAX_TORCH_DEVICES:
+                self.note(
+                    f"ignoring GPUs beyond {MAX_TORCH_DEVICES} that NVML does not list "
+                    "(named only by instrumented processes)"
+                )
+                return None
         if uuid:
-            key = gpu_key(uuid)
             if key not in self.devices:
                 # NVML has not (or cannot) see it: show it from torch's figures alone.
                 self.add_device(
@@ -368,7 +392,6 @@ class Session:
                     )
                 )
             return key
-        key = f"gpu:torch{d['index']}"
         if key not in self.devices:
             self.add_device(
                 Device(

@@ -9,25 +9,46 @@ the session as a reject, never raised.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
+import stat
+import struct
 import threading
+import time
 
 from .. import protocol
 from ..session import Session
 
 
-class SocketInUse(RuntimeError):
-    """Another live gpuwatch already listens on the socket path."""
+class SocketError(RuntimeError):
+    """The socket path cannot be used; ``str()`` is one line that says what to do."""
 
 
-class SocketDirUnsafe(RuntimeError):
-    """The socket's directory belongs to someone else or is open to others."""
+class SocketInUse(SocketError):
+    """Another live gpuwatch (or another program) already listens on the socket path."""
+
+
+class SocketDirUnsafe(SocketError):
+    """The socket's directory is a link, belongs to someone else or is open to others."""
+
+
+class SocketPathTaken(SocketError):
+    """Something that is not a stale socket sits at the socket path (or its lock file)."""
+
+
+_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_CMSG_SPACE = socket.CMSG_SPACE(_CREDS.size)
 
 
 class AnnotationReceiver:
     """Receives protocol messages and applies them to a session on its own thread.
+
+    The sender's identity is the kernel's word: the socket asks for each datagram's
+    credentials (``SO_PASSCRED``), and the pid they carry replaces the one the datagram
+    claims, so no process can speak for another. A claimed pid that differs (a script in a
+    container names its own-namespace pid) is kept as the process's ``container_pid``.
 
     Args:
         session: Where validated messages go (:meth:`Session.ingest`).
@@ -36,10 +57,13 @@ class AnnotationReceiver:
 
     def __init__(self, session: Session, path: str | None = None) -> None:
         self.session = session
+        # The default directory is gpuwatch's own; an explicit path's directory is the user's.
+        self.default_path = path is None and not os.environ.get(protocol.SOCKET_ENV)
         self.path = path or protocol.socket_path()
         self.received = 0
         self.rejected = 0
         self._sock: socket.socket | None = None
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file
         self._lock_fd: int | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -49,31 +73,32 @@ class AnnotationReceiver:
     def bind(self) -> None:
         """Take the path: lock, replace a stale socket, bind with 0600 permissions.
 
+        Nothing but a stale socket is ever removed, and no directory gpuwatch did not
+        create is ever chmod'ed.
+
         Raises:
-            SocketInUse: Another live gpuwatch holds the path.
+            SocketInUse: Another live gpuwatch, or another program, listens on the path.
             SocketDirUnsafe: The directory is not private to this user.
+            SocketPathTaken: A file that is not a socket is at the path or its lock file.
+            OSError: The socket cannot be created or bound.
         """
         directory = os.path.dirname(self.path)
         self._prepare_dir(directory)
-        lock_path = self.path + ".lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        _refuse_non_socket(self.path)
+        self._lock_fd = _take_lock(self.path + ".lock", self.path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise SocketInUse(f"another gpuwatch (pid {owner}) is already listening on {self.path}")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
-        # We hold the lock, so a socket file here belongs to a gpuwatch that died.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            # We hold the lock: a socket file here belongs to a gpuwatch that died, unless
+            # some other program listens on it.
+            _remove_stale_socket(self.path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except BaseException:
+            self._release_lock()
+            raise
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         old_umask = os.umask(0o177)  # created 0600: only this user may send
         try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             sock.bind(self.path)
         except OSError:
             sock.close()
@@ -82,18 +107,30 @@ class AnnotationReceiver:
         finally:
             os.umask(old_umask)
         os.chmod(self.path, 0o600)
+        st = os.lstat(self.path)
+        self._identity = (st.st_dev, st.st_ino)
         sock.settimeout(0.2)
         self._sock = sock
 
     def _prepare_dir(self, directory: str) -> None:
-        default = os.environ.get(protocol.SOCKET_ENV) in (None, "")
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if self.default_path:
+            _private_dir(directory)
+            return
+        if not os.path.isdir(directory):
+            try:
+                os.makedirs(directory, mode=0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise SocketDirUnsafe(
+                    f"cannot create the socket directory {directory}: {exc.strerror or exc}"
+                )
         st = os.stat(directory)
         if st.st_uid != os.getuid():
-            raise SocketDirUnsafe(f"socket directory {directory} belongs to another user")
-        if default and (st.st_mode & 0o077):
-            # Our own default directory: make it private again.
-            os.chmod(directory, 0o700)
+            raise SocketDirUnsafe(
+                f"socket directory {directory} belongs to another user: "
+                "choose a --socket path in a directory of your own"
+            )
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
@@ -117,21 +154,35 @@ class AnnotationReceiver:
         view = memoryview(buf)
         while not self._stop.is_set():
             try:
-                n = sock.recv_into(buf)
+                n, ancillary, flags, _ = sock.recvmsg_into([buf], _CMSG_SPACE)
             except TimeoutError:
                 continue
             except OSError:
                 if self._stop.is_set():
                     return
                 continue
-            self.handle(bytes(view[:n]))
+            if flags & socket.MSG_TRUNC:
+                n = len(buf)  # longer than any valid datagram: rejected for its size
+            self.handle(bytes(view[:n]), _sender_pid(ancillary))
 
-    def handle(self, data: bytes) -> None:
-        """Validate one datagram and apply it; count it as rejected if it is bad."""
+    def handle(self, data: bytes, sender: int | None = None) -> None:
+        """Validate one datagram and apply it; count it as rejected if it is bad.
+
+        Args:
+            data: The datagram.
+            sender: The sending process's pid as the kernel reports it (0: not visible
+                in this PID namespace); None only where no socket carried the datagram
+                (tests), in which case the claimed pid stands.
+        """
         try:
             if len(data) > protocol.MAX_DATAGRAM:
                 raise protocol.ProtocolError("size")
-            msg = protocol.decode(data)
+            if sender is not None and sender <= 0:
+                raise protocol.ProtocolError("identity", "sender not in this PID namespace")
+            msg = protocol.decode(data, now=time.monotonic_ns())
+            if sender is not None and sender != msg.pid:
+                msg.container_pid = msg.pid
+                msg.pid = sender
         except protocol.ProtocolError as exc:
             self.rejected += 1
             self.session.count_reject(exc.reason)
@@ -155,6 +206,131 @@ class AnnotationReceiver:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            # Only the socket file we bound: never one that replaced it since.
+            with contextlib.suppress(OSError):
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self._identity:
+                    os.unlink(self.path)
         self._release_lock()
+
+
+# --------------------------------------------------------------------------- the path
+
+
+def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The pid in a datagram's ``SCM_CREDENTIALS``, or None when none came with it."""
+    for level, kind, data in ancillary:
+        ours = level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+        if ours and len(data) >= _CREDS.size:
+            return _CREDS.unpack_from(data)[0]
+    return None
+
+
+def _private_dir(directory: str) -> None:
+    """Create gpuwatch's default socket directory, or accept it only if it is private.
+
+    ``mkdir`` does not follow a link at the path and ``lstat`` does not either, so a link
+    planted there (to another user's home, or to a shared 1777 directory) is refused, not
+    followed; and only a directory gpuwatch has just created is ever chmod'ed.
+    """
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SocketDirUnsafe(
+            f"cannot create the socket directory {directory}: {exc.strerror or exc}"
+        )
+    else:
+        os.chmod(directory, 0o700)  # ours, just made: whatever the umask left
+        return
+    st = os.lstat(directory)
+    what = None
+    if stat.S_ISLNK(st.st_mode):
+        what = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        what = "is not a directory"
+    elif st.st_uid != os.getuid():
+        what = f"belongs to another user (uid {st.st_uid})"
+    elif stat.S_IMODE(st.st_mode) & 0o077:
+        what = f"is open to other users (mode {stat.S_IMODE(st.st_mode):04o}, not 0700)"
+    if what is not None:
+        raise SocketDirUnsafe(
+            f"socket directory {directory} {what}: remove it (gpuwatch creates it 0700) "
+            "or choose another path with --socket"
+        )
+
+
+def _refuse_non_socket(path: str) -> None:
+    """Refuse a path held by anything but a socket: gpuwatch replaces only stale sockets."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketPathTaken(
+            f"{path} exists and is not a socket; gpuwatch will not replace it: "
+            "choose another --socket path"
+        )
+
+
+def _take_lock(lock_path: str, path: str) -> int:
+    """Open and ``flock`` the lock file beside the socket; returns its descriptor.
+
+    Raises:
+        SocketInUse: Another gpuwatch holds it.
+        SocketPathTaken: The lock file's name is taken by something that is not one.
+    """
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SocketPathTaken(f"{lock_path} is a symbolic link; gpuwatch will not follow it")
+        raise SocketPathTaken(f"cannot open the lock file {lock_path}: {exc.strerror or exc}")
+    try:
+        st = os.fstat(fd)
+        content = os.pread(fd, 64, 0).strip()
+        ours = content.isdigit() or not content  # our pid, or a file we just created
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or not ours:
+            raise SocketPathTaken(
+                f"{lock_path} exists and is not a gpuwatch lock file; gpuwatch will not "
+                "touch it: choose another --socket path"
+            )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = content.decode(errors="replace") or "?"
+            raise SocketInUse(f"another gpuwatch (pid {owner}) is already listening on {path}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_stale_socket(path: str) -> None:
+    """Remove a socket at ``path`` that nobody listens on; refuse one that is alive."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):  # appeared since the first look
+        _refuse_non_socket(path)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        alive = False  # bound by nobody: left by a gpuwatch that died
+    except FileNotFoundError:
+        return
+    except OSError:
+        alive = True  # e.g. a stream socket with a listener (EPROTOTYPE)
+    else:
+        alive = True
+    finally:
+        probe.close()
+    if alive:
+        raise SocketInUse(f"another program listens on {path}; choose another --socket path")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

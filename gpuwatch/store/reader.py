@@ -94,13 +94,25 @@ def _check_header(path: Path) -> bool:
     page_size = 65536 if page_size == 1 else page_size
     if page_size < 512 or page_size & (page_size - 1):
         raise RecordingError(f"{path} is damaged (bad page size {page_size})")
+    wal = head[18] == 2
+    if wal and _has_wal(path):
+        # Pages not yet copied back (a crash, a full disk) live in the -wal file, which
+        # SQLite reads first: the main file's size says nothing; SQLite is the judge.
+        return wal
     pages = int.from_bytes(head[28:32], "big")
     # The header's page count is only valid when its two change counters agree.
     if head[24:28] == head[92:96] and pages and size < pages * page_size:
         raise RecordingError(f"{path} is truncated ({size} of {pages * page_size} bytes are there)")
     if size % page_size:
         raise RecordingError(f"{path} is truncated ({size} bytes, not whole pages)")
-    return head[18] == 2
+    return wal
+
+
+def _has_wal(path: Path) -> bool:
+    try:
+        return os.path.getsize(str(path) + "-wal") > 0
+    except OSError:
+        return False
 
 
 def open_recording(path: str | os.PathLike[str]) -> Recording:
@@ -111,6 +123,23 @@ def open_recording(path: str | os.PathLike[str]) -> Recording:
             written by a newer gpuwatch.
     """
     return Recording(path)
+
+
+def live_writer(path: str | os.PathLike[str]) -> int | None:
+    """The pid of the gpuwatch still writing the recording at ``path``, or None.
+
+    None too when ``path`` is not a readable recording (nothing to protect there).
+    """
+    try:
+        rec = open_recording(path)
+    except RecordingError:
+        return None
+    try:
+        return int(rec.meta.get("writer_pid", "0")) if rec.writer_alive() else None
+    except ValueError:
+        return None
+    finally:
+        rec.close()
 
 
 class Recording:
@@ -124,7 +153,8 @@ class Recording:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         wal = _check_header(self.path)
-        uri = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
+        # The path's bytes, quoted: a file name that is not UTF-8 must open too.
+        uri = "file:" + urllib.parse.quote(os.fsencode(self.path.resolve())) + "?mode=ro"
         with _as_recording_error(self.path):
             # check_same_thread=False: the loader thread reads too, always under _lock.
             self.db = sqlite3.connect(uri, uri=True, check_same_thread=False)

@@ -9,16 +9,53 @@ second, in one transaction, on the recorder's thread.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ..session import Session
-from .writer import SessionWriter
+from .writer import FileRemoved, SessionWriter
+
+_ERRNO_CAUSES = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EIO: "I/O error",
+    errno.EFBIG: "file too large",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOENT: "file removed",
+}
+_SQLITE_CAUSES = (  # (words in SQLite's message, the cause), for Pythons before 3.11
+    ("disk is full", "disk full"),
+    ("disk i/o error", "I/O error"),
+    ("readonly", "read-only file system"),
+    ("read-only", "read-only file system"),
+    ("unable to open", "file removed or unreadable"),
+)
 
 _LOGGED = frozenset(("hello", "facts", "bye"))
+
+
+def write_failure(exc: BaseException) -> str:
+    """``"disk full: database or disk is full"``: why a write failed, cause first."""
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, FileRemoved):
+        return text
+    if isinstance(exc, OSError) and exc.errno in _ERRNO_CAUSES:
+        return f"{_ERRNO_CAUSES[exc.errno]}: {exc.strerror or text}"
+    if isinstance(exc, sqlite3.Error):
+        lowered = text.lower()
+        for words, cause in _SQLITE_CAUSES:
+            if words in lowered:
+                return f"{cause}: {text}"
+    return text
+
+
 """Message kinds kept as events: the session keeps only the latest hello and facts."""
 
 
@@ -52,6 +89,7 @@ class Recorder:
         self.interval = interval
         self.writer = SessionWriter(path, session, label=label, overwrite=overwrite)
         self.error: str | None = None
+        self.cause: str | None = None  # the error's cause alone ("disk full")
         self.syncs = 0
         self.cpu_seconds = 0.0  # CPU time of the recorder thread (benchmarks report it)
         self._stop = threading.Event()
@@ -105,7 +143,7 @@ class Recorder:
         try:
             self.writer.sync(final=final)
         except Exception as exc:  # disk full, file removed...: say so, never crash the app
-            self.error = f"recording to {self.path} stopped: {exc}"
+            self._failed(exc)
             self._active = False
             self.session.note(self.error)
             return False
@@ -115,6 +153,11 @@ class Recorder:
                 self.syncs += 1
                 self._synced.notify_all()
         return True
+
+    def _failed(self, exc: BaseException) -> None:
+        why = write_failure(exc)
+        self.cause = why.split(":", 1)[0]
+        self.error = f"recording stopped: {why} ({self.path})"
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Commit now (on the recorder thread) and wait for it; False on timeout."""
@@ -141,5 +184,5 @@ class Recorder:
         try:
             self.writer.close()
         except Exception as exc:
-            self.error = f"recording to {self.path} stopped: {exc}"
+            self._failed(exc)
         self.cpu_seconds += time.thread_time() - start

@@ -10,6 +10,7 @@ twice and the finished file holds few, well compressed chunks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,6 +38,11 @@ from ._schema import (
 )
 
 PAGE_SIZE = 8192
+
+
+class FileRemoved(OSError):
+    """The recording's file is no longer at its path (removed, or replaced by another)."""
+
 
 _PROCESS_STATE = tuple(
     f.name for f in dataclasses.fields(Process) if f.name not in PROCESS_SERIES and f.name != "open"
@@ -108,6 +114,14 @@ class SessionWriter:
         if self.path.exists() or self.path.is_symlink():
             if not overwrite:
                 raise FileExistsError(f"{self.path} already exists")
+            from .reader import live_writer
+
+            writer = live_writer(self.path)
+            if writer is not None:
+                raise FileExistsError(
+                    f"{self.path} is being written by another gpuwatch (pid {writer}); "
+                    "it is not overwritten even with --force"
+                )
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +152,8 @@ class SessionWriter:
                 }
             )
             self._db.execute("COMMIT")
+            st = os.stat(self.path)
+            self._identity = (st.st_dev, st.st_ino)
         except BaseException:
             self._db.close()
             raise
@@ -162,6 +178,7 @@ class SessionWriter:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
+                self._check_file()
                 # Rows first, then what they refer to (names, processes, devices): those
                 # only grow and are created before any row that uses them, so everything
                 # a written row refers to is written in the same transaction.
@@ -173,7 +190,11 @@ class SessionWriter:
                 self._sync_misc()
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # A failed COMMIT (disk full) may have rolled back already; the real error
+                # is the one to report, never "cannot rollback - no transaction is active".
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
                 raise
 
     def close(self, complete: bool = True) -> None:
@@ -202,6 +223,19 @@ class SessionWriter:
             self._db.close()
 
     # ------------------------------------------------------------------ pieces
+
+    def _check_file(self) -> None:
+        """Refuse to go on writing into a file that was removed or replaced under us.
+
+        SQLite would carry on writing into the unlinked inode, and every row would be lost
+        without a word.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise FileRemoved("file removed")
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise FileRemoved("file replaced by another")
 
     def _set_meta(self, values: dict[str, Any]) -> None:
         self._db.executemany(

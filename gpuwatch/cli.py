@@ -31,6 +31,20 @@ class CliError(Exception):
         self.code = code
 
 
+def say(text: str, *, end: str = "\n", overwrite: bool = False) -> None:
+    """One line from gpuwatch on stderr, made printable (paths and names may be hostile).
+
+    Args:
+        text: The line, without the ``gpuwatch: `` prefix.
+        end: What ends it (``""`` for a status line rewritten in place).
+        overwrite: Clear the terminal line first (a status line on a terminal).
+    """
+    from .fmt import printable
+
+    clear = "\r\x1b[K" if overwrite else ""
+    print(f"{clear}gpuwatch: {printable(text)}", end=end, file=sys.stderr, flush=True)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and still exit status 2)."""
 
@@ -218,7 +232,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     try:
         from .tui.app import GpuwatchApp
 
-        app = GpuwatchApp(sources.session, theme_name=theme, subtitle=sources.describe())
+        app = GpuwatchApp(sources.session, theme_name=theme, subtitle=sources.describe)
         app.run()
     finally:
         sources.stop()
@@ -259,12 +273,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             child = launch.start(command, socket_path=sources.socket_path, log_path=args.log)
         except launch.LaunchError as exc:
-            raise CliError(str(exc), EXIT_ERROR)
+            raise CliError(str(exc))  # not found, not executable: bad input
         from .tui.app import GpuwatchApp
 
-        GpuwatchApp(
-            sources.session, theme_name=theme, subtitle=sources.describe(), child=child
-        ).run()
+        GpuwatchApp(sources.session, theme_name=theme, subtitle=sources.describe, child=child).run()
     finally:
         if child is not None and child.running:
             child.stop()  # INT, then TERM, then KILL to its process group
@@ -272,10 +284,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert child is not None
-    print(
-        f"gpuwatch: {shlex.join(command)}: {launch.describe_returncode(child.returncode)} "
-        f"(output in {child.log_path})",
-        file=sys.stderr,
+    say(
+        f"{shlex.join(command)}: {launch.describe_returncode(child.returncode)} "
+        f"(output in {child.log_path})"
     )
     status = child.exit_status
     return EXIT_ERROR if status is None else status
@@ -289,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except CliError as exc:
-        print(f"gpuwatch: {exc}", file=sys.stderr)
+        say(str(exc))
         return exc.code
     except KeyboardInterrupt:
         return 130

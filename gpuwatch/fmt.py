@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 GIB = 1024**3
 MIB = 1024**2
@@ -22,6 +23,45 @@ def fmt_bytes(n: float | None, digits: int = 2) -> str:
     if n >= KIB:
         return f"{sign}{n / KIB:.1f} KiB"
     return f"{sign}{int(n)} B"
+
+
+def _escape(code: int) -> str:
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (os.fsdecode's surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    named = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}.get(code)
+    if named:
+        return named
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+_UNSAFE_CODES = [
+    *range(0x20),  # C0 controls: ESC starts every terminal escape sequence
+    0x7F,
+    *range(0x80, 0xA0),  # C1 controls (0x9B is a one-byte CSI on some terminals)
+    0x061C,  # bidirectional marks and overrides: text that displays other than it reads
+    0x200E,
+    0x200F,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),
+    *range(0xD800, 0xE000),  # surrogates: not encodable, from non-UTF-8 file names
+]
+_ESCAPES = {code: _escape(code) for code in _UNSAFE_CODES}
+_UNSAFE = re.compile("[" + "".join(re.escape(chr(c)) for c in _UNSAFE_CODES) + "]")
+
+
+def printable(text: object) -> str:
+    """``text`` safe to show on a terminal: control characters become visible escapes.
+
+    Strings from datagrams, recordings, process tables and file names are hostile: an
+    ``ESC]0;...BEL`` would set the terminal's title, ``ESC[2J`` blank it, a byte that is not
+    UTF-8 would make ``print`` raise. Each such character is shown as ``\\x1b``, ``\\n``,
+    ``\\u202e`` (bidirectional overrides) or ``\\xff`` (a byte of a non-UTF-8 file name).
+    Exports keep the raw text; only what is shown goes through here.
+    """
+    s = text if isinstance(text, str) else str(text)
+    if _UNSAFE.search(s) is None:
+        return s
+    return s.translate(_ESCAPES)
 
 
 def first_line(text: object, limit: int = 200) -> str | None:

@@ -100,7 +100,7 @@ def test_record_passes_the_exit_status_through(tmp_path, sock_path) -> None:
 
 def test_record_a_command_that_does_not_exist(tmp_path, sock_path) -> None:
     result, _ = record(tmp_path, sock_path, "no-such-program-anywhere")
-    assert result.returncode == 1
+    assert result.returncode == 2  # a bad command line, as for any bad input
     assert result.stderr.strip().splitlines()[-1].startswith("gpuwatch: cannot run")
 
 

@@ -210,11 +210,11 @@ def test_shipped_sample_recordings_replay() -> None:
     for path in paths:
         assert path.stat().st_size < 1 << 20
         rec = open_recording(path)
-        assert rec.complete and "CPU recording" in rec.label
+        assert rec.complete and rec.label  # each says what ran, and where
         rec.close()
         session = load(path)
         (proc,) = session.processes.values()
-        assert len(proc.phases) > 100 and len(proc.rss) > 10 and len(session.host) > 10
+        assert len(proc.phases) > 30 and len(proc.rss) > 10 and len(session.host) > 10
         player = open_replay(path)  # as on a fresh machine: not followed, starts at the start
         assert not player.growing and player.playing
         assert 0 <= player.position() - player.bounds()[0] < 10**9

@@ -181,7 +181,7 @@ async def test_tabs_peaks_and_processes() -> None:
         opt_rows = [
             table.get_row_at(i)
             for i in range(table.row_count)
-            if table.get_row_at(i)[1] == "optimizer.step"
+            if str(table.get_row_at(i)[1]) == "optimizer.step"
         ]
         # The exact peak includes the 10 ms spike that NVML's 100 ms polls never saw.
         peak_alloc = str(opt_rows[0][5])
@@ -189,7 +189,7 @@ async def test_tabs_peaks_and_processes() -> None:
         assert peak_alloc == "50.00 GiB"
         assert nvml_max != peak_alloc
         predicted = {
-            table.get_row_at(i)[1]: str(table.get_row_at(i)[8]) for i in range(table.row_count)
+            str(table.get_row_at(i)[1]): str(table.get_row_at(i)[8]) for i in range(table.row_count)
         }
         assert predicted.pop("data") == "n/a"  # the predictor has no model of data loading
         assert "n/a" not in predicted.values()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import shlex
 import signal
@@ -19,7 +20,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cli import EXIT_ERROR, EXIT_OK, CliError, _theme_name, add_source_options, check_theme
+from ..cli import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CliError,
+    _theme_name,
+    add_source_options,
+    check_theme,
+    say,
+)
 
 if TYPE_CHECKING:
     from ..live import LiveSources
@@ -139,8 +148,8 @@ def _duration(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
-    if value <= 0:
-        raise argparse.ArgumentTypeError("the duration must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError("the duration must be a positive number of seconds")
     return value
 
 
@@ -255,13 +264,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         assert recorder is not None
         tty = sys.stderr.isatty()
         started = time.monotonic()
-        print(
-            f"gpuwatch: recording to {out} (socket {sources.socket_path}); Ctrl-C or SIGTERM stops",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"recording to {out} (socket {sources.socket_path}); Ctrl-C or SIGTERM stops")
         if sources.metrics is not None:
-            print(f"gpuwatch: metrics on {sources.metrics.url}", file=sys.stderr, flush=True)
+            say(f"metrics on {sources.metrics.url}")
         if command:
             try:
                 child = launch.start(
@@ -269,16 +274,25 @@ def cmd_record(args: argparse.Namespace) -> int:
                 )
                 forward = launch.SignalForwarder(child)
             except launch.LaunchError as exc:
-                raise CliError(str(exc), EXIT_ERROR)
+                raise CliError(str(exc))  # not found, not executable: bad input
         deadline = None if args.duration is None else started + args.duration
-        while not stop.is_set() and recorder.error is None:
+        reported = False
+        while not stop.is_set():
             if child is not None and not child.running:
                 break
+            if recorder.error is not None and not reported:
+                # The recording is lost, the job is not: it runs on to its own end.
+                reported = True
+                if tty:
+                    print("\r\x1b[K", end="", file=sys.stderr)
+                say(recorder.error + ("; the command runs on" if child is not None else ""))
+                if child is None:
+                    break
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             if wait <= 0 or stop.wait(wait):
                 break
-            if tty:
-                print("\r\x1b[K" + _status(sources, started), end="", file=sys.stderr, flush=True)
+            if tty and recorder.error is None:
+                say(_status(sources, started), end="", overwrite=True)
         if not args.label:
             recorder.writer.set_label(_auto_label(sources.session))
     finally:
@@ -289,17 +303,14 @@ def cmd_record(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     if tty:
         print("\r\x1b[K", end="", file=sys.stderr)
-    if recorder.error is not None:
-        print(f"gpuwatch: {recorder.error}", file=sys.stderr)
-        return EXIT_ERROR
-    print(f"gpuwatch: {_status(sources, started)}", file=sys.stderr)
+    if recorder.error is None:
+        say(_status(sources, started))
+    elif not reported:
+        say(recorder.error)
     if child is not None:
-        print(
-            f"gpuwatch: {shlex.join(command)}: {launch.describe_returncode(child.returncode)}",
-            file=sys.stderr,
-        )
+        say(f"{shlex.join(command)}: {launch.describe_returncode(child.returncode)}")
         return EXIT_ERROR if child.exit_status is None else child.exit_status
-    return EXIT_OK
+    return EXIT_ERROR if recorder.error is not None else EXIT_OK
 
 
 def _status(sources: LiveSources, started: float) -> str:
@@ -356,7 +367,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
-        print(format_summary(info))
+        print(format_summary(info))  # every line made printable there
     return EXIT_OK
 
 
@@ -378,8 +389,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 with open(out / f"{name}.{args.format}", "w", newline="") as f:
                     total += write(table(opened, name), args.format, f)
         except OSError as exc:
-            raise CliError(f"cannot write to {out}: {exc.strerror or exc}", EXIT_ERROR)
+            raise CliError(f"cannot write to {out}: {exc.strerror or exc}")  # a bad --out
     finally:
         opened.close()
-    print(f"gpuwatch: wrote {len(names)} tables, {total} rows, to {out}{os.sep}", file=sys.stderr)
+    say(f"wrote {len(names)} tables, {total} rows, to {out}{os.sep}")
     return EXIT_OK

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fmt import first_line, fmt_bytes, fmt_duration
+from ..fmt import first_line, fmt_bytes, fmt_duration, printable
 from ..session import MISSING_INT, Process, Session
 from .multi import Opened
 from .reader import Recording
@@ -305,7 +305,9 @@ def format_summary(info: dict[str, Any]) -> str:
             f" (step {o['step']}): {o['message'] or ''}"
         )
     lines += [f"note: {n}" for n in info["notes"]]
-    return "\n".join(lines)
+    # Names, labels, argv, notes and paths are the recording's word: no escape, no
+    # undecodable byte reaches the terminal (each line is one line on screen).
+    return "\n".join(printable(line) for line in lines)
 
 
 def _file_lines(f: dict[str, Any], prefix: str = "") -> list[str]:

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+from rich.text import Text
 from textual.widgets import Static
+
+from ..fmt import printable
+
+
+def markup_safe(text: object) -> str:
+    """Untrusted text (names, labels, paths, notes) for a widget that reads Rich markup.
+
+    Control characters become visible escapes (:func:`gpuwatch.fmt.printable`) and square
+    brackets are escaped, so ``[red]fwd[/red]`` in a phase name shows as typed.
+    """
+    return escape(printable(text))
+
+
+def plain(text: object, **kwargs: object) -> Text:
+    """Untrusted text as a :class:`~rich.text.Text` (never parsed as markup), made printable."""
+    return Text(printable(text), **kwargs)  # type: ignore[arg-type]
 
 
 class Line(Static):

@@ -29,7 +29,7 @@ from ..launch import exit_status
 from ..session import Session
 from ..session import navigate as nav
 from ..session.predicted import PredictedLine
-from ._text import Line
+from ._text import Line, markup_safe, plain
 from .chart import TimelineChart
 from .confirm import Confirm
 from .help import HelpScreen
@@ -164,7 +164,8 @@ class GpuwatchApp(App[int]):
     Args:
         session: What to show.
         theme_name: A theme from ``themes/`` (default ``gpuwatch-dark``).
-        subtitle: Shown in the status bar (socket path, file name...).
+        subtitle: Shown in the status bar (socket path, file name...), or a function that
+            says it anew at each refresh (the live sources: recording, or why not).
         clock: Returns the newest time to show (default :meth:`Session.now`); a replay
             passes its playback position.
         child: The command started by ``gpuwatch run``: its output gets a tab, its state
@@ -206,7 +207,7 @@ class GpuwatchApp(App[int]):
         session: Session,
         *,
         theme_name: str | None = None,
-        subtitle: str = "",
+        subtitle: str | Callable[[], str] = "",
         clock: Callable[[], int] | None = None,
         child: ChildLike | None = None,
     ) -> None:
@@ -408,13 +409,14 @@ class GpuwatchApp(App[int]):
             parts.append(f"cursor {fmt_duration(self.view.cursor - s.t_origin)}")
         if self.child is not None:
             parts.append(self._child_text())
-        if self.subtitle_text:
-            parts.append(self.subtitle_text)
+        subtitle = self.subtitle_text() if callable(self.subtitle_text) else self.subtitle_text
+        if subtitle:
+            parts.append(markup_safe(subtitle))
         self.status_bar.set(" · ".join(parts))
         notes = "\n".join(s.notes)
         if notes != self._notes:  # height auto: a new note needs a layout pass
             self._notes = notes
-            self.notes_bar.update(notes)
+            self.notes_bar.update(plain(notes))
             self.notes_bar.display = bool(notes)
 
     def _child_text(self) -> str:

@@ -16,6 +16,7 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
+from ..fmt import printable
 from .chart import AXIS_WIDTH
 
 PHASE_KINDS = ("data", "forward", "backward", "optimizer", "zero-grad", "eval", "other")
@@ -186,7 +187,7 @@ class PhaseBand(Widget):
 
         segments = [
             Segment(
-                row.label[: AXIS_WIDTH - 1].ljust(AXIS_WIDTH - 1) + " ",
+                printable(row.label)[: AXIS_WIDTH - 1].ljust(AXIS_WIDTH - 1) + " ",
                 base + Style(color=variables.get("gw-axis")),
             )
         ]
@@ -218,6 +219,7 @@ SHORT_NAMES = {
 
 def _label(name: str, room: int) -> str:
     """The phase's name if it fits in ``room`` cells, else a short form, else nothing."""
+    name = printable(name)  # a name is the script's word: no escape reaches the terminal
     if len(name) <= room:
         return name
     short = SHORT_NAMES.get(name)

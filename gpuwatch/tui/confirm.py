@@ -8,6 +8,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from ._text import plain
+
 
 class Confirm(ModalScreen[bool]):
     """Ask ``question``; ``y`` answers yes, ``n`` / ``escape`` no."""
@@ -40,7 +42,7 @@ class Confirm(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question, markup=False)
+            yield Static(plain(self.question))
             yield Static("[b]y[/b] yes   [b]n[/b] no")
 
     def action_answer(self, yes: bool) -> None:

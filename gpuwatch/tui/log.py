@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from textual.widgets import Log
 
+from ..fmt import printable
+
 MAX_LINES = 10_000
+
+# Escape sequences a program writes for a terminal (colours, cursor moves, titles): the
+# log shows their text without them, and anything else unprintable as a visible escape.
+_SEQUENCE = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def clean_line(line: str) -> str:
+    """One line of the child's output as it may be shown: no terminal escapes survive."""
+    return printable(_SEQUENCE.sub("", line))
 
 
 class LogView(Log):
@@ -38,4 +50,4 @@ class LogView(Log):
         lines = text.split("\n")
         self._partial = lines.pop()  # an unfinished line waits for its newline
         if lines:
-            self.write_lines([line.rsplit("\r", 1)[-1] for line in lines])
+            self.write_lines([clean_line(line.rsplit("\r", 1)[-1]) for line in lines])

@@ -8,12 +8,12 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
-from ..fmt import fmt_bytes, fmt_duration
+from ..fmt import fmt_bytes, fmt_duration, printable
 from ..session import Session, is_host
 from ..session.breakdown import breakdown
 from ..session.decimate import minmax, value_at
 from ..session.predicted import PredictedLine
-from ._text import Line
+from ._text import Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand
 from .breakdown import BreakdownBar
 from .chart import ChartFrame, Series, TimelineChart
@@ -96,7 +96,7 @@ class DevicePanel(Vertical):
         self.chart.update_view(window, cursor, version)
         self.band.update_view(window, cursor, version)
         self.border_title = self._title()
-        self.header.set(self._header_text())
+        self.header.set(printable(self._header_text()))
         t = cursor if cursor is not None else min(window[1], self.session.now())
         self.legend.set(self._legend(t))
         if self.bar is not None:
@@ -105,6 +105,9 @@ class DevicePanel(Vertical):
     # ------------------------------------------------------------------ text
 
     def _title(self) -> str:
+        return markup_safe(self._title_text())
+
+    def _title_text(self) -> str:
         dev = self.device
         where = f"{dev.origin} · " if dev.origin else ""  # merged replay: which recording
         if dev.kind == "host":
@@ -167,7 +170,7 @@ class DevicePanel(Vertical):
             parts.append(f"[{color}]━[/] {label} {fmt_bytes(values.get(role))}")
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
-            parts.append(f"[b]{span['name']}[/b]{step}")
+            parts.append(f"[b]{markup_safe(span['name'])}[/b]{step}")
         parts.append(f"@ {fmt_duration(t - self.session.t_origin)}")
         return "  ".join(parts)
 

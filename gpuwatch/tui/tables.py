@@ -8,6 +8,7 @@ from textual.widgets import DataTable
 from ..fmt import fmt_bytes, fmt_duration
 from ..session import Session, is_host
 from ..session.peaks import phase_peaks
+from ._text import plain
 
 
 class PeaksTable(DataTable):
@@ -64,8 +65,8 @@ class PeaksTable(DataTable):
                     rows.append(
                         (
                             "" if p.step is None else str(p.step),
-                            p.name,
-                            proc.label,
+                            plain(p.name),
+                            plain(proc.label),
                             dev_label,
                             fmt_duration(p.t1 - p.t0),
                             Text(fmt_bytes(p.peak_alloc), justify="right"),
@@ -135,24 +136,23 @@ class ProcessTable(DataTable):
         info = self.session.proc_info.get(pid, {})
         proc = self.session.processes.get(pid)
         visible = info.get("visible", proc is not None)
-        name = info.get("name") or (
-            proc.hello.get("argv", ["?"])[0].rsplit("/", 1)[-1] if proc else "?"
-        )
+        argv = (proc.hello.get("argv") if proc else None) or ["?"]
+        name = info.get("name") or str(argv[0]).rsplit("/", 1)[-1]
         if not visible:
             name = (
                 f"{name} (not visible from here)" if info.get("name") else "(not visible from here)"
             )
-        command = info.get("cmdline") or (" ".join(proc.hello.get("argv", [])) if proc else "")
+        command = info.get("cmdline") or (proc.hello.get("argv") if proc else None) or ""
         if isinstance(command, list):
-            command = " ".join(command)
+            command = " ".join(str(c) for c in command)
         return (
-            str(info.get("os_pid", pid)),  # a merged replay renumbers clashing pids
-            info.get("user") or "",
-            name,
-            device,
+            plain(info.get("os_pid", pid)),  # a merged replay renumbers clashing pids
+            plain(info.get("user") or ""),
+            plain(name),
+            plain(device),
             Text(
                 fmt_bytes(memory) if memory is not None and memory >= 0 else "n/a", justify="right"
             ),
-            proc.label if proc is not None else "",
-            command[:200],
+            plain(proc.label if proc is not None else ""),
+            plain(str(command)[:200]),
         )

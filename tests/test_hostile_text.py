@@ -1,0 +1,169 @@
+"""Untrusted text never reaches the terminal raw, and a failed recording says so on screen.
+
+Phase names, marks, argv, host and device names, notes, labels and OOM messages come from
+datagrams and from recordings people share. Shown in the CLI or the dashboard, control
+characters become visible escapes and Rich markup is shown as typed; exports keep the raw
+text.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+import synthetic
+from conftest import run_gpuwatch, wait_for
+
+from gpuwatch.fmt import printable
+from gpuwatch.protocol import Message
+from gpuwatch.session import Device, Session
+from gpuwatch.store import Recorder, save_session
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.tables import PeaksTable
+
+TITLE = "\x1b]0;pwned\x07"  # sets the terminal's (tmux pane's) title
+CLEAR = "\x1b[2J"  # blanks the screen
+EVIL_NAME = f"[red]fwd[/red]{TITLE}"
+EVIL_TEXT = f"checkpoint {TITLE}{CLEAR} done\u202e"
+
+
+def hostile_session() -> Session:
+    s = synthetic.build()
+    pid = synthetic.PID
+    t = synthetic.end_time() - 10**8
+    msgs = [
+        Message(
+            "hello",
+            pid,
+            1000,
+            t,
+            body={"argv": [f"train.py{CLEAR}", TITLE], "hostname": f"node{TITLE}"},
+        ),
+        Message(
+            "phase",
+            pid,
+            1001,
+            t,
+            body={
+                "event": "begin",
+                "name": EVIL_NAME,
+                "id": 999,
+                "parent": None,
+                "depth": 0,
+                "step": 5,
+            },
+        ),
+        Message(
+            "phase",
+            pid,
+            1002,
+            t + 10**7,
+            body={
+                "event": "end",
+                "name": EVIL_NAME,
+                "id": 999,
+                "parent": None,
+                "depth": 0,
+                "step": 5,
+            },
+        ),
+        Message("mark", pid, 1003, t, body={"text": EVIL_TEXT, "level": "info"}),
+        Message(
+            "oom",
+            pid,
+            1004,
+            t,
+            body={"message": f"CUDA out of memory{CLEAR}\nmore", "phase": EVIL_NAME, "step": 5},
+        ),
+    ]
+    for m in msgs:
+        s.ingest(m)
+    s.note(f"note {TITLE}")
+    s.add_device(
+        Device("host", "host", name=f"box{TITLE}", total=64 * synthetic.GIB, source="host")
+    )
+    return s
+
+
+def test_printable_escapes_every_control_and_keeps_plain_text() -> None:
+    assert printable("forward") == "forward"
+    assert printable(TITLE) == "\\x1b]0;pwned\\x07"
+    assert printable("a\tb\nc\r") == "a\\tb\\nc\\r"
+    assert printable("\x9b31m") == "\\x9b31m"  # C1 CSI
+    assert printable("abc\u202edef") == "abc\\u202edef"  # right-to-left override
+    assert printable(os.fsdecode(b"caf\xe9.gpuwatch")) == "caf\\xe9.gpuwatch"
+    assert printable("naïve ünïcode ✓") == "naïve ünïcode ✓"
+
+
+def test_info_prints_no_escape_and_export_keeps_the_raw_text(tmp_path: Path) -> None:
+    path = save_session(hostile_session(), tmp_path / f"evil{CLEAR}.gpuwatch", label=TITLE)
+    result = run_gpuwatch("info", str(path))
+    assert result.returncode == 0, result.stderr
+    for out in (result.stdout, result.stderr):
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "[red]fwd[/red]\\x1b]0;pwned\\x07" in result.stdout  # shown as typed
+    assert "CUDA out of memory\\x1b[2J" in result.stdout  # first line only, escaped
+    as_json = run_gpuwatch("info", "--json", str(path))
+    assert json.loads(as_json.stdout)["label"] == TITLE  # JSON escapes, and keeps it exact
+    out = tmp_path / "export"
+    assert run_gpuwatch("export", str(path), "--out", str(out)).returncode == 0
+    with open(out / "events.csv", newline="") as f:
+        texts = [row["body"] for row in csv.DictReader(f)]
+    assert any(EVIL_TEXT in json.loads(body).get("text", "") for body in texts)
+
+
+async def test_the_dashboard_shows_hostile_text_escaped() -> None:
+    session = hostile_session()
+    app = GpuwatchApp(
+        session, clock=lambda: synthetic.end_time(), subtitle=f"replay evil{TITLE}[b]x[/b]"
+    )
+    async with app.run_test(size=(140, 45)) as pilot:
+        await pilot.pause()
+        screen = app.export_screenshot()
+        assert "\x1b]0;" not in screen and "\x07" not in screen
+        status = str(app.status_bar.render())
+        assert "[b]x[/b]" in status and "\\x1b]0;pwned" in status
+        assert "\\x1b]0;pwned" in str(app.notes_bar.render())
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.query_one(PeaksTable)
+        names = {str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+        assert printable(EVIL_NAME) in names  # markup shown as typed, not as red "fwd"
+        await pilot.press("3")
+        await pilot.pause()
+        assert "\x1b" not in app.export_screenshot().replace("\x1b[", "")  # SVG has none
+
+
+@pytest.mark.parametrize("kind", ["phase", "mark"])
+def test_band_labels_are_printable(kind: str) -> None:
+    from gpuwatch.tui.band import _label
+
+    assert "\x1b" not in _label(EVIL_NAME, 80)
+
+
+async def test_a_recording_that_stops_says_so_in_the_header(tmp_path: Path) -> None:
+    from gpuwatch.live import LiveSources
+
+    session = synthetic.build()
+    sources = LiveSources(socket=str(tmp_path / "x.sock"))
+    sources.session = session
+    recorder = Recorder(session, tmp_path / "r.gpuwatch", interval=0.05)
+    # SQLite's own "database or disk is full": the file may not grow one page more.
+    pages = recorder.writer._db.execute("PRAGMA page_count").fetchone()[0]
+    recorder.writer._db.execute(f"PRAGMA max_page_count={pages}")
+    sources.recorder, sources.record_path = recorder, recorder.path
+    recorder.start()
+    t = synthetic.end_time()
+    for i in range(300):  # ~300 KB more than the file may hold
+        session.ingest(Message("mark", synthetic.PID, 5000 + i, t, body={"text": "x" * 1000}))
+    app = GpuwatchApp(session, clock=lambda: synthetic.end_time(), subtitle=sources.describe)
+    async with app.run_test(size=(140, 45)) as pilot:
+        assert wait_for(lambda: recorder.error is not None, timeout=10)
+        await pilot.pause(0.6)
+        status = str(app.status_bar.render())
+        assert "NOT RECORDING (disk full)" in status
+        assert "recording stopped: disk full" in str(app.notes_bar.render())
+    recorder.close()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_gpuwatch
 from store_data import populated_session
 
 from gpuwatch.store import RecordingError, load, open_recording, save_session
@@ -126,3 +126,47 @@ def test_every_command_gives_exit_2_and_one_line(tmp_path: Path, sub_env: dict[s
         assert proc.returncode == 2, (kind, command, err)
         assert len(lines) == 1 and lines[0].startswith("gpuwatch: "), (kind, command, err)
         assert "Traceback" not in err and out == ""
+
+
+def _pages_in_wal(path: Path) -> Path:
+    """A recording whose writer died before any checkpoint: its pages sit in the -wal.
+
+    The main file's header says more pages than the file holds (as after a checkpoint that
+    a full disk cut short): every page SQLite needs is in the -wal, which it reads first.
+    """
+    code = (
+        "import os, sys\n"
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+        "from store_data import populated_session\n"
+        "from gpuwatch.store.writer import SessionWriter\n"
+        f"w = SessionWriter({str(path)!r}, populated_session(60))\n"
+        "w._db.execute('PRAGMA wal_autocheckpoint=0')\n"
+        "w.sync(final=True)\n"
+        "os._exit(0)\n"  # killed: no checkpoint, no close
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    Path(str(path) + "-shm").unlink(missing_ok=True)
+    data = bytearray(path.read_bytes())
+    data[28:32] = (72).to_bytes(4, "big")  # the header's page count, counters still agree
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_file_whose_pages_sit_in_its_wal_opens(tmp_path: Path) -> None:
+    path = _pages_in_wal(tmp_path / "wal.gpuwatch")
+    assert path.stat().st_size < 72 * 8192 and Path(str(path) + "-wal").stat().st_size > 0
+    rec = open_recording(path)
+    assert not rec.complete
+    rec.close()
+    session = load(path)
+    assert len(session.processes) == 2 and len(session.host) > 0
+    result = run_gpuwatch("info", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "incomplete" in result.stdout
+
+
+def test_the_same_header_without_its_wal_is_truncated(tmp_path: Path) -> None:
+    path = _pages_in_wal(tmp_path / "wal.gpuwatch")
+    Path(str(path) + "-wal").unlink()
+    with pytest.raises(RecordingError, match=r"truncated|no tables"):
+        open_recording(path)

@@ -429,3 +429,20 @@ def decode(data: bytes, now: int | None = None) -> Message:
     return Message(
         kind=kind, pid=obj["pid"], seq=obj["seq"], t=t, dropped=obj["dropped"], body=body
     )
+
+
+def clean(kind: str, body: Any) -> dict[str, Any]:
+    """The fields of a ``kind`` body that pass their checks; the rest are dropped.
+
+    For bodies read back from recordings: an older gpuwatch, another writer or a hand may
+    have stored what no receiver validated. Types and ranges are checked as :func:`decode`
+    checks them; a missing required field is simply absent (the caller decides).
+    """
+    spec = SCHEMA.get(kind)
+    if spec is None or not isinstance(body, dict):
+        return {}
+    return {
+        name: body[name]
+        for name, (check, _) in spec.items()
+        if name in body and check(body[name]) is None
+    }

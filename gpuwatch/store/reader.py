@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import protocol
 from ..session import Device, Mark, Oom, OpenSpan, Process, Session, Table
 from ..session.table import MISSING_INT
-from . import _codec
+from . import _bodies, _codec
 from ._schema import (
     EXPECTED_TABLES,
     FORMAT,
-    PROCESS_SERIES,
     SCHEMA_VERSION,
     SERIES,
     SQLITE_MAGIC,
@@ -349,6 +349,7 @@ class Loader:
                 self._read_index(db)
             finally:
                 db.execute("COMMIT")
+            self._drop_stray_events()
             self._bounds = self._compute_bounds()
             self._rebuild_heap()
 
@@ -367,46 +368,52 @@ class Loader:
                 raise RecordingError(f"{self.recording.path} is damaged (phase names)")
         for key, body in db.execute("SELECT key, body FROM devices"):
             if self._changed(("device", key), body):
-                self._apply_device(_known(Device, json.loads(body)))
+                self._apply_device(_bodies.device(str(key), json.loads(body)))
         for pid, body in db.execute("SELECT pid, body FROM processes"):
             if self._changed(("process", pid), body):
-                self._apply_process(pid, json.loads(body))
+                self._apply_process(pid, _bodies.process_state(json.loads(body)))
         spans: dict[int, dict[int, OpenSpan]] = {}
-        for pid, sid, body in db.execute("SELECT pid, id, body FROM open_spans"):
-            spans.setdefault(pid, {})[sid] = OpenSpan(**_known(OpenSpan, json.loads(body)))
+        for pid, _, body in db.execute("SELECT pid, id, body FROM open_spans"):
+            span = _bodies.open_span(json.loads(body))
+            if span is not None:
+                spans.setdefault(pid, {})[span.id] = span
         for pid, proc in s.processes.items():
             proc.open = spans.get(pid, {})
         for pid, body in db.execute("SELECT pid, body FROM proc_info"):
-            s.proc_info[pid] = json.loads(body)
+            s.proc_info[pid] = _bodies.proc_info(json.loads(body))
         for reason, count in db.execute("SELECT reason, count FROM rejects"):
-            s.rejects[reason] = count
+            if isinstance(reason, str) and type(count) is int:
+                s.rejects[reason] = count
         for seq, t, kind, pid, body in db.execute(
             "SELECT seq, t, kind, pid, body FROM events WHERE seq > ? ORDER BY seq",
             (self._event_seq,),
         ):
             self._event_seq = seq
-            self._apply_event(t, kind, pid, json.loads(body))
+            clean = _bodies.event(kind, json.loads(body))
+            if clean is not None and type(t) is int:
+                self._apply_event(t, kind, pid if type(pid) is int else None, clean)
         rates = db.execute("SELECT value FROM meta WHERE key = 'sampler_rate'").fetchone()
         if rates:
-            s.sampler_rate.update(json.loads(rates[0]))
+            loaded = json.loads(rates[0])
+            if isinstance(loaded, dict):
+                s.sampler_rate.update(
+                    {k: v for k, v in loaded.items() if isinstance(v, (int, float))}
+                )
         s.touch()
 
-    def _apply_device(self, body: dict[str, Any]) -> None:
+    def _apply_device(self, new: Device) -> None:
         s = self.session
-        dev = s.devices.get(body["key"])
+        dev = s.devices.get(new.key)
         if dev is None:
-            s.add_device(Device(**body))
+            s.add_device(new)
         else:
-            for name, value in body.items():
-                setattr(dev, name, value)
+            for f in dataclasses.fields(Device):
+                setattr(dev, f.name, getattr(new, f.name))
 
-    def _apply_process(self, pid: int, body: dict[str, Any]) -> None:
+    def _apply_process(self, pid: int, state: dict[str, Any]) -> None:
         proc = self._process(pid)
-        devices = body.pop("devices", {}) or {}
-        for name, value in _known(Process, body).items():
-            if name not in PROCESS_SERIES and name not in ("open", "pid"):
-                setattr(proc, name, value)
-        proc.devices = {int(k): v for k, v in devices.items()}
+        for name, value in state.items():
+            setattr(proc, name, value)
 
     def _process(self, pid: int) -> Process:
         proc = self.session.processes.get(pid)
@@ -418,7 +425,7 @@ class Loader:
         s = self.session
         if kind == "mark":
             s.marks.append(
-                Mark(t, pid or 0, body["text"], body.get("level", "info"), body.get("step"))
+                Mark(t, pid or 0, body["text"], body.get("level") or "info", body.get("step"))
             )
         elif kind == "oom":
             s.ooms.append(Oom(t, pid or 0, body))
@@ -483,6 +490,27 @@ class Loader:
     def bounds(self) -> tuple[int, int]:
         """First and last time in the whole file, loaded or not (as of the last refresh)."""
         return self._bounds
+
+    def _drop_stray_events(self) -> None:
+        """Leave out marks and OOMs far outside every series (files older than the ranges).
+
+        A receiver now refuses a timestamp more than :data:`~gpuwatch.protocol.PAST_NS`
+        off its clock; an older one stored marks at t=0 or 2^63-1, which would stretch the
+        time axis over days or centuries.
+        """
+        firsts = [int(f.t_first[0]) for f in self._feeds.values() if len(f.t_first)]
+        lasts = [int(f.t_last[-1]) for f in self._feeds.values() if len(f.t_last)]
+        if not firsts:
+            return
+        lo, hi = min(firsts) - protocol.PAST_NS, max(lasts) + protocol.PAST_NS
+        s = self.session
+        dropped = 0
+        for events in (s.marks, s.ooms):
+            keep = [e for e in events if lo <= e.t <= hi]
+            dropped += len(events) - len(keep)
+            events[:] = keep
+        if dropped:
+            s.note(f"left out {dropped} marks or OOMs timed far outside the recording")
 
     def _compute_bounds(self) -> tuple[int, int]:
         s = self.session
@@ -661,9 +689,3 @@ class Loader:
 
 
 _NONE = np.iinfo(np.int64).min
-
-
-def _known(cls: type, body: dict[str, Any]) -> dict[str, Any]:
-    """The keys of ``body`` that are fields of dataclass ``cls`` (newer files add some)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in body.items() if k in names}

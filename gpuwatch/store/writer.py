@@ -59,6 +59,7 @@ def process_body(proc: Process) -> dict[str, Any]:
     """A process's scalar state and hello/facts as a JSON-able dict."""
     body = {name: getattr(proc, name) for name in _PROCESS_STATE}
     body["devices"] = {str(k): v for k, v in proc.devices.items()}
+    body["torch_devs"] = sorted(proc.torch_devs)
     return body
 
 

@@ -139,14 +139,14 @@ def test_stalled_dashboard_costs_the_sender_little_and_training_nothing(
 
 def test_drops_are_reported_to_a_dashboard_that_appears_later(sock_path: str) -> None:
     client = Client(sock_path, interval=3600)
-    client.emit(("mark", 1, "lost", "info", 0))
+    client.emit(("mark", time.monotonic_ns(), "lost", "info", 0))
     client.flush()  # nobody listening: dropped
     assert client.dropped == 1
     session = Session()
     rx = AnnotationReceiver(session, sock_path)
     rx.start()
     try:
-        client.emit(("mark", 2, "kept", "info", 0))
+        client.emit(("mark", time.monotonic_ns(), "kept", "info", 0))
         client.flush()
         assert wait_for(lambda: session.marks)
         proc = session.processes[client.pid]
@@ -163,7 +163,7 @@ def test_dashboard_restart_gets_a_new_hello(sock_path: str) -> None:
         rx = AnnotationReceiver(session, sock_path)
         rx.start()
         try:
-            client.emit(("mark", round_, f"round {round_}", "info", 0))
+            client.emit(("mark", time.monotonic_ns(), f"round {round_}", "info", 0))
             client.flush()
             assert wait_for(lambda s=session: s.marks)
             assert session.processes[client.pid].hello.get("argv") is not None

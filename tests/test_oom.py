@@ -47,12 +47,12 @@ def live(sock_path: str) -> Iterator[Session]:
     st = _api._state
     st.step, st.client.facts = 7, None
     st.stack().clear()
-    saved = (_oom._O.modes, _oom._O.unclaimed, dict(_oom._O.snapshots), _oom._O.high)
-    _oom._O.unclaimed = 0
+    saved = (_oom._O.modes, _oom._O.pending, dict(_oom._O.snapshots), _oom._O.high)
+    _oom._O.pending = None
     yield session
     gpuwatch.flush()
     gen.close()
-    _oom._O.modes, _oom._O.unclaimed, _oom._O.snapshots, _oom._O.high = saved
+    _oom._O.modes, _oom._O.pending, _oom._O.snapshots, _oom._O.high = saved
 
 
 def _ooms(session: Session, n: int = 1) -> list[dict]:
@@ -135,9 +135,24 @@ def test_observer_report_is_not_repeated(live: Session) -> None:
         "free": 100 * MIB,
         "phase": "backward",
         "step": 7,
-        "message": None,
+        "message": MESSAGE,  # the error's (first) line, added when it left the phase
     }
     assert (second["phase"], second["requested"]) == ("forward", 20 * MIB)
+
+
+def test_an_observed_oom_the_script_catches_is_still_reported(live: Session) -> None:
+    # The script catches the error inside the phase (skips the batch, say): no phase sees
+    # it, so the observer's event goes out from the sender thread, without text.
+    with gpuwatch.phase("forward"):
+        _oom._observer(0, 5 * GIB, 80 * GIB, 0)
+        try:
+            raise torch.OutOfMemoryError(MESSAGE)
+        except torch.OutOfMemoryError:
+            pass
+    assert _oom._O.pending is not None
+    (body,) = _ooms(live)
+    assert (body["phase"], body["requested"], body["message"]) == ("forward", 5 * GIB, None)
+    assert _oom._O.pending is None
 
 
 @pytest.fixture

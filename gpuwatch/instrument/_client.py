@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from .. import protocol
@@ -82,6 +83,8 @@ class Client:
         self._start_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._stop = threading.Event()
+        # Called on the sender thread before each flush (the OOM module's late events).
+        self.before_flush: Callable[[], None] | None = None
 
     @property
     def dropped(self) -> int:
@@ -133,6 +136,12 @@ class Client:
 
     def flush(self) -> None:
         """Send everything queued (called by the sender thread, and once at exit)."""
+        hook = self.before_flush
+        if hook is not None:
+            try:
+                hook()
+            except Exception:
+                pass
         with self._send_lock:
             items = []
             q = self.queue

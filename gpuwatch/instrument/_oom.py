@@ -5,7 +5,10 @@ Two ways an OOM is seen:
 - The CUDA caching allocator's out-of-memory observer (where this torch has
   ``torch._C._cuda_attach_out_of_memory_observer``), attached once CUDA is initialised. It
   runs on the allocating thread just before the error is raised, with the exact request
-  size, the device's total and free memory; the phase is the one open on that thread.
+  size, the device's total and free memory; the phase is the one open on that thread. Its
+  event waits for the error to pass through a phase, which adds the first line of the
+  error's text; one the script catches before any phase sees it goes out without text
+  after :data:`PENDING_WAIT` seconds (sent from the sender thread, never training's).
 - A ``torch.OutOfMemoryError`` passing through an observed phase, manual or automatic
   (``_api._state.on_oom``). Used when no observer reported the error first; the sizes are
   read from the allocator where CUDA is in use and parsed from the error message otherwise.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any
 
@@ -46,6 +50,8 @@ HISTORY_ENTRIES = 100_000
 SPIKE_WARMUP_STEPS = 2
 SPIKE_RATIO = 0.10
 SPIKE_MIN = 64 * 1024**2
+PENDING_WAIT = 0.5
+"""Seconds an observer's event waits for its exception to reach a phase."""
 
 _st = _api._state
 
@@ -66,7 +72,9 @@ class _Oom:
 
     def __init__(self) -> None:
         self.modes: frozenset[str] = frozenset()
-        self.unclaimed = 0  # observer reports whose exception has not reached a phase yet
+        # The observer's event whose exception has not reached a phase yet: (since, body).
+        self.pending: tuple[float, dict[str, Any]] | None = None
+        self.lock = threading.Lock()
         self.attached = False
         self.recording = False
         self.snapshots = {"oom": 0, "spike": 0}
@@ -80,6 +88,7 @@ def install() -> None:
     """Hook into the client (cheap, no torch): called when gpuwatch.instrument is imported."""
     _O.modes = snapshot_modes()
     _st.on_oom = report
+    _st.client.before_flush = _send_stale
     _st.memory.on_active = _on_cuda_active
     if "spike" in _O.modes:
         _st.memory.on_peak = _on_peak
@@ -119,15 +128,17 @@ def report(exc: BaseException, phase: str | None) -> None:
             exc._gpuwatch_seen = True  # type: ignore[attr-defined]
         except Exception:
             pass
-        if _O.unclaimed:
-            _O.unclaimed -= 1  # the allocator's observer reported it, with exact figures
+        message = _first_line(exc)
+        claimed = _take_pending()
+        if claimed is not None:  # the allocator's observer saw it, with exact figures
+            claimed["message"] = message
+            send("oom", claimed)
             return
-        message = str(exc)
         body: dict[str, Any] = {
-            **parse_message(message),
+            **parse_message(str(exc)),
             "phase": phase,
             "step": _st.step,
-            "message": message[: 4 * 1024],
+            "message": message,
         }
         _fill_from_allocator(body)
         if "oom" in _O.modes:
@@ -153,10 +164,39 @@ def _observer(device: int, alloc: int, total: int, free: int) -> None:
         _fill_from_allocator(body)
         if "oom" in _O.modes:
             body["snapshot"] = _snapshot("oom")
-        _O.unclaimed += 1
-        send("oom", body)
+        older = _take_pending()
+        if older is not None:  # an earlier one nobody claimed: it goes as it is
+            send("oom", older)
+        with _O.lock:
+            _O.pending = (time.monotonic(), body)
     except Exception:
         pass
+
+
+def _take_pending() -> dict[str, Any] | None:
+    with _O.lock:
+        pending, _O.pending = _O.pending, None
+    return pending[1] if pending is not None else None
+
+
+def _send_stale() -> None:
+    """The sender thread's look before each flush: send an event no phase claimed."""
+    pending = _O.pending
+    if pending is None or time.monotonic() - pending[0] < PENDING_WAIT:
+        return
+    with _O.lock:
+        if _O.pending is not pending:
+            return
+        _O.pending = None
+    send("oom", pending[1])
+
+
+def _first_line(exc: BaseException) -> str | None:
+    """The first line of the error's text (torch's OOM message is one long line)."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[: 4 * 1024]
+    return None
 
 
 def _fill_from_allocator(body: dict[str, Any]) -> None:

@@ -166,6 +166,7 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
     steps = cols["step"][mask if mask.any() else known]
     out = {
         "pid": p.pid,
+        "container_pid": p.container_pid,  # its own pid, when it runs in a container
         "label": p.label,
         "argv": p.hello.get("argv"),
         "rank": p.hello.get("rank"),
@@ -278,8 +279,11 @@ def format_summary(info: dict[str, Any]) -> str:
             end = "still running or killed"
         else:
             end = "ended" if p["exit_code"] is None else f"exit {p['exit_code']}"
+        label = p["label"]
+        if p.get("container_pid") is not None:
+            label += f" ({p['container_pid']} in its container)"
         lines.append(
-            f"  {p['label']:10} {argv[:60]:60} {p['steps']} steps, "
+            f"  {label:10} {argv[:60]:60} {p['steps']} steps, "
             f"{sum(p['phases'].values())} phases, {end}"
         )
     if info["phases"]:

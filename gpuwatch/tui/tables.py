@@ -145,8 +145,11 @@ class ProcessTable(DataTable):
         command = info.get("cmdline") or (proc.hello.get("argv") if proc else None) or ""
         if isinstance(command, list):
             command = " ".join(str(c) for c in command)
+        shown = str(info.get("os_pid", pid))  # a merged replay renumbers clashing pids
+        if proc is not None and proc.container_pid is not None:
+            shown += f" ({proc.container_pid} in its container)"
         return (
-            plain(info.get("os_pid", pid)),  # a merged replay renumbers clashing pids
+            plain(shown),
             plain(info.get("user") or ""),
             plain(name),
             plain(device),

@@ -42,7 +42,13 @@ def say(text: str, *, end: str = "\n", overwrite: bool = False) -> None:
     from .fmt import printable
 
     clear = "\r\x1b[K" if overwrite else ""
-    print(f"{clear}gpuwatch: {printable(text)}", end=end, file=sys.stderr, flush=True)
+    try:
+        line = f"{clear}gpuwatch: {printable(text)}" if text else clear
+        print(line, end=end, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        # The terminal is gone (closed pipe, hung up): what gpuwatch has to say is lost,
+        # what it records and the job it runs are not.
+        pass
 
 
 class Parser(argparse.ArgumentParser):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -205,3 +207,38 @@ def test_run_stops_its_command_when_gpuwatch_is_terminated(sock_path, tmp_path) 
         time.sleep(0.1)
     finally:
         tmux.close()
+
+
+SLOW_CHILD = (
+    "import sys, time, gpuwatch\n"
+    "for i in range(30):\n"
+    "    with gpuwatch.phase('forward'):\n"
+    "        time.sleep(0.1)\n"
+    "open(sys.argv[1], 'w').write('done')\n"
+    "sys.exit(5)\n"
+)
+
+
+def test_a_broken_terminal_stops_neither_the_recording_nor_the_command(tmp_path, sock_path) -> None:
+    # stderr is a pipe nobody reads any more, and the terminal hangs up (SIGHUP) mid-run.
+    child = tmp_path / "child.py"
+    child.write_text(SLOW_CHILD)
+    done = tmp_path / "done"
+    out = tmp_path / "run.gpuwatch"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    read, write = os.pipe()
+    gw = subprocess.Popen(
+        [sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock_path,
+         "--", sys.executable, str(child), str(done)],
+        env=env, cwd=ROOT, stdout=write, stderr=write, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    os.close(write)
+    os.close(read)  # the terminal is gone: every write gpuwatch makes fails (EPIPE)
+    assert wait_for(lambda: out.exists(), timeout=30)
+    time.sleep(0.5)
+    gw.send_signal(signal.SIGHUP)
+    assert gw.wait(timeout=60) == 5  # the command's own status
+    assert done.read_text() == "done"
+    rec = open_recording(out)
+    assert rec.complete
+    rec.close()

@@ -258,6 +258,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         forward(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # A terminal that hangs up stops neither the recording nor the job (a batch command).
+    # A handler, not SIG_IGN: an ignored signal would stay ignored in the job after exec.
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _hung_up)
     try:
         sources.start()
         recorder = sources.recorder
@@ -284,7 +287,7 @@ def cmd_record(args: argparse.Namespace) -> int:
                 # The recording is lost, the job is not: it runs on to its own end.
                 reported = True
                 if tty:
-                    print("\r\x1b[K", end="", file=sys.stderr)
+                    say("", end="", overwrite=True)
                 say(recorder.error + ("; the command runs on" if child is not None else ""))
                 if child is None:
                     break
@@ -302,7 +305,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if tty:
-        print("\r\x1b[K", end="", file=sys.stderr)
+        say("", end="", overwrite=True)
     if recorder.error is None:
         say(_status(sources, started))
     elif not reported:
@@ -311,6 +314,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         say(f"{shlex.join(command)}: {launch.describe_returncode(child.returncode)}")
         return EXIT_ERROR if child.exit_status is None else child.exit_status
     return EXIT_ERROR if recorder.error is not None else EXIT_OK
+
+
+def _hung_up(signum: int, frame: Any) -> None:
+    """SIGHUP under ``record``: the terminal went away; recording and job go on."""
 
 
 def _status(sources: LiveSources, started: float) -> str:

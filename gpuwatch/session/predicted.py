@@ -46,11 +46,31 @@ class PredictedLine:
             return False
         if facts is not self._facts:
             self._facts = facts
-            self.prediction = pr.predict(facts)
             self.first_step, self._checked = None, 0
+            try:
+                self.prediction = pr.predict(facts)
+                for phase, first in self.prediction.phases:  # every figure computes
+                    pr.total(pr.breakdown(self.prediction, phase, first_step=first))
+            except Exception as exc:
+                self._unusable(exc)
+                return False
+        if self.prediction is None:
+            return False
         if self.first_step is None:
             self._find_first_step()
         return True
+
+    def _unusable(self, exc: BaseException) -> None:
+        """Facts the predictor cannot use: no predicted line, a note, never a crash.
+
+        Facts are the script's word (a datagram, or a recording someone shared): whatever
+        they hold must not stop the dashboard or the exporter.
+        """
+        self.prediction = None
+        self.session.note(
+            f"{self.proc.label}: its model facts cannot be used for a prediction "
+            f"({type(exc).__name__}: {str(exc)[:80]})"
+        )
 
     def _find_first_step(self) -> None:
         """The step of the process's first ``optimizer.step`` (the first step is higher)."""
@@ -80,8 +100,14 @@ class PredictedLine:
     def _curve(self, spans: list[pr.Span]) -> tuple[np.ndarray, np.ndarray]:
         if self.prediction is None or not spans:
             return np.empty(0, dtype=np.int64), np.empty(0)
-        times, values = pr.predicted_curve(self.prediction, spans, first_step=self.first_step)
-        return np.asarray(times, dtype=np.int64), np.asarray(values, dtype=np.float64)
+        try:
+            times, values = pr.predicted_curve(
+                self.prediction, spans, first_step=self.first_step
+            )
+            return np.asarray(times, dtype=np.int64), np.asarray(values, dtype=np.float64)
+        except Exception as exc:
+            self._unusable(exc)
+            return np.empty(0, dtype=np.int64), np.empty(0)
 
     def points(self, t0: int, t1: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Curve points covering ``[t0, t1]``.
@@ -154,7 +180,10 @@ class PredictedLine:
         spans = self._around(t)
         parts = None
         if self.prediction is not None and spans:
-            parts = pr.breakdown_at(self.prediction, spans, t, first_step=self.first_step)
+            try:
+                parts = pr.breakdown_at(self.prediction, spans, t, first_step=self.first_step)
+            except Exception as exc:
+                self._unusable(exc)
         self._last = (stamp, parts)
         return parts
 
@@ -165,7 +194,11 @@ class PredictedLine:
         first = step is not None and self.first_step is not None and step <= self.first_step
         if (phase, first) not in self.prediction.phases:
             return None
-        return pr.total(pr.breakdown(self.prediction, phase, first_step=first))
+        try:
+            return pr.total(pr.breakdown(self.prediction, phase, first_step=first))
+        except Exception as exc:
+            self._unusable(exc)
+            return None
 
 
 def _representative_steps(

@@ -167,3 +167,35 @@ async def test_a_recording_that_stops_says_so_in_the_header(tmp_path: Path) -> N
         assert "NOT RECORDING (disk full)" in status
         assert "recording stopped: disk full" in str(app.notes_bar.render())
     recorder.close()
+
+
+@pytest.mark.tmux
+def test_replay_in_a_real_terminal_keeps_its_title_and_rows(tmp_path: Path) -> None:
+    # The reproduction: a shared recording whose phase names and notes carry an
+    # OSC title and a screen clear set tmux's pane title and blanked rows.
+    import shlex
+    import sys
+
+    from conftest import ROOT
+    from tmuxhelp import Tmux
+
+    path = save_session(hostile_session(), tmp_path / "evil.gpuwatch", label=TITLE + CLEAR)
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "TERM": "xterm-256color",
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+    }
+    tmux = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch replay {shlex.quote(str(path))}", env)
+    try:
+        assert tmux.wait_for_text("GPU 0")
+        tmux.keys("space")  # pause; the whole recording is in view
+        assert tmux.wait_for_text("\\x1b]0;pwned")  # the note, shown escaped
+        title = tmux._tmux("display-message", "-p", "-t", "main", "#{pane_title}").strip()
+        assert "pwned" not in title
+        screen = tmux.screen()
+        assert "GPU 0" in screen and "gpuwatch" in screen  # rows were not blanked
+        tmux.keys("q")
+        assert tmux.wait_for_text("EXIT=0")
+    finally:
+        tmux.close()

@@ -382,6 +382,11 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# One decoder for every datagram: json.loads(..., parse_constant=...) would build a new
+# one per call, a third of the cost of decoding a phase boundary.
+_JSON = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def decode(data: bytes, now: int | None = None) -> Message:
     """Validate one datagram and return its :class:`Message`.
 
@@ -397,7 +402,7 @@ def decode(data: bytes, now: int | None = None) -> Message:
     if len(data) > MAX_DATAGRAM:
         raise ProtocolError("size", f"{len(data)} bytes")
     try:
-        obj = json.loads(data, parse_constant=_no_constant)
+        obj = _JSON.decode(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError("json", str(exc)[:80])
     if not isinstance(obj, dict):

@@ -101,9 +101,7 @@ class PredictedLine:
         if self.prediction is None or not spans:
             return np.empty(0, dtype=np.int64), np.empty(0)
         try:
-            times, values = pr.predicted_curve(
-                self.prediction, spans, first_step=self.first_step
-            )
+            times, values = pr.predicted_curve(self.prediction, spans, first_step=self.first_step)
             return np.asarray(times, dtype=np.int64), np.asarray(values, dtype=np.float64)
         except Exception as exc:
             self._unusable(exc)

@@ -7,6 +7,7 @@ passed to subscribers (the recorder), so the session is the single place facts f
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -38,6 +39,13 @@ from .model import (
 from .table import MISSING_INT, Table
 
 Listener = Callable[[str, tuple[Any, ...]], None]
+
+_PROCESS_TABLES = {
+    "torch": TORCH_COLUMNS,
+    "peaks": PEAK_COLUMNS,
+    "rss": RSS_COLUMNS,
+    "phases": PHASE_COLUMNS,
+}
 
 MAX_TORCH_DEVICES = 64
 """Most GPUs a session shows that only instrumented processes name (NVML lists none of
@@ -115,6 +123,14 @@ class Process:
     def label(self) -> str:
         """:attr:`short_label`, after the recording's origin (host) in a merged replay."""
         return f"{self.origin} {self.short_label}" if self.origin else self.short_label
+
+
+_RESTORABLE = frozenset(
+    f.name
+    for f in dataclasses.fields(Process)
+    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open")
+)
+"""What :meth:`Session.restore_process` sets: a process's scalar state, hello and facts."""
 
 
 class Session:
@@ -482,6 +498,148 @@ class Session:
     def _on_bye(self, proc: Process, msg: Message) -> None:
         proc.ended = msg.t
         proc.exit_code = msg.body.get("exit_code")
+
+    # ------------------------------------------------------------------ restore (replay)
+
+    # A replayed session is filled from what a recording stored, through these methods
+    # only: each keeps the invariants the live path keeps (devices have tables, spans know
+    # their longest span, a process exists before its series), and emits like the live
+    # path does, so subscribers and caches see every change.
+
+    def restore_device(self, device: Device) -> Device:
+        """A device as stored: added, or the known one's fields replaced by the stored ones."""
+        old = self.devices.get(device.key)
+        if old is None:
+            return self.add_device(device)
+        with self._lock:
+            for f in dataclasses.fields(Device):
+                setattr(old, f.name, getattr(device, f.name))
+        self._emit("device", (old,))
+        return old
+
+    def restore_process(self, pid: int, state: dict[str, Any]) -> Process:
+        """A process's stored scalar state, hello and facts (attributes of :class:`Process`).
+
+        Its tables are restored by :meth:`extend_series`, its open spans by
+        :meth:`restore_open_spans`; ``pid`` is the key and never changes.
+
+        Raises:
+            ValueError: ``state`` names something that is not a scalar attribute.
+        """
+        bad = set(state) - _RESTORABLE
+        if bad:
+            raise ValueError(f"not a stored process attribute: {', '.join(sorted(bad))}")
+        with self._lock:
+            proc = self._restored_process(pid)
+            for name, value in state.items():
+                setattr(proc, name, value)
+        self.touch()
+        return proc
+
+    def _restored_process(self, pid: int) -> Process:
+        proc = self.processes.get(pid)
+        if proc is None:
+            proc = self.processes[pid] = Process(pid)
+        return proc
+
+    def restore_open_spans(self, spans: dict[int, dict[int, OpenSpan]]) -> None:
+        """The spans each process had open when the file was last written (all at once)."""
+        with self._lock:
+            for pid, proc in self.processes.items():
+                proc.open = spans.get(pid, {})
+        self.touch()
+
+    def restore_events(
+        self,
+        marks: Iterable[Mark] = (),
+        ooms: Iterable[Oom] = (),
+        notes: Iterable[str] = (),
+    ) -> None:
+        """Point events as stored, appended in order (a note already shown is not repeated)."""
+        with self._lock:
+            self.marks.extend(marks)
+            self.ooms.extend(ooms)
+            for text in notes:
+                if text not in self.notes:
+                    self.notes.append(text)
+        self.touch()
+
+    def retain_events(self, t0: int, t1: int) -> int:
+        """Keep only the marks and OOMs timed within ``[t0, t1]``; returns how many went."""
+        with self._lock:
+            gone = 0
+            for events in (self.marks, self.ooms):
+                keep = [e for e in events if t0 <= e.t <= t1]
+                gone += len(events) - len(keep)
+                events[:] = keep
+        if gone:
+            self.touch()
+        return gone
+
+    def restore_counts(
+        self, rejects: dict[str, int] | None = None, rates: dict[str, float] | None = None
+    ) -> None:
+        """Stored reject counts (they replace the known ones) and achieved sampling rates."""
+        with self._lock:
+            for reason, count in (rejects or {}).items():
+                self.rejects[reason] = count
+            self.sampler_rate.update(rates or {})
+        self.touch()
+
+    def series_table(self, kind: str, key: str, capacity: int = 1024) -> Table:
+        """The table a stored series of ``kind`` fills, made (sized for ``capacity`` rows).
+
+        Args:
+            kind: ``gpu``, ``gpu_procs`` (by device key), ``host`` (by host key), ``torch``,
+                ``peaks``, ``rss`` or ``phases`` (by pid, as text).
+            key: Which device or process.
+            capacity: Rows it will hold (a table sized once never copies on append).
+
+        Raises:
+            ValueError: An unknown kind, or a process series whose key is not a pid.
+        """
+        with self._lock:
+            if kind in ("gpu", "gpu_procs"):
+                if key not in self.devices:
+                    self.add_device(Device(key, "gpu", source="recording"))
+                table = Table(GPU_COLUMNS if kind == "gpu" else GPU_PROC_COLUMNS, capacity)
+                getattr(self, kind)[key] = table
+            elif kind == "host":
+                table = self.hosts[key] = Table(HOST_COLUMNS, capacity)
+            elif kind in _PROCESS_TABLES:
+                table = Table(_PROCESS_TABLES[kind], capacity)
+                setattr(self._restored_process(int(key)), kind, table)
+            else:
+                raise ValueError(f"unknown series kind {kind!r}")
+        return table
+
+    def extend_series(self, kind: str, key: str, columns: dict[str, np.ndarray]) -> None:
+        """Rows of a stored series, in time order, into its table from :meth:`series_table`.
+
+        Keeps what the live path keeps as rows arrive: a process's longest span and
+        longest peak segment (window queries reach back by them).
+
+        Raises:
+            ValueError: A phase row names a phase the session does not know.
+        """
+        if not columns or not len(next(iter(columns.values()))):
+            return
+        if kind in ("gpu", "gpu_procs"):
+            table = getattr(self, kind)[key]
+        elif kind == "host":
+            table = self.host_table(key)
+        else:
+            proc = self.processes[int(key)]
+            table = getattr(proc, kind)
+            if kind == "phases":
+                if int(columns["name"].max()) >= len(self.names):
+                    raise ValueError("unknown phase name")
+                proc.max_span = max(proc.max_span, int((columns["t1"] - columns["t0"]).max()))
+            elif kind == "peaks":
+                longest = int((columns["t1"] - columns["t0"]).max())
+                proc.max_segment = max(proc.max_segment, longest)
+        table.extend(columns)
+        self.touch()
 
     # ------------------------------------------------------------------ queries
 

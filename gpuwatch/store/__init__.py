@@ -12,23 +12,24 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._schema import FORMAT, SCHEMA_VERSION, SUFFIX
+    from .loader import Loader
     from .player import Player
-    from .reader import Loader, Recording, RecordingError, load, open_recording
     from .recorder import Recorder
+    from .recording import Recording, RecordingError, load, open_recording
     from .writer import SessionWriter, save_session
 
 _WHERE = {
     "FORMAT": "._schema",
     "SCHEMA_VERSION": "._schema",
     "SUFFIX": "._schema",
-    "Loader": ".reader",
+    "Loader": ".loader",
     "Player": ".player",
     "Recorder": ".recorder",
-    "Recording": ".reader",
-    "RecordingError": ".reader",
+    "Recording": ".recording",
+    "RecordingError": ".recording",
     "SessionWriter": ".writer",
-    "load": ".reader",
-    "open_recording": ".reader",
+    "load": ".recording",
+    "open_recording": ".recording",
     "save_session": ".writer",
 }
 

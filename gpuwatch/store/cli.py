@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..live import LiveSources
     from ..session import Session
     from .multi import Opened
-    from .reader import Recording
+    from .recording import Recording
 
 SUFFIX = ".gpuwatch"  # the same as _schema.SUFFIX, which this module must not import
 
@@ -89,7 +89,7 @@ def configure_recording(sources: LiveSources, args: argparse.Namespace) -> None:
 
 
 def _open(path: str) -> Recording:
-    from .reader import RecordingError, open_recording
+    from .recording import RecordingError, open_recording
 
     try:
         return open_recording(path)
@@ -100,7 +100,7 @@ def _open(path: str) -> Recording:
 def _load(paths: list[str], align: str = "wall") -> Opened:
     """Open and load one recording, or several merged; a bad file is one line, exit 2."""
     from .multi import load_many
-    from .reader import RecordingError
+    from .recording import RecordingError
 
     try:
         return load_many(paths, align=align, progress=_loading if len(paths) > 1 else None)
@@ -335,7 +335,7 @@ def _status(sources: LiveSources, started: float) -> str:
 def cmd_replay(args: argparse.Namespace) -> int:
     """Open the dashboard on a recording (or several merged), playing from its start."""
     from .player import Player, open_replay
-    from .reader import RecordingError
+    from .recording import RecordingError
 
     theme = _theme_name(args)
     check_theme(theme)

@@ -11,7 +11,7 @@ import numpy as np
 from ..fmt import first_line, fmt_bytes, fmt_duration, printable
 from ..session import MISSING_INT, Process, Session
 from .multi import Opened
-from .reader import Recording
+from .recording import Recording
 
 
 def _max(values: np.ndarray) -> int | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..session import Session
 from ..session.merge import Part, merge, origins
 from ._schema import SUFFIX
-from .reader import Recording, RecordingError, open_recording
+from .recording import Recording, RecordingError, open_recording
 
 Progress = Callable[[int, int, Path], None]
 """``progress(i, n, path)``: about to load file ``i`` (0-based) of ``n``."""

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..session import MISSING_INT, Session
 from ..session import navigate as nav
-from .reader import Loader, open_recording
+from .loader import Loader
+from .recording import open_recording
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 """The speed steps of :meth:`Player.faster` / :meth:`Player.slower`."""

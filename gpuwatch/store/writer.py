@@ -115,7 +115,7 @@ class SessionWriter:
         if self.path.exists() or self.path.is_symlink():
             if not overwrite:
                 raise FileExistsError(f"{self.path} already exists")
-            from .reader import live_writer
+            from .recording import live_writer
 
             writer = live_writer(self.path)
             if writer is not None:

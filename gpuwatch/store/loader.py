@@ -1,0 +1,392 @@
+"""Filling a replay session from its recording, chunk by chunk in time order.
+
+The :class:`Loader` decodes what the file holds and hands it to the session's restore API
+(:meth:`~gpuwatch.session.Session.restore_device`, ``restore_process``,
+``series_table``/``extend_series``, ...), which keeps the session's invariants; the loader
+keeps only its own state: the chunk index, which chunk comes next, and the file it follows
+while another gpuwatch still writes it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import protocol
+from ..session import Mark, Oom, OpenSpan, Session, Table
+from ..session.table import MISSING_INT
+from . import _bodies, _codec
+from ._schema import SERIES
+from .recording import Recording, RecordingError
+
+FOLLOW_INTERVAL = 0.5
+"""Seconds between looks at a file that is still being written."""
+
+
+@dataclass
+class _Feed:
+    """One series being appended to its session table."""
+
+    id: int
+    kind: str
+    key: str
+    table: Table
+    stored: list[tuple[str, np.dtype]]  # the layout the file has
+    limit: int = 0  # rows the file held at the last refresh
+    loaded: int = 0
+    # The chunk index as of the last refresh (ordered by row0).
+    row0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    t_first: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    t_last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    vmax: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    t_vmax: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def next_time(self) -> int:
+        """The index's first time of the chunk holding the next row to load."""
+        i = int(np.searchsorted(self.row0, self.loaded, "right")) - 1
+        return int(self.t_first[max(i, 0)])
+
+
+class Loader:
+    """Fills a replay session from its recording, chunk by chunk in time order.
+
+    Tables only grow in time order, so chunks of all series are appended by their first
+    time: at any moment everything up to :attr:`loaded_until` is in the session. A file
+    whose writer still runs is followed: new rows, processes and events appear as written.
+
+    Attributes:
+        error: Why loading stopped early (a damaged chunk), or None.
+    """
+
+    def __init__(self, recording: Recording, session: Session) -> None:
+        self.recording = recording
+        self.session = session
+        self.error: str | None = None
+        self.following = False
+        self._feeds: dict[int, _Feed] = {}
+        self._heap: list[tuple[int, int]] = []
+        self._cache: dict[tuple[str, Any], str] = {}
+        self._event_seq = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # The loader's own state (feeds, heap); the file is read through the recording's.
+        self._lock = threading.RLock()
+        self.loaded_until = session.t_origin
+        self._bounds = (session.t_origin, session.t_origin)
+
+    # ------------------------------------------------------------------ facts
+
+    def refresh(self) -> None:
+        """Read what changed in the file: facts, new series and the chunk index."""
+        with self._lock:
+            with self.recording.reading(transaction=True) as db:
+                self._read_facts(db)
+                self._read_index(db)
+            self._drop_stray_events()
+            self._bounds = self._compute_bounds()
+            self._rebuild_heap()
+
+    def _changed(self, key: tuple[str, Any], body: str) -> bool:
+        if self._cache.get(key) == body:
+            return False
+        self._cache[key] = body
+        return True
+
+    def _read_facts(self, db: sqlite3.Connection) -> None:
+        s = self.session
+        for nid, name in db.execute(
+            "SELECT id, name FROM names WHERE id >= ? ORDER BY id", (len(s.names),)
+        ):
+            if s.name_id(name) != nid:
+                raise RecordingError(f"{self.recording.path} is damaged (phase names)")
+        for key, body in db.execute("SELECT key, body FROM devices"):
+            if self._changed(("device", key), body):
+                s.restore_device(_bodies.device(str(key), json.loads(body)))
+        for pid, body in db.execute("SELECT pid, body FROM processes"):
+            if self._changed(("process", pid), body):
+                s.restore_process(pid, _bodies.process_state(json.loads(body)))
+        spans: dict[int, dict[int, OpenSpan]] = {}
+        for pid, _, body in db.execute("SELECT pid, id, body FROM open_spans"):
+            span = _bodies.open_span(json.loads(body))
+            if span is not None:
+                spans.setdefault(pid, {})[span.id] = span
+        s.restore_open_spans(spans)
+        for pid, body in db.execute("SELECT pid, body FROM proc_info"):
+            s.set_proc_info(pid, _bodies.proc_info(json.loads(body)))
+        rejects = {
+            reason: count
+            for reason, count in db.execute("SELECT reason, count FROM rejects")
+            if isinstance(reason, str) and type(count) is int
+        }
+        marks, ooms, notes = [], [], []
+        for seq, t, kind, pid, body in db.execute(
+            "SELECT seq, t, kind, pid, body FROM events WHERE seq > ? ORDER BY seq",
+            (self._event_seq,),
+        ):
+            self._event_seq = seq
+            clean = _bodies.event(kind, json.loads(body))
+            if clean is None or type(t) is not int:
+                continue
+            pid = pid if type(pid) is int else 0
+            if kind == "mark":
+                level = clean.get("level") or "info"
+                marks.append(Mark(t, pid, clean["text"], level, clean.get("step")))
+            elif kind == "oom":
+                ooms.append(Oom(t, pid, clean))
+            elif kind == "note":
+                notes.append(clean["text"])
+        s.restore_events(marks, ooms, notes)
+        row = db.execute("SELECT value FROM meta WHERE key = 'sampler_rate'").fetchone()
+        stored = json.loads(row[0]) if row else None
+        rates = (
+            {k: v for k, v in (stored or {}).items() if isinstance(v, (int, float))}
+            if isinstance(stored, dict)
+            else {}
+        )
+        s.restore_counts(rejects, rates)
+
+    def _read_index(self, db: sqlite3.Connection) -> None:
+        series = db.execute("SELECT id, kind, key, columns FROM series").fetchall()
+        rows = db.execute(
+            "SELECT series, row0, n, t_first, t_last, vmax, t_vmax FROM chunks"
+            " ORDER BY series, row0"
+        ).fetchall()
+        index: dict[int, np.ndarray] = {}
+        if rows:
+            a = np.array([[_NONE if v is None else v for v in r] for r in rows], dtype=np.int64)
+            for part in np.split(a, np.flatnonzero(np.diff(a[:, 0])) + 1):
+                index[int(part[0, 0])] = part
+        for sid, kind, key, columns in series:
+            part = index.get(sid)
+            if part is None or kind not in SERIES:  # no rows yet, or a newer kind
+                continue
+            feed = self._feeds.get(sid)
+            if feed is None:
+                total = int(part[-1, 1] + part[-1, 2])
+                feed = self._feeds[sid] = self._new_feed(sid, kind, key, columns, total)
+            feed.row0, feed.t_first, feed.t_last = part[:, 1], part[:, 3], part[:, 4]
+            vmax = part[:, 5].astype(np.float64)
+            vmax[part[:, 5] == _NONE] = np.nan
+            feed.vmax, feed.t_vmax = vmax, part[:, 6]
+            feed.limit = int(part[-1, 1] + part[-1, 2])
+
+    def _new_feed(self, sid: int, kind: str, key: str, columns: str, rows: int) -> _Feed:
+        try:
+            # Sized once: appends never copy.
+            table = self.session.series_table(kind, key, capacity=rows)
+        except ValueError as exc:
+            raise RecordingError(f"{self.recording.path} is damaged ({exc})")
+        stored = [(name, np.dtype(code)) for name, code in json.loads(columns)]
+        return _Feed(sid, kind, key, table, stored)
+
+    def _rebuild_heap(self) -> None:
+        self._heap = [
+            (feed.next_time(), sid) for sid, feed in self._feeds.items() if feed.loaded < feed.limit
+        ]
+        heapq.heapify(self._heap)
+        self._update_frontier()
+
+    def _update_frontier(self) -> None:
+        if self._heap:
+            self.loaded_until = self._heap[0][0] - 1
+        else:
+            self.loaded_until = max(self.loaded_until, self.bounds()[1])
+
+    # ------------------------------------------------------------------ bounds and peaks
+
+    def bounds(self) -> tuple[int, int]:
+        """First and last time in the whole file, loaded or not (as of the last refresh)."""
+        return self._bounds
+
+    def _drop_stray_events(self) -> None:
+        """Leave out marks and OOMs far outside every series (files older than the ranges).
+
+        A receiver now refuses a timestamp more than :data:`~gpuwatch.protocol.PAST_NS`
+        off its clock; an older one stored marks at t=0 or 2^63-1, which would stretch the
+        time axis over days or centuries.
+        """
+        firsts = [int(f.t_first[0]) for f in self._feeds.values() if len(f.t_first)]
+        lasts = [int(f.t_last[-1]) for f in self._feeds.values() if len(f.t_last)]
+        if not firsts:
+            return
+        lo, hi = min(firsts) - protocol.PAST_NS, max(lasts) + protocol.PAST_NS
+        dropped = self.session.retain_events(lo, hi)
+        if dropped:
+            self.session.note(f"left out {dropped} marks or OOMs timed far outside the recording")
+
+    def _compute_bounds(self) -> tuple[int, int]:
+        s = self.session
+        firsts = [int(f.t_first[0]) for f in self._feeds.values() if len(f.t_first)]
+        lasts = [int(f.t_last[-1]) for f in self._feeds.values() if len(f.t_last)]
+        for e in (*s.marks, *s.ooms):
+            firsts.append(e.t)
+            lasts.append(e.t)
+        for p in s.processes.values():
+            # A span still open (or cut off by a crash) began before the end.
+            lasts += [o.t0 for o in p.open.values()]
+        if not firsts:
+            return s.t_origin, max([s.t_origin, *lasts])
+        return min(firsts), max(lasts)
+
+    def peak(self, kind: str) -> tuple[int, int, str] | None:
+        """``(value, time, series key)`` of the largest main-column value of a series kind.
+
+        Read from the chunk index, so it is known before the chunks are loaded.
+        """
+        best: tuple[int, int, str] | None = None
+        for feed in self._feeds.values():
+            if feed.kind != kind or not len(feed.vmax) or np.isnan(feed.vmax).all():
+                continue
+            i = int(np.nanargmax(feed.vmax))
+            v = int(feed.vmax[i])
+            if best is None or v > best[0]:
+                best = (v, int(feed.t_vmax[i]), feed.key)
+        return best
+
+    # ------------------------------------------------------------------ loading
+
+    @property
+    def done(self) -> bool:
+        """Everything the file held at the last refresh is in the session."""
+        return not self._heap
+
+    def step(self) -> bool:
+        """Append the next chunk in time order; False when nothing is left to load."""
+        with self._lock:
+            if not self._heap:
+                return False
+            _, sid = heapq.heappop(self._heap)
+            feed = self._feeds[sid]
+            self._load_next(feed)
+            if feed.loaded < feed.limit:
+                heapq.heappush(self._heap, (feed.next_time(), sid))
+            self._update_frontier()
+            return True
+
+    def _load_next(self, feed: _Feed) -> None:
+        with self.recording.reading() as db:
+            row = db.execute(
+                "SELECT row0, n, codec, data FROM chunks WHERE series = ? AND row0 <= ?"
+                " ORDER BY row0 DESC LIMIT 1",
+                (feed.id, feed.loaded),
+            ).fetchone()
+            if row is None or row[0] + row[1] <= feed.loaded:
+                # The writer has not committed it (or the file lost it): stop at what is there.
+                feed.limit = feed.loaded
+                return
+            row0, n, codec, blob = row
+            cols = _codec.decode(blob, n, feed.stored, codec)
+        a = feed.loaded - row0
+        b = min(n, feed.limit - row0)
+        self._append(feed, {name: col[a:b] for name, col in cols.items()})
+        feed.loaded = row0 + b
+
+    def _append(self, feed: _Feed, cols: dict[str, np.ndarray]) -> None:
+        table = feed.table
+        count = len(next(iter(cols.values()))) if cols else 0
+        if count == 0:
+            return
+        out = {}
+        for name in table.names:
+            col = cols.get(name)
+            if col is None:  # a column this file predates: unknown
+                dtype = table.dtypes[name]
+                col = np.full(count, np.nan if dtype.kind == "f" else MISSING_INT, dtype=dtype)
+            out[name] = col
+        try:
+            self.session.extend_series(feed.kind, feed.key, out)
+        except ValueError as exc:
+            raise RecordingError(f"{self.recording.path} is damaged ({exc})")
+
+    def load_until(self, t: int) -> None:
+        """Load every chunk that starts at or before ``t`` (what a frame ending at t needs)."""
+        while self._heap and self._heap[0][0] <= t:
+            self.step()
+
+    def load_all(self, strict: bool = False) -> None:
+        """Load everything the file holds now.
+
+        Args:
+            strict: Raise on a damaged chunk instead of keeping what loaded before it.
+
+        Raises:
+            RecordingError: Only with ``strict``.
+        """
+        try:
+            while self.step():
+                pass
+        except RecordingError as exc:
+            if strict:
+                raise
+            self._fail(str(exc))
+
+    def _fail(self, message: str) -> None:
+        self.error = message
+        with self._lock:
+            self._heap = []
+        self.session.note(f"{message}; showing what loaded before it")
+
+    # ------------------------------------------------------------------ background
+
+    def start(self, follow: bool | None = None, delay: float = 0.0) -> None:
+        """Load the rest on a background thread, then follow the file while it grows.
+
+        Args:
+            follow: Keep reading new data; None: while the file's writer is alive.
+            delay: Seconds to wait first (the dashboard's first frame has the CPU to itself).
+        """
+        if follow is None:
+            follow = self.recording.writer_alive()
+        self.following = follow
+        self._thread = threading.Thread(
+            target=self._run, args=(follow, delay), name="gpuwatch-loader", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, follow: bool, delay: float) -> None:
+        if self._stop.wait(delay):
+            return
+        while not self._stop.is_set():
+            try:
+                if not self.step():
+                    break
+            except RecordingError as exc:
+                self._fail(str(exc))
+                return
+        while follow and not self._stop.wait(FOLLOW_INTERVAL):
+            try:
+                self.poll()
+            except RecordingError as exc:
+                self._fail(str(exc))
+                return
+            if self.recording.complete or not self.recording.writer_alive():
+                self.poll()  # its last commit
+                break
+        self.following = False
+
+    def poll(self) -> int:
+        """Read what the writer added since the last look and load it; returns rows added.
+
+        Raises:
+            RecordingError: The file became unreadable.
+        """
+        before = sum(f.loaded for f in self._feeds.values())
+        self.recording.refresh_meta()
+        self.refresh()
+        self.load_all(strict=True)
+        return sum(f.loaded for f in self._feeds.values()) - before
+
+    def stop(self) -> None:
+        """Stop loading and following."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+_NONE = np.iinfo(np.int64).min

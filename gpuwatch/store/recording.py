@@ -1,0 +1,294 @@
+"""An open recording: the file checked before anything trusts it, and read under one lock.
+
+:func:`open_recording` checks the file and raises :class:`RecordingError` with a one-line
+reason: missing, empty, truncated, corrupt, not SQLite, someone else's database, written by
+a newer gpuwatch. :class:`Recording` holds the read-only connection and its metadata;
+:meth:`Recording.reading` is the one way to read it (a lock and a transaction, errors as
+:class:`RecordingError`), so the loader's thread and the app's can share it.
+:meth:`Recording.open_session` hands the file to a :class:`~gpuwatch.store.loader.Loader`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import _codec
+from ._schema import EXPECTED_TABLES, FORMAT, SCHEMA_VERSION, SQLITE_MAGIC
+
+if TYPE_CHECKING:
+    from ..session import Session
+    from .loader import Loader
+
+
+class RecordingError(Exception):
+    """A file that cannot be read as a recording; ``str()`` is one line for the user."""
+
+
+@contextlib.contextmanager
+def _as_recording_error(path: Path) -> Iterator[None]:
+    """Turn SQLite and chunk errors into :class:`RecordingError` naming the file."""
+    try:
+        yield
+    except RecordingError:
+        raise
+    except _codec.ChunkError as exc:
+        raise RecordingError(f"{path} is damaged ({exc})")
+    except sqlite3.DatabaseError as exc:
+        raise RecordingError(f"{path} is damaged or not a recording ({_first_line(exc)})")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordingError(f"{path} is damaged (bad record: {_first_line(exc)})")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _check_header(path: Path) -> bool:
+    """Check the SQLite header against the file size; returns True if it is in WAL mode.
+
+    Raises:
+        RecordingError: Missing, empty, not SQLite, or shorter than its header says.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(100)
+    except FileNotFoundError:
+        raise RecordingError(f"no such file: {path}")
+    except IsADirectoryError:
+        raise RecordingError(f"{path} is a directory, not a recording")
+    except OSError as exc:
+        raise RecordingError(f"cannot read {path}: {exc.strerror or exc}")
+    if size == 0:
+        raise RecordingError(f"{path} is empty")
+    if not head.startswith(SQLITE_MAGIC):
+        if SQLITE_MAGIC.startswith(head[: len(SQLITE_MAGIC)]) and len(head) < 100:
+            raise RecordingError(f"{path} is truncated ({size} bytes)")
+        raise RecordingError(f"{path} is not a gpuwatch recording (not an SQLite database)")
+    if len(head) < 100:
+        raise RecordingError(f"{path} is truncated ({size} bytes)")
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or page_size & (page_size - 1):
+        raise RecordingError(f"{path} is damaged (bad page size {page_size})")
+    wal = head[18] == 2
+    if wal and _has_wal(path):
+        # Pages not yet copied back (a crash, a full disk) live in the -wal file, which
+        # SQLite reads first: the main file's size says nothing; SQLite is the judge.
+        return wal
+    pages = int.from_bytes(head[28:32], "big")
+    # The header's page count is only valid when its two change counters agree.
+    if head[24:28] == head[92:96] and pages and size < pages * page_size:
+        raise RecordingError(f"{path} is truncated ({size} of {pages * page_size} bytes are there)")
+    if size % page_size:
+        raise RecordingError(f"{path} is truncated ({size} bytes, not whole pages)")
+    return wal
+
+
+def _has_wal(path: Path) -> bool:
+    try:
+        return os.path.getsize(str(path) + "-wal") > 0
+    except OSError:
+        return False
+
+
+def open_recording(path: str | os.PathLike[str]) -> Recording:
+    """Open and validate a recording.
+
+    Raises:
+        RecordingError: Empty, truncated, corrupt, not SQLite, someone else's database, or
+            written by a newer gpuwatch.
+    """
+    return Recording(path)
+
+
+def live_writer(path: str | os.PathLike[str]) -> int | None:
+    """The pid of the gpuwatch still writing the recording at ``path``, or None.
+
+    None too when ``path`` is not a readable recording (nothing to protect there).
+    """
+    try:
+        rec = open_recording(path)
+    except RecordingError:
+        return None
+    try:
+        return int(rec.meta.get("writer_pid", "0")) if rec.writer_alive() else None
+    except ValueError:
+        return None
+    finally:
+        rec.close()
+
+
+class Recording:
+    """An open, validated recording (read-only).
+
+    Attributes:
+        path: The file.
+        meta: ``meta`` table as strings (format, schema, host, label, t_origin, ...).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        wal = _check_header(self.path)
+        # The path's bytes, quoted: a file name that is not UTF-8 must open too.
+        uri = "file:" + urllib.parse.quote(os.fsencode(self.path.resolve())) + "?mode=ro"
+        with _as_recording_error(self.path):
+            # check_same_thread=False: the loader thread reads too, always under _lock.
+            self.db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        self._lock = threading.RLock()
+        try:
+            with _as_recording_error(self.path):
+                self.meta = self._read_meta(wal)
+        except BaseException:
+            self.db.close()
+            raise
+
+    def _read_meta(self, wal: bool) -> dict[str, str]:
+        tables = {
+            row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if "meta" not in tables:
+            if not tables and wal:
+                raise RecordingError(f"{self.path} holds no tables (copied without its -wal file?)")
+            raise RecordingError(f"{self.path} is an SQLite database but not a gpuwatch recording")
+        meta = dict(self.db.execute("SELECT key, value FROM meta").fetchall())
+        if meta.get("format") != FORMAT:
+            raise RecordingError(f"{self.path} is an SQLite database but not a gpuwatch recording")
+        try:
+            schema = int(meta.get("schema", ""))
+        except ValueError:
+            raise RecordingError(f"{self.path} is damaged (schema {meta.get('schema')!r})")
+        if schema > SCHEMA_VERSION:
+            raise RecordingError(
+                f"{self.path} was written by a newer gpuwatch (recording schema {schema}; "
+                f"this gpuwatch reads up to {SCHEMA_VERSION}): upgrade gpuwatch"
+            )
+        if schema < 1:
+            raise RecordingError(f"{self.path} is damaged (schema {schema})")
+        missing = EXPECTED_TABLES - tables
+        if missing:
+            raise RecordingError(f"{self.path} is damaged (no {', '.join(sorted(missing))})")
+        for key in ("t_origin", "wall_offset"):
+            int(meta[key])
+        return meta
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def label(self) -> str:
+        return self.meta.get("label", "")
+
+    @property
+    def complete(self) -> bool:
+        """True once the writer closed the file cleanly."""
+        return self.meta.get("complete") == "1"
+
+    def writer_alive(self) -> bool:
+        """True when the file is unfinished and its writer still runs on this host."""
+        if self.complete or self.meta.get("host") != socket.gethostname():
+            return False
+        try:
+            pid = int(self.meta.get("writer_pid", "0"))
+        except ValueError:
+            return False
+        if pid <= 0:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    @contextlib.contextmanager
+    def reading(self, transaction: bool = False) -> Iterator[sqlite3.Connection]:
+        """The connection, for reads under this recording's lock (any thread).
+
+        Args:
+            transaction: Read in one transaction: one consistent view of a file that
+                another gpuwatch is still writing.
+
+        Raises:
+            RecordingError: SQLite, a chunk or a record could not be read.
+        """
+        with self._lock, _as_recording_error(self.path):
+            if not transaction:
+                yield self.db
+                return
+            self.db.execute("BEGIN")
+            try:
+                yield self.db
+            finally:
+                self.db.execute("COMMIT")
+
+    def refresh_meta(self) -> None:
+        """Re-read ``meta`` (a followed file gains ``complete`` when its writer closes)."""
+        with self.reading() as db:
+            self.meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+
+    def events(self, kinds: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        """Point events in order: ``{seq, t, kind, pid, body}`` (hello, mark, oom, ...)."""
+        with self.reading() as db:
+            rows = db.execute("SELECT seq, t, kind, pid, body FROM events ORDER BY seq")
+            out = [
+                {"seq": seq, "t": t, "kind": kind, "pid": pid, "body": json.loads(body)}
+                for seq, t, kind, pid, body in rows
+                if kinds is None or kind in kinds
+            ]
+        return out
+
+    def file_size(self) -> int:
+        """Bytes on disk, the WAL included."""
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(str(self.path) + suffix)
+        return total
+
+    def open_session(self) -> tuple[Session, Loader]:
+        """A replay session holding the small facts, and the loader of its samples.
+
+        Nothing is loaded into the tables yet: call :meth:`Loader.load_until` for what the
+        first frame needs, then :meth:`Loader.start` (or :meth:`Loader.load_all`).
+
+        Raises:
+            RecordingError: The facts cannot be read.
+        """
+        from ..session import Session
+        from .loader import Loader
+
+        session = Session(int(self.meta["t_origin"]), int(self.meta["wall_offset"]))
+        session.live = False
+        loader = Loader(self, session)
+        loader.refresh()
+        return session, loader
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+
+def load(path: str | os.PathLike[str]) -> Session:
+    """Open a recording and load all of it (``info``, ``export``, tests).
+
+    Raises:
+        RecordingError: Any problem with the file, including a damaged chunk.
+    """
+    rec = open_recording(path)
+    try:
+        session, loader = rec.open_session()
+        loader.load_all(strict=True)
+        return session
+    finally:
+        rec.close()

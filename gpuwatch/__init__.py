@@ -16,8 +16,7 @@ Importing it loads only the training-side client (no textual, numpy, sqlite3 or 
 the dashboard lives in ``gpuwatch.tui`` and is started by the ``gpuwatch`` command.
 """
 
+from ._version import __version__
 from .instrument import configure, flush, mark, phase, step, watch
-
-__version__ = "0.1.0"
 
 __all__ = ["__version__", "configure", "flush", "mark", "phase", "step", "watch"]

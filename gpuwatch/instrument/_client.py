@@ -22,9 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import protocol
+from .._version import __version__
 from ._torchmem import TorchMemory
-
-_VERSION = "0.1.0"
 
 
 def _env_int(name: str) -> int | None:
@@ -298,7 +297,7 @@ class Client:
             "world_size": _env_int("WORLD_SIZE"),
             "python": sys.version.split()[0],
             "torch": (str(getattr(torch, "__version__", ""))[:64] or None) if torch else None,
-            "client": _VERSION,
+            "client": __version__,
             "peaks": self.memory.peaks,
             "sync": self.memory.sync,
         }

@@ -30,6 +30,7 @@ from ._graph import (
     Simulation,
     simulate,
 )
+from ._measured import measured_bytes, simulate_measured
 from ._optim import OptimizerMemory, optimizer_memory
 from ._transformer import ROLES, Arch, record
 
@@ -72,8 +73,15 @@ class Prediction:
         phases: ``(phase, first_step)`` -> :class:`PhaseMemory`.
         peak_bytes: The highest predicted total over all phases and steps.
         peak_phase: ``(phase, first_step)`` where that peak is.
-        activations_known: False when the facts lack a transformer shape or batch shape:
-            activations and the temporaries around them are then left out, not guessed.
+        activations_known: False when the facts hold neither a transformer shape with a
+            batch shape nor measured activations: activations and the temporaries around
+            them are then left out, not guessed.
+        activations_source: ``"formula"`` (the transformer's shape), ``"measured"`` (what
+            autograd saved in the first training forward) or None (unknown).
+        activations_formula, activations_measured: Bytes saved by a training forward (amp
+            copies included) by each source, None where that source has none.
+        findings: Disagreements worth the user's attention, one line each (the formula
+            against the measurement).
         notes: Assumptions and gaps, one line each.
         optimizer: The optimizer rules' result.
         peak_at: Phase -> where in it the peak falls (0 to 1), for the curve.
@@ -84,6 +92,10 @@ class Prediction:
     peak_phase: tuple[str, bool]
     activations_known: bool
     notes: list[str] = field(default_factory=list)
+    activations_source: str | None = None
+    activations_formula: int | None = None
+    activations_measured: int | None = None
+    findings: list[str] = field(default_factory=list)
     optimizer: OptimizerMemory = field(default_factory=OptimizerMemory)
     peak_at: dict[str, float] = field(default_factory=dict)
 
@@ -220,6 +232,26 @@ def predict(facts: dict[str, Any]) -> Prediction:
         except (ValueError, ZeroDivisionError, OverflowError) as exc:  # odd shapes
             notes.append(f"activations unknown: {exc}")
             sim = None
+    act = _dict(facts.get("activations"))
+    measured = measured_bytes(act)
+    source = formula = None
+    findings: list[str] = []
+    if sim is not None:
+        source = "formula"
+        formula = sim.forward_end.saved + sim.forward_end.amp
+        if measured is not None:
+            findings.extend(_disagreement(formula, sum(measured)))
+            notes[:] = [n for n in notes if not n.startswith("activations unknown")]
+    elif measured is not None:
+        sim = simulate_measured(act)
+        source = "measured"
+        notes[:] = [n for n in notes if not n.startswith("activations unknown")]
+        if sim is not None:
+            notes.append(
+                "activations measured (what autograd saved in the first training forward);"
+                " transients estimated from module outputs"
+            )
+    notes.extend(_measurement_notes(act))
     # The recorder counts the gradients of the weights it models; the facts know them all.
     grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
     phases: dict[tuple[str, bool], PhaseMemory] = {}
@@ -262,12 +294,63 @@ def predict(facts: dict[str, Any]) -> Prediction:
         peak_phase=peak_key,
         activations_known=sim is not None,
         notes=notes,
+        activations_source=source,
+        activations_formula=formula,
+        activations_measured=sum(measured) if measured is not None else None,
+        findings=findings,
         optimizer=opt,
         peak_at={
             "forward": sim.forward_peak_at if sim else 1.0,
             "backward": sim.backward_peak_at if sim else 1.0,
         },
     )
+
+
+FINDING = 0.10
+"""Formula and measurement disagreeing by more than this (relative) is a finding."""
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _disagreement(formula: int, measured: int) -> list[str]:
+    """A finding when the shape formula and the measurement disagree."""
+    if measured <= 0 or abs(formula - measured) <= FINDING * measured:
+        return []
+    off = (formula - measured) / measured
+    return [
+        f"activations: the formula gives {_gib(formula)}, autograd saved {_gib(measured)}"
+        f" in the first training forward ({off:+.0%}): the formula does not know something"
+        " this model does (its figures are used; the measurement is the truth for this"
+        " batch)"
+    ]
+
+
+def _measurement_notes(act: dict[str, Any]) -> list[str]:
+    """What the activations measurement could not see."""
+    out = []
+    if act.get("skipped"):
+        out.append(f"activations not measured: {str(act['skipped'])[:80]}")
+    for key, what in (
+        ("offloaded_bytes", "moved off the device by your saved-tensor hooks"),
+        ("opaque_bytes", "packed by your saved-tensor hooks (checkpointing, a custom store)"),
+    ):
+        n = _n(act.get(key))
+        if n:
+            out.append(f"activations: {_gib(n)} saved and {what}, not counted on the device")
+    recomputed = [
+        m for m in act.get("modules") or [] if isinstance(m, dict) and m.get("recomputed")
+    ]
+    if recomputed:
+        out.append(
+            f"activations: {len(recomputed)} modules ran under activation checkpointing;"
+            " what backward's recomputation keeps was not measured (the backward peak"
+            " can be higher)"
+        )
+    if act.get("error"):
+        out.append(f"activations measurement: {str(act['error'])[:100]}")
+    return out
 
 
 def breakdown(prediction: Prediction, phase_name: str, first_step: bool = False) -> Breakdown:

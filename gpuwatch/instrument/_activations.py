@@ -43,6 +43,11 @@ MAX_MODULES = 256
 _CONTAINERS = ("ModuleList", "ModuleDict", "Sequential")
 """Module classes whose children are counted one by one (``Sequential`` only chains them)."""
 
+_VIEWS = frozenset(
+    ("TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0", "AliasBackward0")
+)
+"""Autograd nodes of views: a saved view of a weight's autocast copy is that copy."""
+
 MODEL = "(model)"
 """Saved by the model's own ``forward`` body, outside any child module."""
 
@@ -358,19 +363,25 @@ class Meter:
         self.totals["tensors"] += 1
 
     def _amp_copy(self, t: Any) -> bool:
-        """An autocast copy of a weight: a cast of a leaf parameter, or (frozen weights) a
-        leaf in the autocast dtype with a parameter's shape."""
+        """An autocast copy of a weight: a cast of a leaf parameter (maybe seen through a
+        transpose: ``linear`` keeps ``weight.t()``), or (frozen weights) a leaf in the
+        autocast dtype with a parameter's shape."""
         fn = t.grad_fn
+        for _ in range(4):
+            if fn is None or type(fn).__name__ not in _VIEWS:
+                break
+            nxt = fn.next_functions
+            fn = nxt[0][0] if nxt else None
+            if fn is None:
+                return False
         if fn is not None:
             if type(fn).__name__ != "ToCopyBackward0":
                 return False
             nxt = fn.next_functions
-            return (
-                bool(nxt)
-                and nxt[0][0] is not None
-                and type(nxt[0][0]).__name__ == ("AccumulateGrad")
-            )
-        if t.requires_grad or tuple(t.shape) not in self.param_shapes:
+            leaf = nxt[0][0] if nxt else None
+            return leaf is not None and type(leaf).__name__ == "AccumulateGrad"
+        leaf = t if t._base is None else t._base  # linear keeps weight.t(): a view
+        if leaf.requires_grad or tuple(leaf.shape) not in self.param_shapes:
             return False
         torch = self.torch
         dev = t.device.type

@@ -56,6 +56,7 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
     # Backward meets the modules in reverse; each frees its saves once its backward ran.
     alive, alive_amp, made = saved, amp, 0
     peak, peak_i = Moment(saved=alive, amp=alive_amp), 0
+    accumulating = Moment(saved=alive, amp=alive_amp)
     for i, m in enumerate(reversed(modules)):
         big = _n(m.get("max_tensor_bytes"))
         g = _n(m.get("grad_bytes"))
@@ -63,6 +64,10 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
         now = Moment(saved=alive, amp=alive_amp, temp=temp, grads=made + g)
         if now.total() > peak.total():
             peak, peak_i = now, i
+        # Accumulating into existing gradients: only this module's new ones are extra.
+        acc = Moment(saved=alive, amp=alive_amp, temp=temp, grads=g)
+        if acc.total() > accumulating.total():
+            accumulating = acc
         alive = max(0, alive - _n(m.get("bytes")))
         alive_amp = max(0, alive_amp - _n(m.get("amp_copy_bytes")))
         made += g
@@ -76,4 +81,5 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
         grad_bytes=grads,
         forward_peak_at=min(1.0, (fwd_i + 1) / max(1, len(modules))),
         backward_peak_at=peak_i / max(1, len(modules)),
+        accumulating_peak=accumulating,
     )

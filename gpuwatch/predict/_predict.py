@@ -98,6 +98,7 @@ class Prediction:
     findings: list[str] = field(default_factory=list)
     optimizer: OptimizerMemory = field(default_factory=OptimizerMemory)
     peak_at: dict[str, float] = field(default_factory=dict)
+    accumulating: dict[bool, Breakdown] = field(default_factory=dict)
 
 
 def total(b: Breakdown) -> int:
@@ -157,7 +158,8 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         attention = "sdpa" if "flash" not in attention else "flash_attention_2"
     mlp = "gated" if tf.get("mlp") in ("gated", "swiglu", "geglu") else "gelu"
     act = tf.get("activation")
-    if act and act not in ("gelu", "gelu_pytorch_tanh", "silu", "swish", "relu", "gelu_fast"):
+    fused_acts = ("gelu", "gelu_pytorch_tanh", "silu", "swish", "relu", "gelu_new")
+    if act and act not in fused_acts:
         notes.append(f"activation {act!r} modelled as one fused op (it may keep more)")
     drop = _dict(tf.get("dropout"))
     lora = _dict(tf.get("lora"))
@@ -180,6 +182,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         norm="rmsnorm" if tf.get("norm") == "rmsnorm" else "layernorm",
         norm_upcast=bool(tf.get("norm_upcast", tf.get("norm") == "rmsnorm")),
         mlp=mlp,
+        activation="gelu_new" if act == "gelu_new" else "gelu",
         fused_qkv=bool(tf.get("fused_qkv", mlp != "gated")),
         rope=bool(tf.get("rope", mlp == "gated")),
         softmax_fp32=bool(tf.get("softmax_fp32", mlp == "gated")),
@@ -255,6 +258,7 @@ def predict(facts: dict[str, Any]) -> Prediction:
     # The recorder counts the gradients of the weights it models; the facts know them all.
     grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
     phases: dict[tuple[str, bool], PhaseMemory] = {}
+    accumulating: dict[bool, Breakdown] = {}
     for first in (True, False):
         state_now = opt.state if (opt.present or not first) else 0
         base = {c: 0 for c in CATEGORIES}
@@ -272,6 +276,10 @@ def predict(facts: dict[str, Any]) -> Prediction:
             phases["backward", first] = PhaseMemory(
                 fwd_end, _with(base, _moment(sim.backward_peak, grad_scale)), bwd_end
             )
+            if sim.accumulating_peak is not None:
+                acc = _with(base, _moment(sim.accumulating_peak, grad_scale))
+                acc[GRADIENTS] += grads
+                accumulating[first] = acc
             eval_base = after if not first else base
             phases["eval", first] = PhaseMemory(
                 eval_base, _with(eval_base, _moment(sim.eval_peak, grad_scale)), eval_base
@@ -299,6 +307,7 @@ def predict(facts: dict[str, Any]) -> Prediction:
         activations_measured=sum(measured) if measured is not None else None,
         findings=findings,
         optimizer=opt,
+        accumulating=accumulating,
         peak_at={
             "forward": sim.forward_peak_at if sim else 1.0,
             "backward": sim.backward_peak_at if sim else 1.0,

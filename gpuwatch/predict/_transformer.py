@@ -46,6 +46,9 @@ class Arch:
         norm: ``"layernorm"`` or ``"rmsnorm"``.
         norm_upcast: RMSNorm computed in fp32 and cast back (Hugging Face's LlamaRMSNorm).
         mlp: ``"gelu"`` (two matrices) or ``"gated"`` (SwiGLU/GeGLU: three).
+        activation: ``"gelu_new"`` for GPT-2's tanh GeLU written out in Python (HF
+            ``NewGELUActivation``: several ops, each keeping its own tensors); anything
+            else is one fused op that keeps its input.
         fused_qkv: One QKV matrix (GPT-2) instead of q/k/v projections.
         rope: Rotary position embeddings applied to Q and K.
         softmax_fp32: Eager softmax computed in fp32 and cast back (HF LLaMA).
@@ -75,6 +78,7 @@ class Arch:
     norm: str = "layernorm"
     norm_upcast: bool = False
     mlp: str = "gelu"
+    activation: str = "gelu"
     fused_qkv: bool = True
     rope: bool = False
     softmax_fp32: bool = False
@@ -334,9 +338,24 @@ class _Recorder:
             inner = self.mul(act, up)
         else:
             fc = self.linear(x, h, f, f"{layer}.up", "up")
-            inner = self.unary(fc, save_input=True)  # gelu keeps its input
+            if a.activation == "gelu_new":
+                inner = self.gelu_new(fc)
+            else:
+                inner = self.unary(fc, save_input=True)  # gelu keeps its input
         out = self.linear(inner, f, h, f"{layer}.down", "down")
         return self.dropout(out, a.resid_dropout)
+
+    def gelu_new(self, x: Tensor) -> Tensor:
+        """HF ``NewGELUActivation``: ``0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))``.
+
+        pow keeps its input (in fp32 under CUDA autocast: pow is on its float32 list,
+        so the sum and tanh are fp32 too); tanh keeps its output; the final product keeps
+        both factors. Scalar multiplications and additions keep nothing.
+        """
+        cubed = self.unary(self.fp32_op(x), save_input=True)  # pow(x, 3)
+        inner = self.unary(self.add(x, self.unary(cubed)))  # c * (x + 0.044715 * x**3)
+        t = self.unary(inner, save_output=True)  # tanh
+        return self.mul(self.unary(x), self.unary(t))  # (0.5 * x) * (1 + t)
 
     def block(self, x: Tensor, layer: int) -> Tensor:
         """A pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""

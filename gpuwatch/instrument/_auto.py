@@ -356,7 +356,7 @@ def _end_gap(forward: bool) -> tuple[int | None, Any]:
     if end is None:
         return own
     t, fig = end
-    return t, None if fig is None else (fig[0], fig[1], fig[2], None, None)
+    return t, None if fig is None else (*fig[:3], None, None, *fig[5:])
 
 
 def _reap() -> None:

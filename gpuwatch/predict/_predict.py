@@ -138,7 +138,11 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     notes: list[str] = []
     tf = _dict(facts.get("transformer"))
     batch = _dict(facts.get("batch"))
-    need = ("layers", "hidden", "heads", "vocab")
+    image = _dict(tf.get("image"))
+    # A vision transformer has no vocabulary (its input is an image cut into patches), nor
+    # an encoder with a pooler or a classifier: no LM head, no logits.
+    no_lm = bool(image) or tf.get("head") in ("pooler", "classifier", "none")
+    need = ("layers", "hidden", "heads") + (() if no_lm else ("vocab",))
     if not tf or any(_n(tf.get(k)) <= 0 for k in need):
         return None, ["activations unknown: no transformer shape in the facts"]
     if _n(tf.get("layers")) > MAX_LAYERS:
@@ -196,6 +200,9 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         lora_rank=_n(lora.get("rank")),
         lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
         checkpointing=ckpt,
+        head_transform=bool(tf.get("head_transform")),
+        parallel_residual=bool(tf.get("parallel_residual")),
+        image_elements=(_n(image.get("channels")) * _n(image.get("size")) ** 2 if image else 0),
     )
     if arch.device == "cpu" and arch.attn_dropout > 0 and arch.attention != "eager":
         notes.append("SDPA with dropout on the CPU takes the math path: modelled as eager")

@@ -338,3 +338,43 @@ def test_a_backward_on_another_thread_ends_it_on_the_next_forward(sent: list) ->
     assert _watch._meter is None
     assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
     assert _activations(sent)["until"] == "backward"
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["loop-keeps-logits", "inline-loss"])
+def test_outputs_the_loop_keeps_are_counted_through_the_step(sent: list, hold: bool) -> None:
+    """``logits = model(x)`` keeps the logits alive through backward and the step (until
+    the next forward replaces them): measured as backward begins, predicted from then on."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(8192, 64), nn.Linear(64, 8192)).train()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    gpuwatch.watch(model, opt)
+    x, y = (t % 8192 for t in _tokens())
+    live = LiveBytes()
+    for t in (*model.parameters(), *model.buffers()):
+        live.track(t)
+    truth: list[dict[str, int]] = []
+    with live:
+        for _ in range(2):
+            got: dict[str, int] = {}
+            live.peak = live.total
+            if hold:
+                logits = model(x)
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            else:
+                loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            got["forward"] = live.peak
+            for name, fn in (("backward", loss.backward), ("optimizer.step", opt.step)):
+                live.peak = live.total
+                fn()
+                got[name] = live.peak
+            del loss
+            opt.zero_grad(set_to_none=True)
+            truth.append(got)
+    logits_bytes = BATCH * SEQ * 8192 * 4
+    act = _activations(sent)
+    assert act["held_output_bytes"] == (logits_bytes if hold else 0)
+    p = predict(sent[-1])
+    for step, got in enumerate(truth):
+        for name in ("backward", "optimizer.step"):
+            pred = total(breakdown(p, name, first_step=step == 0))
+            assert abs(pred - got[name]) <= 0.10 * got[name], (name, step, pred, got[name])

@@ -165,6 +165,8 @@ class Meter:
         self.totals = {"bytes": 0, "tensors": 0, "amp": 0, "offloaded": 0, "opaque": 0}
         self.stopped_by = ""
         self.error: str | None = None
+        self.outputs: list[tuple[Any, int, tuple[int, str]]] = []  # (weak storage, bytes, key)
+        self.held = 0
 
     # ------------------------------------------------------------------ control
 
@@ -194,9 +196,17 @@ class Meter:
             self._remove_module_hooks()
             return False
 
-    def model_returned(self) -> None:
-        """The model's outermost forward returned: what is saved next is outside it."""
+    def model_returned(self, output: Any = None) -> None:
+        """The model's outermost forward returned ``output``: what is saved next is outside
+        it, and whether the caller still holds the output when backward begins is seen."""
         self.outside = True
+        try:
+            for t in _tensors(output):
+                st = t.untyped_storage()
+                key = (int(st.data_ptr()), str(t.device))
+                self.outputs.append((weakref.ref(st), int(st.nbytes()), key))
+        except Exception:
+            self.outputs = []
         self.stack.clear()
         self._remove_module_hooks()
 
@@ -216,6 +226,14 @@ class Meter:
         if threading.get_ident() != self.thread:
             return False
         self.done = True
+        # The model's outputs still referenced now (the loop holds ``logits``) and not
+        # kept by autograd: alive through backward and the step, until the next forward.
+        seen: set[tuple[int, str]] = set()
+        for ref, n, key in self.outputs:
+            if ref() is not None and key not in seen and key not in self.seen:
+                seen.add(key)
+                self.held += n
+        self.outputs = []
         if self.pushed:
             self.pushed = False
             try:
@@ -421,6 +439,7 @@ class Meter:
             "opaque_bytes": self.totals["opaque"],
             "user_hooks": self.user_pack is not None,
             "until": self.stopped_by or "running",
+            "held_output_bytes": self.held,
             "modules": modules,
         }
         if self.error:

@@ -133,10 +133,10 @@ facts_hook: Callable[[Any, tuple, dict], None] | None = None
 step_hook: Callable[[Any], None] | None = None
 
 # Set by gpuwatch.instrument._watch while it measures activations (the first training
-# forward only): called as activations_hook(event, module) with event "forward" (a root
-# forward begins; module, grad enabled or not), "returned" (it returned), "backward",
-# "step" or "zero_grad" (module None). None once the measurement is over.
-activations_hook: Callable[[str, Any], None] | None = None
+# forward only): called as activations_hook(event, module, output) with event "forward"
+# (a root forward begins; module None when grad is disabled), "returned" (it returned
+# output), "backward", "step" or "zero_grad" (module None). None once it is over.
+activations_hook: Callable[[str, Any, Any], None] | None = None
 
 
 class _Installed:
@@ -440,7 +440,7 @@ def _fwd_post(module: Any, args: Any, *rest: Any) -> None:
         A.root_depth -= 1
         return
     try:
-        _forward_end(module, args, rest[0] if len(rest) == 2 else {})
+        _forward_end(module, args, rest[0] if len(rest) == 2 else {}, rest[-1] if rest else None)
     except Exception:
         A.root = None
         A.fwd_sid = None
@@ -462,7 +462,7 @@ def _forward_begin(module: Any) -> None:
         A.work = A.trained = True
     meter = activations_hook
     if meter is not None:
-        meter("forward", module if grad else None)
+        meter("forward", module if grad else None, None)
     if _suppressed("forward"):
         _end_gap(False)
         return
@@ -470,7 +470,7 @@ def _forward_begin(module: Any) -> None:
     A.fwd_sid = _opened(open_span(name, t=t, fig=fig))
 
 
-def _forward_end(module: Any, args: Any, kwargs: Any) -> None:
+def _forward_end(module: Any, args: Any, kwargs: Any, output: Any = None) -> None:
     A = _A
     A.root = None
     sid, A.fwd_sid = A.fwd_sid, None
@@ -480,7 +480,7 @@ def _forward_end(module: Any, args: Any, kwargs: Any) -> None:
         close_span(sid, A.fwd_name, exc=None if exc is exc0 else exc)
     meter = activations_hook
     if meter is not None:
-        meter("returned", module)
+        meter("returned", module, output)
     hook = facts_hook
     if hook is not None and A.fwd_name == "forward":
         hook(module, args, kwargs)
@@ -509,7 +509,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         meter = activations_hook
         try:
             if meter is not None:
-                meter("backward", None)
+                meter("backward", None, None)
             sid = _backward_begin()
         except Exception:
             pass
@@ -544,7 +544,7 @@ def _step_pre(optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] |
     try:
         meter = activations_hook
         if meter is not None:
-            meter("step", None)
+            meter("step", None, None)
         hook = step_hook
         if hook is not None:
             hook(optimizer)
@@ -664,7 +664,7 @@ def _wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             meter = activations_hook
             if meter is not None:
-                meter("zero_grad", None)
+                meter("zero_grad", None, None)
             sid = _zero_grad_begin()
         except Exception:
             pass

@@ -223,7 +223,7 @@ def _arm_activations() -> None:
     _auto.activations_hook = _on_activations
 
 
-def _on_activations(event: str, module: Any) -> None:
+def _on_activations(event: str, module: Any, output: Any = None) -> None:
     """Start, end or move on the activations measurement (see ``_auto.activations_hook``)."""
     global _meter, _measured
     try:
@@ -231,7 +231,7 @@ def _on_activations(event: str, module: Any) -> None:
         if meter is not None:
             if event == "returned":
                 if _unwrap(module) is meter.model_ref():
-                    meter.model_returned()
+                    meter.model_returned(output)
                 return
             _finish(meter, "next forward" if event == "forward" else event)
             return

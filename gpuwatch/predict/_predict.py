@@ -302,6 +302,13 @@ def predict(facts: dict[str, Any]) -> Prediction:
         zg_start = dict(step_end)
         zg_end = dict(zg_start, **{GRADIENTS: 0})
         phases["zero_grad", first] = PhaseMemory(zg_start, zg_start, zg_end)
+    held = _n(act.get("held_output_bytes")) if measured is not None else 0
+    if held:
+        _hold(phases, accumulating, held)
+        notes.append(
+            f"the model's outputs ({_gib(held)}) were still referenced when backward began:"
+            " counted as activations through the step, until the next forward replaces them"
+        )
     peak_key = max(phases, key=lambda k: total(phases[k].peak))
     return Prediction(
         phases=phases,
@@ -320,6 +327,25 @@ def predict(facts: dict[str, Any]) -> Prediction:
             "backward": sim.backward_peak_at if sim else 1.0,
         },
     )
+
+
+def _hold(
+    phases: dict[tuple[str, bool], PhaseMemory], accumulating: dict[bool, Breakdown], held: int
+) -> None:
+    """Add outputs the training loop keeps (``logits = model(x)``) where they are alive:
+    from the end of the first forward on, through the next forward (the old ones are
+    replaced only when it returns); not in eval."""
+    for (name, first), pm in list(phases.items()):
+        if name == "eval":
+            continue
+        # Copies: one breakdown may stand for several moments (a phase's end, the next
+        # one's start).
+        start, peak, end = dict(pm.start), dict(pm.peak), dict(pm.end)
+        for b in (end,) if (name == "forward" and first) else (start, peak, end):
+            b[ACTIVATIONS] = b.get(ACTIVATIONS, 0) + held
+        phases[name, first] = PhaseMemory(start, peak, end)
+    for first, b in list(accumulating.items()):
+        accumulating[first] = dict(b, **{ACTIVATIONS: b.get(ACTIVATIONS, 0) + held})
 
 
 FINDING = 0.10

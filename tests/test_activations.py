@@ -32,15 +32,21 @@ PHASES = ("forward", "backward", "optimizer.step", "zero_grad")
 
 
 @pytest.fixture
-def sent(monkeypatch) -> Iterator[list[dict[str, Any]]]:
-    """Facts as watch() sends them (the client's own send is covered by test_auto)."""
+def sent(monkeypatch, sock_path: str) -> Iterator[list[dict[str, Any]]]:
+    """Facts as watch() sends them (the client's own send is covered by test_auto); the
+    phases go to a socket nobody reads, and none is left queued for the next test."""
     out: list[dict[str, Any]] = []
     monkeypatch.setattr(_api, "set_facts", out.append)
     monkeypatch.delenv("GPUWATCH_ACTIVATIONS", raising=False)
+    gpuwatch.configure(socket=sock_path, enabled=True)
     yield out
     _auto.uninstall()
     _watch._primary = None
     _watch._reset_activations()
+    gpuwatch.flush()
+    _api._state.client.queue.clear()
+    _api._state.stack().clear()
+    _api._state.step = 0
 
 
 def _tokens() -> tuple[Any, Any]:

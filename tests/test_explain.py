@@ -128,7 +128,7 @@ def _hf_gpt2(checkpointing: bool) -> Any:
     ids=["bert-checkpointing-accum2", "bert", "gpt2-gelu_new-accum2"],
 )
 def test_hf_models_span_by_span(
-    monkeypatch, make: Callable[[bool], Any], checkpointing: bool, accum: int
+    monkeypatch, sock_path: str, make: Callable[[bool], Any], checkpointing: bool, accum: int
 ) -> None:
     """Each span's predicted peak (the curve's) within 10% of the live-tensor truth."""
     torch = pytest.importorskip("torch")
@@ -139,6 +139,7 @@ def test_hf_models_span_by_span(
 
     sent: list[dict] = []
     monkeypatch.setattr(_api, "set_facts", sent.append)
+    gpuwatch.configure(socket=sock_path, enabled=True)  # nobody reads it
     torch.manual_seed(0)
     model = make(checkpointing)
     opt = torch.optim.AdamW(model.parameters(), foreach=True)
@@ -172,6 +173,9 @@ def test_hf_models_span_by_span(
         _auto.uninstall()
         _watch._primary = None
         _watch._reset_activations()
+        _api._state.client.queue.clear()  # its phases are not the next test's
+        _api._state.stack().clear()
+        _api._state.step = 0
     p = pr.predict(sent[-1])
     assert p.activations_source == "formula"
     peaks = pr.span_peaks(p, _spans(plan))

@@ -22,14 +22,7 @@ from .peaks import range_max
 from .session import Process, Session
 from .table import MISSING_INT
 
-CATEGORY_KEYS = (
-    "weights",
-    "amp_copies",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporaries",
-)
+CATEGORY_KEYS = pr.CATEGORIES
 """The predictor's categories, in the order an explanation lists them."""
 
 _TEMP_LABELS = {

@@ -33,30 +33,86 @@ def _positive(text: str) -> int:
     return value
 
 
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1): {text!r}")
+    return value
+
+
+PARAMS_TOLERANCE = 0.01
+"""``--params`` and a shape agreeing within this (relative) are the same model."""
+
+
 def add_parser(sub: Any) -> None:
     """Register ``estimate`` on the CLI's subparsers."""
-    from .predict._shape import IMPLS, OPTIMIZERS, PRECISIONS
+    from .predict._shape import ARCHS, IMPLS, OPTIMIZERS, PRECISIONS
 
     p = sub.add_parser(
         "estimate",
         help="predict GPU memory per training phase before running",
         description="Predict memory per phase (weights, gradients, optimizer state, "
-        "activations, temporaries) for a decoder-only transformer, before any run.",
+        "activations, temporaries) for a transformer, before any run: decoders (GPT-2, "
+        "LLaMA, GPT-NeoX), encoders (BERT, RoBERTa) and ViT. It prints what it assumed.",
     )
     src = p.add_argument_group("model")
-    src.add_argument("--params", type=_positive, help="parameter count (no activations)")
-    src.add_argument("--config", metavar="FILE", help="a Hugging Face style config.json")
-    src.add_argument("--arch", choices=("gpt", "llama"), default=None, help="layer layout")
-    for name in ("layers", "hidden", "heads", "kv-heads", "intermediate", "vocab"):
-        src.add_argument(f"--{name}", type=_positive)
-    p.add_argument("--seq", type=_positive, help="sequence length")
+    src.add_argument(
+        "--params",
+        type=_positive,
+        help="parameter count: alone, weights, gradients and optimizer state (activations "
+        "unknown); with a shape or config, it must agree with it",
+    )
+    src.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a Hugging Face config.json (gpt2, llama, mistral, bert, roberta, gpt_neox, vit)",
+    )
+    src.add_argument(
+        "--arch",
+        choices=ARCHS,
+        default=None,
+        help="layer layout of a shape given by options, or of a config without a known "
+        "model_type (default: gpt, llama with --kv-heads)",
+    )
+    sizes = {
+        "layers": "number of layers",
+        "hidden": "hidden size",
+        "heads": "attention heads",
+        "kv-heads": "key/value heads (grouped-query attention)",
+        "intermediate": "MLP inner size (default 4 x hidden; 8/3 x hidden for llama)",
+        "vocab": "vocabulary size (not for vit)",
+    }
+    for name, what in sizes.items():
+        src.add_argument(f"--{name}", type=_positive, help=what)
+    src.add_argument("--image-size", type=_positive, help="vit: image side in pixels (224)")
+    src.add_argument("--patch-size", type=_positive, help="vit: patch side in pixels (16)")
+    p.add_argument(
+        "--seq", type=_positive, help="sequence length (default: the config's positions)"
+    )
     p.add_argument("--batch", type=_positive, default=1, help="micro-batch size (default 1)")
-    p.add_argument("--precision", choices=PRECISIONS, default="bf16-mixed")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--optimizer-impl", choices=IMPLS, default="foreach")
-    p.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="bf16-mixed",
+        help="weights' dtype and autocast (default bf16-mixed: fp32 weights, bf16 autocast)",
+    )
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
+    p.add_argument("--optimizer-impl", choices=IMPLS, default="foreach", help="default foreach")
+    p.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa", help="default sdpa")
+    p.add_argument(
+        "--dropout",
+        type=_probability,
+        metavar="P",
+        help="dropout probability everywhere (default: the config's, else 0); dropout "
+        "keeps a mask per dropped tensor",
+    )
     p.add_argument("--checkpointing", action="store_true", help="checkpoint every layer")
-    p.add_argument("--lora-rank", type=_positive, default=0, metavar="R")
+    p.add_argument(
+        "--lora-rank", type=_positive, default=0, metavar="R", help="LoRA adapters on q and v"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
         "--trace",
@@ -66,7 +122,8 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_estimate)
 
 
-def _shape(args: argparse.Namespace) -> Any:
+def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
+    """The model's shape from ``--config`` or the size options (None: neither given)."""
     from .predict._shape import ModelShape, shape_from_config
 
     if args.config:
@@ -78,44 +135,91 @@ def _shape(args: argparse.Namespace) -> Any:
         if not isinstance(config, dict):
             raise CliError(f"{args.config} is not a JSON object")
         try:
-            shape = shape_from_config(config)
+            got = shape_from_config(config, args.arch)
         except ValueError as exc:
             raise CliError(f"{args.config}: {exc}")
-        if args.arch:
-            shape.arch = args.arch
+        assumed += got.assumed
         if args.seq is None:
-            args.seq = shape.max_positions
-        return shape
-    given = [args.layers, args.hidden, args.heads, args.vocab]
-    if not any(given):
+            args.seq = got.seq
+        elif got.shape.arch == "vit" and args.seq != got.seq:
+            raise CliError(f"--seq {args.seq}: this ViT sees {got.seq} tokens per image")
+        if args.dropout is None:
+            args.dropout_config = got.dropout
+        args.activation = got.activation
+        return got.shape
+    arch = args.arch or ("llama" if args.kv_heads else "gpt")
+    given = [args.layers, args.hidden, args.heads] + ([] if arch == "vit" else [args.vocab])
+    if not any(given) and args.arch is None:
         return None
     if not all(given):
-        raise CliError("a shape needs --layers, --hidden, --heads and --vocab")
+        need = "--layers, --hidden, --heads" + ("" if arch == "vit" else " and --vocab")
+        raise CliError(f"a shape needs {need}")
+    if args.arch is None:
+        assumed.append(f"layout {arch} (--arch)")
     try:
-        return ModelShape(
+        shape = ModelShape(
             layers=args.layers,
             hidden=args.hidden,
             heads=args.heads,
-            vocab=args.vocab,
-            arch=args.arch or ("llama" if args.kv_heads else "gpt"),
+            vocab=args.vocab or 0,
+            arch=arch,
             kv_heads=args.kv_heads,
             intermediate=args.intermediate,
             max_positions=args.seq,
+            image_size=args.image_size or 224,
+            patch_size=args.patch_size or 16,
         )
     except ValueError as exc:
         raise CliError(str(exc))
+    if arch == "vit":
+        args.seq = shape.patches
+        assumed.append(f"sequence {shape.patches}: patches of the image and CLS")
+    return shape
+
+
+def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> None:
+    """``--params`` with a shape: the same model, or refused (never silently replaced)."""
+    if args.params is None or shape is None:
+        return
+    counted = shape.count(args.seq or shape.max_positions or 1024)
+    if abs(counted - args.params) > PARAMS_TOLERANCE * args.params:
+        raise CliError(
+            f"--params {args.params:,} but the shape has {counted:,} parameters:"
+            " give one of them (or fix --intermediate, --kv-heads, --vocab, --arch)"
+        )
+    assumed.append(f"the shape's {counted:,} parameters (--params {args.params:,} agrees)")
 
 
 def estimate(args: argparse.Namespace) -> dict[str, Any]:
-    """The estimate as ``{"peak_bytes", "phases", "first_step", "notes"}``."""
+    """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
     from .predict import PHASES, predict
     from .predict._shape import facts_from_shape
 
-    shape = _shape(args)
+    assumed: list[str] = []
+    args.dropout_config, args.activation = {}, None
+    shape = _shape(args, assumed)
     if shape is None and args.params is None:
         raise CliError("give --params, a shape (--layers --hidden --heads --vocab) or --config")
     if args.lora_rank and shape is None:
         raise CliError("--lora-rank needs a shape or --config")
+    _check_params(args, shape, assumed)
+    if args.dropout is not None:
+        dropout = {"attn": args.dropout, "resid": args.dropout, "embd": args.dropout}
+        assumed.append(f"dropout {args.dropout} everywhere (--dropout)")
+    else:
+        dropout = dict(args.dropout_config)
+        if dropout:
+            shown = ", ".join(f"{k} {v}" for k, v in dropout.items())
+            assumed.append(f"dropout from the config: {shown} (--dropout to change)")
+        elif shape is not None:
+            assumed.append("no dropout (--dropout)")
+    if shape is not None:
+        assumed.append(f"batch {args.batch} (--batch)")
+    assumed.append(
+        f"{args.precision}, {args.optimizer} {args.optimizer_impl}"
+        + (f", {args.attention} attention" if shape is not None else "")
+        + (", every layer checkpointed" if args.checkpointing else "")
+    )
     try:
         facts = facts_from_shape(
             shape,
@@ -128,6 +232,8 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
             attention=args.attention,
             checkpointing=args.checkpointing,
             lora_rank=args.lora_rank,
+            dropout=dropout,
+            activation=args.activation,
         )
     except ValueError as exc:
         raise CliError(str(exc))
@@ -144,6 +250,11 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": facts["params"]["count"],
         "trainable_parameters": facts["params"]["trainable_count"],
         "activations_known": pred.activations_known,
+        "layout": shape.arch if shape is not None else None,
+        "head": shape.head if shape is not None else None,
+        "seq": args.seq,
+        "batch": args.batch,
+        "assumed": assumed,
         "notes": pred.notes,
     }
 
@@ -170,6 +281,7 @@ def _table(result: dict[str, Any]) -> str:
     lines.append("total".ljust(width) + totals)
     lines.append("")
     lines.append(f"peak: {fmt_bytes(result['peak_bytes'])} in {result['peak_phase']}")
+    lines.extend(f"assumed: {a}" for a in result["assumed"])
     lines.extend(f"note: {n}" for n in result["notes"])
     return "\n".join(lines)
 

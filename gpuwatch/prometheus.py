@@ -87,6 +87,25 @@ METRICS = (
         "Bytes the caching allocator holds (torch.cuda.memory_reserved), last reported.",
     ),
     Spec(
+        "gpuwatch_process_torch_inactive_split_bytes",
+        "gauge",
+        PROC_GPU,
+        "Cached free bytes the allocator cannot hand out whole: inactive blocks of split "
+        "segments (fragmentation), last reported.",
+    ),
+    Spec(
+        "gpuwatch_process_allocator_retries_total",
+        "counter",
+        PROC_GPU,
+        "Times the allocator freed its cache and retried a failed cudaMalloc.",
+    ),
+    Spec(
+        "gpuwatch_process_allocator_ooms_total",
+        "counter",
+        PROC_GPU,
+        "Out-of-memory errors the allocator raised (its own count, caught ones included).",
+    ),
+    Spec(
         "gpuwatch_process_rss_bytes",
         "gauge",
         PROC,
@@ -276,10 +295,13 @@ class SessionCollector:
     ) -> None:
         host = self.host
         torch = _torch_last(proc)
-        for dev, (allocated, reserved) in torch.items():
+        for dev, (allocated, reserved, split, retries, alloc_ooms) in torch.items():
             labels = [*ids, self._gpu_of(proc, dev, ""), host]
             _add(f["gpuwatch_process_torch_allocated_bytes"], labels, allocated)
             _add(f["gpuwatch_process_torch_reserved_bytes"], labels, reserved)
+            _add(f["gpuwatch_process_torch_inactive_split_bytes"], labels, split)
+            _add(f["gpuwatch_process_allocator_retries_total"], labels, retries)
+            _add(f["gpuwatch_process_allocator_ooms_total"], labels, alloc_ooms)
         rss = proc.rss.last()
         _add(f["gpuwatch_process_rss_bytes"], [*ids, host], rss["rss"] if rss else None)
         # The process's main GPU: where it last reported figures, else the first it named.
@@ -414,18 +436,24 @@ def _index(index: int | None) -> str:
     return "" if index is None else str(index)
 
 
-def _torch_last(proc: Process) -> dict[int, tuple[int, int]]:
-    """torch device index -> newest (allocated, reserved), the newest device last."""
+_TORCH_FIGURES = ("allocated", "reserved", "inactive_split", "alloc_retries", "alloc_ooms")
+
+
+def _torch_last(proc: Process) -> dict[int, tuple[int, ...]]:
+    """torch device index -> its newest figures (:data:`_TORCH_FIGURES`), the newest
+    device last; a figure the process did not report is MISSING_INT."""
     if len(proc.torch_devs) <= 1:
         row = proc.torch.last()
-        return {} if row is None else {int(row["dev"]): (row["allocated"], row["reserved"])}
+        if row is None:
+            return {}
+        return {int(row["dev"]): tuple(int(row[k]) for k in _TORCH_FIGURES)}
     cols = proc.torch.snapshot()
     tail = {k: c[-4096:] for k, c in cols.items()}  # every device reports at each boundary
     _, first_rev = np.unique(tail["dev"][::-1], return_index=True)
     n = len(tail["dev"])
-    out: dict[int, tuple[int, int]] = {}
+    out: dict[int, tuple[int, ...]] = {}
     for i in sorted(n - 1 - j for j in first_rev.tolist()):
-        out[int(tail["dev"][i])] = (int(tail["allocated"][i]), int(tail["reserved"][i]))
+        out[int(tail["dev"][i])] = tuple(int(tail[k][i]) for k in _TORCH_FIGURES)
     return out
 
 

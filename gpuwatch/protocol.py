@@ -142,8 +142,9 @@ def encode_phase(
     time is taken from the training process, so this kind gets a formatter of its own.
 
     Args:
-        figures: ``(dev, allocated, reserved, peak_allocated, peak_reserved)``; the peaks
-            may be None (not reported).
+        figures: ``(dev, allocated, reserved, peak_allocated, peak_reserved)``, optionally
+            followed by ``(inactive_split, alloc_retries, alloc_ooms)``; the peaks may be
+            None (not reported).
     """
     parts = [
         f'{{"v":{VERSION},"kind":"phase","seq":{seq},"pid":{pid},"t":{t}',
@@ -154,12 +155,18 @@ def encode_phase(
     if error is not None:
         parts.append(f',"error":{json.dumps(error)}')
     if figures is not None:
-        dev, allocated, reserved, peak_a, peak_r = figures
+        dev, allocated, reserved, peak_a, peak_r = figures[:5]
         parts.append(
             f',"dev":{_num(dev)},"allocated":{_num(allocated)},"reserved":{_num(reserved)}'
         )
         if peak_a is not None:
             parts.append(f',"peak_allocated":{_num(peak_a)},"peak_reserved":{_num(peak_r)}')
+        if len(figures) > 5:
+            split, retries, ooms = figures[5:8]
+            parts.append(
+                f',"inactive_split":{_num(split)},"alloc_retries":{_num(retries)}'
+                f',"alloc_ooms":{_num(ooms)}'
+            )
     parts.append("}")
     data = "".join(parts).encode()
     if len(data) > MAX_DATAGRAM:
@@ -318,6 +325,11 @@ _MEMORY_FIELDS: dict[str, tuple[Check, bool]] = {
     "reserved": (_opt_bytes, False),
     "peak_allocated": (_opt_bytes, False),
     "peak_reserved": (_opt_bytes, False),
+    # The allocator's fragmentation figures from the same read: cached bytes in split
+    # blocks (unusable for a larger request), cudaMalloc retries and OOMs so far.
+    "inactive_split": (_opt_bytes, False),
+    "alloc_retries": (_opt(_count), False),
+    "alloc_ooms": (_opt(_count), False),
 }
 
 SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {

@@ -83,14 +83,18 @@ def test_breakdown_without_a_process_list(session) -> None:
     reserved, allocated = float(cols["reserved"][i]), float(cols["allocated"][i])
     assert b.reserved == reserved and b.allocated == allocated
     assert b.cache == reserved - allocated
-    assert b.context == pytest.approx(synthetic.CONTEXT * GIB, rel=0.01)
-    assert b.other is None  # no NVML process list: nothing known of other processes
+    # No NVML process list: nothing is known of contexts or other processes, so the used
+    # memory beyond torch's reserved is unclaimed (its own segment, never free).
+    assert b.other is None and b.context is None
+    assert b.unclaimed == pytest.approx(synthetic.CONTEXT * GIB, rel=0.01)
     expected = line.breakdown_at(t)
     assert b.predicted == pytest.approx({k: float(v) for k, v in expected.items()})
     assert b.unexplained == pytest.approx(allocated - sum(expected.values()))
     assert b.free == pytest.approx(80 * GIB - b.used)
     parts = dict(b.parts())
     assert parts["cache"] == b.cache and "weights" in parts
+    # Every used byte has a segment; a prediction above allocated overruns it, named.
+    assert sum(parts.values()) == pytest.approx(b.used + b.over_predicted)
 
 
 def test_breakdown_with_nvml_process_list(session) -> None:
@@ -105,18 +109,40 @@ def test_breakdown_with_nvml_process_list(session) -> None:
     b = breakdown(session, KEY, t)
     assert b.other == 5 * GIB
     assert b.context == pytest.approx(3 * GIB)
+    # What the list leaves out of NVML's used figure (the driver, hidden processes):
+    # nothing here, the list claims all of it.
+    assert b.unclaimed == max(0.0, b.used - 5 * GIB - reserved - 3 * GIB) == 0
     assert b.predicted == {} and b.unexplained is None
     assert ("allocated", b.allocated) in b.parts()
 
 
-def test_over_prediction_is_scaled_into_the_bar_and_kept_negative(session) -> None:
+def test_a_gpu_nobody_instruments_shows_its_used_memory_as_unclaimed() -> None:
+    session = synthetic.build(with_process=False)
+    b = breakdown(session, KEY, 2750 * MS)
+    assert b.reserved is None and b.unclaimed == b.used > 0
+    assert dict(b.parts()) == {"unclaimed": b.used}
+
+
+def test_over_prediction_is_never_scaled_and_is_named(session) -> None:
     line = line_for(session)
     t = 2750 * MS
     b = breakdown(session, KEY, t, {synthetic.PID: line})
     b.predicted = {k: v * 3 for k, v in b.predicted.items()}
     b.unexplained = b.allocated - sum(b.predicted.values())
-    assert b.unexplained < 0
+    assert b.unexplained < 0 and b.over_predicted == -b.unexplained
     parts = dict(b.parts())
-    predicted_in_bar = sum(v for k, v in parts.items() if k in b.predicted)
-    assert predicted_in_bar == pytest.approx(b.allocated)
+    for k, v in b.predicted.items():  # each category at its own size
+        assert parts.get(k, 0) == v
     assert "unexplained" not in parts
+
+
+def test_the_cache_splits_into_fragmented_and_free(session) -> None:
+    from gpuwatch.protocol import Message
+
+    t = synthetic.end_time() + MS
+    body = {"dev": 0, "allocated": 40 * GIB, "reserved": 44 * GIB, "inactive_split": GIB}
+    session.ingest(Message("memory", synthetic.PID, 10**9, t, body=body))
+    b = breakdown(session, KEY, t)
+    parts = dict(b.parts())
+    assert b.fragmented == GIB
+    assert parts["fragmented"] == GIB and parts["cache"] == b.cache - GIB

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, run_gpuwatch
@@ -102,3 +103,243 @@ def test_trace_counts_real_steps_on_fake_tensors() -> None:
     cats = second["cpu"]
     assert cats["Parameter"] > 0 and cats["Optstate"] > 0
     assert out["peak_bytes"] >= first["cpu"]["Total"]
+
+
+# --------------------------------------------------------------------------- families
+
+
+def _hf_configs() -> dict[str, tuple[Any, Any]]:
+    """(config, model class) of each family estimate supports, small and at full size."""
+    t = pytest.importorskip("transformers")
+    return {
+        "bert-large": (
+            t.BertConfig(
+                hidden_size=1024,
+                num_hidden_layers=24,
+                num_attention_heads=16,
+                intermediate_size=4096,
+                architectures=["BertForMaskedLM"],
+            ),
+            t.BertForMaskedLM,
+        ),
+        "bert-base-model": (t.BertConfig(architectures=["BertModel"]), t.BertModel),
+        "roberta-base": (
+            t.RobertaConfig(
+                vocab_size=50265,
+                max_position_embeddings=514,
+                type_vocab_size=1,
+                architectures=["RobertaForMaskedLM"],
+            ),
+            t.RobertaForMaskedLM,
+        ),
+        "pythia-1b": (
+            t.GPTNeoXConfig(
+                vocab_size=50304,
+                hidden_size=2048,
+                num_hidden_layers=16,
+                num_attention_heads=8,
+                intermediate_size=8192,
+                rotary_pct=0.25,
+                max_position_embeddings=2048,
+                tie_word_embeddings=False,
+                architectures=["GPTNeoXForCausalLM"],
+            ),
+            t.GPTNeoXForCausalLM,
+        ),
+        "vit-base": (
+            t.ViTConfig(num_labels=1000, architectures=["ViTForImageClassification"]),
+            t.ViTForImageClassification,
+        ),
+        "gpt2": (t.GPT2Config(architectures=["GPT2LMHeadModel"]), t.GPT2LMHeadModel),
+        "llama": (
+            t.LlamaConfig(
+                hidden_size=512,
+                intermediate_size=1376,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=2,
+                architectures=["LlamaForCausalLM"],
+            ),
+            t.LlamaForCausalLM,
+        ),
+    }
+
+
+def _real_count(cls: Any, cfg: Any) -> int:
+    torch = pytest.importorskip("torch")
+    with torch.device("meta"):
+        model = cls(cfg)
+    return sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["bert-large", "bert-base-model", "roberta-base", "pythia-1b", "vit-base", "gpt2", "llama"],
+)
+def test_each_family_counts_its_parameters_exactly(tmp_path: Path, family: str) -> None:
+    cfg, cls = _hf_configs()[family]
+    path = tmp_path / "config.json"
+    path.write_text(cfg.to_json_string())
+    r = _run("--config", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["parameters"] == _real_count(cls, cfg)
+    assert out["activations_known"] and out["phases"]["forward"]["activations"] > 0
+    assert any(a.startswith("head: ") for a in out["assumed"])
+    assert any("batch 1" in a for a in out["assumed"])
+    if family == "vit-base":
+        assert out["seq"] == 197 and out["layout"] == "vit"
+    else:
+        assert any("sequence length" in a for a in out["assumed"])
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ({"model_type": "t5", "num_layers": 6, "d_model": 512, "num_heads": 8}, "'t5'"),
+        ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}, "no model_type"),
+        (
+            {
+                "model_type": "bert",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "vocab_size": 100,
+                "architectures": ["BertForQuestionAnswering"],
+            },
+            "BertForQuestionAnswering",
+        ),
+    ],
+)
+def test_unknown_families_and_heads_are_refused(
+    tmp_path: Path, config: dict[str, Any], why: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    r = _run("--config", str(path))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("gpuwatch: ") and r.stderr.strip().count("\n") == 0
+    assert why in r.stderr
+
+
+LLAMA_7B = ("--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000")
+
+
+def test_params_conflicting_with_the_shape_is_refused() -> None:
+    # 24 layers where LLaMA-7B has 32: a different model, said, not silently replaced.
+    shape = ("--layers", "24", *LLAMA_7B[2:], "--arch", "llama", "--seq", "2048")
+    r = _run("--params", "6738415616", *shape)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "--params 6,738,415,616 but the shape has 5,0" in r.stderr
+
+
+def test_params_agreeing_with_the_shape_is_honoured() -> None:
+    shape = (*LLAMA_7B, "--arch", "llama", "--intermediate", "11008", "--seq", "2048")
+    r = _run("--params", "6738415616", *shape, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["parameters"] == 6738415616  # LLaMA-7B, tensor by tensor
+    assert any("--params 6,738,415,616 agrees" in a for a in out["assumed"])
+
+
+def test_params_alone_is_honoured() -> None:
+    r = _run("--params", "6738415616", "--precision", "fp32", "--json")
+    out = json.loads(r.stdout)
+    assert out["parameters"] == 6738415616
+    assert out["phases"]["optimizer.step"]["weights"] == 4 * 6738415616
+
+
+def test_dropout_keeps_masks_and_is_said() -> None:
+    base = ("--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "1000", "--seq", "512")
+    outs = [
+        json.loads(_run(*base, *extra, "--json").stdout) for extra in ((), ("--dropout", "0.1"))
+    ]
+    without, with_ = (o["phases"]["forward"]["activations"] for o in outs)
+    assert with_ > without
+    assert "no dropout (--dropout)" in outs[0]["assumed"]
+    assert "dropout 0.1 everywhere (--dropout)" in outs[1]["assumed"]
+    r = _run(*base, "--dropout", "1.5")  # argparse's own one-line refusal
+    assert r.returncode == 2 and "--dropout: must be in [0, 1)" in r.stderr
+
+
+def test_the_table_prints_what_was_assumed(tmp_path: Path) -> None:
+    cfg, _ = _hf_configs()["bert-base-model"]
+    path = tmp_path / "config.json"
+    path.write_text(cfg.to_json_string())
+    r = _run("--config", str(path))
+    assert r.returncode == 0, r.stderr
+    assumed = [ln for ln in r.stdout.splitlines() if ln.startswith("assumed: ")]
+    assert "assumed: head: pooler (BertModel)" in assumed
+    assert "assumed: sequence length 512 (the config's positions; --seq to change)" in assumed
+
+
+def test_a_vit_shape_needs_no_vocabulary() -> None:
+    r = _run("--arch", "vit", "--layers", "2", "--hidden", "128", "--heads", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["seq"] == 197 and out["activations_known"]
+
+
+@pytest.mark.parametrize("family", ["bert", "neox", "vit"])
+def test_estimated_peaks_hold_against_real_training_on_the_cpu(family: str) -> None:
+    """The estimate of a small model of each family (device set to the CPU, where the
+    truth is measured) within 10% of the live-tensor peaks of HF's own model."""
+    torch = pytest.importorskip("torch")
+    t = pytest.importorskip("transformers")
+    from livebytes import LiveBytes
+
+    from gpuwatch.predict import breakdown, predict, total
+    from gpuwatch.predict._shape import facts_from_shape, shape_from_config
+
+    small = {
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+    }
+    torch.manual_seed(0)
+    if family == "bert":
+        cfg = t.BertConfig(**small, vocab_size=1024, max_position_embeddings=64)
+        cfg.architectures = ["BertForMaskedLM"]
+        model = t.BertForMaskedLM(cfg)
+        ids = torch.randint(0, 1024, (4, 64))
+        inputs = {"input_ids": ids, "labels": ids}
+    elif family == "neox":
+        cfg = t.GPTNeoXConfig(**small, vocab_size=1024, max_position_embeddings=64)
+        cfg.architectures = ["GPTNeoXForCausalLM"]
+        model = t.GPTNeoXForCausalLM(cfg)
+        ids = torch.randint(0, 1024, (4, 64))
+        inputs = {"input_ids": ids, "labels": ids}
+    else:
+        cfg = t.ViTConfig(**small, image_size=64, patch_size=8, num_labels=1000)
+        cfg.architectures = ["ViTForImageClassification"]
+        model = t.ViTForImageClassification(cfg)
+        inputs = {"pixel_values": torch.randn(4, 3, 64, 64), "labels": torch.randint(0, 9, (4,))}
+    model.train()
+    got = shape_from_config(cfg.to_dict())
+    facts = facts_from_shape(got.shape, batch=4, seq=got.seq, precision="fp32", dropout=got.dropout)
+    facts = json.loads(json.dumps(facts).replace('"cuda:0"', '"cpu"'))  # measured on the CPU
+    p = predict(facts)
+    assert facts["params"]["count"] == sum(x.numel() for x in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    live = LiveBytes()
+    for x in (*model.parameters(), *model.buffers()):
+        live.track(x)
+    with live:
+        for step in range(2):
+            for name, fn in (
+                ("forward", lambda: model(**inputs).loss),
+                ("backward", None),
+                ("optimizer.step", opt.step),
+            ):
+                live.peak = live.total
+                if name == "forward":
+                    loss = fn()
+                elif name == "backward":
+                    loss.backward()
+                    del loss
+                else:
+                    fn()
+                pred = total(breakdown(p, name, first_step=step == 0))
+                assert abs(pred - live.peak) <= 0.10 * live.peak, (name, step, pred, live.peak)
+            opt.zero_grad(set_to_none=True)

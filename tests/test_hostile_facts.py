@@ -65,7 +65,7 @@ def test_any_facts_leave_the_predicted_line_working_or_empty(facts: dict) -> Non
     assert len(lo) == len(hi) == 50
     line.value_at(35 * MS)
     line.breakdown_at(35 * MS)
-    line.phase_peak("backward", 1)
+    line.span_peaks(0, 100 * MS)
     if not usable or line.prediction is None:
         assert line.prediction is None
 

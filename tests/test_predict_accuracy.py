@@ -13,7 +13,6 @@ Targets (issue 6): weights, gradients and optimizer state within 2%; activations
 from __future__ import annotations
 
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,46 +22,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _models import GPT, Llama, lora  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
+from livebytes import LiveBytes  # noqa: E402
 
 from gpuwatch.instrument._facts import batch_facts, collect_facts  # noqa: E402
 from gpuwatch.predict import breakdown, predict, total  # noqa: E402
 
 BATCH, SEQ, VOCAB = 4, 64, 1024
 PHASES = ("forward", "backward", "optimizer.step", "zero_grad")
-
-
-class LiveBytes(TorchDispatchMode):
-    """Counts the bytes of every tensor storage alive, with a resettable peak."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.total = 0
-        self.peak = 0
-        self._live: dict[int, weakref.finalize] = {}
-
-    def track(self, t: Any) -> None:
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._live or st.nbytes() == 0:
-            return
-        n = st.nbytes()
-        self.total += n
-
-        def gone(key: int = key, n: int = n) -> None:
-            self._live.pop(key, None)
-            self.total -= n
-
-        self._live[key] = weakref.finalize(st, gone)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.track(t)
-        self.peak = max(self.peak, self.total)
-        return out
 
 
 def _bytes(tensors: Any) -> int:

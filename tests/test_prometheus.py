@@ -113,11 +113,15 @@ def test_a_lost_gpu_is_down_and_shows_no_stale_values(session: Session) -> None:
 
 def test_process_torch_figures_peaks_and_phase_counters(session: Session) -> None:
     send = Sender(session, PID)
-    send("memory", END + 2 * MS, allocated=7 * GIB, reserved=9 * GIB, dev=0)
+    frag = {"inactive_split": GIB // 2, "alloc_retries": 3, "alloc_ooms": 1}
+    send("memory", END + 2 * MS, allocated=7 * GIB, reserved=9 * GIB, dev=0, **frag)
     samples = scrape(SessionCollector(session, host="h"))
     proc = {"pid": str(PID), "rank": "0", "gpu": "0", "host": "h"}
     assert value(samples, "gpuwatch_process_torch_allocated_bytes", **proc) == 7 * GIB
     assert value(samples, "gpuwatch_process_torch_reserved_bytes", **proc) == 9 * GIB
+    assert value(samples, "gpuwatch_process_torch_inactive_split_bytes", **proc) == GIB // 2
+    assert value(samples, "gpuwatch_process_allocator_retries_total", **proc) == 3
+    assert value(samples, "gpuwatch_process_allocator_ooms_total", **proc) == 1
     # The 10 ms spike inside optimizer.step that NVML's polls miss: weights, optimizer
     # state, gradients and the foreach temporaries (tests/synthetic.py).
     spike = (synthetic.WEIGHTS + synthetic.OPT_STATE + synthetic.GRADS + synthetic.TEMP) * GIB
@@ -236,7 +240,11 @@ def test_phase_names_beyond_the_cap_share_one_label() -> None:
 
 
 def test_every_exported_name_is_declared_and_follows_the_conventions(session: Session) -> None:
-    Sender(session, PID)("phase", END + MS, event="begin", name="eval", id=999, depth=0)
+    frag = {"allocated": GIB, "reserved": GIB, "inactive_split": 0, "alloc_retries": 0}
+    frag["alloc_ooms"] = 0
+    Sender(session, PID)(
+        "phase", END + MS, event="begin", name="eval", id=999, depth=0, dev=0, **frag
+    )
     session.count_reject("size")
     declared = {m.name for m in METRICS}
     exported = {s[0] for s in scrape(SessionCollector(session, host="h"))}

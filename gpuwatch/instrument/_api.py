@@ -61,6 +61,18 @@ class _State:
 _state = _State()
 
 
+def _retry_mark(new: int, total: int) -> None:
+    """A boundary's allocator read shows cudaMalloc retries: say so on the timeline."""
+    mark(
+        f"allocator retried cudaMalloc {new}x ({total} in all): it freed its cache to make"
+        " room, so memory is fragmented or nearly full (this costs a synchronisation)",
+        "warning",
+    )
+
+
+_state.memory.on_retry = _retry_mark
+
+
 def _after_fork() -> None:
     # A forked child (a DataLoader worker, say) is a new process: new pid, no sender thread.
     _state.client.reset_after_fork()

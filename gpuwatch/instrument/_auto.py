@@ -132,6 +132,12 @@ _compiling: Callable[[], bool] = _not_compiling
 facts_hook: Callable[[Any, tuple, dict], None] | None = None
 step_hook: Callable[[Any], None] | None = None
 
+# Set by gpuwatch.instrument._watch while it measures activations (the first training
+# forward only): called as activations_hook(event, module, output) with event "forward"
+# (a root forward begins; module None when grad is disabled), "returned" (it returned
+# output), "backward", "step" or "zero_grad" (module None). None once it is over.
+activations_hook: Callable[[str, Any, Any], None] | None = None
+
 
 class _Installed:
     """What :func:`install` changed, so that :func:`uninstall` can undo exactly that."""
@@ -248,11 +254,11 @@ def hook_module(module: Any, *, compiled_later: bool = False) -> None:
 
 def uninstall() -> None:
     """Remove every hook and put back every wrapped function; forget all state."""
-    global _A, _compiling, facts_hook, step_hook
+    global _A, _compiling, facts_hook, step_hook, activations_hook
     with _I.lock:
         _undo()
     _A = _Auto()
-    facts_hook = step_hook = None
+    facts_hook = step_hook = activations_hook = None
     _compiling = _not_compiling
 
 
@@ -350,7 +356,7 @@ def _end_gap(forward: bool) -> tuple[int | None, Any]:
     if end is None:
         return own
     t, fig = end
-    return t, None if fig is None else (fig[0], fig[1], fig[2], None, None)
+    return t, None if fig is None else (*fig[:3], None, None, *fig[5:])
 
 
 def _reap() -> None:
@@ -434,7 +440,7 @@ def _fwd_post(module: Any, args: Any, *rest: Any) -> None:
         A.root_depth -= 1
         return
     try:
-        _forward_end(module, args, rest[0] if len(rest) == 2 else {})
+        _forward_end(module, args, rest[0] if len(rest) == 2 else {}, rest[-1] if rest else None)
     except Exception:
         A.root = None
         A.fwd_sid = None
@@ -454,6 +460,9 @@ def _forward_begin(module: Any) -> None:
     _reap()
     if grad:
         A.work = A.trained = True
+    meter = activations_hook
+    if meter is not None:
+        meter("forward", module if grad else None, None)
     if _suppressed("forward"):
         _end_gap(False)
         return
@@ -461,7 +470,7 @@ def _forward_begin(module: Any) -> None:
     A.fwd_sid = _opened(open_span(name, t=t, fig=fig))
 
 
-def _forward_end(module: Any, args: Any, kwargs: Any) -> None:
+def _forward_end(module: Any, args: Any, kwargs: Any, output: Any = None) -> None:
     A = _A
     A.root = None
     sid, A.fwd_sid = A.fwd_sid, None
@@ -469,6 +478,9 @@ def _forward_end(module: Any, args: Any, kwargs: Any) -> None:
     if sid is not None:
         exc = sys.exc_info()[1]
         close_span(sid, A.fwd_name, exc=None if exc is exc0 else exc)
+    meter = activations_hook
+    if meter is not None:
+        meter("returned", module, output)
     hook = facts_hook
     if hook is not None and A.fwd_name == "forward":
         hook(module, args, kwargs)
@@ -494,7 +506,10 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         A.bw_active = True
         sid = None
+        meter = activations_hook
         try:
+            if meter is not None:
+                meter("backward", None, None)
             sid = _backward_begin()
         except Exception:
             pass
@@ -527,6 +542,9 @@ def _step_pre(optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] |
         A.step_depth += 1
         return None
     try:
+        meter = activations_hook
+        if meter is not None:
+            meter("step", None, None)
         hook = step_hook
         if hook is not None:
             hook(optimizer)
@@ -644,6 +662,9 @@ def _wrap_zero_grad(original: Callable[..., Any]) -> Callable[..., Any]:
         A.zg_active = True
         sid = None
         try:
+            meter = activations_hook
+            if meter is not None:
+                meter("zero_grad", None, None)
             sid = _zero_grad_begin()
         except Exception:
             pass

@@ -356,3 +356,5 @@ def _add_figures(body: dict[str, Any], fig: tuple[Any, ...] | None) -> None:
     if fig[3] is not None:
         body["peak_allocated"] = fig[3]
         body["peak_reserved"] = fig[4]
+    if len(fig) > 5:
+        body["inactive_split"], body["alloc_retries"], body["alloc_ooms"] = fig[5:8]

@@ -11,8 +11,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-Figures = tuple[int, int, int, "int | None", "int | None"]
-"""(torch device index, allocated, reserved, peak allocated, peak reserved) in bytes."""
+Figures = tuple[int, int, int, "int | None", "int | None", int, int, int]
+"""(torch device index, allocated, reserved, peak allocated, peak reserved, inactive split
+bytes, allocation retries, allocator OOMs): bytes, then the allocator's two counters."""
 
 
 class TorchMemory:
@@ -35,7 +36,9 @@ class TorchMemory:
         "last_device",
         "on_active",
         "on_peak",
+        "on_retry",
         "peaks",
+        "retries",
         "sync",
         "watermark",
     )
@@ -53,6 +56,11 @@ class TorchMemory:
         self.on_active: Callable[[], None] | None = None
         self.on_peak: Callable[[Figures], None] | None = None
         self.watermark = 0
+        # Called with (new retries, retries in all) at a boundary whose read shows that the
+        # allocator retried cudaMalloc since the previous one (it freed its cache to make
+        # room: fragmentation or a nearly full device). Set by the phase API: a mark.
+        self.on_retry: Callable[[int, int], None] | None = None
+        self.retries = 0
 
     def check_active(self) -> bool:
         """True once this process has initialised CUDA (checked cheaply until it has).
@@ -96,6 +104,13 @@ class TorchMemory:
             if self.peaks:
                 cuda.reset_peak_memory_stats(idx)
             self.last_device = idx
+            if figures[6] > self.retries:
+                new, self.retries = figures[6] - self.retries, figures[6]
+                if self.on_retry is not None:
+                    try:
+                        self.on_retry(new, figures[6])
+                    except Exception:
+                        pass
             if self.on_peak is not None:
                 high = figures[3] if figures[3] is not None else figures[1]
                 if high > self.watermark:
@@ -115,19 +130,27 @@ class TorchMemory:
             if idx is None:
                 idx = self.last_device if self.last_device is not None else 0
             figures = self._read(idx)
-            return (figures[0], figures[1], figures[2], None, None)
+            return (*figures[:3], None, None, *figures[5:])
         except Exception:
             return None
 
     def _read(self, idx: int) -> Figures:
-        # One call for all four counters: torch.cuda.memory_allocated() and friends each
-        # rebuild the whole flattened stats dict.
+        # One call for every counter: torch.cuda.memory_allocated() and friends each
+        # rebuild the whole flattened stats dict. The fragmentation figures come from the
+        # same dict: inactive split blocks (cached, free, but part of a split segment, so
+        # unusable for a larger request), cudaMalloc retries and OOMs.
         stats = self._torch.cuda.memory_stats_as_nested_dict(idx)
         alloc = stats["allocated_bytes"]["all"]
         res = stats["reserved_bytes"]["all"]
+        split = stats.get("inactive_split_bytes")
+        frag = (
+            split["all"]["current"] if split else 0,
+            stats.get("num_alloc_retries", 0),
+            stats.get("num_ooms", 0),
+        )
         if self.peaks:
-            return (idx, alloc["current"], res["current"], alloc["peak"], res["peak"])
-        return (idx, alloc["current"], res["current"], None, None)
+            return (idx, alloc["current"], res["current"], alloc["peak"], res["peak"], *frag)
+        return (idx, alloc["current"], res["current"], None, None, *frag)
 
     def devices(self) -> list[dict[str, Any]] | None:
         """Visible CUDA devices with their UUIDs, for mapping torch's index to NVML's."""

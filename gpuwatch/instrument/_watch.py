@@ -6,11 +6,15 @@ optimizer, if :func:`watch` was not given one. Without a call to :func:`watch` (
 hook of ``gpuwatch run``), the first model to run a training forward is the one described.
 
 The facts come from ``gpuwatch.instrument._facts`` (``collect_facts`` / ``batch_facts``);
-while that module is absent no facts are sent and the phases work all the same.
+while that module is absent no facts are sent and the phases work all the same. The first
+training forward of the described model is also measured (``_activations``): what autograd
+saves, sent as the ``activations`` facts when its backward begins. ``GPUWATCH_ACTIVATIONS=0``
+turns that measurement off.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import weakref
@@ -38,10 +42,13 @@ class _Watched:
         self.amp_dtype = amp_dtype
         self.checkpointing = checkpointing
         self.batch: dict[str, Any] | None = None
+        self.activations: dict[str, Any] | None = None
 
 
 _lock = threading.Lock()
 _primary: _Watched | None = None
+_meter: Any = None  # the running activations measurement (_activations.Meter)
+_measured = False  # one measurement per process: the first training forward
 
 
 def watch(
@@ -93,8 +100,10 @@ def watch(
             else:
                 watched = _primary = _Watched(model, optimizer, amp_dtype, checkpointing)
                 fresh = True
+                _reset_activations()  # a new model: its first training forward is measured
         if phases and _auto.install():
             _auto.hook_module(model, compiled_later=not _compiled(model))
+            _arm_activations()
         _api._state.memory.check_active()  # CUDA already in use: OOM observer, history
         if fresh:
             _send(watched)
@@ -119,6 +128,8 @@ def autowatch() -> bool:
             return False
         if _primary is None:
             _auto.facts_hook = _discovered
+            _reset_activations()
+        _arm_activations()
         return True
     except Exception:
         return False
@@ -193,6 +204,86 @@ def _on_step(optimizer: Any) -> None:
     _send(watched)
 
 
+def _reset_activations() -> None:
+    """Forget an earlier measurement (a different model is described now)."""
+    global _meter, _measured
+    meter, _meter, _measured = _meter, None, False
+    if meter is not None:
+        meter.stop("another model")
+    if _auto.activations_hook is _on_activations:
+        _auto.activations_hook = None
+
+
+def _arm_activations() -> None:
+    """Ask the automatic phases to tell us when the first training forward begins."""
+    if _measured or _meter is not None or _auto.activations_hook is not None:
+        return
+    if os.environ.get("GPUWATCH_ACTIVATIONS", "").strip().lower() in ("0", "off", "false", "no"):
+        return
+    _auto.activations_hook = _on_activations
+
+
+def _on_activations(event: str, module: Any, output: Any = None) -> None:
+    """Start, end or move on the activations measurement (see ``_auto.activations_hook``)."""
+    global _meter, _measured
+    try:
+        meter = _meter
+        if meter is not None:
+            if event == "returned":
+                if _unwrap(module) is meter.model_ref():
+                    meter.model_returned(output)
+                return
+            _finish(meter, "next forward" if event == "forward" else event)
+            return
+        if event != "forward" or module is None or _measured:
+            return
+        model = _unwrap(module)
+        watched = _primary
+        if watched is not None and watched.model() is not None:
+            if _unwrap(watched.model()) is not model:
+                return  # another module's forward: wait for the described model's
+        elif _auto.facts_hook is not _discovered:
+            return
+        _measured = True
+        torch = sys.modules.get("torch")
+        from . import _activations
+
+        reason = _activations.skip_reason(torch, module) or _activations.skip_reason(torch, model)
+        if reason is not None:
+            _auto.activations_hook = None
+            _store({"source": "measured", "skipped": reason}, model)
+            return
+        meter = _activations.Meter(torch, model)
+        if meter.start():
+            _meter = meter
+        else:
+            _auto.activations_hook = None
+            _store({"source": "measured", "skipped": meter.error or "could not start"}, model)
+    except Exception:
+        _auto.activations_hook = None
+
+
+def _finish(meter: Any, why: str) -> None:
+    """End the measurement; send its facts (only on the thread that began it)."""
+    global _meter
+    if not meter.stop(why):
+        return  # another thread: the begin thread's next event ends it
+    _meter = None
+    _auto.activations_hook = None
+    model = meter.model_ref()
+    if model is not None:
+        _store(meter.facts(), model)
+
+
+def _store(facts: dict[str, Any], model: Any) -> None:
+    """Keep the activations facts with the described model and send the facts again."""
+    watched = _primary
+    if watched is None or watched.model() is None or _unwrap(watched.model()) is not model:
+        return
+    watched.activations = facts
+    _send(watched)
+
+
 def _send(watched: _Watched) -> None:
     """Collect the facts and send them (replacing earlier ones); quiet without ``_facts``."""
     model = watched.model()
@@ -208,6 +299,8 @@ def _send(watched: _Watched) -> None:
         )
         if watched.batch:
             facts["batch"] = watched.batch  # docs/facts.md: batch_facts() goes under "batch"
+        if watched.activations:
+            facts["activations"] = watched.activations
         _api.set_facts(facts)
     except Exception:
         pass

@@ -8,7 +8,15 @@ script sent (``docs/facts.md``), so a replayed recording is predicted anew from 
     >>> times, values = predicted_curve(p, spans)       # the predicted line on the timeline
 """
 
-from ._curve import Span, breakdown_at, curve_points, predicted_curve, spans_from_columns
+from ._curve import (
+    Span,
+    SpanPeak,
+    breakdown_at,
+    curve_points,
+    predicted_curve,
+    span_peaks,
+    spans_from_columns,
+)
 from ._graph import (
     ACTIVATIONS,
     AMP_COPIES,
@@ -32,11 +40,13 @@ __all__ = [
     "PhaseMemory",
     "Prediction",
     "Span",
+    "SpanPeak",
     "breakdown",
     "breakdown_at",
     "curve_points",
     "predict",
     "predicted_curve",
+    "span_peaks",
     "spans_from_columns",
     "total",
 ]

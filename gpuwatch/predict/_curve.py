@@ -80,30 +80,50 @@ def _mix(a: Breakdown, b: Breakdown, f: float) -> Breakdown:
     return {c: round(a.get(c, 0) + (b.get(c, 0) - a.get(c, 0)) * f) for c in CATEGORIES}
 
 
-def curve_points(
-    prediction: Prediction, spans: Iterable[Span], *, first_step: int | None = None
-) -> list[tuple[int, Breakdown]]:
-    """The curve as ``(time, breakdown)`` points, in time order (times may repeat: steps).
+@dataclass(frozen=True)
+class SpanPeak:
+    """A known span and the predicted bytes by category at its peak.
 
-    Args:
-        prediction: From :func:`predict`.
-        spans: The process's phase spans (any order; unknown names are ignored).
-        first_step: The step of the process's first ``optimizer.step``, when the spans do
-            not reach back to it; None infers it from the spans.
+    Attributes:
+        span: The span.
+        first_step: Whether it belongs to the first step (before optimizer state exists).
+        peak: Bytes by category at its predicted peak (gradient accumulation and a
+            zero_grad with nothing to free included).
     """
+
+    span: Span
+    first_step: bool
+    peak: Breakdown
+
+
+def _walk(
+    prediction: Prediction, spans: Iterable[Span], first_step: int | None
+) -> tuple[list[tuple[int, Breakdown]], list[SpanPeak]]:
+    """The curve's points and each known span's peak, in one pass."""
     phases = prediction.phases
     grads_total = phases["optimizer.step", False].start.get(GRADIENTS, 0)
     state = prediction.optimizer.present
     grads = False
     points: list[tuple[int, Breakdown]] = []
+    peaks: list[SpanPeak] = []
     for sp in _known(spans, phases):
         if first_step is not None and sp.step is not None and sp.step > first_step:
             state = True
-        pm = phases[sp.name, not state]
+        first = not state
+        pm = phases[sp.name, first]
         start, peak, end = pm.start, pm.peak, pm.end
-        if grads and sp.name in ("forward", "eval", "backward"):
+        if sp.name == "zero_grad":
+            # It frees the gradients there are: none before the first backward (HF's
+            # Trainer zeroes them before its first step), all of them after a backward.
+            level = points[-1][1] if points else phases["forward", first].start
+            start = peak = dict(level)
+            end = dict(level, **{GRADIENTS: 0})
+        elif grads and sp.name in ("forward", "eval", "backward"):
             # Gradient accumulation: earlier gradients are still there.
             start, peak, end = (_plus_grads(b, grads_total) for b in (start, peak, end))
+            if sp.name == "backward" and first in prediction.accumulating:
+                peak = prediction.accumulating[first]
+        peaks.append(SpanPeak(sp, first, peak))
         d = sp.t1 - sp.t0
         if points:
             points.append((sp.t0, points[-1][1]))  # hold the level up to this span
@@ -124,7 +144,32 @@ def curve_points(
         elif sp.name == "zero_grad":
             grads = False
         points.append((sp.t1, end))
-    return points
+    return points, peaks
+
+
+def curve_points(
+    prediction: Prediction, spans: Iterable[Span], *, first_step: int | None = None
+) -> list[tuple[int, Breakdown]]:
+    """The curve as ``(time, breakdown)`` points, in time order (times may repeat: steps).
+
+    Args:
+        prediction: From :func:`predict`.
+        spans: The process's phase spans (any order; unknown names are ignored).
+        first_step: The step of the process's first ``optimizer.step``, when the spans do
+            not reach back to it; None infers it from the spans.
+    """
+    return _walk(prediction, spans, first_step)[0]
+
+
+def span_peaks(
+    prediction: Prediction, spans: Iterable[Span], *, first_step: int | None = None
+) -> list[SpanPeak]:
+    """Each known span's predicted peak, in time order (outermost spans only, as drawn).
+
+    The same walk as the curve, so what a span's peak means here is what the line shows:
+    a forward of the second micro-batch of a step carries the first one's gradients.
+    """
+    return _walk(prediction, spans, first_step)[1]
 
 
 def _at(prediction: Prediction, phase: str) -> float:

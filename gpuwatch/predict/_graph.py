@@ -101,6 +101,10 @@ class Simulation:
         grad_bytes: Parameter gradient bytes the program allocates.
         forward_peak_at, backward_peak_at: Where in its pass each peak falls (0 to 1, by
             op count), so a curve can place it.
+        accumulating_peak: The peak of a backward that accumulates into gradients that
+            already exist (the second micro-batch of a step onwards): each new parameter
+            gradient lives only until it is added in place (a tied weight's until its last
+            use), so ``grads`` here are those transients, on top of the existing ones.
     """
 
     forward_peak: Moment
@@ -111,6 +115,7 @@ class Simulation:
     grad_bytes: int
     forward_peak_at: float = 1.0
     backward_peak_at: float = 0.0
+    accumulating_peak: Moment | None = None
 
 
 class _Live:
@@ -159,7 +164,10 @@ def simulate(ops: list[Op], keep: list[Tensor]) -> Simulation:
     eval_peak = _forward(ops, keep, grad=False)[0]
     backward_peak, backward_end, grad_bytes = _backward(ops, live, saved_by, last_read)
     backward_at = 1.0 - live.peak_step / max(1, len(ops) - 1)
+    _, _, again, saved_by, last_read = _forward(ops, keep, grad=True)
+    accumulating = _backward(ops, again, saved_by, last_read, accumulate=True)[0]
     return Simulation(
+        accumulating_peak=accumulating,
         forward_peak_at=forward_at,
         backward_peak_at=backward_at,
         forward_peak=forward_peak,
@@ -223,8 +231,19 @@ def _forward(
 
 
 def _backward(
-    ops: list[Op], live: _Live, saved_by: dict[int, int], last_read: dict[int, int]
+    ops: list[Op],
+    live: _Live,
+    saved_by: dict[int, int],
+    last_read: dict[int, int],
+    accumulate: bool = False,
 ) -> tuple[Moment, Moment, int]:
+    # Uses of each parameter still to come in backward: AccumulateGrad runs after the last.
+    uses: dict[str, int] = {}
+    if accumulate:
+        for op in ops:
+            if any(t.rg for t in op.outputs):
+                for key, _ in op.params:
+                    uses[key] = uses.get(key, 0) + 1
     live.peak = live.now.copy()
     live.peak_step = len(ops) - 1
     grads: dict[int, Tensor] = {}  # activation gradients alive, by tensor id
@@ -262,6 +281,11 @@ def _backward(
                 grad_bytes += nbytes
                 live.now.grads += nbytes
         live.bump()
+        if accumulate:
+            for key, nbytes in op.params:
+                uses[key] -= 1
+                if not uses[key]:  # added into the existing .grad in place, then freed
+                    live.now.grads -= nbytes
         for t in op.outputs:
             g = grads.pop(id(t), None)
             if g is not None:

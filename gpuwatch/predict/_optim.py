@@ -48,6 +48,8 @@ class OptimizerMemory:
             then there is no first-step jump.
         kind: The optimizer kind the rules used.
         notes: What could not be predicted exactly.
+        state_name: What its state is called in an explanation (``"AdamW state"``).
+        temp_name: What its step's temporary is (``"AdamW foreach temporary"``).
     """
 
     state: int = 0
@@ -55,6 +57,8 @@ class OptimizerMemory:
     present: bool = False
     kind: str = "none"
     notes: list[str] = field(default_factory=list)
+    state_name: str = "optimizer state"
+    temp_name: str = "step temporaries"
 
 
 def _n(v: Any) -> int:
@@ -69,6 +73,19 @@ def _pairs_peak(sizes: list[int]) -> int:
     for a, b in itertools.pairwise(sizes):
         peak = max(peak, a + b)
     return peak
+
+
+_TEMP_NAMES = {
+    ("adam", "foreach"): "{} foreach temporary",
+    ("adamw", "foreach"): "{} foreach temporary",
+    ("adam", "for-loop"): "{} for-loop temporaries",
+    ("adamw", "for-loop"): "{} for-loop temporaries",
+    ("sgd", "foreach"): "{} foreach gradient copy",
+    ("sgd", "for-loop"): "{} gradient copy",
+    ("adafactor", "foreach"): "{} foreach variance estimate",
+    ("adafactor", "for-loop"): "{} variance estimate",
+}
+"""What the temporary inside ``step()`` is, by (kind, implementation)."""
 
 
 def kind_of(opt: dict[str, Any]) -> str:
@@ -101,6 +118,9 @@ def optimizer_memory(opt: dict[str, Any] | None, device: str | None = None) -> O
         if isinstance(g, dict) and (device is None or g.get("device") == device)
     ]
     mem = OptimizerMemory(kind=kind, present=_n(opt.get("state_bytes")) > 0)
+    cls = str(opt.get("class") or kind)[:40]
+    mem.state_name = f"{cls} state"
+    mem.temp_name = _TEMP_NAMES.get((kind, impl), f"{cls} step temporaries").format(cls)
     by_group: dict[int, list[dict[str, Any]]] = {}
     for g in groups:
         by_group.setdefault(_n(g.get("group")), []).append(g)

@@ -30,6 +30,7 @@ from ._graph import (
     Simulation,
     simulate,
 )
+from ._measured import measured_bytes, simulate_measured
 from ._optim import OptimizerMemory, optimizer_memory
 from ._transformer import ROLES, Arch, record
 
@@ -72,8 +73,15 @@ class Prediction:
         phases: ``(phase, first_step)`` -> :class:`PhaseMemory`.
         peak_bytes: The highest predicted total over all phases and steps.
         peak_phase: ``(phase, first_step)`` where that peak is.
-        activations_known: False when the facts lack a transformer shape or batch shape:
-            activations and the temporaries around them are then left out, not guessed.
+        activations_known: False when the facts hold neither a transformer shape with a
+            batch shape nor measured activations: activations and the temporaries around
+            them are then left out, not guessed.
+        activations_source: ``"formula"`` (the transformer's shape), ``"measured"`` (what
+            autograd saved in the first training forward) or None (unknown).
+        activations_formula, activations_measured: Bytes saved by a training forward (amp
+            copies included) by each source, None where that source has none.
+        findings: Disagreements worth the user's attention, one line each (the formula
+            against the measurement).
         notes: Assumptions and gaps, one line each.
         optimizer: The optimizer rules' result.
         peak_at: Phase -> where in it the peak falls (0 to 1), for the curve.
@@ -84,8 +92,13 @@ class Prediction:
     peak_phase: tuple[str, bool]
     activations_known: bool
     notes: list[str] = field(default_factory=list)
+    activations_source: str | None = None
+    activations_formula: int | None = None
+    activations_measured: int | None = None
+    findings: list[str] = field(default_factory=list)
     optimizer: OptimizerMemory = field(default_factory=OptimizerMemory)
     peak_at: dict[str, float] = field(default_factory=dict)
+    accumulating: dict[bool, Breakdown] = field(default_factory=dict)
 
 
 def total(b: Breakdown) -> int:
@@ -125,7 +138,11 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     notes: list[str] = []
     tf = _dict(facts.get("transformer"))
     batch = _dict(facts.get("batch"))
-    need = ("layers", "hidden", "heads", "vocab")
+    image = _dict(tf.get("image"))
+    # A vision transformer has no vocabulary (its input is an image cut into patches), nor
+    # an encoder with a pooler or a classifier: no LM head, no logits.
+    no_lm = bool(image) or tf.get("head") in ("pooler", "classifier", "none")
+    need = ("layers", "hidden", "heads") + (() if no_lm else ("vocab",))
     if not tf or any(_n(tf.get(k)) <= 0 for k in need):
         return None, ["activations unknown: no transformer shape in the facts"]
     if _n(tf.get("layers")) > MAX_LAYERS:
@@ -145,7 +162,8 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         attention = "sdpa" if "flash" not in attention else "flash_attention_2"
     mlp = "gated" if tf.get("mlp") in ("gated", "swiglu", "geglu") else "gelu"
     act = tf.get("activation")
-    if act and act not in ("gelu", "gelu_pytorch_tanh", "silu", "swish", "relu", "gelu_fast"):
+    fused_acts = ("gelu", "gelu_pytorch_tanh", "silu", "swish", "relu", "gelu_new")
+    if act and act not in fused_acts:
         notes.append(f"activation {act!r} modelled as one fused op (it may keep more)")
     drop = _dict(tf.get("dropout"))
     lora = _dict(tf.get("lora"))
@@ -168,6 +186,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         norm="rmsnorm" if tf.get("norm") == "rmsnorm" else "layernorm",
         norm_upcast=bool(tf.get("norm_upcast", tf.get("norm") == "rmsnorm")),
         mlp=mlp,
+        activation="gelu_new" if act == "gelu_new" else "gelu",
         fused_qkv=bool(tf.get("fused_qkv", mlp != "gated")),
         rope=bool(tf.get("rope", mlp == "gated")),
         softmax_fp32=bool(tf.get("softmax_fp32", mlp == "gated")),
@@ -181,6 +200,9 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         lora_rank=_n(lora.get("rank")),
         lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
         checkpointing=ckpt,
+        head_transform=bool(tf.get("head_transform")),
+        parallel_residual=bool(tf.get("parallel_residual")),
+        image_elements=(_n(image.get("channels")) * _n(image.get("size")) ** 2 if image else 0),
     )
     if arch.device == "cpu" and arch.attn_dropout > 0 and arch.attention != "eager":
         notes.append("SDPA with dropout on the CPU takes the math path: modelled as eager")
@@ -220,9 +242,30 @@ def predict(facts: dict[str, Any]) -> Prediction:
         except (ValueError, ZeroDivisionError, OverflowError) as exc:  # odd shapes
             notes.append(f"activations unknown: {exc}")
             sim = None
+    act = _dict(facts.get("activations"))
+    measured = measured_bytes(act)
+    source = formula = None
+    findings: list[str] = []
+    if sim is not None:
+        source = "formula"
+        formula = sim.forward_end.saved + sim.forward_end.amp
+        if measured is not None:
+            findings.extend(_disagreement(formula, sum(measured)))
+            notes[:] = [n for n in notes if not n.startswith("activations unknown")]
+    elif measured is not None:
+        sim = simulate_measured(act)
+        source = "measured"
+        notes[:] = [n for n in notes if not n.startswith("activations unknown")]
+        if sim is not None:
+            notes.append(
+                "activations measured (what autograd saved in the first training forward);"
+                " transients estimated from module outputs"
+            )
+    notes.extend(_measurement_notes(act))
     # The recorder counts the gradients of the weights it models; the facts know them all.
     grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
     phases: dict[tuple[str, bool], PhaseMemory] = {}
+    accumulating: dict[bool, Breakdown] = {}
     for first in (True, False):
         state_now = opt.state if (opt.present or not first) else 0
         base = {c: 0 for c in CATEGORIES}
@@ -240,6 +283,10 @@ def predict(facts: dict[str, Any]) -> Prediction:
             phases["backward", first] = PhaseMemory(
                 fwd_end, _with(base, _moment(sim.backward_peak, grad_scale)), bwd_end
             )
+            if sim.accumulating_peak is not None:
+                acc = _with(base, _moment(sim.accumulating_peak, grad_scale))
+                acc[GRADIENTS] += grads
+                accumulating[first] = acc
             eval_base = after if not first else base
             phases["eval", first] = PhaseMemory(
                 eval_base, _with(eval_base, _moment(sim.eval_peak, grad_scale)), eval_base
@@ -255,6 +302,13 @@ def predict(facts: dict[str, Any]) -> Prediction:
         zg_start = dict(step_end)
         zg_end = dict(zg_start, **{GRADIENTS: 0})
         phases["zero_grad", first] = PhaseMemory(zg_start, zg_start, zg_end)
+    held = _n(act.get("held_output_bytes")) if measured is not None else 0
+    if held:
+        _hold(phases, accumulating, held)
+        notes.append(
+            f"the model's outputs ({_gib(held)}) were still referenced when backward began:"
+            " counted as activations through the step, until the next forward replaces them"
+        )
     peak_key = max(phases, key=lambda k: total(phases[k].peak))
     return Prediction(
         phases=phases,
@@ -262,12 +316,83 @@ def predict(facts: dict[str, Any]) -> Prediction:
         peak_phase=peak_key,
         activations_known=sim is not None,
         notes=notes,
+        activations_source=source,
+        activations_formula=formula,
+        activations_measured=sum(measured) if measured is not None else None,
+        findings=findings,
         optimizer=opt,
+        accumulating=accumulating,
         peak_at={
             "forward": sim.forward_peak_at if sim else 1.0,
             "backward": sim.backward_peak_at if sim else 1.0,
         },
     )
+
+
+def _hold(
+    phases: dict[tuple[str, bool], PhaseMemory], accumulating: dict[bool, Breakdown], held: int
+) -> None:
+    """Add outputs the training loop keeps (``logits = model(x)``) where they are alive:
+    from the end of the first forward on, through the next forward (the old ones are
+    replaced only when it returns); not in eval."""
+    for (name, first), pm in list(phases.items()):
+        if name == "eval":
+            continue
+        # Copies: one breakdown may stand for several moments (a phase's end, the next
+        # one's start).
+        start, peak, end = dict(pm.start), dict(pm.peak), dict(pm.end)
+        for b in (end,) if (name == "forward" and first) else (start, peak, end):
+            b[ACTIVATIONS] = b.get(ACTIVATIONS, 0) + held
+        phases[name, first] = PhaseMemory(start, peak, end)
+    for first, b in list(accumulating.items()):
+        accumulating[first] = dict(b, **{ACTIVATIONS: b.get(ACTIVATIONS, 0) + held})
+
+
+FINDING = 0.10
+"""Formula and measurement disagreeing by more than this (relative) is a finding."""
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _disagreement(formula: int, measured: int) -> list[str]:
+    """A finding when the shape formula and the measurement disagree."""
+    if measured <= 0 or abs(formula - measured) <= FINDING * measured:
+        return []
+    off = (formula - measured) / measured
+    return [
+        f"activations: the formula gives {_gib(formula)}, autograd saved {_gib(measured)}"
+        f" in the first training forward ({off:+.0%}): the formula does not know something"
+        " this model does (its figures are used; the measurement is the truth for this"
+        " batch)"
+    ]
+
+
+def _measurement_notes(act: dict[str, Any]) -> list[str]:
+    """What the activations measurement could not see."""
+    out = []
+    if act.get("skipped"):
+        out.append(f"activations not measured: {str(act['skipped'])[:80]}")
+    for key, what in (
+        ("offloaded_bytes", "moved off the device by your saved-tensor hooks"),
+        ("opaque_bytes", "packed by your saved-tensor hooks (checkpointing, a custom store)"),
+    ):
+        n = _n(act.get(key))
+        if n:
+            out.append(f"activations: {_gib(n)} saved and {what}, not counted on the device")
+    recomputed = [
+        m for m in act.get("modules") or [] if isinstance(m, dict) and m.get("recomputed")
+    ]
+    if recomputed:
+        out.append(
+            f"activations: {len(recomputed)} modules ran under activation checkpointing;"
+            " what backward's recomputation keeps was not measured (the backward peak"
+            " can be higher)"
+        )
+    if act.get("error"):
+        out.append(f"activations measurement: {str(act['error'])[:100]}")
+    return out
 
 
 def breakdown(prediction: Prediction, phase_name: str, first_step: bool = False) -> Breakdown:

@@ -35,15 +35,44 @@ _OPTIMIZER_CLASS = {
 SMALL_TENSOR = 4096  # bitsandbytes' min_8bit_size
 
 
+ARCHS = ("gpt", "llama", "bert", "roberta", "neox", "vit")
+"""Layouts whose parameters are listed tensor by tensor (counts checked against
+Hugging Face's models in ``tests/test_estimate_cli.py``)."""
+
+# HF model_type -> layout. Families not listed are refused: a count that looks right but
+# is not (an encoder modelled as LLaMA) is worse than no estimate.
+MODEL_TYPES = {
+    "gpt2": "gpt",
+    "llama": "llama",
+    "mistral": "llama",
+    "bert": "bert",
+    "roberta": "roberta",
+    "gpt_neox": "neox",
+    "vit": "vit",
+}
+
+HEADS = ("lm", "mlm", "pooler", "classifier", "none")
+"""What sits on top of the layers: an LM head (decoders), BERT's MLM head, a pooler
+(``BertModel``, ``ViTModel``), an image classifier, or nothing."""
+
+
 @dataclass
 class ModelShape:
-    """A decoder-only transformer's shape.
+    """A transformer's shape, enough to list every parameter tensor.
 
     Attributes:
-        arch: ``"gpt"`` (GPT-2: LayerNorm, fused QKV, GeLU MLP, learned positions, biases)
-            or ``"llama"`` (RMSNorm, q/k/v projections, SwiGLU, rotary, no biases).
-        tied: LM head shares the token embedding (GPT-2 default; LLaMA unties).
-        max_positions: Learned position table size (GPT only; default ``seq``).
+        arch: ``"gpt"`` (GPT-2: LayerNorm, fused QKV, GeLU MLP, learned positions, biases),
+            ``"llama"`` (RMSNorm, q/k/v projections, SwiGLU, rotary, no biases),
+            ``"bert"`` / ``"roberta"`` (post-norm encoder: word, position and token-type
+            embeddings, q/k/v with biases, GeLU MLP), ``"neox"`` (GPT-NeoX / Pythia:
+            fused QKV with biases, parallel attention and MLP, rotary, untied output) or
+            ``"vit"`` (patch embedding, CLS token, pre-norm encoder, no vocabulary).
+        tied: LM head shares the token embedding (GPT-2, BERT's MLM head; not LLaMA).
+        max_positions: Learned position table size (default ``seq``).
+        head: One of :data:`HEADS` (default: ``lm`` for decoders, ``mlm`` for BERT and
+            RoBERTa, ``classifier`` for ViT).
+        type_vocab: Token-type embeddings (BERT 2, RoBERTa 1).
+        image_size, patch_size, channels, labels: ViT's input and classifier.
     """
 
     layers: int
@@ -55,9 +84,18 @@ class ModelShape:
     intermediate: int | None = None
     tied: bool | None = None
     max_positions: int | None = None
+    head: str | None = None
+    type_vocab: int | None = None
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
+    labels: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "vocab"):
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown layout {self.arch!r} (one of {', '.join(ARCHS)})")
+        names = ("layers", "hidden", "heads") + (("vocab",) if self.arch != "vit" else ())
+        for name in names:
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.hidden % self.heads:
@@ -66,34 +104,77 @@ class ModelShape:
         if self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} is not a multiple of kv heads {self.kv_heads}")
         if not self.intermediate:
-            self.intermediate = 4 * self.hidden if self.arch == "gpt" else 8 * self.hidden // 3
+            gated = self.arch == "llama"
+            self.intermediate = 8 * self.hidden // 3 if gated else 4 * self.hidden
+        if self.head is None:
+            self.head = {"bert": "mlm", "roberta": "mlm", "vit": "classifier"}.get(self.arch, "lm")
+        if self.head not in HEADS:
+            raise ValueError(f"unknown head {self.head!r}")
         if self.tied is None:
-            self.tied = self.arch == "gpt"
+            self.tied = self.arch in ("gpt", "bert", "roberta")
+        if self.type_vocab is None:
+            self.type_vocab = {"bert": 2, "roberta": 1}.get(self.arch, 0)
+        if self.arch == "vit" and (self.image_size <= 0 or self.patch_size <= 0):
+            raise ValueError("image and patch sizes must be positive")
+
+    @property
+    def patches(self) -> int:
+        """ViT's sequence: one token per patch, plus CLS."""
+        return (self.image_size // self.patch_size) ** 2 + 1
 
     def tensors(self, seq: int) -> list[tuple[int, ...]]:
         """Every parameter tensor's shape."""
         h, f, v = self.hidden, self.intermediate or 0, self.vocab
         kv = (self.kv_heads or self.heads) * (h // self.heads)
-        out: list[tuple[int, ...]] = [(v, h)]
+        lin = [(h, h), (h,)]  # a Linear(h, h) with bias
+        ln = [(h,), (h,)]
+        out: list[tuple[int, ...]]
         if self.arch == "gpt":
-            out.append((self.max_positions or seq, h))
-            layer = [(h,), (h,), (3 * h, h), (3 * h,), (h, h), (h,), (h,), (h,)]
-            layer += [(f, h), (f,), (h, f), (h,)]
-            final = [(h,), (h,)]
-        else:
+            out = [(v, h), (self.max_positions or seq, h)]
+            layer = [*ln, (3 * h, h), (3 * h,), *lin, *ln, (f, h), (f,), (h, f), (h,)]
+            final = ln
+        elif self.arch == "llama":
+            out = [(v, h)]
             layer = [(h,), (h, h), (kv, h), (kv, h), (h, h), (h,), (f, h), (f, h), (h, f)]
             final = [(h,)]
+        elif self.arch in ("bert", "roberta"):
+            out = [(v, h), (self.max_positions or seq, h), (self.type_vocab or 1, h), *ln]
+            layer = [*lin, *lin, *lin, *lin, *ln, (f, h), (f,), (h, f), (h,), *ln]
+            final = []
+        elif self.arch == "neox":
+            out = [(v, h)]
+            layer = [*ln, *ln, (3 * h, h), (3 * h,), *lin, (f, h), (f,), (h, f), (h,)]
+            final = ln
+        else:  # vit
+            p, c = self.patch_size, self.channels
+            out = [(1, 1, h), (1, self.patches, h), (h, c, p, p), (h,)]
+            layer = [*ln, *lin, *lin, *lin, *lin, *ln, (f, h), (f,), (h, f), (h,)]
+            final = ln
         out += layer * self.layers + final
-        if not self.tied:
+        if self.head == "lm" and not self.tied:
             out.append((v, h))
+        elif self.head == "mlm":
+            out += [*lin, *ln, (v,)]  # transform, LayerNorm, the decoder's own bias
+            if not self.tied:
+                out.append((v, h))
+        elif self.head == "pooler":
+            out += lin
+        elif self.head == "classifier":
+            out += [(self.labels, h), (self.labels,)]
         return out
 
+    def count(self, seq: int) -> int:
+        """Parameters in all."""
+        return sum(_numel(s) for s in self.tensors(seq))
+
     def lora_tensors(self, rank: int) -> list[tuple[int, ...]]:
-        """LoRA A and B for q and v in every layer (PEFT's LLaMA defaults)."""
+        """LoRA A and B for q and v in every layer (PEFT's defaults)."""
         h = self.hidden
         kv = (self.kv_heads or self.heads) * (h // self.heads)
-        q_out = 3 * h if self.arch == "gpt" else h
-        per = [(rank, h), (q_out, rank)] + ([] if self.arch == "gpt" else [(rank, h), (kv, rank)])
+        if self.arch in ("gpt", "neox"):  # one fused QKV matrix
+            per = [(rank, h), (3 * h, rank)]
+        else:
+            per = [(rank, h), (h, rank), (rank, h), (kv, rank)]
         return per * self.layers
 
 
@@ -131,9 +212,47 @@ def _bucket(shapes: list[tuple[int, ...]], elt: int, dtype: str) -> dict[str, An
     }
 
 
-def shape_from_config(config: dict[str, Any]) -> ModelShape:
-    """A :class:`ModelShape` from a Hugging Face ``config.json`` dict."""
-    from ..instrument._facts import _CONFIG_NAMES  # the same names the script reads
+@dataclass
+class FromConfig:
+    """What a config says: the shape, the settings it implies, and what was assumed.
+
+    Attributes:
+        shape: The model's shape.
+        seq: The sequence length the config implies (positions, or ViT's patches).
+        dropout: Dropout probabilities found in the config (``attn``, ``resid``, ``embd``).
+        activation: The config's activation name, if any.
+        assumed: One line per assumption, for the user to check.
+    """
+
+    shape: ModelShape
+    seq: int | None
+    dropout: dict[str, float]
+    activation: str | None
+    assumed: list[str]
+
+
+_HEAD_SUFFIXES = (
+    ("ForMaskedLM", "mlm"),
+    ("ForCausalLM", "lm"),
+    ("LMHeadModel", "lm"),
+    ("ForImageClassification", "classifier"),
+    ("Model", "pooler"),
+)
+
+
+def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromConfig:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` dict.
+
+    Args:
+        config: The parsed config.
+        arch: A layout of :data:`ARCHS` given by the user, for a config without (or with
+            an unknown) ``model_type``.
+
+    Raises:
+        ValueError: A family or head this module cannot list exactly, or a config that
+            lacks the shape; the message is one line for the user.
+    """
+    from ..instrument._facts import _CONFIG_NAMES, _DROPOUT_NAMES  # the names scripts read
 
     def pick(key: str) -> int | None:
         for name in _CONFIG_NAMES[key]:
@@ -142,25 +261,90 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
                 return v
         return None
 
-    missing = [k for k in ("layers", "hidden", "heads", "vocab") if pick(k) is None]
+    model_type = str(config.get("model_type") or "")
+    layout = arch or MODEL_TYPES.get(model_type)
+    if layout is None:
+        known = ", ".join(MODEL_TYPES)
+        what = f"model_type {model_type!r}" if model_type else "no model_type"
+        raise ValueError(
+            f"config has {what}; estimate lists the parameters of {known} exactly:"
+            " give --arch to use one of their layouts, or --trace MODULE:FUNCTION"
+        )
+    needed = ("layers", "hidden", "heads") + (() if layout == "vit" else ("vocab",))
+    missing = [k for k in needed if pick(k) is None]
     if missing:
         raise ValueError(f"config has no {', '.join(missing)}")
-    model_type = str(config.get("model_type", ""))
-    act = str(config.get("hidden_act") or config.get("activation_function") or "")
-    gpt_like = model_type in ("gpt2", "gpt_neo", "gptj", "gpt_bigcode", "opt") or (
-        "gelu" in act and "intermediate_size" not in config
-    )
-    return ModelShape(
+    assumed: list[str] = []
+    if arch and model_type and MODEL_TYPES.get(model_type) != arch:
+        assumed.append(f"layout {arch} (--arch) for model_type {model_type!r}")
+    head = None
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        name = archs[0]
+        head = next((h for suffix, h in _HEAD_SUFFIXES if name.endswith(suffix)), None)
+        if head is None:
+            raise ValueError(
+                f"config architecture {name}: estimate knows the heads of ...ForMaskedLM,"
+                " ...ForCausalLM, ...LMHeadModel, ...ForImageClassification and ...Model"
+            )
+        if head == "pooler" and layout in ("gpt", "llama", "neox"):
+            head = "none"  # GPT2Model, LlamaModel: no head at all
+    labels = config.get("num_labels")
+    if not isinstance(labels, int) or isinstance(labels, bool):
+        id2label = config.get("id2label")
+        labels = len(id2label) if isinstance(id2label, dict) and id2label else 2
+    gpt_like = layout in ("gpt", "bert", "roberta")
+    tied = config.get("tie_word_embeddings")
+    shape = ModelShape(
         layers=pick("layers") or 0,
         hidden=pick("hidden") or 0,
         heads=pick("heads") or 0,
         vocab=pick("vocab") or 0,
-        arch="gpt" if gpt_like else "llama",
+        arch=layout,
         kv_heads=pick("kv_heads"),
         intermediate=pick("intermediate"),
-        tied=config.get("tie_word_embeddings", True if gpt_like else None),
+        tied=tied if isinstance(tied, bool) else gpt_like,
         max_positions=pick("max_positions"),
+        head=head,
+        type_vocab=config.get("type_vocab_size") if layout in ("bert", "roberta") else None,
+        image_size=int(config.get("image_size") or 224),
+        patch_size=int(config.get("patch_size") or 16),
+        channels=int(config.get("num_channels") or 3),
+        labels=int(labels),
     )
+    if head is None:
+        assumed.append(f"head: {shape.head} (the config names no architecture)")
+    else:
+        assumed.append(f"head: {shape.head} ({archs[0]})")
+    if layout == "vit":
+        seq: int | None = shape.patches
+        assumed.append(f"sequence {seq}: ({shape.image_size}/{shape.patch_size})² patches and CLS")
+    else:
+        seq = shape.max_positions
+        if layout == "roberta" and seq and seq > 2:
+            seq -= 2  # RoBERTa's table starts after the padding index
+        if seq:
+            assumed.append(f"sequence length {seq} (the config's positions; --seq to change)")
+    dropout = {}
+    for key, names in _DROPOUT_NAMES.items():
+        for name in names:
+            v = config.get(name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                dropout[key] = float(v)
+                break
+    act = config.get("hidden_act") or config.get("activation_function")
+    return FromConfig(shape, seq, dropout, act if isinstance(act, str) else None, assumed)
+
+
+_LAYOUT = {
+    # arch -> (norm, mlp, fused_qkv, rope, learned positions, bias)
+    "gpt": ("layernorm", "gelu", True, False, True, True),
+    "llama": ("rmsnorm", "gated", False, True, False, False),
+    "bert": ("layernorm", "gelu", False, False, True, True),
+    "roberta": ("layernorm", "gelu", False, False, True, True),
+    "neox": ("layernorm", "gelu", True, True, False, True),
+    "vit": ("layernorm", "gelu", False, False, True, True),
+}
 
 
 def facts_from_shape(
@@ -175,6 +359,8 @@ def facts_from_shape(
     attention: str = "sdpa",
     checkpointing: bool = False,
     lora_rank: int = 0,
+    dropout: dict[str, float] | None = None,
+    activation: str | None = None,
 ) -> dict[str, Any]:
     """The facts a training script with this model and settings would send.
 
@@ -186,6 +372,8 @@ def facts_from_shape(
         precision, optimizer, impl, attention: As ``gpuwatch estimate`` takes them.
         checkpointing: Activation checkpointing of every layer.
         lora_rank: Freeze the model and train LoRA adapters of this rank on q and v.
+        dropout: Dropout probabilities (``attn``, ``resid``, ``embd``); none by default.
+        activation: The MLP's activation (``gelu_new`` is recorded op by op).
     """
     if precision not in _PRECISION:
         raise ValueError(f"unknown precision {precision!r}")
@@ -260,28 +448,45 @@ def facts_from_shape(
     }
     if shape is not None:
         roles = ("q", "k", "v", "o", "gate", "up", "down", "norm", "embed", "head")
-        gpt = shape.arch == "gpt"
-        facts["transformer"] = {
+        norm, mlp, fused, rope, learned, bias = _LAYOUT[shape.arch]
+        lm = shape.head in ("lm", "mlm")
+        tf: dict[str, Any] = {
             "source": "estimate",
+            "model_type": shape.arch,
             "layers": shape.layers,
             "hidden": shape.hidden,
             "heads": shape.heads,
             "kv_heads": shape.kv_heads,
             "intermediate": shape.intermediate,
-            "vocab": shape.vocab,
+            "vocab": shape.vocab if lm else 0,
+            "head": shape.head,
             "attention": attention,
-            "norm": "layernorm" if gpt else "rmsnorm",
-            "norm_upcast": not gpt,
-            "mlp": "gelu" if gpt else "gated",
-            "fused_qkv": gpt,
-            "rope": not gpt,
-            "softmax_fp32": not gpt,
-            "learned_positions": gpt,
+            "norm": norm,
+            "norm_upcast": norm == "rmsnorm",
+            "mlp": mlp,
+            "fused_qkv": fused,
+            "rope": rope,
+            "softmax_fp32": shape.arch == "llama",
+            "learned_positions": learned,
             "tied_embeddings": bool(shape.tied),
-            "bias": gpt,
+            "bias": bias,
+            "dropout": {k: float(v) for k, v in (dropout or {}).items()},
             "trainable": {r: not lora_rank for r in roles},
             **({"lora": {"rank": lora_rank, "targets": ["q", "v"]}} if lora_rank else {}),
         }
+        if activation:
+            tf["activation"] = activation
+        if shape.head == "mlm":
+            tf["head_transform"] = True
+        if shape.arch == "neox":
+            tf["parallel_residual"] = True
+        if shape.arch == "vit":
+            tf["image"] = {
+                "channels": shape.channels,
+                "size": shape.image_size,
+                "patch": shape.patch_size,
+            }
+        facts["transformer"] = tf
     if batch and seq:
         facts["batch"] = {"shape": [batch, seq], "batch": batch, "seq": seq, "autocast": amp}
     return facts

@@ -46,6 +46,9 @@ class Arch:
         norm: ``"layernorm"`` or ``"rmsnorm"``.
         norm_upcast: RMSNorm computed in fp32 and cast back (Hugging Face's LlamaRMSNorm).
         mlp: ``"gelu"`` (two matrices) or ``"gated"`` (SwiGLU/GeGLU: three).
+        activation: ``"gelu_new"`` for GPT-2's tanh GeLU written out in Python (HF
+            ``NewGELUActivation``: several ops, each keeping its own tensors); anything
+            else is one fused op that keeps its input.
         fused_qkv: One QKV matrix (GPT-2) instead of q/k/v projections.
         rope: Rotary position embeddings applied to Q and K.
         softmax_fp32: Eager softmax computed in fp32 and cast back (HF LLaMA).
@@ -57,6 +60,12 @@ class Arch:
         lora_rank: LoRA rank (0: none); ``lora_targets``: the roles it adapts.
         checkpointing: Each layer runs under activation checkpointing.
         upcast_logits: The loss upcasts logits to fp32 (HF ForCausalLMLoss).
+        head_transform: BERT's MLM head: dense, GeLU and LayerNorm before the logits.
+        parallel_residual: Attention and MLP read the same input (GPT-NeoX):
+            ``x + attn(ln1(x)) + mlp(ln2(x))``.
+        image_elements: Pixels per image (channels x size²) of a vision transformer,
+            whose patch embedding keeps its input; 0 for token inputs. ``vocab`` 0 means
+            no LM head: a classifier on the CLS token instead.
     """
 
     layers: int
@@ -75,6 +84,7 @@ class Arch:
     norm: str = "layernorm"
     norm_upcast: bool = False
     mlp: str = "gelu"
+    activation: str = "gelu"
     fused_qkv: bool = True
     rope: bool = False
     softmax_fp32: bool = False
@@ -89,6 +99,9 @@ class Arch:
     lora_targets: tuple[str, ...] = ()
     checkpointing: bool = False
     upcast_logits: bool = True
+    head_transform: bool = False
+    parallel_residual: bool = False
+    image_elements: int = 0
 
     def __post_init__(self) -> None:
         self.kv_heads = self.kv_heads or self.heads
@@ -257,12 +270,19 @@ class _Recorder:
         self.op([x], [out])
         return out
 
-    def rope(self, x: Tensor) -> Tensor:
-        """``x * cos + rotate_half(x) * sin``: cos/sin need no grad, so nothing big is kept."""
-        t1 = self.unary(x)
-        half = self.new(self.numel(x) // 2, x.elt, x.rg)
+    def rope(self, x: Tensor, numel: int | None = None) -> Tensor:
+        """``x * cos + rotate_half(x) * sin``: cos/sin need no grad, so nothing big is kept.
+
+        Args:
+            x: Q or K, or the fused QKV tensor they are views of.
+            numel: Their size, when ``x`` is the fused tensor.
+        """
+        n = numel if numel is not None else self.numel(x)
+        t1 = self.new(n, x.elt, x.rg)
+        self.op([x], [t1])
+        half = self.new(n // 2, x.elt, x.rg)
         self.op([x], [half])  # -x2
-        rot = self.new(self.numel(x), x.elt, x.rg)
+        rot = self.new(n, x.elt, x.rg)
         self.op([half, x], [rot])  # cat
         t2 = self.unary(rot)
         return self.add(t1, t2)
@@ -273,9 +293,10 @@ class _Recorder:
         d = a.head_dim or h // heads
         kv = (a.kv_heads or heads) * d
         q_n = full = b * s * heads * d
+        qkv_t = None
         if a.fused_qkv:
             qkv = self.linear(x, h, heads * d + 2 * kv, f"{layer}.qkv", "q")
-            q = k = v = qkv
+            q = k = v = qkv_t = self.lp_op(qkv)
             k_n = v_n = b * s * kv
         else:
             q = self.linear(x, h, heads * d, f"{layer}.q", "q")
@@ -283,8 +304,8 @@ class _Recorder:
             v = self.linear(x, h, kv, f"{layer}.v", "v")
             k_n = v_n = b * s * kv
         if a.rope:
-            q = self.rope(q)
-            k = self.rope(k)
+            q = self.rope(q, q_n)
+            k = self.rope(k, k_n)
         repeated = a.attention != "flash_attention_2" and kv != heads * d
         if repeated:
             # HF repeat_kv: expand + reshape, a copy at the full head count (eager and
@@ -317,6 +338,12 @@ class _Recorder:
             # Flash/memory-efficient SDPA keeps Q, K, V, the output and a log-sum-exp, no
             # s×s matrix (Dao et al. 2022); its output transposes back without a copy.
             qs, ks, vs = self.lp_op(q), self.lp_op(k), self.lp_op(v)
+            if a.device == "cpu" and a.fused_qkv:
+                # The CPU kernel makes strided views of the fused QKV contiguous (and
+                # keeps the copies); CUDA's kernels take the views and keep the storage.
+                qs = self.copy(qs, q_n) if qs is qkv_t else qs
+                ks = self.copy(ks, k_n) if ks is qkv_t else ks
+                vs = self.copy(vs, v_n) if vs is qkv_t else vs
             y = self.new(q_n, qs.elt, qs.rg or ks.rg or vs.rg)
             lse = self.new(b * heads * s, 4, False)
             keep = [qs, ks, vs, y, lse] if y.rg else []
@@ -334,12 +361,35 @@ class _Recorder:
             inner = self.mul(act, up)
         else:
             fc = self.linear(x, h, f, f"{layer}.up", "up")
-            inner = self.unary(fc, save_input=True)  # gelu keeps its input
+            if a.activation == "gelu_new":
+                inner = self.gelu_new(fc)
+            else:
+                inner = self.unary(fc, save_input=True)  # gelu keeps its input
         out = self.linear(inner, f, h, f"{layer}.down", "down")
         return self.dropout(out, a.resid_dropout)
 
+    def gelu_new(self, x: Tensor) -> Tensor:
+        """HF ``NewGELUActivation``: ``0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))``.
+
+        pow keeps its input (in fp32 under CUDA autocast: pow is on its float32 list,
+        so the sum and tanh are fp32 too); tanh keeps its output; the final product keeps
+        both factors. Scalar multiplications and additions keep nothing.
+        """
+        cubed = self.unary(self.fp32_op(x), save_input=True)  # pow(x, 3)
+        inner = self.unary(self.add(x, self.unary(cubed)))  # c * (x + 0.044715 * x**3)
+        t = self.unary(inner, save_output=True)  # tanh
+        return self.mul(self.unary(x), self.unary(t))  # (0.5 * x) * (1 + t)
+
     def block(self, x: Tensor, layer: int) -> Tensor:
-        """A pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+        """A pre-norm decoder layer: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
+
+        (BERT's post-norm layer keeps the same tensors: each LayerNorm's input, each
+        linear's input. GPT-NeoX's parallel layer reads ``x`` twice, kept once.)
+        """
+        if self.a.parallel_residual:
+            attn = self.attention(self.norm(x, f"{layer}.norm1"), layer)
+            mlp = self.mlp(self.norm(x, f"{layer}.norm2"), layer)
+            return self.add(self.add(x, attn), mlp)
         x = self.add(x, self.attention(self.norm(x, f"{layer}.norm1"), layer))
         return self.add(x, self.mlp(self.norm(x, f"{layer}.norm2"), layer))
 
@@ -349,8 +399,15 @@ class _Recorder:
         h = a.hidden
         rows = self.rows
         embed = a.trains("embed")
-        x = self.new(rows * h, a.param_elt, embed)
-        self.op([], [x], [], [("embed", a.vocab * h * a.param_elt)] if embed else [])
+        if a.image_elements:
+            # Patch embedding: a strided conv of the image (kept for the weight's gradient).
+            pixels = self.new(a.batch * a.image_elements, a.param_elt, False)
+            self.op([], [pixels])
+            x = self._linear(pixels, a.image_elements // max(1, a.seq - 1), h, "patch", embed, True)
+            x = self.copy(x, rows * h)  # cat with the CLS token
+        else:
+            x = self.new(rows * h, a.param_elt, embed)
+            self.op([], [x], [], [("embed", a.vocab * h * a.param_elt)] if embed else [])
         if a.learned_positions:
             pos = self.new(a.seq * h, a.param_elt, embed)
             self.op([], [pos], [], [("pos", a.seq * h * a.param_elt)] if embed else [])
@@ -361,6 +418,18 @@ class _Recorder:
             x = self.block(x, layer)
         self.region = None
         x = self.norm(x, "norm_f")
+        if not a.vocab:
+            # No vocabulary (ViT): a classifier on the CLS token; logits and loss are tiny.
+            cls = self.new(a.batch * h, x.elt, x.rg)
+            self.op([x], [cls])  # select the CLS row: a view, its backward scatters
+            logits = self._linear(cls, h, 1000, "classifier", a.trains("head"), True)
+            loss = self.new(1, 4, logits.rg)
+            self.op([self.unary(self.cast(logits, 4), save_output=True)], [loss])
+            return loss
+        if a.head_transform:
+            # BERT's MLM head: dense, GeLU, LayerNorm, then the (tied) decoder.
+            t = self.linear(x, h, h, "head.dense", "head")
+            x = self.norm(self.unary(t, save_input=True), "head.norm")
         head_trains = a.trains("embed") if a.tied else a.trains("head")
         key = "embed" if a.tied else "head"
         logits = self._linear(x, h, a.vocab, key, head_trains, False)

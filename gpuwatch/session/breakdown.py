@@ -1,8 +1,10 @@
 """Where every byte of a GPU went at one moment: the breakdown bar's arithmetic.
 
 Measured parts come from NVML (device used, per-process used) and the scripts' allocator
-figures; the allocated part is split by the predictor's categories, and whatever the
-prediction does not explain is shown as such, negative too.
+figures; the allocated part is split by the predictor's categories. Nothing is scaled to
+fit: known figures keep their size, what the prediction does not explain is shown as
+such, a prediction above what is allocated is named as an over-prediction, and used
+memory that no process claims is a segment of its own, never drawn as free.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from .session import Session
 PART_ORDER = (
     "other",
     "context",
+    "unclaimed",
+    "fragmented",
     "cache",
     "weights",
     "amp_copies",
@@ -39,10 +43,16 @@ class Breakdown:
         used: NVML "used" (what nvidia-smi shows).
         other: Used by processes gpuwatch does not instrument (from NVML's process list).
         context: NVML's figure for the instrumented processes minus their reserved bytes:
-            the CUDA context, NCCL buffers and anything allocated outside torch.
+            the CUDA context, NCCL buffers and anything allocated outside torch. Unknown
+            without NVML's process list (containers often hide it).
+        unclaimed: Used memory no process accounts for: without a process list, all that
+            is not torch's reserved (contexts, other processes); with one, what the list
+            leaves out (processes of other containers, the driver).
         reserved: torch reserved, summed over instrumented processes.
         allocated: torch allocated, summed.
         cache: reserved - allocated: the caching allocator's free blocks.
+        fragmented: The part of the cache in inactive blocks of split segments (the
+            allocator's ``inactive_split_bytes``): free but unusable for a larger request.
         predicted: Predicted bytes by category (sums over processes), if any prediction.
         unexplained: allocated - sum(predicted); negative when the prediction is higher.
     """
@@ -51,9 +61,11 @@ class Breakdown:
     used: float | None = None
     other: float | None = None
     context: float | None = None
+    unclaimed: float | None = None
     reserved: float | None = None
     allocated: float | None = None
     cache: float | None = None
+    fragmented: float | None = None
     predicted: dict[str, float] = field(default_factory=dict)
     unexplained: float | None = None
 
@@ -63,23 +75,33 @@ class Breakdown:
             return None
         return max(0.0, self.total - self.used)
 
-    def parts(self) -> list[tuple[str, float]]:
-        """Non-negative bar segments in :data:`PART_ORDER`, each scaled to fit its whole.
+    @property
+    def over_predicted(self) -> float:
+        """How far the prediction is above what is allocated (0 when it is not)."""
+        if self.unexplained is None or self.unexplained >= 0:
+            return 0.0
+        return -self.unexplained
 
-        When the prediction exceeds what is allocated, its categories are scaled down to
-        the allocated bytes (the bar cannot draw a negative width; the label says it).
+    def parts(self) -> list[tuple[str, float]]:
+        """Non-negative bar segments in :data:`PART_ORDER`, each at its own size.
+
+        Predicted categories are never scaled: when they add up to more than is
+        allocated, they overrun it by :attr:`over_predicted`, which the bar draws over
+        their tail and names.
         """
         out: list[tuple[str, float]] = []
-        for name in ("other", "context", "cache"):
+        for name in ("other", "context", "unclaimed"):
             v = getattr(self, name)
             if v is not None and v > 0:
                 out.append((name, v))
-        predicted_sum = sum(self.predicted.values())
-        scale = 1.0
-        if self.allocated is not None and predicted_sum > self.allocated > 0:
-            scale = self.allocated / predicted_sum
-        for name in PART_ORDER[3:-1]:
-            v = self.predicted.get(name, 0) * scale
+        if self.cache is not None and self.cache > 0:
+            frag = min(self.fragmented or 0.0, self.cache)
+            if frag > 0:
+                out.append(("fragmented", frag))
+            if self.cache - frag > 0:
+                out.append(("cache", self.cache - frag))
+        for name in PART_ORDER[5:-1]:
+            v = self.predicted.get(name, 0)
             if v > 0:
                 out.append((name, v))
         if self.predicted and self.unexplained is not None and self.unexplained > 0:
@@ -108,27 +130,36 @@ def breakdown(
         out.used = value_at(cols["t"], cols["used"], t)
     procs = session.processes_on(key)
     pids = {p.pid for p in procs}
-    reserved = allocated = None
+    reserved = allocated = fragmented = None
     for proc in procs:
         cols = proc.torch.snapshot()
         r = value_at(cols["t"], cols["reserved"], t)
         a = value_at(cols["t"], cols["allocated"], t)
+        f = value_at(cols["t"], cols["inactive_split"], t)
         if r is not None:
             reserved = (reserved or 0.0) + r
         if a is not None:
             allocated = (allocated or 0.0) + a
-    out.reserved, out.allocated = reserved, allocated
+        if f is not None:
+            fragmented = (fragmented or 0.0) + f
+    out.reserved, out.allocated, out.fragmented = reserved, allocated, fragmented
     if reserved is not None and allocated is not None:
         out.cache = reserved - allocated
     # NVML's process list at t: what each process uses on this GPU.
     per_pid = _process_usage(session, key, t)
+    claimed = 0.0
     if per_pid is not None:
         out.other = float(sum(u for pid, u in per_pid.items() if pid not in pids))
         mine = [per_pid[pid] for pid in pids if pid in per_pid]
+        claimed = out.other + float(sum(mine))
         if mine and reserved is not None:
             out.context = float(sum(mine)) - reserved
-    if out.context is None and out.used is not None and reserved is not None:
-        out.context = out.used - (out.other or 0.0) - reserved
+        elif reserved is not None:
+            claimed += reserved  # ours, though the list does not show them
+    elif reserved is not None:
+        claimed = reserved
+    if out.used is not None:
+        out.unclaimed = max(0.0, out.used - claimed)
     for proc in procs:
         line = (predicted or {}).get(proc.pid)
         if line is None:

@@ -28,6 +28,10 @@ TORCH_COLUMNS = (
     ("dev", "i8"),  # torch device index inside the process
     ("allocated", "i8"),
     ("reserved", "i8"),
+    # From the same allocator read (absent from older recordings: unknown):
+    ("inactive_split", "i8"),  # cached free bytes in split blocks: fragmentation
+    ("alloc_retries", "i8"),  # cudaMalloc retries after freeing the cache (cumulative)
+    ("alloc_ooms", "i8"),  # out-of-memory errors the allocator raised (cumulative)
 )
 PEAK_COLUMNS = (
     ("t1", "i8"),  # the boundary that reported the peak

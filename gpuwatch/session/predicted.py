@@ -185,18 +185,22 @@ class PredictedLine:
         self._last = (stamp, parts)
         return parts
 
-    def phase_peak(self, phase: str, step: int | None) -> int | None:
-        """The predicted peak of ``phase`` in ``step`` (the first step is higher)."""
+    def span_peaks(self, t0: int, t1: int) -> dict[tuple[str, int, int], pr.SpanPeak]:
+        """Predicted peaks of the ended spans inside ``[t0, t1]``, by (name, t0, t1).
+
+        The walk starts two minutes earlier, so that whether a span carries earlier
+        micro-batches' gradients (accumulation) is known at its start.
+        """
         if self.prediction is None:
-            return None
-        first = step is not None and self.first_step is not None and step <= self.first_step
-        if (phase, first) not in self.prediction.phases:
-            return None
+            return {}
+        cols = self.session.spans(self.proc, t0 - 120 * 10**9, t1)
+        spans = pr.spans_from_columns(cols, self.session.names)
         try:
-            return pr.total(pr.breakdown(self.prediction, phase, first_step=first))
+            peaks = pr.span_peaks(self.prediction, spans, first_step=self.first_step)
         except Exception as exc:
             self._unusable(exc)
-            return None
+            return {}
+        return {(p.span.name, p.span.t0, p.span.t1): p for p in peaks if p.span.t0 >= t0}
 
 
 def _representative_steps(

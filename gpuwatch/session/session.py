@@ -430,7 +430,17 @@ class Session:
             return
         dev = _opt(b.get("dev"))
         proc.torch_devs.add(dev)
-        proc.torch.append((msg.t, dev, b["allocated"], b["reserved"]))
+        proc.torch.append(
+            (
+                msg.t,
+                dev,
+                b["allocated"],
+                b["reserved"],
+                b.get("inactive_split"),
+                b.get("alloc_retries"),
+                b.get("alloc_ooms"),
+            )
+        )
 
     def _on_memory(self, proc: Process, msg: Message) -> None:
         self._figures(proc, msg)

@@ -137,6 +137,9 @@ def _torch(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
         "time_s": _seconds(c["t"], s.t_origin),
         "allocated": _list(c["allocated"]),
         "reserved": _list(c["reserved"]),
+        "inactive_split": _list(c["inactive_split"]),
+        "alloc_retries": _list(c["alloc_retries"]),
+        "alloc_ooms": _list(c["alloc_ooms"]),
     }
 
 

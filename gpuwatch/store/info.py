@@ -10,6 +10,7 @@ import numpy as np
 
 from ..fmt import first_line, fmt_bytes, fmt_duration, printable
 from ..session import MISSING_INT, Process, Session
+from ..session.explain import explain_process, format_predicted, predicted_json
 from .multi import Opened
 from .recording import Recording
 
@@ -188,7 +189,21 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
     if p.origin:  # merged: which recording, and its own pid if renumbered
         out["origin"] = p.origin
         out["os_pid"] = p.os_pid if p.os_pid is not None else p.pid
+    ex = _explain(s, p)
+    if ex is not None:
+        out["predicted"] = predicted_json(ex)
+        out["findings"] = ex.findings
+        out["prediction_notes"] = ex.notes
     return out
+
+
+def _explain(s: Session, p: Process) -> Any:
+    """The process's phases explained; None without facts (or facts it cannot use)."""
+    try:
+        return explain_process(s, p)
+    except Exception as exc:  # facts come from a script: say so, never fail the report
+        s.note(f"{p.label}: facts could not be predicted ({type(exc).__name__})")
+        return None
 
 
 _REPORTED = (("peak_allocated", "peak_alloc"), ("peak_reserved", "peak_reserved"))
@@ -296,6 +311,11 @@ def format_summary(info: dict[str, Any]) -> str:
                 f"  {name[:18]:18} {ph['count']:7d} {fmt_duration(ph['total_s'] * 1e9):>8}"
                 f" {fmt_bytes(ph['peak_allocated']):>11} {fmt_bytes(ph['peak_reserved']):>11}"
                 f" {fmt_bytes(ph['nvml_used_max']):>11} {fmt_bytes(ph['rss_max']):>11}"
+            )
+    for p in info["processes"]:
+        if p.get("predicted"):
+            lines += format_predicted(
+                p["label"], p["predicted"], p.get("findings", []), p.get("prediction_notes", [])
             )
     rejects = ", ".join(f"{k} {v}" for k, v in info["rejects"].items())
     lines.append(

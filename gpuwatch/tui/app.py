@@ -247,6 +247,7 @@ class GpuwatchApp(App[int]):
                 yield self.panel_list
             with TabPane("Peaks", id="peaks"):
                 yield self.peaks_table
+                yield self.peaks_table.detail
             with TabPane("Processes", id="processes"):
                 yield self.process_table
             if self.child is not None:

@@ -12,6 +12,8 @@ from ..session.breakdown import Breakdown
 LABELS = {
     "other": "other procs",
     "context": "context",
+    "unclaimed": "unclaimed",
+    "fragmented": "fragmented",
     "cache": "cache",
     "weights": "weights",
     "amp_copies": "amp",
@@ -26,6 +28,8 @@ LABELS = {
 THEME_VAR = {
     "other": "gw-other-procs",
     "context": "gw-context",
+    "unclaimed": "gw-other-procs",
+    "fragmented": "gw-cache",
     "cache": "gw-cache",
     "weights": "gw-weights",
     "amp_copies": "gw-weights",
@@ -36,10 +40,23 @@ THEME_VAR = {
     "unexplained": "gw-unexplained",
     "allocated": "gw-allocated",
 }
+PATTERN = {"unclaimed": "▓", "fragmented": "▒"}
+"""Segments drawn as a pattern in their colour (the rest are solid blocks): used memory no
+process claims, and cache that fragmentation makes unusable."""
+
+OVER = "╳"
+"""Drawn over the tail of the predicted categories that overruns what is allocated."""
+
+_PREDICTED = frozenset(("weights", "amp_copies", "gradients", "optimizer_state"))
+_PREDICTED |= {"activations", "temporaries"}
 
 
 class BreakdownBar(Widget):
-    """Two rows: the device's memory as coloured segments, then each segment's size."""
+    """Two rows: the device's memory as coloured segments, then each segment's size.
+
+    Nothing is scaled to fit: each segment is its own size; a prediction above what is
+    allocated overruns it, drawn hatched (``╳``) and named "over-predicted".
+    """
 
     DEFAULT_CSS = """
     BreakdownBar {
@@ -65,26 +82,41 @@ class BreakdownBar(Widget):
         variables = self.app.theme_variables
         parts = data.parts()
         scale = width / data.total
-        bar = Text()
-        used_cells = 0
+        cells: list[tuple[str, Style]] = []
         acc = 0.0
+        predicted_at = None  # where the predicted categories begin (bytes)
         for name, value in parts:
+            if name in _PREDICTED and predicted_at is None:
+                predicted_at = acc
             acc += value
-            cells = min(width, round(acc * scale)) - used_cells
-            if cells <= 0:
+            n = min(width, round(acc * scale)) - len(cells)
+            if n <= 0:
                 continue
-            bar.append(" " * cells, Style(bgcolor=variables.get(THEME_VAR[name])))
-            used_cells += cells
-        if used_cells < width:
-            bar.append("░" * (width - used_cells), Style(color=variables.get("gw-grid")))
+            color = variables.get(THEME_VAR[name])
+            if name in PATTERN:
+                cells += [(PATTERN[name], Style(color=color))] * n
+            else:
+                cells += [(" ", Style(bgcolor=color))] * n
+        over = data.over_predicted
+        if over > 0 and predicted_at is not None and data.allocated is not None:
+            lo = round((predicted_at + data.allocated) * scale)
+            hi = min(len(cells), round((predicted_at + data.allocated + over) * scale))
+            mark = variables.get("gw-unexplained")
+            for i in range(max(0, lo), hi):
+                cells[i] = (OVER, cells[i][1] + Style(color=mark))
+        bar = Text()
+        for ch, style in cells:
+            bar.append(ch, style)
+        if len(cells) < width:
+            bar.append("░" * (width - len(cells)), Style(color=variables.get("gw-grid")))
         labels = Text()
         for name, value in parts:
             swatch = Style(color=variables.get(THEME_VAR[name]))
-            labels.append("■", swatch)
+            labels.append(PATTERN.get(name, "■"), swatch)
             labels.append(f"{LABELS[name]} {fmt_short(value)} ")
-        if data.unexplained is not None and data.unexplained < 0:
-            labels.append("■", Style(color=variables.get("gw-unexplained")))
-            labels.append(f"unexplained {fmt_short(data.unexplained)} ")
+        if over > 0:
+            labels.append(OVER, Style(color=variables.get("gw-unexplained")))
+            labels.append(f"over-predicted {fmt_short(over)} ")
         if data.free is not None:
             labels.append(f"· free {fmt_short(data.free)}")
         labels.truncate(width, overflow="ellipsis")

@@ -2,19 +2,49 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from ..fmt import fmt_bytes, fmt_duration
+from ..predict import total
 from ..session import Session, is_host
-from ..session.peaks import phase_peaks
+from ..session.explain import explain_breakdown
+from ..session.peaks import PhasePeak, phase_peaks
 from ._text import plain
+
+
+class PeakDetail(Static):
+    """The selected Peaks row explained: its exact peak split by category, with sources."""
+
+    DEFAULT_CSS = """
+    PeakDetail {
+        dock: bottom;
+        height: auto;
+        max-height: 6;
+        padding: 0 1;
+        border-top: solid $panel-lighten-2;
+    }
+    """
+
+    def show(self, text: str) -> None:
+        """Show ``text`` (a few lines); an empty row shows a hint."""
+        # Names in it are the script's word: shown as typed, never as markup.
+        self.update(plain(text or "Select a row to see where its peak went."))
 
 
 class PeaksTable(DataTable):
     """Phases x steps with the exact peaks the script reported and what NVML saw.
 
     Newest step first. Rows cover every instrumented process on every device it uses.
+    The highlighted row is explained in :attr:`detail` (compose it under the table).
+    """
+
+    DEFAULT_CSS = """
+    PeaksTable {
+        height: 1fr;
+    }
     """
 
     COLUMNS = (
@@ -27,6 +57,7 @@ class PeaksTable(DataTable):
         ("reserved", "peak reserved"),
         ("devmax", "nvidia-smi max / RSS max"),
         ("predicted", "predicted"),
+        ("unexplained", "unexplained"),
     )
 
     def __init__(self, session: Session, last_steps: int = 20, *, id: str | None = None) -> None:
@@ -35,6 +66,8 @@ class PeaksTable(DataTable):
         self.last_steps = last_steps
         self.predicted: dict = {}  # pid -> PredictedLine, shared with the app
         self._signature: tuple[object, ...] | None = None
+        self.explanations: list[str] = []  # per row, the detail's text
+        self.detail = PeakDetail(id=f"{id}-detail" if id else None)
 
     def on_mount(self) -> None:
         for key, label in self.COLUMNS:
@@ -48,8 +81,10 @@ class PeaksTable(DataTable):
             return
         self._signature = signature
         rows = []
+        texts: list[str] = []
         for proc in s.processes.values():
             keys = sorted(set(proc.devices.values())) or [proc.host]
+            line = self.predicted.get(proc.pid)
             for key in keys:
                 dev = s.devices.get(key)
                 dev_label = (
@@ -59,9 +94,14 @@ class PeaksTable(DataTable):
                     if dev and dev.index is not None
                     else "GPU"
                 )
-                line = self.predicted.get(proc.pid)
-                for p in phase_peaks(s, proc, key, self.last_steps):
-                    pred = line.phase_peak(p.name, p.step) if line is not None else None
+                peaks = phase_peaks(s, proc, key, self.last_steps)
+                predicted = {}
+                if line is not None and line.prediction is not None and peaks:
+                    predicted = line.span_peaks(min(p.t0 for p in peaks), max(p.t1 for p in peaks))
+                for p in peaks:
+                    sp = predicted.get((p.name, p.t0, p.t1))
+                    pred = total(sp.peak) if sp is not None else None
+                    rest = p.peak_alloc - pred if pred is not None and p.peak_alloc else None
                     rows.append(
                         (
                             "" if p.step is None else str(p.step),
@@ -73,10 +113,52 @@ class PeaksTable(DataTable):
                             Text(fmt_bytes(p.peak_reserved), justify="right"),
                             Text(fmt_bytes(p.device_max), justify="right"),
                             Text(fmt_bytes(pred), justify="right"),
+                            Text(fmt_bytes(rest), justify="right"),
                         )
                     )
+                    try:
+                        texts.append(_explain_row(line, p, sp, proc.label, is_host(key)))
+                    except Exception as exc:  # facts are the script's word: never a crash
+                        texts.append(f"{p.name}: cannot be explained ({type(exc).__name__})")
         self.clear()
+        self.explanations = texts
         self.add_rows(rows)
+        self._show(self.cursor_row)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show(event.cursor_row)
+
+    def _show(self, row: int) -> None:
+        texts = self.explanations
+        self.detail.show(texts[row] if 0 <= row < len(texts) else "")
+
+
+def _explain_row(line: Any, p: PhasePeak, sp: Any, label: str, host: bool) -> str:
+    """The detail text of one Peaks row: what its exact peak is made of, and from where."""
+    where = f"{p.name}, step {p.step}" if p.step is not None else p.name
+    if sp is None or line is None or line.prediction is None:
+        why = "no model facts from this process" if line is None else "a phase it does not model"
+        return f"{where} ({label}): nothing predicted ({why})"
+    prediction = line.prediction
+    parts = explain_breakdown(
+        prediction,
+        p.name,
+        sp.peak,
+        None if host else p.peak_alloc,
+        None if host else p.peak_reserved,
+        None if host else p.device_max,
+    )
+    terms = [f"{x.label} {fmt_bytes(x.bytes)}" + (f" ({x.source})" * bool(x.source)) for x in parts]
+    inside = [t for t, x in zip(terms, parts, strict=True) if x.key not in ("cache", "context")]
+    beyond = [t for t, x in zip(terms, parts, strict=True) if x.key in ("cache", "context")]
+    measured = p.peak_alloc if not host else None
+    head = f"peak {fmt_bytes(measured)}" if measured is not None else "predicted peak"
+    text = f"{where} ({label}): {head} = " + " + ".join(inside)
+    if beyond:
+        text += "\nbeyond allocated: " + " · ".join(beyond)
+    if prediction.findings:
+        text += "\n" + prediction.findings[0]
+    return text
 
 
 class ProcessTable(DataTable):

@@ -1,0 +1,478 @@
+"""Activations measured: what autograd saves during the first training forward, once.
+
+While the first training forward of the described model runs (and until its backward
+begins, so that a loss computed outside the model counts too), a saved-tensor pack hook
+(``torch.autograd.graph.saved_tensors_hooks``) sees every tensor autograd keeps for
+backward. It counts unique storages, leaving out parameters and buffers (they are
+weights), and attributes each to the module running when it was saved: the model's
+top-level children, with containers (``ModuleList``, ``ModuleDict``) opened, so a
+transformer's layers are counted one by one. The pack hook returns ``tensor.detach()``,
+which autograd stores in place of the tensor (the documented way: same storage, no
+reference cycle), so the model computes exactly what it computes without us. Once the
+measurement ends every hook is removed: later steps run no gpuwatch code at all.
+
+Other users of saved-tensor hooks: torch applies only the innermost pair.
+
+- Hooks already active when the measurement would start (``save_on_cpu`` around the
+  training step, the user's own): ours chain to them: each tensor is counted, then handed
+  to their pack hook, and their unpack hook gets it back. What their pack hook returns
+  decides where the tensor is counted: the same storage stays on the device (``bytes``),
+  a tensor elsewhere is ``offloaded_bytes``, anything else (a handle) ``opaque_bytes``.
+- Hooks pushed inside the forward (non-reentrant activation checkpointing, offloading of
+  one block) are innermost there, so ours do not see what they pack: the tensors they
+  drop or move are not counted, which is right for device memory. What the checkpoint
+  keeps (its inputs) is saved outside its hooks and counted.
+- Reentrant checkpointing runs its region without grad and saves its inputs: counted.
+- ``torch.compile``: a compiled model is not measured (``skipped``), and neither is a
+  forward while dynamo traces.
+
+torch is imported by the caller (``_auto``); this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from typing import Any
+
+MAX_MODULES = 256
+"""Module entries kept in the facts; later ones are folded into ``(other)``."""
+
+_CONTAINERS = ("ModuleList", "ModuleDict", "Sequential")
+"""Module classes whose children are counted one by one (``Sequential`` only chains them)."""
+
+_VIEWS = frozenset(
+    ("TBackward0", "TransposeBackward0", "PermuteBackward0", "ViewBackward0", "AliasBackward0")
+)
+"""Autograd nodes of views: a saved view of a weight's autocast copy is that copy."""
+
+MODEL = "(model)"
+"""Saved by the model's own ``forward`` body, outside any child module."""
+
+OUTSIDE = "(outside)"
+"""Saved after the model returned and before backward began (the loss, usually)."""
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def _tensors(obj: Any, depth: int = 0) -> list[Any]:
+    """Tensors in a module's output (a tensor, a tuple or list, a dict / ModelOutput)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 2:
+        return []
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj[:64] for t in _tensors(o, depth + 1)]
+    if isinstance(obj, dict):
+        return [t for o in list(obj.values())[:64] for t in _tensors(o, depth + 1)]
+    return []
+
+
+class _Entry:
+    """What one module saved."""
+
+    __slots__ = (
+        "amp",
+        "bytes",
+        "calls",
+        "last",
+        "max_tensor",
+        "out_bytes",
+        "recomputed",
+        "tensors",
+    )
+
+    def __init__(self, order: int) -> None:
+        self.bytes = self.tensors = self.max_tensor = self.out_bytes = self.calls = 0
+        self.amp = 0
+        self.recomputed = False  # ran under activation checkpointing
+        self.last = order  # when it last saved (or appeared): backward frees in reverse
+
+
+_DYNAMO = os.sep + os.path.join("torch", "_dynamo") + os.sep
+
+
+def _under_dynamo(limit: int = 64) -> bool:
+    """True when torch.compile's frame evaluation is among our callers: the model was
+    compiled after :func:`gpuwatch.watch` (or a compiled function calls it), and our hook
+    runs from inside that compiled call. The one dynamo frame that only disables dynamo
+    for the phases' own hooks (``_auto.hook_module(compiled_later=True)``) does not count.
+    Walked once, at the start of the measurement.
+    """
+    frame = sys._getframe(1)
+    for _ in range(limit):
+        if frame is None:
+            return False
+        if _DYNAMO in frame.f_code.co_filename:
+            fn = frame.f_locals.get("fn")
+            if getattr(fn, "__module__", "") != "gpuwatch.instrument._auto":
+                return True
+        elif type(frame.f_locals.get("self")).__name__ == "OptimizedModule":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def skip_reason(torch: Any, model: Any) -> str | None:
+    """Why the forward of ``model`` cannot be measured now, or None when it can.
+
+    Compiled models are not measured: our module hooks would run inside the compiled
+    code, where tracing them breaks the graph and changes what is compiled.
+    """
+    if type(model).__name__ == "OptimizedModule" or getattr(model, "_compiled_call_impl", None):
+        return "torch.compile"
+    try:
+        if torch.compiler.is_compiling() or _under_dynamo():
+            return "torch.compile"
+        if not torch._C._autograd._saved_tensors_hooks_is_enabled():
+            return "saved-tensor hooks disabled"
+    except Exception:
+        return "saved-tensor hooks unavailable"
+    return None
+
+
+class Meter:
+    """Counts what autograd saves from :meth:`start` to :meth:`stop`, on one thread.
+
+    Args:
+        torch: The torch module.
+        model: The model whose forward is measured (wrappers already removed).
+    """
+
+    def __init__(self, torch: Any, model: Any) -> None:
+        self.torch = torch
+        self.model_ref = weakref.ref(model)
+        self.thread = threading.get_ident()
+        self.active = False
+        self.done = False
+        self.pushed = False
+        self.user_pack: Any = None
+        self.user_unpack: Any = None
+        self.outside = False  # the model's forward has returned
+        self.stack: list[str] = []
+        self.entries: dict[str, _Entry] = {}
+        self.order = 0  # a counter of saves, to order the modules as backward meets them
+        self.seen: dict[tuple[int, str], Any] = {}  # storage -> weak reference
+        self.exclude: set[tuple[int, str]] = set()  # parameter and buffer storages
+        self.param_shapes: set[tuple[int, ...]] = set()
+        self.handles: list[Any] = []
+        self.totals = {"bytes": 0, "tensors": 0, "amp": 0, "offloaded": 0, "opaque": 0}
+        self.stopped_by = ""
+        self.error: str | None = None
+        self.outputs: list[tuple[Any, int, tuple[int, str]]] = []  # (weak storage, bytes, key)
+        self.held = 0
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> bool:
+        """Install the pack hook and the module hooks; False (nothing installed) on failure."""
+        torch = self.torch
+        model = self.model_ref()
+        if model is None:
+            return False
+        try:
+            for t in (*model.parameters(), *model.buffers()):
+                self.exclude.add(self._key(t))
+                self.param_shapes.add(tuple(t.shape))
+            top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            if top is not None:
+                self.user_pack, self.user_unpack = top
+            for name, child in self._children(model):
+                pre = child.register_forward_pre_hook(self._pre(name))
+                post = child.register_forward_hook(self._post(name), always_call=True)
+                self.handles += [pre, post]
+            torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+            self.pushed = True
+            self.active = True
+            return True
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
+            self._remove_module_hooks()
+            return False
+
+    def model_returned(self, output: Any = None) -> None:
+        """The model's outermost forward returned ``output``: what is saved next is outside
+        it, and whether the caller still holds the output when backward begins is seen."""
+        self.outside = True
+        try:
+            for t in _tensors(output):
+                st = t.untyped_storage()
+                key = (int(st.data_ptr()), str(t.device))
+                self.outputs.append((weakref.ref(st), int(st.nbytes()), key))
+        except Exception:
+            self.outputs = []
+        self.stack.clear()
+        self._remove_module_hooks()
+
+    def stop(self, why: str) -> bool:
+        """End the measurement (idempotent). Must run on the thread that started it.
+
+        Returns:
+            False when called from another thread: the hooks stay (counting nothing)
+            until :meth:`stop` runs on the right thread.
+        """
+        if self.done:
+            return True
+        self.active = False
+        if not self.stopped_by:
+            self.stopped_by = why
+        self._remove_module_hooks()
+        if threading.get_ident() != self.thread:
+            return False
+        self.done = True
+        # The model's outputs still referenced now (the loop holds ``logits``) and not
+        # kept by autograd: alive through backward and the step, until the next forward.
+        seen: set[tuple[int, str]] = set()
+        for ref, n, key in self.outputs:
+            if ref() is not None and key not in seen and key not in self.seen:
+                seen.add(key)
+                self.held += n
+        self.outputs = []
+        if self.pushed:
+            self.pushed = False
+            try:
+                top = self.torch._C._autograd._top_saved_tensors_default_hooks(False)
+                if top is not None and top[0] == self._pack:
+                    self.torch._C._autograd._pop_saved_tensors_default_hooks()
+                else:
+                    # Someone pushed hooks after ours and has not popped them: popping
+                    # now would remove theirs. Ours stay below, passing tensors through.
+                    self.error = "saved-tensor hooks pushed over ours were left in place"
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
+        self.seen.clear()
+        return True
+
+    def _remove_module_hooks(self) -> None:
+        handles, self.handles = self.handles, []
+        for h in handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------------ hooks
+
+    def _children(self, model: Any) -> list[tuple[str, Any]]:
+        """The modules to count by: top-level children with containers opened
+        (``layers.0``, ``layers.1``, ...), and the elements of the longest list of
+        same-class modules wherever it is (``bert.encoder.layer.0``, ...): the layers.
+        Saves go to the innermost of them running."""
+        out: list[tuple[str, Any]] = []
+        todo = list(model.named_children())
+        while todo and len(out) < MAX_MODULES:
+            name, mod = todo.pop(0)
+            if type(mod).__name__ in _CONTAINERS:
+                todo[:0] = [(f"{name}.{n}", m) for n, m in mod.named_children()]
+            else:
+                out.append((name, mod))
+        best: tuple[str, Any] | None = None
+        for name, mod in model.named_modules():
+            if type(mod).__name__ in _CONTAINERS and len(mod) > 1:
+                kinds = {type(m) for m in mod.children()}
+                if len(kinds) == 1 and (best is None or len(mod) > len(best[1])):
+                    best = (name, mod)
+        if best is not None:
+            have = {id(m) for _, m in out}
+            for n, m in best[1].named_children():
+                if id(m) not in have and len(out) < MAX_MODULES:
+                    out.append((f"{best[0]}.{n}", m))
+        return out
+
+    def _pre(self, name: str) -> Any:
+        def pre(module: Any, args: Any) -> None:
+            if not self.active:
+                return
+            self.stack.append(name)
+            try:
+                # Under activation checkpointing a module runs without grad (reentrant) or
+                # under the checkpoint's own saved-tensor hooks (non-reentrant): backward
+                # will recompute it, which this measurement cannot see.
+                autograd = self.torch._C._autograd
+                top = autograd._top_saved_tensors_default_hooks(False)
+                if not self.torch.is_grad_enabled() or (top is not None and top[0] != self._pack):
+                    self._entry(name).recomputed = True
+            except Exception:
+                pass
+
+        return pre
+
+    def _post(self, name: str) -> Any:
+        def post(module: Any, args: Any, output: Any) -> None:
+            if not self.active:
+                return
+            if self.stack and self.stack[-1] == name:
+                self.stack.pop()
+            try:
+                entry = self._entry(name)
+                entry.calls += 1
+                size = sum(_nbytes(t) for t in _tensors(output))
+                entry.out_bytes = max(entry.out_bytes, size)
+            except Exception:
+                pass
+
+        return post
+
+    def _entry(self, name: str) -> _Entry:
+        entry = self.entries.get(name)
+        if entry is None:
+            if len(self.entries) >= MAX_MODULES:
+                name = "(other)"
+                entry = self.entries.get(name)
+            if entry is None:
+                entry = self.entries[name] = _Entry(self.order)
+        return entry
+
+    @staticmethod
+    def _key(t: Any) -> tuple[int, str]:
+        st = t.untyped_storage()
+        return (int(st.data_ptr()), str(t.device))
+
+    def _pack(self, t: Any) -> Any:
+        packed = t.detach() if self.user_pack is None else self.user_pack(t)
+        if self.active:
+            try:
+                self._count(t, packed)
+            except Exception as exc:  # never into training: stop counting, say why
+                self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
+                self.active = False
+        return packed
+
+    def _unpack(self, packed: Any) -> Any:
+        if self.user_unpack is not None:
+            return self.user_unpack(packed)
+        return packed
+
+    def _count(self, t: Any, packed: Any) -> None:
+        st = t.untyped_storage()
+        n = int(st.nbytes())
+        if n == 0:
+            return
+        key = (int(st.data_ptr()), str(t.device))
+        if key in self.exclude:
+            return
+        ref = self.seen.get(key)
+        if ref is not None and ref() is not None:
+            return  # a storage already counted (a view of it, or saved twice)
+        self.seen[key] = weakref.ref(st)
+        name = OUTSIDE if self.outside else (self.stack[-1] if self.stack else MODEL)
+        entry = self._entry(name)
+        if self.user_pack is not None:
+            where = _where(self.torch, t, packed)
+            if where != "kept":
+                self.totals[where] += n
+                return
+        if self._amp_copy(t):
+            entry.amp += n
+            self.totals["amp"] += n
+            return
+        self.order += 1
+        entry.last = self.order
+        entry.bytes += n
+        entry.tensors += 1
+        entry.max_tensor = max(entry.max_tensor, n)
+        self.totals["bytes"] += n
+        self.totals["tensors"] += 1
+
+    def _amp_copy(self, t: Any) -> bool:
+        """An autocast copy of a weight: a cast of a leaf parameter (maybe seen through a
+        transpose: ``linear`` keeps ``weight.t()``), or (frozen weights) a leaf in the
+        autocast dtype with a parameter's shape."""
+        fn = t.grad_fn
+        for _ in range(4):
+            if fn is None or type(fn).__name__ not in _VIEWS:
+                break
+            nxt = fn.next_functions
+            fn = nxt[0][0] if nxt else None
+            if fn is None:
+                return False
+        if fn is not None:
+            if type(fn).__name__ != "ToCopyBackward0":
+                return False
+            nxt = fn.next_functions
+            leaf = nxt[0][0] if nxt else None
+            return leaf is not None and type(leaf).__name__ == "AccumulateGrad"
+        leaf = t if t._base is None else t._base  # linear keeps weight.t(): a view
+        if leaf.requires_grad or tuple(leaf.shape) not in self.param_shapes:
+            return False
+        torch = self.torch
+        dev = t.device.type
+        try:
+            return torch.is_autocast_enabled(dev) and t.dtype == torch.get_autocast_dtype(dev)
+        except Exception:
+            return False
+
+    # ------------------------------------------------------------------ result
+
+    def facts(self) -> dict[str, Any]:
+        """The ``activations`` facts (``docs/facts.md``)."""
+        model = self.model_ref()
+        grads = _grad_bytes(model, self.entries) if model is not None else {}
+        modules = []
+        for name, e in sorted(self.entries.items(), key=lambda kv: kv[1].last):
+            if not (e.bytes or e.amp or e.out_bytes or grads.get(name)):
+                continue
+            modules.append(
+                {
+                    "name": name[:128],
+                    "bytes": e.bytes,
+                    "tensors": e.tensors,
+                    "max_tensor_bytes": e.max_tensor,
+                    "amp_copy_bytes": e.amp,
+                    "out_bytes": e.out_bytes,
+                    "grad_bytes": grads.get(name, 0),
+                    **({"recomputed": True} if e.recomputed else {}),
+                }
+            )
+        out: dict[str, Any] = {
+            "source": "measured",
+            "bytes": self.totals["bytes"],
+            "tensors": self.totals["tensors"],
+            "amp_copy_bytes": self.totals["amp"],
+            "offloaded_bytes": self.totals["offloaded"],
+            "opaque_bytes": self.totals["opaque"],
+            "user_hooks": self.user_pack is not None,
+            "until": self.stopped_by or "running",
+            "held_output_bytes": self.held,
+            "modules": modules,
+        }
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def _where(torch: Any, t: Any, packed: Any) -> str:
+    """Where the user's pack hook put ``t``: ``kept`` on its device, ``offloaded`` to
+    another device, or ``opaque`` (a handle: checkpointing, a custom store)."""
+    if not isinstance(packed, torch.Tensor):
+        return "opaque"
+    if packed.device != t.device:
+        return "offloaded"
+    return "kept"
+
+
+def _grad_bytes(model: Any, entries: dict[str, _Entry]) -> dict[str, int]:
+    """Gradient bytes of each measured module's trainable parameters (shared ones once)."""
+    out: dict[str, int] = {}
+    seen: set[int] = set()
+    modules = dict(model.named_modules())
+    for name in entries:
+        mod = modules.get(name)
+        if mod is None:
+            continue
+        total = 0
+        for p in mod.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                total += _nbytes(p)
+        out[name] = total
+    rest = sum(_nbytes(p) for p in model.parameters() if p.requires_grad and id(p) not in seen)
+    if rest:
+        out[MODEL] = out.get(MODEL, 0) + rest
+    return out

@@ -1,0 +1,85 @@
+"""Activations from measurement: the ``activations`` facts turned into the moments of a step.
+
+The training side counted what autograd saved during the first training forward, module
+by module in the order backward will meet them (``gpuwatch/instrument/_activations.py``,
+``docs/facts.md``). That is exact for what forward leaves alive; the rest is estimated
+from the same figures:
+
+- forward peak: everything saved plus the largest module output, alive at once (in a
+  language model the logits, at the loss);
+- backward, walking the modules in reverse: each frees what it saved after its backward,
+  when its parameters' gradients have appeared; while it runs, the gradient of its output
+  and one the size of its largest saved tensor are alive too (at the loss: the gradient of
+  the log-probabilities and of the logits);
+- eval: no saves; its peak is the two largest consecutive module outputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._graph import Moment, Simulation
+
+
+def _n(v: Any) -> int:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0
+
+
+def measured_bytes(act: dict[str, Any] | None) -> tuple[int, int] | None:
+    """``(saved, amp copies)`` bytes from the ``activations`` facts; None when not measured."""
+    if not isinstance(act, dict) or act.get("source") != "measured" or act.get("skipped"):
+        return None
+    if not isinstance(act.get("bytes"), int):
+        return None
+    return _n(act.get("bytes")), _n(act.get("amp_copy_bytes"))
+
+
+def simulate_measured(act: dict[str, Any]) -> Simulation | None:
+    """The :class:`Simulation` of a step from measured activations (None: not measured)."""
+    got = measured_bytes(act)
+    if got is None:
+        return None
+    saved, amp = got
+    modules = [m for m in act.get("modules") or [] if isinstance(m, dict)][:1024]
+    grads = sum(_n(m.get("grad_bytes")) for m in modules)
+    outs = [_n(m.get("out_bytes")) for m in modules]
+    forward_end = Moment(saved=saved, amp=amp)
+    # Forward: after each module, what was saved so far and its largest transient.
+    forward_peak, done, done_amp, fwd_i = forward_end, 0, 0, len(modules)
+    for i, m in enumerate(modules):
+        done += _n(m.get("bytes"))
+        done_amp += _n(m.get("amp_copy_bytes"))
+        temp = max(_n(m.get("out_bytes")), _n(m.get("max_tensor_bytes")))
+        now = Moment(saved=min(done, saved), amp=min(done_amp, amp), temp=temp)
+        if now.total() > forward_peak.total():
+            forward_peak, fwd_i = now, i
+    # Backward meets the modules in reverse; each frees its saves once its backward ran.
+    alive, alive_amp, made = saved, amp, 0
+    peak, peak_i = Moment(saved=alive, amp=alive_amp), 0
+    accumulating = Moment(saved=alive, amp=alive_amp)
+    for i, m in enumerate(reversed(modules)):
+        big = _n(m.get("max_tensor_bytes"))
+        g = _n(m.get("grad_bytes"))
+        temp = max(_n(m.get("out_bytes")), big) + big
+        now = Moment(saved=alive, amp=alive_amp, temp=temp, grads=made + g)
+        if now.total() > peak.total():
+            peak, peak_i = now, i
+        # Accumulating into existing gradients: only this module's new ones are extra.
+        acc = Moment(saved=alive, amp=alive_amp, temp=temp, grads=g)
+        if acc.total() > accumulating.total():
+            accumulating = acc
+        alive = max(0, alive - _n(m.get("bytes")))
+        alive_amp = max(0, alive_amp - _n(m.get("amp_copy_bytes")))
+        made += g
+    pairs = [a + b for a, b in zip(outs, [0, *outs[:-1]], strict=True)]
+    return Simulation(
+        forward_peak=forward_peak,
+        forward_end=forward_end,
+        backward_peak=peak,
+        backward_end=Moment(grads=grads),
+        eval_peak=Moment(temp=max(pairs, default=0)),
+        grad_bytes=grads,
+        forward_peak_at=min(1.0, (fwd_i + 1) / max(1, len(modules))),
+        backward_peak_at=peak_i / max(1, len(modules)),
+        accumulating_peak=accumulating,
+    )

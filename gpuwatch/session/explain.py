@@ -1,0 +1,338 @@
+"""Every exact per-phase peak explained: predicted categories against what was measured.
+
+The allocator's exact peak inside a phase (``peak_allocated``) is split into the
+predictor's categories at that phase's predicted peak (weights, autocast copies,
+gradients, optimizer state, activations, the step's named temporaries) plus what is left
+unexplained (or, when the prediction is higher, over-predicted). Beyond the allocated
+bytes, the allocator's cache (peak reserved - peak allocated) and the CUDA context and
+non-torch memory (NVML's highest "used" in the phase - peak reserved) complete the figure
+nvidia-smi shows. One line per phase answers "where did the 13 GB in optimizer.step go".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import predict as pr
+from ..fmt import GIB, fmt_bytes
+from .peaks import range_max
+from .session import Process, Session
+from .table import MISSING_INT
+
+CATEGORY_KEYS = pr.CATEGORIES
+"""The predictor's categories, in the order an explanation lists them."""
+
+_TEMP_LABELS = {
+    "forward": "forward temporaries",
+    "backward": "activation gradients",
+    "eval": "eval working set",
+}
+
+
+@dataclass
+class Part:
+    """One term of an explanation.
+
+    Attributes:
+        key: A category of :data:`CATEGORY_KEYS`, or ``unexplained`` / ``over_predicted``
+            (of the allocated peak), ``cache`` or ``context`` (beyond it).
+        label: What to call it (``"AdamW foreach temporary"``).
+        bytes: Its size.
+        source: Where the figure comes from: ``facts`` (the model's own tensors),
+            ``formula`` / ``measured`` (activations), ``rules`` (temporaries),
+            ``allocator`` or ``nvml``; empty for the residuals.
+    """
+
+    key: str
+    label: str
+    bytes: int
+    source: str = ""
+
+
+@dataclass
+class Explained:
+    """One phase (first step or later steps) of one process, measured and predicted.
+
+    Attributes:
+        phase: Phase name.
+        first_step: The first step (before the optimizer state exists) or later ones.
+        count: Spans of that phase in the group.
+        measured: Highest exact peak allocated among them (None: not reported).
+        predicted: Highest predicted peak among them.
+        categories: Predicted bytes by category at the explained span's peak.
+        parts: The explanation of the measured peak (categories, then the residual, then
+            cache and context when known); the predicted categories alone when nothing
+            was measured.
+        step: The step of the explained span (the one with the highest measured peak).
+    """
+
+    phase: str
+    first_step: bool
+    count: int
+    measured: int | None
+    predicted: int
+    categories: dict[str, int]
+    parts: list[Part] = field(default_factory=list)
+    step: int | None = None
+
+    @property
+    def unexplained(self) -> int | None:
+        return None if self.measured is None else self.measured - self.predicted_at_peak
+
+    @property
+    def predicted_at_peak(self) -> int:
+        return sum(self.categories.values())
+
+    def line(self) -> str:
+        """``optimizer.step peak 53.61 GiB = weights 10.73 + ... + unexplained 0.06``."""
+        return explain_line(self)
+
+
+@dataclass
+class ProcessExplained:
+    """A process's phases, explained, with what the prediction rests on."""
+
+    pid: int
+    label: str
+    phases: dict[tuple[str, bool], Explained]
+    activations_source: str | None
+    findings: list[str]
+    notes: list[str]
+    temporaries_name: str
+
+
+def _num(v: float) -> str:
+    """A figure in the unit of the line (GiB, two decimals; MiB for small lines)."""
+    return f"{v / GIB:.2f}"
+
+
+def explain_line(e: Explained) -> str:
+    """The one-line answer for one explained phase."""
+    total = e.measured if e.measured is not None else e.predicted_at_peak
+    what = "peak" if e.measured is not None else "predicted peak"
+    head = f"{e.phase} {what} {fmt_bytes(total)}"
+    if total < GIB:
+        terms = [f"{p.label} {fmt_bytes(p.bytes)}" for p in e.parts if p.key not in _BEYOND]
+        beyond = [f"{p.label} {fmt_bytes(p.bytes)}" for p in e.parts if p.key in _BEYOND]
+    else:
+        terms = [f"{p.label} {_num(p.bytes)}" for p in e.parts if p.key not in _BEYOND]
+        beyond = [f"{p.label} {_num(p.bytes)}" for p in e.parts if p.key in _BEYOND]
+    line = head + (" = " + " + ".join(terms) if terms else "")
+    if beyond:
+        line += "; beyond it: " + ", ".join(beyond)
+    return line
+
+
+_BEYOND = ("cache", "context")
+
+
+def labels(prediction: pr.Prediction, phase: str) -> dict[str, tuple[str, str]]:
+    """Category -> (label, source) for explanations of ``phase``."""
+    act = prediction.activations_source or "unknown"
+    opt = prediction.optimizer
+    temp = opt.temp_name if phase == "optimizer.step" else _TEMP_LABELS.get(phase, "temporaries")
+    return {
+        "weights": ("weights", "facts"),
+        "amp_copies": ("autocast weight copies", act),
+        "gradients": ("gradients", "facts"),
+        "optimizer_state": (opt.state_name if opt.kind != "none" else "optimizer state", "facts"),
+        "activations": (f"activations ({act})" if act != "unknown" else "activations", act),
+        "temporaries": (temp, "rules" if phase == "optimizer.step" else act),
+    }
+
+
+def explain_breakdown(
+    prediction: pr.Prediction,
+    phase: str,
+    categories: dict[str, int],
+    measured: int | None,
+    reserved: int | None = None,
+    device_max: float | None = None,
+) -> list[Part]:
+    """The terms explaining a measured peak (allocated, then cache and context).
+
+    Args:
+        prediction: The process's prediction.
+        phase: Phase name (names the temporaries).
+        categories: Predicted bytes by category at the phase's peak.
+        measured: The exact peak allocated, or None.
+        reserved: The exact peak reserved in the same phase, or None.
+        device_max: NVML's highest "used" reading in the phase, or None.
+    """
+    names = labels(prediction, phase)
+    parts = [
+        Part(k, names[k][0], int(categories.get(k, 0)), names[k][1])
+        for k in CATEGORY_KEYS
+        if categories.get(k, 0) > 0
+    ]
+    if measured is None:
+        return parts
+    rest = measured - sum(p.bytes for p in parts)
+    if rest >= 0:
+        parts.append(Part("unexplained", "unexplained", rest))
+    else:
+        parts.append(Part("over_predicted", "over-predicted", rest))
+    if reserved is not None and reserved >= measured:
+        parts.append(Part("cache", "allocator cache", reserved - measured, "allocator"))
+        if device_max is not None and device_max >= reserved:
+            parts.append(
+                Part("context", "CUDA context and non-torch", int(device_max - reserved), "nvml")
+            )
+    return parts
+
+
+def _opt(v: Any) -> int | None:
+    v = int(v)
+    return None if v == MISSING_INT else v
+
+
+def first_step_of(session: Session, proc: Process) -> int | None:
+    """The step of the process's first ``optimizer.step`` (None: none yet)."""
+    opt = session.find_name("optimizer.step")
+    if opt is None:
+        return None
+    cols = proc.phases.snapshot()
+    hits = np.flatnonzero(cols["name"] == opt)
+    if not len(hits) or cols["step"][hits[0]] == MISSING_INT:
+        return None
+    return int(cols["step"][hits[0]])
+
+
+def explain_process(
+    session: Session, proc: Process, key: str | None = None
+) -> ProcessExplained | None:
+    """Each phase of ``proc`` (first step and later steps) predicted, measured, explained.
+
+    Args:
+        session: The session.
+        proc: An instrumented process that sent facts (None is returned otherwise).
+        key: The GPU whose NVML readings give the context part (default: the process's
+            first GPU).
+    """
+    if not proc.facts:
+        return None
+    prediction = pr.predict(proc.facts)
+    cols = proc.phases.snapshot()
+    spans = pr.spans_from_columns(cols, session.names)
+    first_step = first_step_of(session, proc)
+    peaks = pr.span_peaks(prediction, spans, first_step=first_step)
+    index = {(s.name, s.t0, s.t1): i for i, s in enumerate(spans)}
+    if key is None:
+        gpus = sorted(set(proc.devices.values()))
+        key = gpus[0] if gpus else None
+    nvml = session.gpu.get(key).snapshot() if key in session.gpu else None
+    groups: dict[tuple[str, bool], list[tuple[pr.SpanPeak, int]]] = {}
+    for sp in peaks:
+        i = index.get((sp.span.name, sp.span.t0, sp.span.t1))
+        if i is not None:
+            groups.setdefault((sp.span.name, sp.first_step), []).append((sp, i))
+    out: dict[tuple[str, bool], Explained] = {}
+    for (name, first), members in groups.items():
+        measured = [(_opt(cols["peak_alloc"][i]), sp, i) for sp, i in members]
+        known = [m for m in measured if m[0] is not None]
+        if known:
+            top, sp, i = max(known, key=lambda m: m[0])
+        else:
+            top, (sp, i) = None, max(members, key=lambda m: pr.total(m[0].peak))
+        reserved = _opt(cols["peak_reserved"][i])
+        device_max = None
+        if nvml is not None and len(nvml["t"]):
+            device_max = range_max(nvml["t"], nvml["used"], sp.span.t0, sp.span.t1)
+        categories = {k: int(sp.peak.get(k, 0)) for k in CATEGORY_KEYS}
+        out[name, first] = Explained(
+            phase=name,
+            first_step=first,
+            count=len(members),
+            measured=top,
+            predicted=max(pr.total(m[0].peak) for m in members),
+            categories=categories,
+            parts=explain_breakdown(prediction, name, categories, top, reserved, device_max),
+            step=sp.span.step,
+        )
+    return ProcessExplained(
+        pid=proc.pid,
+        label=proc.label,
+        phases=out,
+        activations_source=prediction.activations_source,
+        findings=list(prediction.findings),
+        notes=list(prediction.notes),
+        temporaries_name=prediction.optimizer.temp_name,
+    )
+
+
+def predicted_json(ex: ProcessExplained, prediction: pr.Prediction | None = None) -> dict:
+    """The ``predicted`` object of ``gpuwatch info --json`` for one process.
+
+    Keyed by phase name: ``peak_bytes`` / ``first_step_peak_bytes`` (predicted),
+    ``measured_peak_bytes`` / ``first_step_measured_peak_bytes``, ``unexplained_bytes`` /
+    ``first_step_unexplained_bytes`` (measured - predicted at the measured peak's span),
+    ``categories`` / ``first_step_categories``, ``activations_source``, ``temporaries``
+    (what the step's temporary is) and ``explained`` (the one-line answer, later steps
+    when there are any).
+    """
+    out: dict[str, Any] = {}
+    names = sorted({name for name, _ in ex.phases}, key=_phase_order)
+    for name in names:
+        later, first = ex.phases.get((name, False)), ex.phases.get((name, True))
+        main = later or first
+        assert main is not None
+        entry: dict[str, Any] = {
+            "peak_bytes": later.predicted if later else None,
+            "first_step_peak_bytes": first.predicted if first else None,
+            "measured_peak_bytes": later.measured if later else None,
+            "first_step_measured_peak_bytes": first.measured if first else None,
+            "unexplained_bytes": later.unexplained if later else None,
+            "first_step_unexplained_bytes": first.unexplained if first else None,
+            "categories": dict(main.categories),
+            "first_step_categories": dict(first.categories) if first else None,
+            "activations_source": ex.activations_source,
+            "temporaries": labels_for(ex, name),
+            "explained": main.line() + (" (first step)" if main.first_step else ""),
+        }
+        out[name] = entry
+    return out
+
+
+def labels_for(ex: ProcessExplained, phase: str) -> str:
+    """What the temporaries of ``phase`` are called in this process's explanations."""
+    if phase == "optimizer.step":
+        return ex.temporaries_name
+    return _TEMP_LABELS.get(phase, "temporaries")
+
+
+_ORDER = ("data", "forward", "backward", "optimizer.step", "zero_grad", "eval")
+
+
+def _phase_order(name: str) -> tuple[int, str]:
+    return (_ORDER.index(name) if name in _ORDER else len(_ORDER), name)
+
+
+def format_predicted(
+    label: str, predicted: dict[str, Any], findings: list[str], notes: list[str]
+) -> list[str]:
+    """The text of ``gpuwatch info`` for one process, from its ``predicted`` JSON object:
+    a table of predicted against measured peaks, then one line per phase."""
+    sources = {e.get("activations_source") for e in predicted.values()}
+    src = next(iter(sources), None) or "unknown"
+    lines = [
+        f"predicted vs measured, {label} (exact allocator peaks; activations: {src})",
+        f"  {'phase':18} {'first step: predicted':>22} {'measured':>11}"
+        f" {'later: predicted':>17} {'measured':>11}",
+    ]
+    for name, e in predicted.items():
+        lines.append(
+            f"  {name[:18]:18}"
+            f" {fmt_bytes(e.get('first_step_peak_bytes')):>22}"
+            f" {fmt_bytes(e.get('first_step_measured_peak_bytes')):>11}"
+            f" {fmt_bytes(e.get('peak_bytes')):>17}"
+            f" {fmt_bytes(e.get('measured_peak_bytes')):>11}"
+        )
+    for e in predicted.values():
+        if e.get("explained"):
+            lines.append(f"  {e['explained']}")
+    lines += [f"  finding: {f}" for f in findings]
+    lines += [f"  prediction: {n}" for n in notes]
+    return lines

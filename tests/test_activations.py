@@ -1,0 +1,386 @@
+"""Activations measured in the first training forward, on real models on the CPU.
+
+The truth is a live-tensor tracker (``livebytes.py``): after a forward, every storage still
+alive that was made during it is either the returned loss or something autograd saved.
+The models of ``_handwritten.py`` name nothing the Hugging Face way, so the facts carry no
+transformer shape and the predictor runs on the measurement alone; its phase peaks are
+held to 10% of the tracker's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _handwritten as H  # noqa: E402
+from _models import GPT, Llama, lora  # noqa: E402
+from livebytes import LiveBytes  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+import gpuwatch  # noqa: E402
+from gpuwatch.instrument import _api, _auto, _watch  # noqa: E402
+from gpuwatch.predict import breakdown, predict, total  # noqa: E402
+
+VOCAB, BATCH, SEQ = 1024, 4, 64
+PHASES = ("forward", "backward", "optimizer.step", "zero_grad")
+
+
+@pytest.fixture
+def sent(monkeypatch, sock_path: str) -> Iterator[list[dict[str, Any]]]:
+    """Facts as watch() sends them (the client's own send is covered by test_auto); the
+    phases go to a socket nobody reads, and none is left queued for the next test."""
+    out: list[dict[str, Any]] = []
+    monkeypatch.setattr(_api, "set_facts", out.append)
+    monkeypatch.delenv("GPUWATCH_ACTIVATIONS", raising=False)
+    gpuwatch.configure(socket=sock_path, enabled=True)
+    yield out
+    _auto.uninstall()
+    _watch._primary = None
+    _watch._reset_activations()
+    gpuwatch.flush()
+    _api._state.client.queue.clear()
+    _api._state.stack().clear()
+    _api._state.step = 0
+
+
+def _tokens() -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(1)
+    return (
+        torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+        torch.randint(0, VOCAB, (BATCH, SEQ), generator=g),
+    )
+
+
+def _images() -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+
+HANDWRITTEN: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, Any]]]] = {
+    "tinyllama": (H.TinyLlama, _tokens),
+    "fused-gpt": (H.FusedGPT, _tokens),
+    "moe": (H.TinyMoE, _tokens),
+    "cnn": (H.SmallCNN, _images),
+}
+KNOWN = {
+    "gpt-eager-dropout": (lambda: GPT(VOCAB, SEQ, 2, 128, 4, "eager", dropout=0.1), _tokens),
+    "llama-sdpa": (lambda: Llama(VOCAB, 2, 128, 4, 2, 352, "sdpa"), _tokens),
+    "llama-lora": (lambda: lora(Llama(VOCAB, 2, 128, 4, 2, 352, "sdpa"), 8), _tokens),
+}
+
+
+def _activations(sent: list[dict[str, Any]]) -> dict[str, Any]:
+    with_act = [f for f in sent if "activations" in f]
+    assert with_act, "no activations facts were sent"
+    return with_act[-1]["activations"]
+
+
+def _train(
+    model: nn.Module, data: tuple[Any, Any], steps: int, *, watch: bool
+) -> tuple[list[dict[str, int]], int, int]:
+    """Train ``steps`` steps under the tracker: per-step phase peaks, the bytes alive
+    after the first forward (made by it), and the loss's own bytes."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+    if watch:
+        gpuwatch.watch(model, opt)
+    live = LiveBytes()
+    for t in (*model.parameters(), *model.buffers()):
+        live.track(t)
+    peaks: list[dict[str, int]] = []
+    made = loss_bytes = 0
+    with live:
+        for step in range(steps):
+            got: dict[str, int] = {}
+
+            def phase(name: str, fn: Callable[[], Any], got: dict = got) -> Any:
+                live.peak = live.total
+                out = fn()
+                got[name] = live.peak
+                return out
+
+            before = live.total
+            loss = phase("forward", lambda: model(*data))
+            if step == 0:
+                made = live.total - before
+                loss_bytes = loss.untyped_storage().nbytes()
+            phase("backward", loss.backward)
+            del loss
+            phase("optimizer.step", opt.step)
+            phase("zero_grad", lambda: opt.zero_grad(set_to_none=True))
+            peaks.append(got)
+    return peaks, made, loss_bytes
+
+
+@pytest.mark.parametrize("name", [*HANDWRITTEN, *KNOWN])
+def test_measured_bytes_are_what_autograd_saved(sent: list, name: str) -> None:
+    make, data = {**HANDWRITTEN, **KNOWN}[name]
+    torch.manual_seed(0)
+    _, made, loss_bytes = _train(make().train(), data(), 1, watch=True)
+    act = _activations(sent)
+    assert act["until"] == "backward" and "error" not in act
+    # Alive after forward and made by it: the loss, and what autograd keeps for backward.
+    assert act["bytes"] + act["amp_copy_bytes"] == made - loss_bytes
+    assert act["bytes"] == sum(m["bytes"] for m in act["modules"])
+    grads = sum(m["grad_bytes"] for m in act["modules"])
+    assert grads == sum(p.numel() * 4 for p in make().parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", list(HANDWRITTEN))
+def test_unknown_models_are_predicted_from_the_measurement(sent: list, name: str) -> None:
+    make, data = HANDWRITTEN[name]
+    torch.manual_seed(0)
+    peaks, _, _ = _train(make().train(), data(), 2, watch=True)
+    facts = sent[-1]
+    assert "transformer" not in facts  # no shape heuristic knows these models
+    p = predict(facts)
+    assert p.activations_source == "measured" and p.activations_known
+    for step, got in enumerate(peaks):
+        for phase in PHASES:
+            pred = total(breakdown(p, phase, first_step=step == 0))
+            assert abs(pred - got[phase]) <= 0.10 * got[phase], (phase, step, pred, got)
+
+
+def test_the_model_computes_the_same(sent: list) -> None:
+    results = []
+    for watch in (False, True):
+        torch.manual_seed(0)
+        model = H.TinyMoE().train()
+        _train(model, _tokens(), 2, watch=watch)
+        results.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    assert _activations(sent)["bytes"] > 0
+
+
+def test_nothing_is_left_installed_after_the_first_forward(sent: list) -> None:
+    model = H.TinyLlama().train()
+    hooks_before = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    _train(model, _tokens(), 1, watch=True)
+    assert _auto.activations_hook is None and _watch._meter is None
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    hooks_after = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    assert hooks_after == hooks_before + 2  # the phases' own pre/post hooks on the model
+    n = len(sent)
+    _train(model, _tokens(), 1, watch=False)  # later steps: no facts, no measuring
+    assert len(sent) == n
+
+
+def test_the_formula_and_the_measurement_disagreeing_is_a_finding(sent: list) -> None:
+    torch.manual_seed(0)
+    _train(Llama(VOCAB, 2, 128, 4, 2, 352, "sdpa").train(), _tokens(), 1, watch=True)
+    facts = sent[-1]
+    p = predict(facts)
+    assert p.activations_source == "formula" and p.activations_measured is not None
+    assert p.findings == []  # the formula knows this model: they agree
+    facts["transformer"] = dict(facts["transformer"], intermediate=2000)  # a wrong shape
+    p = predict(facts)
+    assert p.activations_source == "formula"
+    assert len(p.findings) == 1 and "autograd saved" in p.findings[0]
+
+
+# --------------------------------------------------------------------------- others' hooks
+
+
+class _Store:
+    """A user's own saved-tensor hooks: pack into a dict, hand back a key (opaque)."""
+
+    def __init__(self, handle: bool) -> None:
+        self.handle = handle
+        self.store: dict[int, Any] = {}
+        self.packed = self.unpacked = 0
+
+    def pack(self, t: Any) -> Any:
+        self.packed += 1
+        if not self.handle:
+            return t.detach()
+        self.store[len(self.store)] = t.detach()
+        return len(self.store) - 1
+
+    def unpack(self, x: Any) -> Any:
+        self.unpacked += 1
+        return self.store[x] if self.handle else x
+
+
+@pytest.mark.parametrize("handle", [False, True], ids=["tensor", "handle"])
+def test_the_users_own_saved_tensor_hooks_are_chained(sent: list, handle: bool) -> None:
+    counts = []
+    grads = []
+    for watch in (False, True):
+        torch.manual_seed(0)
+        model = H.TinyLlama().train()
+        if watch:
+            gpuwatch.watch(model)
+        user = _Store(handle)
+        with torch.autograd.graph.saved_tensors_hooks(user.pack, user.unpack):
+            model(*_tokens()).backward()
+        counts.append((user.packed, user.unpacked))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert counts[0] == counts[1] and counts[0][0] > 0  # every tensor reached their hooks
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    act = _activations(sent)
+    assert act["user_hooks"] is True
+    if handle:  # kept by their store, not by autograd on the device
+        assert act["bytes"] == 0 and act["opaque_bytes"] > 0
+    else:
+        assert act["bytes"] > 0 and act["opaque_bytes"] == 0
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+
+
+class _Reentrant(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = H.TinyLlama()
+
+    def forward(self, x: Any, y: Any) -> Any:
+        m = self.inner
+        h = m.tok(x)
+        t = torch.arange(x.shape[1])[:, None] * m.freqs[None, :]
+        cos, sin = t.cos(), t.sin()
+        for blk in m.blocks:
+            h = checkpoint(blk, h, cos, sin, use_reentrant=True)
+        logits = m.out(m.norm(h))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def _ckpt_gpt() -> nn.Module:
+    model = GPT(VOCAB, SEQ, 2, 128, 4, "eager")
+    model.gradient_checkpointing_enable()  # torch.utils.checkpoint, use_reentrant=False
+    return model
+
+
+@pytest.mark.parametrize("make", [_ckpt_gpt, _Reentrant], ids=["non-reentrant", "reentrant"])
+def test_activation_checkpointing(sent: list, make: Callable[[], nn.Module]) -> None:
+    results = []
+    for watch in (False, True):
+        torch.manual_seed(0)
+        model = make().train()
+        _, made, loss_bytes = _train(model, _tokens(), 2, watch=watch)
+        results.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    act = _activations(sent)
+    # What the checkpoints keep (their inputs) is what stays alive; inner saves are dropped.
+    assert act["bytes"] == made - loss_bytes
+    recomputed = [m["name"] for m in act["modules"] if m.get("recomputed")]
+    assert len(recomputed) == 2, act["modules"]
+    notes = predict(sent[-1]).notes
+    assert any("activation checkpointing" in n for n in notes)
+
+
+def test_torch_compile_is_skipped_and_untouched(sent: list) -> None:
+    results = []
+    for watch in (False, True):
+        torch.manual_seed(0)
+        model = H.TinyLlama().train()
+        opt = torch.optim.AdamW(model.parameters(), foreach=True)
+        if watch:
+            gpuwatch.watch(model, opt)  # compiled after watch(): hooks run inside it
+        compiled = torch.compile(model, backend="aot_eager")
+        for _ in range(2):
+            compiled(*_tokens()).backward()
+            opt.step()
+            opt.zero_grad()
+        results.append([p.detach().clone() for p in model.parameters()])
+        torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+    assert _activations(sent) == {"source": "measured", "skipped": "torch.compile"}
+    assert any("not measured: torch.compile" in n for n in predict(sent[-1]).notes)
+
+
+def test_a_compiled_model_given_to_watch_is_skipped(sent: list) -> None:
+    model = torch.compile(H.FusedGPT().train(), backend="eager")
+    gpuwatch.watch(model)
+    model(*_tokens()).backward()
+    assert _activations(sent)["skipped"] == "torch.compile"
+    torch._dynamo.reset()
+
+
+def test_turned_off_by_the_environment(sent: list, monkeypatch) -> None:
+    monkeypatch.setenv("GPUWATCH_ACTIVATIONS", "0")
+    _train(H.FusedGPT().train(), _tokens(), 1, watch=True)
+    assert sent and not any("activations" in f for f in sent)
+
+
+def test_zero_code_discovery_measures_the_first_trained_model(sent: list) -> None:
+    assert _watch.autowatch()
+    torch.manual_seed(0)
+    model = H.FusedGPT().train()
+    with torch.no_grad():
+        model(*_tokens())  # an eval forward first: not measured
+    _, made, loss_bytes = _train(model, _tokens(), 1, watch=False)
+    act = _activations(sent)
+    assert act["bytes"] == made - loss_bytes
+    assert {m["name"] for m in act["modules"]} >= {"emb", "stack.0", "stack.1", "final"}
+
+
+def test_a_loss_outside_the_model_counts(sent: list) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(VOCAB, 64), nn.Linear(64, VOCAB))
+    gpuwatch.watch(model)
+    x, y = _tokens()
+    logits = model(x)
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+    loss.backward()
+    act = _activations(sent)
+    outside = [m for m in act["modules"] if m["name"] == "(outside)"]
+    # log_softmax keeps its fp32 output; nll_loss its target and total weight (a scalar).
+    assert outside and outside[0]["bytes"] == logits.numel() * 4 + y.numel() * 8 + 4
+
+
+def test_a_backward_on_another_thread_ends_it_on_the_next_forward(sent: list) -> None:
+    torch.manual_seed(0)
+    model = H.FusedGPT().train()
+    gpuwatch.watch(model)
+    loss = model(*_tokens())
+    t = threading.Thread(target=loss.backward)
+    t.start()
+    t.join()
+    assert _watch._meter is not None  # stopped counting, hooks still ours on this thread
+    model(*_tokens())
+    assert _watch._meter is None
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    assert _activations(sent)["until"] == "backward"
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["loop-keeps-logits", "inline-loss"])
+def test_outputs_the_loop_keeps_are_counted_through_the_step(sent: list, hold: bool) -> None:
+    """``logits = model(x)`` keeps the logits alive through backward and the step (until
+    the next forward replaces them): measured as backward begins, predicted from then on."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(8192, 64), nn.Linear(64, 8192)).train()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    gpuwatch.watch(model, opt)
+    x, y = (t % 8192 for t in _tokens())
+    live = LiveBytes()
+    for t in (*model.parameters(), *model.buffers()):
+        live.track(t)
+    truth: list[dict[str, int]] = []
+    with live:
+        for _ in range(2):
+            got: dict[str, int] = {}
+            live.peak = live.total
+            if hold:
+                logits = model(x)
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            else:
+                loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            got["forward"] = live.peak
+            for name, fn in (("backward", loss.backward), ("optimizer.step", opt.step)):
+                live.peak = live.total
+                fn()
+                got[name] = live.peak
+            del loss
+            opt.zero_grad(set_to_none=True)
+            truth.append(got)
+    logits_bytes = BATCH * SEQ * 8192 * 4
+    act = _activations(sent)
+    assert act["held_output_bytes"] == (logits_bytes if hold else 0)
+    p = predict(sent[-1])
+    for step, got in enumerate(truth):
+        for name in ("backward", "optimizer.step"):
+            pred = total(breakdown(p, name, first_step=step == 0))
+            assert abs(pred - got[name]) <= 0.10 * got[name], (name, step, pred, got[name])

@@ -108,14 +108,14 @@ class phase:
         if not st.enabled:
             return self
         try:
-            fig = st.memory.boundary()
             t = _monotonic_ns()
+            fig = st.memory.boundary(t, "begin")
             stack = st.stack()
             sid = next(st.ids)
             parent = stack[-1][0] if stack else None
             stack.append((sid, self.name))
-            st.client.emit(
-                ("phase", t, "begin", self.name, sid, parent, len(stack) - 1, st.step, fig, None)
+            st.client.emit_phase(
+                t, "begin", self.name, sid, parent, len(stack) - 1, st.step, fig, None
             )
         except Exception:
             pass
@@ -126,8 +126,8 @@ class phase:
         if not st.enabled:
             return False
         try:
-            fig = st.memory.boundary()
             t = _monotonic_ns()
+            fig = st.memory.boundary(t, "end")
             stack = st.stack()
             # Pop our own frame; tolerate an unbalanced stack rather than raise.
             sid = None
@@ -140,9 +140,7 @@ class phase:
                 return False
             parent = stack[-1][0] if stack else None
             error = exc_type.__name__ if exc_type is not None else None
-            st.client.emit(
-                ("phase", t, "end", self.name, sid, parent, len(stack), st.step, fig, error)
-            )
+            st.client.emit_phase(t, "end", self.name, sid, parent, len(stack), st.step, fig, error)
             if error is not None and "OutOfMemory" in error and st.on_oom is not None:
                 st.on_oom(exc, self.name)
             elif error is None and self.name == "optimizer.step":
@@ -188,16 +186,16 @@ def open_span(
     if not st.enabled:
         return None
     try:
-        if fig is _READ:
-            fig = st.memory.boundary()
         if t is None:
             t = _monotonic_ns()
+        if fig is _READ:
+            fig = st.memory.boundary(t, "begin")
         if sid is None:
             sid = next(st.ids)
         stack = st.stack()
         parent = stack[-1][0] if stack else None
         stack.append((sid, name))
-        st.client.emit(("phase", t, "begin", name, sid, parent, len(stack) - 1, st.step, fig, None))
+        st.client.emit_phase(t, "begin", name, sid, parent, len(stack) - 1, st.step, fig, None)
         return sid
     except Exception:
         return None
@@ -238,14 +236,14 @@ def close_span(
                 break
         if not st.enabled:
             return None
-        if fig is _READ:
-            fig = st.memory.boundary()
         if t is None:
             t = _monotonic_ns()
+        if fig is _READ:
+            fig = st.memory.boundary(t, "end")
         parent = stack[depth - 1][0] if depth and stack else None
         if exc is not None:
             error = exc.__class__.__name__
-        st.client.emit(("phase", t, "end", name, sid, parent, depth, st.step, fig, error))
+        st.client.emit_phase(t, "end", name, sid, parent, depth, st.step, fig, error)
         if exc is not None and st.on_oom is not None and "OutOfMemory" in error:
             st.on_oom(exc, name)
         return t, fig

@@ -33,6 +33,7 @@ from .model import (
     Mark,
     Oom,
     OpenSpan,
+    PhaseRow,
     gpu_key,
     norm_uuid,
 )
@@ -458,7 +459,8 @@ class Session:
             for span in proc.open.values():
                 span.peak_alloc = _max(span.peak_alloc, pa)
                 span.peak_reserved = _max(span.peak_reserved, pr)
-        if b.get("allocated") is not None:
+            # Only a boundary that read and reset the peak counters starts a new interval:
+            # one that shared the previous read (the same instant) reports no peaks.
             proc.last_boundary = msg.t
         if b["event"] == "begin":
             proc.open[b["id"]] = OpenSpan(
@@ -478,22 +480,22 @@ class Session:
             return
         proc.max_span = max(proc.max_span, msg.t - span.t0)
         proc.phases.append(
-            (
-                msg.t,
-                span.t0,
-                self.name_id(span.name),
-                _opt(span.step),
-                span.depth,
-                span.id,
-                _opt(span.parent),
-                _opt(b.get("dev", span.dev)),
-                _opt(span.alloc0),
-                _opt(span.reserved0),
-                _opt(b.get("allocated")),
-                _opt(b.get("reserved")),
-                _opt(span.peak_alloc),
-                _opt(span.peak_reserved),
-                1 if b.get("error") else 0,
+            PhaseRow(
+                t1=msg.t,
+                t0=span.t0,
+                name=self.name_id(span.name),
+                step=_opt(span.step),
+                depth=span.depth,
+                id=span.id,
+                parent=_opt(span.parent),
+                dev=_opt(b.get("dev", span.dev)),
+                alloc0=_opt(span.alloc0),
+                reserved0=_opt(span.reserved0),
+                alloc1=_opt(b.get("allocated")),
+                reserved1=_opt(b.get("reserved")),
+                peak_alloc=_opt(span.peak_alloc),
+                peak_reserved=_opt(span.peak_reserved),
+                error=1 if b.get("error") else 0,
             )
         )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 HOST = "host"
 """Device key of the host (RAM and the RSS of instrumented processes)."""
@@ -41,22 +41,37 @@ PEAK_COLUMNS = (
     ("peak_reserved", "i8"),
 )
 RSS_COLUMNS = (("t", "i8"), ("rss", "i8"))
-PHASE_COLUMNS = (
-    ("t1", "i8"),  # end time: spans are appended as they end
-    ("t0", "i8"),
-    ("name", "i4"),  # index into Session.names
-    ("step", "i8"),
-    ("depth", "i2"),
-    ("id", "i8"),
-    ("parent", "i8"),
-    ("dev", "i8"),
-    ("alloc0", "i8"),
-    ("reserved0", "i8"),
-    ("alloc1", "i8"),
-    ("reserved1", "i8"),
-    ("peak_alloc", "i8"),  # exact peak allocated inside the span (from the allocator)
-    ("peak_reserved", "i8"),
-    ("error", "i1"),
+
+
+class PhaseRow(NamedTuple):
+    """One ended span, a row of a process's ``phases`` table (:data:`PHASE_COLUMNS`).
+
+    Unknown integers are :data:`~gpuwatch.session.table.MISSING_INT`.
+    """
+
+    t1: int  # end time: spans are appended as they end
+    t0: int
+    name: int  # index into Session.names
+    step: int
+    depth: int
+    id: int
+    parent: int
+    dev: int
+    alloc0: int
+    reserved0: int
+    alloc1: int
+    reserved1: int
+    peak_alloc: int  # exact peak allocated inside the span (from the allocator)
+    peak_reserved: int
+    error: int  # 1: it ended by an exception
+
+
+PHASE_COLUMNS = tuple(
+    zip(
+        PhaseRow._fields,
+        ("i8", "i8", "i4", "i8", "i2", "i8", "i8", "i8", "i8", "i8", "i8", "i8", "i8", "i8", "i1"),
+        strict=True,
+    )
 )
 GPU_PROC_COLUMNS = (("t", "i8"), ("pid", "i8"), ("used", "i8"), ("type", "i1"))
 """NVML's process list per GPU; ``type`` 0 compute, 1 graphics, 2 both (one row per PID).

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_gpuwatch, wait_for
 
-from gpuwatch.store import open_recording
+from gpuwatch.store import RecordingError, open_recording
 
 SAMPLE = ROOT / "samples" / "gpt2-small-h100.gpuwatch"
 
@@ -104,6 +104,18 @@ def test_run_and_record_of_a_missing_command_exit_2(tmp_path: Path, sock_path: s
     assert "cannot run /nonexistent/program" in result.stderr
 
 
+def _writer_pid(path: Path) -> int | None:
+    """The recording's writer pid, or None while the file is still being created."""
+    try:
+        rec = open_recording(path)
+    except RecordingError:
+        return None
+    try:
+        return int(rec.meta.get("writer_pid", 0))
+    finally:
+        rec.close()
+
+
 def test_force_does_not_overwrite_a_recording_being_written(tmp_path: Path, sock_dir: Path) -> None:
     out = tmp_path / "r.gpuwatch"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -123,7 +135,7 @@ def test_force_does_not_overwrite_a_recording_being_written(tmp_path: Path, sock
         text=True,
     )
     try:
-        assert wait_for(lambda: out.exists() and open_recording(out).meta.get("writer_pid"))
+        assert wait_for(lambda: _writer_pid(out) == first.pid)
         second = run_gpuwatch(
             "record",
             "--force",

@@ -50,6 +50,7 @@ def _ended(session: Session, pid: int) -> bool:
     return proc is not None and proc.ended is not None
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -80,6 +81,7 @@ def test_plain_script_gets_phases(
     assert not proc.open, "every phase ended by exit"
 
 
+@pytest.mark.torch
 def test_manual_phases_under_the_startup_hook_are_not_doubled(
     live: Session, sock_path: str, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -102,6 +104,7 @@ def test_manual_phases_under_the_startup_hook_are_not_doubled(
     assert [r for r in rows(live, child.pid) if r[1] > 0] == [("data", 1, 3), ("data", 1, 6)]
 
 
+@pytest.mark.torch
 def test_exit_status_and_log(sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
     child = _run(sock_path, env, tmp_path, "--steps", "1", "--exit-code", "3")
     assert (child.returncode, child.exit_status) == (3, 3)
@@ -129,6 +132,7 @@ def test_command_not_found(sock_path: str, tmp_path: Path) -> None:
         launch.start([], socket_path=sock_path, log_path=tmp_path / "l")
 
 
+@pytest.mark.torch
 def test_stop_interrupts_the_job(live: Session, sock_path: str, env, tmp_path: Path) -> None:
     child = launch.start(
         [sys.executable, PLAIN, "--steps", "100000", "--sleep", "0.01"],
@@ -225,6 +229,7 @@ def test_startup_hook_is_light_and_chains(sock_path: str, env, tmp_path: Path) -
     assert out[3] == launch.BOOT_DIR
 
 
+@pytest.mark.torch
 def test_auto_off(live: Session, sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
     child = _run(sock_path, {**env, "GPUWATCH_AUTO": "0"}, tmp_path, "--steps", "2")
     assert child.exit_status == 0
@@ -233,6 +238,7 @@ def test_auto_off(live: Session, sock_path: str, env: dict[str, str], tmp_path: 
     assert child.pid not in live.processes
 
 
+@pytest.mark.torch
 def test_torchrun_ranks_annotate_their_own_phases(
     live: Session, sock_path: str, env: dict[str, str], tmp_path: Path
 ) -> None:

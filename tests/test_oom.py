@@ -10,16 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import wait_for
-from fake_cuda import FakeCuda
-from phasecheck import receiver
-from torch import nn
 
-import gpuwatch
-from gpuwatch.instrument import _api, _auto, _oom, _watch
-from gpuwatch.instrument._torchmem import TorchMemory
-from gpuwatch.session import Session
+torch = pytest.importorskip("torch")
+
+from conftest import wait_for  # noqa: E402
+from fake_cuda import FakeCuda  # noqa: E402
+from phasecheck import receiver  # noqa: E402
+from torch import nn  # noqa: E402
+
+import gpuwatch  # noqa: E402
+from gpuwatch.instrument import _api, _auto, _oom, _watch  # noqa: E402
+from gpuwatch.instrument._torchmem import TorchMemory  # noqa: E402
+from gpuwatch.session import Session  # noqa: E402
 
 PID = os.getpid()
 GIB, MIB = 1024**3, 1024**2

@@ -45,6 +45,18 @@ def _run(sock_path: str, env: dict[str, str], tmp_path: Path, *args: str) -> lau
     return child
 
 
+def _python(code: str, sock_path: str, env: dict[str, str], tmp_path: Path) -> launch.Child:
+    """``python -c code`` started under gpuwatch, its output in ``tmp_path / "log"``."""
+    return launch.start(
+        [sys.executable, "-c", code], socket_path=sock_path, log_path=tmp_path / "log", env=env
+    )
+
+
+def _printed(child: launch.Child, line: str) -> bool:
+    """Whether the child printed ``line`` (the log's first line, the command, holds it too)."""
+    return line in child.log_path.read_text().splitlines()
+
+
 def _ended(session: Session, pid: int) -> bool:
     proc = session.processes.get(pid)
     return proc is not None and proc.ended is not None
@@ -171,12 +183,9 @@ def test_a_job_that_dies_of_sigint_is_reported_so(
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
     )
-    child = launch.start(
-        [sys.executable, "-c", code], socket_path=sock_path, log_path=tmp_path / "l", env=env
-    )
+    child = _python(code, sock_path, env, tmp_path)
     try:
-        # The log's first line holds the command, "ready" included: wait for the line.
-        assert wait_for(lambda: "ready" in child.log_path.read_text().splitlines(), timeout=30)
+        assert wait_for(lambda: _printed(child, "ready"), timeout=30)
         assert child.stop(grace=20) == -signal.SIGINT
         assert child.exit_status == 130
         assert child.describe().endswith("killed by SIGINT")
@@ -188,13 +197,9 @@ def test_a_job_that_dies_of_sigint_is_reported_so(
 
 
 def test_supervise_forwards_signals(sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
-    child = launch.start(
-        [sys.executable, "-c", "import time\nprint('ready', flush=True)\ntime.sleep(60)"],
-        socket_path=sock_path,
-        log_path=tmp_path / "log",
-        env=env,
-    )
-    assert wait_for(lambda: "ready" in child.log_path.read_text(), timeout=30)
+    code = "import time\nprint('ready', flush=True)\ntime.sleep(60)"
+    child = _python(code, sock_path, env, tmp_path)
+    assert wait_for(lambda: _printed(child, "ready"), timeout=30)
     before = signal.getsignal(signal.SIGTERM)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
@@ -219,9 +224,7 @@ def test_startup_hook_is_light_and_chains(sock_path: str, env, tmp_path: Path) -
         "print(sorted(m for m in ('torch', 'gpuwatch', 'numpy') if m in sys.modules)); "
         "print(os.environ['PYTHONPATH'].split(os.pathsep)[0])"
     )
-    child = launch.start(
-        [sys.executable, "-c", code], socket_path=sock_path, log_path=tmp_path / "l", env=env
-    )
+    child = _python(code, sock_path, env, tmp_path)
     assert child.wait(30) == 0
     out = child.log_path.read_text().splitlines()
     assert out[1] == f"ran {theirs / 'sitecustomize.py'}"  # their sitecustomize still runs

@@ -1,7 +1,10 @@
-"""Shared fixtures: short private socket paths, subprocess environments, GPU detection."""
+"""Shared fixtures: short private socket paths, subprocess environments, GPU and torch
+detection, and the user's own directories kept out of reach of every test."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -10,11 +13,43 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "train_tiny_gpt.py"
+
+# ------------------------------------------------------------------ the user's directories
+
+USER_DIRS = ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR")
+"""Where gpuwatch keeps recordings, run logs and settings, and its default socket."""
+
+USER_ROOT = Path(tempfile.mkdtemp(prefix="gw-home-", dir="/tmp"))
+"""Stands in for the user's directories for the whole session, in this process and in every
+process a test starts (they inherit the environment): a default recording, a ``gpuwatch
+run`` log or a default socket never lands in, or talks to, the real ones. The user's own
+``GPUWATCH_*`` settings (a socket, ``GPUWATCH_DISABLE``) are not the suite's either."""
+
+
+def _isolate_user_dirs() -> None:
+    for name in [n for n in os.environ if n.startswith("GPUWATCH_")]:
+        del os.environ[name]
+    for name in USER_DIRS:
+        path = USER_ROOT / name.removeprefix("XDG_").lower()
+        path.mkdir(mode=0o700)
+        os.environ[name] = str(path)
+
+
+# At import, before any test module imports gpuwatch (whose client finds its socket then).
+_isolate_user_dirs()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(USER_ROOT, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ what this machine has
 
 
 def _have_gpu() -> bool:
@@ -30,16 +65,20 @@ def _have_gpu() -> bool:
 
 
 HAVE_GPU = _have_gpu()
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (none found here)")
     skip_tmux = pytest.mark.skip(reason="needs tmux on PATH")
+    skip_torch = pytest.mark.skip(reason="needs torch (not installed here)")
     for item in items:
         if "gpu" in item.keywords and not HAVE_GPU:
             item.add_marker(skip_gpu)
         if "tmux" in item.keywords and shutil.which("tmux") is None:
             item.add_marker(skip_tmux)
+        if item.get_closest_marker("torch") is not None and not HAVE_TORCH:
+            item.add_marker(skip_torch)
 
 
 @pytest.fixture
@@ -64,6 +103,24 @@ def sub_env(sock_path: str) -> dict[str, str]:
     env["GPUWATCH_SOCKET"] = sock_path
     env.pop("GPUWATCH_DISABLE", None)
     return env
+
+
+FAKE_NVML = "tests.fake_nvml"
+"""``$GPUWATCH_NVML_BACKEND`` that serves NVML from tests/fake_nvml.py in a child process."""
+
+
+def fake_nvml_env(env: dict[str, str], spec: dict[str, Any]) -> dict[str, str]:
+    """``env`` for a gpuwatch child whose NVML is the fake built from ``spec`` (its JSON)."""
+    return {**env, "GPUWATCH_NVML_BACKEND": FAKE_NVML, "GPUWATCH_FAKE_NVML": json.dumps(spec)}
+
+
+def no_gpu_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for children that must take the CPU path on any machine, a GPU one included.
+
+    torch sees no GPU (so a script picks the CPU and no optimizer step creates a CUDA
+    context), and gpuwatch's NVML is the fake with no GPU.
+    """
+    return {**fake_nvml_env(env, {"gpus": 0}), "CUDA_VISIBLE_DEVICES": ""}
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> bool:

@@ -9,15 +9,17 @@ import types
 from collections.abc import Iterator
 
 import pytest
-import torch
-from conftest import wait_for
-from phasecheck import phases, receiver, rows, step_rows, wait_rows
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-import gpuwatch
-from gpuwatch.instrument import _api, _auto, _watch
-from gpuwatch.session import Session
+torch = pytest.importorskip("torch")
+
+from conftest import wait_for  # noqa: E402
+from phasecheck import phases, receiver, rows, step_rows, wait_rows  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+import gpuwatch  # noqa: E402
+from gpuwatch.instrument import _api, _auto, _watch  # noqa: E402
+from gpuwatch.session import Session  # noqa: E402
 
 PID = os.getpid()
 

@@ -25,6 +25,7 @@ def gw_env(sock_path: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.torch
 def test_live_dashboard_shows_the_sample_and_reacts_to_keys(gw_env, sock_path) -> None:
     tmux = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
     try:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import ROOT, wait_for
+from fake_cuda import cuda_in_use
 
 import gpuwatch
 from gpuwatch.instrument import _api
@@ -96,16 +97,29 @@ def test_never_raises_on_bad_input_or_bad_socket(tmp_path) -> None:
     gpuwatch.flush()
 
 
-def test_disabled_client_sends_nothing(live: Session) -> None:
-    gpuwatch.configure(enabled=False)
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda-in-use"])
+def test_disabled_client_sends_nothing(
+    sock_path: str, monkeypatch: pytest.MonkeyPatch, cuda: bool
+) -> None:
+    # On a machine with a GPU, CUDA is in use in this very process (see fake_cuda): the
+    # sender thread's periodic allocator figures must stop too, not only the phases.
+    if cuda:
+        cuda_in_use(_api._state.memory, monkeypatch)
+    _api._state.client._start()  # the sender thread, as earlier tests leave it running
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.start()
+    # Off first: a client turned off and pointed at a dashboard in one call never greets it.
+    gpuwatch.configure(socket=sock_path, enabled=False)
     try:
         with gpuwatch.phase("forward"):
             gpuwatch.mark("x")
         gpuwatch.flush()
-        time.sleep(0.1)
-        assert os.getpid() not in live.processes
+        time.sleep(0.3)  # six wake-ups of the sender while CUDA is in use
+        assert rx.received == 0 and os.getpid() not in session.processes
     finally:
         gpuwatch.configure(enabled=True)
+        rx.stop()
 
 
 def test_queue_is_bounded_and_drops_are_counted(sock_path: str) -> None:
@@ -192,3 +206,56 @@ def test_forked_child_gets_a_fresh_client(live: Session) -> None:
     assert wait_for(lambda: child in live.processes and len(live.processes[child].phases) == 1)
     assert live.names[int(live.processes[child].phases.snapshot()["name"][0])] == "child"
     assert live.processes[child].hello  # the child greeted on its own
+
+
+_BURST = """\
+import os, sys, time
+from gpuwatch.instrument._client import Client
+path, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = Client(path, interval=3600, max_wait=10.0)
+while not os.path.exists(go):
+    time.sleep(0.001)
+for i in range(n):
+    client.emit(("mark", time.monotonic_ns(), f"burst {i}", "info", 0))
+client.flush()
+print(client.sent, client.dropped)
+"""
+
+
+def test_ranks_bursting_at_once_lose_nothing_to_a_live_dashboard(
+    sock_path: str, sub_env: dict[str, str], tmp_path
+) -> None:
+    # The ranks of a DDP job run in lockstep, so their senders flush at the same moments.
+    # The dashboard's queue holds few datagrams (net.unix.max_dgram_qlen: 10 unless the
+    # host raised it), so they meet it full and race for every slot it frees: a sender
+    # that gives up after losing a race or two drops events a live dashboard would take.
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.start()
+    go, n, ranks = tmp_path / "go", 300, 8
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BURST, sock_path, str(go), str(n)],
+            env=sub_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(ranks)
+    ]
+    try:
+        time.sleep(0.5)  # every rank waits at the start line
+        go.touch()
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        assert [o.split() for o, _ in outs] == [[str(n + 1), "0"]] * ranks  # + the hello
+        pids = [p.pid for p in procs]
+        assert wait_for(lambda: len(session.marks) == n * ranks), len(session.marks)
+        assert all(
+            (session.processes[pid].dropped, session.processes[pid].gaps) == (0, 0) for pid in pids
+        )
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        rx.stop()

@@ -45,11 +45,24 @@ def _run(sock_path: str, env: dict[str, str], tmp_path: Path, *args: str) -> lau
     return child
 
 
+def _python(code: str, sock_path: str, env: dict[str, str], tmp_path: Path) -> launch.Child:
+    """``python -c code`` started under gpuwatch, its output in ``tmp_path / "log"``."""
+    return launch.start(
+        [sys.executable, "-c", code], socket_path=sock_path, log_path=tmp_path / "log", env=env
+    )
+
+
+def _printed(child: launch.Child, line: str) -> bool:
+    """Whether the child printed ``line`` (the log's first line, the command, holds it too)."""
+    return line in child.log_path.read_text().splitlines()
+
+
 def _ended(session: Session, pid: int) -> bool:
     proc = session.processes.get(pid)
     return proc is not None and proc.ended is not None
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -80,6 +93,7 @@ def test_plain_script_gets_phases(
     assert not proc.open, "every phase ended by exit"
 
 
+@pytest.mark.torch
 def test_manual_phases_under_the_startup_hook_are_not_doubled(
     live: Session, sock_path: str, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -102,6 +116,7 @@ def test_manual_phases_under_the_startup_hook_are_not_doubled(
     assert [r for r in rows(live, child.pid) if r[1] > 0] == [("data", 1, 3), ("data", 1, 6)]
 
 
+@pytest.mark.torch
 def test_exit_status_and_log(sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
     child = _run(sock_path, env, tmp_path, "--steps", "1", "--exit-code", "3")
     assert (child.returncode, child.exit_status) == (3, 3)
@@ -129,6 +144,7 @@ def test_command_not_found(sock_path: str, tmp_path: Path) -> None:
         launch.start([], socket_path=sock_path, log_path=tmp_path / "l")
 
 
+@pytest.mark.torch
 def test_stop_interrupts_the_job(live: Session, sock_path: str, env, tmp_path: Path) -> None:
     child = launch.start(
         [sys.executable, PLAIN, "--steps", "100000", "--sleep", "0.01"],
@@ -139,11 +155,41 @@ def test_stop_interrupts_the_job(live: Session, sock_path: str, env, tmp_path: P
     try:
         assert wait_for(lambda: len(rows(live, child.pid)) > 6, timeout=60)
         assert child.running and child.exit_status is None
-        assert child.stop(grace=20) == -signal.SIGINT  # Python dies of the SIGINT it got
+        code = child.stop(grace=20)
+        # SIGINT first, as Ctrl-C: the job raised KeyboardInterrupt and ended by itself,
+        # before any SIGTERM or SIGKILL. How Python ends then is the job's own affair: it
+        # dies of the SIGINT, unless code run after the exception (at exit) executes a
+        # string: CPython then forgets the interrupt and exits with status 1. torch's
+        # compile-times report at exit imports `tabulate` where that is installed, and
+        # its namedtuples are such strings, with or without gpuwatch.
+        log = child.log_path.read_text()
+        assert "KeyboardInterrupt" in log
+        assert code in (-signal.SIGINT, 1), log
+        assert child.exit_status == launch.exit_status(code)
+        assert child.describe() == f"pid {child.pid} {launch.describe_returncode(code)}"
+        assert wait_for(lambda: _ended(live, child.pid))  # gpuwatch's goodbye still left
+    finally:
+        if child.running:
+            child.signal(signal.SIGKILL)
+            child.wait()
+
+
+def test_a_job_that_dies_of_sigint_is_reported_so(
+    sock_path: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = _python(code, sock_path, env, tmp_path)
+    try:
+        assert wait_for(lambda: _printed(child, "ready"), timeout=30)
+        assert child.stop(grace=20) == -signal.SIGINT
         assert child.exit_status == 130
         assert child.describe().endswith("killed by SIGINT")
-        assert "KeyboardInterrupt" in child.log_path.read_text()
-        assert wait_for(lambda: _ended(live, child.pid))
+        assert child.log_path.read_text().endswith("killed by SIGINT\n")
     finally:
         if child.running:
             child.signal(signal.SIGKILL)
@@ -151,13 +197,9 @@ def test_stop_interrupts_the_job(live: Session, sock_path: str, env, tmp_path: P
 
 
 def test_supervise_forwards_signals(sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
-    child = launch.start(
-        [sys.executable, "-c", "import time\nprint('ready', flush=True)\ntime.sleep(60)"],
-        socket_path=sock_path,
-        log_path=tmp_path / "log",
-        env=env,
-    )
-    assert wait_for(lambda: "ready" in child.log_path.read_text(), timeout=30)
+    code = "import time\nprint('ready', flush=True)\ntime.sleep(60)"
+    child = _python(code, sock_path, env, tmp_path)
+    assert wait_for(lambda: _printed(child, "ready"), timeout=30)
     before = signal.getsignal(signal.SIGTERM)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
@@ -182,9 +224,7 @@ def test_startup_hook_is_light_and_chains(sock_path: str, env, tmp_path: Path) -
         "print(sorted(m for m in ('torch', 'gpuwatch', 'numpy') if m in sys.modules)); "
         "print(os.environ['PYTHONPATH'].split(os.pathsep)[0])"
     )
-    child = launch.start(
-        [sys.executable, "-c", code], socket_path=sock_path, log_path=tmp_path / "l", env=env
-    )
+    child = _python(code, sock_path, env, tmp_path)
     assert child.wait(30) == 0
     out = child.log_path.read_text().splitlines()
     assert out[1] == f"ran {theirs / 'sitecustomize.py'}"  # their sitecustomize still runs
@@ -192,6 +232,7 @@ def test_startup_hook_is_light_and_chains(sock_path: str, env, tmp_path: Path) -
     assert out[3] == launch.BOOT_DIR
 
 
+@pytest.mark.torch
 def test_auto_off(live: Session, sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
     child = _run(sock_path, {**env, "GPUWATCH_AUTO": "0"}, tmp_path, "--steps", "2")
     assert child.exit_status == 0
@@ -200,6 +241,7 @@ def test_auto_off(live: Session, sock_path: str, env: dict[str, str], tmp_path: 
     assert child.pid not in live.processes
 
 
+@pytest.mark.torch
 def test_torchrun_ranks_annotate_their_own_phases(
     live: Session, sock_path: str, env: dict[str, str], tmp_path: Path
 ) -> None:

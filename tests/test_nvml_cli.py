@@ -10,16 +10,7 @@ import sys
 import uuid
 
 import pytest
-from conftest import wait_for
-
-FAKE = "tests.fake_nvml"
-
-
-def fake_env(sub_env: dict[str, str], spec: dict) -> dict[str, str]:
-    env = dict(sub_env)
-    env["GPUWATCH_NVML_BACKEND"] = FAKE
-    env["GPUWATCH_FAKE_NVML"] = json.dumps(spec)
-    return env
+from conftest import fake_nvml_env, wait_for
 
 
 def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> None:
@@ -33,7 +24,7 @@ def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> Non
         "print(s.notes)\n"
         "ls.stop()\n"
     )
-    env = fake_env(sub_env, {"gpus": 2, "trace": "flat"})
+    env = fake_nvml_env(sub_env, {"gpus": 2, "trace": "flat"})
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
@@ -51,7 +42,7 @@ def test_no_driver_in_a_child_is_one_note(sub_env: dict[str, str]) -> None:
         "import json\n"
         "ls = LiveSources(); ls.start(); print(json.dumps(ls.session.notes)); ls.stop()\n"
     )
-    env = fake_env(sub_env, {"init_error": "DRIVER_NOT_LOADED"})
+    env = fake_nvml_env(sub_env, {"init_error": "DRIVER_NOT_LOADED"})
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
@@ -73,7 +64,7 @@ def _tmux(server: str, *args: str) -> str:
 
 @pytest.mark.tmux
 def test_dashboard_shows_a_gpu_lost_while_the_other_samples(sub_env: dict[str, str]) -> None:
-    env = fake_env(sub_env, {"gpus": 2, "lose": [1, 1.5]})
+    env = fake_nvml_env(sub_env, {"gpus": 2, "lose": [1, 1.5]})
     name = "gw-nvml-" + uuid.uuid4().hex[:8]
     exports = " ".join(
         f"{k}={shlex.quote(env[k])}"
@@ -82,7 +73,7 @@ def test_dashboard_shows_a_gpu_lost_while_the_other_samples(sub_env: dict[str, s
     cmd = (
         # COLUMNS/LINES (pytest sets them) would pin the app's size below the window's.
         f"env -u COLUMNS -u LINES {exports} {shlex.quote(sys.executable)} -m gpuwatch "
-        "--interval 50; "
+        "--no-record --interval 50; "
         "echo EXIT=$?; sleep 30"
     )
     _tmux(name, "new-session", "-d", "-s", name, "-x", "200", "-y", "60", cmd)

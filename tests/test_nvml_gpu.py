@@ -58,7 +58,8 @@ def test_every_call_answers_and_nvml_latency_is_printed(capsys: pytest.CaptureFi
         for i in range(nvml.device_count()):
             d = nvml.device(i)
             m = d.memory()
-            assert m is not NA and 0 < m.used <= m.total
+            # An idle GPU may use nothing: memory v2 counts the driver's share as reserved.
+            assert m is not NA and 0 <= m.used <= m.total and m.total > 0
             assert str(d.uuid()).startswith(("GPU-", "MIG-"))
             lines.append(f"GPU {i} {d.name()} ({d.bus_id()}), memory v2: {m.reserved is not None}")
             for label, fn in _calls(d).items():

@@ -10,15 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import wait_for
-from phasecheck import receiver
-from torch import nn
 
-import gpuwatch
-from gpuwatch.instrument import _api, _auto, _oom, _watch
-from gpuwatch.instrument._torchmem import TorchMemory
-from gpuwatch.session import Session
+torch = pytest.importorskip("torch")
+
+from conftest import wait_for  # noqa: E402
+from fake_cuda import FakeCuda  # noqa: E402
+from phasecheck import receiver  # noqa: E402
+from torch import nn  # noqa: E402
+
+import gpuwatch  # noqa: E402
+from gpuwatch.instrument import _api, _auto, _oom, _watch  # noqa: E402
+from gpuwatch.instrument._torchmem import TorchMemory  # noqa: E402
+from gpuwatch.session import Session  # noqa: E402
 
 PID = os.getpid()
 GIB, MIB = 1024**3, 1024**2
@@ -189,25 +192,6 @@ def test_no_snapshot_without_cuda(live: Session, oom_snapshots: Path) -> None:
     assert list(oom_snapshots.iterdir()) == []
 
 
-class _FakeCuda:
-    """Just enough of torch.cuda for TorchMemory.boundary(): scripted allocator peaks."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-
-    def current_device(self) -> int:
-        return 0
-
-    def memory_stats_as_nested_dict(self, idx: int) -> dict:
-        return {
-            "allocated_bytes": {"all": {"current": self.peak // 2, "peak": self.peak}},
-            "reserved_bytes": {"all": {"current": self.peak, "peak": self.peak}},
-        }
-
-    def reset_peak_memory_stats(self, idx: int) -> None:
-        pass
-
-
 def test_spike_rule(live: Session, tmp_path: Path, monkeypatch) -> None:
     written: list[str] = []
     monkeypatch.setattr(_oom, "dump_snapshot", lambda path: written.append(path))
@@ -215,7 +199,7 @@ def test_spike_rule(live: Session, tmp_path: Path, monkeypatch) -> None:
     _oom._O.modes = frozenset({"spike"})
     _oom._O.snapshots = {"oom": 0, "spike": 0}
     _oom._O.high = 0
-    cuda = _FakeCuda()
+    cuda = FakeCuda()
     memory = TorchMemory()
     memory.active, memory._torch = True, types.SimpleNamespace(cuda=cuda)
     memory.on_peak = _oom._on_peak

@@ -76,6 +76,7 @@ def recording(tmp_path: Path, sock_path: str) -> Iterator[tuple[subprocess.Popen
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env["GPUWATCH_NVML_BACKEND"] = "tests.fake_nvml"
     env["GPUWATCH_FAKE_NVML"] = json.dumps({"gpus": 2, "trace": "training"})
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the sample on the CPU, on a GPU machine too
     env.pop("GPUWATCH_SOCKET", None)
     proc = subprocess.Popen(
         [
@@ -163,6 +164,7 @@ def query(base: str, promql: str) -> list[dict]:
     return answer["data"]["result"] if status == 200 else []
 
 
+@pytest.mark.torch
 def test_prometheus_scrapes_a_recorded_run(recording, prometheus_factory) -> None:
     proc, stderr, out = recording
     assert wait_for(lambda: stderr.find(r"metrics on (http://\S+)") or proc.poll(), 60)

@@ -73,6 +73,7 @@ def recorded_rows(path: Path) -> list[tuple[str, int, int]]:
         rec.close()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -92,6 +93,7 @@ def test_record_a_command_with_no_gpuwatch_import(tmp_path, sock_path, args, exp
         assert name in names
 
 
+@pytest.mark.torch
 def test_record_passes_the_exit_status_through(tmp_path, sock_path) -> None:
     result, _ = record(
         tmp_path, sock_path, sys.executable, PLAIN, "--steps", "1", "--exit-code", "3"
@@ -118,6 +120,7 @@ def test_run_without_a_command_is_a_usage_error() -> None:
     assert len(out.stderr.strip().splitlines()) == 1 and "needs a command" in out.stderr
 
 
+@pytest.mark.torch
 @pytest.mark.tmux
 def test_run_shows_the_command_and_asks_before_quitting(sock_path, tmp_path) -> None:
     log = tmp_path / "child.log"
@@ -144,6 +147,7 @@ def test_run_shows_the_command_and_asks_before_quitting(sock_path, tmp_path) -> 
         tmux.close()
 
 
+@pytest.mark.torch
 @pytest.mark.tmux
 def test_run_exit_status_becomes_gpuwatchs(sock_path, tmp_path) -> None:
     env = terminal_env()

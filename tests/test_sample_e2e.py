@@ -1,4 +1,5 @@
-"""The tiny-GPT sample as a real subprocess against a real receiver (CPU torch)."""
+"""The tiny-GPT sample as a real subprocess against a real receiver (CPU torch; CUDA too
+where there is a GPU)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_sample, start_sample, wait_for
+from conftest import no_gpu_env, run_sample, start_sample, wait_for
 
 from gpuwatch.session import Session
 from gpuwatch.sources.annotations import AnnotationReceiver
 from gpuwatch.sources.host import HostSampler
 
+pytestmark = pytest.mark.torch
+
 TOP = ("data", "forward", "backward", "optimizer.step", "zero_grad")
+
+
+def _torch_has_cuda() -> bool:
+    torch = pytest.importorskip("torch")
+    return torch.cuda.is_available()
 
 
 def _top_level(session: Session, pid: int) -> list[tuple[str, int, int, int]]:
@@ -43,8 +51,15 @@ def live(sock_path: str):
     rx.stop()
 
 
-def test_sample_phases_arrive_in_order(live: Session, sub_env: dict[str, str]) -> None:
-    proc = start_sample(sub_env, "--steps", "12", "--eval-every", "5", "--step-sleep", "0.02")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sample_phases_arrive_in_order(live: Session, sub_env: dict[str, str], device: str) -> None:
+    if device == "cuda" and not _torch_has_cuda():
+        pytest.skip("torch has no CUDA here")
+    # The CPU run hides the GPUs from torch: on a GPU machine the sample would pick CUDA,
+    # and even a CPU model's AdamW step creates a CUDA context there.
+    env = no_gpu_env(sub_env) if device == "cpu" else sub_env
+    args = ("--steps", "12", "--eval-every", "5", "--step-sleep", "0.02", "--device", device)
+    proc = start_sample(env, *args)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     pid = proc.pid
@@ -66,9 +81,18 @@ def test_sample_phases_arrive_in_order(live: Session, sub_env: dict[str, str]) -
     assert all(t0 <= t1 for _, _, t0, t1 in phases)
     # Phases do not overlap at the top level.
     assert all(a[3] <= b[2] for a, b in itertools.pairwise(phases))
-    # On the CPU the script sends no allocator figures; the dashboard samples its RSS.
     p = live.processes[pid]
-    assert len(p.torch) == 0
+    if device == "cpu":
+        # On the CPU the script sends no allocator figures; the dashboard samples its RSS.
+        assert len(p.torch) == 0 and "devices" not in p.hello
+    else:
+        # On CUDA: the allocator's figures, the exact peaks at the boundaries, and the
+        # GPU's UUID (torch's index is not NVML's) naming the device they belong to.
+        figures = p.torch.snapshot()
+        assert len(figures["t"]) > 0 and figures["allocated"].max() > 0
+        assert len(p.peaks) >= len(phases)
+        assert p.devices and all(k.startswith("gpu:") for k in p.devices.values())
+        assert not any(k.startswith("gpu:torch") for k in p.devices.values()), "no UUID"
     rss = p.rss.snapshot()
     assert len(rss["t"]) >= 3
     assert np.all(np.diff(rss["t"]) >= 0)

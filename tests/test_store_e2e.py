@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_gpuwatch, run_sample, start_sample, wait_for
+from conftest import ROOT, no_gpu_env, run_gpuwatch, run_sample, start_sample, wait_for
 from store_data import populated_session
 
 from gpuwatch.cli import CliError
@@ -45,15 +45,18 @@ def _start_recorder(env: dict[str, str], sock_path: str, out: Path) -> subproces
     return proc
 
 
+@pytest.mark.torch
 def test_record_the_cpu_sample_then_info_matches(
     tmp_path: Path, sock_path: str, sub_env: dict[str, str]
 ) -> None:
     out = tmp_path / "sample.gpuwatch"
-    recorder = _start_recorder(sub_env, sock_path, out)
+    # A machine without a GPU, wherever this runs: NVML sees none, nor does the sample's torch.
+    env = no_gpu_env(sub_env)
+    recorder = _start_recorder(env, sock_path, out)
     steps, every = 8, 4
     # Sleeping between steps lets the 10 Hz RSS sampler see the process during its phases.
     sample = run_sample(
-        sub_env, "--steps", str(steps), "--eval-every", str(every), "--step-sleep", "0.05"
+        env, "--steps", str(steps), "--eval-every", str(every), "--step-sleep", "0.05"
     )
     assert sample.returncode == 0, sample.stderr
     time.sleep(0.3)  # the last datagrams reach the receiver
@@ -90,6 +93,7 @@ def test_record_the_cpu_sample_then_info_matches(
     assert text.returncode == 0 and "optimizer.step" in text.stdout
 
 
+@pytest.mark.torch
 def test_sigkill_loses_at_most_about_a_second(
     tmp_path: Path, sock_path: str, sub_env: dict[str, str]
 ) -> None:

@@ -42,6 +42,7 @@ class _State:
             peaks=_env_flag("GPUWATCH_PEAKS", True), sync=_env_flag("GPUWATCH_SYNC", False)
         )
         self.client = Client(memory=self.memory)
+        self.client.enabled = self.enabled
         self.step: int = 0
         self.ids = count(1)
         self.local = threading.local()
@@ -298,6 +299,10 @@ def configure(
         enabled: Turn the client off entirely (``GPUWATCH_DISABLE=1``).
     """
     st = _state
+    if enabled is not None:
+        # First: a client pointed at a new socket and turned off in one call never greets it.
+        # The sender thread reads the client's flag; the API's hot paths read their own.
+        st.enabled = st.client.enabled = bool(enabled)
     if socket is not None:
         st.client.path = os.path.abspath(socket)
         st.client.disconnect()  # greet whoever is there
@@ -305,8 +310,6 @@ def configure(
         st.memory.sync = bool(sync)
     if peaks is not None:
         st.memory.peaks = bool(peaks)
-    if enabled is not None:
-        st.enabled = bool(enabled)
 
 
 def send(kind: str, body: dict[str, Any]) -> None:

@@ -74,6 +74,10 @@ class Client:
         memory_interval: Seconds between periodic ``memory`` events while CUDA is in use.
         max_wait: Seconds the sender thread may wait per flush for room in a busy
             dashboard's queue before dropping (never the training thread).
+
+    Attributes:
+        enabled: False sends nothing at all: no queued event, no periodic allocator
+            figures, no hello, no goodbye (``gpuwatch.configure(enabled=False)``).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Client:
     ) -> None:
         self.path = path or protocol.socket_path()
         self.memory = memory or TorchMemory()
+        self.enabled = True
         self.pid = os.getpid()
         self.queue: deque[tuple[Any, ...]] = deque()
         self.queue_max = queue_max
@@ -174,7 +179,7 @@ class Client:
         delay = self.interval
         while not self._stop.is_set():
             self._stop.wait(delay)
-            busy = bool(self.queue)
+            busy = self.enabled and bool(self.queue)
             try:
                 self.flush()
             except Exception:  # never let the sender die; it must keep counting drops
@@ -183,12 +188,17 @@ class Client:
                 delay = self.interval
             else:
                 limit = self.idle_interval
-                if self.memory.active:  # periodic allocator figures are due
+                if self.memory.active and self.enabled:  # periodic allocator figures are due
                     limit = min(limit, self.memory_interval)
                 delay = min(limit, delay * 2)
 
     def flush(self) -> None:
-        """Send everything queued (called by the sender thread, and once at exit)."""
+        """Send everything queued (called by the sender thread, and once at exit).
+
+        A disabled client sends nothing and keeps what is queued (for if it is enabled again).
+        """
+        if not self.enabled:
+            return
         hook = self.before_flush
         if hook is not None:
             try:
@@ -228,6 +238,8 @@ class Client:
         if self._stop.is_set():
             return
         self._stop.set()
+        if not self.enabled:
+            return
         try:
             self.queue.append(("bye", time.monotonic_ns(), exit_code, reason))
             self.flush()
@@ -309,14 +321,17 @@ class Client:
         if sock is None:
             self.send_dropped += 1
             return False
-        for _ in range(2):
+        while True:
             try:
                 sock.send(data)
                 self.sent += 1
                 return True
             except BlockingIOError:
-                # The dashboard's queue is full: wait a little for room, on this thread
-                # only, then give up on this event (a stalled dashboard costs us nothing).
+                # The dashboard's queue is full: wait for room, on this thread only, while
+                # this flush's budget lasts; then give up on this event (a stalled dashboard
+                # costs us nothing). A wake-up promises no room: the other ranks of the job
+                # send to the same queue and may take the slot first, so only the budget
+                # ends the waiting, never a count of tries.
                 if self._wait_budget <= 0 or not self._wait_writable(sock):
                     break
             except OSError:

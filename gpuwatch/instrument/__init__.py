@@ -1,12 +1,53 @@
 """Training-side instrumentation: runs inside the user's training process.
 
 Imports neither textual, numpy nor sqlite3, and torch only if the process already did.
+
+Besides the user's API (``phase``, ``mark``, ``step``, ``watch``, ``configure``,
+``flush``), this face is what gpuwatch's own integrations (``gpuwatch.integrations``) and
+automatic phases build on:
+
+- the span stack: :func:`open_span` / :func:`close_span` (a phase begun and ended by id,
+  on the same per-thread stack as ``phase``) and :func:`current_phase`;
+- :func:`report_oom` for an out-of-memory error a framework caught;
+- :func:`describe_batch` and :func:`auto_phases` for frameworks that know the batch and
+  the model calls.
 """
 
 from . import _oom
-from ._api import configure, flush, mark, phase, step
-from ._watch import watch
+from ._api import (
+    close_span,
+    configure,
+    current_phase,
+    flush,
+    mark,
+    open_span,
+    phase,
+    report_oom,
+    step,
+)
+from ._watch import describe_batch, watch
 
 _oom.install()
 
-__all__ = ["configure", "flush", "mark", "phase", "step", "watch"]
+
+def auto_phases(*, discover: bool = True) -> bool:
+    """Install the automatic phases (torch must be imported); see ``_auto.install``."""
+    from . import _auto
+
+    return _auto.install(discover=discover)
+
+
+__all__ = [
+    "auto_phases",
+    "close_span",
+    "configure",
+    "current_phase",
+    "describe_batch",
+    "flush",
+    "mark",
+    "open_span",
+    "phase",
+    "report_oom",
+    "step",
+    "watch",
+]

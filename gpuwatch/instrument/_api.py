@@ -252,6 +252,30 @@ def close_span(
         return None
 
 
+def current_phase() -> str | None:
+    """The innermost phase open on this thread (manual or automatic), or None."""
+    try:
+        stack = _state.stack()
+        return stack[-1][1] if stack else None
+    except Exception:
+        return None
+
+
+def report_oom(exc: BaseException) -> None:
+    """Hand an out-of-memory error that a framework caught to the OOM forensics.
+
+    The error is attributed to the innermost open phase; an error a phase already
+    reported is not reported again. Anything else is ignored. Never raises.
+    """
+    hook = _state.on_oom
+    if hook is None or "OutOfMemory" not in type(exc).__name__:
+        return
+    try:
+        hook(exc, current_phase())
+    except Exception:
+        pass
+
+
 def mark(text: str, level: str = "info") -> None:
     """Record a point event (``level``: ``"info"``, ``"warning"`` or ``"error"``)."""
     st = _state

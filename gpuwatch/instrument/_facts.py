@@ -11,46 +11,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
-FACTS_VERSION = 1
-"""Version of the facts schema (``docs/facts.md``); bumped on incompatible changes."""
-
-MAX_BUCKETS = 64
-"""At most this many optimizer (group, device, dtype) buckets, to keep a datagram small."""
-
-SMALL_TENSOR = 4096
-"""bitsandbytes keeps 32-bit state for tensors under ``min_8bit_size`` (4096) elements."""
-
-# Hugging Face config attribute names (and a few other libraries'), first match wins.
-_CONFIG_NAMES = {
-    "layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
-    "hidden": ("hidden_size", "n_embd", "d_model", "dim"),
-    "heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
-    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "n_head_kv"),
-    "head_dim": ("head_dim",),
-    "intermediate": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
-    "vocab": ("vocab_size", "padded_vocab_size"),
-    "max_positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
-}
-_DROPOUT_NAMES = {
-    "attn": ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob"),
-    "resid": ("resid_pdrop", "hidden_dropout", "hidden_dropout_prob", "dropout"),
-    "embd": ("embd_pdrop", "embed_dropout"),
-}
-_ATTN_ATTRS = ("_attn_implementation", "attn_implementation", "attention_implementation")
-_ATTN_VALUES = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
-# Linear names by role, as Hugging Face, Megatron, nanoGPT and LLaMA's reference name them.
-_ROLE_NAMES = {
-    "q": ("q_proj", "query", "c_attn", "qkv", "qkv_proj", "query_key_value", "wqkv", "wq"),
-    "k": ("k_proj", "key", "wk"),
-    "v": ("v_proj", "value", "wv"),
-    "o": ("o_proj", "out_proj", "dense", "wo", "proj"),
-    "gate": ("gate_proj", "w1", "gate_up_proj"),
-    "up": ("up_proj", "c_fc", "fc1", "w3", "dense_h_to_4h", "fc", "wi"),
-    "down": ("down_proj", "fc2", "w2", "dense_4h_to_h", "wo_mlp"),
-}
-_ATTN_PARTS = ("attn", "attention", "self_attn")
-_MLP_PARTS = ("mlp", "feed_forward", "ffn", "feedforward")
-_LORA_PARTS = ("lora_A", "lora_B", "base_layer", "lora_embedding_A", "lora_embedding_B")
+from ..facts import (
+    ATTN_ATTRS,
+    ATTN_PARTS,
+    ATTN_VALUES,
+    CONFIG_NAMES,
+    DROPOUT_NAMES,
+    FACTS_VERSION,
+    LORA_PARTS,
+    MAX_BUCKETS,
+    MLP_PARTS,
+    ROLE_NAMES,
+    SMALL_TENSOR,
+)
 
 
 def _dtype(t: Any) -> str:
@@ -305,15 +278,15 @@ def _layers(model: Any) -> tuple[str, Any] | None:
 
 
 def _role(path: str) -> str | None:
-    parts = [p for p in path.split(".") if p not in _LORA_PARTS and p != "default"]
+    parts = [p for p in path.split(".") if p not in LORA_PARTS and p != "default"]
     if not parts:
         return None
     leaf = parts[-1].lower()
-    in_attn = any(any(a in p.lower() for a in _ATTN_PARTS) for p in parts[:-1])
-    in_mlp = any(any(m in p.lower() for m in _MLP_PARTS) for p in parts[:-1])
+    in_attn = any(any(a in p.lower() for a in ATTN_PARTS) for p in parts[:-1])
+    in_mlp = any(any(m in p.lower() for m in MLP_PARTS) for p in parts[:-1])
     if leaf == "c_proj":  # GPT-2 names both output projections c_proj
         return "down" if in_mlp else "o"
-    for role, names in _ROLE_NAMES.items():
+    for role, names in ROLE_NAMES.items():
         if leaf in names:
             if role == "o" and in_mlp:
                 return "down"
@@ -347,9 +320,9 @@ def _module_shape(model: Any, found: tuple[str, Any]) -> dict[str, Any]:
         kv = _first(mod, ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "kv_heads"))
         if isinstance(kv, int) and "kv_heads" not in shape:
             shape["kv_heads"] = kv
-        for attr in (*_ATTN_ATTRS, "attention"):
+        for attr in (*ATTN_ATTRS, "attention"):
             v = getattr(mod, attr, None)
-            if isinstance(v, str) and v in _ATTN_VALUES and "attention" not in shape:
+            if isinstance(v, str) and v in ATTN_VALUES and "attention" not in shape:
                 shape["attention"] = v
         if getattr(mod, "flash", None) is True and "attention" not in shape:  # nanoGPT
             shape["attention"] = "sdpa"
@@ -370,13 +343,13 @@ def _transformer(model: Any) -> dict[str, Any] | None:
     found = _layers(model)
     shape: dict[str, Any] = {}
     if cfg is not None:
-        for key, names in _CONFIG_NAMES.items():
+        for key, names in CONFIG_NAMES.items():
             v = _first(cfg, names)
             if isinstance(v, int) and not isinstance(v, bool):
                 shape[key] = v
         if getattr(cfg, "multi_query", False) and "kv_heads" not in shape:
             shape["kv_heads"] = 1
-        attn = _first(cfg, _ATTN_ATTRS)
+        attn = _first(cfg, ATTN_ATTRS)
         if isinstance(attn, str):
             shape["attention"] = attn
         act = _first(cfg, ("hidden_act", "activation_function", "hidden_activation"))
@@ -386,7 +359,7 @@ def _transformer(model: Any) -> dict[str, Any] | None:
         if isinstance(mt, str):
             shape["model_type"] = mt
         drop = {}
-        for key, names in _DROPOUT_NAMES.items():
+        for key, names in DROPOUT_NAMES.items():
             v = _first(cfg, names)
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 drop[key] = float(v)

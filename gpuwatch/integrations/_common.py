@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..instrument import _api
+from .. import instrument
 
 
 def amp_dtype(precision: Any) -> Any:
@@ -29,15 +29,12 @@ def mark_metrics(title: str, metrics: dict[str, Any] | None) -> None:
             parts.append(f"{key} {float(value):.4g}")
         except (TypeError, ValueError):
             continue
-    _api.mark(f"{title}: {', '.join(parts[:6])}" if parts else title)
+    instrument.mark(f"{title}: {', '.join(parts[:6])}" if parts else title)
 
 
 def report_exception(exc: BaseException) -> None:
     """Hand an out-of-memory error the framework caught to the OOM forensics (once)."""
-    hook = _api._state.on_oom
-    if hook is not None and "OutOfMemory" in type(exc).__name__:
-        stack = _api._state.stack()
-        hook(exc, stack[-1][1] if stack else None)
+    instrument.report_oom(exc)
 
 
 def missing(package: str, what: str) -> ImportError:

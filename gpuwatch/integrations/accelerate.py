@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..instrument import _watch
+from .. import instrument
 from ._common import amp_dtype, missing
 
 
@@ -50,7 +50,7 @@ def watch(accelerator: Any, model: Any = None, optimizer: Any = None) -> Any:
         prepared = list(getattr(accelerator, "_optimizers", []))
         optimizer = prepared[0] if prepared else None
     inner = getattr(optimizer, "optimizer", optimizer)  # AcceleratedOptimizer wraps the real one
-    return _watch.watch(model, inner, amp_dtype=amp_dtype(accelerator.mixed_precision))
+    return instrument.watch(model, inner, amp_dtype=amp_dtype(accelerator.mixed_precision))
 
 
 __all__ = ["watch"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..instrument import _api, _auto, _watch
+from .. import instrument
 from ._common import amp_dtype, mark_metrics, missing, report_exception
 
 try:
@@ -45,24 +45,24 @@ class _Hooks:
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = list(getattr(trainer, "optimizers", None) or [])
-        _watch.watch(
+        instrument.watch(
             pl_module,
             optimizers[0] if len(optimizers) == 1 else None,
             amp_dtype=amp_dtype(getattr(trainer, "precision", "")),
         )
-        _auto.install(discover=True)
-        _api.step(trainer.global_step)
+        instrument.auto_phases(discover=True)
+        instrument.step(trainer.global_step)
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        _api.step(trainer.global_step)
+        instrument.step(trainer.global_step)
         if not self._batch_seen:
             self._batch_seen = True
             if isinstance(batch, dict):
-                _watch.describe_batch((), batch)
+                instrument.describe_batch((), batch)
             else:
-                _watch.describe_batch(
+                instrument.describe_batch(
                     tuple(batch) if isinstance(batch, (list, tuple)) else (batch,), {}
                 )
 
@@ -71,7 +71,7 @@ class _Hooks:
             mark_metrics(f"validation at step {trainer.global_step}", trainer.callback_metrics)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
-        _api.mark(f"checkpoint saved at step {trainer.global_step}")
+        instrument.mark(f"checkpoint saved at step {trainer.global_step}")
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         report_exception(exception)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..instrument import _api, _watch
+from .. import instrument
 from ._common import amp_dtype, mark_metrics, missing
 
 try:
@@ -46,16 +46,16 @@ class GpuwatchCallback(_Base):  # type: ignore[valid-type,misc]
     ) -> None:
         if model is not None:
             precision = "bf16" if getattr(args, "bf16", False) else "fp16" if args.fp16 else ""
-            _watch.watch(
+            instrument.watch(
                 model,
                 optimizer,
                 amp_dtype=amp_dtype(precision),
                 checkpointing=bool(getattr(args, "gradient_checkpointing", False)),
             )
-        _api.step(state.global_step)
+        instrument.step(state.global_step)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        _api.step(state.global_step)
+        instrument.step(state.global_step)
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any
@@ -63,10 +63,10 @@ class GpuwatchCallback(_Base):  # type: ignore[valid-type,misc]
         mark_metrics(f"evaluation at step {state.global_step}", metrics)
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        _api.mark(f"checkpoint saved at step {state.global_step}")
+        instrument.mark(f"checkpoint saved at step {state.global_step}")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        _api.mark(f"training ended at step {state.global_step}")
+        instrument.mark(f"training ended at step {state.global_step}")
 
 
 __all__ = ["GpuwatchCallback"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..facts import CONFIG_NAMES, DROPOUT_NAMES, SMALL_TENSOR
+
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit")
 IMPLS = ("foreach", "fused", "for-loop")
@@ -32,7 +34,6 @@ _OPTIMIZER_CLASS = {
     "adafactor": ("Adafactor", "torch.optim._adafactor", {}),
     "adamw-8bit": ("AdamW8bit", "bitsandbytes.optim.adamw", {}),
 }
-SMALL_TENSOR = 4096  # bitsandbytes' min_8bit_size
 
 
 ARCHS = ("gpt", "llama", "bert", "roberta", "neox", "vit")
@@ -252,10 +253,9 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
         ValueError: A family or head this module cannot list exactly, or a config that
             lacks the shape; the message is one line for the user.
     """
-    from ..instrument._facts import _CONFIG_NAMES, _DROPOUT_NAMES  # the names scripts read
 
     def pick(key: str) -> int | None:
-        for name in _CONFIG_NAMES[key]:
+        for name in CONFIG_NAMES[key]:
             v = config.get(name)
             if isinstance(v, int) and not isinstance(v, bool):
                 return v
@@ -326,7 +326,7 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
         if seq:
             assumed.append(f"sequence length {seq} (the config's positions; --seq to change)")
     dropout = {}
-    for key, names in _DROPOUT_NAMES.items():
+    for key, names in DROPOUT_NAMES.items():
         for name in names:
             v = config.get(name)
             if isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -206,13 +206,23 @@ def register(sub: Any) -> None:
     )
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     _add_align(p)
-    p.add_argument("--format", choices=FORMATS, default="csv")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="csv",
+        help="csv (a header row, also for an empty table) or jsonl (one JSON object a "
+        "row: an empty table is an empty file); default csv",
+    )
     p.add_argument("--table", choices=sorted(TABLES), help="only this table")
     p.add_argument(
         "--out",
         metavar="DIR",
-        help="directory for <table>.<format> files (default: the first FILE's name + "
-        "'-export'; with --table and no --out, the table goes to stdout)",
+        help="directory for <table>.<format> files (default: STEM-export in the current "
+        "directory, STEM being the first FILE's name without its suffix: run.gpuwatch -> "
+        "./run-export/; with --table and no --out, the table goes to stdout)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="overwrite table files that exist in DIR"
     )
     p.set_defaults(func=cmd_export)
 
@@ -360,26 +370,54 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def export_dir(first: str) -> Path:
+    """Where ``export`` writes without ``--out``: ``./<stem>-export`` (run.gpuwatch -> run-export)."""
+    return Path(Path(first).stem + "-export")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the recording's tables as CSV or JSON lines."""
     from .export import TABLES, table, write
 
+    names = [args.table] if args.table else list(TABLES)
+    out = Path(args.out) if args.out else export_dir(args.file[0])
+    to_stdout = bool(args.table and not args.out)
+    if not to_stdout and not args.force:
+        # Refuse before loading anything: a second export must not eat the first's files.
+        taken = [out / f"{name}.{args.format}" for name in names]
+        existing = [p for p in taken if p.exists()]
+        if existing:
+            if len(existing) == 1:
+                raise CliError(f"{existing[0]} already exists (use --force to overwrite it)")
+            raise CliError(
+                f"{existing[0]} and {len(existing) - 1} more files already exist in {out} "
+                "(use --force to overwrite them)"
+            )
     opened = _load(args.file, args.align)
+    empty: list[str] = []
     try:
-        names = [args.table] if args.table else list(TABLES)
-        if args.table and not args.out:
+        if to_stdout:
             write(table(opened, args.table), args.format, sys.stdout)
             return EXIT_OK
-        out = Path(args.out) if args.out else Path(Path(args.file[0]).stem + "-export")
         try:
             out.mkdir(parents=True, exist_ok=True)
             total = 0
             for name in names:
                 with open(out / f"{name}.{args.format}", "w", newline="") as f:
-                    total += write(table(opened, name), args.format, f)
+                    rows = write(table(opened, name), args.format, f)
+                total += rows
+                if rows == 0:
+                    empty.append(name)
         except OSError as exc:
             raise CliError(f"cannot write to {out}: {exc.strerror or exc}", EXIT_ERROR)
     finally:
         opened.close()
-    print(f"gpuwatch: wrote {len(names)} tables, {total} rows, to {out}{os.sep}", file=sys.stderr)
+    note = ""
+    if empty:
+        what = "empty files" if args.format == "jsonl" else "a header row only"
+        note = f" ({', '.join(empty)}: no rows, {what})"
+    print(
+        f"gpuwatch: wrote {len(names)} tables, {total} rows, to {out}{os.sep}{note}",
+        file=sys.stderr,
+    )
     return EXIT_OK

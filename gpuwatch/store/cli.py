@@ -221,9 +221,7 @@ def register(sub: Any) -> None:
         "directory, STEM being the first FILE's name without its suffix: run.gpuwatch -> "
         "./run-export/; with --table and no --out, the table goes to stdout)",
     )
-    p.add_argument(
-        "--force", action="store_true", help="overwrite table files that exist in DIR"
-    )
+    p.add_argument("--force", action="store_true", help="overwrite table files that exist in DIR")
     p.set_defaults(func=cmd_export)
 
 
@@ -371,7 +369,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def export_dir(first: str) -> Path:
-    """Where ``export`` writes without ``--out``: ``./<stem>-export`` (run.gpuwatch -> run-export)."""
+    """Where ``export`` writes without ``--out``: ``./<stem>-export`` (run.gpuwatch: run-export)."""
     return Path(Path(first).stem + "-export")
 
 

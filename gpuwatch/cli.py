@@ -92,7 +92,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
         type=_interval_ms,
         default=100.0,
         metavar="MS",
-        help="NVML sampling interval in ms (default 100, at least 10)",
+        help="NVML sampling interval in ms (default 100, i.e. 10 Hz; at least 10, i.e. 100 Hz)",
     )
     p.add_argument(
         "--socket",

@@ -222,7 +222,17 @@ def cmd_live(args: argparse.Namespace) -> int:
         app.run()
     finally:
         sources.stop()
+    report_recording(sources)
     return EXIT_OK
+
+
+def report_recording(sources: LiveSources) -> None:
+    """On quit, say where the session was recorded (nvitop users ask "where did it go?")."""
+    from .store.cli import recording_report
+
+    line = recording_report(sources)
+    if line:
+        print(f"gpuwatch: {line}", file=sys.stderr)
 
 
 def command_after_dashes(words: Sequence[str]) -> list[str]:
@@ -272,6 +282,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert child is not None
+    report_recording(sources)
     print(
         f"gpuwatch: {shlex.join(command)}: {launch.describe_returncode(child.returncode)} "
         f"(output in {child.log_path})",

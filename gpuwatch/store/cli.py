@@ -28,52 +28,114 @@ if TYPE_CHECKING:
     from .reader import Recording
 
 SUFFIX = ".gpuwatch"  # the same as _schema.SUFFIX, which this module must not import
+SESSIONS_MAX_ENV = "GPUWATCH_SESSIONS_MAX"  # sessions.SESSIONS_MAX_ENV
 
 
 # --------------------------------------------------------------------------- --record
 
 
 def add_record_options(p: argparse.ArgumentParser) -> None:
-    """``--record PATH`` / ``--no-record`` for the live dashboard (and ``gpuwatch run``)."""
+    """``--record PATH`` / ``--no-record`` / ``--sessions-max`` for the live dashboard and run."""
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--record",
         metavar="PATH",
-        help="record the session to PATH (default: a new file under "
-        "the user data directory, see 'gpuwatch info')",
+        help="record the session to PATH (default: a new file in the sessions directory, "
+        "~/.local/share/gpuwatch/sessions on Linux)",
     )
     g.add_argument("--no-record", action="store_true", help="do not record this session")
+    p.add_argument(
+        "--sessions-max",
+        metavar="SIZE",
+        type=_size,
+        help="cap on the sessions directory: before a session records there, the oldest "
+        "finished recordings go until the rest fit (e.g. 500M, 2G, none; default "
+        f"${SESSIONS_MAX_ENV} or 1G)",
+    )
+
+
+NO_CAP = -1
+"""``--sessions-max none``: told not to cap (None means "not given": the env var decides)."""
+
+
+def _size(text: str) -> int:
+    from .sessions import parse_size
+
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+    return NO_CAP if size is None else size
 
 
 def default_recording_path(now: datetime.datetime | None = None) -> Path:
     """``<user data dir>/sessions/<start time>-<host>.gpuwatch`` (platformdirs convention)."""
-    from platformdirs import user_data_dir
+    from .sessions import default_recording_path as path
 
-    now = now or datetime.datetime.now()
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
-    name = f"{now:%Y%m%d-%H%M%S}-{host or 'host'}{SUFFIX}"
-    return Path(user_data_dir("gpuwatch")) / "sessions" / name
+    return path(now)
 
 
 def configure_recording(sources: LiveSources, args: argparse.Namespace) -> None:
     """Tell live sources where to record, from ``--record`` / ``--no-record``.
 
     An explicit ``--record PATH`` that cannot be written is an error; the default location
-    failing only leaves a note in the dashboard.
+    failing only leaves a note in the dashboard. Recording to the default location first
+    trims the sessions directory to its cap (``--sessions-max``).
+
+    Raises:
+        CliError: ``$GPUWATCH_SESSIONS_MAX`` is not a size.
     """
     if getattr(args, "no_record", False):
         return
     path = getattr(args, "record", None)
     if path:
         sources.record_to(path)
-    else:
-        target = default_recording_path()
-        # Two sessions started in the same second on one host: do not collide.
-        n = 1
-        while target.exists():
-            n += 1
-            target = target.with_name(f"{target.stem}-{n}{SUFFIX}")
-        sources.record_to(target, optional=True)
+        return
+    from .sessions import cap_from_env, prune
+
+    cap: int | None = getattr(args, "sessions_max", None)
+    if cap is None:
+        try:
+            cap = cap_from_env()
+        except ValueError as exc:
+            raise CliError(str(exc))
+    elif cap == NO_CAP:
+        cap = None
+    target = default_recording_path()
+    # Two sessions started in the same second on one host: do not collide.
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.stem}-{n}{SUFFIX}")
+    if cap is not None:
+        pruned = prune(target.parent, cap, keep=target)
+        if pruned.removed:
+            sources.session.note(
+                f"sessions directory over {_fmt_size(cap)}: removed the {len(pruned.removed)} "
+                f"oldest recording(s), {_fmt_size(pruned.freed)} (--sessions-max)"
+            )
+    sources.record_to(target, optional=True)
+
+
+def _fmt_size(n: int) -> str:
+    from ..fmt import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def recording_report(sources: LiveSources) -> str | None:
+    """The line printed on quit: where the session was recorded and how to replay it."""
+    recorder = sources.recorder
+    if recorder is None or sources.record_path is None:
+        return None
+    if recorder.error is not None:
+        return recorder.error
+    path = sources.record_path
+    try:
+        size = f" ({_fmt_size(path.stat().st_size)})"
+    except OSError:
+        size = ""
+    return f"recorded to {path}{size}; replay it: gpuwatch replay {shlex.quote(str(path))}"
 
 
 # --------------------------------------------------------------------------- helpers

@@ -288,6 +288,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"(output in {child.log_path})",
         file=sys.stderr,
     )
+    hint = launch.torch_hint(child)
+    if hint:
+        print(f"gpuwatch: {hint}", file=sys.stderr)
     status = child.exit_status
     return EXIT_ERROR if status is None else status
 

@@ -368,6 +368,9 @@ def cmd_record(args: argparse.Namespace) -> int:
             f"gpuwatch: {shlex.join(command)}: {launch.describe_returncode(child.returncode)}",
             file=sys.stderr,
         )
+        hint = launch.torch_hint(child)  # with --log; else the child's own line said it
+        if hint:
+            print(f"gpuwatch: {hint}", file=sys.stderr)
         return EXIT_ERROR if child.exit_status is None else child.exit_status
     return EXIT_OK
 

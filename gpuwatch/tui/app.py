@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
 
 from ..fmt import fmt_bytes, fmt_duration
-from ..launch import exit_status
+from ..launch import TORCH_INSTALL, exit_status, missing_torch
 from ..session import Session
 from ..session import navigate as nav
 from ..session.predicted import PredictedLine
@@ -425,10 +425,14 @@ class GpuwatchApp(App[int]):
         status = exit_status(code)
         if self._child_status is None:
             self._child_status = status
+            hint = ""
+            if status != 0 and missing_torch(self.child.log_path):
+                hint = f"\nits Python has no torch: {TORCH_INSTALL}"
             self.notify(
-                f"the command exited with status {status}",
+                f"the command exited with status {status}{hint}",
                 severity="information" if status == 0 else "error",
-                timeout=6,
+                timeout=10 if hint else 6,
+                markup=False,  # "gpuwatch[torch]" is not a style
             )
         colour = "$success" if status == 0 else "$error"
         return f"[{colour}]command exited {status}[/]"

@@ -216,7 +216,8 @@ def test_record_a_command_whose_python_has_no_torch(tmp_path, sock_path) -> None
     assert result.returncode == 1
     # The child's output comes to our stderr (no --log): the start-up hook's line is there.
     assert "No module named 'torch'" in result.stderr
-    line = f'torch is not installed for {sys.executable}; install it with: pip install "gpuwatch[torch]"'
+    line = f"torch is not installed for {sys.executable}; install it with: "
+    line += 'pip install "gpuwatch[torch]"'
     assert line in result.stderr
     # With a log, gpuwatch reads its tail and says it too.
     log = tmp_path / "child.log"

@@ -7,6 +7,7 @@ the recorder and the Prometheus exporter (``--prometheus``) read it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,9 @@ class LiveSources:
         """
         try:
             self.receiver.bind()
-        except (SocketInUse, SocketDirUnsafe) as exc:
+        except SocketInUse as exc:
+            raise CliError(f"{exc}. {self._advice_when_taken()}")
+        except SocketDirUnsafe as exc:
             raise CliError(str(exc))
         except OSError as exc:
             raise CliError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
@@ -80,6 +83,7 @@ class LiveSources:
         # use leaves no file behind) and the samplers (nothing is missed).
         self._start_metrics()
         self._start_recorder()
+        self._publish_recording()
         self.receiver.start()
         self.host.start()
         from .sources.gpu import GpuSampler
@@ -127,11 +131,60 @@ class LiveSources:
             return
         self.recorder.start()
 
+    # ------------------------------------------------------------------ a second gpuwatch
+
+    @property
+    def _recording_note(self) -> str:
+        """Beside the socket: the file this gpuwatch records to, for a second one to name."""
+        return self.socket_path + ".recording"
+
+    def _publish_recording(self) -> None:
+        if self.recorder is None or self.record_path is None:
+            # We hold the socket now: a note left by a gpuwatch that crashed is stale.
+            with contextlib.suppress(OSError):
+                os.unlink(self._recording_note)
+            return
+        tmp = f"{self._recording_note}.{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(str(self.record_path.resolve()))
+            os.replace(tmp, self._recording_note)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def _advice_when_taken(self) -> str:
+        """What to do instead of a second dashboard on a taken socket."""
+        other = os.path.join(os.path.dirname(self.socket_path) or ".", "other.sock")
+        separate = (
+            f"for a separate dashboard, give this one its own socket: gpuwatch --socket {other} "
+            f"(and GPUWATCH_SOCKET={other} for the scripts it should watch)"
+        )
+        try:
+            with open(self._recording_note, encoding="utf-8", errors="strict") as f:
+                path = f.read(4097)
+        except (OSError, UnicodeDecodeError):
+            path = ""
+        # The first gpuwatch wrote it, in a directory only this user can write; still,
+        # print only a plain absolute path.
+        if path.startswith("/") and len(path) <= 4096 and path.isprintable():
+            import shlex
+
+            return (
+                "To watch its session, replay its recording as it grows: "
+                f"gpuwatch replay {shlex.quote(path)}; {separate}"
+            )
+        return f"It records to no file; {separate}"
+
     def stop(self) -> None:
         """Stop every source and release the socket; finish the recording."""
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()
+        if self.recorder is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._recording_note)
         self.receiver.stop()
         if self.metrics is not None:
             self.metrics.stop()

@@ -61,15 +61,50 @@ def test_live_dashboard_shows_the_sample_and_reacts_to_keys(gw_env, sock_path) -
         tmux.close()
 
 
-def test_second_dashboard_on_the_same_socket_is_refused(gw_env) -> None:
+def _squeeze(text: str) -> str:
+    """Screen text without whitespace: a long line wraps at the pane's edge."""
+    return "".join(text.split())
+
+
+def test_second_dashboard_says_what_to_do_and_quitting_says_where_it_recorded(
+    gw_env, sock_path, tmp_path
+) -> None:
+    recording = tmp_path / "first.gpuwatch"
+    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --record {recording}", gw_env)
+    try:
+        assert first.wait_for_text("host")
+        second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
+        try:
+            assert second.wait_for_text("EXIT=2"), second.screen()
+            screen = _squeeze(second.screen())
+            assert "alreadylisteningon" in screen
+            # The growing recording to replay, or a socket of its own.
+            assert _squeeze(f"gpuwatch replay {recording}") in screen, second.screen()
+            assert "--socket" in screen and "GPUWATCH_SOCKET=" in screen
+        finally:
+            second.close()
+        first.keys("q")
+        assert first.wait_for_text("EXIT=0"), first.screen()
+        assert _squeeze(f"recorded to {recording}") in _squeeze(first.screen())
+        assert _squeeze(f"replay it: gpuwatch replay {recording}") in _squeeze(first.screen())
+    finally:
+        first.close()
+
+
+def test_second_dashboard_when_the_first_does_not_record(gw_env) -> None:
     first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
     try:
         assert first.wait_for_text("host")
         second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
         try:
             assert second.wait_for_text("EXIT=2"), second.screen()
-            assert "already listening" in second.screen()
+            screen = _squeeze(second.screen())
+            assert "Itrecordstonofile" in screen and "--socket" in screen
+            assert "gpuwatchreplay" not in screen
         finally:
             second.close()
+        first.keys("q")
+        assert first.wait_for_text("EXIT=0"), first.screen()
+        assert "recorded to" not in first.screen()
     finally:
         first.close()

@@ -41,12 +41,7 @@ def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> Non
     name = "NVIDIA Fake A100-SXM4-80GB"
     assert out.stdout.splitlines() == [
         f"[(0, '{name}', 'ok', True, True), (1, '{name}', 'ok', True, True)]",
-        str(
-            [
-                "GPUs from tests.fake_nvml ($GPUWATCH_NVML_BACKEND), not from this machine's "
-                "NVIDIA driver"
-            ]
-        ),
+        str(["NVML from tests.fake_nvml ($GPUWATCH_NVML_BACKEND), not this machine's driver"]),
     ]
 
 
@@ -178,7 +173,7 @@ def test_fake_backend_through_the_installed_entry_point(installed, tmp_path, soc
     assert [g["name"] for g in gpus] == ["NVIDIA Fake A100-SXM4-80GB"] * 2
     assert all(g["samples"] > 3 for g in gpus)
     # The recording says where its GPUs came from: a fake never passes for real ones.
-    assert any("GPUWATCH_NVML_BACKEND" in n and "not from this machine" in n for n in data["notes"])
+    assert any("GPUWATCH_NVML_BACKEND" in n and "not this machine's" in n for n in data["notes"])
 
 
 def test_an_unknown_backend_is_a_note_not_a_crash(installed, tmp_path, sock_path) -> None:

@@ -201,8 +201,8 @@ class GpuSampler:
         if self.nvml.substitute:
             # Never let a fake pass for the machine's GPUs (in the dashboard or a recording).
             self.session.note(
-                f"GPUs from {self.nvml.substitute} ($GPUWATCH_NVML_BACKEND), "
-                "not from this machine's NVIDIA driver"
+                f"NVML from {self.nvml.substitute} ($GPUWATCH_NVML_BACKEND), "
+                "not this machine's driver"
             )
         if count == 0:
             self.nvml.shutdown()

@@ -85,7 +85,8 @@ class BreakdownBar(Widget):
         if data.unexplained is not None and data.unexplained < 0:
             labels.append("■", Style(color=variables.get("gw-unexplained")))
             labels.append(f"unexplained {fmt_short(data.unexplained)} ")
-        if data.free is not None:
-            labels.append(f"· free {fmt_short(data.free)}")
+        if data.free is not None:  # the ░ of the bar above, named
+            labels.append("░", Style(color=variables.get("gw-grid")))
+            labels.append(f"free {fmt_short(data.free)}")
         labels.truncate(width, overflow="ellipsis")
         return Text("\n").join([bar, labels])

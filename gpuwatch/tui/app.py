@@ -377,7 +377,8 @@ class GpuwatchApp(App[int]):
         """
         now = self.now()
         key, now = self.frame_key(now)
-        key = (key, self.size, self.screen.has_class("-short"))
+        short = self.short
+        key = (key, self.size, short)
         if key == self._drawn_key:
             return
         self._drawn_key = key
@@ -403,15 +404,25 @@ class GpuwatchApp(App[int]):
         return min(window[1], self.now())
 
     @property
+    def short(self) -> bool:
+        """The terminal is short (see :data:`SHORT_BELOW`): one panel at a time."""
+        try:
+            return self.panel_list.screen.has_class("-short")
+        except Exception:  # not mounted yet, or the app is closing
+            return False
+
+    @property
     def stepping(self) -> bool:
         """One panel at a time (a short terminal) and more than one panel to step through."""
-        return self.screen.has_class("-short") and len(self._panels) > 1
+        return self.short and len(self._panels) > 1
 
     def _place_panels(self) -> None:
-        """Tell each panel where it is in the row it belongs to, when stepping through."""
+        """Tell each panel where it is among the others, and the layout, when stepping."""
         panels = self.panels
+        stepping, short = self.stepping, self.short
         for i, panel in enumerate(panels):
-            panel.place = f"{i + 1}/{len(panels)} tab ▸" if self.stepping else ""
+            panel.place = f"{i + 1}/{len(panels)} tab ▸" if stepping else ""
+            panel.short = short
 
     def footer_keys(self) -> list[Key]:
         """The key bar's entries, most important first (help and quit always fit)."""

@@ -79,6 +79,7 @@ class DevicePanel(Vertical):
         self.bar = BreakdownBar() if not self.is_host else None
         self.legend = Fitted(sep="  ", max_lines=2, classes="panel-legend")
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
+        self.short = False  # the app's short layout: fewer band rows
 
     @property
     def device(self):
@@ -91,11 +92,6 @@ class DevicePanel(Vertical):
         if self.bar is not None:
             yield self.bar
         yield self.legend
-
-    @property
-    def short(self) -> bool:
-        """The screen is short: one panel at a time, fewer band rows (see the app)."""
-        return self.screen.has_class("-short")
 
     def update_view(
         self, window: tuple[int, int], cursor: int | None, version: int, at: int | None = None

@@ -66,11 +66,13 @@ def _squeeze(text: str) -> str:
     return "".join(text.split())
 
 
+@pytest.mark.parametrize("records", [True, False], ids=["recording", "not recording"])
 def test_second_dashboard_says_what_to_do_and_quitting_says_where_it_recorded(
-    gw_env, sock_path, tmp_path
+    gw_env, tmp_path, records: bool
 ) -> None:
     recording = tmp_path / "first.gpuwatch"
-    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --record {recording}", gw_env)
+    option = f"--record {recording}" if records else "--no-record"
+    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch {option}", gw_env)
     try:
         assert first.wait_for_text("host")
         second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
@@ -78,33 +80,17 @@ def test_second_dashboard_says_what_to_do_and_quitting_says_where_it_recorded(
             assert second.wait_for_text("EXIT=2"), second.screen()
             screen = _squeeze(second.screen())
             assert "alreadylisteningon" in screen
-            # The growing recording to replay, or a socket of its own.
-            assert _squeeze(f"gpuwatch replay {recording}") in screen, second.screen()
+            # The growing recording to replay (if there is one), or a socket of its own.
+            replay = _squeeze(f"gpuwatch replay {recording}")
+            assert (replay in screen) == records, second.screen()
+            assert ("Itrecordstonofile" in screen) != records, second.screen()
             assert "--socket" in screen and "GPUWATCH_SOCKET=" in screen
         finally:
             second.close()
         first.keys("q")
         assert first.wait_for_text("EXIT=0"), first.screen()
-        assert _squeeze(f"recorded to {recording}") in _squeeze(first.screen())
-        assert _squeeze(f"replay it: gpuwatch replay {recording}") in _squeeze(first.screen())
-    finally:
-        first.close()
-
-
-def test_second_dashboard_when_the_first_does_not_record(gw_env) -> None:
-    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
-    try:
-        assert first.wait_for_text("host")
-        second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
-        try:
-            assert second.wait_for_text("EXIT=2"), second.screen()
-            screen = _squeeze(second.screen())
-            assert "Itrecordstonofile" in screen and "--socket" in screen
-            assert "gpuwatchreplay" not in screen
-        finally:
-            second.close()
-        first.keys("q")
-        assert first.wait_for_text("EXIT=0"), first.screen()
-        assert "recorded to" not in first.screen()
+        after = _squeeze(first.screen())
+        assert (_squeeze(f"recorded to {recording}") in after) == records
+        assert (_squeeze(f"replay it: gpuwatch replay {recording}") in after) == records
     finally:
         first.close()

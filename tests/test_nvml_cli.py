@@ -141,6 +141,21 @@ def installed(tmp_path):
     return script, site
 
 
+def record_and_read(script, env: dict, cwd, out, sock_path: str) -> dict:
+    """``gpuwatch record`` for a second through ``script``, then its ``info --json``."""
+
+    def run(*args: str, where) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, str(script), *args],
+            env=env, cwd=where, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done
+
+    run("record", "--out", str(out), "--duration", "1", "--socket", sock_path, where=cwd)
+    return json.loads(run("info", "--json", str(out), where=out.parent).stdout)
+
+
 @pytest.mark.parametrize("where", ["dotted name, repository root", "file path, elsewhere"])
 def test_fake_backend_through_the_installed_entry_point(installed, tmp_path, sock_path, where):
     from conftest import ROOT
@@ -156,19 +171,7 @@ def test_fake_backend_through_the_installed_entry_point(installed, tmp_path, soc
         env["GPUWATCH_NVML_BACKEND"], cwd = FAKE, ROOT
     else:
         env["GPUWATCH_NVML_BACKEND"], cwd = str(ROOT / "tests" / "fake_nvml.py"), tmp_path
-    out = tmp_path / "fake.gpuwatch"
-    record = subprocess.run(
-        [sys.executable, str(script), "record", "--out", str(out), "--duration", "1",
-         "--socket", sock_path],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert record.returncode == 0, record.stderr
-    info = subprocess.run(
-        [sys.executable, str(script), "info", "--json", str(out)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert info.returncode == 0, info.stderr
-    data = json.loads(info.stdout)
+    data = record_and_read(script, env, cwd, tmp_path / "fake.gpuwatch", sock_path)
     gpus = [d for d in data["devices"] if d["kind"] == "gpu"]
     assert [g["name"] for g in gpus] == ["NVIDIA Fake A100-SXM4-80GB"] * 2
     assert all(g["samples"] > 3 for g in gpus)
@@ -184,16 +187,5 @@ def test_an_unknown_backend_is_a_note_not_a_crash(installed, tmp_path, sock_path
         "PYTHONPATH": str(site),
         "GPUWATCH_NVML_BACKEND": "tests.fake_nvml",  # not importable from here
     }
-    out = tmp_path / "none.gpuwatch"
-    record = subprocess.run(
-        [sys.executable, str(script), "record", "--out", str(out), "--duration", "0.5",
-         "--socket", sock_path],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert record.returncode == 0, record.stderr
-    info = subprocess.run(
-        [sys.executable, str(script), "info", "--json", str(out)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    notes = json.loads(info.stdout)["notes"]
+    notes = record_and_read(script, env, tmp_path, tmp_path / "none.gpuwatch", sock_path)["notes"]
     assert any("cannot import tests.fake_nvml" in n for n in notes), notes

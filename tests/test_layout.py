@@ -8,7 +8,7 @@ import pytest
 import synthetic
 from conftest import ROOT, FakeClock
 
-from gpuwatch.fmt import GIB, fmt_bytes
+from gpuwatch.fmt import fmt_bytes
 from gpuwatch.protocol import Message
 from gpuwatch.session import HOST, Session, gpu_key
 from gpuwatch.store import Player, open_recording, save_session
@@ -300,5 +300,12 @@ def test_key_bar_always_keeps_help_and_quit(width: int) -> None:
     assert shown == ["?", "q"] if width == 30 else shown[0] == "space"
 
 
-def test_host_key_constant() -> None:
-    assert HOST == "host" and GIB == 1 << 30
+async def test_clicking_a_key_on_the_bar_runs_it() -> None:
+    app = GpuwatchApp(synthetic.build(), clock=lambda: END)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = app.key_bar.render().plain
+        await pilot.click(KeyBar, offset=(text.index("? Help") + 1, 0))
+        await pilot.pause()
+        assert type(app.screen).__name__ == "HelpScreen"
+        assert app.panels[0].key == KEY and HOST in app._panels

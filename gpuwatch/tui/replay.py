@@ -19,6 +19,7 @@ from textual.widget import Widget
 from ..fmt import fmt_bytes, fmt_clock
 from ..store.player import Player
 from .app import ACTIONS, Action, GpuwatchApp, bindings
+from .view import MIN_SPAN
 
 REPLAY_ACTIONS: tuple[Action, ...] = (
     Action("space", "toggle_play", "Play / pause", "Play or pause the recording", True, "space"),
@@ -200,7 +201,7 @@ class ReplayApp(GpuwatchApp):
         self.player.pause()
         self.player.seek(opening.position)
         t0, t1 = opening.window
-        self.view.span = max(t1 - t0, 1)
+        self.view.span = max(t1 - t0, MIN_SPAN)  # a recording of one sample still has a width
         self.view.end = t1
         self.view.cursor = opening.cursor
 

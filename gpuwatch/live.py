@@ -192,16 +192,16 @@ class LiveSources:
             self.recorder.close()
 
     def describe(self) -> str:
-        """One line for the status bar."""
-        text = f"socket {self.socket_path}"
+        """One line for the status bar: the recording first (a narrow terminal cuts the end,
+        and scripts find the socket without reading it)."""
         if self.recorder is not None and self.recorder.error is None:
             path = str(self.record_path)
             home = os.path.expanduser("~")
             if path.startswith(home + os.sep):
                 path = "~" + path[len(home) :]
-            text += f" · recording {path}"
-        elif self.recorder is None:
-            text += " · not recording"
+            text = f"recording {path}"
+        else:
+            text = "not recording"
         if self.metrics is not None:
             text += f" · metrics {self.metrics.url}"
-        return text
+        return text + f" · socket {self.socket_path}"

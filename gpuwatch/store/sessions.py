@@ -100,7 +100,7 @@ def _size(path: Path) -> int:
 
 def removable(path: Path) -> bool:
     """True when ``path`` is a gpuwatch recording that nothing writes any more."""
-    from .reader import RecordingError, open_recording
+    from . import RecordingError, open_recording  # the package face: internal modules move
 
     if not path.is_file() or path.is_symlink():
         return False

@@ -112,7 +112,7 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
         type=_interval_ms,
         default=100.0,
         metavar="MS",
-        help="NVML sampling interval in ms (default 100, at least 10)",
+        help="NVML sampling interval in ms (default 100, i.e. 10 Hz; at least 10, i.e. 100 Hz)",
     )
     p.add_argument(
         "--socket",
@@ -242,7 +242,17 @@ def cmd_live(args: argparse.Namespace) -> int:
         app.run()
     finally:
         sources.stop()
+    report_recording(sources)
     return EXIT_OK
+
+
+def report_recording(sources: LiveSources) -> None:
+    """On quit, say where the session was recorded (nvitop users ask "where did it go?")."""
+    from .store.cli import recording_report
+
+    line = recording_report(sources)
+    if line:
+        say(line)
 
 
 def command_after_dashes(words: Sequence[str]) -> list[str]:
@@ -290,10 +300,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert child is not None
+    report_recording(sources)
     say(
         f"{shlex.join(command)}: {launch.describe_returncode(child.returncode)} "
         f"(output in {child.log_path})"
     )
+    hint = launch.torch_hint(child)
+    if hint:
+        say(hint)
     status = child.exit_status
     return EXIT_ERROR if status is None else status
 

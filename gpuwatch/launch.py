@@ -92,6 +92,38 @@ def describe_returncode(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
+TORCH_INSTALL = 'pip install "gpuwatch[torch]"'
+"""How a command's Python gets torch (and gpuwatch's training side beside it)."""
+
+_NO_TORCH_MARKERS = ("No module named 'torch'", "gpuwatch: torch is not installed for ")
+
+
+def missing_torch(log_path: str | os.PathLike[str] | None, tail: int = 64 * 1024) -> bool:
+    """True when the end of a command's log says it stopped for want of torch.
+
+    The start-up hook adds a line naming the Python when that error goes uncaught; older
+    Pythons (no hook) still print the ImportError itself.
+    """
+    if log_path is None:
+        return False
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(marker in text for marker in _NO_TORCH_MARKERS)
+
+
+def torch_hint(child: Child) -> str | None:
+    """A line for the user when ``child`` failed because its Python has no torch."""
+    status = child.exit_status
+    if status in (None, 0) or not missing_torch(child.log_path):
+        return None
+    return f"the command's Python has no torch: {TORCH_INSTALL} (in that Python's environment)"
+
+
 class Child:
     """A launched command: its process group, its log and how it ended.
 

@@ -7,13 +7,14 @@ the recorder and the Prometheus exporter (``--prometheus``) read it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 from .cli import CliError
 from .session import Session
-from .sources.annotations import AnnotationReceiver, SocketError
+from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse
 from .sources.host import HostSampler
 
 
@@ -72,6 +73,10 @@ class LiveSources:
         """
         try:
             self.receiver.bind()
+        except SocketInUse as exc:
+            # Another gpuwatch (not another program) holds it: say what to do instead.
+            another = str(exc).startswith("another gpuwatch")
+            raise CliError(f"{exc}. {self._advice_when_taken()}" if another else str(exc))
         except SocketError as exc:
             raise CliError(str(exc))
         except OSError as exc:
@@ -80,6 +85,7 @@ class LiveSources:
         # use leaves no file behind) and the samplers (nothing is missed).
         self._start_metrics()
         self._start_recorder()
+        self._publish_recording()
         self.receiver.start()
         self.host.start()
         from .sources.gpu import GpuSampler
@@ -127,11 +133,60 @@ class LiveSources:
             return
         self.recorder.start()
 
+    # ------------------------------------------------------------------ a second gpuwatch
+
+    @property
+    def _recording_note(self) -> str:
+        """Beside the socket: the file this gpuwatch records to, for a second one to name."""
+        return self.socket_path + ".recording"
+
+    def _publish_recording(self) -> None:
+        if self.recorder is None or self.record_path is None:
+            # We hold the socket now: a note left by a gpuwatch that crashed is stale.
+            with contextlib.suppress(OSError):
+                os.unlink(self._recording_note)
+            return
+        tmp = f"{self._recording_note}.{os.getpid()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(str(self.record_path.resolve()))
+            os.replace(tmp, self._recording_note)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def _advice_when_taken(self) -> str:
+        """What to do instead of a second dashboard on a taken socket."""
+        other = os.path.join(os.path.dirname(self.socket_path) or ".", "other.sock")
+        separate = (
+            f"for a separate dashboard, give this one its own socket: gpuwatch --socket {other} "
+            f"(and GPUWATCH_SOCKET={other} for the scripts it should watch)"
+        )
+        try:
+            with open(self._recording_note, encoding="utf-8", errors="strict") as f:
+                path = f.read(4097)
+        except (OSError, UnicodeDecodeError):
+            path = ""
+        # The first gpuwatch wrote it, in a directory only this user can write; still,
+        # print only a plain absolute path.
+        if path.startswith("/") and len(path) <= 4096 and path.isprintable():
+            import shlex
+
+            return (
+                "To watch its session, replay its recording as it grows: "
+                f"gpuwatch replay {shlex.quote(path)}; {separate}"
+            )
+        return f"It records to no file; {separate}"
+
     def stop(self) -> None:
         """Stop every source and release the socket; finish the recording."""
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()
+        if self.recorder is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._recording_note)
         self.receiver.stop()
         if self.metrics is not None:
             self.metrics.stop()
@@ -139,18 +194,18 @@ class LiveSources:
             self.recorder.close()
 
     def describe(self) -> str:
-        """One line for the status bar."""
-        text = f"socket {self.socket_path}"
+        """One line for the status bar: the recording first (a narrow terminal cuts the end,
+        and scripts find the socket without reading it)."""
         if self.recorder is not None and self.recorder.error is None:
             path = str(self.record_path)
             home = os.path.expanduser("~")
             if path.startswith(home + os.sep):
                 path = "~" + path[len(home) :]
-            text += f" · recording {path}"
+            text = f"recording {path}"
         elif self.recorder is not None:
-            text += f" · NOT RECORDING ({self.recorder.cause})"
+            text = f"NOT RECORDING ({self.recorder.cause})"
         else:
-            text += " · not recording"
+            text = "not recording"
         if self.metrics is not None:
             text += f" · metrics {self.metrics.url}"
-        return text
+        return text + f" · socket {self.socket_path}"

@@ -11,9 +11,11 @@ Two ways to use it:
 
 - tests build a :class:`FakeNvml` and pass it as the backend
   (``Nvml(fake)`` / ``GpuSampler(session, nvml=Nvml(fake))``);
-- a child process runs with ``GPUWATCH_NVML_BACKEND=tests.fake_nvml`` (repository root on
-  ``PYTHONPATH``): this module then behaves as pynvml itself, serving a fake built from
-  the JSON in ``$GPUWATCH_FAKE_NVML`` (see :meth:`FakeNvml.from_spec`).
+- a child process runs with ``GPUWATCH_NVML_BACKEND=tests.fake_nvml`` (importable, or run
+  from the repository root: the installed ``gpuwatch`` command looks for the dotted path
+  under the current directory) or ``GPUWATCH_NVML_BACKEND=/path/to/tests/fake_nvml.py``:
+  this module then behaves as pynvml itself, serving a fake built from the JSON in
+  ``$GPUWATCH_FAKE_NVML`` (see :meth:`FakeNvml.from_spec`).
 """
 
 from __future__ import annotations

@@ -58,3 +58,16 @@ def test_top_level_options_reach_the_subcommand() -> None:
     assert args.interval == 30.0
     args = build_parser().parse_args([])
     assert args.interval == 100.0 and args.no_record is False
+
+
+def test_readme_states_the_real_default_sampling_rate() -> None:
+    from gpuwatch.cli import build_parser
+
+    ms = build_parser().parse_args([]).interval
+    hz = 1000 / ms
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"sampled every {ms:.0f} ms, {hz:.0f} Hz, by default" in readme
+    assert f"(default {ms:.0f} = {hz:.0f} Hz" in readme
+    assert "100 Hz by default" not in readme
+    out = gw("--help", env={"COLUMNS": "300"})
+    assert f"default {ms:.0f}, i.e. {hz:.0f} Hz" in out.stdout

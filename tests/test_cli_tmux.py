@@ -62,15 +62,36 @@ def test_live_dashboard_shows_the_sample_and_reacts_to_keys(gw_env, sock_path) -
         tmux.close()
 
 
-def test_second_dashboard_on_the_same_socket_is_refused(gw_env) -> None:
-    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
+def _squeeze(text: str) -> str:
+    """Screen text without whitespace: a long line wraps at the pane's edge."""
+    return "".join(text.split())
+
+
+@pytest.mark.parametrize("records", [True, False], ids=["recording", "not recording"])
+def test_second_dashboard_says_what_to_do_and_quitting_says_where_it_recorded(
+    gw_env, tmp_path, records: bool
+) -> None:
+    recording = tmp_path / "first.gpuwatch"
+    option = f"--record {recording}" if records else "--no-record"
+    first = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch {option}", gw_env)
     try:
         assert first.wait_for_text("host")
         second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
         try:
             assert second.wait_for_text("EXIT=2"), second.screen()
-            assert "already listening" in second.screen()
+            screen = _squeeze(second.screen())
+            assert "alreadylisteningon" in screen
+            # The growing recording to replay (if there is one), or a socket of its own.
+            replay = _squeeze(f"gpuwatch replay {recording}")
+            assert (replay in screen) == records, second.screen()
+            assert ("Itrecordstonofile" in screen) != records, second.screen()
+            assert "--socket" in screen and "GPUWATCH_SOCKET=" in screen
         finally:
             second.close()
+        first.keys("q")
+        assert first.wait_for_text("EXIT=0"), first.screen()
+        after = _squeeze(first.screen())
+        assert (_squeeze(f"recorded to {recording}") in after) == records
+        assert (_squeeze(f"replay it: gpuwatch replay {recording}") in after) == records
     finally:
         first.close()

@@ -118,7 +118,7 @@ def test_info_prints_no_escape_and_export_keeps_the_raw_text(tmp_path: Path) -> 
 async def test_the_dashboard_shows_hostile_text_escaped() -> None:
     session = hostile_session()
     app = GpuwatchApp(
-        session, clock=lambda: synthetic.end_time(), subtitle=f"replay evil{TITLE}[b]x[/b]"
+        session, clock=lambda: synthetic.end_time(), subtitle=f"replay evil{TITLE}[b]x[/b] [$warning]w"
     )
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.pause()
@@ -126,6 +126,7 @@ async def test_the_dashboard_shows_hostile_text_escaped() -> None:
         assert "\x1b]0;" not in screen and "\x07" not in screen
         status = str(app.status_bar.render())
         assert "[b]x[/b]" in status and "\\x1b]0;pwned" in status
+        assert "[$warning]w" in status  # a Textual variable is text too
         assert "\\x1b]0;pwned" in str(app.notes_bar.render())
         await pilot.press("2")
         await pilot.pause()

@@ -10,7 +10,7 @@ import sys
 import uuid
 
 import pytest
-from conftest import fake_nvml_env, wait_for
+from conftest import FAKE_NVML, fake_nvml_env, wait_for
 
 
 def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> None:
@@ -32,7 +32,7 @@ def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> Non
     name = "NVIDIA Fake A100-SXM4-80GB"
     assert out.stdout.splitlines() == [
         f"[(0, '{name}', 'ok', True, True), (1, '{name}', 'ok', True, True)]",
-        "[]",
+        str(["NVML from tests.fake_nvml ($GPUWATCH_NVML_BACKEND), not this machine's driver"]),
     ]
 
 
@@ -98,3 +98,85 @@ def test_dashboard_shows_a_gpu_lost_while_the_other_samples(sub_env: dict[str, s
         assert wait_for(lambda: "EXIT=0" in screen(), timeout=15), screen()
     finally:
         _tmux(name, "kill-server")
+
+
+# What pip writes as the ``gpuwatch`` console script (pyproject's [project.scripts]).
+CONSOLE_SCRIPT = """\
+import sys
+from gpuwatch.cli import main
+if __name__ == '__main__':
+    sys.argv[0] = sys.argv[0].removesuffix('.exe')
+    sys.exit(main())
+"""
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """gpuwatch as an installed package: a copy in a site directory and the console script.
+
+    Run as a script from ``bin/``, Python puts ``bin/`` first on ``sys.path``, not the
+    current directory: the repository's ``tests`` package is not importable, as for a user
+    who ran ``pip install .``.
+    """
+    import shutil
+
+    from conftest import ROOT
+
+    site = tmp_path / "site"
+    shutil.copytree(
+        ROOT / "gpuwatch", site / "gpuwatch", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "gpuwatch"
+    script.write_text(CONSOLE_SCRIPT)
+    return script, site
+
+
+def record_and_read(script, env: dict, cwd, out, sock_path: str) -> dict:
+    """``gpuwatch record`` for a second through ``script``, then its ``info --json``."""
+
+    def run(*args: str, where) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, str(script), *args],
+            env=env, cwd=where, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done
+
+    run("record", "--out", str(out), "--duration", "1", "--socket", sock_path, where=cwd)
+    return json.loads(run("info", "--json", str(out), where=out.parent).stdout)
+
+
+@pytest.mark.parametrize("where", ["dotted name, repository root", "file path, elsewhere"])
+def test_fake_backend_through_the_installed_entry_point(installed, tmp_path, sock_path, where):
+    from conftest import ROOT
+
+    script, site = installed
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(site),
+        "GPUWATCH_FAKE_NVML": json.dumps({"gpus": 2, "trace": "flat"}),
+    }
+    if where.startswith("dotted"):
+        env["GPUWATCH_NVML_BACKEND"], cwd = FAKE_NVML, ROOT
+    else:
+        env["GPUWATCH_NVML_BACKEND"], cwd = str(ROOT / "tests" / "fake_nvml.py"), tmp_path
+    data = record_and_read(script, env, cwd, tmp_path / "fake.gpuwatch", sock_path)
+    gpus = [d for d in data["devices"] if d["kind"] == "gpu"]
+    assert [g["name"] for g in gpus] == ["NVIDIA Fake A100-SXM4-80GB"] * 2
+    assert all(g["samples"] > 3 for g in gpus)
+    # The recording says where its GPUs came from: a fake never passes for real ones.
+    assert any("GPUWATCH_NVML_BACKEND" in n and "not this machine's" in n for n in data["notes"])
+
+
+def test_an_unknown_backend_is_a_note_not_a_crash(installed, tmp_path, sock_path) -> None:
+    script, site = installed
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(site),
+        "GPUWATCH_NVML_BACKEND": "tests.fake_nvml",  # not importable from here
+    }
+    notes = record_and_read(script, env, tmp_path, tmp_path / "none.gpuwatch", sock_path)["notes"]
+    assert any("cannot import tests.fake_nvml" in n for n in notes), notes

@@ -165,6 +165,11 @@ async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> 
         app = ReplayApp(player, subtitle="replay app.gpuwatch")
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
+            # It opens paused on the data (Player.opening); playing, the clock is the player.
+            opening = player.opening()
+            assert not player.playing and player.position() == opening.position
+            assert app.view.window(app.now()) == opening.window
+            await pilot.press("space")
             player.pause()
             assert app.redraws >= 1 and app.now() == player.position()
             spike = player.jump_to_spike()

@@ -246,3 +246,59 @@ def test_a_broken_terminal_stops_neither_the_recording_nor_the_command(tmp_path,
     rec = open_recording(out)
     assert rec.complete
     rec.close()
+
+
+# A Python with no torch: the child drops site-packages from its path before importing it.
+NO_TORCH = "import sys; sys.path[:] = [p for p in sys.path if 'packages' not in p]; import torch"
+
+
+def test_record_a_command_whose_python_has_no_torch(tmp_path, sock_path) -> None:
+    result, _ = record(tmp_path, sock_path, sys.executable, "-c", NO_TORCH)
+    assert result.returncode == 1
+    # The child's output comes to our stderr (no --log): the start-up hook's line is there.
+    assert "No module named 'torch'" in result.stderr
+    line = f"torch is not installed for {sys.executable}; install it with: "
+    line += 'pip install "gpuwatch[torch]"'
+    assert line in result.stderr
+    # With a log, gpuwatch reads its tail and says it too.
+    log = tmp_path / "child.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    logged = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "record", "--out", str(tmp_path / "b.gpuwatch"),
+         "--socket", sock_path, "--log", str(log), "--", sys.executable, "-c", NO_TORCH],
+        capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert logged.returncode == 1
+    assert "No module named" not in logged.stderr  # the traceback went to the log...
+    assert line in log.read_text()
+    last = logged.stderr.strip().splitlines()[-1]  # ...and gpuwatch's own last word says it
+    assert last == (
+        'gpuwatch: the command\'s Python has no torch: pip install "gpuwatch[torch]" '
+        "(in that Python's environment)"
+    )
+
+
+def test_a_script_that_handles_a_missing_torch_hears_nothing(tmp_path, sock_path) -> None:
+    hide = NO_TORCH.removesuffix("; import torch")
+    code = f"{hide}\ntry:\n    import torch\nexcept ImportError:\n    print('cpu only')"
+    result, _ = record(tmp_path, sock_path, sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert "cpu only" in result.stdout + result.stderr
+    assert "not installed" not in result.stderr and "no torch" not in result.stderr
+
+
+@pytest.mark.tmux
+def test_run_says_how_to_install_torch(sock_path, tmp_path) -> None:
+    cmd = (
+        f"{shlex.quote(sys.executable)} -m gpuwatch run --no-record --socket {sock_path} "
+        f"--log {tmp_path / 'c.log'} -- {shlex.quote(sys.executable)} -c {shlex.quote(NO_TORCH)}"
+    )
+    tmux = Tmux(cmd, terminal_env())
+    try:
+        assert tmux.wait_for_text("command exited 1", timeout=60), tmux.screen()
+        assert tmux.wait_for_text("gpuwatch[torch]"), tmux.screen()  # the notification
+        tmux.keys("q")
+        assert tmux.wait_for_text("EXIT=1"), tmux.screen()
+        assert 'has no torch: pip install "gpuwatch[torch]"' in tmux.screen()
+    finally:
+        tmux.close()

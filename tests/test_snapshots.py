@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytest
 import synthetic
+from conftest import ROOT
 
+from gpuwatch.store.player import open_replay
 from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.replay import ReplayApp
 
 SIZE = (140, 45)
 # Zoom to the six seconds of data and put the cursor inside an optimizer.step.
@@ -35,3 +38,33 @@ def test_process_table(snap_compare) -> None:
 
 def test_help_screen(snap_compare) -> None:
     assert snap_compare(app(), press=("question_mark",), terminal_size=SIZE)
+
+
+# The two sizes the layout is held to: a laptop's 80x24 (one panel at a time, tab steps)
+# and a large 200x60 terminal (every panel stacked).
+SIZES = {"80x24": (80, 24), "200x60": (200, 60)}
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_live_at_each_size(snap_compare, size: str) -> None:
+    assert snap_compare(app(), press=ZOOMED, terminal_size=SIZES[size])
+
+
+SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
+
+
+def replay_first_screen(theme: str) -> ReplayApp:
+    """``gpuwatch replay samples/gpt-2.7b-h100-adamw-spike.gpuwatch``, README's first command.
+
+    The player stays open for the app's life: the snapshot plugin runs the app itself.
+    """
+    return ReplayApp(open_replay(SPIKE), theme_name=theme, subtitle=f"replay {SPIKE.name}")
+
+
+@pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])
+def test_replay_first_screen_of_the_spike(snap_compare, theme: str) -> None:
+    assert snap_compare(replay_first_screen(theme), terminal_size=SIZES["200x60"])
+
+
+def test_replay_first_screen_of_the_spike_at_80x24(snap_compare) -> None:
+    assert snap_compare(replay_first_screen("gpuwatch-dark"), terminal_size=SIZES["80x24"])

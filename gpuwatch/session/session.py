@@ -206,6 +206,19 @@ class Session:
             if p.first_t <= t and (p.ended is None or p.ended > t)
         ]
 
+    def active(self, t0: int, t1: int) -> list[Process]:
+        """Instrumented processes whose life overlaps ``[t0, t1]``: those a window shows.
+
+        A process that never said goodbye lives on while the session is live; in a replay it
+        ends with its last message.
+        """
+        out = []
+        for p in list(self.processes.values()):
+            end = p.ended if p.ended is not None else (None if self.live else p.last_t)
+            if p.first_t <= t1 and (end is None or end >= t0):
+                out.append(p)
+        return out
+
     def _emit(self, kind: str, args: tuple[Any, ...]) -> None:
         self.version = next(self._versions)
         for listener in self._listeners:

@@ -198,6 +198,12 @@ class GpuSampler:
         except Exception as exc:
             self.nvml.shutdown()
             return self._unavailable(f"NVML is not usable ({exc}): showing the host only")
+        if self.nvml.substitute:
+            # Never let a fake pass for the machine's GPUs (in the dashboard or a recording).
+            self.session.note(
+                f"NVML from {self.nvml.substitute} ($GPUWATCH_NVML_BACKEND), "
+                "not this machine's driver"
+            )
         if count == 0:
             self.nvml.shutdown()
             return self._unavailable("NVML sees no GPU: showing the host only")

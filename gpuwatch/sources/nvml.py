@@ -15,8 +15,12 @@ call), and whichever one works is remembered per device. A field that is not sup
 is remembered too, so it costs nothing on later ticks.
 
 The backend is a module (or any object) with pynvml's names. It is ``pynvml`` unless a
-constructor argument or ``$GPUWATCH_NVML_BACKEND`` (a module path, e.g.
-``tests.fake_nvml``) says otherwise; nothing is patched at run time.
+constructor argument or ``$GPUWATCH_NVML_BACKEND`` says otherwise; nothing is patched at
+run time. The variable names a module (``tests.fake_nvml``: importable, or a file of that
+dotted path under the current directory, so the installed ``gpuwatch`` command finds a
+repository's fake from its root) or a Python file (``/path/to/fake_nvml.py``). Nothing of
+the kind ships with gpuwatch, and a session on such a backend carries a note saying its
+GPUs are not this machine's.
 """
 
 from __future__ import annotations
@@ -146,14 +150,43 @@ class GpuProcess(NamedTuple):
 def load_backend(name: str | None = None) -> Any:
     """Import the NVML binding: ``name``, else ``$GPUWATCH_NVML_BACKEND``, else pynvml.
 
+    ``name`` is a module name or a ``.py`` file (see the module docstring).
+
     Raises:
         NvmlUnavailable: The module cannot be imported.
     """
     name = name or os.environ.get(BACKEND_ENV) or "pynvml"
+    if name.endswith(".py") or os.sep in name:
+        return _load_file(name, name)
     try:
         return importlib.import_module(name)
     except ImportError as exc:
+        # A console script does not put the current directory on sys.path the way
+        # ``python -m`` does: look for the dotted path there before giving up.
+        local = os.path.join(os.getcwd(), *name.split(".")) + ".py"
+        if name != "pynvml" and os.path.isfile(local):
+            return _load_file(local, name)
         raise NvmlUnavailable(f"cannot import {name} ({exc})")
+
+
+def _load_file(path: str, name: str) -> Any:
+    import importlib.util
+    import sys
+
+    module_name = "gpuwatch_nvml_backend_" + "".join(c if c.isalnum() else "_" for c in name)
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"not a Python file: {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    except (ImportError, OSError, SyntaxError) as exc:
+        sys.modules.pop(module_name, None)
+        raise NvmlUnavailable(f"cannot load {path} ({exc})")
+    return module
 
 
 def _text(value: Any) -> str:
@@ -170,6 +203,8 @@ class Nvml:
 
     def __init__(self, backend: Any = None) -> None:
         self.backend = backend
+        self.substitute: str | None = None
+        """The ``$GPUWATCH_NVML_BACKEND`` in use instead of pynvml, once :meth:`init` ran."""
         self.error_class: type[BaseException] = Exception
         self.codes: dict[str, int] = {}
         self._kind: dict[int, str] = {}
@@ -186,6 +221,8 @@ class Nvml:
         """
         if self.backend is None:
             self.backend = load_backend()
+            chosen = os.environ.get(BACKEND_ENV) or "pynvml"
+            self.substitute = None if chosen == "pynvml" else chosen
         b = self.backend
         self.error_class = getattr(b, "NVMLError", None) or _NoSuchError
         self.codes = {k: getattr(b, "NVML_ERROR_" + k, v) for k, v in _CODES.items()}

@@ -37,52 +37,114 @@ if TYPE_CHECKING:
     from .recording import Recording
 
 SUFFIX = ".gpuwatch"  # the same as _schema.SUFFIX, which this module must not import
+SESSIONS_MAX_ENV = "GPUWATCH_SESSIONS_MAX"  # sessions.SESSIONS_MAX_ENV
 
 
 # --------------------------------------------------------------------------- --record
 
 
 def add_record_options(p: argparse.ArgumentParser) -> None:
-    """``--record PATH`` / ``--no-record`` for the live dashboard (and ``gpuwatch run``)."""
+    """``--record PATH`` / ``--no-record`` / ``--sessions-max`` for the live dashboard and run."""
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--record",
         metavar="PATH",
-        help="record the session to PATH (default: a new file under "
-        "the user data directory, see 'gpuwatch info')",
+        help="record the session to PATH (default: a new file in the sessions directory, "
+        "~/.local/share/gpuwatch/sessions on Linux)",
     )
     g.add_argument("--no-record", action="store_true", help="do not record this session")
+    p.add_argument(
+        "--sessions-max",
+        metavar="SIZE",
+        type=_size,
+        help="cap on the sessions directory: before a session records there, the oldest "
+        "finished recordings go until the rest fit (e.g. 500M, 2G, none; default "
+        f"${SESSIONS_MAX_ENV} or 1G)",
+    )
+
+
+NO_CAP = -1
+"""``--sessions-max none``: told not to cap (None means "not given": the env var decides)."""
+
+
+def _size(text: str) -> int:
+    from .sessions import parse_size
+
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+    return NO_CAP if size is None else size
 
 
 def default_recording_path(now: datetime.datetime | None = None) -> Path:
     """``<user data dir>/sessions/<start time>-<host>.gpuwatch`` (platformdirs convention)."""
-    from platformdirs import user_data_dir
+    from .sessions import default_recording_path as path
 
-    now = now or datetime.datetime.now()
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
-    name = f"{now:%Y%m%d-%H%M%S}-{host or 'host'}{SUFFIX}"
-    return Path(user_data_dir("gpuwatch")) / "sessions" / name
+    return path(now)
 
 
 def configure_recording(sources: LiveSources, args: argparse.Namespace) -> None:
     """Tell live sources where to record, from ``--record`` / ``--no-record``.
 
     An explicit ``--record PATH`` that cannot be written is an error; the default location
-    failing only leaves a note in the dashboard.
+    failing only leaves a note in the dashboard. Recording to the default location first
+    trims the sessions directory to its cap (``--sessions-max``).
+
+    Raises:
+        CliError: ``$GPUWATCH_SESSIONS_MAX`` is not a size.
     """
     if getattr(args, "no_record", False):
         return
     path = getattr(args, "record", None)
     if path:
         sources.record_to(path)
-    else:
-        target = default_recording_path()
-        # Two sessions started in the same second on one host: do not collide.
-        n = 1
-        while target.exists():
-            n += 1
-            target = target.with_name(f"{target.stem}-{n}{SUFFIX}")
-        sources.record_to(target, optional=True)
+        return
+    from .sessions import cap_from_env, prune
+
+    cap: int | None = getattr(args, "sessions_max", None)
+    if cap is None:
+        try:
+            cap = cap_from_env()
+        except ValueError as exc:
+            raise CliError(str(exc))
+    elif cap == NO_CAP:
+        cap = None
+    target = default_recording_path()
+    # Two sessions started in the same second on one host: do not collide.
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.stem}-{n}{SUFFIX}")
+    if cap is not None:
+        pruned = prune(target.parent, cap, keep=target)
+        if pruned.removed:
+            sources.session.note(
+                f"sessions directory over {_fmt_size(cap)}: removed the {len(pruned.removed)} "
+                f"oldest recording(s), {_fmt_size(pruned.freed)} (--sessions-max)"
+            )
+    sources.record_to(target, optional=True)
+
+
+def _fmt_size(n: int) -> str:
+    from ..fmt import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def recording_report(sources: LiveSources) -> str | None:
+    """The line printed on quit: where the session was recorded and how to replay it."""
+    recorder = sources.recorder
+    if recorder is None or sources.record_path is None:
+        return None
+    if recorder.error is not None:
+        return recorder.error
+    path = sources.record_path
+    try:
+        size = f" ({_fmt_size(path.stat().st_size)})"
+    except OSError:
+        size = ""
+    return f"recorded to {path}{size}; replay it: gpuwatch replay {shlex.quote(str(path))}"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -215,14 +277,22 @@ def register(sub: Any) -> None:
     )
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     _add_align(p)
-    p.add_argument("--format", choices=FORMATS, default="csv")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="csv",
+        help="csv (a header row, also for an empty table) or jsonl (one JSON object a "
+        "row: an empty table is an empty file); default csv",
+    )
     p.add_argument("--table", choices=sorted(TABLES), help="only this table")
     p.add_argument(
         "--out",
         metavar="DIR",
-        help="directory for <table>.<format> files (default: the first FILE's name + "
-        "'-export'; with --table and no --out, the table goes to stdout)",
+        help="directory for <table>.<format> files (default: STEM-export in the current "
+        "directory, STEM being the first FILE's name without its suffix: run.gpuwatch -> "
+        "./run-export/; with --table and no --out, the table goes to stdout)",
     )
+    p.add_argument("--force", action="store_true", help="overwrite table files that exist in DIR")
     p.set_defaults(func=cmd_export)
 
 
@@ -312,6 +382,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         say(recorder.error)
     if child is not None:
         say(f"{shlex.join(command)}: {launch.describe_returncode(child.returncode)}")
+        hint = launch.torch_hint(child)  # with --log; else the child's own line said it
+        if hint:
+            say(hint)
         return EXIT_ERROR if child.exit_status is None else child.exit_status
     return EXIT_ERROR if recorder.error is not None else EXIT_OK
 
@@ -378,26 +451,51 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def export_dir(first: str) -> Path:
+    """Where ``export`` writes without ``--out``: ``./<stem>-export`` (run.gpuwatch: run-export)."""
+    return Path(Path(first).stem + "-export")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the recording's tables as CSV or JSON lines."""
     from .export import TABLES, table, write
 
+    names = [args.table] if args.table else list(TABLES)
+    out = Path(args.out) if args.out else export_dir(args.file[0])
+    to_stdout = bool(args.table and not args.out)
+    if not to_stdout and not args.force:
+        # Refuse before loading anything: a second export must not eat the first's files.
+        taken = [out / f"{name}.{args.format}" for name in names]
+        existing = [p for p in taken if p.exists()]
+        if existing:
+            if len(existing) == 1:
+                raise CliError(f"{existing[0]} already exists (use --force to overwrite it)")
+            raise CliError(
+                f"{existing[0]} and {len(existing) - 1} more files already exist in {out} "
+                "(use --force to overwrite them)"
+            )
     opened = _load(args.file, args.align)
+    empty: list[str] = []
     try:
-        names = [args.table] if args.table else list(TABLES)
-        if args.table and not args.out:
+        if to_stdout:
             write(table(opened, args.table), args.format, sys.stdout)
             return EXIT_OK
-        out = Path(args.out) if args.out else Path(Path(args.file[0]).stem + "-export")
         try:
             out.mkdir(parents=True, exist_ok=True)
             total = 0
             for name in names:
                 with open(out / f"{name}.{args.format}", "w", newline="") as f:
-                    total += write(table(opened, name), args.format, f)
+                    rows = write(table(opened, name), args.format, f)
+                total += rows
+                if rows == 0:
+                    empty.append(name)
         except OSError as exc:
             raise CliError(f"cannot write to {out}: {exc.strerror or exc}")  # a bad --out
     finally:
         opened.close()
-    say(f"wrote {len(names)} tables, {total} rows, to {out}{os.sep}")
+    note = ""
+    if empty:
+        what = "empty files" if args.format == "jsonl" else "a header row only"
+        note = f" ({', '.join(empty)}: no rows, {what})"
+    say(f"wrote {len(names)} tables, {total} rows, to {out}{os.sep}{note}")
     return EXIT_OK

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +37,35 @@ SPIKE_SOURCES = (("gpu", "used"), ("peaks", "peak_allocated"), ("torch", "alloca
 GPU (what nvidia-smi shows, what runs out), else the highest exact allocator peak a script
 reported, else its highest allocated figure. A recording with none of these (CPU only)
 uses the highest RSS of an instrumented process, then host used memory."""
+
+
+WHOLE_SHARE = 0.8
+"""A recording whose training part (with margins) fills at least this share of it opens
+whole; otherwise replay opens on the training part (a 64 s recording that trains for 6 s
+after building a model on the CPU opens on those 6 s)."""
+
+OPENING_MARGIN = 0.05
+"""Room left either side of the training part, as a share of its length."""
+
+MIN_OPENING = 10**9
+"""The narrowest window replay opens on (1 s)."""
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What replay shows first.
+
+    Attributes:
+        window: ``(t0, t1)``: the whole recording, or its training part.
+        cursor: Where the cursor starts: inside the phase with the highest exact allocator
+            peak (the spike gpuwatch exists to explain), else at the highest memory
+            reading; None for a recording without memory figures.
+        position: The playback position: the window's start (space plays from there).
+    """
+
+    window: tuple[int, int]
+    cursor: int | None
+    position: int
 
 
 class Player:
@@ -247,6 +277,72 @@ class Player:
         spike = self.largest_spike()
         return None if spike is None else self.seek(spike[0])
 
+    # ------------------------------------------------------------------ opening
+
+    def training_part(self) -> tuple[int, int] | None:
+        """First and last time any instrumented process was active, or None."""
+        procs = list(self.session.processes.values())
+        if not procs:
+            return None
+        first = min(p.first_t for p in procs)
+        last = max(max(p.last_t, p.ended or 0) for p in procs)
+        for p in procs:  # a phase may begin before the hello that announced the process
+            span = p.phases.span()
+            if span is not None:
+                cols = p.phases.snapshot()
+                first = min(first, int(cols["t0"].min()))
+                last = max(last, span[1])
+        return (first, last) if last > first else None
+
+    def highest_phase_peak(self) -> tuple[int, int] | None:
+        """``(time, bytes)`` inside the phase with the highest exact allocated peak."""
+        found = self.loader.peak("phases") if self.loader is not None else None
+        pid: int | None = None
+        if found is not None:
+            value, t1, key = found
+            pid = int(key)
+        else:
+            best = None
+            for p in list(self.session.processes.values()):
+                cols = p.phases.snapshot()
+                known = cols["peak_alloc"] != MISSING_INT
+                if known.any():
+                    i = int(np.argmax(np.where(known, cols["peak_alloc"], MISSING_INT)))
+                    if best is None or int(cols["peak_alloc"][i]) > best[0]:
+                        best = (int(cols["peak_alloc"][i]), int(cols["t1"][i]), p.pid)
+            if best is None:
+                return None
+            value, t1, pid = best
+        # The middle of that phase when its row is loaded (a small file is, whole), else
+        # just inside its end.
+        proc = self.session.processes.get(pid)
+        if proc is not None:
+            cols = proc.phases.snapshot()
+            rows = np.flatnonzero((cols["t1"] == t1) & (cols["peak_alloc"] == value))
+            if len(rows):
+                return (int(cols["t0"][rows[-1]]) + t1) // 2, value
+        return t1 - 1, value
+
+    def opening(self) -> Opening:
+        """The window, cursor and position replay opens on (see :data:`WHOLE_SHARE`)."""
+        first, last = self.bounds()
+        window = (first, max(last, first + 1))
+        part = self.training_part()
+        if part is not None:
+            margin = int((part[1] - part[0]) * OPENING_MARGIN)
+            t0, t1 = max(first, part[0] - margin), min(last, part[1] + margin)
+            if t1 - t0 < MIN_OPENING:
+                mid = (t0 + t1) // 2
+                t0, t1 = max(first, mid - MIN_OPENING // 2), min(last, mid + MIN_OPENING // 2)
+            if t1 > t0 and (t1 - t0) < WHOLE_SHARE * (last - first):
+                window = (t0, t1)
+        peak = self.highest_phase_peak()
+        if peak is None or not window[0] <= peak[0] <= window[1]:
+            spike = self.largest_spike()
+            peak = (spike[0], spike[1]) if spike is not None else None
+        cursor = peak[0] if peak is not None and window[0] <= peak[0] <= window[1] else None
+        return Opening(window, cursor, window[0])
+
     def _peak(self, kind: str, column: str) -> tuple[int, int, str] | None:
         if self.loader is not None:
             # The chunk index keeps each chunk's maximum: no need to wait for the samples.
@@ -279,7 +375,9 @@ def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
         session, loader = rec.open_session()
         growing = rec.writer_alive()
         loader.following = growing
-        player = Player(session, loader, speed=speed)
+        # A finished recording opens paused (the dashboard shows its data first, see
+        # Player.opening); one still being written plays at its tail.
+        player = Player(session, loader, speed=speed, playing=growing)
         if growing:
             player.end()
         loader.load_until(player.position())

@@ -1,9 +1,11 @@
-"""A one-line text widget that redraws only when its text changes, without a layout pass."""
+"""Text widgets that redraw only when their text changes, and fitting text to a width."""
 
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.text import Text
+from textual.content import Content
+from textual.geometry import Size
+from textual.widget import Widget
 from textual.widgets import Static
 
 from ..fmt import printable
@@ -12,10 +14,12 @@ from ..fmt import printable
 def markup_safe(text: object) -> str:
     """Untrusted text (names, labels, paths, notes) for a widget that reads Rich markup.
 
-    Control characters become visible escapes (:func:`gpuwatch.fmt.printable`) and square
-    brackets are escaped, so ``[red]fwd[/red]`` in a phase name shows as typed.
+    Control characters become visible escapes (:func:`gpuwatch.fmt.printable`) and every
+    opening square bracket is escaped, so ``[red]fwd[/red]`` or ``[$warning]`` in a phase
+    name shows as typed (Rich's ``escape`` leaves ``[$variable]``, which Textual's markup
+    reads as a style).
     """
-    return escape(printable(text))
+    return printable(text).replace("[", r"\[")
 
 
 def plain(text: object, **kwargs: object) -> Text:
@@ -53,3 +57,91 @@ class Line(Static):
         if text != self.text:
             self.text = text
             self.update(text, layout=False)
+
+
+class Fitted(Widget):
+    """Parts of (markup) text fitted to the widget's width at render time (see :func:`fit`).
+
+    Fitting when drawing, not when the text is set, keeps it right across resizes; a
+    layout pass happens only when the number of lines changes.
+
+    Args:
+        sep: Between two parts on a line.
+        max_lines: At most this many lines (the height follows, up to it).
+    """
+
+    DEFAULT_CSS = """
+    Fitted {
+        height: auto;
+    }
+    """
+
+    def __init__(
+        self, *, sep: str = " · ", max_lines: int = 1, id: str | None = None, classes: str = ""
+    ) -> None:
+        super().__init__(id=id, classes=classes)
+        self.parts: list[str] = []
+        self.sep = sep
+        self.max_lines = max_lines
+        self._lines = 1
+
+    @property
+    def text(self) -> str:
+        """The text as drawn now."""
+        return self._fitted(self.size.width or 80).plain
+
+    def _fitted(self, width: int) -> Content:
+        return fit(self.parts, width, self.sep, self.max_lines)
+
+    def set(self, parts: list[str]) -> None:
+        """Show ``parts``; does nothing if they are already shown."""
+        if parts == self.parts:
+            return
+        self.parts = list(parts)
+        lines = self.text.count("\n") + 1
+        self.refresh(layout=lines != self._lines)
+        self._lines = lines
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        self._lines = self._fitted(width).plain.count("\n") + 1
+        return self._lines
+
+    def render(self) -> Content:
+        return self._fitted(self.size.width)
+
+
+def fit(parts: list[str], width: int, sep: str = " · ", max_lines: int = 1) -> Content:
+    """Parts (Textual markup) joined by ``sep`` into at most ``max_lines`` lines of ``width``.
+
+    Parts are in order of importance: they fill the lines in turn, a part never breaks
+    across lines, and where the room runs out the part there is cut with an ellipsis (if
+    a few cells are left for it) and the rest are dropped. So the first parts always show
+    whole, and nothing is silently cut mid-word at the terminal's edge.
+    """
+    width = max(1, width)
+    gap = Content(sep)
+    lines: list[Content] = []
+    line: Content | None = None
+    for markup in parts:
+        part = Content.from_markup(markup)
+        if line is None:
+            line = part.truncate(width, ellipsis=True)
+            if part.cell_length > width:
+                break
+            continue
+        if line.cell_length + gap.cell_length + part.cell_length <= width:
+            line = line + gap + part
+            continue
+        if len(lines) + 1 < max_lines:  # a new line for it
+            lines.append(line)
+            line = part.truncate(width, ellipsis=True)
+            if part.cell_length > width:
+                break
+            continue
+        room = width - line.cell_length - gap.cell_length
+        if room >= 8:
+            line = line + gap + part.truncate(room, ellipsis=True)
+        break
+    if line is not None:
+        lines.append(line)
+    return Content("\n").join(lines)

@@ -22,22 +22,28 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from ..fmt import fmt_bytes, fmt_duration
-from ..launch import exit_status
+from ..launch import TORCH_INSTALL, exit_status, missing_torch
 from ..session import Session
 from ..session import navigate as nav
 from ..session.predicted import PredictedLine
-from ._text import Line, markup_safe, plain
+from ._text import Fitted, markup_safe, plain
 from .chart import TimelineChart
 from .confirm import Confirm
 from .help import HelpScreen
+from .keys import Key, KeyBar
 from .log import LogView
 from .panel import DevicePanel
 from .tables import PeaksTable, ProcessTable
 from .theme import DEFAULT_THEME, builtin_themes
 from .view import View
+
+SHORT_BELOW = 36
+"""Terminal rows below which panels are shown one at a time (80x24 gets ~12 chart rows)."""
+NARROW_BELOW = 100
+"""Terminal columns below which the status bar and keys are fitted more tightly."""
 
 REDRAW_HZ = 20
 FOLLOW_FRAME_NS = 500_000_000
@@ -145,6 +151,13 @@ ACTIONS: tuple[Action, ...] = (
     Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
     Action("3", "show_tab('processes')", "Processes", "Show the process table", True, "3"),
     Action("4", "show_tab('log')", "Log", "Show the command's output (gpuwatch run)"),
+    Action(
+        "tab",
+        "next_panel(1)",
+        "Next panel",
+        "Focus the next device (a short terminal shows one panel at a time)",
+    ),
+    Action("shift+tab", "next_panel(-1)", "Previous panel", "Focus the previous device"),
     Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
     Action("q", "quit", "Quit", "Quit gpuwatch", True),
 )
@@ -173,9 +186,36 @@ class GpuwatchApp(App[int]):
     """
 
     TITLE = "gpuwatch"
+    # A short terminal (80x24) shows one device panel at a time (tab steps through them),
+    # a one-line tab strip and notes; a narrow one fits the status bar and keys to its width.
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
     CSS = """
     Screen {
         layout: vertical;
+    }
+    Screen.-short #notes {
+        height: 1;
+    }
+    Screen.-short Tabs {
+        height: 1;
+    }
+    Screen.-short Tabs Underline {
+        display: none;
+    }
+    Screen.-short #panels {
+        scrollbar-size-vertical: 0;
+    }
+    /* One device panel fills the view; tab steps to the next. The bottom border goes. */
+    Screen.-short DevicePanel, Screen.-short DevicePanel.-secondary {
+        height: 100%;
+        min-height: 0;
+        border: none;
+        border-top: round $panel-lighten-2;
+    }
+    Screen.-short DevicePanel:focus-within {
+        border: none;
+        border-top: round $primary;
     }
     #status {
         height: 1;
@@ -201,6 +241,8 @@ class GpuwatchApp(App[int]):
 
     ACTION_TABLE: tuple[Action, ...] = ACTIONS
     BINDINGS = bindings(ACTIONS)
+    TAB_AFTER = "zoom(2.0)"
+    """The key bar's "tab Next panel" follows this action's key (when panels are stepped)."""
 
     def __init__(
         self,
@@ -232,7 +274,7 @@ class GpuwatchApp(App[int]):
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: a modal screen on top must not hide them from the timers.
-        self.status_bar = Line("", id="status")
+        self.status_bar = Fitted(id="status")
         self.notes_bar = Static("", id="notes")
         self.notes_bar.display = False
         self.tabs = TabbedContent(initial="timelines")
@@ -253,7 +295,8 @@ class GpuwatchApp(App[int]):
             if self.child is not None:
                 with TabPane("Log", id="log"):
                     yield LogView(self.child.log_path, id="child-log")
-        yield Footer()
+        self.key_bar = KeyBar()
+        yield self.key_bar
 
     def on_mount(self) -> None:
         for theme in builtin_themes():
@@ -336,6 +379,8 @@ class GpuwatchApp(App[int]):
         """
         now = self.now()
         key, now = self.frame_key(now)
+        short = self.short
+        key = (key, self.size, short)
         if key == self._drawn_key:
             return
         self._drawn_key = key
@@ -345,11 +390,54 @@ class GpuwatchApp(App[int]):
         self.view.first = self.session.time_range()[0]
         window = self.view.window(now)
         version = self.session.version
+        at = self.figures_time(window)
         with self.batch_update():
+            self._place_panels()
             for panel in self._panels.values():
-                panel.update_view(window, self.view.cursor, version)
-            self._update_status()
+                panel.update_view(window, self.view.cursor, version, at)
+            self._update_status(window)
+            self.key_bar.set_keys(self.footer_keys())
         self.redraws += 1
+
+    def figures_time(self, window: tuple[int, int]) -> int:
+        """The time the headers and legends describe: the cursor, else the newest time."""
+        if self.view.cursor is not None:
+            return self.view.cursor
+        return min(window[1], self.now())
+
+    @property
+    def short(self) -> bool:
+        """The terminal is short (see :data:`SHORT_BELOW`): one panel at a time."""
+        try:
+            return self.panel_list.screen.has_class("-short")
+        except Exception:  # not mounted yet, or the app is closing
+            return False
+
+    @property
+    def stepping(self) -> bool:
+        """One panel at a time (a short terminal) and more than one panel to step through."""
+        return self.short and len(self._panels) > 1
+
+    def _place_panels(self) -> None:
+        """Tell each panel where it is among the others, and the layout, when stepping."""
+        panels = self.panels
+        stepping, short = self.stepping, self.short
+        for i, panel in enumerate(panels):
+            panel.place = f"{i + 1}/{len(panels)} tab ▸" if stepping else ""
+            panel.short = short
+
+    def footer_keys(self) -> list[Key]:
+        """The key bar's entries, most important first (help and quit always fit)."""
+        keys = [
+            Key(a.key_display or a.keys.split(",")[0], a.title, a.action)
+            for a in self.ACTION_TABLE
+            if a.footer
+        ]
+        if self.stepping:
+            at = next((i + 1 for i, k in enumerate(keys) if k.action == self.TAB_AFTER), 1)
+            keys.insert(at, Key("tab", "Next panel", "next_panel(1)"))
+        keys.append(Key("^p", "palette", "command_palette"))
+        return keys
 
     def frame_key(self, now: int) -> tuple[object, int]:
         """What identifies a frame, and the time to draw it at (see :meth:`_tick`)."""
@@ -389,12 +477,15 @@ class GpuwatchApp(App[int]):
         """The first words of the status bar."""
         return "LIVE" if self.view.following else "PAUSED"
 
-    def _update_status(self) -> None:
+    def notes_text(self) -> str:
+        """The notes bar: what the session has to say (no driver, not recording...)."""
+        return "\n".join(self.session.notes)
+
+    def _update_status(self, window: tuple[int, int] | None = None) -> None:
         s = self.session
-        now = self.now()
-        # Processes running at the time shown (in a replay, not the ones that ended since).
-        at = self.view.cursor if self.view.cursor is not None else now
-        procs = len(s.alive(at))
+        window = window or self.view.window(self.now())
+        # The processes the bands show: those alive in the window.
+        procs = len(s.active(*window))
         rejects = sum(s.rejects.values())
         dropped = sum(p.dropped for p in s.processes.values())
         parts = [
@@ -413,8 +504,10 @@ class GpuwatchApp(App[int]):
         subtitle = self.subtitle_text() if callable(self.subtitle_text) else self.subtitle_text
         if subtitle:
             parts.append(markup_safe(subtitle))
-        self.status_bar.set(" · ".join(parts))
-        notes = "\n".join(s.notes)
+        # Fitted, most important first: the subtitle (socket, file) gives way, with an
+        # ellipsis, before the mode, window or counts are cut.
+        self.status_bar.set(parts)
+        notes = self.notes_text()
         if notes != self._notes:  # height auto: a new note needs a layout pass
             self._notes = notes
             self.notes_bar.update(plain(notes))
@@ -428,10 +521,14 @@ class GpuwatchApp(App[int]):
         status = exit_status(code)
         if self._child_status is None:
             self._child_status = status
+            hint = ""
+            if status != 0 and missing_torch(self.child.log_path):
+                hint = f"\nits Python has no torch: {TORCH_INSTALL}"
             self.notify(
-                f"the command exited with status {status}",
+                f"the command exited with status {status}{hint}",
                 severity="information" if status == 0 else "error",
-                timeout=6,
+                timeout=10 if hint else 6,
+                markup=False,  # "gpuwatch[torch]" is not a style
             )
         colour = "$success" if status == 0 else "$error"
         return f"[{colour}]command exited {status}[/]"
@@ -542,6 +639,20 @@ class GpuwatchApp(App[int]):
             if not panel.is_host:
                 panel.fit = not panel.fit
                 panel.chart.invalidate()
+        self.redraw()
+
+    def action_next_panel(self, step: int) -> None:
+        """Focus the next (or previous) device panel, and scroll it into view."""
+        panels = self.panels
+        if not panels:
+            return
+        if self.tabs.active != "timelines":
+            self.action_show_tab("timelines")
+        current = self.focused_panel()
+        i = panels.index(current) if current in panels else -step
+        target = panels[(i + step) % len(panels)]
+        target.focus(scroll_visible=False)
+        self.panel_list.scroll_to_widget(target, animate=False, top=True)
         self.redraw()
 
     def action_show_tab(self, tab: str) -> None:

@@ -1,7 +1,8 @@
 """The phase band: one row per instrumented process under the chart, on the same time axis.
 
 Each phase is a coloured run of cells named where there is room; nested phases draw over
-their parents, so the innermost phase shows. Marks and OOMs are markers on the row.
+their parents, so the innermost phase shows. Marks and OOMs are markers on the row. Many
+processes fold into a ``+N more`` row; a key under the rows names the colours.
 """
 
 from __future__ import annotations
@@ -69,9 +70,49 @@ class BandRow:
 
 BandFetch = Callable[[int, int], list[BandRow]]
 
+MAX_ROWS = 6
+"""Process rows a band shows before the rest fold into one ``+N more`` row."""
+
+
+def fold_rows(rows: list[BandRow], limit: int) -> list[BandRow]:
+    """At most ``limit`` rows: past it, the rest become one ``+N more`` row.
+
+    The folded row carries the others' marks and OOMs (an OOM is never hidden) but none of
+    their phases: overlaid, several processes' phases would read as one process's.
+    """
+    limit = max(1, limit)
+    if len(rows) <= limit:
+        return rows
+    kept, rest = rows[: limit - 1], rows[limit - 1 :]
+    markers = [m for row in rest for m in row.markers]
+    return [*kept, BandRow(f"+{len(rest)} more", [], markers)]
+
+
+def label_width(rows: list[BandRow]) -> int:
+    """The label column the rows need (never narrower than the chart's y axis)."""
+    return max([AXIS_WIDTH, *(len(printable(r.label)) + 1 for r in rows)])
+
+
+def span_cells(t0: int, t1: int, w0: int, scale: float, plot_w: int) -> tuple[int, int] | None:
+    """First and last cell of a span: each cell goes to the span covering most of it.
+
+    Adjacent spans share no cell (a boundary falls in the cell of whichever side holds more
+    of it), so a phase gets all the room its length earns; one shorter than half a cell
+    still gets one cell, so nothing vanishes.
+    """
+    c0 = round((t0 - w0) * scale)
+    c1 = round((t1 - w0) * scale) - 1
+    c1 = max(c1, c0)
+    if c1 < 0 or c0 > plot_w - 1:
+        return None
+    return max(0, c0), min(plot_w - 1, c1)
+
 
 class PhaseBand(Widget):
-    """Phases of each instrumented process on a device, aligned with the chart above."""
+    """Phases of each instrumented process on a device, aligned with the chart above.
+
+    Below the rows, a key names the phases in view in their colours, and the markers.
+    """
 
     DEFAULT_CSS = """
     PhaseBand {
@@ -86,6 +127,8 @@ class PhaseBand(Widget):
         self.cursor: int | None = None
         self.data_version = 0
         self.rows: list[BandRow] = []
+        self.max_rows = MAX_ROWS
+        self.axis_width = AXIS_WIDTH
         self._key: tuple[object, ...] | None = None
         self._strips: list[Strip] = []
 
@@ -94,7 +137,11 @@ class PhaseBand(Widget):
         if (window, cursor, data_version) == (self.window, self.cursor, self.data_version):
             return
         self.window, self.cursor, self.data_version = window, cursor, data_version
-        rows = self.fetch(*window)
+        self.set_rows(self.fetch(*window))
+
+    def set_rows(self, rows: list[BandRow]) -> None:
+        """Show ``rows`` (folded to :attr:`max_rows`)."""
+        rows = fold_rows(rows, self.max_rows)
         if len(rows) != len(self.rows):
             self.rows = rows
             self.refresh(layout=True)
@@ -103,8 +150,14 @@ class PhaseBand(Widget):
             self.refresh()
         self._key = None
 
+    def set_max_rows(self, limit: int) -> None:
+        """Fold past ``limit`` rows from the next update on (the layout changed)."""
+        if limit != self.max_rows:
+            self.max_rows = limit
+            self.data_version = -1  # re-fetch at the next update
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self.rows)
+        return len(self.rows) + 1 if self.rows else 0
 
     def on_mount(self) -> None:
         self.watch(self.app, "theme", self._theme_changed, init=False)
@@ -115,18 +168,62 @@ class PhaseBand(Widget):
 
     def render_line(self, y: int) -> Strip:
         size = self.size
-        key = (size, self.app.theme, id(self.rows))
+        key = (size, self.app.theme, id(self.rows), self.axis_width)
         if key != self._key:
             self._strips = [self._row_strip(row, size.width) for row in self.rows]
+            if self.rows:
+                self._strips.append(self._key_strip(size.width))
             self._key = key
         if y < len(self._strips):
             return self._strips[y]
         return Strip.blank(size.width, self.rich_style)
 
+    def _phase_style(self, kind: str) -> Style:
+        variables = self.app.theme_variables
+        bg = variables.get(f"gw-phase-{kind}", "#808080")
+        return self.rich_style + Style(bgcolor=bg, color=_contrast(bg, variables))
+
+    def _key_strip(self, width: int) -> Strip:
+        """``phases`` and each name in view in its colour, then what ◆ and ✖ mean."""
+        variables = self.app.theme_variables
+        base = self.rich_style
+        muted = base + Style(color=variables.get("gw-axis"))
+        t0, t1 = self.window
+        names: dict[str, str] = {}
+        levels: set[str] = set()
+        for row in self.rows:
+            for span in sorted(row.spans, key=lambda sp: sp.t0):
+                if span.t1 >= t0 and span.t0 <= t1 and span.name not in names:
+                    names[span.name] = phase_kind(span.name)
+            levels |= {m.level for m in row.markers if t0 <= m.t <= t1}
+        segments = [Segment("phases".ljust(self.axis_width), muted)]
+        used = self.axis_width
+        items = [(f" {printable(name)} ", self._phase_style(kind)) for name, kind in names.items()]
+        tail = []
+        if levels - {"oom"}:
+            tail.append(("  ◆ mark", base + Style(color=variables.get("gw-mark"), bold=True)))
+        if "oom" in levels:
+            tail.append(("  ✖ OOM", base + Style(color=variables.get("gw-oom"), bold=True)))
+        room = width - used - sum(len(t) for t, _ in tail)
+        for i, (text, style) in enumerate(items):
+            gap = 1 if i else 0
+            rest = len(items) - i - 1
+            if len(text) + gap + (2 if rest else 0) > room:
+                segments.append(Segment(" …", muted))
+                room -= 2
+                break
+            if gap:
+                segments.append(Segment(" ", base))
+            segments.append(Segment(text, style))
+            room -= len(text) + gap
+        segments += [Segment(text, style) for text, style in tail]
+        return Strip(segments).adjust_cell_length(width, base)
+
     def _row_strip(self, row: BandRow, width: int) -> Strip:
         variables = self.app.theme_variables
         base = self.rich_style
-        plot_w = width - AXIS_WIDTH
+        axis_w = self.axis_width
+        plot_w = width - axis_w
         if plot_w <= 0:
             return Strip.blank(width, base)
         t0, t1 = self.window
@@ -138,32 +235,40 @@ class PhaseBand(Widget):
         # Inner phases over outer ones; among equals, longer ones last, so a cell that
         # holds several short phases shows the one that filled most of it.
         for span in sorted(row.spans, key=lambda s: (s.depth, s.t1 - s.t0)):
-            c0 = max(0, int((span.t0 - t0) * scale))
-            c1 = min(plot_w - 1, int((span.t1 - t0) * scale))
-            if c1 < 0 or c0 > plot_w - 1 or c1 < c0:
+            cells = span_cells(span.t0, span.t1, t0, scale, plot_w)
+            if cells is None:
                 continue
+            c0, c1 = cells
             kind = phase_kind(span.name)
             index = len(placed)
             placed.append((c0, c1, span.name))
             for c in range(c0, c1 + 1):
                 kinds[c] = kind
                 owner[c] = index
-        # Names go where their phase still shows, after every phase has taken its cells.
-        for index, (c0, c1, name) in enumerate(placed):
-            start = next((c for c in range(c0, c1 + 1) if owner[c] == index), None)
-            if start is None:
-                continue
-            end = start
-            while end + 1 <= c1 and owner[end + 1] == index:
-                end += 1
-            for j, ch in enumerate(_label(name, end - start + 1)):
-                chars[start + j] = ch
         marker_cols: dict[int, str] = {}
         for m in row.markers:
             if t0 <= m.t <= t1:
                 c = min(plot_w - 1, int((m.t - t0) * scale))
                 if marker_cols.get(c) != "oom":
                     marker_cols[c] = m.level
+        # Names go where their phase still shows, after every phase has taken its cells,
+        # in its longest stretch of cells free of markers.
+        for index, (c0, c1, name) in enumerate(placed):
+            best = (0, 0)
+            c = c0
+            while c <= c1:
+                if owner[c] != index or c in marker_cols:
+                    c += 1
+                    continue
+                end = c
+                while end + 1 <= c1 and owner[end + 1] == index and end + 1 not in marker_cols:
+                    end += 1
+                if end - c + 1 > best[1]:
+                    best = (c, end - c + 1)
+                c = end + 1
+            start, room = best
+            for j, ch in enumerate(_label(name, room)):
+                chars[start + j] = ch
         cursor_col = None
         if self.cursor is not None and t0 <= self.cursor <= t1:
             cursor_col = min(plot_w - 1, int((self.cursor - t0) * scale))
@@ -173,10 +278,7 @@ class PhaseBand(Widget):
             key = (kind, marker, cursor)
             st = styles.get(key)
             if st is None:
-                st = base
-                if kind is not None:
-                    bg = variables.get(f"gw-phase-{kind}", "#808080")
-                    st = st + Style(bgcolor=bg, color=_contrast(bg, variables))
+                st = base if kind is None else self._phase_style(kind)
                 if cursor:
                     st = st + Style(reverse=True)
                 if marker is not None:
@@ -187,7 +289,7 @@ class PhaseBand(Widget):
 
         segments = [
             Segment(
-                printable(row.label)[: AXIS_WIDTH - 1].ljust(AXIS_WIDTH - 1) + " ",
+                printable(row.label)[: axis_w - 1].ljust(axis_w - 1) + " ",
                 base + Style(color=variables.get("gw-axis")),
             )
         ]

@@ -117,7 +117,8 @@ class BreakdownBar(Widget):
         if over > 0:
             labels.append(OVER, Style(color=variables.get("gw-unexplained")))
             labels.append(f"over-predicted {fmt_short(over)} ")
-        if data.free is not None:
-            labels.append(f"· free {fmt_short(data.free)}")
+        if data.free is not None:  # the ░ of the bar above, named
+            labels.append("░", Style(color=variables.get("gw-grid")))
+            labels.append(f"free {fmt_short(data.free)}")
         labels.truncate(width, overflow="ellipsis")
         return Text("\n").join([bar, labels])

@@ -23,7 +23,8 @@ from ..fmt import GIB, axis_label, nice_step
 from ._braille import rasterise, to_text
 
 AXIS_WIDTH = 9
-"""Cells left of the plot for y labels (shared with the phase band, so columns align)."""
+"""Cells left of the plot for y labels, at least (shared with the phase band, so columns
+align; a panel widens both for a longer process label, ``pid 4194304``)."""
 
 
 @dataclass
@@ -95,6 +96,7 @@ class TimelineChart(Widget):
         self._strips: list[Strip] = []
         self.last_frame: ChartFrame | None = None
         self.build_count = 0  # how often strips were rebuilt (tests check the cache)
+        self.axis_width = AXIS_WIDTH
 
     # ------------------------------------------------------------------ updates
 
@@ -115,14 +117,20 @@ class TimelineChart(Widget):
         self._key = None
         self.refresh()
 
+    def set_axis_width(self, width: int) -> None:
+        """Cells left of the plot (the panel keeps it equal to the band's label column)."""
+        if width != self.axis_width:
+            self.axis_width = width
+            self.invalidate()
+
     @property
     def plot_width(self) -> int:
-        return max(0, self.size.width - AXIS_WIDTH)
+        return max(0, self.size.width - self.axis_width)
 
     def x_to_time(self, x: int) -> int:
         """Time under cell column ``x`` of the widget."""
         t0, t1 = self.window
-        col = min(max(x - AXIS_WIDTH, 0), max(self.plot_width - 1, 0))
+        col = min(max(x - self.axis_width, 0), max(self.plot_width - 1, 0))
         return int(t0 + (col + 0.5) * (t1 - t0) / max(self.plot_width, 1))
 
     def time_to_col(self, t: int) -> int | None:
@@ -134,7 +142,7 @@ class TimelineChart(Widget):
         return min(w - 1, int((t - t0) * w / max(t1 - t0, 1)))
 
     def on_click(self, event: events.Click) -> None:
-        if event.x >= AXIS_WIDTH:
+        if event.x >= self.axis_width:
             self.post_message(self.CursorSet(self.x_to_time(event.x)))
 
     def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
@@ -172,7 +180,8 @@ class TimelineChart(Widget):
     def _build(self, size: Size) -> list[Strip]:
         self.build_count += 1
         width, height = size.width, size.height
-        plot_w, plot_h = width - AXIS_WIDTH, height - 1
+        axis_w = self.axis_width
+        plot_w, plot_h = width - axis_w, height - 1
         base = self.rich_style
         if plot_w <= 0 or plot_h <= 0:
             return [Strip.blank(width, base) for _ in range(height)]
@@ -197,7 +206,7 @@ class TimelineChart(Widget):
         strips = []
         for row in range(plot_h):
             label = labels.get(row)
-            axis = label.rjust(AXIS_WIDTH - 1) + "┤" if label else " " * (AXIS_WIDTH - 1) + "│"
+            axis = label.rjust(axis_w - 1) + "┤" if label else " " * (axis_w - 1) + "│"
             segments = [Segment(axis, axis_style)]
             segments += _runs(text[row], owner[row], line_styles, base)
             strips.append(Strip(segments, width))
@@ -208,10 +217,11 @@ class TimelineChart(Widget):
         t0, t1 = self.window
         span = t1 - t0
         step = nice_step(span / 1e9, max(1, plot_w // 12)) * 1e9
-        line = [" "] * (AXIS_WIDTH + plot_w)
-        line[AXIS_WIDTH - 1] = "└"
+        axis_w = self.axis_width
+        line = [" "] * (axis_w + plot_w)
+        line[axis_w - 1] = "└"
         for i in range(plot_w):
-            line[AXIS_WIDTH + i] = "─"
+            line[axis_w + i] = "─"
         first = int(np.ceil((t0 - self.origin) / step))
         k = first
         while True:
@@ -221,17 +231,18 @@ class TimelineChart(Widget):
             col = int((t - t0) * plot_w / span)
             label = axis_label(t - self.origin, step)
             if col >= 0 and col + len(label) < plot_w + 1:
-                line[AXIS_WIDTH + col] = "┴"
+                line[axis_w + col] = "┴"
                 for j, ch in enumerate(label[: max(0, plot_w - col - 1)]):
-                    line[AXIS_WIDTH + col + 1 + j] = ch
+                    line[axis_w + col + 1 + j] = ch
             k += 1
-        return "".join(line[: AXIS_WIDTH + plot_w])
+        return "".join(line[: axis_w + plot_w])
 
 
 def _y_labels(ymax: float, rows: int) -> dict[int, str]:
     """Row -> GiB label at 1-2-5 steps, top row included, no two labels adjacent."""
     gib = ymax / GIB
-    step = nice_step(gib, max(1, rows // 3))
+    # At least four steps asked for: a short chart (80x24) still gets three or four labels.
+    step = nice_step(gib, max(4, rows // 3))
     digits = 0 if step >= 1 else 1 if step >= 0.1 else 2
     labels: dict[int, str] = {}
     v = 0.0

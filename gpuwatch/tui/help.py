@@ -23,7 +23,12 @@ Each panel is one device. The chart shows, on one time axis:
 
 nvidia-smi − reserved is the CUDA context and memory outside torch (and other processes);
 reserved − allocated is the allocator's cache. Under the chart, the phase band has one row
-per instrumented process: ◆ is a mark, ✖ an out-of-memory error.
+per instrumented process (past six, the rest fold into `+N more`): ◆ is a mark, ✖ an
+out-of-memory error; the row under it names the phases in view in their colours. The
+breakdown bar splits the memory at the cursor; ░ is free memory. The header and legend give
+the figures at the cursor (without one: the newest time, or the playback position).
+
+On a short terminal one panel fills the screen: `tab` and `shift+tab` step through them.
 
 CUDA runs asynchronously: phase boundaries are when Python *enqueued* the work. Allocated,
 reserved and NVML memory line up with them; GPU utilisation does not.

@@ -13,8 +13,8 @@ from ..session import Session, is_host
 from ..session.breakdown import breakdown
 from ..session.decimate import minmax, value_at
 from ..session.predicted import PredictedLine
-from ._text import Line, markup_safe
-from .band import BandMarker, BandRow, BandSpan, PhaseBand
+from ._text import Fitted, Line, markup_safe
+from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
 from .breakdown import BreakdownBar
 from .chart import ChartFrame, Series, TimelineChart
 
@@ -56,10 +56,10 @@ class DevicePanel(Vertical):
         height: 1;
         color: $text-muted;
     }
-    DevicePanel > .panel-legend {
-        height: 1;
-    }
     """
+
+    MAX_BAND_ROWS = {"regular": 6, "short": 3}
+    """Process rows in the band before the rest fold into ``+N more``."""
 
     can_focus = True
 
@@ -77,7 +77,9 @@ class DevicePanel(Vertical):
         self.chart = TimelineChart(self._fetch_chart, session.t_origin)
         self.band = PhaseBand(self._fetch_band)
         self.bar = BreakdownBar() if not self.is_host else None
-        self.legend = Line("", classes="panel-legend")
+        self.legend = Fitted(sep="  ", max_lines=2, classes="panel-legend")
+        self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
+        self.short = False  # the app's short layout: fewer band rows
 
     @property
     def device(self):
@@ -91,16 +93,39 @@ class DevicePanel(Vertical):
             yield self.bar
         yield self.legend
 
-    def update_view(self, window: tuple[int, int], cursor: int | None, version: int) -> None:
-        """Show ``window`` with the cursor at ``cursor`` (None: no cursor, latest values)."""
-        self.chart.update_view(window, cursor, version)
+    def update_view(
+        self, window: tuple[int, int], cursor: int | None, version: int, at: int | None = None
+    ) -> None:
+        """Show ``window``; figures at ``at`` (the cursor, else the newest or play position).
+
+        Args:
+            window: ``(t0, t1)`` on the session's axis.
+            cursor: The cursor (drawn on the chart and the band), or None.
+            version: The session's data version (what the caches key on).
+            at: The time the header, legend and breakdown describe; default the cursor,
+                else the window's end (at most the newest time).
+        """
+        if at is None:
+            at = cursor if cursor is not None else min(window[1], self.session.now())
+        self.band.set_max_rows(self.MAX_BAND_ROWS["short" if self.short else "regular"])
         self.band.update_view(window, cursor, version)
+        # The band's longest label sets the label column, and the chart's y axis matches
+        # it, so the time axes of both stay aligned.
+        width = label_width(self.band.rows)
+        self.band.axis_width = width
+        self.chart.set_axis_width(width)
+        self.chart.update_view(window, cursor, version)
         self.border_title = self._title()
-        self.header.set(printable(self._header_text()))
-        t = cursor if cursor is not None else min(window[1], self.session.now())
-        self.legend.set(self._legend(t))
+        self.header.set(printable(self._header_text(at, window)))
+        self.legend.set(self._legend(at))
         if self.bar is not None:
-            self.bar.show(breakdown(self.session, self.key, t, self.predicted))
+            # The bar explains an instrumented process's memory: a GPU without one has
+            # nothing to split that the header does not say already.
+            explained = bool(self.band.rows)
+            if self.bar.display != explained:
+                self.bar.display = explained
+            if explained:
+                self.bar.show(breakdown(self.session, self.key, at, self.predicted))
 
     # ------------------------------------------------------------------ text
 
@@ -111,49 +136,62 @@ class DevicePanel(Vertical):
         dev = self.device
         where = f"{dev.origin} · " if dev.origin else ""  # merged replay: which recording
         if dev.kind == "host":
-            return f"{where}host · {dev.name}"
+            place = f" · {self.place}" if self.place else ""
+            return f"{where}host · {dev.name}{place}"
         index = f"GPU {dev.index}" if dev.index is not None else "GPU"
         state = "" if dev.state == "ok" else f" · {dev.state.upper()}"
-        return f"{where}{index} · {dev.name}{state}"
+        place = f" · {self.place}" if self.place else ""
+        return f"{where}{index} · {dev.name}{state}{place}"
 
-    def _header_text(self) -> str:
+    def _header_text(self, t: int, window: tuple[int, int]) -> str:
+        """The device's figures at time ``t`` (the sample at or before it)."""
         dev = self.device
         if dev.kind == "host":
-            last = self.session.host_table(self.key).last()
-            if last is None:
-                return "waiting for the first sample"
-            view = getattr(self.app, "view", None)
-            cursor = view.cursor if view is not None else None
-            at = cursor if cursor is not None else self.app.now()
-            procs = [p for p in self.session.alive(at) if p.host == self.key]
-            return (
-                f"RAM {fmt_bytes(last['used'])} / {fmt_bytes(last['total'])} used · "
-                f"{len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
-            )
+            table = self.session.host_table(self.key)
+            row = table.at(t) if len(table) else None
+            # Every instrumented process on this host adds to the RSS line (GPU ones have
+            # their band rows on their GPU's panel).
+            procs = [p for p in self.session.active(*window) if p.host == self.key]
+            count = f"RSS of {len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
+            if row is None:
+                return f"{'no sample at this time' if len(table) else 'waiting'} · {count}"
+            return f"RAM {fmt_bytes(row['used'])} / {fmt_bytes(row['total'])} used · {count}"
         parts = []
         table = self.session.gpu.get(self.key)
-        last = table.last() if table is not None else None
+        row = table.at(t) if table is not None and len(table) else None
         if dev.state != "ok":
             parts.append(dev.note or dev.state)
-        if last is None:
-            parts.append(
-                "torch figures only (NVML cannot see this GPU)"
-                if dev.source == "torch"
-                else "waiting for the first sample"
-            )
+        if row is None:
+            if dev.source == "torch":
+                parts.append("torch figures only (NVML cannot see this GPU)")
+            elif table is not None and len(table):
+                parts.append("no sample yet at this time")
+            else:
+                parts.append("waiting for the first sample")
         else:
-            if dev.state == "lost":
+            if dev.state == "lost" and t >= (table.span() or (0, 0))[1]:
                 parts.append("last seen")
-            parts.append(f"{fmt_bytes(last['used'])} / {fmt_bytes(last['total'])}")
-            parts.append(f"util {_num(last['util_gpu'], '%')}")
-            parts.append(f"{_num(last['temp'], '°C')}")
-            parts.append(f"{_num(last['power'], ' W')} / {_num(last['power_limit'], ' W')}")
-        rate = self.session.sampler_rate.get(self.key)
+            parts.append(f"{fmt_bytes(row['used'])} / {fmt_bytes(row['total'])}")
+            parts.append(f"util {_num(row['util_gpu'], '%')}")
+            parts.append(f"{_num(row['temp'], '°C')}")
+            parts.append(f"{_num(row['power'], ' W')} / {_num(row['power_limit'], ' W')}")
+        rate = self._rate_at(t)
         if rate is not None:
             parts.append(f"{rate:.0f} Hz")
         return " · ".join(parts)
 
-    def _legend(self, t: int) -> str:
+    def _rate_at(self, t: int) -> float | None:
+        """Samples a second around ``t`` (the achieved NVML rate then), else the sampler's."""
+        table = self.session.gpu.get(self.key)
+        if table is not None and len(table) > 2:
+            times = table.snapshot()["t"]
+            i1 = int(np.searchsorted(times, t, "right"))
+            i0 = int(np.searchsorted(times, t - RATE_SPAN, "left"))
+            if i1 - i0 >= 3:
+                return (i1 - i0 - 1) * 1e9 / max(1, int(times[i1 - 1] - times[i0]))
+        return self.session.sampler_rate.get(self.key)
+
+    def _legend(self, t: int) -> list[str]:
         variables = self.app.theme_variables
         labels = LINE_LABELS["host" if self.is_host else "gpu"]
         frame = self.chart.last_frame
@@ -172,7 +210,7 @@ class DevicePanel(Vertical):
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(f"[b]{markup_safe(span['name'])}[/b]{step}")
         parts.append(f"@ {fmt_duration(t - self.session.t_origin)}")
-        return "  ".join(parts)
+        return parts
 
     # ------------------------------------------------------------------ data
 
@@ -262,13 +300,9 @@ class DevicePanel(Vertical):
 
     def _fetch_band(self, t0: int, t1: int) -> list[BandRow]:
         s = self.session
-        if self.is_host:  # GPU processes have their rows on their GPU's panel
-            procs = [p for p in s.processes_of_host(self.key) if not p.devices]
-        else:
-            procs = s.processes_on(self.key)
         rows = []
         now = s.now()
-        for proc in procs:
+        for proc in self._band_processes(t0, t1):
             cols = s.spans(proc, t0, t1)
             spans = [
                 BandSpan(s.names[int(n)], int(a), int(b), int(d))
@@ -285,6 +319,26 @@ class DevicePanel(Vertical):
             markers += [BandMarker(o.t, "oom") for o in s.ooms if o.pid == proc.pid]
             rows.append(BandRow(proc.short_label, spans, markers))  # the title names the host
         return rows
+
+    def _band_processes(self, t0: int, t1: int) -> list:
+        """Processes with a row on this panel's band: those on it alive in the window."""
+        s = self.session
+        alive = {p.pid for p in s.active(t0, t1)}
+        if self.is_host:  # GPU processes have their rows on their GPU's panel
+            procs = [p for p in s.processes_of_host(self.key) if not p.devices]
+        else:
+            procs = s.processes_on(self.key)
+        procs = [p for p in procs if p.pid in alive]
+        return sorted(procs, key=_rank_order)
+
+
+RATE_SPAN = 2 * 10**9
+"""How far back the header looks to tell the sampling rate at a time (2 s)."""
+
+
+def _rank_order(proc) -> tuple[int, int]:
+    rank = proc.hello.get("rank")
+    return (rank if isinstance(rank, int) else 1 << 30, proc.pid)
 
 
 def _num(v: float | None, unit: str) -> str:

@@ -19,6 +19,7 @@ from textual.widget import Widget
 from ..fmt import fmt_bytes, fmt_clock
 from ..store.player import Player
 from .app import ACTIONS, Action, GpuwatchApp, bindings
+from .view import MIN_SPAN
 
 REPLAY_ACTIONS: tuple[Action, ...] = (
     Action("space", "toggle_play", "Play / pause", "Play or pause the recording", True, "space"),
@@ -26,12 +27,6 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
     Action("left", "seek(-0.1)", "Seek back", "Seek a tenth of the window back"),
     Action("home", "seek_home", "Start", "Seek to the start of the recording"),
     Action("end", "seek_end", "End", "Seek to the end (a growing file: follow its tail)"),
-    Action(
-        "greater_than_sign", "speed(1)", "Faster", "Double the playback speed (to x64)", True, ">"
-    ),
-    Action(
-        "less_than_sign", "speed(-1)", "Slower", "Halve the playback speed (to x0.25)", True, "<"
-    ),
     Action(
         "right_square_bracket",
         "replay_jump('next_phase')",
@@ -62,6 +57,12 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
         True,
     ),
     Action("w", "whole", "Whole session", "Show the whole recording at once", True),
+    Action(
+        "greater_than_sign", "speed(1)", "Faster", "Double the playback speed (to x64)", True, ">"
+    ),
+    Action(
+        "less_than_sign", "speed(-1)", "Slower", "Halve the playback speed (to x0.25)", True, "<"
+    ),
     Action("ctrl+left", "cursor(-1)", "Cursor left", "Move the cursor one column back"),
     Action("ctrl+right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
     # Live keys kept, but out of the footer: replay's own keys need the room.
@@ -161,6 +162,7 @@ class ReplayApp(GpuwatchApp):
     # Textual merges these over the live bindings: the keys named here change meaning,
     # the rest (zoom, tabs, f, shift+arrows, help, quit) stay.
     BINDINGS = bindings(REPLAY_ACTIONS)
+    TAB_AFTER = "replay_jump('jump_to_spike')"
 
     def __init__(
         self, player: Player, *, theme_name: str | None = None, subtitle: str = ""
@@ -170,6 +172,11 @@ class ReplayApp(GpuwatchApp):
         )
         self.player = player
         self.scrubber = Scrubber(player)
+        # Notes in the file are the recording's (its machine had no driver, say), not ours;
+        # the loader's own (a damaged chunk) come later and are this replay's.
+        self._recorded_notes = set(player.session.notes)
+        loader = player.loader
+        self._recorded_on = loader.recording.meta.get("host", "") if loader is not None else ""
 
     def compose(self) -> ComposeResult:
         for widget in super().compose():
@@ -178,9 +185,39 @@ class ReplayApp(GpuwatchApp):
                 yield self.scrubber
 
     def on_mount(self) -> None:
+        self._open_on_the_data()
         super().on_mount()
         self.set_interval(0.25, self._transport_tick)
         self._frozen = False
+
+    def _open_on_the_data(self) -> None:
+        """Start paused on the recording's data, the cursor on its highest exact peak.
+
+        A file still being written keeps following its tail instead.
+        """
+        if self.player.growing:
+            return
+        opening = self.player.opening()
+        self.player.pause()
+        self.player.seek(opening.position)
+        t0, t1 = opening.window
+        self.view.span = max(t1 - t0, MIN_SPAN)  # a recording of one sample still has a width
+        self.view.end = t1
+        self.view.cursor = opening.cursor
+
+    def figures_time(self, window: tuple[int, int]) -> int:
+        """The cursor, else the playback position."""
+        if self.view.cursor is not None:
+            return self.view.cursor
+        return self.player.position()
+
+    def notes_text(self) -> str:
+        """The session's notes, those from the file marked as the recording's."""
+        where = f"recorded on {self._recorded_on}" if self._recorded_on else "in the recording"
+        return "\n".join(
+            f"{where}: {note}" if note in self._recorded_notes else note
+            for note in self.session.notes
+        )
 
     def _transport_tick(self) -> None:
         self.scrubber.refresh()

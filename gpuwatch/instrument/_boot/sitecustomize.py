@@ -74,6 +74,34 @@ class _Loader:
         _torch_imported()
 
 
+_NO_TORCH = (
+    'gpuwatch: torch is not installed for %s; install it with: pip install "gpuwatch[torch]"'
+    " (or a build for your CUDA: https://pytorch.org/get-started/locally/)\n"
+)
+
+
+def _explain_missing_torch():
+    """If the program ends on the ImportError for torch, say how to install it.
+
+    Only an uncaught error reaches ``sys.excepthook``: a script that handles a missing
+    torch itself hears nothing from us.
+    """
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        try:
+            if (
+                issubclass(kind, ImportError)
+                and (getattr(value, "name", None) or "").split(".")[0] == "torch"
+            ):
+                sys.stderr.write(_NO_TORCH % sys.executable)
+        except Exception:
+            pass
+
+    sys.excepthook = hook
+
+
 class _TorchWatcher:
     """A meta-path finder that answers only for ``torch``, once, by wrapping its loader."""
 
@@ -93,6 +121,10 @@ class _TorchWatcher:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
                     spec.loader = _Loader(spec.loader)
                 return spec
+        try:
+            _explain_missing_torch()
+        except Exception:
+            pass
         return None
 
 

@@ -46,33 +46,94 @@ def encode(
 
 
 def decode(
-    blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: int = CODEC
+    blob: bytes,
+    n: int,
+    layout: Sequence[tuple[str, np.dtype]],
+    codec: int = CODEC,
+    upto: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Decode a chunk of ``n`` rows back to its columns.
+
+    Args:
+        blob: The chunk's ``data``.
+        n: Its rows.
+        layout: The series' column layout.
+        codec: The chunk's codec.
+        upto: Decode only the first ``upto`` columns of the layout (the stream is
+            inflated no further than their bytes).
 
     Raises:
         ChunkError: Unknown codec, bad compressed data or the wrong number of bytes.
     """
-    if codec != CODEC:
-        raise ChunkError(f"unknown chunk codec {codec}")
-    try:
-        raw = zlib.decompress(blob)
-    except zlib.error as exc:
-        raise ChunkError(f"damaged chunk: {exc}")
-    if len(raw) != n * sum(dtype.itemsize for _, dtype in layout):
-        raise ChunkError(f"damaged chunk: {len(raw)} bytes for {n} rows")
-    buf = np.frombuffer(raw, dtype=np.uint8)
-    out: dict[str, np.ndarray] = {}
-    offset = 0
-    for name, dtype in layout:
-        size = n * dtype.itemsize
-        planes = buf[offset : offset + size].reshape(dtype.itemsize, n)
-        col = planes.T.copy().view(dtype).reshape(n)
-        if dtype.kind == "i":
-            np.cumsum(col, dtype=dtype, out=col)
-        out[name] = col
-        offset += size
-    return out
+    return Inflater(blob, n, layout, codec).columns(len(layout) if upto is None else upto)
+
+
+class Inflater:
+    """A chunk inflated a column at a time, on demand, never twice.
+
+    Columns are stored one after the other in one zlib stream, so the first ones can be
+    had without inflating the rest: a search reads the time column, a view asks for more
+    later, and the stream goes on from where it stopped.
+
+    Raises:
+        ChunkError: Unknown codec (here); bad data or the wrong size (when read).
+    """
+
+    def __init__(
+        self, blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: int = CODEC
+    ) -> None:
+        if codec != CODEC:
+            raise ChunkError(f"unknown chunk codec {codec}")
+        self.n = n
+        self.layout = list(layout)
+        self.cols: dict[str, np.ndarray] = {}
+        self._z = zlib.decompressobj()
+        self._tail = blob
+        self._pending = b""  # inflated bytes of columns not made yet
+
+    @property
+    def done(self) -> int:
+        """Columns made so far."""
+        return len(self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cols.values()) + len(self._tail) + len(self._pending)
+
+    def columns(self, upto: int) -> dict[str, np.ndarray]:
+        """The first ``upto`` columns (all the made ones: at least ``upto``)."""
+        upto = min(upto, len(self.layout))
+        if upto <= self.done:
+            return self.cols
+        n = self.n
+        todo = self.layout[self.done : upto]
+        want = n * sum(dt.itemsize for _, dt in todo)
+        try:
+            if len(self._pending) < want:
+                more = self._z.decompress(self._tail, want - len(self._pending))
+                self._tail = self._z.unconsumed_tail
+                self._pending += more
+            if upto == len(self.layout):  # the whole stream: nothing may be left over
+                rest = self._z.decompress(self._tail) + self._z.flush()
+                self._tail = b""
+                if rest or not self._z.eof:
+                    raise ChunkError("damaged chunk: more bytes than its rows")
+        except zlib.error as exc:
+            raise ChunkError(f"damaged chunk: {exc}")
+        if len(self._pending) < want:
+            raise ChunkError(f"damaged chunk: {len(self._pending)} bytes for {n} rows")
+        buf = np.frombuffer(self._pending, dtype=np.uint8, count=want)
+        offset = 0
+        for name, dtype in todo:
+            size = n * dtype.itemsize
+            planes = buf[offset : offset + size].reshape(dtype.itemsize, n)
+            col = planes.T.copy().view(dtype).reshape(n)
+            if dtype.kind == "i":
+                np.cumsum(col, dtype=dtype, out=col)
+            self.cols[name] = col
+            offset += size
+        self._pending = self._pending[want:]
+        return self.cols
 
 
 def cut(t: np.ndarray, start: int, stop: int, rows: int, span: int) -> list[int]:

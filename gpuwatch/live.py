@@ -28,6 +28,7 @@ class LiveSources:
 
     def __init__(self, socket: str | None = None, interval: float = 0.1) -> None:
         self.session = Session()
+        self.session.bound()  # memory stays flat: the recording is the archive
         self.receiver = AnnotationReceiver(self.session, socket)
         self.host = HostSampler(self.session, interval=max(interval, 0.1))
         self.gpu = None

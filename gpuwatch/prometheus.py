@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -190,9 +189,10 @@ METRICS = (
 
 @dataclass
 class _Folded:
-    """What the collector has gathered from one process's ended phases so far."""
+    """What the collector has gathered from one process's ended phases so far (from its
+    :class:`~gpuwatch.session.session.Tally`, kept exact by the session as phases end,
+    however many rows memory lets go)."""
 
-    seen: int = 0  # rows of Process.phases folded in
     count: Counter[int] = field(default_factory=Counter)  # name id -> ended phases
     seconds: Counter[int] = field(default_factory=Counter)  # name id -> ns inside
     peaks: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # -> (alloc, res, dev)
@@ -351,36 +351,23 @@ class SessionCollector:
         _add(f["gpuwatch_process_predicted_bytes"], labels, now)
 
     def _fold(self, proc: Process, folded: _Folded) -> None:
-        """Count the phases that ended since the last scrape (only those are read)."""
-        cols = proc.phases.snapshot()
-        n = len(cols["t1"])
-        if n <= folded.seen:
-            return
-        new = {k: c[folded.seen : n] for k, c in cols.items()}
-        folded.seen = n
-        # Names past the cap share one key (and one label), so their series stay one each.
-        names = np.minimum(new["name"], MAX_PHASE_NAMES)
-        ids, inverse = np.unique(names, return_inverse=True)
-        counts = np.bincount(inverse, minlength=len(ids))
-        ns = np.bincount(inverse, weights=(new["t1"] - new["t0"]).astype(np.float64))
-        for nid, c, d in zip(ids.tolist(), counts.tolist(), ns.tolist(), strict=True):
-            folded.count[nid] += c
-            folded.seconds[nid] += d
-        if new["step"][-1] != MISSING_INT:
-            folded.last_step = int(new["step"][-1])
-        if new["dev"][-1] != MISSING_INT:
-            folded.last_dev = int(new["dev"][-1])
-        with_peak = np.flatnonzero(new["peak_alloc"] != MISSING_INT)
-        if len(with_peak):
-            # The last ended span of each name that carries a peak.
-            last, first_rev = np.unique(names[with_peak][::-1], return_index=True)
-            for nid, j in zip(last.tolist(), first_rev.tolist(), strict=True):
-                i = with_peak[len(with_peak) - 1 - j]
-                folded.peaks[nid] = (
-                    int(new["peak_alloc"][i]),
-                    int(new["peak_reserved"][i]),
-                    int(new["dev"][i]),
-                )
+        """Read the process's tally; names past the cap share one key (and one label), so
+        their series stay one each."""
+        tally = proc.tally
+        count: Counter[int] = Counter()
+        seconds: Counter[int] = Counter()
+        for nid, n in list(tally.count.items()):
+            count[min(nid, MAX_PHASE_NAMES)] += n
+        for nid, ns in list(tally.ns.items()):
+            seconds[min(nid, MAX_PHASE_NAMES)] += ns
+        latest: dict[int, tuple[int, int, int, int]] = {}
+        for nid, peak in list(tally.peaks.items()):
+            key = min(nid, MAX_PHASE_NAMES)
+            if key not in latest or peak[0] >= latest[key][0]:
+                latest[key] = peak
+        folded.count, folded.seconds = count, seconds
+        folded.peaks = {nid: (pa, pr, dev) for nid, (_, pa, pr, dev) in latest.items()}
+        folded.last_step, folded.last_dev = tally.step, tally.dev
 
     # ------------------------------------------------------------------ helpers
 
@@ -436,25 +423,10 @@ def _index(index: int | None) -> str:
     return "" if index is None else str(index)
 
 
-_TORCH_FIGURES = ("allocated", "reserved", "inactive_split", "alloc_retries", "alloc_ooms")
-
-
 def _torch_last(proc: Process) -> dict[int, tuple[int, ...]]:
-    """torch device index -> its newest figures (:data:`_TORCH_FIGURES`), the newest
-    device last; a figure the process did not report is MISSING_INT."""
-    if len(proc.torch_devs) <= 1:
-        row = proc.torch.last()
-        if row is None:
-            return {}
-        return {int(row["dev"]): tuple(int(row[k]) for k in _TORCH_FIGURES)}
-    cols = proc.torch.snapshot()
-    tail = {k: c[-4096:] for k, c in cols.items()}  # every device reports at each boundary
-    _, first_rev = np.unique(tail["dev"][::-1], return_index=True)
-    n = len(tail["dev"])
-    out: dict[int, tuple[int, ...]] = {}
-    for i in sorted(n - 1 - j for j in first_rev.tolist()):
-        out[int(tail["dev"][i])] = tuple(int(tail[k][i]) for k in _TORCH_FIGURES)
-    return out
+    """torch device index -> its newest figures (``Tally.torch``), the newest device
+    last; a figure the process did not report is MISSING_INT."""
+    return dict(proc.tally.torch)
 
 
 class MetricsServer:

@@ -9,13 +9,12 @@ memory that no process claims is a segment of its own, never drawn as free.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from .decimate import value_at
 from .predicted import PredictedLine
 from .session import Session
+from .table import MISSING_INT
 
 PART_ORDER = (
     "other",
@@ -126,16 +125,13 @@ def breakdown(
     out = Breakdown(total=dev.total)
     table = session.gpu.get(key)
     if table is not None and len(table):
-        cols = table.snapshot()
-        out.used = value_at(cols["t"], cols["used"], t)
+        out.used = table.value_at("used", t)
     procs = session.processes_on(key)
     pids = {p.pid for p in procs}
     reserved = allocated = fragmented = None
     for proc in procs:
-        cols = proc.torch.snapshot()
-        r = value_at(cols["t"], cols["reserved"], t)
-        a = value_at(cols["t"], cols["allocated"], t)
-        f = value_at(cols["t"], cols["inactive_split"], t)
+        row = proc.torch.at(t)
+        r, a, f = (_known(row, c) for c in ("reserved", "allocated", "inactive_split"))
         if r is not None:
             reserved = (reserved or 0.0) + r
         if a is not None:
@@ -172,19 +168,27 @@ def breakdown(
     return out
 
 
+def _known(row: dict[str, float | int] | None, column: str) -> float | None:
+    """A row's value as a float; None for no row, NaN or the missing marker."""
+    if row is None:
+        return None
+    v = row[column]
+    if v == MISSING_INT:
+        return None
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
 def _process_usage(session: Session, key: str, t: int) -> dict[int, float] | None:
     """pid -> used bytes from the newest NVML process snapshot at or before ``t``."""
     table = session.gpu_procs.get(key)
     if table is None or not len(table):
         return None
-    cols = table.snapshot()
-    i = int(np.searchsorted(cols["t"], t, "right")) - 1
-    if i < 0:
+    cols = table.group_at(t)
+    if cols is None:
         return None
-    at = cols["t"][i]
-    j = int(np.searchsorted(cols["t"], at, "left"))
     out: dict[int, float] = {}
-    for pid, used in zip(cols["pid"][j : i + 1], cols["used"][j : i + 1], strict=True):
+    for pid, used in zip(cols["pid"], cols["used"], strict=True):
         if int(pid) > 0 and used >= 0:
             out[int(pid)] = out.get(int(pid), 0.0) + float(used)
     return out

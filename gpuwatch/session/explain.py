@@ -11,6 +11,7 @@ nvidia-smi shows. One line per phase answers "where did the 13 GB in optimizer.s
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,8 @@ import numpy as np
 
 from .. import predict as pr
 from ..fmt import GIB, fmt_bytes
-from .peaks import range_max
+from .peaks import table_range_max
+from .predicted import first_optimizer_step
 from .session import Process, Session
 from .table import MISSING_INT
 
@@ -191,20 +193,19 @@ def _opt(v: Any) -> int | None:
 
 def first_step_of(session: Session, proc: Process) -> int | None:
     """The step of the process's first ``optimizer.step`` (None: none yet)."""
-    opt = session.find_name("optimizer.step")
-    if opt is None:
-        return None
-    cols = proc.phases.snapshot()
-    hits = np.flatnonzero(cols["name"] == opt)
-    if not len(hits) or cols["step"][hits[0]] == MISSING_INT:
-        return None
-    return int(cols["step"][hits[0]])
+    found, _ = first_optimizer_step(session, proc)
+    return None if found is None else found[0]
 
 
 def explain_process(
     session: Session, proc: Process, key: str | None = None
 ) -> ProcessExplained | None:
     """Each phase of ``proc`` (first step and later steps) predicted, measured, explained.
+
+    A process with more than :data:`EXPLAIN_ROWS` phases is read in pieces: counts and
+    measured peaks cover every phase, and the prediction is walked over the first steps
+    and the two minutes before each phase's highest measured peak (later steps repeat the
+    same prediction), so a run of days is explained in bounded memory.
 
     Args:
         session: The session.
@@ -215,15 +216,21 @@ def explain_process(
     if not proc.facts:
         return None
     prediction = pr.predict(proc.facts)
-    cols = proc.phases.snapshot()
+    found, _ = first_optimizer_step(session, proc)
+    first_step = None if found is None else found[0]
+    table = proc.phases
+    counts: Counter[tuple[str, bool]] | None = None
+    if len(table) - table.first <= EXPLAIN_ROWS:
+        cols = table.snapshot()
+    else:
+        cols, counts = _sampled(session, proc, prediction, first_step)
     spans = pr.spans_from_columns(cols, session.names)
-    first_step = first_step_of(session, proc)
     peaks = pr.span_peaks(prediction, spans, first_step=first_step)
     index = {(s.name, s.t0, s.t1): i for i, s in enumerate(spans)}
     if key is None:
         gpus = sorted(set(proc.devices.values()))
         key = gpus[0] if gpus else None
-    nvml = session.gpu.get(key).snapshot() if key in session.gpu else None
+    nvml = session.gpu.get(key) if key in session.gpu else None
     groups: dict[tuple[str, bool], list[tuple[pr.SpanPeak, int]]] = {}
     for sp in peaks:
         i = index.get((sp.span.name, sp.span.t0, sp.span.t1))
@@ -239,13 +246,13 @@ def explain_process(
             top, (sp, i) = None, max(members, key=lambda m: pr.total(m[0].peak))
         reserved = _opt(cols["peak_reserved"][i])
         device_max = None
-        if nvml is not None and len(nvml["t"]):
-            device_max = range_max(nvml["t"], nvml["used"], sp.span.t0, sp.span.t1)
+        if nvml is not None and len(nvml):
+            device_max = table_range_max(nvml, "used", sp.span.t0, sp.span.t1)
         categories = {k: int(sp.peak.get(k, 0)) for k in CATEGORY_KEYS}
         out[name, first] = Explained(
             phase=name,
             first_step=first,
-            count=len(members),
+            count=len(members) if counts is None else counts[name, first],
             measured=top,
             predicted=max(pr.total(m[0].peak) for m in members),
             categories=categories,
@@ -261,6 +268,72 @@ def explain_process(
         notes=list(prediction.notes),
         temporaries_name=prediction.optimizer.temp_name,
     )
+
+
+EXPLAIN_ROWS = 200_000
+"""Phases :func:`explain_process` walks all of; a longer run is sampled (see there)."""
+
+LEAD = 120 * 10**9
+"""How far back a sampled walk starts before the span it explains (accumulation)."""
+
+
+def _sampled(
+    session: Session, proc: Process, prediction: pr.Prediction, first_step: int | None
+) -> tuple[dict[str, np.ndarray], Counter[tuple[str, bool]]]:
+    """The phases an explanation of a long run walks, and how many of each there were.
+
+    One pass over the rows, in pieces, counts the spans of every predicted phase (first
+    step or later) and finds each name's highest measured peak; the rows returned are the
+    start of the run (to two minutes after the first optimizer step) and the two minutes
+    before each of those peaks.
+    """
+    table = proc.phases
+    known = {session.find_name(name) for name, _ in prediction.phases} - {None}
+    found, _ = first_optimizer_step(session, proc)
+    first_end = found[1] if found is not None else None
+    opt = session.find_name("optimizer.step")
+    first_t0: int | None = None
+    counts: Counter[tuple[str, bool]] = Counter()
+    top: dict[int, tuple[int, int]] = {}  # name id -> (peak, t1)
+    for cols in table.batches(columns=("t1", "t0", "name", "step", "peak_alloc")):
+        if first_t0 is None and opt is not None:
+            hits = np.flatnonzero(cols["name"] == opt)
+            if len(hits):
+                first_t0 = int(cols["t0"][hits[0]])
+        names = cols["name"]
+        step = cols["step"]
+        early = cols["t0"] <= (first_t0 if first_t0 is not None else np.iinfo(np.int64).max)
+        if first_step is not None:
+            early &= (step == MISSING_INT) | (step <= first_step)
+        for nid in np.unique(names).tolist():
+            if nid not in known:
+                continue
+            sel = names == nid
+            name = session.names[nid]
+            n_first = int((sel & early).sum())
+            counts[name, True] += n_first
+            counts[name, False] += int(sel.sum()) - n_first
+            peaks = np.where(sel, cols["peak_alloc"], MISSING_INT)
+            i = int(np.argmax(peaks))
+            if peaks[i] != MISSING_INT and (nid not in top or peaks[i] > top[nid][0]):
+                top[nid] = (int(peaks[i]), int(cols["t1"][i]))
+    for key in [k for k, v in counts.items() if v == 0]:
+        del counts[key]
+    start = table.first
+    head_end = table.search(first_end + LEAD, "right") if first_end is not None else start + 4096
+    pieces = [(start, min(head_end, start + EXPLAIN_ROWS // 4))]
+    for _, t1 in sorted(top.values(), key=lambda v: v[1]):
+        pieces.append((table.search(t1 - LEAD, "left"), table.search(t1, "right")))
+    merged: list[tuple[int, int]] = []
+    end = -1
+    for a, b in sorted(pieces):  # merged, so no span is walked twice
+        a = max(a, end)
+        if b > a:
+            merged.append((a, b))
+            end = b
+    parts = [table.rows(a, b) for a, b in merged]
+    cols = {c: np.concatenate([p[c] for p in parts]) for c in table.names}
+    return cols, counts
 
 
 def predicted_json(ex: ProcessExplained, prediction: pr.Prediction | None = None) -> dict:

@@ -23,15 +23,13 @@ import numpy as np
 
 from .model import HOST, Mark, Oom, origin_key
 from .session import Process, Session
-from .table import MISSING_INT, Table
+from .table import Table
 
 ALIGNS = ("wall", "start")
 """How :func:`merge` lines sessions up: by wall clock, or by their first sample."""
 
 PID_STRIDE = 1 << 32
 """Renumbered pids are ``pid + k * PID_STRIDE``: above any real pid, and still readable."""
-
-_TIMES = {"t", "t0", "t1"}  # the time columns of every table kind
 
 
 @dataclass
@@ -175,10 +173,11 @@ def _shifted(
     pids: dict[int, int] | None = None,
     names: np.ndarray | None = None,
 ) -> Table:
-    """``table`` itself, its times moved by ``shift`` in place.
+    """``table`` itself, its times moved by ``shift`` and its pids and names renumbered.
 
     In place: the parts are used up by the merge, and copying a day of samples would
-    double the memory a merged replay needs.
+    double the memory a merged replay needs. Rows still in the recording are moved as
+    they are read (their archive applies the same change).
 
     Args:
         table: The part's table.
@@ -186,17 +185,17 @@ def _shifted(
         pids: Renumbered pids, for a ``pid`` column.
         names: The merged name id of each of the part's phase name ids.
     """
-    cols = table.snapshot()  # views of the table's own arrays
-    if len(cols[table.time]) == 0:
-        return table
-    for name, col in cols.items():
-        if name in _TIMES and shift:
-            col[col != MISSING_INT] += shift
-        elif name == "pid" and pids:
-            old = col.copy()
-            for pid, new in pids.items():
-                if new != pid:
-                    col[old == pid] = new
-        elif name == "name" and names is not None:
-            col[:] = names[col]
+    maps: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if pids and "pid" in table.names:
+        moved = {old: new for old, new in pids.items() if old != new}
+        if moved:
+            maps["pid"] = (
+                np.array(list(moved), dtype=np.int64),
+                np.array(list(moved.values()), dtype=np.int64),
+            )
+    if names is not None and "name" in table.names:
+        maps["name"] = (np.arange(len(names), dtype=np.int64), names.astype(np.int64))
+    if table.archive is not None:
+        table.archive.transform(shift, maps)
+    table.shift(shift, maps)
     return table

@@ -22,7 +22,11 @@ def _processes(session: Session, key: str | None) -> list[Process]:
 
 
 def boundaries(session: Session, key: str | None = None) -> np.ndarray:
-    """Sorted, unique begin and end times of every phase (of processes on ``key``)."""
+    """Sorted, unique begin and end times of every phase (of processes on ``key``).
+
+    Every row of every process: for jumping, :func:`next_boundary` reads only around the
+    time it starts from.
+    """
     parts: list[np.ndarray] = []
     for proc in _processes(session, key):
         cols = proc.phases.snapshot()
@@ -31,6 +35,60 @@ def boundaries(session: Session, key: str | None = None) -> np.ndarray:
     if not parts:
         return np.empty(0, dtype=np.int64)
     return np.unique(np.concatenate(parts))
+
+
+def has_phases(session: Session, key: str | None = None) -> bool:
+    """Did any process (on ``key``) begin a phase."""
+    return any(len(p.phases) or p.open for p in _processes(session, key))
+
+
+def next_boundary(session: Session, t: int, direction: int, key: str | None = None) -> int | None:
+    """The first phase begin or end strictly after ``t`` (direction > 0) or before it.
+
+    Exact over the whole session: phases are ordered by their end and no longer than the
+    process's longest span, so the rows around ``t`` (and one row past a gap) decide it.
+
+    Args:
+        session: The session.
+        t: Where to start from.
+        direction: > 0 forward, < 0 back.
+        key: Only processes on this device (None: all).
+    """
+    best: int | None = None
+    for proc in _processes(session, key):
+        found = _proc_boundary(proc, t, direction)
+        if found is None:
+            continue
+        if best is None or (found < best if direction > 0 else found > best):
+            best = found
+    return best
+
+
+def _proc_boundary(proc: Process, t: int, direction: int) -> int | None:
+    table = proc.phases
+    cands: list[int] = [o.t0 for o in list(proc.open.values())]
+    if direction > 0:
+        cands = [c for c in cands if c > t]
+        i = table.search(t, "right")  # the first span ending after t
+        if i < len(table):
+            first_end = int(table.rows(i, i + 1, ("t1",))["t1"][0])
+            # A span beginning in (t, first_end) ends by first_end + the longest span.
+            j = table.search(first_end + proc.max_span, "right")
+            cols = table.rows(i, j, ("t0", "t1"))
+            after = cols["t0"][cols["t0"] > t]
+            cands += [first_end] + ([int(after.min())] if len(after) else [])
+        return min(cands) if cands else None
+    cands = [c for c in cands if c < t]
+    i = table.search(t, "left")  # spans before i end before t
+    if i > table.first:
+        cands.append(int(table.rows(i - 1, i, ("t1",))["t1"][0]))
+    # A span ending at or after t may have begun before it (no later than max_span ago).
+    j = table.search(t + proc.max_span, "right")
+    cols = table.rows(i, j, ("t0",))
+    before = cols["t0"][cols["t0"] < t]
+    if len(before):
+        cands.append(int(before.max()))
+    return max(cands) if cands else None
 
 
 def events(
@@ -64,34 +122,32 @@ def largest_spike(
     """(time, bytes) of the highest memory reading on device ``key`` in ``[t0, t1]``.
 
     GPUs: the highest NVML "used" sample (what nvidia-smi shows); for a GPU known only from
-    torch, the highest exact allocator peak. The host: the highest process RSS.
+    torch, the highest exact allocator peak. The host: the highest process RSS. Recorded
+    rows answer from the recording's index (each chunk's maximum), not by reading them.
     """
-    lo = t0 if t0 is not None else np.iinfo(np.int64).min
-    hi = t1 if t1 is not None else np.iinfo(np.int64).max
     if is_host(key):
         best: tuple[int, float] | None = None
         for proc in session.processes_of_host(key):
-            cols = proc.rss.between(lo, hi)
-            if len(cols["t"]):
-                i = int(np.argmax(cols["rss"]))
-                cand = (int(cols["t"][i]), float(cols["rss"][i]))
-                if best is None or cand[1] > best[1]:
-                    best = cand
+            cand = proc.rss.max_between("rss", t0, t1)
+            if cand is not None and (best is None or cand[1] > best[1]):
+                best = cand
         return best
     table = session.gpu.get(key)
     if table is not None and len(table):
-        cols = table.between(lo, hi)
-        if len(cols["t"]):
-            i = int(np.argmax(cols["used"]))
-            return int(cols["t"][i]), float(cols["used"][i])
+        found = table.max_between("used", t0, t1)
+        if found is not None:
+            return found
     best = None
     for proc in session.processes_on(key):
-        cols = proc.peaks.between(lo, hi)
-        if len(cols["t1"]):
-            i = int(np.argmax(cols["peak_allocated"]))
-            # The peak happened somewhere in (t0, t1]: point at the middle of that segment.
-            t = int((int(cols["t0"][i]) + int(cols["t1"][i])) // 2)
-            cand = (t, float(cols["peak_allocated"][i]))
-            if best is None or cand[1] > best[1]:
-                best = cand
+        cand = proc.peaks.max_between("peak_allocated", t0, t1)
+        if cand is None:
+            continue
+        t_end, value = cand
+        # The peak happened somewhere in (t0, t1]: point at the middle of that segment.
+        row = proc.peaks.between(t_end, t_end, columns=("t0", "peak_allocated"))
+        starts = row["t0"][row["peak_allocated"] == value]
+        t = (int(starts[0]) + t_end) // 2 if len(starts) else t_end
+        cand = (t, value)
+        if best is None or cand[1] > best[1]:
+            best = cand
     return best

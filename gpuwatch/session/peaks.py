@@ -8,7 +8,11 @@ import numpy as np
 
 from .model import is_host
 from .session import Process, Session
-from .table import MISSING_INT
+from .table import MISSING_INT, Table
+
+SCAN_ROWS = 65_536
+"""Phases :func:`phase_peaks` reads back from the newest, at most: the last steps of a
+process, and not the whole of a long run when its phases carry no step."""
 
 
 @dataclass
@@ -42,6 +46,31 @@ def range_max(t: np.ndarray, v: np.ndarray, t0: int, t1: int) -> float | None:
     return float(np.max(v[i0:i1]))
 
 
+def table_range_max(table: Table, column: str, t0: int, t1: int) -> float | None:
+    """:func:`range_max` of a table's column, reading only the rows it needs."""
+    i0 = max(table.search(t0, "right") - 1, table.first)
+    i1 = table.search(t1, "right")
+    if i1 <= i0:
+        return None
+    cols = table.rows(i0, i1, (table.time, column))
+    return range_max(cols[table.time], cols[column], t0, t1)
+
+
+def _newest(table: Table, last_steps: int) -> dict[str, np.ndarray]:
+    """The newest rows of a phases table: all of a table of up to :data:`SCAN_ROWS`;
+    of a longer one, back until they reach before its last ``last_steps`` steps."""
+    end = len(table)
+    if end - table.first <= SCAN_ROWS:
+        return table.rows(table.first, end)
+    want = 4096
+    while True:
+        cols = table.rows(max(table.first, end - want), end)
+        steps = cols["step"][cols["step"] != MISSING_INT]
+        if want >= SCAN_ROWS or (len(steps) and steps.min() <= steps.max() - last_steps):
+            return cols
+        want *= 2
+
+
 def _opt(v: int) -> int | None:
     return None if v == MISSING_INT else int(v)
 
@@ -51,6 +80,8 @@ def phase_peaks(
 ) -> list[PhasePeak]:
     """Ended phases of ``proc`` in its last ``last_steps`` steps, newest step first.
 
+    Read from the newest :data:`SCAN_ROWS` phases (all of them, in all but long runs).
+
     Args:
         session: The session.
         proc: The process.
@@ -58,7 +89,7 @@ def phase_peaks(
         last_steps: How many steps back to go.
         depth: Only phases at this nesting depth (None: all).
     """
-    cols = proc.phases.snapshot()
+    cols = _newest(proc.phases, last_steps)
     if len(cols["t0"]) == 0:
         return []
     steps = cols["step"]
@@ -71,12 +102,13 @@ def phase_peaks(
         keep &= cols["depth"] == depth
     idx = np.flatnonzero(keep)
     if is_host(key):
-        ref = proc.rss.snapshot()
-        ref_t, ref_v = ref["t"], ref["rss"]
+        ref, column = proc.rss, "rss"
     else:
-        table = session.gpu.get(key)
-        ref = table.snapshot() if table is not None else {"t": np.empty(0), "used": np.empty(0)}
-        ref_t, ref_v = ref["t"], ref["used"]
+        ref, column = session.gpu.get(key), "used"
+
+    def device_max(t0: int, t1: int) -> float | None:
+        return table_range_max(ref, column, t0, t1) if ref is not None else None
+
     out = [
         PhasePeak(
             pid=proc.pid,
@@ -87,7 +119,7 @@ def phase_peaks(
             depth=int(cols["depth"][i]),
             peak_alloc=_opt(int(cols["peak_alloc"][i])),
             peak_reserved=_opt(int(cols["peak_reserved"][i])),
-            device_max=range_max(ref_t, ref_v, int(cols["t0"][i]), int(cols["t1"][i])),
+            device_max=device_max(int(cols["t0"][i]), int(cols["t1"][i])),
         )
         for i in idx
     ]

@@ -18,8 +18,42 @@ from .decimate import column_edges
 from .session import Process, Session
 from .table import MISSING_INT
 
+SPAN_COLUMNS = ("t1", "t0", "name", "step", "depth")
+"""What a curve is drawn from (the first columns of a phases row: read without the rest)."""
+
 MAX_SPANS = 2000
 """Above this many spans in a window, draw one representative step per column."""
+
+SAMPLED_SPANS = 20_000
+"""Above this many spans in a window (hours of a long run), predict only
+:data:`SAMPLED_STEPS` steps spread over it: each column that ran phases shows the range
+of the nearest one (every step repeats the same shape), the first step its own."""
+
+SAMPLED_STEPS = 12
+
+
+def first_optimizer_step(
+    session: Session, proc: Process, start: int = 0
+) -> tuple[tuple[int, int] | None, int]:
+    """``((step, t1), rows looked at)`` of the process's first ``optimizer.step`` at or
+    after row ``start`` (None when none is there, or its step is unknown).
+
+    Reads the phases from ``start`` on, in pieces, and stops at the first one found.
+    """
+    opt = session.find_name("optimizer.step")
+    table = proc.phases
+    if opt is None:
+        return None, 0  # its name is not known yet: look again from the start
+    checked = max(start, table.first)
+    for cols in table.batches(checked, None, ("t1", "name", "step")):
+        hits = np.flatnonzero(cols["name"] == opt)
+        checked += len(cols["name"])
+        if len(hits):
+            i = hits[0]
+            if cols["step"][i] == MISSING_INT:
+                return None, checked
+            return (int(cols["step"][i]), int(cols["t1"][i])), checked
+    return None, checked
 
 
 class PredictedLine:
@@ -36,6 +70,7 @@ class PredictedLine:
         self.prediction: pr.Prediction | None = None
         self._facts: Any = None
         self.first_step: int | None = None
+        self.first_t: int | None = None  # when that optimizer.step ended
         self._checked = 0  # phase rows searched for the first optimizer.step
         self._last: tuple[Any, dict[str, int] | None] | None = None  # breakdown_at memo
 
@@ -74,16 +109,9 @@ class PredictedLine:
 
     def _find_first_step(self) -> None:
         """The step of the process's first ``optimizer.step`` (the first step is higher)."""
-        opt = self.session.find_name("optimizer.step")
-        cols = self.proc.phases.snapshot()
-        names, steps = cols["name"][self._checked :], cols["step"][self._checked :]
-        self._checked += len(names)
-        if opt is None:
-            self._checked = 0  # its name is not known yet: look again from the start
-            return
-        hits = np.flatnonzero(names == opt)
-        if len(hits) and steps[hits[0]] != MISSING_INT:
-            self.first_step = int(steps[hits[0]])
+        found, self._checked = first_optimizer_step(self.session, self.proc, self._checked)
+        if found is not None:
+            self.first_step, self.first_t = found
 
     # ------------------------------------------------------------------ curve
 
@@ -134,6 +162,10 @@ class PredictedLine:
         hi = np.full(width, np.nan)
         if width <= 0 or t1 <= t0:
             return lo, hi
+        table = self.proc.phases
+        inside = table.search(t1 + self.proc.max_span, "right") - table.search(t0, "left")
+        if inside > SAMPLED_SPANS and self.prediction is not None:
+            return self._sampled(t0, t1, width)
         t, v = self.points(t0, t1, width)
         if len(t) == 0:
             return lo, hi
@@ -153,6 +185,56 @@ class PredictedLine:
             lo[nonempty] = np.fmin(lo[nonempty], np.minimum.reduceat(inner, starts))
             hi[nonempty] = np.fmax(hi[nonempty], np.maximum.reduceat(inner, starts))
         return lo, hi
+
+    def _sampled(self, t0: int, t1: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`window` of a long stretch from :data:`SAMPLED_STEPS` steps over it."""
+        lo = np.full(width, np.nan)
+        hi = np.full(width, np.nan)
+        ran = np.flatnonzero(self.session.phase_cover(self.proc, t0, t1, width))
+        if not len(ran):
+            return lo, hi
+        edges = column_edges(t0, t1, width)
+        picks = np.unique(
+            ran[np.linspace(0, len(ran) - 1, min(SAMPLED_STEPS, len(ran))).round().astype(int)]
+        )
+        first = None
+        if self.first_t is not None and t0 <= self.first_t <= t1:
+            first = min(width - 1, int((self.first_t - t0) * width / (t1 - t0)))
+        ranges: dict[int, tuple[float, float]] = {}
+        for c in sorted({*picks.tolist(), *([first] if first is not None else [])}):
+            found = self._step_range((int(edges[c]) + int(edges[c + 1])) // 2)
+            if found is not None:
+                ranges[c] = found
+        later = np.array(sorted(c for c in ranges if c != first), dtype=np.int64)
+        for c in ran:
+            if c == first and c in ranges:
+                lo[c], hi[c] = ranges[c]
+            elif len(later):
+                j = int(np.searchsorted(later, c))
+                near = [later[k] for k in (j - 1, j) if 0 <= k < len(later)]
+                lo[c], hi[c] = ranges[int(min(near, key=lambda x: abs(int(x) - c)))]
+        return lo, hi
+
+    def _step_range(self, t: int) -> tuple[float, float] | None:
+        """Lowest and highest predicted bytes of the step running at (or next after) ``t``."""
+        table = self.proc.phases
+        i = table.search(t, "left")  # the first span ending at or after t
+        i = min(i, len(table) - 1)
+        if i < table.first:
+            return None
+        near = table.rows(max(table.first, i - 256), i + 256, SPAN_COLUMNS)
+        if not len(near["step"]):
+            return None
+        j = min(i - max(table.first, i - 256), len(near["step"]) - 1)
+        step = int(near["step"][j])
+        if step == MISSING_INT:
+            return None
+        keep = near["step"] == step
+        cols = {k: c[keep] for k, c in near.items()}
+        _, v = self._curve(self._span_list(cols, with_open=False))
+        if not len(v):
+            return None
+        return float(v.min()), float(v.max())
 
     def _around(self, t: int) -> list[pr.Span]:
         """The spans of the few steps before ``t`` (enough to place ``t`` on the curve)."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..protocol import Message
-from .decimate import minmax, segment_max
+from . import summary as sm
 from .model import (
     GPU_COLUMNS,
     GPU_PROC_COLUMNS,
@@ -40,6 +40,7 @@ from .model import (
 from .table import MISSING_INT, Table
 
 Listener = Callable[[str, tuple[Any, ...]], None]
+TableHook = Callable[[str, str, Table], None]
 
 _PROCESS_TABLES = {
     "torch": TORCH_COLUMNS,
@@ -47,6 +48,9 @@ _PROCESS_TABLES = {
     "rss": RSS_COLUMNS,
     "phases": PHASE_COLUMNS,
 }
+
+KEEP_ROWS = 16_384
+"""Rows of each table a live session keeps in memory (see :meth:`Session.bound`)."""
 
 MAX_TORCH_DEVICES = 64
 """Most GPUs a session shows that only instrumented processes name (NVML lists none of
@@ -63,6 +67,75 @@ def _max(a: int | None, b: int | None) -> int | None:
     if b is None:
         return a
     return a if a >= b else b
+
+
+@dataclass
+class Tally:
+    """What a process did, counted as its rows arrive: exact however many rows memory
+    lets go (the Prometheus exporter reports these).
+
+    Attributes:
+        count: Phase name id -> phases of that name that ended.
+        ns: Phase name id -> nanoseconds inside them.
+        peaks: Phase name id -> ``(t1, peak allocated, peak reserved, dev)`` of the last
+            ended span of that name that reported a peak.
+        step: The step of the last ended phase that had one.
+        dev: The torch device of the last ended phase that named one.
+        torch: torch device index -> its newest ``(allocated, reserved, inactive_split,
+            alloc_retries, alloc_ooms)``, the newest device last (unknown: MISSING_INT).
+    """
+
+    count: Counter[int] = field(default_factory=Counter)
+    ns: Counter[int] = field(default_factory=Counter)
+    peaks: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    step: int | None = None
+    dev: int | None = None
+    torch: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def phases(self, cols: dict[str, np.ndarray]) -> None:
+        """Count ended spans (columns of PHASE_COLUMNS, in end order)."""
+        n = len(cols["t1"])
+        if n == 0:
+            return
+        ids, inverse = np.unique(cols["name"], return_inverse=True)
+        counts = np.bincount(inverse, minlength=len(ids))
+        ns = np.bincount(inverse, weights=(cols["t1"] - cols["t0"]).astype(np.float64))
+        for nid, c, d in zip(ids.tolist(), counts.tolist(), ns.tolist(), strict=True):
+            self.count[nid] += c
+            self.ns[nid] += int(d)
+        steps = cols["step"][cols["step"] != MISSING_INT]
+        if len(steps):
+            self.step = int(steps[-1])
+        devs = cols["dev"][cols["dev"] != MISSING_INT]
+        if len(devs):
+            self.dev = int(devs[-1])
+        with_peak = np.flatnonzero(cols["peak_alloc"] != MISSING_INT)
+        if len(with_peak):
+            names = cols["name"][with_peak]
+            last, first_rev = np.unique(names[::-1], return_index=True)
+            for nid, j in zip(last.tolist(), first_rev.tolist(), strict=True):
+                i = with_peak[len(with_peak) - 1 - j]
+                self.peaks[nid] = (
+                    int(cols["t1"][i]),
+                    int(cols["peak_alloc"][i]),
+                    int(cols["peak_reserved"][i]),
+                    int(cols["dev"][i]),
+                )
+
+    def figures(self, cols: dict[str, np.ndarray]) -> None:
+        """Note the newest allocator figures of each device (columns of TORCH_COLUMNS)."""
+        devs = cols["dev"]
+        if not len(devs):
+            return
+        _, first_rev = np.unique(devs[::-1], return_index=True)
+        for i in sorted(len(devs) - 1 - j for j in first_rev.tolist()):
+            dev = int(devs[i])
+            self.torch.pop(dev, None)  # re-inserted: the newest device last
+            self.torch[dev] = tuple(int(cols[k][i]) for k in TORCH_FIGURES)
+
+
+TORCH_FIGURES = ("allocated", "reserved", "inactive_split", "alloc_retries", "alloc_ooms")
+"""The allocator figures :attr:`Tally.torch` keeps, in order."""
 
 
 @dataclass
@@ -93,13 +166,13 @@ class Process:
     last_seq: int = -1
     first_t: int = 0
     last_t: int = 0
-    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS))
-    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS))
+    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS, kind="torch"))
+    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS, kind="peaks"))
     last_boundary: int | None = None
     torch_devs: set[int] = field(default_factory=set)  # device indices seen in figures
     max_segment: int = 0
-    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS))
-    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS))
+    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS, kind="rss"))
+    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS, kind="phases"))
     open: dict[int, OpenSpan] = field(default_factory=dict)
     ended: int | None = None
     exit_code: int | None = None
@@ -110,6 +183,7 @@ class Process:
     # The pid it gave itself, when the kernel's differs: its pid inside its container's
     # PID namespace (``pid`` is always the kernel's, as seen from the gpuwatch process).
     container_pid: int | None = None
+    tally: Tally = field(default_factory=lambda: Tally())
 
     @property
     def short_label(self) -> str:
@@ -129,7 +203,7 @@ class Process:
 _RESTORABLE = frozenset(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open")
+    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally")
 )
 """What :meth:`Session.restore_process` sets: a process's scalar state, hello and facts."""
 
@@ -150,8 +224,11 @@ class Session:
         self.devices: dict[str, Device] = {}
         self.gpu: dict[str, Table] = {}
         self.gpu_procs: dict[str, Table] = {}
+        self.keep_rows: int | None = None  # rows each table keeps in memory (see bound)
+        self._event_index: dict[str, tuple[Any, ...]] = {}  # see events_between
+        self._table_hooks: list[TableHook] = []
         # Host memory by host device key: one host live, several in a merged replay.
-        self.hosts: dict[str, Table] = {HOST: Table(HOST_COLUMNS)}
+        self.hosts: dict[str, Table] = {HOST: Table(HOST_COLUMNS, kind="host")}
         self.processes: dict[int, Process] = {}
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
         self.names: list[str] = []
@@ -181,8 +258,52 @@ class Session:
         """Memory samples of the host device ``key`` (empty if it has none)."""
         table = self.hosts.get(key)
         if table is None:
-            table = self.hosts.setdefault(key, Table(HOST_COLUMNS))
+            table = self.hosts.setdefault(key, Table(HOST_COLUMNS, kind="host"))
+            self._made("host", key, table)
         return table
+
+    # ------------------------------------------------------------------ tables and memory
+
+    def tables(self) -> list[tuple[str, str, Table]]:
+        """Every table as ``(kind, key, table)``: kinds of the recording's series, keys
+        the device key or the pid (as text)."""
+        out: list[tuple[str, str, Table]] = [("host", k, t) for k, t in list(self.hosts.items())]
+        out += [("gpu", k, t) for k, t in list(self.gpu.items())]
+        out += [("gpu_procs", k, t) for k, t in list(self.gpu_procs.items())]
+        for pid, proc in list(self.processes.items()):
+            for kind in _PROCESS_TABLES:
+                out.append((kind, str(pid), getattr(proc, kind)))
+        return out
+
+    def bound(self, rows: int | None = KEEP_ROWS) -> None:
+        """Keep at most about ``rows`` rows of each table in memory (None: everything).
+
+        A recorded session lets go of what its recording holds (reading it back when a
+        view asks); an unrecorded one keeps summaries of what it let go (see
+        :meth:`Table.retain`). Counters the exporter reports stay exact (:class:`Tally`).
+        """
+        self.keep_rows = rows
+        for _, _, table in self.tables():
+            table.retain(rows)
+
+    def on_table(self, hook: TableHook) -> None:
+        """Call ``hook(kind, key, table)`` for every table, now and as tables are made
+        (the recorder attaches its archive before any row can leave memory)."""
+        self._table_hooks.append(hook)
+        for kind, key, table in self.tables():
+            hook(kind, key, table)
+
+    def _made(self, kind: str, key: str, table: Table) -> Table:
+        for hook in self._table_hooks:
+            hook(kind, key, table)
+        table.retain(self.keep_rows)
+        return table
+
+    def _new_process(self, pid: int, **fields: Any) -> Process:
+        proc = self.processes[pid] = Process(pid, **fields)
+        for kind in _PROCESS_TABLES:
+            self._made(kind, str(pid), getattr(proc, kind))
+        return proc
 
     def processes_of_host(self, key: str = HOST) -> list[Process]:
         """Instrumented processes that ran on the host device ``key``."""
@@ -286,8 +407,10 @@ class Session:
                 old.source = "nvml"
             self.devices[device.key] = device
             if device.kind == "gpu" and device.key not in self.gpu:
-                self.gpu[device.key] = Table(GPU_COLUMNS)
-                self.gpu_procs[device.key] = Table(GPU_PROC_COLUMNS)
+                key = device.key
+                self.gpu[key] = self._made("gpu", key, Table(GPU_COLUMNS, kind="gpu"))
+                procs = Table(GPU_PROC_COLUMNS, kind="gpu_procs")
+                self.gpu_procs[key] = self._made("gpu_procs", key, procs)
         self._emit("device", (device,))
         return device
 
@@ -367,8 +490,7 @@ class Session:
         with self._lock:
             proc = self.processes.get(msg.pid)
             if proc is None:
-                proc = Process(msg.pid, first_t=msg.t)
-                self.processes[msg.pid] = proc
+                proc = self._new_process(msg.pid, first_t=msg.t)
             if msg.container_pid is not None:
                 proc.container_pid = msg.container_pid
             if msg.seq > proc.last_seq + 1 and proc.last_seq >= 0:
@@ -444,17 +566,17 @@ class Session:
             return
         dev = _opt(b.get("dev"))
         proc.torch_devs.add(dev)
-        proc.torch.append(
-            (
-                msg.t,
-                dev,
-                b["allocated"],
-                b["reserved"],
-                b.get("inactive_split"),
-                b.get("alloc_retries"),
-                b.get("alloc_ooms"),
-            )
+        figures = (
+            b["allocated"],
+            b["reserved"],
+            _opt(b.get("inactive_split")),
+            _opt(b.get("alloc_retries")),
+            _opt(b.get("alloc_ooms")),
         )
+        proc.torch.append((msg.t, dev, *figures))
+        last = proc.tally.torch
+        last.pop(dev, None)  # re-inserted: the newest device last
+        last[dev] = figures
 
     def _on_memory(self, proc: Process, msg: Message) -> None:
         self._figures(proc, msg)
@@ -492,25 +614,33 @@ class Session:
         if span is None:  # its begin was lost or predates this dashboard
             return
         proc.max_span = max(proc.max_span, msg.t - span.t0)
-        proc.phases.append(
-            PhaseRow(
-                t1=msg.t,
-                t0=span.t0,
-                name=self.name_id(span.name),
-                step=_opt(span.step),
-                depth=span.depth,
-                id=span.id,
-                parent=_opt(span.parent),
-                dev=_opt(b.get("dev", span.dev)),
-                alloc0=_opt(span.alloc0),
-                reserved0=_opt(span.reserved0),
-                alloc1=_opt(b.get("allocated")),
-                reserved1=_opt(b.get("reserved")),
-                peak_alloc=_opt(span.peak_alloc),
-                peak_reserved=_opt(span.peak_reserved),
-                error=1 if b.get("error") else 0,
-            )
+        row = PhaseRow(
+            t1=msg.t,
+            t0=span.t0,
+            name=self.name_id(span.name),
+            step=_opt(span.step),
+            depth=span.depth,
+            id=span.id,
+            parent=_opt(span.parent),
+            dev=_opt(b.get("dev", span.dev)),
+            alloc0=_opt(span.alloc0),
+            reserved0=_opt(span.reserved0),
+            alloc1=_opt(b.get("allocated")),
+            reserved1=_opt(b.get("reserved")),
+            peak_alloc=_opt(span.peak_alloc),
+            peak_reserved=_opt(span.peak_reserved),
+            error=1 if b.get("error") else 0,
         )
+        proc.phases.append(row)
+        tally = proc.tally
+        tally.count[row.name] += 1
+        tally.ns[row.name] += row.t1 - row.t0
+        if row.step != MISSING_INT:
+            tally.step = row.step
+        if row.dev != MISSING_INT:
+            tally.dev = row.dev
+        if row.peak_alloc != MISSING_INT:
+            tally.peaks[row.name] = (row.t1, row.peak_alloc, row.peak_reserved, row.dev)
 
     def _on_mark(self, proc: Process, msg: Message) -> None:
         b = msg.body
@@ -564,7 +694,7 @@ class Session:
     def _restored_process(self, pid: int) -> Process:
         proc = self.processes.get(pid)
         if proc is None:
-            proc = self.processes[pid] = Process(pid)
+            proc = self._new_process(pid)
         return proc
 
     def restore_open_spans(self, spans: dict[int, dict[int, OpenSpan]]) -> None:
@@ -611,7 +741,7 @@ class Session:
             self.sampler_rate.update(rates or {})
         self.touch()
 
-    def series_table(self, kind: str, key: str, capacity: int = 1024) -> Table:
+    def series_table(self, kind: str, key: str, capacity: int = 1024, archive: Any = None) -> Table:
         """The table a stored series of ``kind`` fills, made (sized for ``capacity`` rows).
 
         Args:
@@ -619,6 +749,8 @@ class Session:
                 ``peaks``, ``rss`` or ``phases`` (by pid, as text).
             key: Which device or process.
             capacity: Rows it will hold (a table sized once never copies on append).
+            archive: Where its rows are read from on demand (``Table.archive``), instead
+                of being appended.
 
         Raises:
             ValueError: An unknown kind, or a process series whose key is not a pid.
@@ -627,15 +759,19 @@ class Session:
             if kind in ("gpu", "gpu_procs"):
                 if key not in self.devices:
                     self.add_device(Device(key, "gpu", source="recording"))
-                table = Table(GPU_COLUMNS if kind == "gpu" else GPU_PROC_COLUMNS, capacity)
+                layout = GPU_COLUMNS if kind == "gpu" else GPU_PROC_COLUMNS
+                table = Table(layout, 16 if archive else capacity, kind=kind)
                 getattr(self, kind)[key] = table
             elif kind == "host":
-                table = self.hosts[key] = Table(HOST_COLUMNS, capacity)
+                size = 16 if archive else capacity
+                table = self.hosts[key] = Table(HOST_COLUMNS, size, kind=kind)
             elif kind in _PROCESS_TABLES:
-                table = Table(_PROCESS_TABLES[kind], capacity)
+                table = Table(_PROCESS_TABLES[kind], 16 if archive else capacity, kind=kind)
                 setattr(self._restored_process(int(key)), kind, table)
             else:
                 raise ValueError(f"unknown series kind {kind!r}")
+            if archive is not None:
+                table.set_archive(archive)
         return table
 
     def extend_series(self, kind: str, key: str, columns: dict[str, np.ndarray]) -> None:
@@ -660,9 +796,12 @@ class Session:
                 if int(columns["name"].max()) >= len(self.names):
                     raise ValueError("unknown phase name")
                 proc.max_span = max(proc.max_span, int((columns["t1"] - columns["t0"]).max()))
+                proc.tally.phases(columns)
             elif kind == "peaks":
                 longest = int((columns["t1"] - columns["t0"]).max())
                 proc.max_segment = max(proc.max_segment, longest)
+            elif kind == "torch":
+                proc.tally.figures(columns)
         table.extend(columns)
         self.touch()
 
@@ -672,13 +811,13 @@ class Session:
         self, key: str, column: str, t0: int, t1: int, width: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Min/max-decimated NVML column of a GPU over ``[t0, t1]`` in ``width`` columns."""
-        return _window(self.gpu[key], column, t0, t1, width)
+        return self.gpu[key].minmax(column, t0, t1, width)
 
     def host_window(
         self, column: str, t0: int, t1: int, width: int, key: str = HOST
     ) -> tuple[np.ndarray, np.ndarray]:
         """Min/max-decimated host column (``used``, ``available``, ``total``)."""
-        return _window(self.host_table(key), column, t0, t1, width)
+        return self.host_table(key).minmax(column, t0, t1, width)
 
     def processes_on(self, key: str) -> list[Process]:
         """Instrumented processes that report figures for device ``key``."""
@@ -688,40 +827,79 @@ class Session:
         self, proc: Process, key: str, column: str, t0: int, t1: int, width: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Min/max-decimated torch column of one process on one device."""
-        cols = proc.torch.between(t0, t1, pad=1)
-        if not self._all_on(proc, key):
-            mask = np.isin(cols["dev"], [i for i, k in proc.devices.items() if k == key])
-            cols = {n: c[mask] for n, c in cols.items()}
-        return minmax(cols["t"], cols[column], t0, t1, width)
+        return proc.torch.minmax(column, t0, t1, width, where=self._devices_of(proc, key))
 
-    @staticmethod
-    def _all_on(proc: Process, key: str) -> bool:
-        """True when every figure the process reported is for device ``key``."""
-        return all(proc.devices.get(d) == key for d in proc.torch_devs)
+    def _devices_of(self, proc: Process, key: str) -> tuple[str, list[int]] | None:
+        """A ``where`` keeping the rows of ``proc`` on device ``key``; None when they all are."""
+        if all(proc.devices.get(d) == key for d in proc.torch_devs):
+            return None
+        return ("dev", [i for i, k in proc.devices.items() if k == key])
 
     def peak_window(
         self, proc: Process, key: str, column: str, t0: int, t1: int, width: int
     ) -> np.ndarray:
         """Per-column exact allocator peaks (``peak_allocated`` / ``peak_reserved``)."""
-        cols = proc.peaks.between(t0, t1 + proc.max_segment)
-        keep = cols[column] != MISSING_INT
-        if not self._all_on(proc, key):
-            keep &= np.isin(cols["dev"], [i for i, k in proc.devices.items() if k == key])
-        if not keep.all():
-            cols = {n: c[keep] for n, c in cols.items()}
-        return segment_max(cols["t0"], cols["t1"], cols[column], t0, t1, width)
+        where = self._devices_of(proc, key)
+        return proc.peaks.segment_max(column, t0, t1, width, proc.max_segment, where)
 
     def spans(self, proc: Process, t0: int, t1: int) -> dict[str, np.ndarray]:
         """Ended spans of ``proc`` overlapping ``[t0, t1]`` (columns of PHASE_COLUMNS)."""
-        cols = proc.phases.snapshot()
-        end = cols["t1"]
-        i0 = int(np.searchsorted(end, t0, "left"))
-        i1 = int(np.searchsorted(end, t1 + proc.max_span, "right"))
-        cut = {n: c[i0:i1] for n, c in cols.items()}
+        table = proc.phases
+        i0 = table.search(t0, "left")
+        i1 = table.search(t1 + proc.max_span, "right")
+        cut = table.rows(i0, i1)
         keep = cut["t0"] <= t1
         if not keep.all():
             cut = {n: c[keep] for n, c in cut.items()}
         return cut
+
+    def band_spans(
+        self, proc: Process, t0: int, t1: int, width: int | None
+    ) -> dict[str, np.ndarray]:
+        """The ended spans a band of ``width`` cells over ``[t0, t1]`` shows.
+
+        Columns ``t0``, ``t1``, ``name``, ``depth``. All spans in the window while they
+        are few (or ``width`` is not known); past four a cell, only those that win a cell
+        (see :func:`~.summary.cell_winners`: the band draws them as it would draw all);
+        and for archived rows past the table's exact budget, the winners of their
+        summaries.
+        """
+        table = proc.phases
+        need = ("t0", "t1", "name", "depth")
+        plan = table.plan(t0, t1, width or 1000, lead=proc.max_span)
+        parts = []
+        if plan.blocks is not None:
+            b = plan.blocks
+            keep = (b["w_t1"] >= t0) & (b["w_t0"] <= t1)
+            parts.append({c: b["w_" + c][keep] for c in need})
+        if plan.i1 > plan.i0 or plan.blocks is None:
+            cols = table.rows(plan.i0, plan.i1, need)
+            keep = cols["t0"] <= t1
+            parts.append({c: v[keep] for c, v in cols.items()})
+        cols = {c: np.concatenate([p[c] for p in parts]) for c in need}
+        if width and len(cols["t0"]) > 4 * width:
+            won = sm.cell_winners(cols["t0"], cols["t1"], cols["depth"], t0, t1, width)
+            cols = {c: v[won] for c, v in cols.items()}
+        return cols
+
+    def events_between(self, t0: int, t1: int) -> tuple[list[Mark], list[Oom]]:
+        """The marks and OOMs timed within ``[t0, t1]`` (a run that marks every step has
+        many: found by their times, not by looking at each)."""
+        return _between(self, "marks", t0, t1), _between(self, "ooms", t0, t1)
+
+    def phase_cover(self, proc: Process, t0: int, t1: int, width: int) -> np.ndarray:
+        """Per column of ``[t0, t1]``: did ``proc`` run an ended phase there."""
+        table = proc.phases
+        plan = table.plan(t0, t1, width, lead=proc.max_span)
+        out = np.zeros(max(width, 0), dtype=bool)
+        if plan.blocks is not None:
+            out |= sm.cover(plan.blocks, t0, t1, width)
+        if plan.i1 > plan.i0:
+            cols = table.rows(plan.i0, plan.i1, ("t1", "t0"))
+            blocks = {"rows": np.ones(len(cols["t1"]), np.int64), "start": cols["t0"]}
+            blocks["t_last"] = cols["t1"]
+            out |= sm.cover(blocks, t0, t1, width)
+        return out
 
     def span_at(self, proc: Process, t: int) -> dict[str, Any] | None:
         """The innermost phase of ``proc`` running at time ``t``, or None.
@@ -763,13 +941,20 @@ class Session:
         return span["name"] if span else None
 
 
+def _between(session: Session, name: str, t0: int, t1: int) -> list[Any]:
+    """Events of ``session.<name>`` within ``[t0, t1]``, from a sorted index of their
+    times kept until the list changes."""
+    events = getattr(session, name)
+    cache = session._event_index.get(name)
+    if cache is None or cache[0] is not events or cache[1] != len(events):
+        times = np.array([e.t for e in events], dtype=np.int64)
+        order = np.argsort(times, kind="stable")
+        cache = (events, len(events), times[order], order)
+        session._event_index[name] = cache
+    _, _, times, order = cache
+    i0, i1 = np.searchsorted(times, t0, "left"), np.searchsorted(times, t1, "right")
+    return [events[i] for i in sorted(order[i0:i1].tolist())]
+
+
 def _none(v: int) -> int | None:
     return None if v == MISSING_INT else v
-
-
-def _window(
-    table: Table, column: str, t0: int, t1: int, width: int
-) -> tuple[np.ndarray, np.ndarray]:
-    # One row either side carries the held value in and the line out to the next sample.
-    cols = table.between(t0, t1, pad=1)
-    return minmax(cols[table.time], cols[column], t0, t1, width)

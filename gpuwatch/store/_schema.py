@@ -4,7 +4,9 @@ Samples are not stored a row per sample: each series (one session table, such as
 NVML samples or one process's phases) is cut into chunks of up to :data:`CHUNK_ROWS` rows
 or :data:`CHUNK_SPAN` of time, and each chunk is one compressed columnar blob with its row
 offset, time bounds and the maximum of its main column. That keeps a day of 8 GPUs at
-10 Hz to tens of megabytes and lets a reader fetch any time range by index.
+10 Hz to tens of megabytes and lets a reader fetch any time range by index. Each chunk
+also has its min/max summaries (the chunk's own, and one per block of rows:
+:mod:`gpuwatch.session.summary`), so a view of days is drawn without reading the rows.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ CHUNK_SPAN = 600 * 10**9
 """Most time one chunk covers (ns), so slow series still land in the file in pieces."""
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+
+SUMMARIES = "summaries"
+"""``meta`` key: the version of the ``summaries`` table's layout
+(:data:`gpuwatch.session.summary.VERSION`); files without it have no summaries."""
 
 Layout = tuple[tuple[str, str], ...]
 
@@ -83,6 +89,17 @@ CREATE TABLE chunks (
 -- Covers the whole index, so a reader reads it without touching a blob's pages.
 CREATE INDEX chunks_index ON chunks (series, row0, n, t_first, t_last, vmax, t_vmax);
 """
+
+SUMMARIES_DDL = """
+CREATE TABLE IF NOT EXISTS summaries (
+    series INTEGER NOT NULL, row0 INTEGER NOT NULL, chunk BLOB NOT NULL,
+    blocks BLOB NOT NULL, PRIMARY KEY (series, row0)
+);
+-- The chunks' own summaries, readable without the blocks' pages.
+CREATE INDEX IF NOT EXISTS summaries_chunk ON summaries (series, row0, chunk);
+"""
+"""Made with the first sealed chunk: sealed chunks have summaries (the small ones a
+recording adds at each commit until a chunk is full have none; a reader summarises them)."""
 
 EXPECTED_TABLES = frozenset(
     [

@@ -4,6 +4,9 @@ Every table has raw monotonic times in ns (``t``, ``t0``, ``t1``: the session's 
 and the same times in seconds from the session's start (``time_s``, ``start_s``, ``end_s``).
 Unknown values are empty in CSV and ``null`` in JSON lines. ``docs/recording.md`` lists
 the columns.
+
+The tables of samples are streamed (:class:`Stream`): one chunk of the recording at a
+time, so a recording of days is exported in bounded memory.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
@@ -22,6 +26,14 @@ from ._schema import SERIES
 from .multi import Opened
 
 Columns = dict[str, list[Any]]
+
+
+@dataclass
+class Stream:
+    """A table given in pieces: its column names, then its rows, a piece at a time."""
+
+    names: list[str]
+    pieces: Iterable[Columns]
 
 
 def _list(col: np.ndarray) -> list[Any]:
@@ -42,10 +54,6 @@ def _seconds(t: np.ndarray, origin: int) -> list[float | None]:
         missing = (t == MISSING_INT).tolist()
         return [None if m else v for v, m in zip(s.tolist(), missing, strict=True)]
     return s.tolist()
-
-
-def _concat(parts: list[Columns]) -> Columns:
-    return {k: [v for part in parts for v in part[k]] for k in parts[0]}
 
 
 def _meta(src: Opened, s: Session) -> Columns:
@@ -72,15 +80,18 @@ def _devices(src: Opened, s: Session) -> Columns:
 def _per_device(kind: str, build: Callable[[Session, dict[str, np.ndarray]], Columns]):
     """A table of every GPU's rows of one kind, with a ``device`` column first."""
 
-    def table(src: Opened, s: Session) -> Columns:
+    def table(src: Opened, s: Session) -> Stream:
         tables = list(getattr(s, kind).items()) or [("", Table(SERIES[kind][0]))]
-        parts = []
-        for key, tab in tables:
-            c = tab.snapshot()
-            part: Columns = {"device": [key] * len(c["t"])}
-            part.update(build(s, c))
-            parts.append(part)
-        return _concat(parts)
+
+        def pieces() -> Iterator[Columns]:
+            for key, tab in tables:
+                for c in tab.batches():
+                    part: Columns = {"device": [key] * len(c["t"])}
+                    part.update(build(s, c))
+                    yield part
+
+        empty = Table(SERIES[kind][0]).snapshot()
+        return Stream(["device", *build(s, empty)], pieces())
 
     return table
 
@@ -97,30 +108,40 @@ def _gpu_processes(s: Session, c: dict[str, np.ndarray]) -> Columns:
     return out
 
 
-def _host(src: Opened, s: Session) -> Columns:
-    parts = []
-    for key, tab in list(s.hosts.items()) or [("", Table(SERIES["host"][0]))]:
-        c = tab.snapshot()
+def _host(src: Opened, s: Session) -> Stream:
+    tables = list(s.hosts.items()) or [("", Table(SERIES["host"][0]))]
+
+    def build(key: str, c: dict[str, np.ndarray]) -> Columns:
         # Merged files have a host each: say which, as the GPU tables do.
         out: Columns = {"device": [key] * len(c["t"])} if src.merged else {}
         out.update({"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)})
         out.update({n: _list(c[n]) for n in ("total", "used", "available")})
-        parts.append(out)
-    return _concat(parts)
+        return out
+
+    def pieces() -> Iterator[Columns]:
+        for key, tab in tables:
+            for c in tab.batches():
+                yield build(key, c)
+
+    return Stream(list(build("", Table(SERIES["host"][0]).snapshot())), pieces())
 
 
 def _per_process(kind: str, build: Callable[[Session, Process, dict[str, np.ndarray]], Columns]):
     """A table of every process's rows of one kind, with a ``pid`` column first."""
 
-    def table(src: Opened, s: Session) -> Columns:
+    def table(src: Opened, s: Session) -> Stream:
         procs = list(s.processes.values()) or [Process(0)]  # no processes: just the header
-        parts = []
-        for p in procs:
-            c = getattr(p, kind).snapshot()
-            part: Columns = {"pid": [p.pid] * len(c[getattr(p, kind).time])}
-            part.update(build(s, p, c))
-            parts.append(part)
-        return _concat(parts)
+
+        def pieces() -> Iterator[Columns]:
+            for p in procs:
+                tab = getattr(p, kind)
+                for c in tab.batches():
+                    part: Columns = {"pid": [p.pid] * len(c[tab.time])}
+                    part.update(build(s, p, c))
+                    yield part
+
+        empty = getattr(Process(0), kind).snapshot()
+        return Stream(["pid", *build(s, Process(0), empty)], pieces())
 
     return table
 
@@ -267,7 +288,7 @@ def _notes(src: Opened, s: Session) -> Columns:
     return {"text": list(s.notes)}
 
 
-TABLES: dict[str, Callable[[Opened, Session], Columns]] = {
+TABLES: dict[str, Callable[[Opened, Session], Columns | Stream]] = {
     "meta": _meta,
     "devices": _devices,
     "gpu": _per_device("gpu", _gpu),
@@ -291,30 +312,45 @@ TABLES: dict[str, Callable[[Opened, Session], Columns]] = {
 FORMATS = ("csv", "jsonl")
 
 
-def table(src: Opened, name: str) -> Columns:
-    """One export table of one recording, or of several merged, as Python values."""
+def table(src: Opened, name: str) -> Columns | Stream:
+    """One export table of one recording, or of several merged, as Python values (the
+    tables of samples as a :class:`Stream`)."""
     return TABLES[name](src, src.session)
+
+
+def columns(data: Columns | Stream) -> Columns:
+    """A table's columns whole (a stream read to its end: for small tables and tests)."""
+    if isinstance(data, dict):
+        return data
+    out: Columns = {name: [] for name in data.names}
+    for piece in data.pieces:
+        for name in data.names:
+            out[name] += piece[name]
+    return out
 
 
 def _rows(cols: Columns) -> Iterator[tuple[Any, ...]]:
     return zip(*cols.values(), strict=True) if cols else iter(())
 
 
-def write(cols: Columns, fmt: str, out: IO[str]) -> int:
+def write(data: Columns | Stream, fmt: str, out: IO[str]) -> int:
     """Write one table as CSV (with a header) or JSON lines; returns the number of rows."""
     n = 0
-    names = list(cols)
-    if fmt == "csv":
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(names)
-        for row in _rows(cols):
-            writer.writerow(["" if v is None else v for v in row])
-            n += 1
+    if isinstance(data, dict):
+        names, pieces = list(data), [data]
     else:
+        names, pieces = data.names, data.pieces
+    writer = csv.writer(out, lineterminator="\n") if fmt == "csv" else None
+    if writer is not None:
+        writer.writerow(names)
+    for cols in pieces:
         for row in _rows(cols):
-            out.write(json.dumps(dict(zip(names, row, strict=True)), default=str) + "\n")
+            if writer is not None:
+                writer.writerow(["" if v is None else v for v in row])
+            else:
+                out.write(json.dumps(dict(zip(names, row, strict=True)), default=str) + "\n")
             n += 1
     return n
 
 
-__all__ = ["FORMATS", "TABLES", "table", "write"]
+__all__ = ["FORMATS", "TABLES", "Stream", "columns", "table", "write"]

@@ -1,4 +1,8 @@
-"""``gpuwatch info``: what a recording holds, as a dict (``--json``) or a short report."""
+"""``gpuwatch info``: what a recording holds, as a dict (``--json``) or a short report.
+
+Read in pieces (a chunk of the recording at a time) and from the chunk index (each
+chunk's maximum), so a recording of days is summarised in bounded memory.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..fmt import first_line, fmt_bytes, fmt_duration, printable
-from ..session import MISSING_INT, Process, Session
+from ..session import MISSING_INT, Process, Session, Table
 from ..session.explain import explain_process, format_predicted, predicted_json
 from .multi import Opened
 from .recording import Recording
@@ -117,7 +121,7 @@ def _content(s: Session) -> dict[str, Any]:
     devices = []
     for key, dev in s.devices.items():
         table = s.hosts.get(key) if dev.kind == "host" else s.gpu.get(key)
-        cols = table.snapshot() if table is not None else {"used": np.zeros(0, np.int64)}
+        top = table.max_between("used") if table is not None else None
         entry = {
             "key": key,
             "kind": dev.kind,
@@ -127,8 +131,8 @@ def _content(s: Session) -> dict[str, Any]:
             "total": dev.total,
             "state": dev.state,
             "source": dev.source,
-            "samples": len(cols["used"]),
-            "used_max": _max(cols["used"]),
+            "samples": len(table) if table is not None else 0,
+            "used_max": int(top[1]) if top is not None else None,
         }
         if dev.origin:
             entry["origin"] = dev.origin
@@ -157,14 +161,19 @@ def _content(s: Session) -> dict[str, Any]:
 
 
 def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
-    cols = p.phases.snapshot()
-    counts = Counter(s.names[int(n)] for n in cols["name"])
+    counts: Counter[str] = Counter()
     # A step is an optimizer step: the client advances its step counter when one ends, so
     # phases after it (zero_grad) already carry the next number.
     opt = [i for i, name in enumerate(s.names) if name.lower().startswith("optimizer")]
-    known = cols["step"] != MISSING_INT
-    mask = known & np.isin(cols["name"], opt)
-    steps = cols["step"][mask if mask.any() else known]
+    opt_steps = any_steps = np.zeros(0, np.int64)
+    for cols in p.phases.batches(columns=("name", "step")):
+        ids, n = np.unique(cols["name"], return_counts=True)
+        counts.update({s.names[int(i)]: int(c) for i, c in zip(ids, n, strict=True)})
+        known = cols["step"] != MISSING_INT
+        mask = known & np.isin(cols["name"], opt)
+        opt_steps = np.union1d(opt_steps, cols["step"][mask])
+        any_steps = np.union1d(any_steps, cols["step"][known])
+    steps = opt_steps if len(opt_steps) else any_steps
     out = {
         "pid": p.pid,
         "container_pid": p.container_pid,  # its own pid, when it runs in a container
@@ -181,8 +190,8 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
         "last_step": int(steps.max()) if len(steps) else None,
         "phases": dict(sorted(counts.items())),
         "open_phases": sorted(o.name for o in p.open.values()),
-        "allocated_max": _max(p.torch.snapshot()["allocated"]),
-        "rss_max": _max(p.rss.snapshot()["rss"]),
+        "allocated_max": _top(p.torch.max_between("allocated")),
+        "rss_max": _top(p.rss.max_between("rss")),
         "dropped": p.dropped,
         "gaps": p.gaps,
     }
@@ -209,51 +218,65 @@ def _explain(s: Session, p: Process) -> Any:
 _REPORTED = (("peak_allocated", "peak_alloc"), ("peak_reserved", "peak_reserved"))
 
 
+def _top(found: tuple[int, float] | None) -> int | None:
+    return None if found is None else int(found[1])
+
+
+def _around(table: Table, t0: np.ndarray, t1: np.ndarray, column: str) -> dict[str, np.ndarray]:
+    """The rows of ``table`` a step-hold maximum over spans ``[t0, t1]`` needs."""
+    return table.between(int(t0.min()), int(t1.max()), pad=1, columns=("t", column))
+
+
 def _phases(s: Session) -> dict[str, dict[str, Any]]:
     """Per phase name, over all processes: count, time, reported peaks, NVML and RSS max."""
     out: dict[str, dict[str, Any]] = {}
     for p in s.processes.values():
-        cols = p.phases.snapshot()
-        if not len(cols["t0"]):
-            continue
-        rss = p.rss.snapshot()
-        for nid in np.unique(cols["name"]):
-            sel = cols["name"] == nid
-            name = s.names[int(nid)]
-            t0, t1 = cols["t0"][sel], cols["t1"][sel]
-            entry = out.setdefault(
-                name,
-                {
-                    "count": 0,
-                    "total_s": 0.0,
-                    "max_s": 0.0,
-                    "peak_allocated": None,
-                    "peak_reserved": None,
-                    "nvml_used_max": None,
-                    "rss_max": None,
-                },
-            )
-            dur = (t1 - t0) / 1e9
-            entry["count"] += int(sel.sum())
-            entry["total_s"] = round(entry["total_s"] + float(dur.sum()), 6)
-            entry["max_s"] = round(max(entry["max_s"], float(dur.max())), 6)
-            for field, column in (
-                ("peak_allocated", "peak_alloc"),
-                ("peak_reserved", "peak_reserved"),
-            ):
-                entry[field] = _merge_max(entry[field], _max(cols[column][sel]))
-            for key in set(p.devices.values()):
-                table = s.gpu.get(key)
-                if table is None:
-                    continue
-                g = table.snapshot()
-                entry["nvml_used_max"] = _merge_max(
-                    entry["nvml_used_max"], _max_during(g["t"], g["used"], t0, t1)
-                )
-            entry["rss_max"] = _merge_max(
-                entry["rss_max"], _max_during(rss["t"], rss["rss"], t0, t1)
-            )
+        for cols in p.phases.batches():
+            if len(cols["t0"]):
+                _fold_phases(s, p, cols, out)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["count"]))
+
+
+def _fold_phases(
+    s: Session, p: Process, cols: dict[str, np.ndarray], out: dict[str, dict[str, Any]]
+) -> None:
+    """Add one piece of a process's phases to :func:`_phases`' figures."""
+    rss = _around(p.rss, cols["t0"], cols["t1"], "rss")
+    gpus = {}
+    for key in set(p.devices.values()):
+        table = s.gpu.get(key)
+        if table is not None:
+            gpus[key] = _around(table, cols["t0"], cols["t1"], "used")
+    for nid in np.unique(cols["name"]):
+        sel = cols["name"] == nid
+        name = s.names[int(nid)]
+        t0, t1 = cols["t0"][sel], cols["t1"][sel]
+        entry = out.setdefault(
+            name,
+            {
+                "count": 0,
+                "total_s": 0.0,
+                "max_s": 0.0,
+                "peak_allocated": None,
+                "peak_reserved": None,
+                "nvml_used_max": None,
+                "rss_max": None,
+            },
+        )
+        dur = (t1 - t0) / 1e9
+        entry["count"] += int(sel.sum())
+        entry["total_s"] = round(entry["total_s"] + float(dur.sum()), 6)
+        entry["max_s"] = round(max(entry["max_s"], float(dur.max())), 6)
+        for field, column in (
+            ("peak_allocated", "peak_alloc"),
+            ("peak_reserved", "peak_reserved"),
+        ):
+            entry[field] = _merge_max(entry[field], _max(cols[column][sel]))
+        for g in gpus.values():
+            entry["nvml_used_max"] = _merge_max(
+                entry["nvml_used_max"], _max_during(g["t"], g["used"], t0, t1)
+            )
+        entry["rss_max"] = _merge_max(entry["rss_max"], _max_during(rss["t"], rss["rss"], t0, t1))
 
 
 def format_summary(info: dict[str, Any]) -> str:

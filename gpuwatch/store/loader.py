@@ -1,10 +1,15 @@
-"""Filling a replay session from its recording, chunk by chunk in time order.
+"""Filling a replay session from its recording: on demand, or chunk by chunk in time order.
 
-The :class:`Loader` decodes what the file holds and hands it to the session's restore API
-(:meth:`~gpuwatch.session.Session.restore_device`, ``restore_process``,
+The :class:`Loader` reads the file's facts and chunk index and hands them to the session's
+restore API (:meth:`~gpuwatch.session.Session.restore_device`, ``restore_process``,
 ``series_table``/``extend_series``, ...), which keeps the session's invariants; the loader
 keeps only its own state: the chunk index, which chunk comes next, and the file it follows
 while another gpuwatch still writes it.
+
+*Windowed* (replay, ``info``, ``export``): each table gets a
+:class:`~gpuwatch.store.archive.SeriesArchive` and no rows; views read the windows they
+show, so memory does not grow with the file. Otherwise every chunk is decoded into the
+tables (``load``: tests, conversions, small files).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import heapq
 import json
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +26,11 @@ import numpy as np
 
 from .. import protocol
 from ..session import Mark, Oom, OpenSpan, Session, Table
+from ..session import summary as sm
 from ..session.table import MISSING_INT
 from . import _bodies, _codec
-from ._schema import SERIES
+from ._schema import SERIES, SUMMARIES, layout_dtypes
+from .archive import ChunkSource, SeriesArchive
 from .recording import Recording, RecordingError
 
 FOLLOW_INTERVAL = 0.5
@@ -38,6 +46,7 @@ class _Feed:
     key: str
     table: Table
     stored: list[tuple[str, np.dtype]]  # the layout the file has
+    archive: SeriesArchive | None = None  # windowed: where the table reads its rows
     limit: int = 0  # rows the file held at the last refresh
     loaded: int = 0
     # The chunk index as of the last refresh (ordered by row0).
@@ -60,17 +69,28 @@ class Loader:
     time: at any moment everything up to :attr:`loaded_until` is in the session. A file
     whose writer still runs is followed: new rows, processes and events appear as written.
 
+    Args:
+        recording: The open file.
+        session: The session to fill.
+        windowed: Give tables archives instead of rows (see the module's docstring).
+
     Attributes:
         error: Why loading stopped early (a damaged chunk), or None.
     """
 
-    def __init__(self, recording: Recording, session: Session) -> None:
+    def __init__(self, recording: Recording, session: Session, windowed: bool = False) -> None:
         self.recording = recording
         self.session = session
+        self.windowed = windowed
         self.error: str | None = None
         self.following = False
+        self.source = ChunkSource(recording.path, on_error=self._read_failed) if windowed else None
+        self._summaries = recording.meta.get(SUMMARIES) == str(sm.VERSION)
         self._feeds: dict[int, _Feed] = {}
         self._heap: list[tuple[int, int]] = []
+        # Windowed, a file without summaries: chunks to summarise, latest first.
+        self._pending: list[tuple[int, int, int]] = []
+        self._touched = 0.0
         self._cache: dict[tuple[str, Any], str] = {}
         self._event_seq = 0
         self._stop = threading.Event()
@@ -159,9 +179,12 @@ class Loader:
         ).fetchall()
         index: dict[int, np.ndarray] = {}
         if rows:
-            a = np.array([[_NONE if v is None else v for v in r] for r in rows], dtype=np.int64)
+            a = np.array(rows, dtype=object)
+            a[a == None] = _NONE  # noqa: E711 - elementwise
+            a = a.astype(np.int64)
             for part in np.split(a, np.flatnonzero(np.diff(a[:, 0])) + 1):
                 index[int(part[0, 0])] = part
+        stats = self._read_stats(db, {sid: kind for sid, kind, _, _ in series})
         for sid, kind, key, columns in series:
             part = index.get(sid)
             if part is None or kind not in SERIES:  # no rows yet, or a newer kind
@@ -175,26 +198,85 @@ class Loader:
             vmax[part[:, 5] == _NONE] = np.nan
             feed.vmax, feed.t_vmax = vmax, part[:, 6]
             feed.limit = int(part[-1, 1] + part[-1, 2])
+            if feed.archive is not None:
+                grew = feed.archive.rows != feed.limit
+                own, own_row0 = stats.get(sid, (None, None))
+                feed.archive.set_index(part[:, 1:], own, own_row0, stored_summaries=own is not None)
+                feed.loaded = feed.limit  # nothing to load: rows are read when shown
+                if grew:
+                    feed.table.archive_grew()
+
+    def _read_stats(
+        self, db: sqlite3.Connection, kinds: dict[int, str]
+    ) -> dict[int, tuple[sm.Blocks, np.ndarray]]:
+        """Series id -> (the chunks' own summaries, their row0) from the file, if any."""
+        if not self.windowed or not self._summaries:
+            return {}
+        try:
+            rows = db.execute(
+                "SELECT series, row0, chunk FROM summaries ORDER BY series, row0"
+            ).fetchall()
+        except sqlite3.Error:  # a file that says it has summaries but has no table
+            return {}
+        out: dict[int, tuple[sm.Blocks, np.ndarray]] = {}
+        start = 0
+        for i in range(1, len(rows) + 1):
+            if i < len(rows) and rows[i][0] == rows[start][0]:
+                continue
+            sid = rows[start][0]
+            spec = sm.SPECS.get(kinds.get(sid, ""))
+            if spec is not None:
+                try:
+                    blocks = sm.from_bytes(spec, b"".join(r[2] for r in rows[start:i]))
+                except (ValueError, TypeError):
+                    blocks = None
+                if blocks is not None and len(blocks["rows"]) == i - start:
+                    row0 = np.array([r[1] for r in rows[start:i]], dtype=np.int64)
+                    out[sid] = (blocks, row0)
+            start = i
+        return out
 
     def _new_feed(self, sid: int, kind: str, key: str, columns: str, rows: int) -> _Feed:
+        stored = [(name, np.dtype(code)) for name, code in json.loads(columns)]
+        archive = None
         try:
-            # Sized once: appends never copy.
-            table = self.session.series_table(kind, key, capacity=rows)
+            if self.windowed:
+                assert self.source is not None
+                dtypes = dict(layout_dtypes(SERIES[kind][0]))
+                archive = SeriesArchive(self.source, sid, kind, stored, dtypes)
+                table = self.session.series_table(kind, key, archive=archive)
+            else:
+                # Sized once: appends never copy.
+                table = self.session.series_table(kind, key, capacity=rows)
         except ValueError as exc:
             raise RecordingError(f"{self.recording.path} is damaged ({exc})")
-        stored = [(name, np.dtype(code)) for name, code in json.loads(columns)]
-        return _Feed(sid, kind, key, table, stored)
+        return _Feed(sid, kind, key, table, stored, archive)
+
+    def _read_failed(self, message: str) -> None:
+        """A window could not be read (a damaged chunk): say so once; show the rest."""
+        if self.error is None:
+            self.error = message
+            self.session.note(f"{message}; showing what can be read")
 
     def _rebuild_heap(self) -> None:
         self._heap = [
             (feed.next_time(), sid) for sid, feed in self._feeds.items() if feed.loaded < feed.limit
         ]
         heapq.heapify(self._heap)
+        pending = [
+            (int(feed.t_first[k]), sid, k)
+            for sid, feed in self._feeds.items()
+            if feed.archive is not None
+            for k in feed.archive.unsummarised()
+        ]
+        self._pending = sorted(pending, reverse=True)
         self._update_frontier()
 
     def _update_frontier(self) -> None:
         if self._heap:
             self.loaded_until = self._heap[0][0] - 1
+        elif self._pending:
+            self.loaded_until = self._pending[-1][0] - 1
         else:
             self.loaded_until = max(self.loaded_until, self.bounds()[1])
 
@@ -254,13 +336,25 @@ class Loader:
     @property
     def done(self) -> bool:
         """Everything the file held at the last refresh is in the session."""
-        return not self._heap
+        return not self._heap and not self._pending
 
     def step(self) -> bool:
-        """Append the next chunk in time order; False when nothing is left to load."""
+        """Append the next chunk in time order (windowed: summarise the next chunk of a
+        file without summaries); False when nothing is left to load."""
         with self._lock:
             if not self._heap:
-                return False
+                if not self._pending:
+                    return False
+                _, sid, k = self._pending.pop()
+                archive = self._feeds[sid].archive
+                assert archive is not None
+                archive.summarise_chunk(k)
+                self._update_frontier()
+                now = time.monotonic()
+                if now - self._touched > 0.2 or not self._pending:
+                    self._touched = now
+                    self.session.touch()  # views redraw with what is summarised now
+                return True
             _, sid = heapq.heappop(self._heap)
             feed = self._feeds[sid]
             self._load_next(feed)
@@ -330,6 +424,7 @@ class Loader:
         self.error = message
         with self._lock:
             self._heap = []
+            self._pending = []
         self.session.note(f"{message}; showing what loaded before it")
 
     # ------------------------------------------------------------------ background

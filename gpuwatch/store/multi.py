@@ -1,8 +1,9 @@
 """Several recordings opened as one session (``replay``, ``info`` and ``export`` of FILE...).
 
-Each file is validated and loaded whole, then :func:`gpuwatch.session.merge.merge` puts
-them on one clock (each file's wall-clock offset) with devices named by host. One file is
-opened as itself, unchanged.
+Each file is validated and opened windowed (its tables read what a view asks from the file:
+nothing is loaded whole), then :func:`gpuwatch.session.merge.merge` puts them on one clock
+(each file's wall-clock offset) with devices named by host. One file is opened as itself,
+unchanged.
 """
 
 from __future__ import annotations
@@ -51,13 +52,17 @@ def load_many(
     strict: bool = True,
     progress: Progress | None = None,
 ) -> Opened:
-    """Open, validate and fully load every file; merge them when there are several.
+    """Open and validate every file, windowed; merge them when there are several.
+
+    The sessions read their rows from the files through connections of their own, so
+    :meth:`Opened.close` may come before the session is used up.
 
     Args:
         paths: One or more recordings.
         align: ``"wall"`` or ``"start"`` (see :func:`~gpuwatch.session.merge.merge`).
-        strict: A damaged chunk is an error (else what loaded before it is kept).
-        progress: Called before each file is loaded.
+        strict: A damaged chunk is an error, found here by decoding every chunk once
+            (else a view notes it and shows the rest).
+        progress: Called before each file is read.
 
     Raises:
         RecordingError: A file is not a readable recording, or a file is given twice.
@@ -74,8 +79,11 @@ def load_many(
                 progress(i, len(paths), Path(path))
             rec = open_recording(path)
             recordings.append(rec)
-            session, loader = rec.open_session()
-            loader.load_all(strict=strict)
+            if strict:
+                rec.validate()
+            session, loader = rec.open_session(windowed=True)
+            if not loader.done:  # a file written before summaries: make them meanwhile
+                loader.start(follow=False)
             sessions.append(session)
     except BaseException:
         for rec in recordings:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..session import MISSING_INT, Session
+from ..session import Session
 from ..session import navigate as nav
 from .loader import Loader
 from .recording import open_recording
@@ -25,8 +25,8 @@ SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 MIN_SPEED, MAX_SPEED = SPEEDS[0], SPEEDS[-1]
 
 SMALL_RECORDING = 4 * 1024 * 1024
-"""Recordings up to this size (about an hour of one GPU) open fully loaded; larger ones
-load what the first frame needs, then the rest on the loader's thread."""
+"""A recording written before summaries existed and up to this size (about an hour of one
+GPU) is summarised before the first frame; a larger one by the loader's thread after it."""
 
 FIRST_FRAME_GRACE = 1.0
 """Seconds :func:`open_replay` lets the dashboard draw its first frame before the loader
@@ -227,7 +227,11 @@ class Player:
         return self.seek(int(targets[i]))
 
     def phase_boundaries(self) -> np.ndarray:
-        """Sorted times at which any phase of any process began or ended."""
+        """Sorted times at which any phase of any process began or ended.
+
+        Every row of every process: the jumps read only around the position
+        (:func:`~gpuwatch.session.navigate.next_boundary`).
+        """
         procs = list(self.session.processes.values())
         stamp = sum(len(p.phases) + len(p.open) for p in procs)
         if stamp != self._boundaries[0]:
@@ -236,11 +240,13 @@ class Player:
 
     def next_phase(self) -> int | None:
         """Jump to the next phase boundary; None (and no move) when there is none."""
-        return self._jump(self.phase_boundaries(), True)
+        t = nav.next_boundary(self.session, self.position(), 1)
+        return None if t is None else self.seek(t)
 
     def prev_phase(self) -> int | None:
         """Jump to the previous phase boundary."""
-        return self._jump(self.phase_boundaries(), False)
+        t = nav.next_boundary(self.session, self.position(), -1)
+        return None if t is None else self.seek(t)
 
     def next_mark(self) -> int | None:
         """Jump to the next mark."""
@@ -289,8 +295,11 @@ class Player:
         for p in procs:  # a phase may begin before the hello that announced the process
             span = p.phases.span()
             if span is not None:
-                cols = p.phases.snapshot()
-                first = min(first, int(cols["t0"].min()))
+                # The earliest begin is among the spans ending within a longest span of
+                # the first end.
+                cols = p.phases.between(span[0], span[0] + p.max_span, columns=("t0",))
+                if len(cols["t0"]):
+                    first = min(first, int(cols["t0"].min()))
                 last = max(last, span[1])
         return (first, last) if last > first else None
 
@@ -304,20 +313,16 @@ class Player:
         else:
             best = None
             for p in list(self.session.processes.values()):
-                cols = p.phases.snapshot()
-                known = cols["peak_alloc"] != MISSING_INT
-                if known.any():
-                    i = int(np.argmax(np.where(known, cols["peak_alloc"], MISSING_INT)))
-                    if best is None or int(cols["peak_alloc"][i]) > best[0]:
-                        best = (int(cols["peak_alloc"][i]), int(cols["t1"][i]), p.pid)
+                found = p.phases.max_between("peak_alloc")
+                if found is not None and (best is None or found[1] > best[0]):
+                    best = (int(found[1]), found[0], p.pid)
             if best is None:
                 return None
             value, t1, pid = best
-        # The middle of that phase when its row is loaded (a small file is, whole), else
-        # just inside its end.
+        # The middle of that phase when its row can be read, else just inside its end.
         proc = self.session.processes.get(pid)
         if proc is not None:
-            cols = proc.phases.snapshot()
+            cols = proc.phases.between(t1, t1, columns=("t0", "t1", "peak_alloc"))
             rows = np.flatnonzero((cols["t1"] == t1) & (cols["peak_alloc"] == value))
             if len(rows):
                 return (int(cols["t0"][rows[-1]]) + t1) // 2, value
@@ -349,30 +354,27 @@ class Player:
             return self.loader.peak(kind)
         best: tuple[int, int, str] | None = None
         for key, table in _tables(self.session, kind):
-            cols = table.snapshot()
-            values = cols[column]
-            known = values != MISSING_INT
-            if not known.any():
-                continue
-            i = int(np.argmax(np.where(known, values, MISSING_INT)))
-            if best is None or int(values[i]) > best[0]:
-                best = (int(values[i]), int(cols[table.time][i]), key)
+            found = table.max_between(column)
+            if found is not None and (best is None or int(found[1]) > best[0]):
+                best = (int(found[1]), found[0], key)
         return best
 
 
 def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
     """Open a recording for replay: what ``gpuwatch replay`` does before its first frame.
 
-    Loads the chunks the first frame needs (the start of a finished recording, or the tail
-    of one still being written, which the player then follows) and starts loading the rest
-    on the loader's thread. :meth:`Player.close` stops it and closes the file.
+    The session is windowed: each view reads what it shows from the file (the chunk index
+    and the chunks' summaries answer a zoomed-out view), so nothing is loaded up front and
+    memory does not grow with the file. The loader's thread follows a file still being
+    written (and summarises one written before summaries existed).
+    :meth:`Player.close` stops it and closes the file.
 
     Raises:
         RecordingError: The file is not a readable recording.
     """
     rec = open_recording(path)
     try:
-        session, loader = rec.open_session()
+        session, loader = rec.open_session(windowed=True)
         growing = rec.writer_alive()
         loader.following = growing
         # A finished recording opens paused (the dashboard shows its data first, see
@@ -380,14 +382,12 @@ def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
         player = Player(session, loader, speed=speed, playing=growing)
         if growing:
             player.end()
-        loader.load_until(player.position())
-        if rec.file_size() <= SMALL_RECORDING:
-            # Loads in milliseconds: open it whole, so the first frame has everything.
-            loader.load_all()
+        if not loader.done and rec.file_size() <= SMALL_RECORDING:
+            loader.load_all()  # milliseconds: the first frame has everything
     except BaseException:
         rec.close()
         raise
-    loader.start(follow=growing, delay=0.0 if loader.done else FIRST_FRAME_GRACE)
+    loader.start(follow=growing, delay=FIRST_FRAME_GRACE if not loader.done else 0.0)
     return player
 
 

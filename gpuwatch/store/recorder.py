@@ -146,6 +146,9 @@ class Recorder:
             self._failed(exc)
             self._active = False
             self.session.note(self.error)
+            # Rows wait in memory for the file no more: they go into the session's
+            # summaries instead, so memory stays bounded.
+            self.writer.freeze()
             return False
         finally:
             self.cpu_seconds += time.thread_time() - start

@@ -256,11 +256,14 @@ class Recording:
                 total += os.path.getsize(str(self.path) + suffix)
         return total
 
-    def open_session(self) -> tuple[Session, Loader]:
+    def open_session(self, windowed: bool = False) -> tuple[Session, Loader]:
         """A replay session holding the small facts, and the loader of its samples.
 
-        Nothing is loaded into the tables yet: call :meth:`Loader.load_until` for what the
-        first frame needs, then :meth:`Loader.start` (or :meth:`Loader.load_all`).
+        Args:
+            windowed: The tables read their rows from the file when a view asks (replay,
+                ``info``, ``export``: memory does not grow with the file); otherwise
+                nothing is loaded yet: call :meth:`Loader.load_until` for what the first
+                frame needs, then :meth:`Loader.start` (or :meth:`Loader.load_all`).
 
         Raises:
             RecordingError: The facts cannot be read.
@@ -270,9 +273,28 @@ class Recording:
 
         session = Session(int(self.meta["t_origin"]), int(self.meta["wall_offset"]))
         session.live = False
-        loader = Loader(self, session)
+        loader = Loader(self, session, windowed=windowed)
         loader.refresh()
         return session, loader
+
+    def validate(self) -> None:
+        """Decode every chunk once (none is kept): a damaged one raises here.
+
+        Raises:
+            RecordingError: A chunk does not decode to the rows its index promises.
+        """
+        from ._schema import layout_dtypes
+
+        with self.reading() as db:
+            layouts = {
+                sid: layout_dtypes(tuple(tuple(c) for c in json.loads(columns)))
+                for sid, columns in db.execute("SELECT id, columns FROM series")
+            }
+            for sid, n, codec, blob in db.execute("SELECT series, n, codec, data FROM chunks"):
+                layout = layouts.get(sid)
+                if layout is None:
+                    raise RecordingError(f"{self.path} is damaged (a chunk of no series)")
+                _codec.decode(blob, n, layout, codec)
 
     def close(self) -> None:
         with self._lock:

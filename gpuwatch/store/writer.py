@@ -18,13 +18,17 @@ import socket
 import sqlite3
 import threading
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import __version__
 from ..session import Process, Session, Table
+from ..session import summary as sm
 from . import _codec
 from ._schema import (
     CHUNK_ROWS,
@@ -34,8 +38,11 @@ from ._schema import (
     PROCESS_SERIES,
     SCHEMA_VERSION,
     SERIES,
+    SUMMARIES,
+    SUMMARIES_DDL,
     layout_dtypes,
 )
+from .archive import ChunkSource, SeriesArchive, chunk_summary
 
 PAGE_SIZE = 8192
 
@@ -45,7 +52,9 @@ class FileRemoved(OSError):
 
 
 _PROCESS_STATE = tuple(
-    f.name for f in dataclasses.fields(Process) if f.name not in PROCESS_SERIES and f.name != "open"
+    f.name
+    for f in dataclasses.fields(Process)
+    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally")
 )
 """Process attributes stored as its JSON body (everything but its tables and open spans)."""
 
@@ -68,6 +77,9 @@ class _Series:
     id: int
     layout: list
     primary: str
+    spec: sm.Spec | None
+    table: Table
+    archive: SeriesArchive | None = None  # the table's, when the session lets rows go
     written: int = 0  # rows in the file
     sealed: int = 0  # rows in large chunks; rows after this are in small ones
 
@@ -112,6 +124,10 @@ class SessionWriter:
         self._cursors = {"names": 0, "marks": 0, "ooms": 0, "notes": 0}
         self._closed = False
         self._lock = threading.Lock()
+        self._archives: dict[tuple[str, str], SeriesArchive] = {}
+        self._sealed: list[tuple[_Series, list]] = []  # published to archives after COMMIT
+        self._summaries = False  # the summaries table exists
+        self.source: ChunkSource | None = None
         if self.path.exists() or self.path.is_symlink():
             if not overwrite:
                 raise FileExistsError(f"{self.path} already exists")
@@ -150,6 +166,8 @@ class SessionWriter:
                     "label": label,
                     "writer_pid": os.getpid(),
                     "complete": 0,
+                    SUMMARIES: sm.VERSION,
+                    "summary_block_rows": sm.BLOCK_ROWS,
                 }
             )
             self._db.execute("COMMIT")
@@ -158,6 +176,27 @@ class SessionWriter:
         except BaseException:
             self._db.close()
             raise
+        if session.keep_rows is not None:
+            # The session lets rows go: the file holds them, and reads them back for views.
+            self.source = ChunkSource(self.path, on_error=session.note)
+            session.on_table(self._attach)
+
+    def _attach(self, kind: str, key: str, table: Table) -> None:
+        """Give a session table the archive its sealed rows will be read back from."""
+        if kind not in SERIES or (kind, key) in self._archives:
+            return
+        assert self.source is not None
+        layout = layout_dtypes(SERIES[kind][0])
+        archive = SeriesArchive(self.source, None, kind, layout, table.dtypes, live=True)
+        self._archives[(kind, key)] = archive
+        table.set_archive(archive)
+
+    def freeze(self) -> None:
+        """No more rows will be written (a failure): tables stop waiting for the file."""
+        for archive in self._archives.values():
+            archive.live = False
+        for _, _, table in self.session.tables():
+            table.archive_grew()
 
     # ------------------------------------------------------------------ public
 
@@ -191,12 +230,24 @@ class SessionWriter:
                 self._sync_misc()
                 db.execute("COMMIT")
             except BaseException:
+                self._sealed.clear()
                 # A failed COMMIT (disk full) may have rolled back already; the real error
                 # is the one to report, never "cannot rollback - no transaction is active".
                 if db.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         db.execute("ROLLBACK")
                 raise
+        self._publish()
+
+    def _publish(self) -> None:
+        """Hand the chunks sealed by the last commit to the tables' archives: from now on
+        memory may let go of their rows."""
+        sealed, self._sealed = self._sealed, []
+        for st, entries in sealed:
+            if st.archive is not None:
+                st.archive.sid = st.id
+                st.archive.add(entries)
+                st.table.archive_grew()
 
     def close(self, complete: bool = True) -> None:
         """Final sync, mark the file complete and make it one self-contained file.
@@ -209,6 +260,10 @@ class SessionWriter:
         self._closed = True
         try:
             self.sync(final=True)
+            for archive in self._archives.values():
+                archive.live = False
+            if self.source is not None:
+                self.source.close()  # leaving WAL mode needs no other connection
             if complete:
                 with self._lock:
                     self._set_meta({"complete": 1, "ended_t": time.monotonic_ns()})
@@ -250,20 +305,8 @@ class SessionWriter:
         self._cache[key] = value
         return True
 
-    def _tables(self) -> list[tuple[str, str, Table]]:
-        s = self.session
-        out: list[tuple[str, str, Table]] = [("host", "host", s.host)]
-        for key, table in list(s.gpu.items()):
-            out.append(("gpu", key, table))
-        for key, table in list(s.gpu_procs.items()):
-            out.append(("gpu_procs", key, table))
-        for pid, proc in list(s.processes.items()):
-            for kind in PROCESS_SERIES:
-                out.append((kind, str(pid), getattr(proc, kind)))
-        return out
-
     def _sync_series(self, final: bool) -> None:
-        for kind, key, table in self._tables():
+        for kind, key, table in self.session.tables():
             st = self._series.get((kind, key))
             if st is None:
                 if len(table) == 0:
@@ -273,17 +316,26 @@ class SessionWriter:
                     "INSERT INTO series (kind, key, columns) VALUES (?, ?, ?)",
                     (kind, key, dumps([list(c) for c in layout])),
                 )
-                st = _Series(int(cur.lastrowid or 0), layout_dtypes(layout), primary)
+                st = _Series(
+                    int(cur.lastrowid or 0),
+                    layout_dtypes(layout),
+                    primary,
+                    sm.SPECS.get(kind),
+                    table,
+                    self._archives.get((kind, key)),
+                )
                 self._series[(kind, key)] = st
+            st.table = table
             if len(table) == st.written and not (final and st.sealed < st.written):
                 continue
             self._write_rows(st, table, final)
 
     def _write_rows(self, st: _Series, table: Table, final: bool) -> None:
-        cols = table.snapshot()
+        n = len(table)
+        off = st.sealed
+        cols = table.rows(off, n)  # rows not sealed yet: still in memory
         t = cols[table.time]
-        n = len(t)
-        ends = _codec.cut(t, st.sealed, n, self.chunk_rows, self.chunk_span)
+        ends = [off + e for e in _codec.cut(t, 0, n - off, self.chunk_rows, self.chunk_span)]
         complete = ends if final else ends[:-1]
         if ends and not final:
             last_start = ends[-2] if len(ends) > 1 else st.sealed
@@ -296,25 +348,62 @@ class SessionWriter:
                 "DELETE FROM chunks WHERE series = ? AND row0 >= ?", (st.id, st.sealed)
             )
             start = st.sealed
+            entries = []
             for end in complete:
-                self._insert(st, cols, t, start, end)
+                entries.append(self._insert(st, cols, off, start, end, sealed=True))
                 start = end
             st.sealed = start
+            self._sealed.append((st, entries))
             if start < n:
-                self._insert(st, cols, t, start, n)
+                self._insert(st, cols, off, start, n)
         elif n > st.written:
-            self._insert(st, cols, t, st.written, n)
+            self._insert(st, cols, off, st.written, n)
         self.rows_written += n - st.written
         st.written = n
 
-    def _insert(self, st: _Series, cols: dict, t: Any, i: int, j: int) -> None:
-        blob = _codec.encode(cols, st.layout, i, j)
-        vmax, t_vmax = _codec.summary(t[i:j], cols[st.primary][i:j])
+    def _insert(
+        self, st: _Series, cols: dict, off: int, i: int, j: int, sealed: bool = False
+    ) -> tuple[tuple[int, ...], sm.Blocks | None]:
+        """Write rows ``[i, j)`` (``cols`` holds rows from ``off`` on) as one chunk (a
+        sealed one with its summaries); returns its index entry and its own summary."""
+        a, b = i - off, j - off
+        t = cols[st.layout[0][0]]
+        blob = _codec.encode(cols, st.layout, a, b)
+        vmax, t_vmax = _codec.summary(t[a:b], cols[st.primary][a:b])
         self._db.execute(
             "INSERT INTO chunks (series, row0, n, t_first, t_last, vmax, t_vmax, codec, data)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (st.id, i, j - i, int(t[i]), int(t[j - 1]), vmax, t_vmax, _codec.CODEC, blob),
+            (st.id, i, j - i, int(t[a]), int(t[b - 1]), vmax, t_vmax, _codec.CODEC, blob),
         )
+        own = None
+        if st.spec is not None and sealed:
+            if not self._summaries:
+                for statement in SUMMARIES_DDL.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._summaries = True
+            part = {c: cols[c][a:b] for c in st.spec.needs()}
+            blocks = sm.summarise(st.spec, part)
+            own = chunk_summary(st.spec, blocks)
+            self._db.execute(
+                "INSERT INTO summaries (series, row0, chunk, blocks) VALUES (?, ?, ?, ?)",
+                (
+                    st.id,
+                    i,
+                    sm.to_bytes(st.spec, own),
+                    zlib.compress(sm.to_bytes(st.spec, blocks), 6),
+                ),
+            )
+        none = np.iinfo(np.int64).min
+        entry = (
+            i,
+            j - i,
+            int(t[a]),
+            int(t[b - 1]),
+            none if vmax is None else vmax,
+            none if t_vmax is None else t_vmax,
+        )
+        return entry, own
 
     def _sync_names(self) -> None:
         names = self.session.names

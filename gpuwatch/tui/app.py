@@ -611,10 +611,10 @@ class GpuwatchApp(App[int]):
         """Cursor to the previous / next phase boundary on the focused device."""
         panel = self.focused_panel()
         key = panel.key if panel else None
-        times = nav.boundaries(self.session, key)
-        if len(times) == 0 and key is not None:
-            times = nav.boundaries(self.session, None)
-        self._jump(nav.step_to(times, self._reference_time(direction), direction), "phase boundary")
+        if key is not None and not nav.has_phases(self.session, key):
+            key = None
+        t = nav.next_boundary(self.session, self._reference_time(direction), direction, key)
+        self._jump(t, "phase boundary")
 
     def action_jump_event(self, direction: int) -> None:
         """Cursor to the previous / next mark or OOM."""

@@ -11,7 +11,6 @@ from textual.containers import Vertical
 from ..fmt import fmt_bytes, fmt_duration, printable
 from ..session import Session, is_host
 from ..session.breakdown import breakdown
-from ..session.decimate import minmax, value_at
 from ..session.predicted import PredictedLine
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
@@ -184,11 +183,9 @@ class DevicePanel(Vertical):
         """Samples a second around ``t`` (the achieved NVML rate then), else the sampler's."""
         table = self.session.gpu.get(self.key)
         if table is not None and len(table) > 2:
-            times = table.snapshot()["t"]
-            i1 = int(np.searchsorted(times, t, "right"))
-            i0 = int(np.searchsorted(times, t - RATE_SPAN, "left"))
-            if i1 - i0 >= 3:
-                return (i1 - i0 - 1) * 1e9 / max(1, int(times[i1 - 1] - times[i0]))
+            times = table.between(t - RATE_SPAN, t, columns=("t",))["t"]
+            if len(times) >= 3:
+                return (len(times) - 1) * 1e9 / max(1, int(times[-1] - times[0]))
         return self.session.sampler_rate.get(self.key)
 
     def _legend(self, t: int) -> list[str]:
@@ -219,24 +216,18 @@ class DevicePanel(Vertical):
         out: dict[str, float | None] = {}
         s = self.session
         if self.is_host:
-            cols = s.host_table(self.key).snapshot()
-            out["nvml"] = value_at(cols["t"], cols["used"], t)
-            rss = [
-                value_at(c["t"], c["rss"], t)
-                for c in (p.rss.snapshot() for p in s.processes_of_host(self.key))
-            ]
+            out["nvml"] = s.host_table(self.key).value_at("used", t)
+            rss = [p.rss.value_at("rss", t) for p in s.processes_of_host(self.key)]
             rss = [v for v in rss if v is not None]
             if rss:
                 out["allocated"] = float(sum(rss))
             return out
         table = s.gpu.get(self.key)
         if table is not None and len(table):
-            cols = table.snapshot()
-            out["nvml"] = value_at(cols["t"], cols["used"], t)
+            out["nvml"] = table.value_at("used", t)
         for proc in s.processes_on(self.key):
-            cols = proc.torch.snapshot()
             for role in ("reserved", "allocated"):
-                v = value_at(cols["t"], cols[role], t)
+                v = proc.torch.value_at(role, t)
                 if v is not None:
                     out[role] = (out.get(role) or 0) + v
             line = self.predicted.get(proc.pid)
@@ -266,8 +257,7 @@ class DevicePanel(Vertical):
             lo, hi = s.host_window("used", t0, t1, n, self.key)
             series.append(Series("nvml", lo, hi))
             for proc in s.processes_of_host(self.key):
-                cols = proc.rss.between(t0, t1, pad=1)
-                lo, hi = minmax(cols["t"], cols["rss"], t0, t1, n)
+                lo, hi = proc.rss.minmax("rss", t0, t1, n)
                 series.append(Series("allocated", lo, hi))
             total = self.device.total
         else:
@@ -302,8 +292,12 @@ class DevicePanel(Vertical):
         s = self.session
         rows = []
         now = s.now()
+        # Cells of the band (none known before its first layout: every span then).
+        cells = self.band.size.width - self.band.axis_width
+        cells = cells if cells > 0 else None
+        marks, ooms = s.events_between(t0, t1)
         for proc in self._band_processes(t0, t1):
-            cols = s.spans(proc, t0, t1)
+            cols = s.band_spans(proc, t0, t1, cells)
             spans = [
                 BandSpan(s.names[int(n)], int(a), int(b), int(d))
                 for n, a, b, d in zip(
@@ -315,8 +309,8 @@ class DevicePanel(Vertical):
                 for o in list(proc.open.values())
                 if o.t0 <= t1
             ]
-            markers = [BandMarker(m.t, m.level) for m in s.marks if m.pid == proc.pid]
-            markers += [BandMarker(o.t, "oom") for o in s.ooms if o.pid == proc.pid]
+            markers = [BandMarker(m.t, m.level) for m in marks if m.pid == proc.pid]
+            markers += [BandMarker(o.t, "oom") for o in ooms if o.pid == proc.pid]
             rows.append(BandRow(proc.short_label, spans, markers))  # the title names the host
         return rows
 

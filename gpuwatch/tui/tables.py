@@ -189,14 +189,12 @@ class ProcessTable(DataTable):
         rows: list[tuple[object, ...]] = []
         seen: set[int] = set()
         for key, table in sorted(s.gpu_procs.items()):
-            snap = table.snapshot()
-            if len(snap["t"]) == 0:
+            newest = table.span()
+            snap = table.group_at(newest[1]) if newest is not None else None
+            if snap is None:
                 continue
-            last_t = snap["t"][-1]
             dev = s.devices[key]
-            for pid, used in zip(
-                snap["pid"][snap["t"] == last_t], snap["used"][snap["t"] == last_t], strict=True
-            ):
+            for pid, used in zip(snap["pid"], snap["used"], strict=True):
                 pid = int(pid)
                 if pid == 0:  # an empty snapshot
                     continue

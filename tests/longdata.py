@@ -27,20 +27,21 @@ STEP = 200 * MS
 PHASES = (("forward", 0, 80), ("backward", 80, 170), ("optimizer.step", 170, 190))
 
 
-def spike_time(seconds: float) -> int:
+def spike_time(seconds: float, clock: int = 0) -> int:
     """When the one-sample spike of :func:`record` happens (a sample time)."""
-    return T0 + int(seconds * 0.618 * 100) * 10 * MS
+    return T0 + clock + int(seconds * 0.618 * 100) * 10 * MS
 
 
-def new_session(keep: int | None = 2048) -> Session:
-    s = Session(t_origin=T0, wall_offset=1_700_000_000 * SECOND)
+def new_session(keep: int | None = 2048, clock: int = 0) -> Session:
+    """The session, its monotonic clock ``clock`` ns ahead (another host's) at one wall time."""
+    s = Session(t_origin=T0 + clock, wall_offset=1_700_000_000 * SECOND - clock)
     s.bound(keep)
     s.ensure_host("longhost", 64 * GIB)
     s.add_device(Device(KEY, "gpu", index=0, name="NVIDIA H100", uuid=UUID, total=80 * GIB))
     s.restore_process(
         PID,
         {
-            "first_t": T0,
+            "first_t": T0 + clock,
             "hello": {"argv": ["train.py"], "rank": 0, "world_size": 1},
             "facts": {"params": 1_000_000, "optimizer": {"class": "AdamW", "foreach": True}},
             "devices": {0: KEY},
@@ -54,7 +55,7 @@ def fill(s: Session, start: int, seconds: float, total: float, step0: int) -> in
     n = int(seconds * 100)
     t = start + np.arange(n, dtype=np.int64) * 10 * MS
     used = np.full(n, 20 * GIB, dtype=np.int64) + (np.arange(n) % 7) * (1 << 20)
-    used[t == spike_time(total)] = 70 * GIB
+    used[t == spike_time(total, s.t_origin - T0)] = 70 * GIB
     s.gpu[KEY].extend(
         {
             "t": t,
@@ -145,18 +146,19 @@ def record(
     slice_s: float = 60.0,
     keep: int | None = 2048,
     chunk_rows: int = 2048,
+    clock: int = 0,
 ) -> Session:
     """Write ``seconds`` of the long session into ``path``, a slice at a time.
 
     Returns the session that wrote it (holding only its newest rows, or all of them with
-    ``keep=None``).
+    ``keep=None``); ``clock``: see :func:`new_session`.
     """
-    s = new_session(keep)
+    s = new_session(keep, clock)
     writer = SessionWriter(path, s, chunk_rows=chunk_rows)
     done, step = 0.0, 0
     while done < seconds:
         part = min(slice_s, seconds - done)
-        step += fill(s, T0 + int(done * SECOND), part, seconds, step)
+        step += fill(s, T0 + clock + int(done * SECOND), part, seconds, step)
         done += part
         writer.sync()
     writer.close()

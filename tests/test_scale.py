@@ -276,7 +276,7 @@ def test_merged_windowed_files_match_merged_loaded_ones(tmp_path: Path) -> None:
     a = tmp_path / "a.gpuwatch"
     b = tmp_path / "b.gpuwatch"
     longdata.record(a, 300.0)
-    longdata.record(b, 300.0)
+    longdata.record(b, 300.0, clock=3 * 86_400 * SECOND)  # another host's clock, same job
     opened = load_many([a, b])
     opened.close()  # the windowed sessions read through connections of their own
     loaded = merge([Part(load(a), "a"), Part(load(b), "b")])
@@ -294,5 +294,7 @@ def test_merged_windowed_files_match_merged_loaded_ones(tmp_path: Path) -> None:
             np.testing.assert_array_equal(cols[name], other[name])
     first, last = m.time_range()
     assert m.time_range() == loaded.time_range()
+    ta, tb = (m.gpu[k].snapshot()["t"] for k in sorted(m.gpu))
+    np.testing.assert_array_equal(ta, tb)  # one wall clock: the same times
     for key in m.gpu:
         assert np.nanmax(m.gpu_window(key, "used", first, last, 50)[1]) == 70 * GIB

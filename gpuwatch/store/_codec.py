@@ -136,6 +136,19 @@ class Inflater:
         return self.cols
 
 
+def check(blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: int = CODEC) -> None:
+    """Raise :class:`ChunkError` unless the chunk inflates to its ``n`` rows (nothing is
+    kept: this is :func:`decode` without making the columns)."""
+    if codec != CODEC:
+        raise ChunkError(f"unknown chunk codec {codec}")
+    try:
+        size = len(zlib.decompress(blob))
+    except zlib.error as exc:
+        raise ChunkError(f"damaged chunk: {exc}")
+    if size != n * sum(dtype.itemsize for _, dtype in layout):
+        raise ChunkError(f"damaged chunk: {size} bytes for {n} rows")
+
+
 def cut(t: np.ndarray, start: int, stop: int, rows: int, span: int) -> list[int]:
     """Where chunks of rows ``[start, stop)`` end: at most ``rows`` rows and ``span`` ns each.
 

@@ -278,7 +278,7 @@ class Recording:
         return session, loader
 
     def validate(self) -> None:
-        """Decode every chunk once (none is kept): a damaged one raises here.
+        """Inflate every chunk once (none is kept): a damaged one raises here.
 
         Raises:
             RecordingError: A chunk does not decode to the rows its index promises.
@@ -294,7 +294,7 @@ class Recording:
                 layout = layouts.get(sid)
                 if layout is None:
                     raise RecordingError(f"{self.path} is damaged (a chunk of no series)")
-                _codec.decode(blob, n, layout, codec)
+                _codec.check(blob, n, layout, codec)
 
     def close(self) -> None:
         with self._lock:

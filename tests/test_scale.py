@@ -46,6 +46,11 @@ def full(long_file: Path) -> Session:
     return load(long_file)
 
 
+def _columns_of(line: np.ndarray, value: int) -> list[int]:
+    """The chart columns where ``line`` reaches ``value``."""
+    return np.flatnonzero(line == value).tolist()
+
+
 def _windowed(path: Path):
     rec = open_recording(path)
     session, loader = rec.open_session(windowed=True)
@@ -172,7 +177,7 @@ def test_replay_reads_only_what_a_window_needs(long_file: Path, full: Session) -
         assert source.decoded == 0
         assert np.nanmax(hi) == 70 * GIB and np.nanmin(lo) == 20 * GIB
         _, full_hi = full.gpu_window(KEY, "used", first, last, 300)
-        assert np.flatnonzero(hi == 70 * GIB).tolist() == np.flatnonzero(full_hi == 70 * GIB).tolist()
+        assert _columns_of(hi, 70 * GIB) == _columns_of(full_hi, 70 * GIB)
         # A few seconds: the chunk or two that hold them, read exactly.
         t = T0 + 500 * SECOND
         window = s.gpu_window(KEY, "used", t, t + 5 * SECOND, 300)
@@ -244,7 +249,7 @@ def test_a_file_without_summaries_is_summarised_as_it_is_read(tmp_path: Path, fu
         first, last = loader.bounds()
         _, hi = s.gpu_window(KEY, "used", first, last, 300)
         _, full_hi = full.gpu_window(KEY, "used", first, last, 300)
-        assert np.flatnonzero(hi == 70 * GIB).tolist() == np.flatnonzero(full_hi == 70 * GIB).tolist()
+        assert _columns_of(hi, 70 * GIB) == _columns_of(full_hi, 70 * GIB)
     finally:
         rec.close()
 
@@ -298,3 +303,33 @@ def test_merged_windowed_files_match_merged_loaded_ones(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ta, tb)  # one wall clock: the same times
     for key in m.gpu:
         assert np.nanmax(m.gpu_window(key, "used", first, last, 50)[1]) == 70 * GIB
+
+
+async def test_the_live_dashboard_zooms_out_over_rows_its_recording_holds(tmp_path) -> None:
+    from gpuwatch.tui.app import GpuwatchApp
+
+    s = longdata.new_session(keep=1024)
+    rec = Recorder(s, tmp_path / "live.gpuwatch", interval=60)
+    rec.start()
+    seconds = 600.0
+    for i in range(10):
+        longdata.fill(s, T0 + i * 60 * SECOND, 60.0, seconds, i * 300)
+        assert rec.flush()
+    gpu = s.gpu[KEY]
+    assert gpu.in_memory <= 2 * 1024 + 2048 and len(gpu) == 60_000
+    end = s.time_range()[1]
+    app = GpuwatchApp(s, clock=lambda: end)
+    try:
+        async with app.run_test(size=(140, 45)) as pilot:
+            panel = next(p for p in app.panels if p.key == KEY)
+            await pilot.pause()
+            nvml = next(x for x in panel.chart.last_frame.series if x.role == "nvml")
+            assert np.nanmax(nvml.hi) < 70 * GIB  # the last minute: no spike there
+            await pilot.press("minus", "minus", "minus", "minus")  # 16 minutes: all of it
+            await pilot.pause()
+            nvml = next(x for x in panel.chart.last_frame.series if x.role == "nvml")
+            assert np.nanmax(nvml.hi) == 70 * GIB  # read back from the recording
+            await pilot.press("s")  # the largest spike, from the recording's index
+            assert app.view.cursor == longdata.spike_time(seconds)
+    finally:
+        rec.close()

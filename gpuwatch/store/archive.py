@@ -273,7 +273,7 @@ class SeriesArchive:
         return int(first[0]) + self.shift, int(last[-1]) + self.shift
 
     def count(self, t0: int, t1: int) -> tuple[int, int]:
-        row0, n, first, last = self._index()
+        _, n, first, last = self._index()
         a, b = t0 - self.shift, t1 - self.shift
         inside = (first >= a) & (last <= b)
         meets = (last >= a) & (first <= b)

@@ -110,7 +110,7 @@ class Dashboard:
         self.server = f"gw-bench-{uuid.uuid4().hex[:8]}"
         exports = " ".join(f"{k}={v!r}" for k, v in env.items() if k.startswith(("XDG_", "GPU")))
         command = (
-            f"cd {str(ROOT)!r} && env -u COLUMNS -u LINES {exports} exec {sys.executable} "
+            f"cd {str(ROOT)!r} && exec env -u COLUMNS -u LINES {exports} {sys.executable} "
             f"-m gpuwatch --record {str(self.out)!r} --socket {self.sock!r}"
         )
         self._tmux("new-session", "-d", "-s", "main", "-x", "200", "-y", "60", command)

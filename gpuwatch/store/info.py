@@ -165,15 +165,18 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
     # A step is an optimizer step: the client advances its step counter when one ends, so
     # phases after it (zero_grad) already carry the next number.
     opt = [i for i, name in enumerate(s.names) if name.lower().startswith("optimizer")]
-    opt_steps = any_steps = np.zeros(0, np.int64)
+    opt_steps: list[np.ndarray] = []
+    any_steps: list[np.ndarray] = []
     for cols in p.phases.batches(columns=("name", "step")):
         ids, n = np.unique(cols["name"], return_counts=True)
         counts.update({s.names[int(i)]: int(c) for i, c in zip(ids, n, strict=True)})
         known = cols["step"] != MISSING_INT
         mask = known & np.isin(cols["name"], opt)
-        opt_steps = np.union1d(opt_steps, cols["step"][mask])
-        any_steps = np.union1d(any_steps, cols["step"][known])
-    steps = opt_steps if len(opt_steps) else any_steps
+        opt_steps.append(np.unique(cols["step"][mask]))
+        any_steps.append(np.unique(cols["step"][known]))
+    steps = np.unique(np.concatenate([np.zeros(0, np.int64), *opt_steps]))
+    if not len(steps):
+        steps = np.unique(np.concatenate([np.zeros(0, np.int64), *any_steps]))
     out = {
         "pid": p.pid,
         "container_pid": p.container_pid,  # its own pid, when it runs in a container

@@ -27,6 +27,9 @@ Targets (issue 16; the file size and the recorder's CPU from issue 5):
 - replay's peak RSS at most 500 MB, after the first frame, the seeks, the whole-recording
   view redrawn with a cold cache, phase jumps, the largest-spike jump and the Peaks and
   Processes tabs;
+- ``gpuwatch info --json`` and ``gpuwatch export --table phases`` (CSV) of the recording
+  at most 500 MB of peak RSS each: they read the file a chunk at a time (before: the whole
+  recording in memory, 1.3 GB and 2.4 GB for 24 h);
 - the recorder at most 2% of one core while writing 100 Hz x 8 GPUs (plus host, RSS and
   8 processes' phases): the recorder thread's CPU time over wall time, plus what its
   listener costs the sampler threads (calls per second x measured cost per call).
@@ -152,6 +155,51 @@ def measure_replay(path: Path) -> dict[str, float]:
     if child.wait() != 0 or "rss_peak" not in out:
         raise RuntimeError(f"replay child failed:\n{err}")
     return out
+
+
+# --------------------------------------------------------------------------- info, export
+
+COMMAND = r"""
+import resource, runpy, sys, time
+sys.path.insert(0, {root!r})
+sys.argv = ["gpuwatch", *sys.argv[1:]]
+start = time.perf_counter()
+try:
+    runpy.run_module("gpuwatch", run_name="__main__")
+except SystemExit:
+    pass
+seconds = time.perf_counter() - start
+mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(f"FIGURES {{seconds}} {{mb}}", file=sys.stderr)
+"""
+
+
+def measure_command(*args: str) -> tuple[float, float]:
+    """(seconds, peak RSS in MB) of one ``gpuwatch`` command in a fresh interpreter."""
+    code = COMMAND.format(root=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT
+    )
+    for line in out.stderr.splitlines():
+        if line.startswith("FIGURES "):
+            seconds, mb = line.split()[1:]
+            return float(seconds), float(mb)
+    raise RuntimeError(f"gpuwatch {' '.join(args)} failed:\n{out.stderr}")
+
+
+def measure_tools(path: Path, tmp: Path) -> dict[str, tuple[float, float]]:
+    out = tmp / "export"
+    figures = {
+        "info": measure_command("info", "--json", str(path)),
+        "export": measure_command(
+            "export", "--format", "csv", "--table", "phases", "--force", "--out", str(out),
+            str(path),
+        ),
+    }  # fmt: skip
+    for f in out.iterdir():
+        f.unlink()
+    out.rmdir()
+    return figures
 
 
 # --------------------------------------------------------------------------- recorder CPU
@@ -315,6 +363,17 @@ def main() -> int:
             r["rss_peak"] <= 500,
         )
     )
+    at, rt = measure_tools(anchor, tmp), measure_tools(path, tmp)
+    for tool, what in (("info", "info --json"), ("export", "export --table phases (CSV)")):
+        (sa, ma), (sr, mr) = at[tool], rt[tool]
+        results.append(
+            (
+                f"gpuwatch {what}",
+                f"{sr:.1f} s, peak RSS {mr:.0f} MB (target <= 500 MB); the anchor's "
+                f"{sa:.1f} s and {ma:.0f} MB: {sr / sa:.1f}x the time, {mr / ma:.2f}x the memory",
+                mr <= 500,
+            )
+        )
     print(
         f"(not targets: a cold seek with the screen painted: worst {r['seek_max'] * 1000:.0f} "
         f"ms, median {r['seek_median'] * 1000:.0f} ms, {ratio('seek_max')}; "

@@ -866,7 +866,7 @@ class Session:
         """
         table = proc.phases
         need = ("t0", "t1", "name", "depth")
-        plan = table.plan(t0, t1, width or 1000, lead=proc.max_span)
+        plan = table.plan(t0, t1, width or 200, lead=proc.max_span)
         parts = []
         if plan.blocks is not None:
             b = plan.blocks

@@ -174,14 +174,13 @@ class Loader:
     def _read_index(self, db: sqlite3.Connection) -> None:
         series = db.execute("SELECT id, kind, key, columns FROM series").fetchall()
         rows = db.execute(
-            "SELECT series, row0, n, t_first, t_last, vmax, t_vmax FROM chunks"
-            " ORDER BY series, row0"
+            "SELECT series, row0, n, t_first, t_last, ifnull(vmax, ?), ifnull(t_vmax, ?)"
+            " FROM chunks ORDER BY series, row0",
+            (_NONE_SQL, _NONE_SQL),
         ).fetchall()
         index: dict[int, np.ndarray] = {}
         if rows:
-            a = np.array(rows, dtype=object)
-            a[a == None] = _NONE  # noqa: E711 - elementwise
-            a = a.astype(np.int64)
+            a = np.array(rows, dtype=np.int64)
             for part in np.split(a, np.flatnonzero(np.diff(a[:, 0])) + 1):
                 index[int(part[0, 0])] = part
         stats = self._read_stats(db, {sid: kind for sid, kind, _, _ in series})
@@ -485,3 +484,4 @@ class Loader:
 
 
 _NONE = np.iinfo(np.int64).min
+_NONE_SQL = int(_NONE)

@@ -38,10 +38,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 TARGET_MB = 2048
 
 CHILD = r"""
-import asyncio, json, os, random, resource, sys, time
+import asyncio, json, os, random, sys, time
 from gpuwatch.store.multi import load_many
 from gpuwatch.store.player import Player
 from gpuwatch.tui.replay import ReplayApp
+
+def peak_mb():
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child would report
+    # the RSS of the benchmark process it was forked from.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+
 
 async def main():
     t = time.perf_counter()
@@ -71,7 +79,7 @@ async def main():
             worst = max(worst, time.perf_counter() - t)
         out["seek_max"] = worst
     out.update(
-        rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        rss_mb=peak_mb(),
         devices=len(s.devices),
         processes=len(s.processes),
         samples=sum(len(t) for t in s.gpu.values()),

@@ -66,14 +66,18 @@ from gpuwatch.store import Recorder  # noqa: E402
 CHILD = r"""
 import time
 START = time.perf_counter()
-import asyncio, json, os, random, resource, statistics, sys
+import asyncio, json, os, random, statistics, sys
 sys.path.insert(0, {root!r})
 from gpuwatch.store.player import open_replay
 from gpuwatch.store.archive import CACHE
 from gpuwatch.tui.replay import ReplayApp
 
 def rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child would report
+    # the RSS of the benchmark process it was forked from.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
 
 async def main():
     out = {{}}
@@ -160,7 +164,7 @@ def measure_replay(path: Path) -> dict[str, float]:
 # --------------------------------------------------------------------------- info, export
 
 COMMAND = r"""
-import resource, runpy, sys, time
+import runpy, sys, time
 sys.path.insert(0, {root!r})
 sys.argv = ["gpuwatch", *sys.argv[1:]]
 start = time.perf_counter()
@@ -169,7 +173,9 @@ try:
 except SystemExit:
     pass
 seconds = time.perf_counter() - start
-mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+mb = next(
+    int(line.split()[1]) / 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:")
+)  # VmHWM, not ru_maxrss: Linux carries that over exec (the benchmark's own RSS)
 print(f"FIGURES {{seconds}} {{mb}}", file=sys.stderr)
 """
 

@@ -397,7 +397,11 @@ class Table:
         first_mem_t = int(mem[self.time][0]) if n else None
         end = t1 + lead if first_mem_t is None else min(t1 + lead, first_mem_t)
         parts: list[sm.Blocks] = []
-        hold = first_mem_t - 1 if first_mem_t is not None else t1 + lead
+        if first_mem_t is not None:
+            hold = first_mem_t - 1  # the rows in memory say what held from then on
+        else:  # no value is held past the newest row
+            times = archive.times() if archive is not None else None
+            hold = min(t1 + lead, times[1]) if times is not None else t1 + lead
         budget = max(EXACT_ROWS, EXACT_PER_COLUMN * width)
         blocks = None
         if archive is not None and self.spec is not None and archive.count(t0, end)[0] > budget:

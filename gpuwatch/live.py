@@ -12,10 +12,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .cli import CliError
 from .session import Session
 from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse
 from .sources.host import HostSampler
+
+
+class SourcesError(RuntimeError):
+    """The live sources cannot start; ``str()`` is one line that says why and what to do."""
 
 
 class LiveSources:
@@ -69,18 +72,18 @@ class LiveSources:
         """Bind the socket and start sampling.
 
         Raises:
-            CliError: The socket is taken by another gpuwatch or its directory is unsafe.
+            SourcesError: The socket is taken by another gpuwatch or its directory is unsafe.
         """
         try:
             self.receiver.bind()
         except SocketInUse as exc:
             # Another gpuwatch (not another program) holds it: say what to do instead.
             another = str(exc).startswith("another gpuwatch")
-            raise CliError(f"{exc}. {self._advice_when_taken()}" if another else str(exc))
+            raise SourcesError(f"{exc}. {self._advice_when_taken()}" if another else str(exc))
         except SocketError as exc:
-            raise CliError(str(exc))
+            raise SourcesError(str(exc))
         except OSError as exc:
-            raise CliError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
+            raise SourcesError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
         # After the socket (a second gpuwatch fails there), before the recorder (a port in
         # use leaves no file behind) and the samplers (nothing is missed).
         self._start_metrics()
@@ -105,7 +108,7 @@ class LiveSources:
         except OSError as exc:
             self.receiver.stop()
             reason = exc.strerror or str(exc)
-            raise CliError(f"cannot serve metrics on {host_port(host, port)}: {reason}")
+            raise SourcesError(f"cannot serve metrics on {host_port(host, port)}: {reason}")
         self.metrics = server
 
     def _start_recorder(self) -> None:
@@ -127,7 +130,7 @@ class LiveSources:
                 self.receiver.stop()
                 if self.metrics is not None:
                     self.metrics.stop()
-                raise CliError(message)
+                raise SourcesError(message)
             self.session.note(f"not recording: {message}")
             self.record_path = None
             return

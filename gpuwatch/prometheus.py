@@ -26,7 +26,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from . import __version__
+from ._version import __version__
 from .session import MISSING_INT, Process, Session
 from .session.predicted import PredictedLine
 

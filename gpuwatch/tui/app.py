@@ -25,7 +25,6 @@ from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from ..fmt import fmt_bytes, fmt_duration
-from ..launch import TORCH_INSTALL, exit_status, missing_torch
 from ..session import Session
 from ..session import navigate as nav
 from ..session.predicted import PredictedLine
@@ -60,11 +59,18 @@ class ChildLike(Protocol):
     log_path: Any
     command: list[str]
 
+    @property
+    def exit_status(self) -> int | None:
+        """Its exit status as a shell sees it (128 + N: killed by signal N); None: running."""
+
     def poll(self) -> int | None:
         """The return code, or None while it runs."""
 
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to its process group."""
+
+    def torch_hint(self) -> str | None:
+        """A line saying how to install torch, when it failed for want of it."""
 
 
 class NewData(Message):
@@ -518,12 +524,11 @@ class GpuwatchApp(App[int]):
         code = self.child.poll()
         if code is None:
             return f"running pid {self.child.pid} (4: log)"
-        status = exit_status(code)
+        status = self.child.exit_status
         if self._child_status is None:
             self._child_status = status
-            hint = ""
-            if status != 0 and missing_torch(self.child.log_path):
-                hint = f"\nits Python has no torch: {TORCH_INSTALL}"
+            torch = self.child.torch_hint()
+            hint = f"\n{torch}" if torch else ""
             self.notify(
                 f"the command exited with status {status}{hint}",
                 severity="information" if status == 0 else "error",

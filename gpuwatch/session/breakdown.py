@@ -9,6 +9,7 @@ memory that no process claims is a segment of its own, never drawn as free.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,7 +113,7 @@ class Breakdown:
 
 
 def breakdown(
-    session: Session, key: str, t: int, predicted: dict[int, PredictedLine] | None = None
+    session: Session, key: str, t: int, predicted: Mapping[int, PredictedLine] | None = None
 ) -> Breakdown:
     """The breakdown of GPU ``key`` at time ``t``.
 

@@ -27,7 +27,6 @@ from textual.widgets import Static, TabbedContent, TabPane, Tabs
 from ..fmt import fmt_bytes, fmt_duration
 from ..session import Session
 from ..session import navigate as nav
-from ..session.predicted import PredictedLine
 from ._text import Fitted, markup_safe, plain
 from .chart import TimelineChart
 from .confirm import Confirm
@@ -269,7 +268,8 @@ class GpuwatchApp(App[int]):
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
         self._notes = ""
-        self.predicted: dict[int, PredictedLine] = {}
+        # The session's shared predicted lines (the exporter reads the same ones).
+        self.predicted = session.predictions
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None
@@ -457,13 +457,7 @@ class GpuwatchApp(App[int]):
 
     def _update_predictions(self) -> None:
         """Predict each process that sent facts (cached per completed step)."""
-        for pid, proc in list(self.session.processes.items()):
-            line = self.predicted.get(pid)
-            if line is None:
-                if not proc.facts:
-                    continue
-                line = self.predicted[pid] = PredictedLine(self.session, proc)
-            line.update()
+        self.predicted.update()
 
     def _refresh_tables(self) -> None:
         if self.session.version == self._tables_version:

@@ -7,13 +7,12 @@ the recorder and the Prometheus exporter (``--prometheus``) read it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 from .session import Session
-from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse
+from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse, lock_owner
 from .sources.host import HostSampler
 
 
@@ -138,26 +137,9 @@ class LiveSources:
 
     # ------------------------------------------------------------------ a second gpuwatch
 
-    @property
-    def _recording_note(self) -> str:
-        """Beside the socket: the file this gpuwatch records to, for a second one to name."""
-        return self.socket_path + ".recording"
-
     def _publish_recording(self) -> None:
-        if self.recorder is None or self.record_path is None:
-            # We hold the socket now: a note left by a gpuwatch that crashed is stale.
-            with contextlib.suppress(OSError):
-                os.unlink(self._recording_note)
-            return
-        tmp = f"{self._recording_note}.{os.getpid()}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(str(self.record_path.resolve()))
-            os.replace(tmp, self._recording_note)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        path = self.record_path if self.recorder is not None else None
+        self.receiver.announce(str(path.resolve()) if path is not None else None)
 
     def _advice_when_taken(self) -> str:
         """What to do instead of a second dashboard on a taken socket."""
@@ -166,13 +148,10 @@ class LiveSources:
             f"for a separate dashboard, give this one its own socket: gpuwatch --socket {other} "
             f"(and GPUWATCH_SOCKET={other} for the scripts it should watch)"
         )
-        try:
-            with open(self._recording_note, encoding="utf-8", errors="strict") as f:
-                path = f.read(4097)
-        except (OSError, UnicodeDecodeError):
-            path = ""
-        # The first gpuwatch wrote it, in a directory only this user can write; still,
-        # print only a plain absolute path.
+        _, path = lock_owner(self.socket_path)
+        path = path or ""
+        # The first gpuwatch wrote it, in a lock file of this user's; still, print only a
+        # plain absolute path.
         if path.startswith("/") and len(path) <= 4096 and path.isprintable():
             import shlex
 
@@ -187,9 +166,6 @@ class LiveSources:
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()
-        if self.recorder is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._recording_note)
         self.receiver.stop()
         if self.metrics is not None:
             self.metrics.stop()

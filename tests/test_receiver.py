@@ -413,3 +413,28 @@ def test_without_the_relay_a_thread_receives(
         assert session.processes[os.getpid()].container_pid is None  # the kernel's pid
     finally:
         rx.stop()
+
+
+def test_the_recording_is_named_in_the_lock_file_and_nothing_else_is_made(
+    tmp_path: Path,
+) -> None:
+    # A second gpuwatch learns from the first one's lock file which recording grows; no
+    # other file is made (or replaced, or removed) beside the socket.
+    from gpuwatch.live import LiveSources
+    from gpuwatch.sources.annotations import lock_owner
+
+    mine = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    try:
+        sock = str(mine / "run")
+        (mine / "run.recording").write_text("the user's notes")
+        sources = LiveSources(socket=sock, interval=0.1)
+        sources.record_to(tmp_path / "r.gpuwatch")
+        sources.start()
+        try:
+            assert lock_owner(sock) == (os.getpid(), str((tmp_path / "r.gpuwatch").resolve()))
+        finally:
+            sources.stop()
+        assert (mine / "run.recording").read_text() == "the user's notes"
+        assert sorted(p.name for p in mine.iterdir()) == ["run.lock", "run.recording"]
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)

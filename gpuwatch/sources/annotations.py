@@ -147,6 +147,16 @@ class AnnotationReceiver:
                 "choose a --socket path in a directory of your own"
             )
 
+    def announce(self, recording: str | None) -> None:
+        """Name the recording this gpuwatch writes in its lock file, for a second one to say.
+
+        The lock file is gpuwatch's own (checked when it was taken): no other file beside
+        the socket is ever made.
+        """
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                _write_lock(self._lock_fd, os.getpid(), recording)
+
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
@@ -414,8 +424,8 @@ def _take_lock(lock_path: str, path: str) -> int:
         raise SocketPathTaken(f"cannot open the lock file {lock_path}: {exc.strerror or exc}")
     try:
         st = os.fstat(fd)
-        content = os.pread(fd, 64, 0).strip()
-        ours = content.isdigit() or not content  # our pid, or a file we just created
+        owner, _ = _lock_content(os.pread(fd, LOCK_MAX, 0))
+        ours = st.st_size == 0 or owner is not None  # just made, or our pid in it
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or not ours:
             raise SocketPathTaken(
                 f"{lock_path} exists and is not a gpuwatch lock file; gpuwatch will not "
@@ -424,14 +434,52 @@ def _take_lock(lock_path: str, path: str) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = content.decode(errors="replace") or "?"
             raise SocketInUse(f"another gpuwatch (pid {owner}) is already listening on {path}")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _write_lock(fd, os.getpid(), None)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+LOCK_MAX = 8192
+"""Most bytes a lock file holds: a pid line and a recording path line."""
+
+
+def _lock_content(data: bytes) -> tuple[int | None, str | None]:
+    """(pid, recording) in a lock file; pid None when it is not one gpuwatch wrote."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    first = lines[0].strip()
+    if not first.isdigit() or len(data) >= LOCK_MAX:
+        return None, None
+    recording = lines[1].strip() if len(lines) > 1 else ""
+    return int(first), recording or None
+
+
+def _write_lock(fd: int, pid: int, recording: str | None) -> None:
+    text = f"{pid}\n{recording}\n" if recording else f"{pid}\n"
+    data = text.encode("utf-8", "surrogateescape")[: LOCK_MAX - 1]
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def lock_owner(path: str) -> tuple[int | None, str | None]:
+    """Who holds the socket at ``path``: the gpuwatch's pid and the recording it writes.
+
+    Read from the lock file beside the socket, which only the user's own gpuwatch writes;
+    (None, None) when there is none or it is not one.
+    """
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None, None
+        return _lock_content(os.pread(fd, LOCK_MAX, 0))
+    finally:
+        os.close(fd)
 
 
 def _remove_stale_socket(path: str) -> None:

@@ -116,14 +116,6 @@ def missing_torch(log_path: str | os.PathLike[str] | None, tail: int = 64 * 1024
     return any(marker in text for marker in _NO_TORCH_MARKERS)
 
 
-def torch_hint(child: Child) -> str | None:
-    """A line for the user when ``child`` failed because its Python has no torch."""
-    status = child.exit_status
-    if status in (None, 0) or not missing_torch(child.log_path):
-        return None
-    return f"the command's Python has no torch: {TORCH_INSTALL} (in that Python's environment)"
-
-
 class Child:
     """A launched command: its process group, its log and how it ended.
 
@@ -186,6 +178,13 @@ class Child:
             return
         with contextlib.suppress(OSError), open(self.log_path, "a") as log:
             log.write(f"\n[gpuwatch] {self.describe()}\n")
+
+    def torch_hint(self) -> str | None:
+        """A line for the user when the command failed because its Python has no torch."""
+        status = self.exit_status
+        if status in (None, 0) or not missing_torch(self.log_path):
+            return None
+        return f"the command's Python has no torch: {TORCH_INSTALL} (in that Python's environment)"
 
     def describe(self) -> str:
         """One line for the status bar: ``pid 123 running`` / ``... exited with status 0``."""

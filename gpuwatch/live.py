@@ -7,15 +7,17 @@ the recorder and the Prometheus exporter (``--prometheus``) read it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
-from .cli import CliError
 from .session import Session
-from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse
+from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse, lock_owner
 from .sources.host import HostSampler
+
+
+class SourcesError(RuntimeError):
+    """The live sources cannot start; ``str()`` is one line that says why and what to do."""
 
 
 class LiveSources:
@@ -70,18 +72,18 @@ class LiveSources:
         """Bind the socket and start sampling.
 
         Raises:
-            CliError: The socket is taken by another gpuwatch or its directory is unsafe.
+            SourcesError: The socket is taken by another gpuwatch or its directory is unsafe.
         """
         try:
             self.receiver.bind()
         except SocketInUse as exc:
             # Another gpuwatch (not another program) holds it: say what to do instead.
             another = str(exc).startswith("another gpuwatch")
-            raise CliError(f"{exc}. {self._advice_when_taken()}" if another else str(exc))
+            raise SourcesError(f"{exc}. {self._advice_when_taken()}" if another else str(exc))
         except SocketError as exc:
-            raise CliError(str(exc))
+            raise SourcesError(str(exc))
         except OSError as exc:
-            raise CliError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
+            raise SourcesError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
         # After the socket (a second gpuwatch fails there), before the recorder (a port in
         # use leaves no file behind) and the samplers (nothing is missed).
         self._start_metrics()
@@ -106,7 +108,7 @@ class LiveSources:
         except OSError as exc:
             self.receiver.stop()
             reason = exc.strerror or str(exc)
-            raise CliError(f"cannot serve metrics on {host_port(host, port)}: {reason}")
+            raise SourcesError(f"cannot serve metrics on {host_port(host, port)}: {reason}")
         self.metrics = server
 
     def _start_recorder(self) -> None:
@@ -128,7 +130,7 @@ class LiveSources:
                 self.receiver.stop()
                 if self.metrics is not None:
                     self.metrics.stop()
-                raise CliError(message)
+                raise SourcesError(message)
             self.session.note(f"not recording: {message}")
             self.record_path = None
             return
@@ -136,26 +138,9 @@ class LiveSources:
 
     # ------------------------------------------------------------------ a second gpuwatch
 
-    @property
-    def _recording_note(self) -> str:
-        """Beside the socket: the file this gpuwatch records to, for a second one to name."""
-        return self.socket_path + ".recording"
-
     def _publish_recording(self) -> None:
-        if self.recorder is None or self.record_path is None:
-            # We hold the socket now: a note left by a gpuwatch that crashed is stale.
-            with contextlib.suppress(OSError):
-                os.unlink(self._recording_note)
-            return
-        tmp = f"{self._recording_note}.{os.getpid()}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(str(self.record_path.resolve()))
-            os.replace(tmp, self._recording_note)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        path = self.record_path if self.recorder is not None else None
+        self.receiver.announce(str(path.resolve()) if path is not None else None)
 
     def _advice_when_taken(self) -> str:
         """What to do instead of a second dashboard on a taken socket."""
@@ -164,13 +149,10 @@ class LiveSources:
             f"for a separate dashboard, give this one its own socket: gpuwatch --socket {other} "
             f"(and GPUWATCH_SOCKET={other} for the scripts it should watch)"
         )
-        try:
-            with open(self._recording_note, encoding="utf-8", errors="strict") as f:
-                path = f.read(4097)
-        except (OSError, UnicodeDecodeError):
-            path = ""
-        # The first gpuwatch wrote it, in a directory only this user can write; still,
-        # print only a plain absolute path.
+        _, path = lock_owner(self.socket_path)
+        path = path or ""
+        # The first gpuwatch wrote it, in a lock file of this user's; still, print only a
+        # plain absolute path.
         if path.startswith("/") and len(path) <= 4096 and path.isprintable():
             import shlex
 
@@ -185,9 +167,6 @@ class LiveSources:
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()
-        if self.recorder is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._recording_note)
         self.receiver.stop()
         if self.metrics is not None:
             self.metrics.stop()

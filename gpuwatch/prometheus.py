@@ -25,9 +25,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from . import __version__
+from ._version import __version__
 from .session import MISSING_INT, Process, Session
-from .session.predicted import PredictedLine
 
 GPU = ("gpu", "uuid", "name", "host")
 PROC = ("pid", "rank", "host")
@@ -198,7 +197,6 @@ class _Folded:
     peaks: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # -> (alloc, res, dev)
     last_step: int | None = None
     last_dev: int | None = None
-    predicted: PredictedLine | None = None
 
 
 class SessionCollector:
@@ -336,13 +334,12 @@ class SessionCollector:
     ) -> None:
         if not proc.facts:
             return
-        if folded.predicted is None:
-            folded.predicted = PredictedLine(self.session, proc)
-        line = folded.predicted
         try:
-            # Facts come from the script: a fact the predictor trips on costs this
-            # process its predicted series, not the whole scrape.
-            if not line.update() or line.prediction is None:
+            # The session's shared line (the dashboard reads the same one). Facts come from
+            # the script: a fact the predictor trips on costs this process its predicted
+            # series, not the whole scrape.
+            line = self.session.predictions.line(proc)
+            if line is None or line.prediction is None:
                 return
             now = line.value_at(self.session.now())
         except Exception:

@@ -117,9 +117,8 @@ def test_info_prints_no_escape_and_export_keeps_the_raw_text(tmp_path: Path) -> 
 
 async def test_the_dashboard_shows_hostile_text_escaped() -> None:
     session = hostile_session()
-    app = GpuwatchApp(
-        session, clock=lambda: synthetic.end_time(), subtitle=f"replay evil{TITLE}[b]x[/b] [$warning]w"
-    )
+    subtitle = f"replay evil{TITLE}[b]x[/b] [$warning]w"
+    app = GpuwatchApp(session, clock=lambda: synthetic.end_time(), subtitle=subtitle)
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.pause()
         screen = app.export_screenshot()

@@ -72,3 +72,136 @@ def test_session_and_sources_do_not_pull_textual() -> None:
         "import gpuwatch.session, gpuwatch.sources.annotations, gpuwatch.sources.host, gpuwatch.cli"
     )
     assert "textual" not in loaded
+
+
+# ---------------------------------------------------------------------- the package graph
+
+# Each unit: a top-level module or subpackage of gpuwatch. Arrows point from importer to
+# imported; the graph has no circle, and a unit imports only from the units listed here
+# (what sits below it). Only the command line (and ``python -m gpuwatch``) starts the
+# dashboard, and nothing imports the command line.
+ALLOWED: dict[str, set[str]] = {
+    "_version": set(),
+    "protocol": set(),
+    "facts": set(),
+    "fmt": set(),
+    "resources": set(),
+    "instrument": {"_version", "protocol", "facts"},
+    "integrations": {"instrument"},
+    "predict": {"facts"},
+    "session": {"protocol", "predict", "fmt"},
+    "sources": {"protocol", "session", "fmt"},
+    "store": {"_version", "protocol", "session", "fmt", "predict"},
+    "prometheus": {"_version", "session", "predict", "fmt"},
+    "launch": {"protocol"},
+    "live": {"session", "sources", "store", "prometheus", "protocol", "fmt"},
+    "tui": {"session", "store", "predict", "fmt", "resources", "protocol"},
+    "cli": {
+        "_version",
+        "fmt",
+        "launch",
+        "live",
+        "predict",
+        "session",
+        "store",
+        "tui",
+        "instrument",
+        "resources",
+        "protocol",
+    },
+    "__init__": {"_version", "instrument"},
+    "__main__": {"cli"},
+}
+
+
+def _unit(parts: tuple[str, ...]) -> str:
+    return parts[0] if parts else "__init__"
+
+
+def package_graph(root: Path = PKG) -> dict[str, set[str]]:
+    """unit -> the gpuwatch units it imports (relative and absolute imports alike)."""
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).with_suffix("").parts
+        src = _unit(rel)
+        found = graph.setdefault(src, set())
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                base = list(rel[:-1])[: len(rel) - node.level]
+                target = base + (node.module.split(".") if node.module else [])
+                if target:
+                    found.add(target[0])
+                else:
+                    found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpuwatch."):
+                found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                found.update(
+                    a.name.split(".")[1] for a in node.names if a.name.startswith("gpuwatch.")
+                )
+        found.discard(src)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle (as a path that returns to its start), none when it is a DAG."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_package_graph_has_no_circle_and_only_allowed_arrows() -> None:
+    graph = package_graph()
+    assert cycles(graph) == []
+    unknown = sorted(set(graph) - set(ALLOWED))
+    assert unknown == [], f"new units: say where they sit in ALLOWED: {unknown}"
+    extra = {unit: sorted(deps - ALLOWED[unit]) for unit, deps in graph.items()}
+    assert {k: v for k, v in extra.items() if v} == {}
+    importers_of_tui = sorted(u for u, deps in graph.items() if "tui" in deps)
+    assert importers_of_tui == ["cli"]
+    assert not [u for u, deps in graph.items() if "cli" in deps and u != "__main__"]
+
+
+def test_the_graph_checker_catches_a_circle_and_an_arrow(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "store").mkdir(parents=True)
+    (pkg / "store" / "__init__.py").write_text("")
+    (pkg / "store" / "x.py").write_text("from ..cli import main\n")
+    (pkg / "cli.py").write_text("from .store import x\n")
+    graph = package_graph(pkg)
+    assert graph["store"] == {"cli"} and graph["cli"] == {"store"}
+    assert cycles(graph) == [["cli", "store", "cli"]]
+
+
+def test_no_package_reads_another_package_s_private_names() -> None:
+    # A private name used across packages is a contract nobody wrote down: write it down
+    # (protocol.py, facts.py, a package's face) instead.
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).with_suffix("").parts
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            base = list(rel[:-1])[: len(rel) - node.level]
+            target = base + (node.module.split(".") if node.module else [])
+            if not target or target[0] == _unit(rel):
+                continue
+            private = [p for p in target if p.startswith("_") and p != "_version"]
+            names = [a.name for a in node.names if a.name.startswith("_")]
+            names = [n for n in names if n not in ("__version__", "_version")]
+            if private or names:
+                offenders.append(f"{'/'.join(rel)}: {'.'.join(target)} {names}")
+    assert offenders == []

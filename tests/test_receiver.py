@@ -322,3 +322,119 @@ def test_hostile_datagrams_interleaved_with_valid_ones(receiver: AnnotationRecei
     assert not [d for d in session.devices.values() if d.kind == "gpu"]
     lo, hi = session.time_range()
     assert hi - lo < 60 * 10**9
+
+
+# ---------------------------------------------------------------------- bursts and the relay
+
+
+def test_a_burst_is_held_while_the_session_is_busy(receiver: AnnotationReceiver) -> None:
+    # The dashboard's threads are busy (here: the session's lock is held for a second)
+    # while a script sends 5000 events with a sender that waits only 50 ms for room: the
+    # relay keeps the socket's small queue empty, so none is dropped, and all arrive late.
+    from gpuwatch.instrument._client import Client
+
+    session = receiver.session
+    client = Client(receiver.path, interval=3600, max_wait=0.05)
+    with session._lock:
+        now = time.monotonic_ns()
+        for i in range(5000):
+            client.emit(("mark", now, f"m{i}", "info", 0))
+        client.flush()
+        assert client.dropped == 0
+        assert len(session.marks) == 0  # nothing got in while the session was busy
+    assert wait_for(lambda: len(session.marks) == 5000, timeout=30)
+    assert [m.text for m in session.marks[:3]] == ["m0", "m1", "m2"]
+
+
+def test_the_relay_goes_when_the_receiver_stops(sock_path: str) -> None:
+    rx = AnnotationReceiver(Session(), sock_path)
+    rx.start()
+    relay = rx._relay
+    if relay is None:
+        pytest.skip("no recvmmsg here: the receiver reads in a thread")
+    assert relay.poll() is None
+    rx.stop()
+    assert relay.poll() is not None
+
+
+def test_the_relay_goes_when_gpuwatch_is_killed(sock_path: str) -> None:
+    code = (
+        "import sys, time\n"
+        "from gpuwatch.session import Session\n"
+        "from gpuwatch.sources.annotations import AnnotationReceiver\n"
+        f"rx = AnnotationReceiver(Session(), {sock_path!r}); rx.start()\n"
+        "print(rx._relay.pid if rx._relay else 0, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None
+    relay = int(proc.stdout.readline())
+    if relay == 0:
+        proc.kill()
+        pytest.skip("no recvmmsg here: the receiver reads in a thread")
+    proc.kill()  # SIGKILL: no stop(), no cleanup
+    proc.wait()
+
+    def gone() -> bool:
+        try:
+            os.kill(relay, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie of ours is gone too (it is its parent's, which died: init reaps it).
+        with open(f"/proc/{relay}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        return False
+
+    assert wait_for(gone, timeout=10)
+
+
+@pytest.mark.parametrize("way", ["thread, batched", "thread, one by one"])
+def test_without_the_relay_a_thread_receives(
+    sock_path: str, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuwatch.sources import annotations
+
+    if way == "thread, one by one":
+        monkeypatch.setattr(annotations, "batch_receiver", lambda sock, size: None)
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.start(relay=False)
+    try:
+        assert rx._relay is None
+        now = time.monotonic_ns()
+        for i in range(50):
+            _send(sock_path, protocol.encode("mark", os.getpid(), i, now, 0, {"text": f"{i}"}))
+        assert wait_for(lambda: len(session.marks) == 50)
+        assert session.processes[os.getpid()].container_pid is None  # the kernel's pid
+    finally:
+        rx.stop()
+
+
+def test_the_recording_is_named_in_the_lock_file_and_nothing_else_is_made(
+    tmp_path: Path,
+) -> None:
+    # A second gpuwatch learns from the first one's lock file which recording grows; no
+    # other file is made (or replaced, or removed) beside the socket.
+    from gpuwatch.live import LiveSources
+    from gpuwatch.sources.annotations import lock_owner
+
+    mine = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    try:
+        sock = str(mine / "run")
+        (mine / "run.recording").write_text("the user's notes")
+        sources = LiveSources(socket=sock, interval=0.1)
+        sources.record_to(tmp_path / "r.gpuwatch")
+        sources.start()
+        try:
+            assert lock_owner(sock) == (os.getpid(), str((tmp_path / "r.gpuwatch").resolve()))
+        finally:
+            sources.stop()
+        assert (mine / "run.recording").read_text() == "the user's notes"
+        assert sorted(p.name for p in mine.iterdir()) == ["run.lock", "run.recording"]
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)

@@ -12,9 +12,9 @@ import synthetic
 from conftest import ROOT, run_gpuwatch
 
 from gpuwatch.cli import CliError, build_parser
+from gpuwatch.cli.live import configure_recording
 from gpuwatch.session import Session
 from gpuwatch.store import save_session
-from gpuwatch.store.cli import configure_recording
 from gpuwatch.store.sessions import DEFAULT_CAP, parse_size, prune, removable, sessions_dir
 from gpuwatch.store.writer import SessionWriter
 

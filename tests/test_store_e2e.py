@@ -15,11 +15,10 @@ import pytest
 from conftest import ROOT, no_gpu_env, run_gpuwatch, run_sample, start_sample, wait_for
 from store_data import populated_session
 
-from gpuwatch.cli import CliError
-from gpuwatch.live import LiveSources
+from gpuwatch.live import LiveSources, SourcesError
 from gpuwatch.store import load, open_recording, save_session
-from gpuwatch.store.cli import default_recording_path
 from gpuwatch.store.export import TABLES
+from gpuwatch.store.sessions import default_recording_path
 
 
 def _gpuwatch(env: dict[str, str], *args: str) -> subprocess.Popen:
@@ -186,7 +185,7 @@ def test_live_sources_record_where_asked(tmp_path: Path, sock_path: str) -> None
 
     again = LiveSources(socket=sock_path, interval=0.05)
     again.record_to(out)  # exists, and was asked for explicitly: an error, nothing started
-    with pytest.raises(CliError, match="already exists"):
+    with pytest.raises(SourcesError, match="already exists"):
         again.start()
     optional = LiveSources(socket=sock_path, interval=0.05)
     optional.record_to(out, optional=True)  # the default location: a note, not an error

@@ -18,12 +18,12 @@ import pytest
 from conftest import ROOT, USER_ROOT
 
 from gpuwatch import launch, protocol
-from gpuwatch.store.cli import default_recording_path
+from gpuwatch.store.sessions import default_recording_path
 
 _PATHS = """\
 import json
 from gpuwatch import launch, protocol
-from gpuwatch.store.cli import default_recording_path
+from gpuwatch.store.sessions import default_recording_path
 print(json.dumps([str(default_recording_path()), str(launch.default_log_path()),
                   protocol.socket_path()]))
 """

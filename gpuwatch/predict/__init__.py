@@ -27,16 +27,30 @@ from ._graph import (
     WEIGHTS,
 )
 from ._predict import PHASES, PhaseMemory, Prediction, breakdown, predict, total
+from ._shape import (
+    ARCHS,
+    IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
+    ModelShape,
+    facts_from_shape,
+    shape_from_config,
+)
 
 __all__ = [
     "ACTIVATIONS",
     "AMP_COPIES",
+    "ARCHS",
     "CATEGORIES",
     "GRADIENTS",
+    "IMPLS",
+    "OPTIMIZERS",
     "OPTIMIZER_STATE",
     "PHASES",
+    "PRECISIONS",
     "TEMPORARIES",
     "WEIGHTS",
+    "ModelShape",
     "PhaseMemory",
     "Prediction",
     "Span",
@@ -44,8 +58,10 @@ __all__ = [
     "breakdown",
     "breakdown_at",
     "curve_points",
+    "facts_from_shape",
     "predict",
     "predicted_curve",
+    "shape_from_config",
     "span_peaks",
     "spans_from_columns",
     "total",

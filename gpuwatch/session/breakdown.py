@@ -10,6 +10,7 @@ memory that no process claims is a segment of its own, never drawn as free.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .predicted import PredictedLine
@@ -111,7 +112,7 @@ class Breakdown:
 
 
 def breakdown(
-    session: Session, key: str, t: int, predicted: dict[int, PredictedLine] | None = None
+    session: Session, key: str, t: int, predicted: Mapping[int, PredictedLine] | None = None
 ) -> Breakdown:
     """The breakdown of GPU ``key`` at time ``t``.
 
@@ -164,7 +165,18 @@ def breakdown(
         for name, v in (parts or {}).items():
             out.predicted[name] = out.predicted.get(name, 0.0) + v
     if out.predicted and allocated is not None:
-        out.unexplained = allocated - sum(out.predicted.values())
+        expected = sum(out.predicted.values())
+        # Between two boundaries the allocator's figure is held from the last one: inside a
+        # phase whose exact peak is known, what was allocated at t lies between that held
+        # figure and the peak. A prediction within those bounds is not called wrong; the
+        # figure the bar splits is the one nearest to it (the held one, or the peak).
+        ceiling = _ceiling(session, procs, t, allocated)
+        measured = min(max(allocated, expected), ceiling)
+        if measured != allocated:
+            out.allocated = measured
+            if reserved is not None:
+                out.cache = max(0.0, reserved - measured)
+        out.unexplained = measured - expected
     return out
 
 
@@ -177,6 +189,20 @@ def _known(row: dict[str, float | int] | None, column: str) -> float | None:
         return None
     v = float(v)
     return None if math.isnan(v) else v
+
+
+def _ceiling(session: Session, procs: list, t: int, held: float) -> float:
+    """The most that can have been allocated at ``t``: each process's held figure, or the
+    exact peak of the innermost phase it is in at ``t`` when that is higher."""
+    ceiling = held
+    for proc in procs:
+        span = session.span_at(proc, t)
+        peak = span.get("peak_alloc") if span is not None else None
+        if peak is None:
+            continue
+        own = _known(proc.torch.at(t), "allocated") or 0.0
+        ceiling += max(0.0, float(peak) - own)
+    return ceiling
 
 
 def _process_usage(session: Session, key: str, t: int) -> dict[int, float] | None:

@@ -9,7 +9,10 @@ is stored in recordings: a replay predicts anew from the facts it recorded.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -56,6 +59,20 @@ def first_optimizer_step(
     return None, checked
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """One thread at a time in a line: the dashboard and the exporter's scrapes share it."""
+
+    @functools.wraps(method)
+    def call(self: PredictedLine, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
 class PredictedLine:
     """The predicted allocated bytes of one process over time.
 
@@ -73,7 +90,9 @@ class PredictedLine:
         self.first_t: int | None = None  # when that optimizer.step ended
         self._checked = 0  # phase rows searched for the first optimizer.step
         self._last: tuple[Any, dict[str, int] | None] | None = None  # breakdown_at memo
+        self._lock = threading.RLock()
 
+    @_locked
     def update(self) -> bool:
         """Predict anew when the facts changed; False while the process has sent none."""
         facts = self.proc.facts
@@ -135,6 +154,7 @@ class PredictedLine:
             self._unusable(exc)
             return np.empty(0, dtype=np.int64), np.empty(0)
 
+    @_locked
     def points(self, t0: int, t1: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Curve points covering ``[t0, t1]``.
 
@@ -156,6 +176,7 @@ class PredictedLine:
                 v = np.append(v, v[-1])
         return t, v
 
+    @_locked
     def window(self, t0: int, t1: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Per-column (low, high) of the piecewise-linear curve over ``[t0, t1]``."""
         lo = np.full(width, np.nan)
@@ -243,11 +264,13 @@ class PredictedLine:
         spans = self._span_list(cols, with_open=True)
         return [s for s in spans if s.t0 <= t]
 
+    @_locked
     def value_at(self, t: int) -> float | None:
         """The predicted allocated bytes at ``t`` (None before the first phase)."""
         parts = self.breakdown_at(t)
         return None if parts is None else float(sum(parts.values()))
 
+    @_locked
     def breakdown_at(self, t: int) -> dict[str, int] | None:
         """Predicted bytes by category at ``t``, from the spans around it.
 
@@ -267,6 +290,7 @@ class PredictedLine:
         self._last = (stamp, parts)
         return parts
 
+    @_locked
     def span_peaks(self, t0: int, t1: int) -> dict[tuple[str, int, int], pr.SpanPeak]:
         """Predicted peaks of the ended spans inside ``[t0, t1]``, by (name, t0, t1).
 
@@ -296,3 +320,43 @@ def _representative_steps(
     steps = np.unique(cols["step"][order][at])
     keep = np.isin(cols["step"], steps)
     return {k: c[keep] for k, c in cols.items()}
+
+
+class Predictions(Mapping[int, PredictedLine]):
+    """One predicted line per process of a session, made once and shared.
+
+    The dashboard (chart, legend, breakdown bar, Peaks tab) and the Prometheus exporter
+    read the same lines, so each prediction is computed once. As a mapping it holds the
+    lines of processes that sent facts, by pid; :meth:`update` makes new ones and predicts
+    anew where facts changed. Get it as :attr:`Session.predictions`.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._lines: dict[int, PredictedLine] = {}
+        self._lock = threading.Lock()
+
+    def line(self, proc: Process) -> PredictedLine | None:
+        """The process's line, up to date with its facts; None while it has sent none."""
+        if not proc.facts:
+            return self._lines.get(proc.pid)
+        with self._lock:
+            line = self._lines.get(proc.pid)
+            if line is None:
+                line = self._lines[proc.pid] = PredictedLine(self.session, proc)
+        line.update()
+        return line
+
+    def update(self) -> None:
+        """Every process's line up to date (a line for each process that sent facts)."""
+        for proc in list(self.session.processes.values()):
+            self.line(proc)
+
+    def __getitem__(self, pid: int) -> PredictedLine:
+        return self._lines[pid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._lines))
+
+    def __len__(self) -> int:
+        return len(self._lines)

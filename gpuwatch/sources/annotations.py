@@ -12,14 +12,19 @@ import contextlib
 import errno
 import fcntl
 import os
+import select
 import socket
 import stat
 import struct
+import subprocess
+import sys
 import threading
 import time
 
 from .. import protocol
 from ..session import Session
+from . import _batch
+from ._batch import batch_receiver
 
 
 class SocketError(RuntimeError):
@@ -39,6 +44,13 @@ class SocketPathTaken(SocketError):
 
 
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+RELAY_START = 10.0
+"""Seconds the relay may take to start reading (a loaded machine); else a thread reads."""
+
+RELAY_PIPE = 1 << 20
+"""Bytes the relay's pipe holds (Linux's default most for an unprivileged process):
+about a quarter second of a 20k events/s burst, while the dashboard is busy."""
 _CMSG_SPACE = socket.CMSG_SPACE(_CREDS.size)
 
 
@@ -65,6 +77,9 @@ class AnnotationReceiver:
         self._sock: socket.socket | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file
         self._lock_fd: int | None = None
+        self._relay: subprocess.Popen | None = None
+        self._relay_in: int | None = None  # the pipe the relay writes datagrams to
+        self._lifeline: int | None = None  # closed: the relay exits
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -132,6 +147,16 @@ class AnnotationReceiver:
                 "choose a --socket path in a directory of your own"
             )
 
+    def announce(self, recording: str | None) -> None:
+        """Name the recording this gpuwatch writes in its lock file, for a second one to say.
+
+        The lock file is gpuwatch's own (checked when it was taken): no other file beside
+        the socket is ever made.
+        """
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                _write_lock(self._lock_fd, os.getpid(), recording)
+
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
             with contextlib.suppress(OSError):
@@ -140,16 +165,127 @@ class AnnotationReceiver:
 
     # ------------------------------------------------------------------ running
 
-    def start(self) -> None:
-        """Bind (if not yet bound) and start the receiving thread."""
+    def start(self, relay: bool = True) -> None:
+        """Bind (if not yet bound) and start receiving.
+
+        Args:
+            relay: Read the socket in a relay process of its own (see ``_batch.relay``)
+                where the system allows: a busy dashboard can then never leave the
+                socket's small queue full. Otherwise (or if the relay cannot start) a
+                thread of this process reads it.
+        """
         if self._sock is None:
             self.bind()
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-receiver", daemon=True)
+        target = self._run_relayed if relay and self._start_relay() else self._run
+        self._thread = threading.Thread(target=target, name="gpuwatch-receiver", daemon=True)
         self._thread.start()
+
+    def _start_relay(self) -> bool:
+        """Start the relay process; False (nothing started) where it cannot run."""
+        sock = self._sock
+        assert sock is not None
+        if batch_receiver(sock, protocol.MAX_DATAGRAM + 1) is None:
+            return False
+        data_r, data_w = os.pipe()
+        life_r, life_w = os.pipe()
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(data_r, fcntl.F_SETPIPE_SZ, RELAY_PIPE)  # a burst's worth
+        fds = (sock.fileno(), data_w, life_r)
+        try:
+            self._relay = subprocess.Popen(
+                [sys.executable, "-I", "-S", _batch.__file__, *map(str, fds),
+                 str(protocol.MAX_DATAGRAM + 1)],
+                pass_fds=fds,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                # Not in the terminal's process group: Ctrl-C (to gpuwatch record, which
+                # passes it to the job) must not stop the receiving.
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError:
+            for fd in (data_r, data_w, life_r, life_w):
+                os.close(fd)
+            return False
+        os.close(data_w)
+        os.close(life_r)
+        self._relay_in, self._lifeline = data_r, life_w
+        # Started means reading: a sender greeted now must not wait on an empty chair.
+        ready = select.select([data_r], [], [], RELAY_START)[0]
+        if not ready or os.read(data_r, len(_batch.READY)) != _batch.READY:
+            self._stop_relay()
+            return False
+        return True
+
+    def _stop_relay(self, join: bool = False) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)  # the relay sees it close, and exits
+            self._lifeline = None
+        if self._relay is not None:
+            try:
+                self._relay.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._relay.kill()
+                self._relay.wait()
+            self._relay = None
+        if join and self._thread is not None:
+            self._thread.join(timeout=2)
+        if self._relay_in is not None:
+            os.close(self._relay_in)
+            self._relay_in = None
+
+    def _run_relayed(self) -> None:
+        """Datagrams as the relay framed them on the pipe, read many at a time."""
+        assert self._relay_in is not None
+        pending = b""
+        header = _batch.FRAME.size
+        while True:
+            try:
+                chunk = os.read(self._relay_in, RELAY_PIPE)
+            except OSError:
+                return
+            if not chunk:  # the relay exited (stopped, or failed): nothing more comes
+                if not self._stop.is_set():
+                    self.session.note("the annotation relay stopped; annotations are lost")
+                return
+            pending += chunk
+            at = 0
+            while len(pending) - at >= header:
+                length, pid = _batch.FRAME.unpack_from(pending, at)
+                if len(pending) - at - header < length:
+                    break
+                data = pending[at + header : at + header + length]
+                at += header + length
+                self.handle(data, None if pid < 0 else pid)
+            pending = pending[at:]
 
     def _run(self) -> None:
         sock = self._sock
         assert sock is not None
+        batch = batch_receiver(sock, protocol.MAX_DATAGRAM + 1)
+        if batch is None:
+            self._run_one_by_one(sock)
+            return
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(200):  # waits with the interpreter lock released
+                continue
+            # Everything queued, a batch per call: the socket's queue empties at once, and
+            # the lock is given up only when there is nothing left to read.
+            while True:
+                try:
+                    got = batch.receive()
+                except OSError:
+                    if self._stop.is_set():
+                        return
+                    break
+                for data, sender in got:
+                    self.handle(data, sender)
+                if len(got) < batch.batch:
+                    break
+
+    def _run_one_by_one(self, sock: socket.socket) -> None:
+        """Where the system has no ``recvmmsg``: one datagram per call."""
         buf = bytearray(protocol.MAX_DATAGRAM + 1)
         view = memoryview(buf)
         while not self._stop.is_set():
@@ -201,8 +337,7 @@ class AnnotationReceiver:
     def stop(self) -> None:
         """Stop receiving, remove the socket file and release the path."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._stop_relay(join=True)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -289,8 +424,8 @@ def _take_lock(lock_path: str, path: str) -> int:
         raise SocketPathTaken(f"cannot open the lock file {lock_path}: {exc.strerror or exc}")
     try:
         st = os.fstat(fd)
-        content = os.pread(fd, 64, 0).strip()
-        ours = content.isdigit() or not content  # our pid, or a file we just created
+        owner, _ = _lock_content(os.pread(fd, LOCK_MAX, 0))
+        ours = st.st_size == 0 or owner is not None  # just made, or our pid in it
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or not ours:
             raise SocketPathTaken(
                 f"{lock_path} exists and is not a gpuwatch lock file; gpuwatch will not "
@@ -299,14 +434,52 @@ def _take_lock(lock_path: str, path: str) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = content.decode(errors="replace") or "?"
             raise SocketInUse(f"another gpuwatch (pid {owner}) is already listening on {path}")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _write_lock(fd, os.getpid(), None)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+LOCK_MAX = 8192
+"""Most bytes a lock file holds: a pid line and a recording path line."""
+
+
+def _lock_content(data: bytes) -> tuple[int | None, str | None]:
+    """(pid, recording) in a lock file; pid None when it is not one gpuwatch wrote."""
+    lines = data.decode("utf-8", "replace").split("\n")
+    first = lines[0].strip()
+    if not first.isdigit() or len(data) >= LOCK_MAX:
+        return None, None
+    recording = lines[1].strip() if len(lines) > 1 else ""
+    return int(first), recording or None
+
+
+def _write_lock(fd: int, pid: int, recording: str | None) -> None:
+    text = f"{pid}\n{recording}\n" if recording else f"{pid}\n"
+    data = text.encode("utf-8", "surrogateescape")[: LOCK_MAX - 1]
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def lock_owner(path: str) -> tuple[int | None, str | None]:
+    """Who holds the socket at ``path``: the gpuwatch's pid and the recording it writes.
+
+    Read from the lock file beside the socket, which only the user's own gpuwatch writes;
+    (None, None) when there is none or it is not one.
+    """
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None, None
+        return _lock_content(os.pread(fd, LOCK_MAX, 0))
+    finally:
+        os.close(fd)
 
 
 def _remove_stale_socket(path: str) -> None:

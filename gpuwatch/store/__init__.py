@@ -1,7 +1,7 @@
 """Recordings: one SQLite file per session, written live and replayed anywhere.
 
 ``docs/recording.md`` describes the file. Names are imported on first use, so that the
-command line can register its commands (``gpuwatch.store.cli``) without loading numpy and
+command line (``gpuwatch.cli``) can name these without loading numpy and
 sqlite3 for ``gpuwatch --help``.
 """
 

@@ -25,10 +25,8 @@ from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from ..fmt import fmt_bytes, fmt_duration
-from ..launch import TORCH_INSTALL, exit_status, missing_torch
 from ..session import Session
 from ..session import navigate as nav
-from ..session.predicted import PredictedLine
 from ._text import Fitted, markup_safe, plain
 from .chart import TimelineChart
 from .confirm import Confirm
@@ -60,11 +58,18 @@ class ChildLike(Protocol):
     log_path: Any
     command: list[str]
 
+    @property
+    def exit_status(self) -> int | None:
+        """Its exit status as a shell sees it (128 + N: killed by signal N); None: running."""
+
     def poll(self) -> int | None:
         """The return code, or None while it runs."""
 
     def signal(self, sig: int) -> bool:
         """Send ``sig`` to its process group."""
+
+    def torch_hint(self) -> str | None:
+        """A line saying how to install torch, when it failed for want of it."""
 
 
 class NewData(Message):
@@ -263,7 +268,8 @@ class GpuwatchApp(App[int]):
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
         self._notes = ""
-        self.predicted: dict[int, PredictedLine] = {}
+        # The session's shared predicted lines (the exporter reads the same ones).
+        self.predicted = session.predictions
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None
@@ -451,13 +457,7 @@ class GpuwatchApp(App[int]):
 
     def _update_predictions(self) -> None:
         """Predict each process that sent facts (cached per completed step)."""
-        for pid, proc in list(self.session.processes.items()):
-            line = self.predicted.get(pid)
-            if line is None:
-                if not proc.facts:
-                    continue
-                line = self.predicted[pid] = PredictedLine(self.session, proc)
-            line.update()
+        self.predicted.update()
 
     def _refresh_tables(self) -> None:
         if self.session.version == self._tables_version:
@@ -518,12 +518,11 @@ class GpuwatchApp(App[int]):
         code = self.child.poll()
         if code is None:
             return f"running pid {self.child.pid} (4: log)"
-        status = exit_status(code)
+        status = self.child.exit_status
         if self._child_status is None:
             self._child_status = status
-            hint = ""
-            if status != 0 and missing_torch(self.child.log_path):
-                hint = f"\nits Python has no torch: {TORCH_INSTALL}"
+            torch = self.child.torch_hint()
+            hint = f"\n{torch}" if torch else ""
             self.notify(
                 f"the command exited with status {status}{hint}",
                 severity="information" if status == 0 else "error",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 from textual.app import ComposeResult
@@ -63,7 +64,7 @@ class DevicePanel(Vertical):
     can_focus = True
 
     def __init__(
-        self, session: Session, key: str, predicted: dict[int, PredictedLine] | None = None
+        self, session: Session, key: str, predicted: Mapping[int, PredictedLine] | None = None
     ) -> None:
         super().__init__(id="panel-" + _css_id(key))
         self.session = session

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich.text import Text
@@ -64,7 +65,7 @@ class PeaksTable(DataTable):
         super().__init__(id=id, zebra_stripes=True, cursor_type="row")
         self.session = session
         self.last_steps = last_steps
-        self.predicted: dict = {}  # pid -> PredictedLine, shared with the app
+        self.predicted: Mapping = {}  # pid -> PredictedLine: the session's, set by the app
         self._signature: tuple[object, ...] | None = None
         self.explanations: list[str] = []  # per row, the detail's text
         self.detail = PeakDetail(id=f"{id}-detail" if id else None)

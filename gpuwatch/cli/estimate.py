@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Any
 
-from .cli import EXIT_OK, CliError
-from .fmt import fmt_bytes
+from ..fmt import fmt_bytes
+from ._common import EXIT_OK, CliError
 
 TRACE_STEPS = 2
 """Steps ``--trace`` runs: the first creates optimizer state, the second is the steady one."""
@@ -49,7 +49,7 @@ PARAMS_TOLERANCE = 0.01
 
 def add_parser(sub: Any) -> None:
     """Register ``estimate`` on the CLI's subparsers."""
-    from .predict._shape import ARCHS, IMPLS, OPTIMIZERS, PRECISIONS
+    from ..predict import ARCHS, IMPLS, OPTIMIZERS, PRECISIONS
 
     p = sub.add_parser(
         "estimate",
@@ -124,7 +124,7 @@ def add_parser(sub: Any) -> None:
 
 def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
     """The model's shape from ``--config`` or the size options (None: neither given)."""
-    from .predict._shape import ModelShape, shape_from_config
+    from ..predict import ModelShape, shape_from_config
 
     if args.config:
         try:
@@ -192,8 +192,7 @@ def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> N
 
 def estimate(args: argparse.Namespace) -> dict[str, Any]:
     """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
-    from .predict import PHASES, predict
-    from .predict._shape import facts_from_shape
+    from ..predict import PHASES, facts_from_shape, predict
 
     assumed: list[str] = []
     args.dropout_config, args.activation = {}, None
@@ -260,7 +259,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _table(result: dict[str, Any]) -> str:
-    from .predict import CATEGORIES, PHASES
+    from ..predict import CATEGORIES, PHASES
 
     phases = result["phases"]
     width = max(len(c) for c in CATEGORIES) + 2

@@ -1,0 +1,167 @@
+"""What every command shares: exit statuses, the one-line error, output, option types.
+
+Standard library only at import time: ``gpuwatch --help`` loads no numpy, textual or
+sqlite3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from ..live import LiveSources
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def say(text: str, *, end: str = "\n", overwrite: bool = False) -> None:
+    """One line from gpuwatch on stderr, made printable (paths and names may be hostile).
+
+    Args:
+        text: The line, without the ``gpuwatch: `` prefix.
+        end: What ends it (``""`` for a status line rewritten in place).
+        overwrite: Clear the terminal line first (a status line on a terminal).
+    """
+    from ..fmt import printable
+
+    clear = "\r\x1b[K" if overwrite else ""
+    try:
+        line = f"{clear}gpuwatch: {printable(text)}" if text else clear
+        print(line, end=end, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        # The terminal is gone (closed pipe, hung up): what gpuwatch has to say is lost,
+        # what it records and the job it runs are not.
+        pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def interval_ms(text: str) -> float:
+    """``--interval MS``: a number of milliseconds between 10 and 60000."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}")
+    if not 10 <= value <= 60_000:
+        raise argparse.ArgumentTypeError("the interval must be between 10 and 60000 ms")
+    return value
+
+
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """``--prometheus [HOST:]PORT``: ``9400``, ``0.0.0.0:9400``, ``[::1]:9400``.
+
+    Only this machine can scrape unless a host is given: the port alone binds loopback.
+    Port 0 picks a free port.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a port, or an IPv6 address without brackets.
+    """
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host = DEFAULT_METRICS_HOST
+    elif text.startswith("[") and not host.endswith("]"):
+        raise argparse.ArgumentTypeError(f"expected [IPv6 ADDRESS]:PORT, got {text!r}")
+    elif host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        import ipaddress
+
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an IPv6 address: [{host}]")
+    elif ":" in host:
+        raise argparse.ArgumentTypeError(
+            f"put an IPv6 address in brackets, e.g. [::1]:9400 (got {text!r})"
+        )
+    elif not host:
+        raise argparse.ArgumentTypeError(f"no host before ':' in {text!r} (e.g. 0.0.0.0:9400)")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port (0 to 65535): {port!r}")
+    return host, int(port)
+
+
+def add_source_options(p: argparse.ArgumentParser) -> None:
+    """``--interval``, ``--socket`` and ``--prometheus``: how the live sources run."""
+    p.add_argument(
+        "--interval",
+        type=interval_ms,
+        default=100.0,
+        metavar="MS",
+        help="NVML sampling interval in ms (default 100, i.e. 10 Hz; at least 10, i.e. 100 Hz)",
+    )
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="annotation socket (default: $GPUWATCH_SOCKET or a per-user path)",
+    )
+    p.add_argument(
+        "--prometheus",
+        type=metrics_address,
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST defaults to "
+        "127.0.0.1; 0.0.0.0:PORT for every interface; port 0 picks a free one)",
+    )
+
+
+def configure_metrics(sources: LiveSources, args: argparse.Namespace) -> None:
+    """Tell live sources to serve Prometheus metrics, from ``--prometheus``."""
+    address = getattr(args, "prometheus", None)
+    if address is not None:
+        sources.serve_metrics(*address)
+
+
+def theme_name(args: argparse.Namespace) -> str | None:
+    """The theme asked for: ``--theme``, else ``$GPUWATCH_THEME``, else None (the default)."""
+    return getattr(args, "theme", None) or os.environ.get("GPUWATCH_THEME") or None
+
+
+def check_theme(name: str | None) -> None:
+    """Fail early, with the list of themes, when ``--theme`` names none of them."""
+    if name is None:
+        return
+    from ..tui.theme import builtin_themes
+
+    names = [t.name for t in builtin_themes()]
+    if name not in names and name not in ("textual-dark", "textual-light"):
+        raise CliError(f"unknown theme {name!r}; choose one of: {', '.join(names)}")
+
+
+def command_after_dashes(words: Sequence[str]) -> list[str]:
+    """The command given after ``--`` (argparse keeps the ``--`` in a REMAINDER)."""
+    words = list(words or [])
+    return words[1:] if words[:1] == ["--"] else words
+
+
+def seconds(text: str) -> float:
+    """``--duration SECONDS``: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError("the duration must be a positive number of seconds")
+    return value

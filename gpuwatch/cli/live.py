@@ -1,0 +1,249 @@
+"""``gpuwatch`` (the live dashboard) and ``gpuwatch run``, and where they record.
+
+Every live session records by default, to a new file in the sessions directory (capped,
+oldest first: ``--sessions-max``); ``--record PATH`` names the file, ``--no-record`` turns
+it off. Quitting says where the recording went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._child import handling, launched, unwinding
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CliError,
+    add_source_options,
+    check_theme,
+    command_after_dashes,
+    configure_metrics,
+    say,
+    theme_name,
+)
+
+if TYPE_CHECKING:
+    from ..live import LiveSources
+
+SUFFIX = ".gpuwatch"  # the same as store._schema.SUFFIX, which --help must not import
+SESSIONS_MAX_ENV = "GPUWATCH_SESSIONS_MAX"  # store.sessions.SESSIONS_MAX_ENV
+
+NO_CAP = -1
+"""``--sessions-max none``: told not to cap (None means "not given": the env var decides)."""
+
+
+# --------------------------------------------------------------------------- options
+
+
+def add_dashboard_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by the live dashboard and ``gpuwatch run``."""
+    add_source_options(p)
+    p.add_argument(
+        "--theme", metavar="NAME", help="colour theme (default: $GPUWATCH_THEME or gpuwatch-dark)"
+    )
+    add_record_options(p)
+
+
+def add_record_options(p: argparse.ArgumentParser) -> None:
+    """``--record PATH`` / ``--no-record`` / ``--sessions-max`` for the live dashboard and run."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--record",
+        metavar="PATH",
+        help="record the session to PATH (default: a new file in the sessions directory, "
+        "~/.local/share/gpuwatch/sessions on Linux)",
+    )
+    g.add_argument("--no-record", action="store_true", help="do not record this session")
+    p.add_argument(
+        "--sessions-max",
+        metavar="SIZE",
+        type=_size,
+        help="cap on the sessions directory: before a session records there, the oldest "
+        "finished recordings go until the rest fit (e.g. 500M, 2G, none; default "
+        f"${SESSIONS_MAX_ENV} or 1G)",
+    )
+
+
+def _size(text: str) -> int:
+    from ..store.sessions import parse_size
+
+    try:
+        size = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+    return NO_CAP if size is None else size
+
+
+def register(sub: Any) -> None:
+    """Add ``live`` and ``run`` to the subcommand parsers."""
+    live = sub.add_parser("live", help="the live dashboard (the default command)")
+    add_dashboard_options(live)
+    live.set_defaults(func=cmd_live)
+    run = sub.add_parser(
+        "run",
+        help="the dashboard plus a command, instrumented with no code change",
+        description="Start the dashboard and COMMAND as a child process whose Python "
+        "processes get automatic phases (forward, backward, optimizer.step, zero_grad, "
+        "eval, data) once they import torch. Its output goes to a log shown in the "
+        "dashboard's Log tab; its exit status becomes gpuwatch's.",
+        usage="gpuwatch run [options] -- COMMAND [ARGS...]",
+    )
+    add_dashboard_options(run)
+    run.add_argument(
+        "--log",
+        metavar="FILE",
+        help="where the command's output goes (default: a file in gpuwatch's "
+        "log directory, named in the Log tab)",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    run.set_defaults(func=cmd_run)
+
+
+# --------------------------------------------------------------------------- recording
+
+
+def configure_recording(sources: LiveSources, args: argparse.Namespace) -> None:
+    """Tell live sources where to record, from ``--record`` / ``--no-record``.
+
+    An explicit ``--record PATH`` that cannot be written is an error; the default location
+    failing only leaves a note in the dashboard. Recording to the default location first
+    trims the sessions directory to its cap (``--sessions-max``).
+
+    Raises:
+        CliError: ``$GPUWATCH_SESSIONS_MAX`` is not a size.
+    """
+    if getattr(args, "no_record", False):
+        return
+    path = getattr(args, "record", None)
+    if path:
+        sources.record_to(path)
+        return
+    from ..fmt import fmt_bytes
+    from ..store.sessions import cap_from_env, default_recording_path, prune
+
+    cap: int | None = getattr(args, "sessions_max", None)
+    if cap is None:
+        try:
+            cap = cap_from_env()
+        except ValueError as exc:
+            raise CliError(str(exc))
+    elif cap == NO_CAP:
+        cap = None
+    target = default_recording_path()
+    # Two sessions started in the same second on one host: do not collide.
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.stem}-{n}{SUFFIX}")
+    if cap is not None:
+        pruned = prune(target.parent, cap, keep=target)
+        if pruned.removed:
+            sources.session.note(
+                f"sessions directory over {fmt_bytes(cap)}: removed the {len(pruned.removed)} "
+                f"oldest recording(s), {fmt_bytes(pruned.freed)} (--sessions-max)"
+            )
+    sources.record_to(target, optional=True)
+
+
+def recording_report(sources: LiveSources) -> str | None:
+    """The line printed on quit: where the session was recorded and how to replay it."""
+    from ..fmt import fmt_bytes
+
+    recorder = sources.recorder
+    if recorder is None or sources.record_path is None:
+        return None
+    if recorder.error is not None:
+        return recorder.error
+    path: Path = sources.record_path
+    try:
+        size = f" ({fmt_bytes(path.stat().st_size)})"
+    except OSError:
+        size = ""
+    return f"recorded to {path}{size}; replay it: gpuwatch replay {shlex.quote(str(path))}"
+
+
+def _report_recording(sources: LiveSources) -> None:
+    """On quit, say where the session was recorded (nvitop users ask "where did it go?")."""
+    line = recording_report(sources)
+    if line:
+        say(line)
+
+
+def _sources(args: argparse.Namespace) -> LiveSources:
+    from ..live import LiveSources
+
+    sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
+    configure_recording(sources, args)
+    configure_metrics(sources, args)
+    return sources
+
+
+def start_sources(sources: LiveSources) -> None:
+    """Start the live sources; their refusal (a taken socket, a port in use) is one line.
+
+    Raises:
+        CliError: The sources could not start.
+    """
+    from ..live import SourcesError
+
+    try:
+        sources.start()
+    except SourcesError as exc:
+        raise CliError(str(exc))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    """The live dashboard of every GPU and the host."""
+    theme = theme_name(args)
+    check_theme(theme)
+    sources = _sources(args)
+    start_sources(sources)
+    try:
+        from ..tui.app import GpuwatchApp
+
+        app = GpuwatchApp(sources.session, theme_name=theme, subtitle=sources.describe)
+        app.run()
+    finally:
+        sources.stop()
+    _report_recording(sources)
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """The dashboard plus a launched command; exits with the command's status."""
+    command = command_after_dashes(args.command)
+    if not command:
+        raise CliError("gpuwatch run needs a command, e.g. gpuwatch run -- python train.py")
+    theme = theme_name(args)
+    check_theme(theme)
+    sources = _sources(args)
+    # Until the dashboard takes SIGTERM and SIGHUP over, they unwind gpuwatch, which stops
+    # the command on its way out (the dashboard quits on them, with the same effect).
+    with handling({signal.SIGTERM: unwinding, signal.SIGHUP: unwinding}):
+        start_sources(sources)
+        try:
+            with launched(command, socket_path=sources.socket_path, log_path=args.log) as child:
+                from ..tui.app import GpuwatchApp
+
+                GpuwatchApp(
+                    sources.session, theme_name=theme, subtitle=sources.describe, child=child
+                ).run()
+        finally:
+            sources.stop()
+    _report_recording(sources)
+    from ..launch import describe_returncode
+
+    ended = describe_returncode(child.returncode)
+    say(f"{shlex.join(command)}: {ended} (output in {child.log_path})")
+    hint = child.torch_hint()
+    if hint:
+        say(hint)
+    status = child.exit_status
+    return EXIT_ERROR if status is None else status

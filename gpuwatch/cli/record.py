@@ -1,0 +1,174 @@
+"""``gpuwatch record``: a session to a file, without a terminal (batch jobs).
+
+With ``-- COMMAND`` the command runs instrumented, as under ``gpuwatch run``, and recording
+lasts until it exits: SIGINT and SIGTERM go to the job (it decides when to stop), a
+terminal that hangs up stops neither, and a recording that fails (a full disk) is said in
+one line while the job runs on to its own end. The job's exit status becomes gpuwatch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._child import handling, hung_up, launched
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CliError,
+    add_source_options,
+    command_after_dashes,
+    configure_metrics,
+    say,
+    seconds,
+)
+
+if TYPE_CHECKING:
+    from ..launch import Child
+    from ..live import LiveSources
+    from ..session import Session
+
+
+def register(sub: Any) -> None:
+    """Add ``record`` to the subcommand parsers."""
+    p = sub.add_parser(
+        "record",
+        help="record a session to a file, without a terminal (batch jobs)",
+        description="Record NVML, host and annotation data to FILE until SIGINT/SIGTERM "
+        "or --duration. Scripts send to the same socket as for the dashboard. With "
+        "'-- COMMAND', run COMMAND instrumented (as 'gpuwatch run' does) and record until it "
+        "exits; SIGINT/SIGTERM go to the command, and its exit status becomes gpuwatch's.",
+        usage="gpuwatch record --out FILE [options] [-- COMMAND [ARGS...]]",
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="the recording to create")
+    p.add_argument("--duration", type=seconds, metavar="SECONDS", help="stop after this")
+    add_source_options(p)
+    p.add_argument("--label", default="", help="a description stored in the file")
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    p.add_argument(
+        "--log", metavar="FILE", help="with a COMMAND: write its output to FILE (default: ours)"
+    )
+    p.add_argument(
+        "command", nargs=argparse.REMAINDER, help="a command to run instrumented, after --"
+    )
+    p.set_defaults(func=cmd_record)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Record until SIGINT/SIGTERM or ``--duration``, with a status line on stderr."""
+    from ..launch import SignalForwarder, describe_returncode
+    from ..live import LiveSources
+    from .live import start_sources
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise CliError(f"{out} already exists (use --force to overwrite it)")
+    command = command_after_dashes(getattr(args, "command", None) or [])
+    sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
+    sources.record_to(out, label=args.label, overwrite=args.force)
+    configure_metrics(sources, args)
+    stop = threading.Event()
+    forward: SignalForwarder | None = None
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if forward is None or not forward.child.running:
+            stop.set()
+            return
+        # The job decides when to stop; recording goes on until it has.
+        forward(signum)
+
+    handlers = {signal.SIGINT: on_signal, signal.SIGTERM: on_signal, signal.SIGHUP: hung_up}
+    child: Child | None = None
+    with handling(handlers):
+        start_sources(sources)
+        recorder = sources.recorder
+        assert recorder is not None
+        tty = sys.stderr.isatty()
+        started = time.monotonic()
+        try:
+            say(f"recording to {out} (socket {sources.socket_path}); Ctrl-C or SIGTERM stops")
+            if sources.metrics is not None:
+                say(f"metrics on {sources.metrics.url}")
+            with ExitStack() as stack:
+                if command:
+                    child = stack.enter_context(
+                        launched(command, socket_path=sources.socket_path, log_path=args.log or "-")
+                    )
+                    forward = SignalForwarder(child)
+                reported = _wait(args, sources, child, stop, started, tty)
+                if not args.label:
+                    recorder.writer.set_label(_auto_label(sources.session))
+        finally:
+            sources.stop()
+    if tty:
+        say("", end="", overwrite=True)
+    if recorder.error is None:
+        say(_status(sources, started))
+    elif not reported:
+        say(recorder.error)
+    if child is not None:
+        say(f"{shlex.join(command)}: {describe_returncode(child.returncode)}")
+        hint = child.torch_hint()  # with --log; else the child's own line said it
+        if hint:
+            say(hint)
+        return EXIT_ERROR if child.exit_status is None else child.exit_status
+    return EXIT_ERROR if recorder.error is not None else EXIT_OK
+
+
+def _wait(
+    args: argparse.Namespace,
+    sources: LiveSources,
+    child: Child | None,
+    stop: threading.Event,
+    started: float,
+    tty: bool,
+) -> bool:
+    """Until the job ends, a signal stops it, or ``--duration``; True if a failure was said."""
+    recorder = sources.recorder
+    assert recorder is not None
+    deadline = None if args.duration is None else started + args.duration
+    reported = False
+    while not stop.is_set():
+        if child is not None and not child.running:
+            break
+        if recorder.error is not None and not reported:
+            # The recording is lost, the job is not: it runs on to its own end.
+            reported = True
+            if tty:
+                say("", end="", overwrite=True)
+            say(recorder.error + ("; the command runs on" if child is not None else ""))
+            if child is None:
+                break
+        wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+        if wait <= 0 or stop.wait(wait):
+            break
+        if tty and recorder.error is None:
+            say(_status(sources, started), end="", overwrite=True)
+    return reported
+
+
+def _auto_label(session: Session) -> str:
+    gpus = [d for d in session.devices.values() if d.kind == "gpu"]
+    what = f"{len(gpus)}-GPU recording" if gpus else "CPU recording (no GPU seen)"
+    argv = next((p.hello.get("argv") for p in session.processes.values() if p.hello), None)
+    return f"{what} on {socket.gethostname()}" + (f" of {' '.join(argv)[:120]}" if argv else "")
+
+
+def _status(sources: LiveSources, started: float) -> str:
+    s = sources.session
+    phases = sum(len(p.phases) for p in s.processes.values())
+    recorder = sources.recorder
+    rows = recorder.rows_written if recorder is not None else 0
+    size = recorder.path.stat().st_size if recorder is not None and recorder.path.exists() else 0
+    return (
+        f"recorded {time.monotonic() - started:.0f} s · {len(s.processes)} processes · "
+        f"{phases} phases · {rows} rows · {size / 1e6:.1f} MB in {sources.record_path}"
+    )

@@ -1,0 +1,233 @@
+"""``gpuwatch replay``, ``info`` and ``export``: one recording, or several merged.
+
+Several files (the hosts of one job, or runs made at different times) are merged into
+one session on one clock (``--align``), their devices named by host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._common import EXIT_OK, CliError, check_theme, say, theme_name
+
+if TYPE_CHECKING:
+    from ..store.multi import Opened
+    from ..store.recording import Recording
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _open(path: str) -> Recording:
+    from ..store.recording import RecordingError, open_recording
+
+    try:
+        return open_recording(path)
+    except RecordingError as exc:
+        raise CliError(str(exc))
+
+
+def _load(paths: list[str], align: str = "wall") -> Opened:
+    """Open and load one recording, or several merged; a bad file is one line, exit 2."""
+    from ..store.multi import load_many
+    from ..store.recording import RecordingError
+
+    try:
+        return load_many(paths, align=align, progress=_loading if len(paths) > 1 else None)
+    except RecordingError as exc:
+        raise CliError(str(exc))
+
+
+def _loading(i: int, n: int, path: Path) -> None:
+    """Progress while several files load (each is read whole before they can be merged)."""
+    if sys.stderr.isatty():
+        size = path.stat().st_size if path.exists() else 0
+        print(
+            f"\r\x1b[Kgpuwatch: loading {i + 1}/{n} {path.name} ({size / 1e6:.1f} MB)",
+            end="\n" if i + 1 == n else "",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+_FILES_HELP = "a recording; several are merged into one session (see --align)"
+
+
+def _add_align(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--align",
+        choices=("wall", "start"),
+        default="wall",
+        help="with several files: line them up by wall clock (default; hosts of one job) "
+        "or by their starts (runs made at different times)",
+    )
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text.lower().lstrip("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a speed: {text!r}")
+    if not 0.25 <= value <= 64:
+        raise argparse.ArgumentTypeError("the speed must be between 0.25 and 64")
+    return value
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def register(sub: Any) -> None:
+    """Add ``replay``, ``info`` and ``export`` to the subcommand parsers."""
+    p = sub.add_parser(
+        "replay",
+        help="play a recording back in the dashboard",
+        description="Replay a recording (also one still being written: it follows the tail). "
+        "Several files (the hosts of one job, or several runs) replay as one session, lined "
+        "up by each file's wall clock, their devices named by host.",
+    )
+    p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
+    _add_align(p)
+    p.add_argument("--theme", metavar="NAME", help="colour theme")
+    p.add_argument(
+        "--speed", type=_speed, default=1.0, metavar="X", help="playback speed, 0.25 to 64"
+    )
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser(
+        "info",
+        help="summarise a recording",
+        description="Summarise a recording, or several merged as 'replay' shows them.",
+    )
+    p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_align(p)
+    p.set_defaults(func=cmd_info)
+
+    from ..store.export import FORMATS, TABLES
+
+    p = sub.add_parser(
+        "export",
+        help="write a recording's tables as CSV or JSON lines",
+        description="Write flat tables (see docs/recording.md) for pandas / polars. Several "
+        "files are merged as 'replay' shows them (device keys start with each file's host).",
+    )
+    p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
+    _add_align(p)
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="csv",
+        help="csv (a header row, also for an empty table) or jsonl (one JSON object a "
+        "row: an empty table is an empty file); default csv",
+    )
+    p.add_argument("--table", choices=sorted(TABLES), help="only this table")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="directory for <table>.<format> files (default: STEM-export in the current "
+        "directory, STEM being the first FILE's name without its suffix: run.gpuwatch -> "
+        "./run-export/; with --table and no --out, the table goes to stdout)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite table files that exist in DIR")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Open the dashboard on a recording (or several merged), playing from its start."""
+    from ..store.player import Player, open_replay
+    from ..store.recording import RecordingError
+
+    theme = theme_name(args)
+    check_theme(theme)
+    files: list[str] = args.file
+    if len(files) == 1:
+        try:
+            player = open_replay(files[0], speed=args.speed)
+        except RecordingError as exc:
+            raise CliError(str(exc))
+        label = player.loader.recording.label if player.loader is not None else ""
+        subtitle = f"replay {Path(files[0]).name}" + (f" · {label}" if label else "")
+    else:
+        opened = _load(files, args.align)
+        opened.close()  # all loaded: the files are not needed any more
+        player = Player(opened.session, speed=args.speed)
+        names = ", ".join(p.origin for p in opened.parts)
+        subtitle = f"replay of {len(files)} recordings merged ({args.align} clock): {names}"
+    try:
+        from ..tui.replay import ReplayApp
+
+        ReplayApp(player, theme_name=theme, subtitle=subtitle).run()
+    finally:
+        player.close()
+    return EXIT_OK
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print what a recording holds."""
+    from ..store.info import format_summary, summarize_opened
+
+    opened = _load(args.file, args.align)
+    try:
+        info = summarize_opened(opened)
+    finally:
+        opened.close()
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(format_summary(info))  # every line made printable there
+    return EXIT_OK
+
+
+def export_dir(first: str) -> Path:
+    """Where ``export`` writes without ``--out``: ``./<stem>-export`` (run.gpuwatch: run-export)."""
+    return Path(Path(first).stem + "-export")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the recording's tables as CSV or JSON lines."""
+    from ..store.export import TABLES, table, write
+
+    names = [args.table] if args.table else list(TABLES)
+    out = Path(args.out) if args.out else export_dir(args.file[0])
+    to_stdout = bool(args.table and not args.out)
+    if not to_stdout and not args.force:
+        # Refuse before loading anything: a second export must not eat the first's files.
+        taken = [out / f"{name}.{args.format}" for name in names]
+        existing = [p for p in taken if p.exists()]
+        if existing:
+            if len(existing) == 1:
+                raise CliError(f"{existing[0]} already exists (use --force to overwrite it)")
+            raise CliError(
+                f"{existing[0]} and {len(existing) - 1} more files already exist in {out} "
+                "(use --force to overwrite them)"
+            )
+    opened = _load(args.file, args.align)
+    empty: list[str] = []
+    try:
+        if to_stdout:
+            write(table(opened, args.table), args.format, sys.stdout)
+            return EXIT_OK
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            total = 0
+            for name in names:
+                with open(out / f"{name}.{args.format}", "w", newline="") as f:
+                    rows = write(table(opened, name), args.format, f)
+                total += rows
+                if rows == 0:
+                    empty.append(name)
+        except OSError as exc:
+            raise CliError(f"cannot write to {out}: {exc.strerror or exc}")  # a bad --out
+    finally:
+        opened.close()
+    note = ""
+    if empty:
+        what = "empty files" if args.format == "jsonl" else "a header row only"
+        note = f" ({', '.join(empty)}: no rows, {what})"
+    say(f"wrote {len(names)} tables, {total} rows, to {out}{os.sep}{note}")
+    return EXIT_OK

@@ -47,6 +47,12 @@ def auto(live: Session) -> Iterator[Session]:
     _watch._primary = None
 
 
+def _facts(live: Session) -> dict:
+    """This process's facts as the receiver has them so far ({} before its first datagram)."""
+    proc = live.processes.get(PID)
+    return (proc.facts if proc is not None else None) or {}
+
+
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Sequential(nn.Linear(16, 4)))
@@ -440,7 +446,7 @@ def test_watch_sends_facts_then_batch_then_optimizer(live: Session, fake_facts: 
         x, y = _batch()
         nn.functional.cross_entropy(model(input_ids=x), y).backward()
         gpuwatch.flush()
-        assert wait_for(lambda: "batch" in (live.processes[PID].facts or {}))
+        assert wait_for(lambda: "batch" in _facts(live))
         assert live.processes[PID].facts["batch"] == {"shape": [4, 8]}  # from the kwargs
         opt.step()
         gpuwatch.flush()
@@ -484,7 +490,8 @@ def test_autowatch_describes_the_first_model_that_trains(live: Session, fake_fac
         nn.functional.cross_entropy(student(x), y).backward()
         opt.step()
         gpuwatch.flush()
-        assert wait_for(lambda: (live.processes[PID].facts or {}).get("optimizer") == "SGD")
+        # The receiver is another thread: the process may not be known the instant flush returns.
+        assert wait_for(lambda: _facts(live).get("optimizer") == "SGD")
         assert {c[1] for c in fake_facts if c[0] == "collect"} == {student}
         assert live.processes[PID].facts["batch"] == {"shape": [4, 8]}
     finally:

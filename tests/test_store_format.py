@@ -235,3 +235,43 @@ def test_file_with_unknown_columns_and_missing_ones_loads(tmp_path: Path) -> Non
     host = load(path).host.snapshot()
     assert np.array_equal(host["used"], live.host.snapshot()["used"])
     assert (host["available"] == MISSING_INT).all()
+
+
+def test_one_inflater_shared_by_threads_stays_whole() -> None:
+    """A replay's view and the loader summarising an older file read one cached chunk at
+    once: each thread asks for more columns while the other inflates (once, a sample's
+    info failed with 'incorrect data check')."""
+    import threading
+
+    from gpuwatch.store._codec import Inflater
+
+    rng = np.random.default_rng(3)
+    n = 4000
+    layout = [(f"c{i}", np.dtype("i8")) for i in range(24)]
+    cols = {name: rng.integers(0, 1 << 40, n) for name, _ in layout}
+    blob = encode(cols, layout, 0, n)
+    for _ in range(40):
+        inflater = Inflater(blob, n, layout)
+        start = threading.Barrier(4)
+        errors: list[BaseException] = []
+
+        def read(
+            inflater: Inflater = inflater,
+            start: threading.Barrier = start,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            start.wait()
+            try:
+                for upto in range(1, len(layout) + 1):
+                    got = inflater.columns(upto)
+                    for name, _ in layout[:upto]:
+                        np.testing.assert_array_equal(got[name], cols[name])
+            except BaseException as exc:  # collected for the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors[0]

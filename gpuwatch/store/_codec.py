@@ -8,6 +8,7 @@ steps are exact: integer differences wrap around and the cumulative sum wraps ba
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Mapping, Sequence
 
@@ -75,6 +76,10 @@ class Inflater:
     had without inflating the rest: a search reads the time column, a view asks for more
     later, and the stream goes on from where it stopped.
 
+    One inflater is shared through the cache by every thread (a replay's view and the
+    loader summarising an older file): a lock keeps the stream whole, and each caller gets
+    its own dict of the columns made.
+
     Raises:
         ChunkError: Unknown codec (here); bad data or the wrong size (when read).
     """
@@ -90,6 +95,7 @@ class Inflater:
         self._z = zlib.decompressobj()
         self._tail = blob
         self._pending = b""  # inflated bytes of columns not made yet
+        self._lock = threading.Lock()
 
     @property
     def done(self) -> int:
@@ -98,10 +104,15 @@ class Inflater:
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.cols.values()) + len(self._tail) + len(self._pending)
+        with self._lock:
+            return sum(c.nbytes for c in self.cols.values()) + len(self._tail) + len(self._pending)
 
     def columns(self, upto: int) -> dict[str, np.ndarray]:
         """The first ``upto`` columns (all the made ones: at least ``upto``)."""
+        with self._lock:
+            return dict(self._columns(upto))
+
+    def _columns(self, upto: int) -> dict[str, np.ndarray]:
         upto = min(upto, len(self.layout))
         if upto <= self.done:
             return self.cols

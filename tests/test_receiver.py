@@ -393,6 +393,46 @@ def test_the_relay_goes_when_gpuwatch_is_killed(sock_path: str) -> None:
     assert wait_for(gone, timeout=10)
 
 
+def test_relayed_frames_split_across_reads_arrive_whole(sock_path: str) -> None:
+    # The pipe gives frames in pieces: a read may end inside a header or a datagram, and
+    # what is left must join the next read in the buffer made once for all of them.
+    from gpuwatch.sources import _batch
+
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    r, w = os.pipe()
+    rx._relay_in = r
+    now = time.monotonic_ns()
+    frames = b"".join(
+        _batch.FRAME.pack(len(d), os.getpid()) + d
+        for d in (
+            protocol.encode("mark", os.getpid(), i, now, 0, {"text": f"m{i}" + "x" * (i % 97)})
+            for i in range(3000)
+        )
+    )
+    import threading
+
+    reader = threading.Thread(target=rx._run_relayed, daemon=True)
+    reader.start()
+    try:
+        for at in range(0, len(frames), 7919):  # a prime: every cut lands somewhere new
+            os.write(w, frames[at : at + 7919])
+            if at % 3 == 0:
+                time.sleep(0.0005)
+        assert wait_for(lambda: len(session.marks) == 3000, timeout=30)
+        assert [m.text[:5] for m in session.marks[:3]] == ["m0", "m1x", "m2xx"]
+        assert rx.rejected == 0
+        # A frame no datagram can be (longer than the buffer) ends reading, with a note.
+        os.write(w, _batch.FRAME.pack(1 << 30, os.getpid()) + b"x" * (1 << 16))
+        threading.Thread(target=lambda: os.write(w, b"y" * (3 << 20)), daemon=True).start()
+        reader.join(timeout=30)
+        assert not reader.is_alive()
+        assert any("damaged frame" in n for n in session.notes)
+    finally:
+        os.close(w)
+        os.close(r)
+
+
 @pytest.mark.parametrize("way", ["thread, batched", "thread, one by one"])
 def test_without_the_relay_a_thread_receives(
     sock_path: str, way: str, monkeypatch: pytest.MonkeyPatch

@@ -234,29 +234,41 @@ class AnnotationReceiver:
             self._relay_in = None
 
     def _run_relayed(self) -> None:
-        """Datagrams as the relay framed them on the pipe, read many at a time."""
+        """Datagrams as the relay framed them on the pipe, read many at a time.
+
+        Read into one buffer made once: a fresh megabyte per read (and the concatenation
+        of what was left over) grew this thread's malloc arena by about 18 MB at 10k
+        phases/s, and kept it.
+        """
         assert self._relay_in is not None
-        pending = b""
         header = _batch.FRAME.size
+        buf = bytearray(2 * RELAY_PIPE)  # a pipe's worth on top of a frame not yet whole
+        view = memoryview(buf)
+        have = 0
         while True:
             try:
-                chunk = os.read(self._relay_in, RELAY_PIPE)
+                got = os.readv(self._relay_in, [view[have:]])
             except OSError:
                 return
-            if not chunk:  # the relay exited (stopped, or failed): nothing more comes
+            if not got:  # the relay exited (stopped, or failed): nothing more comes
                 if not self._stop.is_set():
                     self.session.note("the annotation relay stopped; annotations are lost")
                 return
-            pending += chunk
+            have += got
             at = 0
-            while len(pending) - at >= header:
-                length, pid = _batch.FRAME.unpack_from(pending, at)
-                if len(pending) - at - header < length:
+            while have - at >= header:
+                length, pid = _batch.FRAME.unpack_from(buf, at)
+                if have - at - header < length:
                     break
-                data = pending[at + header : at + header + length]
+                data = bytes(view[at + header : at + header + length])
                 at += header + length
                 self.handle(data, None if pid < 0 else pid)
-            pending = pending[at:]
+            if at == 0 and have == len(buf):  # a frame longer than any datagram: not ours
+                self.session.note("the annotation relay sent a damaged frame; annotations stop")
+                return
+            if at:
+                buf[: have - at] = bytes(view[at:have])  # the part of a frame still coming
+                have -= at
 
     def _run(self) -> None:
         sock = self._sock

@@ -10,7 +10,9 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -47,6 +49,57 @@ def say(text: str, *, end: str = "\n", overwrite: bool = False) -> None:
         # The terminal is gone (closed pipe, hung up): what gpuwatch has to say is lost,
         # what it records and the job it runs are not.
         pass
+
+
+class Progress:
+    """A status line on stderr while long work runs (a week's recording takes a minute).
+
+    Shown only on a terminal, and only once the work has taken ``delay`` seconds; it is
+    rewritten in place every ``every`` seconds and cleared when the work ends. What it says
+    comes from :attr:`status`: a string, or a callable asked each time.
+
+    Args:
+        delay: Seconds before the line first appears.
+        every: Seconds between rewrites.
+        enabled: False: never shown (the work writes to the same terminal itself).
+    """
+
+    def __init__(self, delay: float = 1.0, every: float = 0.5, enabled: bool = True) -> None:
+        self.status: str | Callable[[], str] = ""
+        self._delay, self._every, self._enabled = delay, every, enabled
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shown = False
+
+    def __enter__(self) -> Progress:
+        try:
+            tty = self._enabled and sys.stderr.isatty()
+        except (OSError, ValueError):
+            tty = False
+        if tty:
+            self._start = time.monotonic()
+            self._thread = threading.Thread(target=self._run, name="gpuwatch-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._shown:
+            say("", end="", overwrite=True)
+
+    def _run(self) -> None:
+        wait = self._delay
+        while not self._stop.wait(wait):
+            wait = self._every
+            try:
+                text = self.status() if callable(self.status) else self.status
+            except Exception:  # a status that cannot be said is not worth stopping for
+                continue
+            if text:
+                say(f"{text} · {time.monotonic() - self._start:.0f} s", end="", overwrite=True)
+                self._shown = True
 
 
 class Parser(argparse.ArgumentParser):

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_OK, CliError, check_theme, say, theme_name
+from ._common import EXIT_OK, CliError, Progress, check_theme, say, theme_name
 
 if TYPE_CHECKING:
     from ..store.multi import Opened
@@ -32,27 +32,48 @@ def _open(path: str) -> Recording:
         raise CliError(str(exc))
 
 
-def _load(paths: list[str], align: str = "wall") -> Opened:
-    """Open and load one recording, or several merged; a bad file is one line, exit 2."""
+def _load(paths: list[str], align: str = "wall", shown: Progress | None = None) -> Opened:
+    """Open and load one recording, or several merged; a bad file is one line, exit 2.
+
+    Args:
+        paths: The files.
+        align: How several are laid on one clock.
+        shown: The status line to keep telling what is being done (loading, checking).
+    """
     from ..store.multi import load_many
     from ..store.recording import RecordingError
 
+    def loading(i: int, n: int, path: Path) -> None:
+        if shown is not None:
+            shown.status = f"loading {path.name}" + (f" ({i + 1} of {n})" if n > 1 else "")
+
+    def checked(path: Path, done: int, total: int) -> None:
+        if shown is not None:
+            shown.status = f"checking {path.name}: {done * 100 // max(total, 1)}% of its chunks"
+
     try:
-        return load_many(paths, align=align, progress=_loading if len(paths) > 1 else None)
+        return load_many(paths, align=align, progress=loading, checked=checked)
     except RecordingError as exc:
         raise CliError(str(exc))
 
 
-def _loading(i: int, n: int, path: Path) -> None:
-    """Progress while several files load (each is read whole before they can be merged)."""
-    if sys.stderr.isatty():
-        size = path.stat().st_size if path.exists() else 0
-        print(
-            f"\r\x1b[Kgpuwatch: loading {i + 1}/{n} {path.name} ({size / 1e6:.1f} MB)",
-            end="\n" if i + 1 == n else "",
-            file=sys.stderr,
-            flush=True,
-        )
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _reading(shown: Progress, opened: Opened, what: str) -> None:
+    """From now on the status line counts the chunks read for ``what``."""
+    from ..store.archive import chunks_read
+
+    total = sum(rec.chunk_count() for rec in opened.recordings)
+    start = chunks_read()
+    name = opened.recordings[0].path.name + (
+        f" and {len(opened.recordings) - 1} more" if len(opened.recordings) > 1 else ""
+    )
+    shown.status = lambda: f"{what} {name}: {chunks_read() - start:,} of {total:,} chunks read"
 
 
 _FILES_HELP = "a recording; several are merged into one session (see --align)"
@@ -153,7 +174,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         label = player.loader.recording.label if player.loader is not None else ""
         subtitle = f"replay {Path(files[0]).name}" + (f" · {label}" if label else "")
     else:
-        opened = _load(files, args.align)
+        with Progress(delay=0.0) as shown:
+            opened = _load(files, args.align, shown)
         opened.close()  # all loaded: the files are not needed any more
         player = Player(opened.session, speed=args.speed)
         names = ", ".join(p.origin for p in opened.parts)
@@ -171,11 +193,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     """Print what a recording holds."""
     from ..store.info import format_summary, summarize_opened
 
-    opened = _load(args.file, args.align)
-    try:
-        info = summarize_opened(opened)
-    finally:
-        opened.close()
+    with Progress() as shown:
+        opened = _load(args.file, args.align, shown)
+        try:
+            _reading(shown, opened, "summarising")
+            info = summarize_opened(opened)
+        finally:
+            opened.close()
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -206,25 +230,28 @@ def cmd_export(args: argparse.Namespace) -> int:
                 f"{existing[0]} and {len(existing) - 1} more files already exist in {out} "
                 "(use --force to overwrite them)"
             )
-    opened = _load(args.file, args.align)
-    empty: list[str] = []
-    try:
-        if to_stdout:
-            write(table(opened, args.table), args.format, sys.stdout)
-            return EXIT_OK
+    # Not over a table being printed to this same terminal.
+    with Progress(enabled=not (to_stdout and _isatty(sys.stdout))) as shown:
+        opened = _load(args.file, args.align, shown)
+        empty: list[str] = []
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            total = 0
-            for name in names:
-                with open(out / f"{name}.{args.format}", "w", newline="") as f:
-                    rows = write(table(opened, name), args.format, f)
-                total += rows
-                if rows == 0:
-                    empty.append(name)
-        except OSError as exc:
-            raise CliError(f"cannot write to {out}: {exc.strerror or exc}")  # a bad --out
-    finally:
-        opened.close()
+            _reading(shown, opened, "exporting")
+            if to_stdout:
+                write(table(opened, args.table), args.format, sys.stdout)
+                return EXIT_OK
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                total = 0
+                for name in names:
+                    with open(out / f"{name}.{args.format}", "w", newline="") as f:
+                        rows = write(table(opened, name), args.format, f)
+                    total += rows
+                    if rows == 0:
+                        empty.append(name)
+            except OSError as exc:
+                raise CliError(f"cannot write to {out}: {exc.strerror or exc}")  # a bad --out
+        finally:
+            opened.close()
     note = ""
     if empty:
         what = "empty files" if args.format == "jsonl" else "a header row only"

@@ -31,6 +31,14 @@ from ._schema import SERIES
 CACHE_BYTES = 96 << 20
 """Decoded chunks and block summaries kept, over every archive of the process."""
 
+_inflated = [0]  # chunks opened for reading by this process, every archive together
+
+
+def chunks_read() -> int:
+    """Chunks this process has opened for reading so far (a progress line shows it)."""
+    return _inflated[0]
+
+
 SYNC_SUMMARIES = 8
 """Chunks without a stored summary that a query summarises itself (a file written before
 summaries existed); beyond, it draws what is summarised and the loader does the rest."""
@@ -338,6 +346,7 @@ class SeriesArchive:
         if rows and rows[0][0] <= r0 and rows[0][0] + rows[0][1] >= r0 + cn:
             f0, fn, codec, blob = rows[0]
             self.source.decoded += 1
+            _inflated[0] += 1  # a rare lost update between threads only blurs a progress line
             self.source.rows_decoded[self.kind] += fn
             try:
                 return r0 - f0, _codec.Inflater(blob, fn, self.stored, codec)

@@ -21,6 +21,9 @@ from .recording import Recording, RecordingError, open_recording
 Progress = Callable[[int, int, Path], None]
 """``progress(i, n, path)``: about to load file ``i`` (0-based) of ``n``."""
 
+Checked = Callable[[Path, int, int], None]
+"""``checked(path, chunks checked, chunks in the file)``, now and then while validating."""
+
 
 @dataclass
 class Opened:
@@ -51,6 +54,7 @@ def load_many(
     align: str = "wall",
     strict: bool = True,
     progress: Progress | None = None,
+    checked: Checked | None = None,
 ) -> Opened:
     """Open and validate every file, windowed; merge them when there are several.
 
@@ -63,6 +67,7 @@ def load_many(
         strict: A damaged chunk is an error, found here by decoding every chunk once
             (else a view notes it and shows the rest).
         progress: Called before each file is read.
+        checked: Called now and then while a file is validated.
 
     Raises:
         RecordingError: A file is not a readable recording, or a file is given twice.
@@ -80,7 +85,9 @@ def load_many(
             rec = open_recording(path)
             recordings.append(rec)
             if strict:
-                rec.validate()
+                rec.validate(
+                    None if checked is None else lambda i, n, p=Path(path): checked(p, i, n)
+                )
             session, loader = rec.open_session(windowed=True)
             if not loader.done:  # a file written before summaries: make them meanwhile
                 loader.start(follow=False)

@@ -17,7 +17,7 @@ import socket
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -277,8 +277,11 @@ class Recording:
         loader.refresh()
         return session, loader
 
-    def validate(self) -> None:
+    def validate(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Inflate every chunk once (none is kept): a damaged one raises here.
+
+        Args:
+            progress: Called now and then with ``(chunks checked, chunks in the file)``.
 
         Raises:
             RecordingError: A chunk does not decode to the rows its index promises.
@@ -290,11 +293,23 @@ class Recording:
                 sid: layout_dtypes(tuple(tuple(c) for c in json.loads(columns)))
                 for sid, columns in db.execute("SELECT id, columns FROM series")
             }
-            for sid, n, codec, blob in db.execute("SELECT series, n, codec, data FROM chunks"):
+            total = db.execute("SELECT count(*) FROM chunks").fetchone()[0] if progress else 0
+            rows = db.execute("SELECT series, n, codec, data FROM chunks")
+            for i, (sid, n, codec, blob) in enumerate(rows):
+                if progress is not None and i % 256 == 0:
+                    progress(i, total)
                 layout = layouts.get(sid)
                 if layout is None:
                     raise RecordingError(f"{self.path} is damaged (a chunk of no series)")
                 _codec.check(blob, n, layout, codec)
+
+    def chunk_count(self) -> int:
+        """How many chunks the file holds (0 where it cannot say)."""
+        try:
+            with self.reading() as db:
+                return int(db.execute("SELECT count(*) FROM chunks").fetchone()[0])
+        except RecordingError:
+            return 0
 
     def close(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -131,6 +132,26 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0, interval: float = 
             return True
         time.sleep(interval)
     return cond()
+
+
+def in_threads(work: Callable[[], object], count: int) -> list[BaseException]:
+    """Run ``work`` in ``count`` threads started together; what any of them raised."""
+    start = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        start.wait()
+        try:
+            work()
+        except BaseException as exc:  # collected for the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
 
 
 def run_gpuwatch(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-
 import synthetic
+from conftest import in_threads
 
 import gpuwatch.predict as pr
 from gpuwatch.prometheus import SessionCollector
@@ -58,20 +57,12 @@ def test_a_line_serves_two_threads(monkeypatch) -> None:
     line = session.predictions.line(session.processes[synthetic.PID])
     assert line is not None
     t0, t1 = session.time_range()
-    errors: list[BaseException] = []
 
     def read() -> None:
-        try:
-            for i in range(200):
-                line.window(t0, t1, 100 + i % 7)
-                line.value_at(t0 + (t1 - t0) * i // 200)
-                line.update()
-        except BaseException as exc:
-            errors.append(exc)
+        for i in range(200):
+            line.window(t0, t1, 100 + i % 7)
+            line.value_at(t0 + (t1 - t0) * i // 200)
+            line.update()
 
-    threads = [threading.Thread(target=read) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = in_threads(read, 2)
     assert errors == []

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import in_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -241,8 +242,6 @@ def test_one_inflater_shared_by_threads_stays_whole() -> None:
     """A replay's view and the loader summarising an older file read one cached chunk at
     once: each thread asks for more columns while the other inflates (once, a sample's
     info failed with 'incorrect data check')."""
-    import threading
-
     from gpuwatch.store._codec import Inflater
 
     rng = np.random.default_rng(3)
@@ -252,26 +251,12 @@ def test_one_inflater_shared_by_threads_stays_whole() -> None:
     blob = encode(cols, layout, 0, n)
     for _ in range(40):
         inflater = Inflater(blob, n, layout)
-        start = threading.Barrier(4)
-        errors: list[BaseException] = []
 
-        def read(
-            inflater: Inflater = inflater,
-            start: threading.Barrier = start,
-            errors: list[BaseException] = errors,
-        ) -> None:
-            start.wait()
-            try:
-                for upto in range(1, len(layout) + 1):
-                    got = inflater.columns(upto)
-                    for name, _ in layout[:upto]:
-                        np.testing.assert_array_equal(got[name], cols[name])
-            except BaseException as exc:  # collected for the main thread
-                errors.append(exc)
+        def read(inflater: Inflater = inflater) -> None:
+            for upto in range(1, len(layout) + 1):
+                got = inflater.columns(upto)
+                for name, _ in layout[:upto]:
+                    np.testing.assert_array_equal(got[name], cols[name])
 
-        threads = [threading.Thread(target=read) for _ in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        errors = in_threads(read, 4)
         assert not errors, errors[0]

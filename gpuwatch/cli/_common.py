@@ -51,6 +51,14 @@ def say(text: str, *, end: str = "\n", overwrite: bool = False) -> None:
         pass
 
 
+def isatty(stream: object) -> bool:
+    """Whether ``stream`` is a terminal (False for a closed or replaced one)."""
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class Progress:
     """A status line on stderr while long work runs (a week's recording takes a minute).
 
@@ -72,11 +80,7 @@ class Progress:
         self._shown = False
 
     def __enter__(self) -> Progress:
-        try:
-            tty = self._enabled and sys.stderr.isatty()
-        except (OSError, ValueError):
-            tty = False
-        if tty:
+        if self._enabled and isatty(sys.stderr):
             self._start = time.monotonic()
             self._thread = threading.Thread(target=self._run, name="gpuwatch-progress", daemon=True)
             self._thread.start()

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_OK, CliError, Progress, check_theme, say, theme_name
+from ._common import EXIT_OK, CliError, Progress, check_theme, isatty, say, theme_name
 
 if TYPE_CHECKING:
     from ..store.multi import Opened
@@ -55,13 +55,6 @@ def _load(paths: list[str], align: str = "wall", shown: Progress | None = None) 
         return load_many(paths, align=align, progress=loading, checked=checked)
     except RecordingError as exc:
         raise CliError(str(exc))
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, OSError, ValueError):
-        return False
 
 
 def _reading(shown: Progress, opened: Opened, what: str) -> None:
@@ -231,7 +224,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "(use --force to overwrite them)"
             )
     # Not over a table being printed to this same terminal.
-    with Progress(enabled=not (to_stdout and _isatty(sys.stdout))) as shown:
+    with Progress(enabled=not (to_stdout and isatty(sys.stdout))) as shown:
         opened = _load(args.file, args.align, shown)
         empty: list[str] = []
         try:

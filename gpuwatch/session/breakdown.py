@@ -130,9 +130,11 @@ def breakdown(
     procs = session.processes_on(key)
     pids = {p.pid for p in procs}
     reserved = allocated = fragmented = None
+    held: dict[int, float] = {}  # each process's own allocated figure at t
     for proc in procs:
         row = proc.torch.at(t)
         r, a, f = (_known(row, c) for c in ("reserved", "allocated", "inactive_split"))
+        held[proc.pid] = a or 0.0
         if r is not None:
             reserved = (reserved or 0.0) + r
         if a is not None:
@@ -170,7 +172,7 @@ def breakdown(
         # phase whose exact peak is known, what was allocated at t lies between that held
         # figure and the peak. A prediction within those bounds is not called wrong; the
         # figure the bar splits is the one nearest to it (the held one, or the peak).
-        ceiling = _ceiling(session, procs, t, allocated)
+        ceiling = _ceiling(session, procs, t, allocated, held)
         measured = min(max(allocated, expected), ceiling)
         if measured != allocated:
             out.allocated = measured
@@ -191,17 +193,18 @@ def _known(row: dict[str, float | int] | None, column: str) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _ceiling(session: Session, procs: list, t: int, held: float) -> float:
-    """The most that can have been allocated at ``t``: each process's held figure, or the
-    exact peak of the innermost phase it is in at ``t`` when that is higher."""
-    ceiling = held
+def _ceiling(
+    session: Session, procs: list, t: int, allocated: float, held: Mapping[int, float]
+) -> float:
+    """The most that can have been allocated at ``t``: each process's held figure
+    (``held``, by pid; ``allocated`` is their sum), or the exact peak of the innermost
+    phase it is in at ``t`` when that is higher."""
+    ceiling = allocated
     for proc in procs:
         span = session.span_at(proc, t)
         peak = span.get("peak_alloc") if span is not None else None
-        if peak is None:
-            continue
-        own = _known(proc.torch.at(t), "allocated") or 0.0
-        ceiling += max(0.0, float(peak) - own)
+        if peak is not None:
+            ceiling += max(0.0, float(peak) - held[proc.pid])
     return ceiling
 
 

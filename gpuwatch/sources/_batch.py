@@ -24,9 +24,13 @@ from typing import Any
 BATCH = 64
 """Datagrams taken per call at most."""
 
-_CMSG_SPACE = socket.CMSG_SPACE(struct.calcsize("3i"))
+CREDS = struct.Struct("3i")
+"""``struct ucred``: pid, uid, gid (what ``SCM_CREDENTIALS`` carries)."""
+
+CMSG_SPACE = socket.CMSG_SPACE(CREDS.size)
+"""Ancillary bytes one datagram's credentials take."""
+
 _CMSG_HEADER = struct.Struct("@Nii")  # struct cmsghdr: cmsg_len (size_t), level, type
-_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class _IoVec(ctypes.Structure):
@@ -67,12 +71,12 @@ class BatchReceiver:
         if self._call is None:
             raise OSError(errno.ENOSYS, "recvmmsg is not available")
         self._data = ctypes.create_string_buffer(batch * size)
-        self._control = ctypes.create_string_buffer(batch * _CMSG_SPACE)
+        self._control = ctypes.create_string_buffer(batch * CMSG_SPACE)
         self._iov = (_IoVec * batch)()
         self._msgs = (_MMsgHdr * batch)()
         data, control = ctypes.addressof(self._data), ctypes.addressof(self._control)
         self._data_at = [data + i * size for i in range(batch)]
-        self._control_at = [control + i * _CMSG_SPACE for i in range(batch)]
+        self._control_at = [control + i * CMSG_SPACE for i in range(batch)]
         for i in range(batch):
             self._iov[i].iov_base = self._data_at[i]
             self._iov[i].iov_len = size
@@ -92,7 +96,7 @@ class BatchReceiver:
         """
         msgs = self._msgs
         for i in range(self.batch):
-            msgs[i].msg_hdr.msg_controllen = _CMSG_SPACE
+            msgs[i].msg_hdr.msg_controllen = CMSG_SPACE
             msgs[i].msg_hdr.msg_flags = 0
         n = self._call(self.fd, msgs, self.batch, socket.MSG_DONTWAIT, None)
         if n < 0:
@@ -109,14 +113,14 @@ class BatchReceiver:
         return out
 
     def _sender(self, i: int, length: int) -> int | None:
-        if length < _CMSG_HEADER.size + _CREDS.size:
+        if length < _CMSG_HEADER.size + CREDS.size:
             return None
         control = ctypes.string_at(self._control_at[i], length)
         _, level, kind = _CMSG_HEADER.unpack_from(control)
         if level != socket.SOL_SOCKET or kind != socket.SCM_CREDENTIALS:
             return None
         offset = socket.CMSG_LEN(0)  # the data follows the aligned header
-        return _CREDS.unpack_from(control, offset)[0]
+        return CREDS.unpack_from(control, offset)[0]
 
 
 def _recvmmsg() -> Any:
@@ -135,6 +139,11 @@ def _recvmmsg() -> Any:
     ]
     call.restype = ctypes.c_int
     return call
+
+
+def available() -> bool:
+    """Whether this system has ``recvmmsg`` (Linux), without making a receiver's buffers."""
+    return _recvmmsg() is not None
 
 
 def batch_receiver(sock: socket.socket, size: int) -> BatchReceiver | None:

@@ -15,7 +15,6 @@ import os
 import select
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ import time
 from .. import protocol
 from ..session import Session
 from . import _batch
-from ._batch import batch_receiver
+from ._batch import CMSG_SPACE, CREDS, batch_receiver
 
 
 class SocketError(RuntimeError):
@@ -43,15 +42,12 @@ class SocketPathTaken(SocketError):
     """Something that is not a stale socket sits at the socket path (or its lock file)."""
 
 
-_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
 RELAY_START = 10.0
 """Seconds the relay may take to start reading (a loaded machine); else a thread reads."""
 
 RELAY_PIPE = 1 << 20
 """Bytes the relay's pipe holds (Linux's default most for an unprivileged process):
 about a quarter second of a 20k events/s burst, while the dashboard is busy."""
-_CMSG_SPACE = socket.CMSG_SPACE(_CREDS.size)
 
 
 class AnnotationReceiver:
@@ -184,7 +180,7 @@ class AnnotationReceiver:
         """Start the relay process; False (nothing started) where it cannot run."""
         sock = self._sock
         assert sock is not None
-        if batch_receiver(sock, protocol.MAX_DATAGRAM + 1) is None:
+        if not _batch.available():
             return False
         data_r, data_w = os.pipe()
         life_r, life_w = os.pipe()
@@ -302,7 +298,7 @@ class AnnotationReceiver:
         view = memoryview(buf)
         while not self._stop.is_set():
             try:
-                n, ancillary, flags, _ = sock.recvmsg_into([buf], _CMSG_SPACE)
+                n, ancillary, flags, _ = sock.recvmsg_into([buf], CMSG_SPACE)
             except TimeoutError:
                 continue
             except OSError:
@@ -368,8 +364,8 @@ def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
     """The pid in a datagram's ``SCM_CREDENTIALS``, or None when none came with it."""
     for level, kind, data in ancillary:
         ours = level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
-        if ours and len(data) >= _CREDS.size:
-            return _CREDS.unpack_from(data)[0]
+        if ours and len(data) >= CREDS.size:
+            return CREDS.unpack_from(data)[0]
     return None
 
 

@@ -105,6 +105,39 @@ def test_damaged_chunk_fails_a_full_load_and_notes_in_replay(tmp_path: Path) -> 
     rec.close()
 
 
+@pytest.mark.parametrize("kind", ["phases", "gpu_procs"])
+def test_a_damaged_chunk_of_narrow_columns_replays_as_unknown(tmp_path: Path, kind: str) -> None:
+    # Phases hold int32/int16/int8 columns (name, depth, error), NVML process lists an int8
+    # one: the missing marker does not fit them, and a damaged chunk once raised
+    # OverflowError into the replay instead of showing what can be read.
+    from gpuwatch.store.player import open_replay
+
+    path = tmp_path / "narrow.gpuwatch"
+    path.write_bytes((ROOT / "samples" / "gpt2-small-h100.gpuwatch").read_bytes())
+    with sqlite3.connect(path) as db:
+        sid, row0, blob = db.execute(
+            "SELECT c.series, c.row0, c.data FROM chunks c JOIN series s ON s.id = c.series"
+            " WHERE s.kind = ? LIMIT 1",
+            (kind,),
+        ).fetchone()
+        bad = bytearray(blob)
+        bad[len(bad) // 2] ^= 0xFF
+        db.execute(
+            "UPDATE chunks SET data = ? WHERE series = ? AND row0 = ?", (bytes(bad), sid, row0)
+        )
+    player = open_replay(path)
+    try:
+        s = player.session
+        tables = [p.phases for p in s.processes.values()] if kind == "phases" else []
+        tables += list(s.gpu_procs.values()) if kind == "gpu_procs" else []
+        for table in tables:
+            cols = table.snapshot()
+            assert len(next(iter(cols.values()))) == len(table)
+        assert any("damaged" in n for n in s.notes)
+    finally:
+        player.close()
+
+
 def test_every_command_gives_exit_2_and_one_line(tmp_path: Path, sub_env: dict[str, str]) -> None:
     cases = {kind: make(tmp_path / f"{kind}.gpuwatch") for kind, (make, _) in BAD.items()}
     cases["damaged-chunk"] = _damaged_chunk(tmp_path / "chunk.gpuwatch")

@@ -183,10 +183,10 @@ class Table:
             if isinstance(row, Mapping):
                 for name in self.names:
                     value = row.get(name)
-                    cols[name][n] = _missing(self.dtypes[name]) if value is None else value
+                    cols[name][n] = missing_value(self.dtypes[name]) if value is None else value
             else:
                 for name, value in zip(self.names, row, strict=True):
-                    cols[name][n] = _missing(self.dtypes[name]) if value is None else value
+                    cols[name][n] = missing_value(self.dtypes[name]) if value is None else value
             self._n = n + 1
             self.version += 1
         if self.keep is not None and self._n > 2 * self.keep:
@@ -610,5 +610,15 @@ def _row(cols: dict[str, np.ndarray]) -> dict[str, float | int] | None:
     return {name: col[0].item() for name, col in cols.items()}
 
 
-def _missing(dtype: np.dtype) -> float | int:
-    return np.nan if dtype.kind == "f" else MISSING_INT if dtype.kind == "i" else 0
+def missing_value(dtype: np.dtype) -> float | int:
+    """What an unknown value of a ``dtype`` column is: NaN, :data:`MISSING_INT` in an int64
+    column, else 0 (the narrow columns, a name id, a depth, a flag, hold no marker: the
+    missing marker does not fit them)."""
+    if dtype.kind == "f":
+        return np.nan
+    return MISSING_INT if dtype == np.int64 else 0
+
+
+def unknown_column(n: int, dtype: np.dtype) -> np.ndarray:
+    """``n`` unknown values of ``dtype`` (a column a file predates, a damaged chunk)."""
+    return np.full(n, missing_value(dtype), dtype=dtype)

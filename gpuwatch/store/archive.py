@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..session import summary as sm
-from ..session.table import MISSING_INT, TIME_COLUMNS, remap
+from ..session.table import MISSING_INT, TIME_COLUMNS, remap, unknown_column
 from . import _codec
 from ._schema import SERIES
 
@@ -361,7 +361,7 @@ class SeriesArchive:
             if name == self.stored[0][0]:
                 out[name] = np.linspace(t0, t1, n).astype(np.int64)
             else:
-                out[name] = np.full(n, np.nan if dt.kind == "f" else MISSING_INT, dtype=dt)
+                out[name] = unknown_column(n, dt)
         return out
 
     def _raw(self, i0: int, i1: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -393,7 +393,7 @@ class SeriesArchive:
             dtype = self.dtypes[name]
             col = raw.get(name)
             if col is None:  # a column this file predates: unknown
-                col = np.full(count, np.nan if dtype.kind == "f" else MISSING_INT, dtype=dtype)
+                col = unknown_column(count, dtype)
             elif col.dtype != dtype:
                 col = col.astype(dtype)
             if name in TIME_COLUMNS and self.shift:

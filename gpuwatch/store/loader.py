@@ -27,7 +27,7 @@ import numpy as np
 from .. import protocol
 from ..session import Mark, Oom, OpenSpan, Session, Table
 from ..session import summary as sm
-from ..session.table import MISSING_INT
+from ..session.table import unknown_column
 from . import _bodies, _codec
 from ._schema import SERIES, SUMMARIES, layout_dtypes
 from .archive import ChunkSource, SeriesArchive
@@ -389,8 +389,7 @@ class Loader:
         for name in table.names:
             col = cols.get(name)
             if col is None:  # a column this file predates: unknown
-                dtype = table.dtypes[name]
-                col = np.full(count, np.nan if dtype.kind == "f" else MISSING_INT, dtype=dtype)
+                col = unknown_column(count, table.dtypes[name])
             out[name] = col
         try:
             self.session.extend_series(feed.kind, feed.key, out)

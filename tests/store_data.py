@@ -7,6 +7,8 @@ real protocol encoder and validator, so they are exactly what a receiver would i
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -191,3 +193,27 @@ def assert_sessions_equal(live: Session, loaded: Session) -> None:
     assert loaded.proc_info == live.proc_info
     assert loaded.sampler_rate == live.sampler_rate
     assert loaded.time_range() == live.time_range()
+
+
+def as_schema_1(path: Path) -> None:
+    """Rewrite a recording as gpuwatch wrote it before codec 2: every chunk one stream,
+    ``meta.schema`` 1 (what a file from an older gpuwatch holds)."""
+    import sqlite3
+
+    from gpuwatch.store import _codec
+    from gpuwatch.store._schema import layout_dtypes
+
+    with sqlite3.connect(path) as db:
+        layouts = {
+            sid: layout_dtypes(tuple(tuple(c) for c in json.loads(columns)))
+            for sid, columns in db.execute("SELECT id, columns FROM series")
+        }
+        chunks = db.execute("SELECT rowid, series, n, codec, data FROM chunks").fetchall()
+        for rowid, sid, n, codec, blob in chunks:
+            cols = _codec.decode(blob, n, layouts[sid], codec)
+            old = _codec.encode(cols, layouts[sid], 0, n, codec=_codec.STREAM)
+            db.execute(
+                "UPDATE chunks SET codec = ?, data = ? WHERE rowid = ?",
+                (_codec.STREAM, old, rowid),
+            )
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")

@@ -9,6 +9,7 @@ reads only what a window needs, and the whole recording's view still shows a sin
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import longdata
 import numpy as np
 import pytest
 from longdata import GIB, KEY, PID, SECOND, T0
+from store_data import as_schema_1, assert_sessions_equal
 
 from gpuwatch import protocol
 from gpuwatch.session import Session
@@ -23,6 +25,7 @@ from gpuwatch.session import navigate as nav
 from gpuwatch.session.peaks import phase_peaks
 from gpuwatch.session.table import HISTORY_BLOCKS
 from gpuwatch.store import Recorder, load, open_recording
+from gpuwatch.store._codec import BLOCK_ROWS
 from gpuwatch.store.archive import CACHE
 from gpuwatch.store.export import TABLES, columns, table
 from gpuwatch.store.info import summarize_opened
@@ -195,6 +198,33 @@ def test_replay_reads_only_what_a_window_needs(long_file: Path, full: Session) -
         rec.close()
 
 
+def test_a_file_from_before_blocks_reads_the_same(
+    long_file: Path, full: Session, tmp_path: Path
+) -> None:
+    """A schema-1 file (each chunk one stream) loads whole and windowed as before."""
+    path = tmp_path / "schema1.gpuwatch"
+    shutil.copy(long_file, path)
+    as_schema_1(path)
+    assert_sessions_equal(full, load(path))
+    CACHE.clear()
+    rec, s, loader = _windowed(path)
+    try:
+        assert rec.meta["schema"] == "1"
+        first, last = loader.bounds()
+        proc, whole = s.processes[PID], full.processes[PID]
+        rng = np.random.default_rng(11)
+        for when in rng.integers(first, last, 60).tolist():
+            assert s.span_at(proc, when) == full.span_at(whole, when)
+            assert proc.torch.at(when) == whole.torch.at(when)
+            assert s.gpu[KEY].at(when) == full.gpu[KEY].at(when)
+            window = s.gpu_window(KEY, "used", when, when + 5 * SECOND, 300)
+            exact = full.gpu_window(KEY, "used", when, when + 5 * SECOND, 300)
+            np.testing.assert_array_equal(window[1], exact[1])
+        assert loader.source.error is None
+    finally:
+        rec.close()
+
+
 def test_jumps_are_exact_across_the_whole_file(long_file: Path, full: Session) -> None:
     rec, s, loader = _windowed(long_file)
     try:
@@ -225,8 +255,9 @@ async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_f
             panel = next(p for p in app.panels if p.key == KEY)
             nvml = next(s for s in panel.chart.last_frame.series if s.role == "nvml")
             assert np.nanmax(nvml.hi) == 70 * GIB
-            # The summaries drew the 120k samples: only the cursor's chunk was read.
-            assert player.loader.source.rows_decoded["gpu"] <= 2 * 2048
+            # The summaries drew the 120k samples: only the blocks of rows at the cursor
+            # were inflated (of the chunk of 2048 rows that holds it).
+            assert player.loader.source.rows_decoded["gpu"] <= 2 * BLOCK_ROWS < 2048
             await pilot.press("s")
             assert player.position() == longdata.spike_time(SECONDS)
             await pilot.press("right_square_bracket", "2")

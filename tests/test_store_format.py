@@ -15,7 +15,18 @@ from store_data import MS, T0, Script, add_gpu, assert_sessions_equal, gpu_row, 
 
 from gpuwatch.session import MISSING_INT, Session
 from gpuwatch.store import Recorder, SessionWriter, load, open_recording, save_session
-from gpuwatch.store._codec import ChunkError, cut, decode, encode, summary
+from gpuwatch.store._codec import (
+    CODEC,
+    CODECS,
+    STREAM,
+    ChunkError,
+    Inflater,
+    check,
+    cut,
+    decode,
+    encode,
+    summary,
+)
 from gpuwatch.store._schema import layout_dtypes
 
 # --------------------------------------------------------------------------- codec
@@ -42,7 +53,9 @@ def test_codec_round_trips_any_values(t: np.ndarray, data: st.DataObject) -> Non
         "f": data.draw(hnp.arrays(np.float32, n)),  # NaN and infinities included
     }
     start = data.draw(st.integers(0, n - 1))
-    out = decode(encode(cols, LAYOUT, start, n), n - start, LAYOUT)
+    codec = data.draw(st.sampled_from(CODECS))
+    blob = encode(cols, LAYOUT, start, n, codec=codec, block_rows=data.draw(st.integers(1, 64)))
+    out = decode(blob, n - start, LAYOUT, codec)
     for name, dtype in LAYOUT:
         # Bitwise: NaN payloads and the missing-int marker come back exactly.
         assert out[name].dtype == dtype
@@ -61,6 +74,86 @@ def test_codec_rejects_damage() -> None:
         decode(bytes(bad), 50, LAYOUT)
     with pytest.raises(ChunkError):
         decode(blob, 50, LAYOUT, codec=99)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    t=hnp.arrays(np.int64, st.integers(1, 300), elements=st.integers(-50, 50)),
+    data=st.data(),
+)
+def test_blocks_give_any_rows_and_search_like_the_whole_column(
+    t: np.ndarray, data: st.DataObject
+) -> None:
+    """A reader asks a chunk for a few rows (the cursor's) or searches its times: the
+    blocks it inflates answer exactly as the whole chunk would, equal times straddling a
+    block boundary included."""
+    t = np.sort(t)
+    n = len(t)
+    cols = {"t": t, "a": np.arange(n, dtype=np.int32), "b": np.zeros(n, np.int8)}
+    cols["f"] = np.linspace(0, 1, n, dtype=np.float32)
+    codec = data.draw(st.sampled_from(CODECS))
+    blob = encode(cols, LAYOUT, 0, n, codec=codec, block_rows=data.draw(st.integers(1, 40)))
+    check(blob, n, LAYOUT, codec)
+    inflater = Inflater(blob, n, LAYOUT, codec)
+    for _ in range(4):
+        lo = data.draw(st.integers(0, n))
+        hi = data.draw(st.integers(lo, n))
+        upto = data.draw(st.integers(1, len(LAYOUT)))
+        got = inflater.columns(upto, lo, hi)
+        for name, _ in LAYOUT[:upto]:
+            assert got[name].tobytes() == cols[name][lo:hi].tobytes(), (name, lo, hi)
+    for _ in range(8):
+        x = data.draw(st.integers(-52, 52))
+        side = data.draw(st.sampled_from(["left", "right"]))
+        lo = data.draw(st.integers(0, n))
+        hi = data.draw(st.integers(lo, n))
+        expected = min(max(int(np.searchsorted(t, x, side)), lo), hi)
+        assert inflater.search(x, side, lo, hi) == expected, (x, side, lo, hi)
+
+
+def test_a_cursor_read_inflates_one_block() -> None:
+    n = 8192
+    cols = {"t": np.arange(n, dtype=np.int64) * 100, "a": np.arange(n, dtype=np.int32)}
+    cols |= {"b": np.zeros(n, np.int8), "f": np.zeros(n, np.float32)}
+    inflater = Inflater(encode(cols, LAYOUT, 0, n, block_rows=512), n, LAYOUT)
+    i = inflater.search(5000 * 100 + 1, "right") - 1
+    assert i == 5000 and inflater.inflated == 512
+    assert inflater.columns(4, i, i + 1)["a"].tolist() == [5000]
+    assert inflater.inflated == 512  # the same block: nothing more inflated
+    assert inflater.columns(1, 600, 700)["t"][0] == 60_000 and inflater.inflated == 1024
+    assert inflater.columns(1, 1000, 1100)["t"][-1] == 109_900 and inflater.inflated == 1536
+    # One stream (a schema-1 file): the whole chunk's rows, as before.
+    old = Inflater(encode(cols, LAYOUT, 0, n, codec=STREAM), n, LAYOUT, STREAM)
+    assert old.search(5000 * 100 + 1, "right") - 1 == 5000 and old.inflated == n
+
+
+def test_a_damaged_block_table_is_a_chunk_error() -> None:
+    n = 100
+    cols = {"t": np.arange(n, dtype=np.int64), "a": np.zeros(n, np.int32)}
+    cols |= {"b": np.zeros(n, np.int8), "f": np.zeros(n, np.float32)}
+    blob = encode(cols, LAYOUT, 0, n, block_rows=30)  # 4 blocks
+    assert int.from_bytes(blob[:4], "little") == 4
+    damaged = {
+        "no table": blob[:2],
+        "too many blocks": (10**6).to_bytes(4, "little") + blob[4:],
+        "no blocks": (0).to_bytes(4, "little") + blob[4:],
+        "truncated": blob[:-1],
+        "one byte more": blob + b"\0",
+    }
+    for why, bad in damaged.items():
+        with pytest.raises(ChunkError):
+            Inflater(bad, n, LAYOUT, CODEC)
+        with pytest.raises(ChunkError):
+            check(bad, n, LAYOUT, CODEC)
+        print(why, "refused")
+    # A block's first time that is not what its table says (the table steers searches).
+    bad = bytearray(blob)
+    bad[4 + 16 + 8] ^= 0x01  # block 1's first time
+    with pytest.raises(ChunkError):
+        check(bytes(bad), n, LAYOUT, CODEC)
+    with pytest.raises(ChunkError):
+        Inflater(bytes(bad), n, LAYOUT, CODEC).columns(1, 30, 31)
+    assert Inflater(bytes(bad), n, LAYOUT, CODEC).columns(4, 0, 30)["t"][-1] == 29
 
 
 def test_cut_limits_rows_and_time() -> None:

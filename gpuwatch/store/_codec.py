@@ -1,13 +1,21 @@
-"""Columnar chunk encoding: delta + byte-shuffle + zlib, and the rules that cut chunks.
+"""Columnar chunk encoding: delta + byte-shuffle + zlib, in blocks, and the rules that cut chunks.
 
 Integer columns are stored as differences from the previous row (time steps, byte counts
 that rarely change), and every column is byte-shuffled (all first bytes, then all second
 bytes...) so the slowly varying high bytes form long runs that zlib compresses well. Both
 steps are exact: integer differences wrap around and the cumulative sum wraps back.
+
+Codec 2 (what gpuwatch writes) cuts a chunk's rows into blocks of :data:`BLOCK_ROWS`, each
+its own stream, behind a small table of each block's rows, size and first time: a reader
+that wants one moment (the figures at a cursor) or a five-minute window inflates one or a
+few blocks, not the chunk's 8192 rows. Codec 1 (files written before) is one stream per
+chunk, and is read as a chunk of one block.
 """
 
 from __future__ import annotations
 
+import bisect
+import struct
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
@@ -16,24 +24,35 @@ import numpy as np
 
 from ..session.table import MISSING_INT
 
-CODEC = 1
-"""``chunks.codec`` of this encoding."""
+CODEC = 2
+"""``chunks.codec`` of what gpuwatch writes: blocks of rows, each its own stream."""
+
+STREAM = 1
+"""``chunks.codec`` of one stream for the whole chunk (recordings of schema 1)."""
+
+CODECS = (STREAM, CODEC)
+
+BLOCK_ROWS = 512
+"""Rows in one block of a codec-2 chunk (the last block of a chunk may hold fewer)."""
 
 LEVEL = 6
+
+_COUNT = struct.Struct("<I")
+_BLOCK = struct.Struct("<IIq")  # rows, compressed bytes, first time
 
 
 class ChunkError(ValueError):
     """A chunk blob that does not decode to the rows its index entry promises."""
 
 
-def encode(
+def _stream(
     cols: Mapping[str, np.ndarray],
     layout: Sequence[tuple[str, np.dtype]],
     start: int,
     stop: int,
-    level: int = LEVEL,
+    level: int,
 ) -> bytes:
-    """Encode rows ``[start, stop)`` of ``cols`` (columns in ``layout`` order)."""
+    """Rows ``[start, stop)`` as one zlib stream of the shuffled columns (codec 1)."""
     parts = []
     for name, dtype in layout:
         a = np.ascontiguousarray(cols[name][start:stop], dtype=dtype)
@@ -44,6 +63,35 @@ def encode(
             a = d
         parts.append(a.view(np.uint8).reshape(-1, dtype.itemsize).T.tobytes())
     return zlib.compress(b"".join(parts), level)
+
+
+def encode(
+    cols: Mapping[str, np.ndarray],
+    layout: Sequence[tuple[str, np.dtype]],
+    start: int,
+    stop: int,
+    level: int = LEVEL,
+    codec: int = CODEC,
+    block_rows: int = BLOCK_ROWS,
+) -> bytes:
+    """Encode rows ``[start, stop)`` of ``cols`` (columns in ``layout`` order).
+
+    The first column of the layout is the time the rows are ordered by (codec 2 keeps
+    each block's first one in its table).
+    """
+    if codec == STREAM:
+        return _stream(cols, layout, start, stop, level)
+    if codec != CODEC:
+        raise ValueError(f"unknown chunk codec {codec}")
+    t = cols[layout[0][0]]
+    head = [b""]
+    blocks = []
+    for a in range(start, stop, block_rows):
+        b = min(a + block_rows, stop)
+        blocks.append(_stream(cols, layout, a, b, level))
+        head.append(_BLOCK.pack(b - a, len(blocks[-1]), int(t[a])))
+    head[0] = _COUNT.pack(len(blocks))
+    return b"".join(head + blocks)
 
 
 def decode(
@@ -60,7 +108,7 @@ def decode(
         n: Its rows.
         layout: The series' column layout.
         codec: The chunk's codec.
-        upto: Decode only the first ``upto`` columns of the layout (the stream is
+        upto: Decode only the first ``upto`` columns of the layout (the streams are
             inflated no further than their bytes).
 
     Raises:
@@ -69,55 +117,66 @@ def decode(
     return Inflater(blob, n, layout, codec).columns(len(layout) if upto is None else upto)
 
 
-class Inflater:
-    """A chunk inflated a column at a time, on demand, never twice.
-
-    Columns are stored one after the other in one zlib stream, so the first ones can be
-    had without inflating the rest: a search reads the time column, a view asks for more
-    later, and the stream goes on from where it stopped.
-
-    One inflater is shared through the cache by every thread (a replay's view and the
-    loader summarising an older file): a lock keeps the stream whole, and each caller gets
-    its own dict of the columns made.
+def _table(blob: bytes, n: int) -> tuple[list[int], list[int], list[int]]:
+    """``(first row, byte offset, first time)`` of each block of a codec-2 chunk, with one
+    more row and offset for the end.
 
     Raises:
-        ChunkError: Unknown codec (here); bad data or the wrong size (when read).
+        ChunkError: A table that does not add up to ``n`` rows and the blob's size.
+    """
+    if len(blob) < _COUNT.size:
+        raise ChunkError("damaged chunk: no block table")
+    (count,) = _COUNT.unpack_from(blob)
+    end = _COUNT.size + count * _BLOCK.size
+    if count == 0 or end > len(blob):
+        raise ChunkError(f"damaged chunk: a table of {count} blocks")
+    # Python lists, not arrays: a chunk has a few blocks, and a seek opens dozens of chunks.
+    rows, offsets, firsts = [0], [end], []
+    for count_rows, size, first in _BLOCK.iter_unpack(memoryview(blob)[_COUNT.size : end]):
+        if count_rows == 0:
+            raise ChunkError("damaged chunk: a block of no rows")
+        rows.append(rows[-1] + count_rows)
+        offsets.append(offsets[-1] + size)
+        firsts.append(first)
+    if rows[-1] != n or offsets[-1] != len(blob):
+        raise ChunkError(f"damaged chunk: its blocks hold {rows[-1]} rows, not {n}")
+    return rows, offsets, firsts
+
+
+class _Block:
+    """One stream of rows, inflated a column at a time, on demand, never twice.
+
+    Columns are stored one after the other, so the first ones can be had without
+    inflating the rest: a search reads the time column, a view asks for more later, and
+    the stream goes on from where it stopped. Not locked: its :class:`Inflater` is.
     """
 
     def __init__(
-        self, blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: int = CODEC
+        self,
+        data: bytes | memoryview,
+        n: int,
+        layout: list[tuple[str, np.dtype]],
+        first: int | None = None,
     ) -> None:
-        if codec != CODEC:
-            raise ChunkError(f"unknown chunk codec {codec}")
         self.n = n
-        self.layout = list(layout)
+        self.layout = layout
+        self.first = first  # the first time the block's table promises (codec 2)
         self.cols: dict[str, np.ndarray] = {}
         self._z = zlib.decompressobj()
-        self._tail = blob
+        self._tail: bytes | memoryview = data
         self._pending = b""  # inflated bytes of columns not made yet
-        self._lock = threading.Lock()
-
-    @property
-    def done(self) -> int:
-        """Columns made so far."""
-        return len(self.cols)
 
     @property
     def nbytes(self) -> int:
-        with self._lock:
-            return sum(c.nbytes for c in self.cols.values()) + len(self._tail) + len(self._pending)
+        return sum(c.nbytes for c in self.cols.values()) + len(self._tail) + len(self._pending)
 
     def columns(self, upto: int) -> dict[str, np.ndarray]:
-        """The first ``upto`` columns (all the made ones: at least ``upto``)."""
-        with self._lock:
-            return dict(self._columns(upto))
-
-    def _columns(self, upto: int) -> dict[str, np.ndarray]:
         upto = min(upto, len(self.layout))
-        if upto <= self.done:
+        done = len(self.cols)
+        if upto <= done:
             return self.cols
         n = self.n
-        todo = self.layout[self.done : upto]
+        todo = self.layout[done:upto]
         want = n * sum(dt.itemsize for _, dt in todo)
         try:
             if len(self._pending) < want:
@@ -134,30 +193,166 @@ class Inflater:
         if len(self._pending) < want:
             raise ChunkError(f"damaged chunk: {len(self._pending)} bytes for {n} rows")
         buf = np.frombuffer(self._pending, dtype=np.uint8, count=want)
-        offset = 0
-        for name, dtype in todo:
-            size = n * dtype.itemsize
-            planes = buf[offset : offset + size].reshape(dtype.itemsize, n)
-            col = planes.T.copy().view(dtype).reshape(n)
-            if dtype.kind == "i":
-                np.cumsum(col, dtype=dtype, out=col)
-            self.cols[name] = col
-            offset += size
+        made = _unshuffle(buf, n, todo)
+        if done == 0 and self.first is not None and int(made[todo[0][0]][0]) != self.first:
+            raise ChunkError("damaged chunk: a block's first time is not its table's")
+        self.cols.update(made)
         self._pending = self._pending[want:]
         return self.cols
+
+
+def _unshuffle(buf: np.ndarray, n: int, todo: list[tuple[str, np.dtype]]) -> dict[str, np.ndarray]:
+    """Columns ``todo`` of ``n`` rows from their byte planes (integers summed back).
+
+    Neighbouring columns of one size are transposed together, and neighbouring integer
+    columns of one dtype summed together: a block's dozen columns cost a few numpy calls,
+    not a few each.
+    """
+    made: dict[str, np.ndarray] = {}
+    offset = i = 0
+    while i < len(todo):
+        size = todo[i][1].itemsize
+        j = i
+        while j < len(todo) and todo[j][1].itemsize == size:
+            j += 1
+        stop = offset + (j - i) * size * n
+        planes = buf[offset:stop].reshape(j - i, size, n).transpose(0, 2, 1).copy()
+        a = i
+        while a < j:
+            dtype = todo[a][1]
+            b = a
+            while b < j and todo[b][1] == dtype:
+                b += 1
+            group = planes[a - i : b - i].view(dtype).reshape(b - a, n)
+            if dtype.kind == "i":
+                np.cumsum(group, axis=1, dtype=dtype, out=group)
+            for k in range(a, b):
+                made[todo[k][0]] = group[k - a]
+            a = b
+        offset, i = stop, j
+    return made
+
+
+class Inflater:
+    """A chunk inflated on demand: the blocks a caller's rows lie in, as far as the
+    columns it asks for, never twice.
+
+    One inflater is shared through the cache by every thread (a replay's view and the
+    loader summarising an older file): a lock keeps each stream whole, and each caller
+    gets its own dict of columns.
+
+    Raises:
+        ChunkError: Unknown codec or a damaged block table (here); bad data or the wrong
+            size (when read).
+    """
+
+    def __init__(
+        self, blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: int = CODEC
+    ) -> None:
+        self.n = n
+        self.layout = list(layout)
+        self._blob = blob
+        if codec == STREAM:
+            self._rows, self._offsets = [0, n], [0, len(blob)]
+            self._firsts: list[int] | None = None
+        elif codec == CODEC:
+            self._rows, self._offsets, self._firsts = _table(blob, n)
+        else:
+            raise ChunkError(f"unknown chunk codec {codec}")
+        self._blocks: list[_Block | None] = [None] * (len(self._rows) - 1)
+        self._lock = threading.Lock()
+        self.inflated = 0  # rows of the blocks opened so far (what a read cost)
+        self._made = 0  # bytes of the blocks' columns and buffers (kept as they change:
+        # the cache asks at every read)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return len(self._blob) + self._made
+
+    def _block(self, j: int, upto: int) -> dict[str, np.ndarray]:
+        block = self._blocks[j]
+        if block is None:
+            view = memoryview(self._blob)[self._offsets[j] : self._offsets[j + 1]]
+            first = None if self._firsts is None else self._firsts[j]
+            block = _Block(view, self._rows[j + 1] - self._rows[j], self.layout, first)
+            self._blocks[j] = block
+            self.inflated += block.n
+        if upto <= len(block.cols):
+            return block.cols
+        before = block.nbytes
+        try:
+            return block.columns(upto)
+        finally:
+            self._made += block.nbytes - before
+
+    def columns(self, upto: int, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
+        """Rows ``[lo, hi)`` of the first ``upto`` columns (all of the chunk by default).
+
+        A range within one block comes as views of it; across blocks, as copies.
+        """
+        hi = self.n if hi is None else hi
+        rows = self._rows
+        last = len(rows) - 2
+        j0 = min(max(0, bisect.bisect_right(rows, lo) - 1), last)
+        j1 = min(max(j0 + 1, bisect.bisect_left(rows, hi)), last + 1)
+        with self._lock:
+            got = [(rows[j], self._block(j, upto)) for j in range(j0, j1)]
+        if len(got) == 1:
+            start, cols = got[0]
+            a, b = lo - start, hi - start
+            if a == 0 and b == len(next(iter(cols.values()))):
+                return dict(cols)
+            return {name: col[a:b] for name, col in cols.items()}
+        names = [name for name, _ in self.layout[:upto]]
+        start = got[0][0]
+        return {
+            name: np.concatenate([cols[name] for _, cols in got])[lo - start : hi - start]
+            for name in names
+        }
+
+    def search(self, t: int, side: str, lo: int = 0, hi: int | None = None) -> int:
+        """``np.searchsorted`` of ``t`` in the time column (the first), kept to
+        ``[lo, hi]``: one block's times are inflated, found from the block table."""
+        hi = self.n if hi is None else hi
+        j = 0
+        if self._firsts is not None:
+            # The last block starting before t ("left") or at it ("right"): every row
+            # before it is earlier, every block after starts later, so the answer is in it
+            # or at the next block's first row.
+            find = bisect.bisect_left if side == "left" else bisect.bisect_right
+            j = max(0, find(self._firsts, t) - 1)
+        with self._lock:
+            times = self._block(j, 1)[self.layout[0][0]]
+        i = self._rows[j] + int(np.searchsorted(times, t, side))
+        return min(max(i, lo), hi)
 
 
 def check(blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: int = CODEC) -> None:
     """Raise :class:`ChunkError` unless the chunk inflates to its ``n`` rows (nothing is
     kept: this is :func:`decode` without making the columns)."""
-    if codec != CODEC:
+    firsts: list[int] | None = None
+    if codec == STREAM:
+        rows, offsets = [0, n], [0, len(blob)]
+    elif codec == CODEC:
+        rows, offsets, firsts = _table(blob, n)
+    else:
         raise ChunkError(f"unknown chunk codec {codec}")
-    try:
-        size = len(zlib.decompress(blob))
-    except zlib.error as exc:
-        raise ChunkError(f"damaged chunk: {exc}")
-    if size != n * sum(dtype.itemsize for _, dtype in layout):
-        raise ChunkError(f"damaged chunk: {size} bytes for {n} rows")
+    width = sum(dtype.itemsize for _, dtype in layout)
+    view = memoryview(blob)
+    for j in range(len(rows) - 1):
+        count = rows[j + 1] - rows[j]
+        try:
+            raw = zlib.decompress(view[offsets[j] : offsets[j + 1]])
+        except zlib.error as exc:
+            raise ChunkError(f"damaged chunk: {exc}")
+        if len(raw) != count * width:
+            raise ChunkError(f"damaged chunk: {len(raw)} bytes for {count} rows")
+        if firsts is not None:
+            size = layout[0][1].itemsize  # the time's bytes of row 0: one per byte plane
+            first = np.frombuffer(raw[: size * count : count], np.uint8).view(layout[0][1])[0]
+            if int(first) != firsts[j]:
+                raise ChunkError("damaged chunk: a block's first time is not its table's")
 
 
 def cut(t: np.ndarray, start: int, stop: int, rows: int, span: int) -> list[int]:

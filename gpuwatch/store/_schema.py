@@ -1,4 +1,4 @@
-"""The recording's SQLite schema, version 1 (``docs/recording.md`` is the prose version).
+"""The recording's SQLite schema, version 2 (``docs/recording.md`` is the prose version).
 
 Samples are not stored a row per sample: each series (one session table, such as one GPU's
 NVML samples or one process's phases) is cut into chunks of up to :data:`CHUNK_ROWS` rows
@@ -26,7 +26,7 @@ from ..session.model import (
 FORMAT = "gpuwatch-recording"
 """``meta.format``: tells a gpuwatch recording from any other SQLite database."""
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """``meta.schema``: bumped on any change an older reader would misread."""
 
 SUFFIX = ".gpuwatch"

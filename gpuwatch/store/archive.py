@@ -39,6 +39,10 @@ def chunks_read() -> int:
     return _inflated[0]
 
 
+MEMO = 256
+"""Recent answers an archive keeps (searches and single rows): one redraw asks the same
+ones several times (the header, the legend and the breakdown bar at one cursor)."""
+
 SYNC_SUMMARIES = 8
 """Chunks without a stored summary that a query summarises itself (a file written before
 summaries existed); beyond, it draws what is summarised and the loader does the rest."""
@@ -98,7 +102,7 @@ class ChunkSource:
         self._lock = threading.Lock()
         self.key = id(self)
         self.decoded = 0  # chunks decoded (what a view cost: tests and benchmarks read it)
-        self.rows_decoded: Counter[str] = Counter()  # by series kind
+        self.rows_decoded: Counter[str] = Counter()  # rows of blocks inflated, by series kind
         self.summaries_read = 0  # chunks' block summaries read
 
     def _conn(self) -> sqlite3.Connection:
@@ -179,6 +183,10 @@ class SeriesArchive:
         self.stored_summaries = False  # the file has block summaries for its chunks
         # Block summaries made here, of a file without them (about 1% of its rows' size).
         self._made: dict[int, sm.Blocks] = {}
+        # Recent searches and single rows, each keyed with the index's generation: an
+        # answer found before the index changed is never given after.
+        self._memo: dict[tuple[Any, ...], Any] = {}
+        self._gen = 0
 
     # ------------------------------------------------------------------ the index
 
@@ -220,6 +228,7 @@ class SeriesArchive:
             self.stats, self.have = new, have
             self.stored_summaries = stored_summaries
             self.rows = int(index[-1, 0] + index[-1, 1]) if len(index) else 0
+            self._gen += 1
 
     def _aligned(
         self, row0: np.ndarray, stats: sm.Blocks | None, stats_row0: np.ndarray | None
@@ -259,6 +268,7 @@ class SeriesArchive:
                 self.have = np.concatenate([self.have, [s is not None for s in own]])
             self.stored_summaries = True
             self.rows = int(index[-1, 0] + index[-1, 1])
+            self._gen += 1
 
     def transform(self, shift: int, maps: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         """Add ``shift`` to every time read and renumber mapped columns (a merge)."""
@@ -273,6 +283,14 @@ class SeriesArchive:
     def _index(self) -> tuple[np.ndarray, ...]:
         with self._lock:
             return self.row0, self.n, self.t_first, self.t_last
+
+    def _recall(self, key: tuple[Any, ...]) -> Any:
+        return self._memo.get((self._gen, *key))
+
+    def _keep(self, gen: int, key: tuple[Any, ...], value: Any) -> None:
+        if len(self._memo) >= MEMO:  # a new cursor: the old answers go at once
+            self._memo.clear()
+        self._memo[(gen, *key)] = value
 
     def times(self) -> tuple[int, int] | None:
         _, _, first, last = self._index()
@@ -305,35 +323,59 @@ class SeriesArchive:
         pos = [self._pos[c] for c in columns if c in self._pos]
         return max(pos) + 1 if pos else 1
 
-    def _chunk(self, k: int, upto: int) -> tuple[int, int, dict[str, np.ndarray]]:
-        """``(row0, n, raw stored columns)`` of chunk ``k`` (at least its first ``upto``).
-
-        Read-only arrays, shared through the cache. A chunk is inflated only as far as
-        its columns are asked for (a search: the time column), and on from there when
-        more are (see :class:`~gpuwatch.store._codec.Inflater`).
-        """
-        row0, n, first, last = self._index()
+    def _opened(self, k: int) -> tuple[tuple[Any, ...], int, int, int, Any]:
+        """``(cache key, row0, n, offset of row0 in the stored chunk, Inflater)`` of chunk
+        ``k``; the inflater is a dict of made-up columns for an unreadable chunk."""
+        row0, n, _, _ = self._index()
         r0, cn = int(row0[k]), int(n[k])
         key = (self.source.key, self.sid, r0, cn)
         cached = CACHE.get(key)
         if cached is None:
             cached = self._open_chunk(k, r0, cn)
-        a, inflater = cached
+        return key, r0, cn, cached[0], cached[1]
+
+    def _damaged(self, key: tuple[Any, ...], k: int, exc: Exception) -> dict[str, np.ndarray]:
+        """Say chunk ``k`` is damaged once; its rows read as unknown from now on."""
+        _, n, first, last = self._index()
+        self.source.failed(f"{self.source.path} is damaged ({exc})")
+        cols = self._unknown(int(n[k]), int(first[k]), int(last[k]), len(self.stored))
+        CACHE.put(key, (0, cols), sum(c.nbytes for c in cols.values()) + 200)
+        return cols
+
+    def _chunk(
+        self, k: int, upto: int, lo: int = 0, hi: int | None = None
+    ) -> tuple[int, int, dict[str, np.ndarray]]:
+        """``(row0, n, raw stored columns)`` of rows ``[lo, hi)`` of chunk ``k`` (all of
+        it by default; at least its first ``upto`` columns).
+
+        Read-only arrays, shared through the cache. Only the blocks the rows lie in are
+        inflated, and only as far as the columns asked for (a search: the time column),
+        on from there when more are (see :class:`~gpuwatch.store._codec.Inflater`).
+        """
+        key, r0, cn, a, inflater = self._opened(k)
+        hi = cn if hi is None else hi
         if isinstance(inflater, dict):  # unreadable: made up once
-            return r0, cn, inflater
+            return r0, cn, {name: col[lo:hi] for name, col in inflater.items()}
+        before = inflater.inflated, inflater.nbytes
         try:
-            got = inflater.columns(upto)
+            got = inflater.columns(upto, a + lo, a + hi)
         except _codec.ChunkError as exc:
-            self.source.failed(f"{self.source.path} is damaged ({exc})")
-            cols = self._unknown(cn, int(first[k]), int(last[k]), len(self.stored))
-            CACHE.put(key, (0, cols), sum(c.nbytes for c in cols.values()) + 200)
-            return r0, cn, cols
-        cols = {}
-        for name, col in got.items():
+            cols = self._damaged(key, k, exc)
+            return r0, cn, {name: col[lo:hi] for name, col in cols.items()}
+        for col in got.values():
             col.flags.writeable = False
-            cols[name] = col[a : a + cn] if a or len(col) != cn else col
-        CACHE.put(key, cached, inflater.nbytes + 200)
-        return r0, cn, cols
+        self._inflated(key, a, inflater, before)
+        return r0, cn, got
+
+    def _inflated(
+        self, key: tuple[Any, ...], a: int, inflater: Any, before: tuple[int, int]
+    ) -> None:
+        """Count what a read inflated; the chunk goes back in the cache at its new size."""
+        rows, size = before
+        if inflater.inflated != rows or inflater.nbytes != size:
+            # A rare lost update between threads only blurs a statistic.
+            self.source.rows_decoded[self.kind] += inflater.inflated - rows
+            CACHE.put(key, (a, inflater), inflater.nbytes + 200)
 
     def _open_chunk(self, k: int, r0: int, cn: int) -> tuple[int, Any]:
         """``(offset of row r0 in it, Inflater)`` of the stored chunk holding chunk ``k``."""
@@ -347,7 +389,6 @@ class SeriesArchive:
             f0, fn, codec, blob = rows[0]
             self.source.decoded += 1
             _inflated[0] += 1  # a rare lost update between threads only blurs a progress line
-            self.source.rows_decoded[self.kind] += fn
             try:
                 return r0 - f0, _codec.Inflater(blob, fn, self.stored, codec)
             except _codec.ChunkError as exc:
@@ -366,17 +407,28 @@ class SeriesArchive:
 
     def _raw(self, i0: int, i1: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
         """Rows ``[i0, i1)`` of the stored ``columns`` it has, untransformed."""
-        row0, _, _, _ = self._index()
+        if i1 == i0 + 1:  # a figure at a cursor: every column of the row, kept a while
+            gen = self._gen
+            row = self._recall(("row", i0))
+            if row is None:
+                row = self._rows(i0, i1, [name for name, _ in self.stored])
+                self._keep(gen, ("row", i0), row)
+            return {c: row[c] for c in columns if c in row}
+        return self._rows(i0, i1, columns)
+
+    def _rows(self, i0: int, i1: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        row0, n, _, _ = self._index()
         upto = self._upto(columns)
         have = [c for c in columns if c in self._pos]
         parts: list[dict[str, np.ndarray]] = []
         k = max(0, int(np.searchsorted(row0, i0, "right")) - 1)
         r = i0
         while r < i1 and k < len(row0):
-            c0, cn, cols = self._chunk(k, upto)
+            c0, cn = int(row0[k]), int(n[k])
             a, b = max(r, c0) - c0, min(i1, c0 + cn) - c0
             if b > a:
-                parts.append({c: cols[c][a:b] for c in have})
+                _, _, cols = self._chunk(k, upto, a, b)
+                parts.append({c: cols[c] for c in have})
                 r = c0 + b
             k += 1
         if not parts:
@@ -404,13 +456,29 @@ class SeriesArchive:
         return out
 
     def search(self, t: int, side: str) -> int:
-        _, _, _, last = self._index()
         raw = t - self.shift
+        gen = self._gen
+        found = self._recall(("search", raw, side))
+        if found is None:
+            found = self._search(raw, side)
+            self._keep(gen, ("search", raw, side), found)
+        return found
+
+    def _search(self, raw: int, side: str) -> int:
+        _, _, _, last = self._index()
         k = int(np.searchsorted(last, raw, side))
         if k >= len(last):
             return self.rows
-        r0, _, cols = self._chunk(k, 1)
-        return r0 + int(np.searchsorted(cols[self.stored[0][0]], raw, side))
+        key, r0, cn, a, inflater = self._opened(k)
+        if not isinstance(inflater, dict):
+            before = inflater.inflated, inflater.nbytes
+            try:
+                i = inflater.search(raw, side, a, a + cn) - a
+                self._inflated(key, a, inflater, before)
+                return r0 + i
+            except _codec.ChunkError as exc:
+                inflater = self._damaged(key, k, exc)
+        return r0 + int(np.searchsorted(inflater[self.stored[0][0]], raw, side))
 
     def max_rows(self, column: str, i0: int, i1: int) -> tuple[int, int] | None:
         row0, n, _, _ = self._index()

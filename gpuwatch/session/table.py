@@ -255,6 +255,8 @@ class Table:
         """``(base, n, views)`` of the rows in memory, consistent."""
         with self._lock:
             n = self._n
+            if not n:  # a replay's tables hold no rows: no views to make at every read
+                return self._base, 0, {}
             return self._base, n, {name: col[:n] for name, col in self._cols.items()}
 
     def rows(self, i0: int, i1: int, columns: Sequence[str] | None = None) -> dict[str, np.ndarray]:

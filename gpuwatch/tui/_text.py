@@ -84,6 +84,8 @@ class Fitted(Widget):
         self.sep = sep
         self.max_lines = max_lines
         self._lines = 1
+        # The parts fitted to one width: set, measured and drawn, parsed once.
+        self._fit: tuple[int, Content] | None = None
 
     @property
     def text(self) -> str:
@@ -91,13 +93,19 @@ class Fitted(Widget):
         return self._fitted(self.size.width or 80).plain
 
     def _fitted(self, width: int) -> Content:
-        return fit(self.parts, width, self.sep, self.max_lines)
+        if self._fit is None or self._fit[0] != width:
+            self._fit = (width, fit(self.parts, width, self.sep, self.max_lines))
+        return self._fit[1]
 
     def set(self, parts: list[str]) -> None:
         """Show ``parts``; does nothing if they are already shown."""
         if parts == self.parts:
             return
         self.parts = list(parts)
+        self._fit = None
+        if self.max_lines == 1:  # one line whatever the parts: no layout to redo
+            self.refresh()
+            return
         lines = self.text.count("\n") + 1
         self.refresh(layout=lines != self._lines)
         self._lines = lines

@@ -299,10 +299,15 @@ class DevicePanel(Vertical):
         marks, ooms = s.events_between(t0, t1)
         for proc in self._band_processes(t0, t1):
             cols = s.band_spans(proc, t0, t1, cells)
-            spans = [
-                BandSpan(s.names[int(n)], int(a), int(b), int(d))
+            names = s.names
+            spans = [  # Python ints first: a window can hold a thousand spans
+                BandSpan(names[n], a, b, d)
                 for n, a, b, d in zip(
-                    cols["name"], cols["t0"], cols["t1"], cols["depth"], strict=True
+                    cols["name"].tolist(),
+                    cols["t0"].tolist(),
+                    cols["t1"].tolist(),
+                    cols["depth"].tolist(),
+                    strict=True,
                 )
             ]
             spans += [

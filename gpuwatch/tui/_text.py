@@ -59,8 +59,18 @@ class Line(Static):
             self.update(text, layout=False)
 
 
+def _same(a: list[str | Content], b: list[str | Content]) -> bool:
+    """The same parts, styles included (Content's ``==`` compares only the text)."""
+
+    def key(part: str | Content) -> object:
+        return (part.plain, tuple(part.spans)) if isinstance(part, Content) else part
+
+    return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b, strict=True))
+
+
 class Fitted(Widget):
-    """Parts of (markup) text fitted to the widget's width at render time (see :func:`fit`).
+    """Parts (markup text or Content) fitted to the widget's width at render time (see
+    :func:`fit`).
 
     Fitting when drawing, not when the text is set, keeps it right across resizes; a
     layout pass happens only when the number of lines changes.
@@ -80,7 +90,7 @@ class Fitted(Widget):
         self, *, sep: str = " · ", max_lines: int = 1, id: str | None = None, classes: str = ""
     ) -> None:
         super().__init__(id=id, classes=classes)
-        self.parts: list[str] = []
+        self.parts: list[str | Content] = []
         self.sep = sep
         self.max_lines = max_lines
         self._lines = 1
@@ -97,9 +107,9 @@ class Fitted(Widget):
             self._fit = (width, fit(self.parts, width, self.sep, self.max_lines))
         return self._fit[1]
 
-    def set(self, parts: list[str]) -> None:
+    def set(self, parts: list[str] | list[Content]) -> None:
         """Show ``parts``; does nothing if they are already shown."""
-        if parts == self.parts:
+        if _same(parts, self.parts):
             return
         self.parts = list(parts)
         self._fit = None
@@ -118,8 +128,14 @@ class Fitted(Widget):
         return self._fitted(self.size.width)
 
 
-def fit(parts: list[str], width: int, sep: str = " · ", max_lines: int = 1) -> Content:
-    """Parts (Textual markup) joined by ``sep`` into at most ``max_lines`` lines of ``width``.
+def fit(
+    parts: list[str] | list[Content] | list[str | Content],
+    width: int,
+    sep: str = " · ",
+    max_lines: int = 1,
+) -> Content:
+    """Parts (Textual markup, or Content as it is) joined by ``sep`` into at most
+    ``max_lines`` lines of ``width``.
 
     Parts are in order of importance: they fill the lines in turn, a part never breaks
     across lines, and where the room runs out the part there is cut with an ellipsis (if

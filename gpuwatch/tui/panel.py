@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.content import Content
 
 from ..fmt import fmt_bytes, fmt_duration, printable
 from ..session import Session, is_host
@@ -189,7 +190,7 @@ class DevicePanel(Vertical):
                 return (len(times) - 1) * 1e9 / max(1, int(times[-1] - times[0]))
         return self.session.sampler_rate.get(self.key)
 
-    def _legend(self, t: int) -> list[str]:
+    def _legend(self, t: int) -> list[Content]:
         variables = self.app.theme_variables
         labels = LINE_LABELS["host" if self.is_host else "gpu"]
         frame = self.chart.last_frame
@@ -203,11 +204,13 @@ class DevicePanel(Vertical):
             if role not in roles and role not in values:
                 continue
             color = variables.get(f"gw-{role}", "white")
-            parts.append(f"[{color}]━[/] {label} {fmt_bytes(values.get(role))}")
+            # Content, not markup: nothing to parse on every frame (and a phase name is
+            # taken as it is, never as markup).
+            parts.append(Content.assemble(("━", color), f" {label} {fmt_bytes(values.get(role))}"))
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
-            parts.append(f"[b]{markup_safe(span['name'])}[/b]{step}")
-        parts.append(f"@ {fmt_duration(t - self.session.t_origin)}")
+            parts.append(Content.assemble((printable(span["name"]), "bold"), step))
+        parts.append(Content(f"@ {fmt_duration(t - self.session.t_origin)}"))
         return parts
 
     # ------------------------------------------------------------------ data

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+import sys
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
@@ -339,6 +340,7 @@ def check(blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: in
     else:
         raise ChunkError(f"unknown chunk codec {codec}")
     width = sum(dtype.itemsize for _, dtype in layout)
+    size, signed = layout[0][1].itemsize, layout[0][1].kind == "i"
     view = memoryview(blob)
     for j in range(len(rows) - 1):
         count = rows[j + 1] - rows[j]
@@ -349,9 +351,10 @@ def check(blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: in
         if len(raw) != count * width:
             raise ChunkError(f"damaged chunk: {len(raw)} bytes for {count} rows")
         if firsts is not None:
-            size = layout[0][1].itemsize  # the time's bytes of row 0: one per byte plane
-            first = np.frombuffer(raw[: size * count : count], np.uint8).view(layout[0][1])[0]
-            if int(first) != firsts[j]:
+            # The time's bytes of row 0, one per byte plane (no numpy: a week's check
+            # looks at 400k blocks).
+            first = int.from_bytes(raw[: size * count : count], sys.byteorder, signed=signed)
+            if first != firsts[j]:
                 raise ChunkError("damaged chunk: a block's first time is not its table's")
 
 

@@ -411,7 +411,11 @@ class SeriesArchive:
             gen = self._gen
             row = self._recall(("row", i0))
             if row is None:
-                row = self._rows(i0, i1, [name for name, _ in self.stored])
+                # Copies: a view would keep its whole block alive after the cache let go.
+                got = self._rows(i0, i1, [name for name, _ in self.stored])
+                row = {c: v.copy() for c, v in got.items()}
+                for v in row.values():
+                    v.flags.writeable = False
                 self._keep(gen, ("row", i0), row)
             return {c: row[c] for c in columns if c in row}
         return self._rows(i0, i1, columns)

@@ -166,10 +166,11 @@ class _Block:
         self._z = zlib.decompressobj()
         self._tail: bytes | memoryview = data
         self._pending = b""  # inflated bytes of columns not made yet
+        self._made = 0  # bytes of the columns made
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.cols.values()) + len(self._tail) + len(self._pending)
+        return self._made + len(self._tail) + len(self._pending)
 
     def columns(self, upto: int) -> dict[str, np.ndarray]:
         upto = min(upto, len(self.layout))
@@ -180,15 +181,15 @@ class _Block:
         todo = self.layout[done:upto]
         want = n * sum(dt.itemsize for _, dt in todo)
         try:
-            if len(self._pending) < want:
+            if upto == len(self.layout):  # the whole stream: nothing may be left over
+                self._pending += self._z.decompress(self._tail) + self._z.flush()
+                self._tail = b""
+                if len(self._pending) > want or not self._z.eof:
+                    raise ChunkError("damaged chunk: more bytes than its rows")
+            elif len(self._pending) < want:
                 more = self._z.decompress(self._tail, want - len(self._pending))
                 self._tail = self._z.unconsumed_tail
                 self._pending += more
-            if upto == len(self.layout):  # the whole stream: nothing may be left over
-                rest = self._z.decompress(self._tail) + self._z.flush()
-                self._tail = b""
-                if rest or not self._z.eof:
-                    raise ChunkError("damaged chunk: more bytes than its rows")
         except zlib.error as exc:
             raise ChunkError(f"damaged chunk: {exc}")
         if len(self._pending) < want:
@@ -198,6 +199,7 @@ class _Block:
         if done == 0 and self.first is not None and int(made[todo[0][0]][0]) != self.first:
             raise ChunkError("damaged chunk: a block's first time is not its table's")
         self.cols.update(made)
+        self._made += want
         self._pending = self._pending[want:]
         return self.cols
 

@@ -145,11 +145,13 @@ def _table(blob: bytes, n: int) -> tuple[list[int], list[int], list[int]]:
 
 
 class _Block:
-    """One stream of rows, inflated a column at a time, on demand, never twice.
+    """One stream of rows, inflated as far as the columns asked for, never twice.
 
     Columns are stored one after the other, so the first ones can be had without
-    inflating the rest: a search reads the time column, a view asks for more later, and
-    the stream goes on from where it stopped. Not locked: its :class:`Inflater` is.
+    inflating the rest: a search reads the time column, a view asks for more later. No
+    decompressor is kept between reads (zlib's state and window are ~40 KB, ten times a
+    block's time column): more columns inflate the stream again from its start, past the
+    bytes of the columns made. Not locked: its :class:`Inflater` is.
     """
 
     def __init__(
@@ -163,14 +165,8 @@ class _Block:
         self.layout = layout
         self.first = first  # the first time the block's table promises (codec 2)
         self.cols: dict[str, np.ndarray] = {}
-        self._z = zlib.decompressobj()
-        self._tail: bytes | memoryview = data
-        self._pending = b""  # inflated bytes of columns not made yet
-        self._made = 0  # bytes of the columns made
-
-    @property
-    def nbytes(self) -> int:
-        return self._made + len(self._tail) + len(self._pending)
+        self._data = data
+        self.nbytes = 0  # bytes of the columns made (the stream is its chunk's)
 
     def columns(self, upto: int) -> dict[str, np.ndarray]:
         upto = min(upto, len(self.layout))
@@ -178,29 +174,27 @@ class _Block:
         if upto <= done:
             return self.cols
         n = self.n
-        todo = self.layout[done:upto]
-        want = n * sum(dt.itemsize for _, dt in todo)
+        skip = self.nbytes
+        want = n * sum(dt.itemsize for _, dt in self.layout[:upto])
+        z = zlib.decompressobj()
         try:
             if upto == len(self.layout):  # the whole stream: nothing may be left over
-                self._pending += self._z.decompress(self._tail) + self._z.flush()
-                self._tail = b""
-                if len(self._pending) > want or not self._z.eof:
+                raw = z.decompress(self._data) + z.flush()
+                if len(raw) > want or not z.eof:
                     raise ChunkError("damaged chunk: more bytes than its rows")
-            elif len(self._pending) < want:
-                more = self._z.decompress(self._tail, want - len(self._pending))
-                self._tail = self._z.unconsumed_tail
-                self._pending += more
+            else:
+                raw = z.decompress(self._data, want)
         except zlib.error as exc:
             raise ChunkError(f"damaged chunk: {exc}")
-        if len(self._pending) < want:
-            raise ChunkError(f"damaged chunk: {len(self._pending)} bytes for {n} rows")
-        buf = np.frombuffer(self._pending, dtype=np.uint8, count=want)
+        if len(raw) < want:
+            raise ChunkError(f"damaged chunk: {len(raw)} bytes for {n} rows")
+        todo = self.layout[done:upto]
+        buf = np.frombuffer(raw, dtype=np.uint8, count=want - skip, offset=skip)
         made = _unshuffle(buf, n, todo)
         if done == 0 and self.first is not None and int(made[todo[0][0]][0]) != self.first:
             raise ChunkError("damaged chunk: a block's first time is not its table's")
         self.cols.update(made)
-        self._made += want
-        self._pending = self._pending[want:]
+        self.nbytes = want
         return self.cols
 
 

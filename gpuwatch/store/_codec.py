@@ -144,8 +144,22 @@ def _table(blob: bytes, n: int) -> tuple[list[int], list[int], list[int]]:
     return rows, offsets, firsts
 
 
+def _layout(blob: bytes, n: int, codec: int) -> tuple[list[int], list[int], list[int] | None]:
+    """``(first row, byte offset, first time or None)`` of each block of a chunk (codec 1:
+    one block, no first times), with one more row and offset for the end.
+
+    Raises:
+        ChunkError: Unknown codec, or a damaged block table.
+    """
+    if codec == STREAM:
+        return [0, n], [0, len(blob)], None
+    if codec == CODEC:
+        return _table(blob, n)
+    raise ChunkError(f"unknown chunk codec {codec}")
+
+
 class _Block:
-    """One stream of rows, inflated as far as the columns asked for, never twice.
+    """One stream of rows, inflated as far as the columns asked for; each column made once.
 
     Columns are stored one after the other, so the first ones can be had without
     inflating the rest: a search reads the time column, a view asks for more later. No
@@ -176,14 +190,13 @@ class _Block:
         n = self.n
         skip = self.nbytes
         want = n * sum(dt.itemsize for _, dt in self.layout[:upto])
-        z = zlib.decompressobj()
         try:
             if upto == len(self.layout):  # the whole stream: nothing may be left over
-                raw = z.decompress(self._data) + z.flush()
-                if len(raw) > want or not z.eof:
+                raw = zlib.decompress(self._data)  # a truncated stream raises
+                if len(raw) > want:
                     raise ChunkError("damaged chunk: more bytes than its rows")
             else:
-                raw = z.decompress(self._data, want)
+                raw = zlib.decompressobj().decompress(self._data, want)
         except zlib.error as exc:
             raise ChunkError(f"damaged chunk: {exc}")
         if len(raw) < want:
@@ -232,10 +245,10 @@ def _unshuffle(buf: np.ndarray, n: int, todo: list[tuple[str, np.dtype]]) -> dic
 
 class Inflater:
     """A chunk inflated on demand: the blocks a caller's rows lie in, as far as the
-    columns it asks for, never twice.
+    columns it asks for.
 
     One inflater is shared through the cache by every thread (a replay's view and the
-    loader summarising an older file): a lock keeps each stream whole, and each caller
+    loader summarising an older file): a lock keeps each block whole, and each caller
     gets its own dict of columns.
 
     Raises:
@@ -249,18 +262,12 @@ class Inflater:
         self.n = n
         self.layout = list(layout)
         self._blob = blob
-        if codec == STREAM:
-            self._rows, self._offsets = [0, n], [0, len(blob)]
-            self._firsts: list[int] | None = None
-        elif codec == CODEC:
-            self._rows, self._offsets, self._firsts = _table(blob, n)
-        else:
-            raise ChunkError(f"unknown chunk codec {codec}")
+        self._rows, self._offsets, self._firsts = _layout(blob, n, codec)
         self._blocks: list[_Block | None] = [None] * (len(self._rows) - 1)
         self._lock = threading.Lock()
         self.inflated = 0  # rows of the blocks opened so far (what a read cost)
-        self._made = 0  # bytes of the blocks' columns and buffers (kept as they change:
-        # the cache asks at every read)
+        self._made = 0  # bytes of the blocks' columns, kept as they are made (the cache
+        # asks at every read)
 
     @property
     def nbytes(self) -> int:
@@ -328,13 +335,7 @@ class Inflater:
 def check(blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: int = CODEC) -> None:
     """Raise :class:`ChunkError` unless the chunk inflates to its ``n`` rows (nothing is
     kept: this is :func:`decode` without making the columns)."""
-    firsts: list[int] | None = None
-    if codec == STREAM:
-        rows, offsets = [0, n], [0, len(blob)]
-    elif codec == CODEC:
-        rows, offsets, firsts = _table(blob, n)
-    else:
-        raise ChunkError(f"unknown chunk codec {codec}")
+    rows, offsets, firsts = _layout(blob, n, codec)
     width = sum(dtype.itemsize for _, dtype in layout)
     size, signed = layout[0][1].itemsize, layout[0][1].kind == "i"
     view = memoryview(blob)

@@ -293,7 +293,7 @@ class Recording:
                 sid: layout_dtypes(tuple(tuple(c) for c in json.loads(columns)))
                 for sid, columns in db.execute("SELECT id, columns FROM series")
             }
-            total = db.execute("SELECT count(*) FROM chunks").fetchone()[0] if progress else 0
+            total = self.chunk_count() if progress else 0
             rows = db.execute("SELECT series, n, codec, data FROM chunks")
             for i, (sid, n, codec, blob) in enumerate(rows):
                 if progress is not None and i % 256 == 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.content import Content
 from textual.geometry import Size
@@ -59,7 +61,7 @@ class Line(Static):
             self.update(text, layout=False)
 
 
-def _same(a: list[str | Content], b: list[str | Content]) -> bool:
+def _same(a: Sequence[str | Content], b: Sequence[str | Content]) -> bool:
     """The same parts, styles included (Content's ``==`` compares only the text)."""
 
     def key(part: str | Content) -> object:
@@ -107,7 +109,7 @@ class Fitted(Widget):
             self._fit = (width, fit(self.parts, width, self.sep, self.max_lines))
         return self._fit[1]
 
-    def set(self, parts: list[str] | list[Content]) -> None:
+    def set(self, parts: Sequence[str | Content]) -> None:
         """Show ``parts``; does nothing if they are already shown."""
         if _same(parts, self.parts):
             return
@@ -129,10 +131,7 @@ class Fitted(Widget):
 
 
 def fit(
-    parts: list[str] | list[Content] | list[str | Content],
-    width: int,
-    sep: str = " · ",
-    max_lines: int = 1,
+    parts: Sequence[str | Content], width: int, sep: str = " · ", max_lines: int = 1
 ) -> Content:
     """Parts (Textual markup, or Content as it is) joined by ``sep`` into at most
     ``max_lines`` lines of ``width``.

@@ -267,6 +267,41 @@ async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_f
         player.close()
 
 
+async def test_the_band_fetches_for_its_own_width_before_and_after_layout(long_file) -> None:
+    """No band asks for every span in its window, not even before the first layout (it
+    takes the screen's width then); a narrower terminal fetches the winners of the
+    narrower band's cells."""
+    from gpuwatch.tui.replay import ReplayApp
+
+    player = open_replay(long_file)
+    session = player.session
+    widths: list[int | None] = []
+    band_spans = session.band_spans
+
+    def spy(proc, t0: int, t1: int, width: int | None):
+        widths.append(width)
+        return band_spans(proc, t0, t1, width)
+
+    session.band_spans = spy
+    try:
+        app = ReplayApp(player, subtitle="long")
+        async with app.run_test(size=(140, 45)) as pilot:
+            await pilot.pause()
+            band = next(p for p in app.panels if p.key == KEY).band
+            assert widths and None not in widths
+            assert widths[-1] == band.plot_cells() == band.size.width - band.axis_width
+            await pilot.resize_terminal(50, 45)
+            await pilot.pause()
+            cells = band.plot_cells()
+            assert widths[-1] == cells < 50
+            t0, t1 = band.window
+            want = band_spans(session.processes[PID], t0, t1, cells)
+            assert 0 < len(want["t0"]) <= 4 * cells  # the winners: fewer than in a wide band
+            assert [s.t0 for s in band.rows[0].spans] == want["t0"].tolist()
+    finally:
+        player.close()
+
+
 def test_a_file_without_summaries_is_summarised_as_it_is_read(tmp_path: Path, full: Session):
     path = tmp_path / "old.gpuwatch"
     longdata.record(path, SECONDS)

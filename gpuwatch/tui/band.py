@@ -68,7 +68,12 @@ class BandRow:
     markers: list[BandMarker]
 
 
-BandFetch = Callable[[int, int], list[BandRow]]
+BandFetch = Callable[[int, int, int], list[BandRow]]
+"""``fetch(t0, t1, cells)``: the rows a band of ``cells`` columns shows over ``[t0, t1]``."""
+
+FRAME = 3
+"""Columns of a device panel around its band (border and right padding): before its first
+layout, a band takes the screen's width less these as its own."""
 
 MAX_ROWS = 6
 """Process rows a band shows before the rest fold into one ``+N more`` row."""
@@ -131,13 +136,42 @@ class PhaseBand(Widget):
         self.axis_width = AXIS_WIDTH
         self._key: tuple[object, ...] | None = None
         self._strips: list[Strip] = []
+        self._cells = 0  # the plot width the rows were fetched for
+
+    def plot_cells(self) -> int:
+        """Columns of the band's time axis (right of the labels).
+
+        Before the first layout the band has no width: it takes the screen's (less a
+        panel's frame) rather than fetch every span in the window, which a long window
+        of a busy process would make thousands (a 1 h recording's first frame: 9000 a
+        process); the layout's resize then fetches again for the real width.
+        """
+        width = self.size.width or self.app.size.width - FRAME
+        return max(width - self.axis_width, 1)
 
     def update_view(self, window: tuple[int, int], cursor: int | None, data_version: int) -> None:
         """Set what to show; re-fetches rows and redraws only if something changed."""
-        if (window, cursor, data_version) == (self.window, self.cursor, self.data_version):
+        cells = self.plot_cells()
+        if (window, cursor, data_version, cells) == (
+            self.window,
+            self.cursor,
+            self.data_version,
+            self._cells,
+        ):
             return
         self.window, self.cursor, self.data_version = window, cursor, data_version
-        self.set_rows(self.fetch(*window))
+        self._fetch(cells)
+
+    def _fetch(self, cells: int) -> None:
+        self._cells = cells
+        self.set_rows(self.fetch(*self.window, cells))
+
+    def on_resize(self) -> None:
+        # Rows past four spans a cell are the winners of cells of the old width: a
+        # different width has different winners.
+        cells = self.plot_cells()
+        if self.rows and cells != self._cells:
+            self._fetch(cells)
 
     def set_rows(self, rows: list[BandRow]) -> None:
         """Show ``rows`` (folded to :attr:`max_rows`)."""

@@ -292,13 +292,10 @@ class DevicePanel(Vertical):
             ymax = float(total)
         return ChartFrame(series, ymax)
 
-    def _fetch_band(self, t0: int, t1: int) -> list[BandRow]:
+    def _fetch_band(self, t0: int, t1: int, cells: int) -> list[BandRow]:
         s = self.session
         rows = []
         now = s.now()
-        # Cells of the band (none known before its first layout: every span then).
-        cells = self.band.size.width - self.band.axis_width
-        cells = cells if cells > 0 else None
         marks, ooms = s.events_between(t0, t1)
         for proc in self._band_processes(t0, t1):
             cols = s.band_spans(proc, t0, t1, cells)

@@ -30,9 +30,7 @@ from ..session import navigate as nav
 from ._text import Fitted, markup_safe, plain
 from .chart import TimelineChart
 from .confirm import Confirm
-from .help import HelpScreen
 from .keys import Key, KeyBar
-from .log import LogView
 from .panel import DevicePanel
 from .tables import PeaksTable, ProcessTable
 from .theme import DEFAULT_THEME, builtin_themes
@@ -299,6 +297,8 @@ class GpuwatchApp(App[int]):
             with TabPane("Processes", id="processes"):
                 yield self.process_table
             if self.child is not None:
+                from .log import LogView  # only `gpuwatch run` has a log: replay skips it
+
                 with TabPane("Log", id="log"):
                     yield LogView(self.child.log_path, id="child-log")
         self.key_bar = KeyBar()
@@ -663,6 +663,8 @@ class GpuwatchApp(App[int]):
         # Focus follows the tab (focusing a widget in another tab would switch back to it).
         targets = {"peaks": self.peaks_table, "processes": self.process_table}
         if tab == "log":
+            from .log import LogView
+
             targets["log"] = self.query_one(LogView)
         target = targets.get(tab)
         if target is not None:
@@ -694,6 +696,8 @@ class GpuwatchApp(App[int]):
 
     def action_help(self) -> None:
         """Show the help screen."""
+        from .help import HelpScreen  # Markdown's imports cost a first frame ~25 ms: on demand
+
         self.push_screen(HelpScreen(help_keys(self.ACTION_TABLE)))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

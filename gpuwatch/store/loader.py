@@ -28,7 +28,7 @@ from .. import protocol
 from ..session import Mark, Oom, OpenSpan, Session, Table
 from ..session import summary as sm
 from ..session.table import unknown_column
-from . import _bodies, _codec
+from . import _bodies, _codec, _index
 from ._schema import SERIES, SUMMARIES, layout_dtypes
 from .archive import ChunkSource, SeriesArchive
 from .recording import Recording, RecordingError
@@ -173,17 +173,8 @@ class Loader:
 
     def _read_index(self, db: sqlite3.Connection) -> None:
         series = db.execute("SELECT id, kind, key, columns FROM series").fetchall()
-        rows = db.execute(
-            "SELECT series, row0, n, t_first, t_last, ifnull(vmax, ?), ifnull(t_vmax, ?)"
-            " FROM chunks ORDER BY series, row0",
-            (_NONE_SQL, _NONE_SQL),
-        ).fetchall()
-        index: dict[int, np.ndarray] = {}
-        if rows:
-            a = np.array(rows, dtype=np.int64)
-            for part in np.split(a, np.flatnonzero(np.diff(a[:, 0])) + 1):
-                index[int(part[0, 0])] = part
-        stats = self._read_stats(db, {sid: kind for sid, kind, _, _ in series})
+        index, summaries = _index.read(db)
+        stats = self._stats(summaries, {sid: kind for sid, kind, _, _ in series})
         for sid, kind, key, columns in series:
             part = index.get(sid)
             if part is None or kind not in SERIES:  # no rows yet, or a newer kind
@@ -194,7 +185,7 @@ class Loader:
                 feed = self._feeds[sid] = self._new_feed(sid, kind, key, columns, total)
             feed.row0, feed.t_first, feed.t_last = part[:, 1], part[:, 3], part[:, 4]
             vmax = part[:, 5].astype(np.float64)
-            vmax[part[:, 5] == _NONE] = np.nan
+            vmax[part[:, 5] == _index.NONE] = np.nan
             feed.vmax, feed.t_vmax = vmax, part[:, 6]
             feed.limit = int(part[-1, 1] + part[-1, 2])
             if feed.archive is not None:
@@ -205,34 +196,23 @@ class Loader:
                 if grew:
                     feed.table.archive_grew()
 
-    def _read_stats(
-        self, db: sqlite3.Connection, kinds: dict[int, str]
+    def _stats(
+        self, summaries: _index.Summaries, kinds: dict[int, str]
     ) -> dict[int, tuple[sm.Blocks, np.ndarray]]:
         """Series id -> (the chunks' own summaries, their row0) from the file, if any."""
         if not self.windowed or not self._summaries:
             return {}
-        try:
-            rows = db.execute(
-                "SELECT series, row0, chunk FROM summaries ORDER BY series, row0"
-            ).fetchall()
-        except sqlite3.Error:  # a file that says it has summaries but has no table
-            return {}
         out: dict[int, tuple[sm.Blocks, np.ndarray]] = {}
-        start = 0
-        for i in range(1, len(rows) + 1):
-            if i < len(rows) and rows[i][0] == rows[start][0]:
-                continue
-            sid = rows[start][0]
+        for sid, (row0, joined) in summaries.items():
             spec = sm.SPECS.get(kinds.get(sid, ""))
-            if spec is not None:
-                try:
-                    blocks = sm.from_bytes(spec, b"".join(r[2] for r in rows[start:i]))
-                except (ValueError, TypeError):
-                    blocks = None
-                if blocks is not None and len(blocks["rows"]) == i - start:
-                    row0 = np.array([r[1] for r in rows[start:i]], dtype=np.int64)
-                    out[sid] = (blocks, row0)
-            start = i
+            if spec is None:
+                continue
+            try:
+                blocks = sm.from_bytes(spec, joined)
+            except ValueError:
+                continue
+            if len(blocks["rows"]) == len(row0):
+                out[sid] = (blocks, row0)
         return out
 
     def _new_feed(self, sid: int, kind: str, key: str, columns: str, rows: int) -> _Feed:
@@ -480,7 +460,3 @@ class Loader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-
-
-_NONE = np.iinfo(np.int64).min
-_NONE_SQL = int(_NONE)

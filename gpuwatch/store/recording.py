@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _codec
+from . import _codec, _index
 from ._schema import EXPECTED_TABLES, FORMAT, SCHEMA_VERSION, SQLITE_MAGIC
 
 if TYPE_CHECKING:
@@ -284,11 +284,14 @@ class Recording:
             progress: Called now and then with ``(chunks checked, chunks in the file)``.
 
         Raises:
-            RecordingError: A chunk does not decode to the rows its index promises.
+            RecordingError: A chunk does not decode to the rows its index promises, or
+                the index memo differs from the index.
         """
         from ._schema import layout_dtypes
 
         with self.reading() as db:
+            if not _index.memo_agrees(db):
+                raise RecordingError(f"{self.path} is damaged (its index memo)")
             layouts = {
                 sid: layout_dtypes(tuple(tuple(c) for c in json.loads(columns)))
                 for sid, columns in db.execute("SELECT id, columns FROM series")

@@ -29,7 +29,7 @@ import numpy as np
 from .._version import __version__
 from ..session import Process, Session, Table
 from ..session import summary as sm
-from . import _codec
+from . import _codec, _index
 from ._schema import (
     CHUNK_ROWS,
     CHUNK_SPAN,
@@ -266,7 +266,7 @@ class SessionWriter:
                 self.source.close()  # leaving WAL mode needs no other connection
             if complete:
                 with self._lock:
-                    self._set_meta({"complete": 1, "ended_t": time.monotonic_ns()})
+                    self._finish()
             # Fold the WAL back in and leave WAL mode, so the finished file opens read-only
             # anywhere (a WAL file needs its -shm beside it). If a reader is following the
             # file this fails and the file simply stays in WAL mode.
@@ -279,6 +279,26 @@ class SessionWriter:
             self._db.close()
 
     # ------------------------------------------------------------------ pieces
+
+    def _finish(self) -> None:
+        """Mark the file complete, with the memo of its index that opens it fast.
+
+        One transaction: a file is complete with its memo or neither. A memo that cannot
+        be written (disk full) costs only speed: the file is still marked complete.
+        """
+        db = self._db
+        ended = {"complete": 1, "ended_t": time.monotonic_ns()}
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            _index.write_memo(db)
+            self._set_meta(ended)
+            db.execute("COMMIT")
+            return
+        except sqlite3.Error:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+        self._set_meta(ended)
 
     def _check_file(self) -> None:
         """Refuse to go on writing into a file that was removed or replaced under us.

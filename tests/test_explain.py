@@ -95,6 +95,12 @@ def test_zero_grad_before_the_first_step_frees_nothing_and_accumulation_keeps_gr
     assert later_zero.peak["gradients"] == grads  # what it frees
 
 
+def _enable_checkpointing(model: Any) -> None:
+    # Transformers 5 renamed it (the old name warns); older releases have only the old.
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    (enable or model.gradient_checkpointing_enable)()
+
+
 def _hf_bert(checkpointing: bool) -> Any:
     transformers = pytest.importorskip("transformers")
     cfg = transformers.BertConfig(
@@ -107,7 +113,7 @@ def _hf_bert(checkpointing: bool) -> Any:
     )
     model = transformers.BertForMaskedLM(cfg).train()
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        _enable_checkpointing(model)
     return model
 
 
@@ -118,7 +124,7 @@ def _hf_gpt2(checkpointing: bool) -> Any:
     )  # activation_function="gelu_new", dropout 0.1 everywhere: GPT-2's defaults
     model = transformers.GPT2LMHeadModel(cfg).train()
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        _enable_checkpointing(model)
     return model
 
 

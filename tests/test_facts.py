@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 
@@ -72,6 +73,28 @@ def test_checkpointing_read_from_the_model_and_state_after_a_step() -> None:
     assert f["checkpointing"] == {"enabled": True, "source": "hf"}
     assert f["optimizer"]["state_bytes"] == 4 * f["params"]["count"]  # momentum buffers
     assert f["optimizer"]["impl"] == "foreach"
+
+
+def test_checkpointing_read_under_transformers_5_names_without_a_warning() -> None:
+    """Transformers 5 warns (FutureWarning) on ``is_gradient_checkpointing``: the facts
+    read ``is_activation_checkpointing`` where it exists, so the run prints nothing."""
+
+    class Renamed(Llama):
+        @property
+        def is_gradient_checkpointing(self) -> bool:
+            warnings.warn("use is_activation_checkpointing", FutureWarning, stacklevel=2)
+            return self.gradient_checkpointing
+
+        @property
+        def is_activation_checkpointing(self) -> bool:
+            return self.gradient_checkpointing
+
+    model = Renamed(512, 2, 64, 4, 2, 176)
+    model.gradient_checkpointing_enable()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = collect_facts(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert f["checkpointing"] == {"enabled": True, "source": "hf"}
 
 
 def test_facts_are_json_and_fit_in_a_datagram() -> None:

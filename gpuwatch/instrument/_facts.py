@@ -236,9 +236,12 @@ def _optimizer(optimizer: Any) -> dict[str, Any]:
 def _checkpointing(model: Any, checkpointing: bool | None) -> dict[str, Any]:
     if checkpointing is not None:
         return {"enabled": bool(checkpointing), "source": "argument"}
-    hf = getattr(model, "is_gradient_checkpointing", None)
-    if isinstance(hf, bool):
-        return {"enabled": hf, "source": "hf"}
+    # Transformers 5 renamed the flag and warns on the old name: asking for the old one
+    # first would print a FutureWarning into the run being watched.
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        hf = getattr(model, name, None)
+        if isinstance(hf, bool):
+            return {"enabled": hf, "source": "hf"}
     for mod in model.modules():
         flag = getattr(mod, "gradient_checkpointing", None)
         if flag is True:

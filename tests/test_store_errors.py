@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -12,8 +13,8 @@ import pytest
 from conftest import ROOT, run_gpuwatch
 from store_data import populated_session
 
-from gpuwatch.store import RecordingError, load, open_recording, save_session
-from gpuwatch.store._schema import SCHEMA_VERSION
+from gpuwatch.store import RecordingError, _codec, load, open_recording, save_session
+from gpuwatch.store._schema import SCHEMA_VERSION, layout_dtypes
 
 
 def _good(path: Path) -> Path:
@@ -103,6 +104,42 @@ def test_damaged_chunk_fails_a_full_load_and_notes_in_replay(tmp_path: Path) -> 
     loader.load_all()
     assert loader.error is not None and any("damaged" in n for n in session.notes)
     rec.close()
+
+
+def test_validation_names_the_first_damaged_chunk_in_the_file(tmp_path: Path) -> None:
+    """Chunks are checked on several threads: a later chunk that fails sooner (it is
+    quick to find wrong) is not the one reported."""
+    path = tmp_path / "two.gpuwatch"
+    path.write_bytes((ROOT / "samples" / "gpt2-small-h100.gpuwatch").read_bytes())
+    with sqlite3.connect(path) as db:
+        first, blob = db.execute(
+            "SELECT rowid, data FROM chunks WHERE length(data) > 1000 ORDER BY rowid LIMIT 1"
+        ).fetchone()
+        bad = bytearray(blob)
+        bad[len(bad) * 3 // 4] ^= 0xFF  # deep in a stream: found after inflating most of it
+        db.execute("UPDATE chunks SET data = ? WHERE rowid = ?", (bytes(bad), first))
+        db.execute(
+            "UPDATE chunks SET data = zeroblob(40) WHERE rowid > ?", (first,)
+        )  # every later chunk: damaged at its first bytes
+    rec = open_recording(path)
+    try:
+        with pytest.raises(RecordingError) as info:
+            rec.validate()
+    finally:
+        rec.close()
+    with pytest.raises(Exception) as alone:
+        _codec.check(bytes(bad), *_chunk_args(path, first))
+    assert str(alone.value) in str(info.value)
+
+
+def _chunk_args(path: Path, rowid: int) -> tuple[int, list, int]:
+    with sqlite3.connect(path) as db:
+        n, codec, columns = db.execute(
+            "SELECT c.n, c.codec, s.columns FROM chunks c JOIN series s ON s.id = c.series"
+            " WHERE c.rowid = ?",
+            (rowid,),
+        ).fetchone()
+    return n, layout_dtypes(tuple(tuple(c) for c in json.loads(columns))), codec
 
 
 @pytest.mark.parametrize("kind", ["phases", "gpu_procs"])

@@ -142,3 +142,32 @@ def test_accelerate_loop(live: Session, sub_env: dict[str, str]) -> None:
     assert rows(live, pid) == step_rows(2, accum=2, last_data=True)
     facts = live.processes[pid].facts
     assert (facts["model"], facts["optimizer"]) == ("Sequential", "AdamW")
+
+
+@pytest.mark.skipif(not _have("transformers"), reason="transformers is not installed")
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        ({"activation_checkpointing": True, "gradient_checkpointing": True}, True),  # 5.x
+        ({"gradient_checkpointing": True}, True),  # before the rename
+        ({"activation_checkpointing": True}, True),  # after the old name is gone (6.x)
+        ({"activation_checkpointing": False, "gradient_checkpointing": None}, False),
+        ({}, False),
+    ],
+)
+def test_the_trainer_callback_reads_checkpointing_by_either_name(
+    monkeypatch, fields: dict[str, bool], want: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from gpuwatch import instrument
+    from gpuwatch.integrations.transformers import GpuwatchCallback
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(instrument, "watch", lambda model, opt, **kw: seen.update(kw))
+    monkeypatch.setattr(instrument, "step", lambda step: None)
+    args = SimpleNamespace(bf16=False, fp16=False, **fields)
+    GpuwatchCallback().on_train_begin(
+        args, SimpleNamespace(global_step=0), None, model=object(), optimizer=object()
+    )
+    assert seen["checkpointing"] is want

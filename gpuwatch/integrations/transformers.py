@@ -50,7 +50,7 @@ class GpuwatchCallback(_Base):  # type: ignore[valid-type,misc]
                 model,
                 optimizer,
                 amp_dtype=amp_dtype(precision),
-                checkpointing=bool(getattr(args, "gradient_checkpointing", False)),
+                checkpointing=_checkpointing(args),
             )
         instrument.step(state.global_step)
 
@@ -67,6 +67,15 @@ class GpuwatchCallback(_Base):  # type: ignore[valid-type,misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         instrument.mark(f"training ended at step {state.global_step}")
+
+
+def _checkpointing(args: Any) -> bool:
+    """The Trainer's checkpointing flag (transformers 5 renamed it; the old name goes in 6)."""
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        flag = getattr(args, name, None)
+        if flag is not None:
+            return bool(flag)
+    return False
 
 
 __all__ = ["GpuwatchCallback"]

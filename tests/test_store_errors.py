@@ -112,8 +112,10 @@ def test_validation_names_the_first_damaged_chunk_in_the_file(tmp_path: Path) ->
     path = tmp_path / "two.gpuwatch"
     path.write_bytes((ROOT / "samples" / "gpt2-small-h100.gpuwatch").read_bytes())
     with sqlite3.connect(path) as db:
-        first, blob = db.execute(
-            "SELECT rowid, data FROM chunks WHERE length(data) > 1000 ORDER BY rowid LIMIT 1"
+        first, blob, n, codec, columns = db.execute(
+            "SELECT c.rowid, c.data, c.n, c.codec, s.columns FROM chunks c"
+            " JOIN series s ON s.id = c.series WHERE length(c.data) > 1000"
+            " ORDER BY c.rowid LIMIT 1"
         ).fetchone()
         bad = bytearray(blob)
         bad[len(bad) * 3 // 4] ^= 0xFF  # deep in a stream: found after inflating most of it
@@ -128,18 +130,8 @@ def test_validation_names_the_first_damaged_chunk_in_the_file(tmp_path: Path) ->
     finally:
         rec.close()
     with pytest.raises(Exception) as alone:
-        _codec.check(bytes(bad), *_chunk_args(path, first))
+        _codec.check(bytes(bad), n, layout_dtypes(tuple(map(tuple, json.loads(columns)))), codec)
     assert str(alone.value) in str(info.value)
-
-
-def _chunk_args(path: Path, rowid: int) -> tuple[int, list, int]:
-    with sqlite3.connect(path) as db:
-        n, codec, columns = db.execute(
-            "SELECT c.n, c.codec, s.columns FROM chunks c JOIN series s ON s.id = c.series"
-            " WHERE c.rowid = ?",
-            (rowid,),
-        ).fetchone()
-    return n, layout_dtypes(tuple(tuple(c) for c in json.loads(columns))), codec
 
 
 @pytest.mark.parametrize("kind", ["phases", "gpu_procs"])

@@ -60,8 +60,9 @@ def read_index(db: sqlite3.Connection) -> Index:
 def read_summaries(db: sqlite3.Connection) -> Summaries:
     """The ``summaries`` table's own summaries of chunks (none without the table)."""
     try:
-        rows = db.execute("SELECT series, row0, chunk FROM summaries ORDER BY series, row0")
-        rows = rows.fetchall()
+        rows = db.execute(
+            "SELECT series, row0, chunk FROM summaries ORDER BY series, row0"
+        ).fetchall()
     except sqlite3.Error:  # no summaries table
         return {}
     out: Summaries = {}
@@ -82,18 +83,16 @@ def write_memo(db: sqlite3.Connection) -> None:
     index, summaries = read_index(db), read_summaries(db)
     db.execute(MEMO_DDL)
     db.execute("DELETE FROM index_memo")
-    empty = np.zeros(0, dtype=np.int64)
+    none: tuple[np.ndarray, bytes] = (np.zeros(0, dtype=np.int64), b"")
+    rows = []
+    for sid, part in index.items():
+        row0, joined = summaries.get(sid, none)
+        rows.append(
+            (sid, part[:, 1:].astype(_CHUNK).tobytes(), row0.astype(_CHUNK).tobytes(), joined)
+        )
     db.executemany(
         "INSERT INTO index_memo (series, chunks, summary_row0, summaries) VALUES (?, ?, ?, ?)",
-        [
-            (
-                sid,
-                part[:, 1:].astype(_CHUNK).tobytes(),
-                summaries.get(sid, (empty, b""))[0].astype(_CHUNK).tobytes(),
-                summaries.get(sid, (empty, b""))[1],
-            )
-            for sid, part in index.items()
-        ],
+        rows,
     )
 
 

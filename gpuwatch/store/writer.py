@@ -231,11 +231,7 @@ class SessionWriter:
                 db.execute("COMMIT")
             except BaseException:
                 self._sealed.clear()
-                # A failed COMMIT (disk full) may have rolled back already; the real error
-                # is the one to report, never "cannot rollback - no transaction is active".
-                if db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
+                _rollback(db)
                 raise
         self._publish()
 
@@ -295,9 +291,7 @@ class SessionWriter:
             db.execute("COMMIT")
             return
         except sqlite3.Error:
-            if db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
+            _rollback(db)
         self._set_meta(ended)
 
     def _check_file(self) -> None:
@@ -512,6 +506,17 @@ class SessionWriter:
 
 
 _NOTHING = object()
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if any.
+
+    A failed COMMIT (disk full) may have rolled back already; the real error is the one to
+    report, never "cannot rollback - no transaction is active".
+    """
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
 
 
 def save_session(

@@ -96,25 +96,30 @@ class _Entry:
 
 
 _DYNAMO = os.sep + os.path.join("torch", "_dynamo") + os.sep
+_OUR_HOOKS = os.path.join("gpuwatch", "instrument", "_auto.py")
 
 
 def _under_dynamo(limit: int = 64) -> bool:
     """True when torch.compile's frame evaluation is among our callers: the model was
     compiled after :func:`gpuwatch.watch` (or a compiled function calls it), and our hook
     runs from inside that compiled call. The one dynamo frame that only disables dynamo
-    for the phases' own hooks (``_auto.hook_module(compiled_later=True)``) does not count.
-    Walked once, at the start of the measurement.
+    for the phases' own hooks (``_auto.hook_module(compiled_later=True)``) does not count:
+    it is the dynamo frame that calls straight into ``_auto``. Walked once, at the start
+    of the measurement.
+
+    Only code objects are read, never ``frame.f_locals``: on Python 3.11 and older that
+    stores a snapshot of the frame's locals on the frame, and the training loop's frame
+    would keep its first batch alive until the loop returned.
     """
     frame = sys._getframe(1)
+    inner = frame.f_code.co_filename
     for _ in range(limit):
         if frame is None:
             return False
-        if _DYNAMO in frame.f_code.co_filename:
-            fn = frame.f_locals.get("fn")
-            if getattr(fn, "__module__", "") != "gpuwatch.instrument._auto":
-                return True
-        elif type(frame.f_locals.get("self")).__name__ == "OptimizedModule":
+        filename = frame.f_code.co_filename
+        if _DYNAMO in filename and not inner.endswith(_OUR_HOOKS):
             return True
+        inner = filename
         frame = frame.f_back
     return False
 

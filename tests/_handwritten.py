@@ -11,6 +11,7 @@ predictor must use the measured activations. Each takes ``(x, y)`` and returns t
 - :class:`TinyMoE`: a transformer whose MLP is a router over four experts, each token sent
   to its top two (index_select / index_add_, the way small MoE repos route).
 - :class:`SmallCNN`: convolutions, BatchNorm, ReLU, max-pooling, a linear classifier.
+- :class:`TiedLSTM`: a two-layer LSTM language model whose head is its embedding.
 """
 
 from __future__ import annotations
@@ -213,3 +214,16 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.classifier(self.features(x).flatten(1)), y)
+
+
+class TiedLSTM(nn.Module):
+    """A two-layer LSTM language model with the embedding reused as the output head."""
+
+    def __init__(self, vocab: int = 1024, dim: int = 128, depth: int = 2) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.rnn = nn.LSTM(dim, dim, depth, batch_first=True)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.tok(x))
+        return F.cross_entropy((h @ self.tok.weight.t()).flatten(0, 1), y.flatten())

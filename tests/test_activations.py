@@ -82,13 +82,13 @@ def _activations(sent: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _train(
-    model: nn.Module, data: tuple[Any, Any], steps: int, *, watch: bool
+    model: nn.Module, data: tuple[Any, Any], steps: int, *, watch: bool, phases: bool = True
 ) -> tuple[list[dict[str, int]], int, int]:
     """Train ``steps`` steps under the tracker: per-step phase peaks, the bytes alive
     after the first forward (made by it), and the loss's own bytes."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
     if watch:
-        gpuwatch.watch(model, opt)
+        gpuwatch.watch(model, opt, phases=phases)
     live = LiveBytes()
     for t in (*model.parameters(), *model.buffers()):
         live.track(t)
@@ -144,6 +144,47 @@ def test_unknown_models_are_predicted_from_the_measurement(sent: list, name: str
         for phase in PHASES:
             pred = total(breakdown(p, phase, first_step=step == 0))
             assert abs(pred - got[phase]) <= 0.10 * got[phase], (phase, step, pred, got)
+
+
+@pytest.mark.parametrize("name", ["lstm", "fused-gpt"])
+def test_measured_without_the_automatic_phases(sent: list, name: str) -> None:
+    """``watch(model, opt, phases=False)`` (the sample's own pattern, with explicit phases)
+    still measures the first training forward, predicts from it, and leaves nothing behind."""
+    make = {"lstm": H.TiedLSTM, "fused-gpt": H.FusedGPT}[name]
+    torch.manual_seed(0)
+    model = make().train()
+    hooks_before = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    peaks, made, loss_bytes = _train(model, _tokens(), 2, watch=True, phases=False)
+    act = _activations(sent)
+    assert act["until"] == "backward" and "error" not in act
+    assert act["bytes"] + act["amp_copy_bytes"] == made - loss_bytes
+    hooks_after = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    assert hooks_after == hooks_before and _watch._meter is None
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    p = predict(sent[-1])
+    assert p.activations_source == "measured" and p.activations_known
+    for step, got in enumerate(peaks):
+        for phase in PHASES:
+            pred = total(breakdown(p, phase, first_step=step == 0))
+            assert abs(pred - got[phase]) <= 0.10 * got[phase], (phase, step, pred, got)
+
+
+def test_a_backward_through_autograd_grad_ends_it(sent: list) -> None:
+    """``torch.autograd.grad`` is not the wrapped ``backward``: the first unpack of a saved
+    tensor ends the count all the same, and the next event outside backward (here the next
+    forward) removes the hooks and sends the facts."""
+    torch.manual_seed(0)
+    model = H.FusedGPT().train()
+    gpuwatch.watch(model)
+    loss = model(*_tokens())
+    torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    assert _watch._meter is not None and not _watch._meter.active  # counting has ended
+    counted = _watch._meter.totals["bytes"]
+    model(*_tokens())
+    assert _watch._meter is None
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    act = _activations(sent)
+    assert act["until"] == "backward" and act["bytes"] == counted > 0
 
 
 def test_the_model_computes_the_same(sent: list) -> None:

@@ -224,21 +224,10 @@ class Meter:
         """
         if self.done:
             return True
-        self.active = False
-        if not self.stopped_by:
-            self.stopped_by = why
-        self._remove_module_hooks()
+        self._end_count(why)
         if threading.get_ident() != self.thread:
             return False
         self.done = True
-        # The model's outputs still referenced now (the loop holds ``logits``) and not
-        # kept by autograd: alive through backward and the step, until the next forward.
-        seen: set[tuple[int, str]] = set()
-        for ref, n, key in self.outputs:
-            if ref() is not None and key not in seen and key not in self.seen:
-                seen.add(key)
-                self.held += n
-        self.outputs = []
         if self.pushed:
             self.pushed = False
             try:
@@ -253,6 +242,22 @@ class Meter:
                 self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
         self.seen.clear()
         return True
+
+    def _end_count(self, why: str) -> None:
+        """Stop counting (idempotent): say why, and measure the outputs still held."""
+        self.active = False
+        if self.stopped_by:
+            return
+        self.stopped_by = why
+        self._remove_module_hooks()
+        # The model's outputs still referenced now (the loop holds ``logits``) and not
+        # kept by autograd: alive through backward and the step, until the next forward.
+        seen: set[tuple[int, str]] = set()
+        for ref, n, key in self.outputs:
+            if ref() is not None and key not in seen and key not in self.seen:
+                seen.add(key)
+                self.held += n
+        self.outputs = []
 
     def _remove_module_hooks(self) -> None:
         handles, self.handles = self.handles, []
@@ -350,6 +355,12 @@ class Meter:
         return packed
 
     def _unpack(self, packed: Any) -> Any:
+        if self.active:
+            # A backward began, whoever called it (``torch.autograd.grad`` too): the count
+            # ends here. The hooks cannot be popped from inside backward (the engine runs
+            # on a copy of the forward's thread-local state): the next event outside it
+            # (an optimizer step, the next forward) calls stop().
+            self._end_count("backward")
         if self.user_unpack is not None:
             return self.user_unpack(packed)
         return packed

@@ -252,6 +252,11 @@ def hook_module(module: Any, *, compiled_later: bool = False) -> None:
     _I.hooked[module] = (pre_handle, post_handle)
 
 
+def covers(module: Any) -> bool:
+    """True when the automatic phases see ``module``'s calls (hooked, or discovering)."""
+    return _I.discovering or module in _I.hooked
+
+
 def uninstall() -> None:
     """Remove every hook and put back every wrapped function; forget all state."""
     global _A, _compiling, facts_hook, step_hook, activations_hook

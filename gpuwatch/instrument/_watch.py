@@ -49,6 +49,7 @@ _lock = threading.Lock()
 _primary: _Watched | None = None
 _meter: Any = None  # the running activations measurement (_activations.Meter)
 _measured = False  # one measurement per process: the first training forward
+_quiet: list[Any] = []  # watch(phases=False): the measurement's own hooks on the model
 
 
 def watch(
@@ -73,7 +74,8 @@ def watch(
             parameters is used.
         amp_dtype: The autocast dtype, if known; otherwise read at the first forward.
         checkpointing: Whether activation checkpointing is on, if known.
-        phases: Install the automatic phases (``False``: facts only).
+        phases: Install the automatic phases (``False``: facts only, for scripts that
+            draw their own; the first training forward is measured all the same).
 
     Returns:
         ``model``, unchanged.
@@ -104,6 +106,8 @@ def watch(
         if phases and _auto.install():
             _auto.hook_module(model, compiled_later=not _compiled(model))
             _arm_activations()
+        elif not phases:
+            _measure_quietly(model)
         _api._state.memory.check_active()  # CUDA already in use: OOM observer, history
         if fresh:
             _send(watched)
@@ -212,6 +216,57 @@ def _reset_activations() -> None:
         meter.stop("another model")
     if _auto.activations_hook is _on_activations:
         _auto.activations_hook = None
+    _drop_quiet_hooks()
+
+
+def _measure_quietly(model: Any) -> None:
+    """``watch(phases=False)``: measure the first training forward without phases.
+
+    The automatic phases are what usually tell the measurement that a training forward
+    began and returned, and when to end it; without them two hooks on the model and
+    torch's global optimizer-step pre-hook do (the measurement's count itself ends at its
+    first unpack: backward began). All three go once the measurement ends, so later steps
+    run no gpuwatch code.
+    """
+    if _measured or _meter is not None or _quiet:
+        return
+    if os.environ.get("GPUWATCH_ACTIVATIONS", "").strip().lower() in ("0", "off", "false", "no"):
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+
+    def pre(module: Any, args: Any) -> None:
+        if _auto.covers(module):
+            return  # the automatic phases (zero-code hook) already tell the measurement
+        _on_activations("forward", module if torch.is_grad_enabled() else None)
+        if _measured and _meter is None:
+            _drop_quiet_hooks()  # skipped (compiled) or ended: nothing left to see
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        if not _auto.covers(module):
+            _on_activations("returned", module, output)
+
+    def step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if _meter is not None and _auto.activations_hook is None:
+            _on_activations("step", None)
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    _quiet[:] = [
+        model.register_forward_pre_hook(pre),
+        model.register_forward_hook(post, always_call=True),
+        register_optimizer_step_pre_hook(step),
+    ]
+
+
+def _drop_quiet_hooks() -> None:
+    handles, _quiet[:] = list(_quiet), []
+    for handle in handles:
+        try:
+            handle.remove()
+        except Exception:
+            pass
 
 
 def _arm_activations() -> None:
@@ -270,6 +325,7 @@ def _finish(meter: Any, why: str) -> None:
         return  # another thread: the begin thread's next event ends it
     _meter = None
     _auto.activations_hook = None
+    _drop_quiet_hooks()
     model = meter.model_ref()
     if model is not None:
         _store(meter.facts(), model)

@@ -60,7 +60,10 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
     for i, m in enumerate(reversed(modules)):
         big = _n(m.get("max_tensor_bytes"))
         g = _n(m.get("grad_bytes"))
-        temp = max(_n(m.get("out_bytes")), big) + big
+        out = _n(m.get("out_bytes"))
+        # The gradient of its output and one of its largest save; at the loss (no module
+        # output: the model's body, or outside it) the log-probabilities' and the logits'.
+        temp = (out or big) + big
         now = Moment(saved=alive, amp=alive_amp, temp=temp, grads=made + g)
         if now.total() > peak.total():
             peak, peak_i = now, i

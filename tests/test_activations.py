@@ -216,12 +216,19 @@ def test_the_formula_and_the_measurement_disagreeing_is_a_finding(sent: list) ->
     _train(Llama(VOCAB, 2, 128, 4, 2, 352, "sdpa").train(), _tokens(), 1, watch=True)
     facts = sent[-1]
     p = predict(facts)
-    assert p.activations_source == "formula" and p.activations_measured is not None
+    assert p.activations_source == "measured" and p.activations_formula is not None
     assert p.findings == []  # the formula knows this model: they agree
+    measured, held = p.activations_measured, facts["activations"]["held_output_bytes"]
+    assert breakdown(p, "backward")["activations"] <= measured + held  # freed as it goes
+    assert p.phases["forward", True].end["activations"] == measured + held
     facts["transformer"] = dict(facts["transformer"], intermediate=2000)  # a wrong shape
-    p = predict(facts)
-    assert p.activations_source == "formula"
-    assert len(p.findings) == 1 and "autograd saved" in p.findings[0]
+    wrong = predict(facts)
+    assert wrong.activations_source == "measured"
+    assert len(wrong.findings) == 1 and "autograd saved" in wrong.findings[0]
+    # The wrong formula drives nothing: the same figures as with no shape at all.
+    del facts["transformer"]
+    alone = predict(facts)
+    assert wrong.phases == alone.phases and wrong.peak_bytes == alone.peak_bytes
 
 
 # --------------------------------------------------------------------------- others' hooks
@@ -300,16 +307,25 @@ def test_activation_checkpointing(sent: list, make: Callable[[], nn.Module]) -> 
     for watch in (False, True):
         torch.manual_seed(0)
         model = make().train()
-        _, made, loss_bytes = _train(model, _tokens(), 2, watch=watch)
+        peaks, made, loss_bytes = _train(model, _tokens(), 2, watch=watch)
         results.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
     act = _activations(sent)
     # What the checkpoints keep (their inputs) is what stays alive; inner saves are dropped.
     assert act["bytes"] == made - loss_bytes
-    recomputed = [m["name"] for m in act["modules"] if m.get("recomputed")]
+    recomputed = [m for m in act["modules"] if m.get("recomputed")]
     assert len(recomputed) == 2, act["modules"]
-    notes = predict(sent[-1]).notes
-    assert any("activation checkpointing" in n for n in notes)
+    p = predict(sent[-1])
+    unseen = any("reentrant activation checkpointing" in n for n in p.notes)
+    if make is _Reentrant:  # recomputed under no_grad in forward: nothing to count then
+        assert unseen and not any(m.get("recompute_bytes") for m in recomputed)
+        return
+    # Non-reentrant: what the checkpoint's pack hook got is what backward recreates.
+    assert not unseen and all(m["recompute_bytes"] > 0 for m in recomputed)
+    for step, got in enumerate(peaks):
+        for phase in PHASES:
+            pred = total(breakdown(p, phase, first_step=step == 0))
+            assert abs(pred - got[phase]) <= 0.10 * got[phase], (phase, step, pred, got)
 
 
 def test_torch_compile_is_skipped_and_untouched(sent: list) -> None:

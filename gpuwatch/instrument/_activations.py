@@ -40,6 +40,9 @@ from typing import Any
 MAX_MODULES = 256
 """Module entries kept in the facts; later ones are folded into ``(other)``."""
 
+MAX_INNER = 32
+"""Direct children of a counted module watched for a checkpoint of its ``forward``."""
+
 _CONTAINERS = ("ModuleList", "ModuleDict", "Sequential")
 """Module classes whose children are counted one by one (``Sequential`` only chains them)."""
 
@@ -84,6 +87,7 @@ class _Entry:
         "last",
         "max_tensor",
         "out_bytes",
+        "recompute",
         "recomputed",
         "tensors",
     )
@@ -92,6 +96,7 @@ class _Entry:
         self.bytes = self.tensors = self.max_tensor = self.out_bytes = self.calls = 0
         self.amp = 0
         self.recomputed = False  # ran under activation checkpointing
+        self.recompute = 0  # what its checkpoint's pack hook got: recreated in backward
         self.last = order  # when it last saved (or appeared): backward frees in reverse
 
 
@@ -172,6 +177,7 @@ class Meter:
         self.error: str | None = None
         self.outputs: list[tuple[Any, int, tuple[int, str]]] = []  # (weak storage, bytes, key)
         self.held = 0
+        self.chains: list[tuple[str, Any]] = []  # counting packs pushed over a checkpoint's
 
     # ------------------------------------------------------------------ control
 
@@ -192,6 +198,11 @@ class Meter:
                 pre = child.register_forward_pre_hook(self._pre(name))
                 post = child.register_forward_hook(self._post(name), always_call=True)
                 self.handles += [pre, post]
+                for inner in list(child.children())[:MAX_INNER]:
+                    self.handles += [
+                        inner.register_forward_pre_hook(self._inner_pre(name)),
+                        inner.register_forward_hook(self._inner_post, always_call=True),
+                    ]
             torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
             self.pushed = True
             self.active = True
@@ -303,18 +314,90 @@ class Meter:
             try:
                 # Under activation checkpointing a module runs without grad (reentrant) or
                 # under the checkpoint's own saved-tensor hooks (non-reentrant): backward
-                # will recompute it, which this measurement cannot see.
+                # will recompute it.
                 autograd = self.torch._C._autograd
                 top = autograd._top_saved_tensors_default_hooks(False)
                 if not self.torch.is_grad_enabled() or (top is not None and top[0] != self._pack):
                     self._entry(name).recomputed = True
+                    if top is not None and not getattr(top[0], "_gpuwatch_chain", False):
+                        self._chain(name, module, *top)
             except Exception:
                 pass
 
         return pre
 
+    def _inner_pre(self, name: str) -> Any:
+        """On a counted module's direct children: a checkpoint of the module's ``forward``
+        (transformers 5 checkpoints ``forward``, not ``__call__``, so the module's own
+        hooks run outside it) is on top when they run."""
+
+        def pre(module: Any, args: Any) -> None:
+            if not self.active:
+                return
+            try:
+                top = self.torch._C._autograd._top_saved_tensors_default_hooks(False)
+                if top is None or top[0] == self._pack or getattr(top[0], "_gpuwatch_chain", 0):
+                    return
+                if self.torch.is_grad_enabled():
+                    self._entry(name).recomputed = True
+                    self._chain(name, module, *top)
+            except Exception:
+                pass
+
+        return pre
+
+    def _inner_post(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            self._unchain(module)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
+
+    def _chain(self, name: str, module: Any, their_pack: Any, their_unpack: Any) -> None:
+        """Count what a non-reentrant checkpoint's pack hook gets while ``name`` runs:
+        exactly the tensors its recomputation recreates in backward. Each tensor goes on
+        to their pack unchanged, and their unpack is the one autograd keeps."""
+
+        def pack(t: Any) -> Any:
+            if self.active:
+                try:
+                    self._count_recompute(name, t)
+                except Exception:
+                    pass
+            return their_pack(t)
+
+        pack._gpuwatch_chain = True  # type: ignore[attr-defined]
+        self.torch._C._autograd._push_saved_tensors_default_hooks(pack, their_unpack)
+        self.chains.append((id(module), pack))
+
+    def _unchain(self, module: Any) -> None:
+        """Pop the counting pack ``module``'s call pushed (its post hook: always runs)."""
+        if not self.chains or self.chains[-1][0] != id(module):
+            return
+        _, pack = self.chains.pop()
+        autograd = self.torch._C._autograd
+        top = autograd._top_saved_tensors_default_hooks(False)
+        if top is not None and top[0] is pack:
+            autograd._pop_saved_tensors_default_hooks()
+        else:  # someone pushed over it and left theirs: popping would remove theirs
+            self.error = "saved-tensor hooks pushed over ours were left in place"
+
+    def _count_recompute(self, name: str, t: Any) -> None:
+        st = t.untyped_storage()
+        key = (int(st.data_ptr()), str(t.device))
+        if key in self.exclude:
+            return
+        ref = self.seen.get(key)
+        if ref is not None and ref() is not None:
+            return  # kept anyway (the checkpoint's inputs), or already counted
+        self.seen[key] = weakref.ref(st)
+        self._entry(name).recompute += int(st.nbytes())
+
     def _post(self, name: str) -> Any:
         def post(module: Any, args: Any, output: Any) -> None:
+            try:
+                self._unchain(module)
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
             if not self.active:
                 return
             if self.stack and self.stack[-1] == name:
@@ -444,6 +527,7 @@ class Meter:
                     "out_bytes": e.out_bytes,
                     "grad_bytes": grads.get(name, 0),
                     **({"recomputed": True} if e.recomputed else {}),
+                    **({"recompute_bytes": e.recompute} if e.recompute else {}),
                 }
             )
         out: dict[str, Any] = {
@@ -474,11 +558,14 @@ def _where(torch: Any, t: Any, packed: Any) -> str:
 
 
 def _grad_bytes(model: Any, entries: dict[str, _Entry]) -> dict[str, int]:
-    """Gradient bytes of each measured module's trainable parameters (shared ones once)."""
+    """Gradient bytes of each measured module's trainable parameters (shared ones once),
+    each parameter with the innermost measured module that holds it: a model's layers
+    (``bert.encoder.layer.0``) are measured inside a top-level child (``bert``), and their
+    gradients appear during their own backward, not all at once at the child's."""
     out: dict[str, int] = {}
     seen: set[int] = set()
     modules = dict(model.named_modules())
-    for name in entries:
+    for name in sorted(entries, key=lambda n: -n.count(".")):
         mod = modules.get(name)
         if mod is None:
             continue

@@ -10,7 +10,8 @@ from the same figures:
 - backward, walking the modules in reverse: each frees what it saved after its backward,
   when its parameters' gradients have appeared; while it runs, the gradient of its output
   and one the size of its largest saved tensor are alive too (at the loss: the gradient of
-  the log-probabilities and of the logits);
+  the log-probabilities and of the logits), and, under non-reentrant checkpointing, what
+  its recomputation recreates (``recompute_bytes``: what the checkpoint's pack hook got);
 - eval: no saves; its peak is the two largest consecutive module outputs.
 """
 
@@ -64,11 +65,12 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
         # The gradient of its output and one of its largest save; at the loss (no module
         # output: the model's body, or outside it) the log-probabilities' and the logits'.
         temp = (out or big) + big
-        now = Moment(saved=alive, amp=alive_amp, temp=temp, grads=made + g)
+        again = _n(m.get("recompute_bytes"))
+        now = Moment(saved=alive + again, amp=alive_amp, temp=temp, grads=made + g)
         if now.total() > peak.total():
             peak, peak_i = now, i
         # Accumulating into existing gradients: only this module's new ones are extra.
-        acc = Moment(saved=alive, amp=alive_amp, temp=temp, grads=g)
+        acc = Moment(saved=alive + again, amp=alive_amp, temp=temp, grads=g)
         if acc.total() > accumulating.total():
             accumulating = acc
         alive = max(0, alive - _n(m.get("bytes")))

@@ -15,7 +15,7 @@ S optimizer state, G gradients, A what forward keeps for backward:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._graph import (
@@ -249,18 +249,29 @@ def predict(facts: dict[str, Any]) -> Prediction:
     if sim is not None:
         source = "formula"
         formula = sim.forward_end.saved + sim.forward_end.amp
-        if measured is not None:
-            findings.extend(_disagreement(formula, sum(measured)))
-            notes[:] = [n for n in notes if not n.startswith("activations unknown")]
-    elif measured is not None:
-        sim = simulate_measured(act)
-        source = "measured"
+    # What autograd saved is the activations figure whenever it was measured; the formula
+    # serves `estimate` and the time before the first training forward. Where the two
+    # agree the formula's moments (its transients walk every op) are kept, set to the
+    # measured bytes; where they disagree the formula does not know this model (an
+    # encoder-decoder, a frozen backbone) and only the finding names it.
+    measured_sim = simulate_measured(act) if measured is not None else None
+    if measured is not None and measured_sim is not None:
         notes[:] = [n for n in notes if not n.startswith("activations unknown")]
-        if sim is not None:
+        off = _disagreement(formula, sum(measured)) if formula is not None else []
+        findings.extend(off)
+        if sim is not None and not off:
+            sim = _set_saved(sim, *measured)
+            notes.append(
+                "activations measured (what autograd saved in the first training forward);"
+                " transients from the model's shape, which agrees with it"
+            )
+        else:
+            sim = measured_sim
             notes.append(
                 "activations measured (what autograd saved in the first training forward);"
                 " transients estimated from module outputs"
             )
+        source = "measured"
     notes.extend(_measurement_notes(act))
     # The recorder counts the gradients of the weights it models; the facts know them all.
     grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
@@ -362,11 +373,32 @@ def _disagreement(formula: int, measured: int) -> list[str]:
         return []
     off = (formula - measured) / measured
     return [
-        f"activations: the formula gives {_gib(formula)}, autograd saved {_gib(measured)}"
-        f" in the first training forward ({off:+.0%}): the formula does not know something"
-        " this model does (its figures are used; the measurement is the truth for this"
-        " batch)"
+        f"activations: the formula for this model's shape gives {_gib(formula)}, autograd"
+        f" saved {_gib(measured)} in the first training forward ({off:+.0%}): the formula"
+        " does not know something this model does, and the measurement is used"
     ]
+
+
+def _set_saved(sim: Simulation, saved: int, amp: int) -> Simulation:
+    """The formula's moments with its saved bytes set to the measured ones (each moment's
+    saved and AMP-copy bytes scaled alike, so the shape of the step is kept)."""
+    fs, fa = sim.forward_end.saved, sim.forward_end.amp
+    rs, ra = (saved / fs if fs else 1.0), (amp / fa if fa else 1.0)
+
+    def scaled(m: Moment | None) -> Moment | None:
+        if m is None:
+            return None
+        return Moment(min(round(m.saved * rs), saved), min(round(m.amp * ra), amp), m.temp, m.grads)
+
+    return replace(
+        sim,
+        forward_peak=scaled(sim.forward_peak),
+        forward_end=Moment(saved, amp, sim.forward_end.temp, sim.forward_end.grads),
+        backward_peak=scaled(sim.backward_peak),
+        backward_end=scaled(sim.backward_end),
+        eval_peak=scaled(sim.eval_peak),
+        accumulating_peak=scaled(sim.accumulating_peak),
+    )
 
 
 def _measurement_notes(act: dict[str, Any]) -> list[str]:
@@ -381,12 +413,14 @@ def _measurement_notes(act: dict[str, Any]) -> list[str]:
         n = _n(act.get(key))
         if n:
             out.append(f"activations: {_gib(n)} saved and {what}, not counted on the device")
-    recomputed = [
-        m for m in act.get("modules") or [] if isinstance(m, dict) and m.get("recomputed")
+    unseen = [
+        m
+        for m in act.get("modules") or []
+        if isinstance(m, dict) and m.get("recomputed") and not m.get("recompute_bytes")
     ]
-    if recomputed:
+    if unseen:
         out.append(
-            f"activations: {len(recomputed)} modules ran under activation checkpointing;"
+            f"activations: {len(unseen)} modules ran under reentrant activation checkpointing;"
             " what backward's recomputation keeps was not measured (the backward peak"
             " can be higher)"
         )

@@ -77,6 +77,38 @@ def _tensors(obj: Any, depth: int = 0) -> list[Any]:
     return []
 
 
+def _held_tensors(obj: Any, budget: int = 512, depth: int = 6) -> list[Any]:
+    """Tensors the model's returned object keeps alive: :func:`_tensors`, and also inside
+    plain objects' attributes (a ``ModelOutput``'s cache object holds its layers' keys and
+    values, an encoder-decoder's the encoder's too). Reads ``__dict__`` only (no property
+    runs), skips modules, and stops after ``budget`` objects."""
+    import torch
+
+    out: list[Any] = []
+    seen: set[int] = set()
+    todo: list[tuple[Any, int]] = [(obj, 0)]
+    while todo and budget > 0:
+        o, d = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        budget -= 1
+        if isinstance(o, torch.Tensor):
+            out.append(o)
+            continue
+        if d >= depth or isinstance(o, (str, bytes, int, float, type, torch.nn.Module)):
+            continue
+        if isinstance(o, (tuple, list)):
+            items = list(o[:64])
+        elif isinstance(o, dict):
+            items = list(o.values())[:64]
+        else:
+            attrs = getattr(o, "__dict__", None)
+            items = list(attrs.values())[:64] if isinstance(attrs, dict) else []
+        todo.extend((i, d + 1) for i in items)
+    return out
+
+
 class _Entry:
     """What one module saved."""
 
@@ -217,7 +249,7 @@ class Meter:
         it, and whether the caller still holds the output when backward begins is seen."""
         self.outside = True
         try:
-            for t in _tensors(output):
+            for t in _held_tensors(output):
                 st = t.untyped_storage()
                 key = (int(st.data_ptr()), str(t.device))
                 self.outputs.append((weakref.ref(st), int(st.nbytes()), key))

@@ -198,3 +198,36 @@ if __name__ == "__main__":  # print the figures for every case
             cells = " ".join(f"{k}={v * 100:+.1f}%" for k, v in errs.items())
             print(f"{name:20s} {impl:8s} {cells}")
     sys.exit(0)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam-coupled-wd"])
+def test_for_loop_adam_peak_is_the_largest_neighbouring_pair(kind: str) -> None:
+    """The for-loop step keeps two of one tensor while the previous one's ``denom`` is
+    alive: the two largest tensors far apart cost ``2 * largest + its neighbour``, not
+    ``2 * largest + second largest``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 512, bias=False),  # 1 MiB, the largest
+        torch.nn.Linear(512, 8, bias=False),
+        torch.nn.Linear(8, 512, bias=False),
+        torch.nn.Linear(512, 384, bias=False),  # 768 KiB, second, two tensors later
+    )
+    if kind == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    else:
+        opt = torch.optim.Adam(model.parameters(), weight_decay=0.1, foreach=False)
+    x = torch.randn(16, 512)
+    model(x).square().mean().backward()
+    opt.step()  # the state exists: the second step's temporaries alone are measured
+    live = LiveBytes()
+    for t in (*model.parameters(), *(p.grad for p in model.parameters())):
+        live.track(t)
+    for s in opt.state.values():
+        for v in s.values():
+            live.track(v)
+    with live:
+        before = live.total
+        opt.step()
+        measured = live.peak - before
+    predicted = predict(collect_facts(model, opt)).optimizer.temp
+    assert abs(predicted - measured) <= 0.02 * measured, (predicted, measured)

@@ -150,7 +150,7 @@ def _optimizer(optimizer: Any) -> dict[str, Any]:
     buckets: dict[tuple[int, str, str], dict[str, Any]] = {}
     truncated = False
     for gi, group in enumerate(getattr(optimizer, "param_groups", []) or []):
-        frozen = 0
+        frozen = previous = 0
         per_group = {
             k: _scalar(group.get(k))
             for k in ("weight_decay", "momentum", "nesterov", "amsgrad", "lr")
@@ -175,6 +175,7 @@ def _optimizer(optimizer: Any) -> dict[str, Any]:
                     "bytes": 0,
                     "max_tensor_bytes": 0,
                     "second_tensor_bytes": 0,
+                    "loop_peak_bytes": 0,
                     "small_count": 0,
                     "factored_count": 0,
                     "vector_count": 0,
@@ -188,6 +189,10 @@ def _optimizer(optimizer: Any) -> dict[str, Any]:
                 b["second_tensor_bytes"], b["max_tensor_bytes"] = b["max_tensor_bytes"], nb
             elif nb > b["second_tensor_bytes"]:
                 b["second_tensor_bytes"] = nb
+            # A for-loop step's working set at this tensor: two of it (sqrt, denom) while
+            # the previous tensor's denom is still bound (torch/optim/adam.py).
+            b["loop_peak_bytes"] = max(b["loop_peak_bytes"], 2 * nb + previous)
+            previous = nb
             if n < SMALL_TENSOR:
                 b["small_count"] += n
             if p.dim() >= 2 and n:

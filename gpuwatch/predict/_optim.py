@@ -12,7 +12,9 @@ Sources, per rule:
   ``exp_avg_sq_sqrt`` list; the previous bucket's list is still referenced while the next
   one is made, and each param group is a separate call. Fused (``_fused_adam_``) works in
   place. The for-loop path (``_single_tensor_adam``) makes ``sqrt`` and then ``denom`` per
-  tensor while the previous tensor's ``denom`` is alive; Adam (not W) with weight decay adds
+  tensor while the previous tensor's ``denom`` is alive: its peak is the largest
+  ``2 * size[i] + size[i - 1]`` over the group's order (``loop_peak_bytes``; older facts
+  only know the two largest, taken as neighbours); Adam (not W) with weight decay adds
   ``grad.add(param)``.
 - SGD (``torch/optim/sgd.py``): ``momentum_buffer`` cloned from the gradient on the first
   step when ``momentum != 0``; foreach makes a bucket-sized gradient copy for weight decay
@@ -145,7 +147,8 @@ def optimizer_memory(opt: dict[str, Any] | None, device: str | None = None) -> O
             if impl == "foreach":
                 temps.append(_pairs_peak(sizes))
             elif impl == "for-loop":
-                temps.append(2 * big + second + (big if coupled_wd else 0))
+                loop = max((_n(b.get("loop_peak_bytes")) for b in buckets), default=0)
+                temps.append((loop or 2 * big + second) + (big if coupled_wd else 0))
         elif kind == "sgd":
             momentum = float(opt_of(b0, "momentum", 0) or 0)
             if momentum:

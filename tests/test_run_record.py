@@ -102,6 +102,32 @@ def test_record_passes_the_exit_status_through(tmp_path, sock_path) -> None:
     assert "exited with status 3" in result.stderr
 
 
+@pytest.mark.parametrize("code", [0, 3])
+def test_the_commands_exit_status_is_in_the_recording(tmp_path, sock_path, code: int) -> None:
+    """A script's own bye cannot know its exit status (atexit never sees it): the launcher
+    puts it in the recording, so a run that ended well says 0, not null."""
+    script = (
+        "import sys, gpuwatch\n"
+        "with gpuwatch.phase('forward'):\n"
+        "    pass\n"
+        "gpuwatch.flush()\n"
+        f"sys.exit({code})\n"
+    )
+    result, out = record(tmp_path, sock_path, sys.executable, "-c", script)
+    assert result.returncode == code, result.stderr
+    info = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "info", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    import json
+
+    procs = json.loads(info.stdout)["processes"]
+    assert [p["exit_code"] for p in procs] == [code], procs
+
+
 def test_record_a_command_that_does_not_exist(tmp_path, sock_path) -> None:
     result, _ = record(tmp_path, sock_path, "no-such-program-anywhere")
     assert result.returncode == 2  # a bad command line, as for any bad input

@@ -143,6 +143,9 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
             args.seq = got.seq
         elif got.shape.arch == "vit" and args.seq != got.seq:
             raise CliError(f"--seq {args.seq}: this ViT sees {got.seq} tokens per image")
+        else:  # --seq given: the config's length was not assumed
+            assumed[:] = [a for a in assumed if not a.startswith("sequence length ")]
+            assumed.append(f"sequence length {args.seq} (--seq)")
         if args.dropout is None:
             args.dropout_config = got.dropout
         args.activation = got.activation

@@ -104,6 +104,8 @@ def cmd_record(args: argparse.Namespace) -> int:
                     )
                     forward = SignalForwarder(child)
                 reported = _wait(args, sources, child, stop, started, tty)
+                if child is not None:
+                    sources.session.child_exited(child.pid, child.exit_status)
                 if not args.label:
                     recorder.writer.set_label(_auto_label(sources.session))
         finally:

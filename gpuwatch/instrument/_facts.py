@@ -517,12 +517,13 @@ def batch_facts(args: Any, kwargs: Any) -> dict[str, Any]:
     """The batch shape of a forward call, from its arguments (call it on the first forward).
 
     Takes ``input_ids`` (or the first tensor argument): an integer ``(batch, seq)`` tensor
-    of token ids, or a float ``(batch, seq, hidden)`` tensor of embeddings. Also records
-    whether autocast is on at that moment, and in which dtype.
+    of token ids, or a float ``(batch, seq, hidden)`` tensor of embeddings; any other
+    tensor (an image batch) gives a batch and no sequence. Also records whether autocast
+    is on at that moment, and in which dtype.
 
     Returns:
-        ``{"shape", "dtype", "device", "batch", "seq", "autocast"}``; ``{}`` when no tensor
-        argument is found. Never raises.
+        ``{"shape", "dtype", "device", "batch", "seq", "autocast"}`` (``seq`` only for a
+        sequence); ``{}`` when no tensor argument is found. Never raises.
     """
     try:
         import torch
@@ -545,10 +546,15 @@ def batch_facts(args: Any, kwargs: Any) -> dict[str, Any]:
             "dtype": _dtype(t),
             "device": _device(t),
         }
-        if t.dim() >= 2:
+        # A sequence is token ids (batch, seq) or embeddings (batch, seq, hidden); an
+        # image batch (N, C, H, W) or a table (batch, features) has a batch and no seq.
+        ids = not (t.is_floating_point() or t.is_complex())
+        if (ids and t.dim() == 2) or (not ids and t.dim() == 3):
             out["batch"], out["seq"] = int(t.shape[0]), int(t.shape[1])
-        elif t.dim() == 1:
+        elif ids and t.dim() == 1:
             out["batch"], out["seq"] = 1, int(t.shape[0])
+        elif t.dim() >= 2:
+            out["batch"] = int(t.shape[0])
         out["autocast"] = None
         dev = t.device.type
         try:

@@ -671,7 +671,20 @@ class Session:
 
     def _on_bye(self, proc: Process, msg: Message) -> None:
         proc.ended = msg.t
-        proc.exit_code = msg.body.get("exit_code")
+        code = msg.body.get("exit_code")
+        if code is not None or proc.exit_code is None:  # the launcher's word may be here
+            proc.exit_code = code
+
+    def child_exited(self, pid: int, status: int | None) -> None:
+        """The launcher's word on the command it started: its exit status (a shell's view,
+        128 + N for signal N). A bye cannot tell it: a script's atexit never sees its own
+        status, so a script that returned normally said ``null``."""
+        if status is None:
+            return
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is not None and proc.exit_code is None:
+                proc.exit_code = status
 
     # ------------------------------------------------------------------ restore (replay)
 

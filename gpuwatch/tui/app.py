@@ -521,6 +521,7 @@ class GpuwatchApp(App[int]):
         status = self.child.exit_status
         if self._child_status is None:
             self._child_status = status
+            self.session.child_exited(self.child.pid, status)
             torch = self.child.torch_hint()
             hint = f"\n{torch}" if torch else ""
             self.notify(

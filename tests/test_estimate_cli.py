@@ -105,6 +105,41 @@ def test_trace_counts_real_steps_on_fake_tensors() -> None:
     assert out["peak_bytes"] >= first["cpu"]["Total"]
 
 
+def test_trace_keeps_memtrackers_chatter_out_of_the_terminal(tmp_path: Path) -> None:
+    """A module built inside forward is gone before its backward: MemTracker warns about
+    its own bookkeeping, which is not the user's business."""
+    pytest.importorskip("torch")
+    script = tmp_path / "temp_module.py"
+    script.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = nn.Linear(32, 32)\n"
+        "    def forward(self, x):\n"
+        "        return nn.ReLU()(self.lin(x)).sum()\n"
+        "def build():\n"
+        "    model = Net()\n"
+        "    return model, torch.optim.AdamW(model.parameters()), (torch.randn(8, 32),)\n"
+    )
+    r = _run("--trace", f"{script}:build")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_a_given_sequence_length_is_not_also_assumed(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512}
+        )
+    )
+    r = _run("--config", str(config), "--seq", "32")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stdout.splitlines() if "sequence length" in line]
+    assert said == ["assumed: sequence length 32 (--seq)"], r.stdout
+
+
 # --------------------------------------------------------------------------- families
 
 

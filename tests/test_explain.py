@@ -69,6 +69,27 @@ def test_an_over_prediction_is_named_as_such() -> None:
     assert "over-predicted -1000 B" in explain_line(e)
 
 
+def test_parts_too_small_to_matter_are_folded() -> None:
+    """The 4-byte loss the loop holds is no term beside GiBs; a small line keeps its parts."""
+    from gpuwatch.session.explain import Part
+
+    gib = 2**30
+    big = [
+        Part("weights", "weights", 10 * gib),
+        Part("optimizer_state", "AdamW state", 20 * gib),
+        Part("activations", "activations (measured)", 4),
+        Part("temporaries", "AdamW foreach temporary", 10 * gib),
+    ]
+    cats = {p.key: p.bytes for p in big}
+    line = explain_line(Explained("optimizer.step", False, 1, None, 0, cats, big))
+    assert "activations" not in line and "smaller items" not in line, line
+    assert line.endswith("AdamW foreach temporary 10.00"), line
+    small = [Part("weights", "weights", 500_000), Part("activations", "activations", 300_000)]
+    cats = {p.key: p.bytes for p in small}
+    line = explain_line(Explained("forward", False, 1, None, 0, cats, small))
+    assert "weights" in line and "activations" in line, line
+
+
 # --------------------------------------------------------------------------- per span
 
 

@@ -138,6 +138,14 @@ def test_batch_facts() -> None:
     assert batch_facts(None, None) == {}
 
 
+def test_only_a_sequence_has_a_sequence_length() -> None:
+    images = batch_facts((torch.zeros(8, 3, 64, 64),), {})
+    assert images["batch"] == 8 and "seq" not in images  # not seq=3 (the channels)
+    assert "seq" not in batch_facts((torch.zeros(8, 20),), {})  # a table of features
+    embeds = batch_facts((), {"inputs_embeds": torch.zeros(2, 9, 16)})
+    assert (embeds["batch"], embeds["seq"]) == (2, 9)
+
+
 def test_facts_drive_the_predictor_for_a_real_model() -> None:
     from gpuwatch.predict import predict
 

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 from ..fmt import fmt_bytes
@@ -321,7 +322,10 @@ def trace(spec: str) -> dict[str, Any]:
     except (ImportError, AttributeError, OSError) as exc:
         raise CliError(f"cannot load {spec}: {exc}")
     steps = []
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
+        # MemTracker's own chatter about a module gone before its backward (one built
+        # inside forward) is about its bookkeeping, not the user's model.
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
         built = func()
         if not (isinstance(built, tuple) and len(built) == 3):
             raise CliError(f"{spec} must return (model, optimizer, batch)")

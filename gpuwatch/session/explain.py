@@ -116,12 +116,16 @@ def explain_line(e: Explained) -> str:
     total = e.measured if e.measured is not None else e.predicted_at_peak
     what = "peak" if e.measured is not None else "predicted peak"
     head = f"{e.phase} {what} {fmt_bytes(total)}"
-    if total < GIB:
-        terms = [f"{p.label} {fmt_bytes(p.bytes)}" for p in e.parts if p.key not in _BEYOND]
-        beyond = [f"{p.label} {fmt_bytes(p.bytes)}" for p in e.parts if p.key in _BEYOND]
-    else:
-        terms = [f"{p.label} {_num(p.bytes)}" for p in e.parts if p.key not in _BEYOND]
-        beyond = [f"{p.label} {_num(p.bytes)}" for p in e.parts if p.key in _BEYOND]
+    show = fmt_bytes if total < GIB else _num
+    # Parts too small to matter (the held 4-byte loss beside GiBs) are folded into one
+    # term, which goes when it prints as nothing in the line's unit.
+    small = min(_SMALL, 0.01 * total)
+    inside = [p for p in e.parts if p.key not in _BEYOND]
+    folded = sum(p.bytes for p in inside if 0 <= p.bytes < small)
+    terms = [f"{p.label} {show(p.bytes)}" for p in inside if not 0 <= p.bytes < small]
+    if folded and (total < GIB or folded >= 0.005 * GIB):
+        terms.append(f"smaller items {show(folded)}")
+    beyond = [f"{p.label} {show(p.bytes)}" for p in e.parts if p.key in _BEYOND]
     line = head + (" = " + " + ".join(terms) if terms else "")
     if beyond:
         line += "; beyond it: " + ", ".join(beyond)
@@ -129,6 +133,9 @@ def explain_line(e: Explained) -> str:
 
 
 _BEYOND = ("cache", "context")
+
+_SMALL = 2**20
+"""Parts under this and under 1% of the line are folded into "smaller items"."""
 
 
 def labels(prediction: pr.Prediction, phase: str) -> dict[str, tuple[str, str]]:

@@ -501,8 +501,15 @@ def test_a_rejected_datagram_is_counted_as_rejected_not_also_lost(
     assert session.rejects == {"field": 1, "json": 1}
 
 
-def test_datagrams_still_queued_at_stop_are_recorded(sock_path: str) -> None:
+@pytest.mark.parametrize("way", ["batched", "one by one"])
+def test_datagrams_still_queued_at_stop_are_recorded(
+    sock_path: str, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Bound, never read until stop (a reader that had fallen behind): stop takes them.
+    from gpuwatch.sources import annotations
+
+    if way == "one by one":  # where the system has no recvmmsg
+        monkeypatch.setattr(annotations, "batch_receiver", lambda sock, size: None)
     session = Session()
     rx = AnnotationReceiver(session, sock_path)
     rx.bind()

@@ -454,7 +454,7 @@ class AnnotationReceiver:
             if pid > 0:
                 self.session.count_lost(pid, count)
         self.unrecorded += total
-        if self._counting:
+        if self._counting and self.cut_short is None:
             senders = sum(1 for pid in counts if pid > 0)
             self.cut_short = (
                 f"stopped recording annotations after {_batch.DRAIN_LIMIT:.0f} s: "

@@ -97,8 +97,10 @@ def _assert_all_counted(out: Path, report_path: Path) -> dict[str, Any]:
     assert recorded + counted == report["marks"] + 2, (got, report)
     assert got["dropped"] == report["dropped"], (got, report)  # what the client knows
     if not any("too late" in note for note in info["notes"]):
-        # gpuwatch took everything in time: nothing was lost on the way, the bye landed.
-        assert (got["lost"], got["hello"], got["bye"]) == (0, 1, 1), (got, report)
+        # gpuwatch took everything in time: nothing was lost on the way, and the bye
+        # landed (unless the sender dropped it too: a machine too loaded to read on).
+        assert (got["lost"], got["hello"]) == (0, 1), (got, report)
+        assert got["bye"] == 1 or report["dropped"] > 0, (got, report)
     return got
 
 

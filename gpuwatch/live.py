@@ -163,15 +163,21 @@ class LiveSources:
         return f"It records to no file; {separate}"
 
     def stop(self) -> None:
-        """Stop every source and release the socket; finish the recording."""
+        """Stop every source and release the socket; finish the recording.
+
+        The receiver first records what senders have sent (a few seconds at most, see
+        :meth:`AnnotationReceiver.stop`): a second Ctrl-C meanwhile still finishes the file.
+        """
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()
-        self.receiver.stop()
-        if self.metrics is not None:
-            self.metrics.stop()
-        if self.recorder is not None:
-            self.recorder.close()
+        try:
+            self.receiver.stop()
+        finally:
+            if self.metrics is not None:
+                self.metrics.stop()
+            if self.recorder is not None:
+                self.recorder.close()
 
     def describe(self) -> str:
         """One line for the status bar: the recording first (a narrow terminal cuts the end,

@@ -173,7 +173,7 @@ METRICS = (
         "gpuwatch_process_lost_events_total",
         "counter",
         PROC,
-        "Events the process sent that never arrived or were rejected (sequence gaps).",
+        "Events the process sent that were never recorded (lost on the way; not rejected).",
     ),
     Spec(
         "gpuwatch_receiver_rejected_datagrams_total",

@@ -28,7 +28,7 @@ MAX_NAME = 128
 MAX_TEXT = 1024
 """Longest mark, OOM message or argv element (characters)."""
 
-KINDS = ("hello", "facts", "phase", "mark", "memory", "oom", "bye")
+KINDS = ("hello", "facts", "phase", "mark", "memory", "oom", "stats", "bye")
 LEVELS = ("info", "warning", "error")
 PHASE_EVENTS = ("begin", "end")
 
@@ -43,12 +43,15 @@ class ProtocolError(ValueError):
         reason: A short, stable reason code (``"json"``, ``"version"``, ``"kind"``,
             ``"field"``, ``"range"``, ``"time"``, ``"size"``, ``"identity"``), used by the
             receiver to count rejects by cause.
+        seq: The datagram's sequence number when it is a JSON object with a valid one
+            (its sender used that number up: the receiver counts it as rejected, not lost).
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.seq: int | None = None
 
 
 @dataclass(slots=True)
@@ -58,7 +61,8 @@ class Message:
     Attributes:
         kind: One of :data:`KINDS`.
         pid: Sender's process id.
-        seq: Sender's sequence number; gaps mean dropped events.
+        seq: Sender's sequence number: datagrams it sent before this one (a gap means
+            datagrams lost on the way; drops at send use up no number).
         t: ``time.monotonic_ns()`` on the sender when the event happened.
         dropped: Events the sender has dropped so far (cumulative).
         body: The kind-specific fields, validated; unknown fields are removed.
@@ -375,6 +379,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
         "snapshot": (_opt(_str(4096)), False),
         **_MEMORY_FIELDS,
     },
+    "stats": {},
     "bye": {
         "exit_code": (_opt(_int(-(2**31), 2**31 - 1)), False),
         "reason": (_opt(_str(MAX_TEXT)), False),
@@ -419,6 +424,16 @@ def decode(data: bytes, now: int | None = None) -> Message:
         raise ProtocolError("json", str(exc)[:80])
     if not isinstance(obj, dict):
         raise ProtocolError("json", "not an object")
+    try:
+        return _validate(obj, now)
+    except ProtocolError as exc:
+        seq = obj.get("seq")
+        exc.seq = seq if _count(seq) is None else None
+        raise
+
+
+def _validate(obj: dict[str, Any], now: int | None) -> Message:
+    """The :class:`Message` of a decoded JSON object; :class:`ProtocolError` if invalid."""
     if obj.get("v") != VERSION or type(obj.get("v")) is not int:
         raise ProtocolError("version", repr(obj.get("v"))[:20])
     kind = obj.get("kind")

@@ -259,3 +259,43 @@ def test_ranks_bursting_at_once_lose_nothing_to_a_live_dashboard(
             if p.poll() is None:
                 p.kill()
         rx.stop()
+
+
+def test_drops_reach_the_dashboard_without_a_later_event_or_a_bye(sock_path: str) -> None:
+    # The dashboard's reader is stuck (the session busy): the sender drops the end of a
+    # burst, and no event follows. Once the dashboard reads again the client's count must
+    # reach it anyway (the bye, which carries it too, may never come: a killed process).
+    import threading
+
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.start(relay=False)  # a thread reads: it stops while the session is busy
+    busy, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with session._lock:
+            busy.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        busy.wait(10)
+        client = Client(sock_path, interval=3600, max_wait=0.02)
+        now = time.monotonic_ns()
+        for i in range(500):
+            client.emit(("mark", now, f"m{i}", "info", 0))
+        client.flush()
+        assert client.send_dropped > 0
+    finally:
+        release.set()
+        holder.join()
+    try:
+        client.flush()  # nothing queued: the sender thread's next wake-up
+        told = lambda: getattr(session.processes.get(client.pid), "dropped", -1)  # noqa: E731
+        assert wait_for(lambda: told() == client.dropped), (told(), client.dropped)
+        proc = session.processes[client.pid]
+        assert len(session.marks) + proc.dropped == 500
+        assert proc.gaps == 0  # drops used up no sequence number
+    finally:
+        rx.stop()

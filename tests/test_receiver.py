@@ -478,3 +478,89 @@ def test_the_recording_is_named_in_the_lock_file_and_nothing_else_is_made(
         assert sorted(p.name for p in mine.iterdir()) == ["run.lock", "run.recording"]
     finally:
         shutil.rmtree(mine, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- counted once, at stop
+
+
+def test_a_rejected_datagram_is_counted_as_rejected_not_also_lost(
+    receiver: AnnotationReceiver,
+) -> None:
+    # Its sequence number was used up by a datagram that arrived: no gap.
+    me, now = os.getpid(), time.monotonic_ns()
+    _send(receiver.path, protocol.encode("mark", me, 0, now, 0, {"text": "first"}))
+    bad = {"v": 1, "kind": "mark", "seq": 1, "pid": me, "t": now, "text": "x", "level": "loud"}
+    _send(receiver.path, json.dumps(bad).encode())
+    _send(receiver.path, b"not json at all")  # no sequence number to account for
+    _send(receiver.path, protocol.encode("mark", me, 2, now, 0, {"text": "last"}))
+    session = receiver.session
+    assert wait_for(lambda: len(session.marks) == 2 and sum(session.rejects.values()) == 2)
+    proc = session.processes[me]
+    assert (proc.gaps, proc.last_seq) == (0, 2)
+    assert proc.rejected == 2  # the kernel names the sender of both
+    assert session.rejects == {"field": 1, "json": 1}
+
+
+@pytest.mark.parametrize("way", ["batched", "one by one"])
+def test_datagrams_still_queued_at_stop_are_recorded(
+    sock_path: str, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Bound, never read until stop (a reader that had fallen behind): stop takes them.
+    from gpuwatch.sources import annotations
+
+    if way == "one by one":  # where the system has no recvmmsg
+        monkeypatch.setattr(annotations, "batch_receiver", lambda sock, size: None)
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.bind()
+    now = time.monotonic_ns()
+    for i in range(5):
+        _send(sock_path, protocol.encode("mark", os.getpid(), i, now, 0, {"text": f"m{i}"}))
+    rx.stop()
+    assert [m.text for m in session.marks] == [f"m{i}" for i in range(5)]
+    assert rx.cut_short is None
+    assert not os.path.exists(sock_path)
+
+
+def test_what_cannot_be_recorded_in_time_at_stop_is_counted_as_lost(
+    sock_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The session stays busy past the drain's time limit: the relay's backlog is counted
+    # for its sender, once, and stop says so in one line.
+    import threading
+
+    from gpuwatch.sources import _batch
+
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.start()
+    if rx._relay is None:
+        rx.stop()
+        pytest.skip("no recvmmsg here: the receiver reads in a thread")
+    # This process's side only: the relay's own limit stays 5 s.
+    monkeypatch.setattr(_batch, "DRAIN_LIMIT", 0.3, raising=False)
+    me, now, n = os.getpid(), time.monotonic_ns(), 3000
+    busy, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with session._lock:
+            busy.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        busy.wait(10)
+        for i in range(n):
+            _send(sock_path, protocol.encode("mark", me, i, now, 0, {"text": f"m{i}"}))
+        threading.Timer(1.0, release.set).start()  # after the drain's time is up
+        rx.stop()
+    finally:
+        release.set()
+        holder.join()
+    proc = session.processes[me]
+    assert len(session.marks) + proc.gaps == n
+    assert proc.gaps > 0
+    assert rx.cut_short is not None and "counted as lost" in rx.cut_short
+    assert "\n" not in rx.cut_short
+    assert rx.cut_short in session.notes

@@ -167,7 +167,10 @@ def recording_report(sources: LiveSources) -> str | None:
 
 
 def _report_recording(sources: LiveSources) -> None:
-    """On quit, say where the session was recorded (nvitop users ask "where did it go?")."""
+    """On quit, say where the session was recorded (nvitop users ask "where did it go?"),
+    after what came too late to be recorded, if anything did."""
+    if sources.receiver.cut_short:
+        say(sources.receiver.cut_short)
     line = recording_report(sources)
     if line:
         say(line)

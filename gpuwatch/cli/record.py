@@ -112,6 +112,8 @@ def cmd_record(args: argparse.Namespace) -> int:
             sources.stop()
     if tty:
         say("", end="", overwrite=True)
+    if sources.receiver.cut_short:
+        say(sources.receiver.cut_short)
     if recorder.error is None:
         say(_status(sources, started))
     elif not reported:

@@ -4,7 +4,8 @@ The training thread only appends a tuple to a deque. A daemon thread wakes every
 milliseconds, turns the tuples into protocol messages and sends them with non-blocking
 ``sendto`` calls, so a missing, slow or stalled dashboard can never block training: what
 cannot be sent is dropped and counted, and the count rides along with the next message that
-does get through.
+does get through (a ``stats`` message of its own when none follows). Sequence numbers count
+only datagrams sent, so the receiver tells those lost on the way from those dropped here.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class Client:
         self.send_dropped = 0  # written by the sender thread only
         self.sent = 0
         self.facts: dict[str, Any] | None = None
-        self._seq = 0
+        self._seq = 0  # datagrams sent so far: a drop uses up no number
+        self._told = 0  # the drop count the last datagram sent carried
         self._sock: socket.socket | None = None
         self._peer: tuple[int, int, int] | None = None  # identity of the socket we greeted
         self._hello_devices: list[dict[str, Any]] | None = None
@@ -206,7 +208,7 @@ class Client:
             except Exception:
                 pass
         with self._send_lock:
-            items = []
+            items: list[tuple[Any, ...]] = []
             q = self.queue
             while q:
                 items.append(q.popleft())
@@ -216,22 +218,32 @@ class Client:
                 fig = self.memory.current()
                 if fig is not None:
                     items.append(("memory", time.monotonic_ns(), fig))
-            if not items:
+            if items or self.dropped != self._told:
+                self._send_items(items)
+
+    def _send_items(self, items: list[tuple[Any, ...]], stats: bool = True) -> None:
+        """Send queued events with this flush's wait budget; count what cannot go.
+
+        Args:
+            items: The events, in order.
+            stats: Then send a ``stats`` message if the drop count has grown since the
+                last datagram that got through (none after a ``bye``).
+        """
+        self._wait_budget = self.max_wait
+        if not self._connected():
+            self.send_dropped += len(items)
+            return
+        for i, item in enumerate(items):
+            if self._send_item(item):
+                continue
+            if self._peer is None and not self._connected():
+                # The dashboard went away mid-batch and no new one is there.
+                self.send_dropped += len(items) - i - 1
                 return
-            self._wait_budget = self.max_wait
-            if not self._connected():
-                self._seq += len(items)
-                self.send_dropped += len(items)
-                return
-            for i, item in enumerate(items):
-                if self._send_item(item):
-                    continue
-                if self._peer is None and not self._connected():
-                    # The dashboard went away mid-batch and no new one is there.
-                    lost = len(items) - i - 1
-                    self._seq += lost
-                    self.send_dropped += lost
-                    return
+        if stats and self.dropped != self._told:
+            # Drops since the last datagram that got through: say so now, not only with
+            # the next event (there may be none: the run's last events, its bye lost).
+            self._send("stats", time.monotonic_ns(), {}, counted=False)
 
     def close(self, exit_code: int | None = None, reason: str = "exit") -> None:
         """Flush the queue and say goodbye (registered with atexit once sending starts)."""
@@ -241,8 +253,12 @@ class Client:
         if not self.enabled:
             return
         try:
-            self.queue.append(("bye", time.monotonic_ns(), exit_code, reason))
             self.flush()
+            # The bye carries the final drop count: it gets a wait budget of its own, so
+            # that events the flush could not send do not take it down with them.
+            bye = ("bye", time.monotonic_ns(), exit_code, reason)
+            with self._send_lock:
+                self._send_items([bye], stats=False)
         except Exception:
             pass
 
@@ -295,36 +311,38 @@ class Client:
         if item[0] != "phase":
             return self._send(*self._message(item))
         _, t, event, name, sid, parent, depth, step, fig, error = item  # a PhaseEvent
-        seq = self._seq
-        self._seq += 1
+        dropped = self.dropped
         try:
             data = protocol.encode_phase(
-                self.pid, seq, t, self.dropped, event, name, sid, parent, depth, step, fig, error
+                self.pid, self._seq, t, dropped, event, name, sid, parent, depth, step, fig, error
             )
         except (protocol.ProtocolError, TypeError, ValueError):
             self.send_dropped += 1
             return False
-        return self._transmit(data)
+        return self._transmit(data, dropped)
 
-    def _send(self, kind: str, t: int, body: dict[str, Any]) -> bool:
-        seq = self._seq
-        self._seq += 1
+    def _send(self, kind: str, t: int, body: dict[str, Any], counted: bool = True) -> bool:
+        """Send one message; ``counted`` False: its loss is no event's (a ``stats``)."""
+        dropped = self.dropped
         try:
-            data = protocol.encode(kind, self.pid, seq, t, self.dropped, body)
+            data = protocol.encode(kind, self.pid, self._seq, t, dropped, body)
         except (protocol.ProtocolError, TypeError, ValueError):
-            self.send_dropped += 1
+            self.send_dropped += counted
             return False
-        return self._transmit(data)
+        return self._transmit(data, dropped, counted)
 
-    def _transmit(self, data: bytes) -> bool:
+    def _transmit(self, data: bytes, dropped: int, counted: bool = True) -> bool:
+        """Send a datagram carrying sequence number ``self._seq`` and drop count ``dropped``."""
         sock = self._sock
         if sock is None:
-            self.send_dropped += 1
+            self.send_dropped += counted
             return False
         while True:
             try:
                 sock.send(data)
                 self.sent += 1
+                self._seq += 1
+                self._told = dropped
                 return True
             except BlockingIOError:
                 # The dashboard's queue is full: wait for room, on this thread only, while
@@ -336,10 +354,10 @@ class Client:
                     break
             except OSError:
                 # No one bound there any more (ECONNREFUSED / ENOENT) or another fault.
-                self.send_dropped += 1
+                self.send_dropped += counted
                 self.disconnect()
                 return False
-        self.send_dropped += 1
+        self.send_dropped += counted
         return False
 
     def _wait_writable(self, sock: socket.socket) -> bool:
@@ -401,6 +419,7 @@ class Client:
         self._stop = threading.Event()
         self.disconnect()
         self._seq = 0
+        self._told = 0
         self.queue_dropped = 0
         self.send_dropped = 0
         self.sent = 0

@@ -150,8 +150,11 @@ class Process:
         hello: The latest ``hello`` body (argv, rank, devices, ...).
         facts: The latest model facts, if the script sent any.
         devices: torch device index -> session device key.
-        dropped: Events the process says it dropped (cumulative, as reported).
-        gaps: Sequence numbers never received (sent but lost, or rejected).
+        dropped: Events the process says it dropped before sending (cumulative, as
+            reported: its queue was full, or no receiver had room).
+        gaps: Events it sent that were lost on the way: sequence numbers never received,
+            and what reached gpuwatch too late to be recorded (see ``count_lost``).
+        rejected: Its datagrams the receiver refused (counted here, not as gaps).
         torch: Allocator figures reported at boundaries and periodically.
         peaks: Exact allocator peaks between consecutive boundaries.
         rss: Resident set size sampled by the gpuwatch process.
@@ -166,6 +169,7 @@ class Process:
     devices: dict[int, str] = field(default_factory=dict)
     dropped: int = 0
     gaps: int = 0
+    rejected: int = 0
     last_seq: int = -1
     first_t: int = 0
     last_t: int = 0
@@ -201,6 +205,15 @@ class Process:
     def label(self) -> str:
         """:attr:`short_label`, after the recording's origin (host) in a merged replay."""
         return f"{self.origin} {self.short_label}" if self.origin else self.short_label
+
+
+def _sequence(proc: Process, seq: int) -> None:
+    """Account for a sequence number received (or rejected): the numbers skipped since the
+    last one were lost on the way. Those before the first one seen are not counted: a
+    gpuwatch started after the process never heard them."""
+    if seq > proc.last_seq + 1 and proc.last_seq >= 0:
+        proc.gaps += seq - proc.last_seq - 1
+    proc.last_seq = max(proc.last_seq, seq)
 
 
 _RESTORABLE = frozenset(
@@ -491,10 +504,33 @@ class Session:
             self.proc_info[pid] = info
             self._emit("proc_info", (pid, info))
 
-    def count_reject(self, reason: str) -> None:
-        """A datagram the receiver refused (malformed, oversized, wrong version...)."""
-        self.rejects[reason] += 1
+    def count_reject(self, reason: str, pid: int | None = None, seq: int | None = None) -> None:
+        """A datagram the receiver refused (malformed, oversized, wrong version...).
+
+        Args:
+            reason: Why (a :class:`~gpuwatch.protocol.ProtocolError` reason).
+            pid: Its sender, as the kernel names it, when known.
+            seq: The sequence number it carried, when it had a valid one: that number is
+                then accounted for (rejected), not counted again as lost.
+        """
+        with self._lock:
+            self.rejects[reason] += 1
+            proc = self.processes.get(pid) if pid is not None else None
+            if proc is not None:
+                proc.rejected += 1
+                if seq is not None:
+                    _sequence(proc, seq)
         self._emit("reject", (reason,))
+
+    def count_lost(self, pid: int, count: int) -> None:
+        """Events ``pid`` sent that reached gpuwatch but could not be recorded (it was
+        stopping, and its time to take them ran out): counted with the process's gaps."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None:
+                proc = self._new_process(pid, first_t=time.monotonic_ns())
+            proc.gaps += count
+        self.touch()
 
     def note(self, text: str) -> None:
         """A one-line notice for the dashboard (and the recording)."""
@@ -512,9 +548,7 @@ class Session:
                 proc = self._new_process(msg.pid, first_t=msg.t)
             if msg.container_pid is not None:
                 proc.container_pid = msg.container_pid
-            if msg.seq > proc.last_seq + 1 and proc.last_seq >= 0:
-                proc.gaps += msg.seq - proc.last_seq - 1
-            proc.last_seq = max(proc.last_seq, msg.seq)
+            _sequence(proc, msg.seq)
             proc.dropped = max(proc.dropped, msg.dropped)
             proc.last_t = max(proc.last_t, msg.t)
             handler = getattr(self, "_on_" + msg.kind)
@@ -668,6 +702,9 @@ class Session:
     def _on_oom(self, proc: Process, msg: Message) -> None:
         self.ooms.append(Oom(msg.t, proc.pid, dict(msg.body)))
         self._figures(proc, msg)
+
+    def _on_stats(self, proc: Process, msg: Message) -> None:
+        """The sender's counts: only the common ``dropped``, already taken in ``ingest``."""
 
     def _on_bye(self, proc: Process, msg: Message) -> None:
         proc.ended = msg.t

@@ -167,21 +167,36 @@ RELAY_BACKLOG = 64 << 20
 """Bytes the relay holds while the pipe is full (about 12 s of a 20k events/s burst): past
 that it stops reading the socket, and senders wait, then drop and count."""
 
+DRAIN = b"D"
+"""What gpuwatch writes on the lifeline before closing it to stop the relay: take what the
+socket still holds and deliver everything, then exit (a lifeline closed without it means
+gpuwatch died: the relay exits at once)."""
+
+DRAIN_QUIET = 0.25
+"""Seconds without a datagram after which a draining socket counts as empty."""
+
+DRAIN_LIMIT = 5.0
+"""Seconds gpuwatch takes at most, when it stops, to record what is still on its way."""
+
 
 def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
-    """Forward every datagram of ``sock_fd`` to the pipe ``out_fd`` until ``lifeline_fd`` closes.
+    """Forward every datagram of ``sock_fd`` to the pipe ``out_fd`` until gpuwatch stops.
 
     Runs in a process of its own (``python -I -S _batch.py ...``, the standard library
     only): no interpreter lock shared with a dashboard, so the socket's small queue is
     emptied the moment anything arrives. What the dashboard has not read yet waits in the
     pipe (made 1 MiB large) and then in the relay's own memory (:data:`RELAY_BACKLOG`),
     so a burst the dashboard cannot follow at once is delivered late, not lost. The
-    lifeline is a pipe whose other end only gpuwatch holds: when gpuwatch stops, or dies,
-    it closes and the relay exits.
+    lifeline is a pipe whose other end only gpuwatch holds. When gpuwatch stops it sends
+    :data:`DRAIN` first: the relay reads the socket until it is quiet for
+    :data:`DRAIN_QUIET` (or :data:`DRAIN_LIMIT` has passed), writes out all it holds and
+    exits, closing the pipe. When gpuwatch dies the lifeline just closes, and the relay
+    exits at once.
     """
     import collections
     import os
     import select
+    import time
 
     sock = socket.socket(fileno=sock_fd)
     batch = BatchReceiver(sock, size)
@@ -192,8 +207,19 @@ def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
     poller = select.poll()
     poller.register(lifeline_fd, select.POLLIN | select.POLLHUP)
     reading = writing = False
+    draining: float | None = None  # when gpuwatch asked to drain
+    last = 0.0  # when a datagram last came, while draining
     while True:
         want_read = held < RELAY_BACKLOG
+        timeout = None
+        if draining is not None:
+            now = time.monotonic()
+            if now - last >= DRAIN_QUIET or now - draining >= DRAIN_LIMIT:
+                want_read = False  # the socket is quiet, or time is up
+                if not backlog:
+                    return 0
+            else:
+                timeout = max(1, int((DRAIN_QUIET - (now - last)) * 1000) + 1)
         if want_read != reading:
             reading = want_read
             if reading:
@@ -206,9 +232,12 @@ def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
                 poller.register(out_fd, select.POLLOUT)
             else:
                 poller.unregister(out_fd)
-        events = dict(poller.poll())
+        events = dict(poller.poll(timeout))
         if lifeline_fd in events:
-            return 0
+            if os.read(lifeline_fd, 1) != DRAIN:
+                return 0  # gpuwatch is gone: nobody reads what the relay holds
+            poller.unregister(lifeline_fd)
+            draining = last = time.monotonic()
         if sock_fd in events:
             while held < RELAY_BACKLOG:
                 got = batch.receive()
@@ -219,6 +248,8 @@ def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
                     )
                     backlog.append(memoryview(chunk))
                     held += len(chunk)
+                    if draining is not None:
+                        last = time.monotonic()
                 if len(got) < batch.batch:
                     break
         while backlog:  # as much as the pipe takes now

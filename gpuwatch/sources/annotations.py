@@ -45,6 +45,10 @@ class SocketPathTaken(SocketError):
 RELAY_START = 10.0
 """Seconds the relay may take to start reading (a loaded machine); else a thread reads."""
 
+COUNT_LIMIT = 2.0
+"""Seconds, after :data:`~gpuwatch.sources._batch.DRAIN_LIMIT`, to count by sender what
+could not be recorded in time (reading only the relay's frame headers)."""
+
 RELAY_PIPE = 1 << 20
 """Bytes the relay's pipe holds (Linux's default most for an unprivileged process):
 about a quarter second of a 20k events/s burst, while the dashboard is busy."""
@@ -70,6 +74,11 @@ class AnnotationReceiver:
         self.path = path or protocol.socket_path()
         self.received = 0
         self.rejected = 0
+        self.unrecorded = 0  # datagrams taken at stop too late to record (counted as lost)
+        self.cut_short: str | None = None  # what stop() could not record, in one line
+        self._counting = False  # past the drain's time: datagrams are counted, not recorded
+        self._unrecorded: dict[int, int] = {}  # sender pid -> datagrams counted so far
+        self._relay_killed = False  # it held datagrams still when time ran out
         self._sock: socket.socket | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of our socket file
         self._lock_fd: int | None = None
@@ -212,19 +221,38 @@ class AnnotationReceiver:
             return False
         return True
 
-    def _stop_relay(self, join: bool = False) -> None:
+    def _stop_relay(self, deadline: float | None = None) -> None:
+        """Stop the relay; with a ``deadline``, after recording everything it delivers.
+
+        The relay is asked to drain (see ``_batch.relay``): the reader thread records what
+        it delivers until ``deadline``, then counts the rest by sender until the pipe
+        closes (at most :data:`COUNT_LIMIT` more). Without a deadline (it failed to start)
+        it is told nothing and exits at once.
+        """
         if self._lifeline is not None:
+            if deadline is not None:
+                with contextlib.suppress(OSError):
+                    os.write(self._lifeline, _batch.DRAIN)
             os.close(self._lifeline)  # the relay sees it close, and exits
             self._lifeline = None
+        thread = self._thread if deadline is not None else None
+        if thread is not None:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self._counting = True
+                thread.join(timeout=COUNT_LIMIT)
         if self._relay is not None:
             try:
-                self._relay.wait(timeout=2)
+                # Delivered all it had (the thread read to the pipe's end), or out of time.
+                self._relay.wait(timeout=0 if thread is not None else 2)
             except subprocess.TimeoutExpired:
                 self._relay.kill()
                 self._relay.wait()
+                if thread is not None:
+                    self._relay_killed = True
             self._relay = None
-        if join and self._thread is not None:
-            self._thread.join(timeout=2)
+        if thread is not None:
+            thread.join(timeout=2)  # the pipe has closed: it reads to its end
         if self._relay_in is not None:
             os.close(self._relay_in)
             self._relay_in = None
@@ -256,6 +284,10 @@ class AnnotationReceiver:
                 length, pid = _batch.FRAME.unpack_from(buf, at)
                 if have - at - header < length:
                     break
+                if self._counting:  # stopping, out of time: count it for its sender
+                    self._unrecorded[pid] = self._unrecorded.get(pid, 0) + 1
+                    at += header + length
+                    continue
                 data = bytes(view[at + header : at + header + length])
                 at += header + length
                 self.handle(data, None if pid < 0 else pid)
@@ -329,7 +361,7 @@ class AnnotationReceiver:
                 msg.pid = sender
         except protocol.ProtocolError as exc:
             self.rejected += 1
-            self.session.count_reject(exc.reason)
+            self.session.count_reject(exc.reason, sender or None, exc.seq)
             return
         except Exception:
             self.rejected += 1
@@ -343,18 +375,107 @@ class AnnotationReceiver:
             self.session.count_reject("internal")
 
     def stop(self) -> None:
-        """Stop receiving, remove the socket file and release the path."""
+        """Record what senders have sent, then stop receiving and release the path.
+
+        The socket file goes first, so that senders stop sending (and count what they
+        cannot send); then everything on its way (in the kernel's queue, the relay and
+        its pipe) is recorded, for at most ``_batch.DRAIN_LIMIT`` seconds. What is left
+        then is counted, by sender, as lost (:meth:`Session.count_lost`), and
+        :attr:`cut_short` says so in one line (also a note in the session).
+        """
+        deadline = time.monotonic() + _batch.DRAIN_LIMIT
+        self._unlink()
         self._stop.set()
-        self._stop_relay(join=True)
+        relayed = self._relay is not None
+        if relayed:
+            self._stop_relay(deadline)
+        elif self._thread is not None:
+            self._thread.join(timeout=2)  # it sees _stop within its poll's 0.2 s
         if self._sock is not None:
+            # What came after the relay stopped reading (or all of it, read by a thread):
+            # the relay already waited for quiet.
+            self._drain_socket(deadline, 0.0 if relayed else _batch.DRAIN_QUIET)
             self._sock.close()
             self._sock = None
-            # Only the socket file we bound: never one that replaced it since.
-            with contextlib.suppress(OSError):
-                st = os.lstat(self.path)
-                if (st.st_dev, st.st_ino) == self._identity:
-                    os.unlink(self.path)
+        self._count_unrecorded()
         self._release_lock()
+
+    def _unlink(self) -> None:
+        """Remove the socket file, only the one we bound: never one that replaced it since."""
+        if self._identity is None:
+            return
+        with contextlib.suppress(OSError):
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self._identity:
+                os.unlink(self.path)
+        self._identity = None
+
+    def _drain_socket(self, deadline: float, quiet: float) -> None:
+        """Take what the socket holds until it is quiet for ``quiet`` seconds: recorded
+        until ``deadline``, counted after it (for at most :data:`COUNT_LIMIT` more)."""
+        sock = self._sock
+        assert sock is not None
+        sock.setblocking(False)  # no reader thread any more: poll here, never wait in a call
+        batch = batch_receiver(sock, protocol.MAX_DATAGRAM + 1)
+        buf = bytearray(protocol.MAX_DATAGRAM + 1)
+        last = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                self._counting = True
+            if now >= deadline + COUNT_LIMIT:
+                return
+            if batch is not None:
+                try:
+                    got = batch.receive()
+                except OSError:
+                    return
+            else:
+                got = _receive_one(sock, buf)
+            if not got:
+                wait = quiet - (now - last)
+                if wait <= 0:
+                    return
+                select.select([sock], [], [], min(wait, 0.05))
+                continue
+            last = now
+            for data, sender in got:
+                if self._counting:
+                    pid = -1 if sender is None else sender
+                    self._unrecorded[pid] = self._unrecorded.get(pid, 0) + 1
+                else:
+                    self.handle(data, sender)
+
+    def _count_unrecorded(self) -> None:
+        """What arrived too late to record: lost, for each sender; one line that says so."""
+        counts, self._unrecorded = self._unrecorded, {}
+        total = sum(counts.values())
+        for pid, count in counts.items():
+            if pid > 0:
+                self.session.count_lost(pid, count)
+        self.unrecorded += total
+        if self._counting and self.cut_short is None:
+            senders = sum(1 for pid in counts if pid > 0)
+            self.cut_short = (
+                f"stopped recording annotations after {_batch.DRAIN_LIMIT:.0f} s: "
+                f"{total} datagrams from {senders} process{'es' if senders != 1 else ''} "
+                "came too late and are counted as lost"
+                + (", and the relay's backlog went uncounted" if self._relay_killed else "")
+            )
+            self.session.note(self.cut_short)
+
+
+def _receive_one(sock: socket.socket, buf: bytearray) -> list[tuple[bytes, int | None]]:
+    """One queued datagram and its sender, without waiting; [] when none is queued."""
+    try:
+        n, ancillary, flags, _ = sock.recvmsg_into([buf], CMSG_SPACE, socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError, TimeoutError):
+        return []
+    except OSError:
+        return []
+    if flags & socket.MSG_TRUNC:
+        n = len(buf)  # longer than any valid datagram: rejected for its size
+    return [(bytes(buf[:n]), _sender_pid(ancillary))]
 
 
 # --------------------------------------------------------------------------- the path

@@ -247,6 +247,7 @@ def _processes(src: Opened, s: Session) -> Columns:
         "exit_code": [p.exit_code for p in procs],
         "dropped": [p.dropped for p in procs],
         "gaps": [p.gaps for p in procs],
+        "rejected": [p.rejected for p in procs],
         "facts": [json.dumps(p.facts) if p.facts is not None else None for p in procs],
     }
 

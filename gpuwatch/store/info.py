@@ -197,6 +197,7 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
         "rss_max": _top(p.rss.max_between("rss")),
         "dropped": p.dropped,
         "gaps": p.gaps,
+        "rejected": p.rejected,
     }
     if p.origin:  # merged: which recording, and its own pid if renumbered
         out["origin"] = p.origin

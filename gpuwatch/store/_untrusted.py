@@ -1,0 +1,97 @@
+"""Opening a file that may be hostile: regular files only, and a time limit on every query.
+
+A recording can come from anywhere. A FIFO named ``x.gpuwatch`` would block ``open()``
+forever; a VIEW (a recursive one never returns) or anything else that makes SQLite work
+without end would hang ``info`` or ``replay``. The reader checks its tables are tables
+(:mod:`gpuwatch.store.recording`); here every statement on a file's connection gets
+:data:`QUERY_SECONDS` before SQLite is told to give up (its progress handler), as a
+backstop for whatever else a file could make it do.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+QUERY_SECONDS = 10.0
+"""Most seconds one statement on a recording may run (an honest one takes milliseconds;
+the one that walks every chunk is given this much a row)."""
+
+_STEPS = 10_000
+"""SQLite virtual-machine steps between looks at the clock (a few ms of work each)."""
+
+INTERRUPTED = "interrupted"
+"""SQLite's message for a statement its progress handler stopped."""
+
+
+class NotRegular(OSError):
+    """The path is not a regular file (a FIFO, a device, a socket)."""
+
+
+def read_head(path: Path, size: int) -> tuple[int, bytes]:
+    """``(file size, its first size bytes)``, never blocking on a FIFO or a device.
+
+    Raises:
+        NotRegular: A directory, FIFO, device or socket.
+        OSError: The file cannot be opened or read.
+    """
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(f"{path} is not a regular file")
+        return st.st_size, os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
+class Guarded(sqlite3.Connection):
+    """A connection whose every :meth:`execute` may run :data:`QUERY_SECONDS` at most.
+
+    The limit runs from the statement's start (``execute``) until the next one: a caller
+    that walks a long result itself calls :meth:`arm` at each row.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit = QUERY_SECONDS
+        self.deadline = time.monotonic() + self.limit
+        self.set_progress_handler(self._past_deadline, _STEPS)
+
+    def _past_deadline(self) -> int:
+        return int(time.monotonic() > self.deadline)
+
+    def arm(self) -> None:
+        """Give the statement running now a fresh :attr:`limit`."""
+        self.deadline = time.monotonic() + self.limit
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        self.arm()
+        return super().execute(sql, parameters)
+
+
+def connect(path: Path) -> Guarded:
+    """A read-only, time-limited connection to the recording at ``path``.
+
+    Raises:
+        sqlite3.Error: SQLite cannot open it.
+    """
+    # The path's bytes, quoted: a file name that is not UTF-8 must open too.
+    uri = "file:" + urllib.parse.quote(os.fsencode(path.resolve())) + "?mode=ro"
+    # check_same_thread=False: the loader thread reads too, always under its owner's lock.
+    db = sqlite3.connect(uri, uri=True, check_same_thread=False, factory=Guarded)
+    assert isinstance(db, Guarded)
+    return db
+
+
+def timed_out(exc: BaseException) -> bool:
+    """True for the error of a statement stopped by the time limit."""
+    return isinstance(exc, sqlite3.OperationalError) and INTERRUPTED in str(exc).lower()

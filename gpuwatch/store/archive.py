@@ -11,11 +11,12 @@ whoever opened the recording.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +132,20 @@ class ChunkSource:
 
     def close(self) -> None:
         with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+            self.close_unlocked()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No read while the file is opened again (its writer follows a rename): the
+        connection is closed, and the next read after this opens :attr:`path`."""
+        with self._lock:
+            self.close_unlocked()
+            yield
+
+    def close_unlocked(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def __del__(self) -> None:  # pragma: no cover - interpreter teardown
         try:

@@ -157,12 +157,14 @@ class ScrapeServer:
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _make_room(self) -> bool:
-        """Close the oldest connection still sending its request; False if none is."""
-        for conn in self._conns.values():
-            if conn.state != _WRITE:
-                self.refused += conn.state == _READ
-                self._close(conn)
-                return True
+        """Close the oldest connection already answered, else the oldest still sending its
+        request; False if every one is being answered."""
+        for state in (_LINGER, _READ):
+            for conn in self._conns.values():
+                if conn.state == state:
+                    self.refused += state == _READ
+                    self._close(conn)
+                    return True
         return False
 
     def _close(self, conn: _Conn) -> None:

@@ -22,8 +22,10 @@ QUERY_SECONDS = 10.0
 """Most seconds one statement on a recording may run (an honest one takes milliseconds;
 the one that walks every chunk is given this much a row)."""
 
-_STEPS = 10_000
-"""SQLite virtual-machine steps between looks at the clock (a few ms of work each)."""
+_STEPS = 100_000
+"""SQLite virtual-machine steps between looks at the clock (a few ms of work): each look
+takes the interpreter lock, which a busy thread may hold for its 5 ms switch interval,
+so an honest query (a chunk by its index: far fewer steps) never looks."""
 
 INTERRUPTED = "interrupted"
 """SQLite's message for a statement its progress handler stopped."""

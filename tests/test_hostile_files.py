@@ -177,7 +177,6 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _commands(path: Path, good: Path, out: Path) -> dict[str, list[str]]:
     return {
         "info": ["info", str(path)],
-        "info --json": ["info", "--json", str(path)],
         "export": ["export", str(path), "--out", str(out / "one")],
         "merged info": ["info", str(good), str(path)],
         "merged export": ["export", str(good), str(path), "--out", str(out / "merged")],

@@ -336,7 +336,6 @@ class Recording:
             with ThreadPoolExecutor(workers, thread_name_prefix="gpuwatch-check") as pool:
                 checking: deque[Future[None]] = deque()
                 for i, (sid, n, codec, blob) in enumerate(rows):
-                    self.db.arm()  # one statement walks every chunk: the limit is a row's
                     if progress is not None and i % 256 == 0:
                         progress(i, total)
                     layout = layouts.get(sid)

@@ -270,10 +270,10 @@ def test_every_query_of_a_recording_has_a_time_limit(
         with rec.reading() as db:  # honest: SQLite's work a row is short, ours is not counted
             rows = db.execute(
                 "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r"
-                " WHERE x < 100000) SELECT x FROM r WHERE x % 10000 = 0"
+                " WHERE x < 100000) SELECT x FROM r WHERE x % 100 = 0"
             )
             for _ in rows:
-                time.sleep(0.2)  # ten rows, 2 s in all: past the limit, but between rows
+                time.sleep(0.003)  # 1000 rows, 3 s in all: past the limit, but between rows
         with pytest.raises(RecordingError, match="damaged or hostile"), rec.reading() as db:
             db.execute(_RECURSIVE.format("x")).fetchall()
     finally:

@@ -13,14 +13,17 @@ Figures, with the issue's targets (issue 9):
 
 1. **Scrape latency** as the scraper sees it (request sent to last byte read): median,
    p99 and max. Target: under 50 ms.
-2. **Exporter CPU share**: the CPU time of the exporter's own threads (each request's
-   thread, whole: reading the request, collecting, formatting, compressing, writing; and
-   the accepting thread, read from its CPU clock) over wall time, in windows with a scrape
+2. **Exporter CPU share**: the CPU time of the exporter's one thread (reading each
+   request, collecting, formatting, compressing, writing: read from its CPU clock) over
+   wall time, in windows with a scrape
    a second. Target: at most 1% of one core. Cross-check: the whole process's CPU share
    in those windows minus that in windows without scrapes, taken in turns (sampling and
    feeding make it noisy).
 3. **Sampling undisturbed**: the achieved NVML rate per GPU and the longest gap between
    two samples of one GPU, without and with scrapes.
+4. **Slowloris** (issue 23): ``--idle`` connections (2000) opened, held idle (half with a
+   request begun) and closed in one window: sampling within 5% of its rate in the windows
+   without scrapes (the anchor, same run), no thread per connection, a scrape answered.
 
 Run: python benchmarks/bench_exporter.py [--gpus 8] [--hz 100] [--seconds 25]
 """
@@ -29,11 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -119,36 +125,41 @@ class Trainer(threading.Thread):
 
 
 class ExporterCpu:
-    """CPU time of the exporter's threads: every request thread, whole, and the server's.
-
-    prometheus_client's server starts a thread per request (``process_request_thread``);
-    its CPU time at the end of that method is everything the request cost: reading it,
-    collecting, formatting, compressing, writing. The accepting thread's own CPU clock is
-    read directly.
-    """
+    """CPU time of the exporter: its one thread reads, collects, formats, compresses and
+    writes every request (:mod:`gpuwatch.scrape_server`), read from its CPU clock."""
 
     def __init__(self, server: MetricsServer) -> None:
-        httpd = server._server
+        assert server._thread is not None
         self._clock = time.pthread_getcpuclockid(server._thread.ident)
-        self._lock = threading.Lock()
-        self.requests = 0
-        self._request_s = 0.0
-        inner = httpd.process_request_thread
-
-        def process_request_thread(request: Any, client_address: Any) -> None:
-            try:
-                inner(request, client_address)
-            finally:
-                with self._lock:
-                    self._request_s += time.thread_time()  # this thread did nothing else
-                    self.requests += 1
-
-        httpd.process_request_thread = process_request_thread
 
     def seconds(self) -> float:
-        """Request threads' CPU seconds so far plus the server thread's."""
-        with self._lock:
-            return self._request_s + time.clock_gettime(self._clock)
+        return time.clock_gettime(self._clock)
+
+
+def slowloris(url: str, port: int, count: int, seconds: float) -> tuple[float, int, int]:
+    """Hold ``count`` idle connections (half with a request begun) for ``seconds``, close
+    them all, and scrape meanwhile; returns (that scrape's seconds, most threads of this
+    process while they were open, connections made)."""
+    socks = []
+    for i in range(count):
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:  # out of descriptors: as many as this process may hold
+            break
+        if i % 2:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        socks.append(sock)
+    threads = threading.active_count()
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=30) as r:
+        r.read()
+    scrape = time.perf_counter() - t0
+    time.sleep(max(0.0, seconds / 2))
+    threads = max(threads, threading.active_count())
+    for sock in socks:
+        sock.close()
+    time.sleep(max(0.0, seconds / 2))
+    return scrape, threads, len(socks)
 
 
 def sampling(session: Session, windows: list[tuple[int, int]]) -> tuple[float, float]:
@@ -185,6 +196,9 @@ def main() -> int:
     parser.add_argument("--hz", type=float, default=100.0)
     parser.add_argument("--seconds", type=int, default=25, help="scrapes (one a second)")
     parser.add_argument("--window", type=int, default=5, help="seconds per window")
+    parser.add_argument(
+        "--idle", type=int, default=2000, help="idle connections held in the last window"
+    )
     args = parser.parse_args()
 
     fake = FakeNvml([default_gpu(i) for i in range(args.gpus)])
@@ -223,6 +237,13 @@ def main() -> int:
             scrapes += json.loads(scraper.stdout.readline())
             time.sleep(max(0.0, args.window - (time.monotonic() - w.wall0)))
             busy.append(w.close())
+        # Slowloris: many idle connections opened, held and closed in one window.
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, args.idle + 500)), hard))
+        threads0 = threading.active_count()
+        w = Window(exporter)
+        idle_scrape, idle_threads, held = slowloris(server.url, server.port, args.idle, args.window)
+        held_window = w.close()
     finally:
         scraper.stdin.close()
         scraper.wait(30)
@@ -267,7 +288,16 @@ def main() -> int:
         f"sampling: {quiet_hz:.1f} Hz per GPU, longest gap {quiet_gap:.1f} ms without scrapes; "
         f"{busy_hz:.1f} Hz, longest gap {busy_gap:.1f} ms with"
     )
-    return 0 if ok_lat and ok_cpu else 1
+    idle_hz, idle_gap = sampling(session, [(held_window.t0, held_window.t1)])
+    ok_idle = idle_hz >= 0.95 * quiet_hz and idle_threads <= threads0 + 1
+    print(
+        f"{held} idle connections held and closed: sampling {idle_hz:.1f} Hz per GPU "
+        f"({idle_hz / quiet_hz * 100:.1f}% of {quiet_hz:.1f} Hz without scrapes, the anchor), "
+        f"longest gap {idle_gap:.1f} ms; threads {threads0} -> {idle_threads}; a scrape "
+        f"meanwhile {idle_scrape * 1e3:.1f} ms  target >= 95% of the anchor, no thread per "
+        f"connection  {'PASS' if ok_idle else 'FAIL'}"
+    )
+    return 0 if ok_lat and ok_cpu and ok_idle else 1
 
 
 if __name__ == "__main__":

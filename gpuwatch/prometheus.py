@@ -3,9 +3,10 @@
 :class:`SessionCollector` reads the newest values from the session when Prometheus
 scrapes (``Table.last()`` and snapshots, each under its table's short lock), so nothing
 runs on the sampling threads and a slow scrape cannot delay a sample.
-:class:`MetricsServer` serves it from prometheus_client's own HTTP server (a daemon
-thread, one more per request). The metrics, their labels and units are listed in
-:data:`METRICS` and documented in ``docs/prometheus.md``.
+:class:`MetricsServer` serves it from one thread whatever its clients do
+(:mod:`gpuwatch.scrape_server`: idle connections time out, their number is capped). The
+metrics, their labels and units are listed in :data:`METRICS` and documented in
+``docs/prometheus.md``.
 
 Imported only when ``--prometheus`` is given: ``gpuwatch --help`` never loads
 prometheus_client.
@@ -22,10 +23,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ._version import __version__
+from .scrape_server import ScrapeServer
 from .session import MISSING_INT, Process, Session
 
 GPU = ("gpu", "uuid", "name", "host")
@@ -448,7 +450,7 @@ class MetricsServer:
         self.registry.register(self.collector)
         self.host = host
         self.port = port
-        self._server: Any = None
+        self._server: ScrapeServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -457,8 +459,10 @@ class MetricsServer:
         Raises:
             OSError: The address cannot be bound (in use, not this machine's, unknown).
         """
-        self._server, self._thread = start_http_server(self.port, self.host, self.registry)
-        self.port = int(self._server.server_address[1])
+        self._server = ScrapeServer(self.host, self.port, make_wsgi_app(self.registry))
+        self._server.start()
+        self._thread = self._server.thread
+        self.port = self._server.port
 
     @property
     def url(self) -> str:
@@ -467,9 +471,5 @@ class MetricsServer:
     def stop(self) -> None:
         """Stop serving and release the port."""
         server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if server is not None:
+            server.stop()

@@ -143,6 +143,9 @@ def _wait(
     while not stop.is_set():
         if child is not None and not child.running:
             break
+        notice = recorder.take_notice()  # the file was renamed: writing goes on there
+        if notice is not None:
+            say(notice, overwrite=tty)
         if recorder.error is not None and not reported:
             # The recording is lost, the job is not: it runs on to its own end.
             reported = True
@@ -172,7 +175,8 @@ def _status(sources: LiveSources, started: float) -> str:
     recorder = sources.recorder
     rows = recorder.rows_written if recorder is not None else 0
     size = recorder.path.stat().st_size if recorder is not None and recorder.path.exists() else 0
+    where = recorder.path if recorder is not None else sources.record_path  # followed a rename
     return (
         f"recorded {time.monotonic() - started:.0f} s · {len(s.processes)} processes · "
-        f"{phases} phases · {rows} rows · {size / 1e6:.1f} MB in {sources.record_path}"
+        f"{phases} phases · {rows} rows · {size / 1e6:.1f} MB in {where}"
     )

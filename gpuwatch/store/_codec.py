@@ -42,8 +42,35 @@ _COUNT = struct.Struct("<I")
 _BLOCK = struct.Struct("<IIq")  # rows, compressed bytes, first time
 
 
+MAX_ROWS = 1 << 16
+"""Most rows a reader takes in one chunk (gpuwatch writes up to
+:data:`~gpuwatch.store._schema.CHUNK_ROWS`): what one chunk may cost in memory is bounded
+whatever a file's index says."""
+
+
 class ChunkError(ValueError):
     """A chunk blob that does not decode to the rows its index entry promises."""
+
+
+def inflate(data: bytes | memoryview, most: int) -> bytes:
+    """One whole zlib stream, which may inflate to ``most`` bytes at most.
+
+    A hostile chunk of a few MB can inflate to gigabytes: no more than ``most + 1``
+    bytes are ever made.
+
+    Raises:
+        ChunkError: Bad or truncated data, or a stream inflating past ``most`` bytes.
+    """
+    d = zlib.decompressobj()
+    try:
+        raw = d.decompress(data, most + 1)  # + 1: max_length 0 would mean no limit
+    except (zlib.error, TypeError) as exc:
+        raise ChunkError(f"damaged chunk: {exc}")
+    if len(raw) > most:
+        raise ChunkError(f"damaged chunk: it inflates past the {most} bytes of its rows")
+    if not d.eof:
+        raise ChunkError("damaged chunk: a truncated stream")
+    return raw
 
 
 def _stream(
@@ -151,6 +178,8 @@ def _layout(blob: bytes, n: int, codec: int) -> tuple[list[int], list[int], list
     Raises:
         ChunkError: Unknown codec, or a damaged block table.
     """
+    if not 0 <= n <= MAX_ROWS:
+        raise ChunkError(f"damaged chunk: {n} rows (at most {MAX_ROWS} are read)")
     if codec == STREAM:
         return [0, n], [0, len(blob)], None
     if codec == CODEC:
@@ -192,9 +221,7 @@ class _Block:
         want = n * sum(dt.itemsize for _, dt in self.layout[:upto])
         try:
             if upto == len(self.layout):  # the whole stream: nothing may be left over
-                raw = zlib.decompress(self._data)  # a truncated stream raises
-                if len(raw) > want:
-                    raise ChunkError("damaged chunk: more bytes than its rows")
+                raw = inflate(self._data, want)
             else:
                 raw = zlib.decompressobj().decompress(self._data, want)
         except zlib.error as exc:
@@ -341,10 +368,7 @@ def check(blob: bytes, n: int, layout: Sequence[tuple[str, np.dtype]], codec: in
     view = memoryview(blob)
     for j in range(len(rows) - 1):
         count = rows[j + 1] - rows[j]
-        try:
-            raw = zlib.decompress(view[offsets[j] : offsets[j + 1]])
-        except zlib.error as exc:
-            raise ChunkError(f"damaged chunk: {exc}")
+        raw = inflate(view[offsets[j] : offsets[j + 1]], count * width)
         if len(raw) != count * width:
             raise ChunkError(f"damaged chunk: {len(raw)} bytes for {count} rows")
         if firsts is not None:

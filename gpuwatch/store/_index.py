@@ -15,6 +15,8 @@ import sqlite3
 
 import numpy as np
 
+from ._codec import MAX_ROWS, ChunkError
+
 NONE = int(np.iinfo(np.int64).min)
 """``vmax``/``t_vmax`` of a chunk without a maximum (NULL in the table)."""
 
@@ -37,11 +39,30 @@ Summaries = dict[int, tuple[np.ndarray, bytes]]
 
 
 def read(db: sqlite3.Connection) -> tuple[Index, Summaries]:
-    """The index and the chunks' own summaries: the memo where it agrees, else the tables."""
+    """The index and the chunks' own summaries: the memo where it agrees, else the tables.
+
+    Raises:
+        ChunkError: A series' chunks do not hold its rows once each, in order.
+    """
     memo = read_memo(db)
-    if memo is not None:
-        return memo
-    return read_index(db), read_summaries(db)
+    index, summaries = memo if memo is not None else (read_index(db), read_summaries(db))
+    check(index)
+    return index, summaries
+
+
+def check(index: Index) -> None:
+    """Raise :class:`~gpuwatch.store._codec.ChunkError` unless each series' chunks follow
+    one another from row 0, each of 1 to :data:`~gpuwatch.store._codec.MAX_ROWS` rows.
+
+    The writer never leaves a gap or an overlap; a file with one would show part of a
+    table (or rows twice) as if it were whole, and sizes tables by its last row.
+    """
+    for sid, part in index.items():
+        row0, n = part[:, 1], part[:, 2]
+        if row0[0] != 0 or (n < 1).any() or (n > MAX_ROWS).any():
+            raise ChunkError(f"damaged chunk index: series {sid} has chunks of bad rows")
+        if (row0[1:] != row0[:-1] + n[:-1]).any():
+            raise ChunkError(f"damaged chunk index: series {sid} has overlapping or missing rows")
 
 
 def read_index(db: sqlite3.Connection) -> Index:

@@ -120,3 +120,7 @@ EXPECTED_TABLES = frozenset(
 def layout_dtypes(layout: Layout) -> list[tuple[str, np.dtype]]:
     """``(name, dtype)`` pairs of a column layout."""
     return [(name, np.dtype(code)) for name, code in layout]
+
+
+READ_TABLES = EXPECTED_TABLES | {"summaries", "index_memo"}
+"""Every table a reader queries: where one exists, it must be a plain table."""

@@ -11,13 +11,12 @@ whoever opened the recording.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
-import urllib.parse
-import zlib
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from ..session import summary as sm
 from ..session.table import MISSING_INT, TIME_COLUMNS, remap, unknown_column
-from . import _codec
+from . import _codec, _untrusted
 from ._schema import SERIES
 
 CACHE_BYTES = 96 << 20
@@ -107,8 +106,7 @@ class ChunkSource:
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
-            uri = "file:" + urllib.parse.quote(os.fsencode(self.path.resolve())) + "?mode=ro"
-            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            self._db = _untrusted.connect(self.path)
         return self._db
 
     def query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
@@ -117,7 +115,13 @@ class ChunkSource:
             try:
                 return self._conn().execute(sql, args).fetchall()
             except sqlite3.Error as exc:
-                self.failed(f"{self.path} cannot be read ({exc})")
+                if _untrusted.timed_out(exc):
+                    self.failed(
+                        f"{self.path} is damaged or hostile (a read took over "
+                        f"{_untrusted.QUERY_SECONDS:.0f} s)"
+                    )
+                else:
+                    self.failed(f"{self.path} cannot be read ({exc})")
                 return []
 
     def failed(self, message: str) -> None:
@@ -128,9 +132,20 @@ class ChunkSource:
 
     def close(self) -> None:
         with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+            self.close_unlocked()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No read while the file is opened again (its writer follows a rename): the
+        connection is closed, and the next read after this opens :attr:`path`."""
+        with self._lock:
+            self.close_unlocked()
+            yield
+
+    def close_unlocked(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
     def __del__(self) -> None:  # pragma: no cover - interpreter teardown
         try:
@@ -578,9 +593,11 @@ class SeriesArchive:
         if not rows:
             return None
         self.source.summaries_read += 1
+        # At most a summary row per stored row: a stream inflating past that is damaged.
+        most = (int(self.n[k]) + 1) * self.spec.dtype().itemsize
         try:
-            return sm.from_bytes(self.spec, zlib.decompress(rows[0][0]))
-        except (zlib.error, ValueError):
+            return sm.from_bytes(self.spec, _codec.inflate(rows[0][0], most))
+        except (ValueError, TypeError):  # ChunkError, or a blob that is not bytes
             return None
 
     def summarise_chunk(self, k: int) -> sm.Blocks | None:

@@ -90,6 +90,7 @@ class Recorder:
         self.writer = SessionWriter(path, session, label=label, overwrite=overwrite)
         self.error: str | None = None
         self.cause: str | None = None  # the error's cause alone ("disk full")
+        self.notice: str | None = None  # a line to tell the user once (see take_notice)
         self.syncs = 0
         self.cpu_seconds = 0.0  # CPU time of the recorder thread (benchmarks report it)
         self._stop = threading.Event()
@@ -155,7 +156,16 @@ class Recorder:
             with self._synced:
                 self.syncs += 1
                 self._synced.notify_all()
+        moved, self.writer.moved = self.writer.moved, None
+        if moved is not None:
+            self.notice = f"the recording was renamed: writing on to {moved}"
+            self.session.note(self.notice)
         return True
+
+    def take_notice(self) -> str | None:
+        """What the user should be told once (a rename followed), or None."""
+        notice, self.notice = self.notice, None
+        return notice
 
     def _failed(self, exc: BaseException) -> None:
         why = write_failure(exc)

@@ -16,19 +16,23 @@ import os
 import socket
 import sqlite3
 import threading
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _codec, _index
-from ._schema import EXPECTED_TABLES, FORMAT, SCHEMA_VERSION, SQLITE_MAGIC
+from . import _codec, _index, _untrusted
+from ._schema import EXPECTED_TABLES, FORMAT, READ_TABLES, SCHEMA_VERSION, SQLITE_MAGIC
 
 if TYPE_CHECKING:
     from ..session import Session
     from .loader import Loader
+
+
+CLOCK_LIMIT = 1 << 62
+"""Bound on the size of the clock figures in ``meta`` (ns; 146 years): any two add up
+inside int64, so no sum of times overflows."""
 
 
 class RecordingError(Exception):
@@ -50,9 +54,16 @@ def _as_recording_error(path: Path) -> Iterator[None]:
     except _codec.ChunkError as exc:
         raise RecordingError(f"{path} is damaged ({exc})")
     except sqlite3.DatabaseError as exc:
+        if _untrusted.timed_out(exc):
+            raise RecordingError(
+                f"{path} is damaged or hostile (reading it took over "
+                f"{_untrusted.QUERY_SECONDS:.0f} s)"
+            )
         raise RecordingError(f"{path} is damaged or not a recording ({_first_line(exc)})")
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordingError(f"{path} is damaged (bad record: {_first_line(exc)})")
+    except OverflowError as exc:  # a figure far outside int64
+        raise RecordingError(f"{path} is damaged (a number out of range: {_first_line(exc)})")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -67,13 +78,13 @@ def _check_header(path: Path) -> bool:
         RecordingError: Missing, empty, not SQLite, or shorter than its header says.
     """
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(100)
+        size, head = _untrusted.read_head(path, 100)
     except FileNotFoundError:
         raise RecordingError(f"no such file: {path}")
     except IsADirectoryError:
         raise RecordingError(f"{path} is a directory, not a recording")
+    except _untrusted.NotRegular:
+        raise RecordingError(f"{path} is not a regular file (a FIFO, device or socket)")
     except OSError as exc:
         raise RecordingError(f"cannot read {path}: {exc.strerror or exc}")
     if size == 0:
@@ -147,11 +158,8 @@ class Recording:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         wal = _check_header(self.path)
-        # The path's bytes, quoted: a file name that is not UTF-8 must open too.
-        uri = "file:" + urllib.parse.quote(os.fsencode(self.path.resolve())) + "?mode=ro"
         with _as_recording_error(self.path):
-            # check_same_thread=False: the loader thread reads too, always under _lock.
-            self.db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            self.db = _untrusted.connect(self.path)  # read under _lock by any thread
         self._lock = threading.RLock()
         try:
             with _as_recording_error(self.path):
@@ -161,9 +169,17 @@ class Recording:
             raise
 
     def _read_meta(self, wal: bool) -> dict[str, str]:
-        tables = {
-            row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        kinds = {
+            name: (kind, sql)
+            for name, kind, sql in self.db.execute("SELECT name, type, sql FROM sqlite_master")
         }
+        for name in sorted(READ_TABLES & kinds.keys()):
+            # A VIEW (a recursive one never returns) or a virtual table named like one of
+            # ours runs the file's own SQL when read: only plain tables are read.
+            kind, sql = kinds[name]
+            if kind != "table" or not str(sql).upper().startswith("CREATE TABLE"):
+                raise RecordingError(f"{self.path} is damaged or hostile ({name} is not a table)")
+        tables = {name for name, (kind, _) in kinds.items() if kind == "table"}
         if "meta" not in tables:
             if not tables and wal:
                 raise RecordingError(f"{self.path} holds no tables (copied without its -wal file?)")
@@ -185,8 +201,14 @@ class Recording:
         missing = EXPECTED_TABLES - tables
         if missing:
             raise RecordingError(f"{self.path} is damaged (no {', '.join(sorted(missing))})")
-        for key in ("t_origin", "wall_offset"):
-            int(meta[key])
+        clocks = {
+            "t_origin": meta["t_origin"],
+            "wall_offset": meta["wall_offset"],
+            "created_wall_ns": meta.get("created_wall_ns") or "0",
+        }
+        for key, value in clocks.items():
+            if abs(int(value)) >= CLOCK_LIMIT:
+                raise RecordingError(f"{self.path} is damaged ({key} {value[:40]})")
         return meta
 
     # ------------------------------------------------------------------ facts

@@ -176,6 +176,8 @@ class SessionWriter:
         except BaseException:
             self._db.close()
             raise
+        self.moved: Path | None = None  # where the file was renamed to, until said
+        self._anchor = _anchor(self.path, self._identity)
         if session.keep_rows is not None:
             # The session lets rows go: the file holds them, and reads them back for views.
             self.source = ChunkSource(self.path, on_error=session.note)
@@ -215,6 +217,7 @@ class SessionWriter:
             final: Seal every series completely (the last sync before closing).
         """
         with self._lock:
+            self._follow_rename()
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -273,6 +276,49 @@ class SessionWriter:
                 pass
         finally:
             self._db.close()
+            if self._anchor is not None:
+                os.close(self._anchor)
+                self._anchor = None
+
+    # ------------------------------------------------------------------ a rename
+
+    def _follow_rename(self) -> None:
+        """If the file was renamed (``mv rec.gpuwatch run1.gpuwatch``), go on writing it
+        at its new name.
+
+        SQLite keeps writing the renamed file, but its ``-wal`` stays at the old name: the
+        renamed file alone would hold none of the recording. So the WAL is folded into the
+        file (a checkpoint through the open descriptor), and the file is opened again by
+        its new name, found from a descriptor of its own (``/proc/self/fd``, Linux).
+        """
+        new = self._renamed_to()
+        if new is None:
+            return
+        old = self.path
+        with self.source.paused() if self.source is not None else contextlib.nullcontext():
+            busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            if busy:  # a reader holds old commits: write on into the old -wal, and again
+                return
+            self._db.close()  # the last connection: SQLite removes the old -wal and -shm
+            for suffix in ("-wal", "-shm"):
+                Path(str(old) + suffix).unlink(missing_ok=True)
+            self._db = sqlite3.connect(str(new), isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL mode is the file's own
+            self.path = new
+            if self.source is not None:
+                self.source.path = new
+        self.moved = new
+
+    def _renamed_to(self) -> Path | None:
+        """The file's new path, if it is no longer at :attr:`path` but exists elsewhere."""
+        if self._anchor is None or os.path.lexists(self.path):
+            return None  # still there, or replaced by another: _check_file tells
+        try:
+            where = os.readlink(f"/proc/self/fd/{self._anchor}")
+            st = os.stat(where)
+        except OSError:
+            return None
+        return Path(where) if (st.st_dev, st.st_ino) == self._identity else None
 
     # ------------------------------------------------------------------ pieces
 
@@ -303,6 +349,8 @@ class SessionWriter:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
+            if self._renamed_to() is not None:
+                return  # renamed, and not moved to yet (a reader was busy): still ours
             raise FileRemoved("file removed")
         if (st.st_dev, st.st_ino) != self._identity:
             raise FileRemoved("file replaced by another")
@@ -506,6 +554,22 @@ class SessionWriter:
 
 
 _NOTHING = object()
+
+
+def _anchor(path: Path, identity: tuple[int, int]) -> int | None:
+    """A descriptor of the file, to find it by after a rename (None where there is no
+    ``/proc/self/fd`` to ask, or the path already holds another file)."""
+    if not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != identity:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _rollback(db: sqlite3.Connection) -> None:

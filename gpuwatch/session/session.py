@@ -340,11 +340,17 @@ class Session:
 
     def alive(self, t: int) -> list[Process]:
         """Instrumented processes running at time ``t`` (seen by then, not yet gone)."""
-        return [
-            p
-            for p in list(self.processes.values())
-            if p.first_t <= t and (p.ended is None or p.ended > t)
-        ]
+        return [p for p in list(self.processes.values()) if self.runs_at(p, t)]
+
+    def runs_at(self, proc: Process, t: int) -> bool:
+        """Did ``proc`` run at ``t``: seen by then, not yet gone. A process that never
+        said goodbye runs on while the session is live; in a replay, until its last
+        message (its figures after that are no one's)."""
+        if t < proc.first_t:
+            return False
+        if proc.ended is not None:
+            return t < proc.ended
+        return self.live or t <= proc.last_t
 
     def active(self, t0: int, t1: int) -> list[Process]:
         """Instrumented processes whose life overlaps ``[t0, t1]``: those a window shows.

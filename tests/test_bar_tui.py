@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from gpuwatch.session.breakdown import CATEGORIES
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.replay import ReplayApp
 
+CATEGORIES = ("weights", "amp_copies", "gradients", "optimizer_state", "activations")
+CATEGORIES += ("temporaries",)  # the predicted categories that split what is allocated
 SIZE = (200, 60)
 GIB = 1 << 30
 SECOND = 10**9

@@ -172,6 +172,9 @@ def test_a_prediction_within_a_phase_s_exact_bounds_is_not_called_wrong(session)
     b = breakdown(session, KEY, t, {synthetic.PID: line})
     assert b.unexplained < 0 and b.over_predicted == 0
     assert b.allocated + b.headroom == span["peak_alloc"]
+    # What the phase reached above the held figure, as predicted: the spike's cause.
+    [(name, above)] = b.above()
+    assert name == "temporaries" and above == pytest.approx(synthetic.TEMP * GIB, rel=0.1)
 
 
 def test_a_prediction_above_the_phase_s_exact_peak_is_over_predicted(session) -> None:

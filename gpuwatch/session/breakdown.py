@@ -126,6 +126,23 @@ class Breakdown:
             return 0.0
         return max(0.0, -self.unexplained - self.headroom)
 
+    def above(self) -> list[tuple[str, float]]:
+        """The predicted categories beyond the allocated figure, within :attr:`headroom`:
+        what the prediction says the phase held above the figure at its exact peak (the
+        cause of a spike between two boundaries), in :data:`CATEGORIES` order."""
+        if self.allocated is None or not self.predicted or self.headroom <= 0:
+            return []
+        out = []
+        left, room = self.allocated, self.headroom
+        for name in CATEGORIES:
+            v = max(0.0, self.predicted.get(name, 0.0))
+            over = min(max(0.0, v - left), room)
+            left = max(0.0, left - v)
+            room -= over
+            if over >= 1:
+                out.append((name, over))
+        return out
+
     def parts(self) -> list[tuple[str, float]]:
         """Bar segments in :data:`PART_ORDER`, each >= 0, summing to at most
         :attr:`budget`.

@@ -103,6 +103,11 @@ class BreakdownBar(Widget):
             swatch = Style(color=variables.get(THEME_VAR[name]))
             labels.append(PATTERN.get(name, "■"), swatch)
             labels.append(f"{LABELS[name]} {fmt_short(value)} ")
+        above = data.above()
+        if above:  # not on the bar: the phase reached it, but not at the cursor
+            labels.append("▲", Style(color=variables.get(THEME_VAR[above[0][0]])))
+            cut = " ".join(f"{LABELS[name]} {fmt_short(v)}" for name, v in above)
+            labels.append(f"phase peak +{fmt_short(data.headroom)}: {cut} ")
         if over > 0:  # not on the bar: it is no memory the device holds
             labels.append(f"over-predicted {fmt_short(over)} ", variables.get("gw-unexplained"))
         if data.free is not None:  # the ░ of the bar above, named

@@ -32,10 +32,11 @@ list, all that torch does not hold; with it, what the list leaves out, such as o
 containers' processes and the driver), ╱ *not split* (used memory the figures at the cursor
 cannot split: NVML's process list is older than a change, or its used sample predates the
 allocator's figures), ▒ fragmented cache, the cache, then what is allocated split by the
-prediction (*over-predicted* names a prediction above what can have been allocated); ░ is
-free memory. The header and legend give the figures at the cursor (without one: the newest
-time, or the playback position). Inside a phase with an exact peak the legend sets the
-phase's *predicted peak* beside it.
+prediction (*over-predicted* names a prediction above what can have been allocated; ▲ *phase
+peak +N* what the phase reached above the figure at the cursor, as predicted: the cause of a
+spike between two boundaries); ░ is free memory. The header and legend give the figures
+at the cursor (without one: the newest time, or the playback position). Inside a phase with
+an exact peak the legend sets the phase's *predicted peak* beside it.
 
 On a short terminal one panel fills the screen: `tab` and `shift+tab` step through them.
 

@@ -273,13 +273,11 @@ class DevicePanel(Vertical):
 
     def phase_prediction(self, t: int) -> tuple[dict | None, float | None]:
         """The phase running at ``t`` (as :meth:`span_at`) and, when it ended with an exact
-        peak, that phase's predicted peak (None when nothing predicts it)."""
-        procs = (
-            self.session.processes_of_host(self.key)
-            if self.is_host
-            else self.session.processes_on(self.key)
-        )
-        for proc in procs:
+        peak, that phase's predicted peak (None when nothing predicts it; the host's panel
+        draws no predicted line)."""
+        if self.is_host:
+            return self.span_at(t), None
+        for proc in self.session.processes_on(self.key):
             span = self.session.span_at(proc, t)
             if not span:
                 continue

@@ -73,7 +73,7 @@ class Breakdown:
         unsplit: Used memory the figures at this moment cannot split (see ``why``): the
             process list is older than a change, or NVML's sample predates the allocator's
             figures (it lags them by up to a sampling interval).
-        why: Why ``unsplit`` is not split ("" when it is not set).
+        why: Why ``unsplit`` is not split, in a few words ("" when it is not set).
         reserved: torch reserved, summed over the instrumented processes running.
         allocated: torch allocated, summed: the figure the legend shows.
         cache: reserved - allocated: the caching allocator's free blocks.
@@ -228,7 +228,7 @@ def breakdown(
     # NVML's sample is taken every ~100 ms: one from before the allocator's figures
     # changed (growth, an OOM's release, a process's exit) says nothing of how they split.
     if t_used is not None and _moved(session, everyone, t_used, t):
-        out.why = "nvidia-smi's sample predates the allocator's figures"
+        out.why = "nvidia-smi's sample predates torch's"
     _split_used(session, key, t, out, everyone, procs)
     for proc in procs:
         line = (predicted or {}).get(proc.pid)
@@ -295,7 +295,7 @@ def _split_used(
             same_used = out.used is not None and then is not None
             same_used = same_used and abs(out.used - then) <= SAME  # type: ignore[operator]
             if not same_used or _moved(session, everyone, t_list, t):
-                out.why = f"NVML's process list is {(t - t_list) / 1e9:.1f} s old"
+                out.why = f"process list {(t - t_list) / 1e9:.1f}s old"
         if not out.why:
             mine = {p.pid for p in procs}
             out.other = float(sum(u for pid, u in per_pid.items() if pid not in mine))
@@ -307,7 +307,7 @@ def _split_used(
                 if context >= -SAME:
                     out.context = max(0.0, float(context))
                 else:  # the list says less than torch holds: it cannot be split
-                    out.why = "NVML's process list is below the allocator's figures"
+                    out.why = "process list below torch's"
                     out.other = None
             claimed += (out.other or 0.0) + (out.context or 0.0)
     if out.used is not None:

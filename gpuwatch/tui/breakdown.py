@@ -102,7 +102,8 @@ class BreakdownBar(Widget):
         for name, value in parts:
             swatch = Style(color=variables.get(THEME_VAR[name]))
             labels.append(PATTERN.get(name, "■"), swatch)
-            labels.append(f"{LABELS[name]} {fmt_short(value)} ")
+            why = f" ({data.why})" if name == "unsplit" and data.why else ""
+            labels.append(f"{LABELS[name]} {fmt_short(value)}{why} ")
         above = data.above()
         if above:  # not on the bar: the phase reached it, but not at the cursor
             labels.append("▲", Style(color=variables.get(THEME_VAR[above[0][0]])))

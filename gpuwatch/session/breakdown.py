@@ -291,10 +291,9 @@ def _split_used(
         out.ages["processes"] = t - t_list
         if not out.why:
             # Stored when it changes: still the list at t if nothing it describes moved.
-            then = session.gpu[key].value_at("used", t_list)
-            same_used = out.used is not None and then is not None
-            same_used = same_used and abs(out.used - then) <= SAME  # type: ignore[operator]
-            if not same_used or _moved(session, everyone, t_list, t):
+            now, then = out.used, session.gpu[key].value_at("used", t_list)
+            same = now is not None and then is not None and abs(now - then) <= SAME
+            if not same or _moved(session, everyone, t_list, t):
                 out.why = f"process list {(t - t_list) / 1e9:.1f}s old"
         if not out.why:
             mine = {p.pid for p in procs}

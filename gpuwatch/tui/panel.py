@@ -82,6 +82,7 @@ class DevicePanel(Vertical):
         self.legend = Fitted(sep="  ", max_lines=2, classes="panel-legend")
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
         self.short = False  # the app's short layout: fewer band rows
+        self._phase_peak: tuple[object, float | None] | None = None  # (phase, predicted peak)
 
     @property
     def device(self):
@@ -284,9 +285,13 @@ class DevicePanel(Vertical):
             line = self.predicted.get(proc.pid)
             if span.get("peak_alloc") is None or span["t1"] is None or line is None:
                 return span, None
-            peaks = line.span_peaks(span["t0"], span["t1"])
-            found = peaks.get((span["name"], span["t0"], span["t1"]))
-            return span, (float(total(found.peak)) if found is not None else None)
+            name = (span["name"], span["t0"], span["t1"])
+            key = (proc.pid, name, line.prediction)
+            if self._phase_peak is None or self._phase_peak[0] != key:
+                # A walk over two minutes of spans: once per phase, not once per frame.
+                found = line.span_peaks(span["t0"], span["t1"]).get(name)
+                self._phase_peak = (key, float(total(found.peak)) if found is not None else None)
+            return span, self._phase_peak[1]
         return None, None
 
     def span_at(self, t: int) -> dict | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 GIB = 1024**3
 MIB = 1024**2
@@ -23,6 +24,23 @@ def fmt_bytes(n: float | None, digits: int = 2) -> str:
     if n >= KIB:
         return f"{sign}{n / KIB:.1f} KiB"
     return f"{sign}{int(n)} B"
+
+
+OOM_SIZES = (("requested", "requested"), ("free", "free"))
+OOM_SIZES += (("allocated", "allocated"), ("reserved", "reserved"))
+"""An out-of-memory error's byte counts, in the order they are told: key, word."""
+
+
+def fmt_oom_sizes(body: Mapping[str, object]) -> list[str]:
+    """``requested 192.00 GiB``, ``free ...``, ... for each byte count an OOM's body holds
+    (a body is a process's or a recording's word: anything but a whole, non-negative
+    number is left out)."""
+    out = []
+    for key, word in OOM_SIZES:
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            out.append(f"{word} {fmt_bytes(v)}")
+    return out
 
 
 def _escape(code: int) -> str:

@@ -44,3 +44,27 @@ def test_oom_without_message_is_reported_not_fatal() -> None:
     assert oom["message"] is None
     text = run_gpuwatch("info", str(path))
     assert text.returncode == 0 and "OOM at" in text.stdout
+
+
+def test_info_tells_what_the_oom_asked_for_and_what_was_there() -> None:
+    path = ROOT / "samples" / "gpt2-small-h100-oom.gpuwatch"
+    text = run_gpuwatch("info", str(path))
+    assert text.returncode == 0, text.stderr
+    [line] = [x for x in text.stdout.splitlines() if "OOM at" in x]
+    head, tail = line.split(" (step 5): ")
+    assert head.endswith("pid 507 in forward")
+    # The file holds them: the request, the device's free memory and torch's figures.
+    assert tail == "requested 192.00 GiB, free 73.84 GiB, allocated 2.46 GiB, reserved 4.61 GiB"
+    [oom] = json.loads(run_gpuwatch("info", "--json", str(path)).stdout)["ooms"]
+    assert oom["requested"] == 192 * 1024**3
+    assert oom["free"] > 0 and oom["allocated"] < oom["reserved"]
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_allocated_max_covers_the_exact_phase_peaks(path: Path) -> None:
+    info = json.loads(run_gpuwatch("info", "--json", str(path)).stdout)
+    peaks = [ph["peak_allocated"] for ph in info["phases"].values() if ph["peak_allocated"]]
+    if not peaks:
+        pytest.skip("no exact peaks in this recording (CPU)")
+    [proc] = info["processes"]
+    assert proc["allocated_max"] >= max(peaks)

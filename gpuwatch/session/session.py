@@ -55,6 +55,11 @@ _PROCESS_TABLES = {
 KEEP_ROWS = 16_384
 """Rows of each table a live session keeps in memory (see :meth:`Session.bound`)."""
 
+SILENT_END = 500 * 10**6
+"""How long a replayed process that never said goodbye is taken to run after its last
+message: a script sends its allocator figures every 50 ms, so a recording stopped while it
+ran keeps it to its end, and one killed is gone half a second later."""
+
 MAX_TORCH_DEVICES = 64
 """Most GPUs a session shows that only instrumented processes name (NVML lists none of
 them): enough for every MIG instance of an 8-GPU host, and a bound on what hellos create."""
@@ -353,11 +358,17 @@ class Session:
 
     def alive(self, t: int) -> list[Process]:
         """Instrumented processes running at time ``t`` (seen by then, not yet gone)."""
-        return [
-            p
-            for p in list(self.processes.values())
-            if p.first_t <= t and (p.ended is None or p.ended > t)
-        ]
+        return [p for p in list(self.processes.values()) if self.runs_at(p, t)]
+
+    def runs_at(self, proc: Process, t: int) -> bool:
+        """Did ``proc`` run at ``t``: seen by then, not yet gone. A process that never
+        said goodbye runs on while the session is live; in a replay, until its last
+        message and :data:`SILENT_END` after (its figures after that are no one's)."""
+        if t < proc.first_t:
+            return False
+        if proc.ended is not None:
+            return t < proc.ended
+        return self.live or t <= proc.last_t + SILENT_END
 
     def active(self, t0: int, t1: int) -> list[Process]:
         """Instrumented processes whose life overlaps ``[t0, t1]``: those a window shows.

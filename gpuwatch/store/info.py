@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fmt import first_line, fmt_bytes, fmt_duration, printable
+from ..fmt import first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.explain import explain_process, format_predicted, predicted_json
 from .multi import Opened
@@ -147,7 +147,10 @@ def _content(s: Session) -> dict[str, Any]:
             "pid": o.pid,
             "phase": o.body.get("phase"),
             "step": o.body.get("step"),
-            "requested": o.body.get("requested"),
+            "requested": _size(o.body.get("requested")),
+            "free": _size(o.body.get("free")),
+            "allocated": _size(o.body.get("allocated")),
+            "reserved": _size(o.body.get("reserved")),
             "message": first_line(o.body.get("message"), 200),
         }
         for o in s.ooms
@@ -193,7 +196,10 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
         "last_step": int(steps.max()) if len(steps) else None,
         "phases": dict(sorted(counts.items())),
         "open_phases": sorted(o.name for o in p.open.values()),
-        "allocated_max": _top(p.torch.max_between("allocated")),
+        # The exact peaks between boundaries are allocated figures too, and the highest.
+        "allocated_max": _merge_max(
+            _top(p.torch.max_between("allocated")), _top(p.peaks.max_between("peak_allocated"))
+        ),
         "rss_max": _top(p.rss.max_between("rss")),
         "dropped": p.dropped,
         "gaps": p.gaps,
@@ -220,6 +226,12 @@ def _explain(s: Session, p: Process) -> Any:
 
 
 _REPORTED = (("peak_allocated", "peak_alloc"), ("peak_reserved", "peak_reserved"))
+
+
+def _size(v: Any) -> int | None:
+    """A byte count from an OOM's body (the recording's word): None unless a whole,
+    non-negative number."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 def _top(found: tuple[int, float] | None) -> int | None:
@@ -351,9 +363,10 @@ def format_summary(info: dict[str, Any]) -> str:
         + f" · dropped {info['dropped']} · lost {info['gaps']}"
     )
     for o in info["ooms"]:
+        sizes = fmt_oom_sizes(o)
         lines.append(
             f"  OOM at {fmt_duration(o['t_s'] * 1e9)} pid {o['pid']} in {o['phase'] or '?'}"
-            f" (step {o['step']}): {o['message'] or ''}"
+            f" (step {o['step']}): " + ", ".join(sizes + ([o["message"]] if o["message"] else []))
         )
     lines += [f"note: {n}" for n in info["notes"]]
     # Names, labels, argv, notes and paths are the recording's word: no escape, no

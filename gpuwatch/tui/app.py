@@ -271,7 +271,7 @@ class GpuwatchApp(App[int]):
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None
-        self._tables_version = -1
+        self._tables_version: object = -1
         self.redraws = 0
 
     # ------------------------------------------------------------------ setup
@@ -397,6 +397,8 @@ class GpuwatchApp(App[int]):
         window = self.view.window(now)
         version = self.session.version
         at = self.figures_time(window)
+        # Live and following: the newest lists; else (a cursor, a replay) those at ``at``.
+        self.process_table.at = None if self.session.live and self.view.following else at
         with self.batch_update():
             self._place_panels()
             for panel in self._panels.values():
@@ -460,9 +462,11 @@ class GpuwatchApp(App[int]):
         self.predicted.update()
 
     def _refresh_tables(self) -> None:
-        if self.session.version == self._tables_version:
+        # The Processes tab shows the figures at the cursor: a new cursor is a new table.
+        version = (self.session.version, self.process_table.at)
+        if version == self._tables_version:
             return
-        self._tables_version = self.session.version
+        self._tables_version = version
         if self.tabs.active == "peaks":
             self.peaks_table.refresh_rows()
         elif self.tabs.active == "processes":

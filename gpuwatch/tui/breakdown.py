@@ -13,6 +13,7 @@ LABELS = {
     "other": "other procs",
     "context": "context",
     "unclaimed": "unclaimed",
+    "unsplit": "not split",
     "fragmented": "fragmented",
     "cache": "cache",
     "weights": "weights",
@@ -29,6 +30,7 @@ THEME_VAR = {
     "other": "gw-other-procs",
     "context": "gw-context",
     "unclaimed": "gw-other-procs",
+    "unsplit": "gw-other-procs",
     "fragmented": "gw-cache",
     "cache": "gw-cache",
     "weights": "gw-weights",
@@ -40,22 +42,18 @@ THEME_VAR = {
     "unexplained": "gw-unexplained",
     "allocated": "gw-allocated",
 }
-PATTERN = {"unclaimed": "▓", "fragmented": "▒"}
+PATTERN = {"unclaimed": "▓", "unsplit": "╱", "fragmented": "▒"}
 """Segments drawn as a pattern in their colour (the rest are solid blocks): used memory no
-process claims, and cache that fragmentation makes unusable."""
-
-OVER = "╳"
-"""Drawn over the tail of the predicted categories that overruns what is allocated."""
-
-_PREDICTED = frozenset(("weights", "amp_copies", "gradients", "optimizer_state"))
-_PREDICTED |= {"activations", "temporaries"}
+process claims, used memory the figures at the cursor cannot split, and cache that
+fragmentation makes unusable."""
 
 
 class BreakdownBar(Widget):
     """Two rows: the device's memory as coloured segments, then each segment's size.
 
-    Nothing is scaled to fit: each segment is its own size; a prediction above what is
-    allocated overruns it, drawn hatched (``╳``) and named "over-predicted".
+    Nothing is scaled to fit: each segment is its own size, and they never add up to more
+    than the used memory (see :meth:`Breakdown.parts`); a prediction above what can have
+    been allocated is named "over-predicted" after the segments.
     """
 
     DEFAULT_CSS = """
@@ -84,10 +82,7 @@ class BreakdownBar(Widget):
         scale = width / data.total
         cells: list[tuple[str, Style]] = []
         acc = 0.0
-        predicted_at = None  # where the predicted categories begin (bytes)
         for name, value in parts:
-            if name in _PREDICTED and predicted_at is None:
-                predicted_at = acc
             acc += value
             n = min(width, round(acc * scale)) - len(cells)
             if n <= 0:
@@ -98,12 +93,6 @@ class BreakdownBar(Widget):
             else:
                 cells += [(" ", Style(bgcolor=color))] * n
         over = data.over_predicted
-        if over > 0 and predicted_at is not None and data.allocated is not None:
-            lo = round((predicted_at + data.allocated) * scale)
-            hi = min(len(cells), round((predicted_at + data.allocated + over) * scale))
-            mark = variables.get("gw-unexplained")
-            for i in range(max(0, lo), hi):
-                cells[i] = (OVER, cells[i][1] + Style(color=mark))
         bar = Text()
         for ch, style in cells:
             bar.append(ch, style)
@@ -113,10 +102,15 @@ class BreakdownBar(Widget):
         for name, value in parts:
             swatch = Style(color=variables.get(THEME_VAR[name]))
             labels.append(PATTERN.get(name, "■"), swatch)
-            labels.append(f"{LABELS[name]} {fmt_short(value)} ")
-        if over > 0:
-            labels.append(OVER, Style(color=variables.get("gw-unexplained")))
-            labels.append(f"over-predicted {fmt_short(over)} ")
+            why = f" ({data.why})" if name == "unsplit" and data.why else ""
+            labels.append(f"{LABELS[name]} {fmt_short(value)}{why} ")
+        above = data.above()
+        if above:  # not on the bar: the phase reached it, but not at the cursor
+            labels.append("▲", Style(color=variables.get(THEME_VAR[above[0][0]])))
+            cut = " ".join(f"{LABELS[name]} {fmt_short(v)}" for name, v in above)
+            labels.append(f"phase peak +{fmt_short(data.headroom)}: {cut} ")
+        if over > 0:  # not on the bar: it is no memory the device holds
+            labels.append(f"over-predicted {fmt_short(over)} ", variables.get("gw-unexplained"))
         if data.free is not None:  # the ░ of the bar above, named
             labels.append("░", Style(color=variables.get("gw-grid")))
             labels.append(f"free {fmt_short(data.free)}")

@@ -11,8 +11,9 @@ from textual.containers import Vertical
 from textual.content import Content
 
 from ..fmt import fmt_bytes, fmt_duration, printable
+from ..predict import total
 from ..session import Session, is_host
-from ..session.breakdown import breakdown
+from ..session.breakdown import SAME, breakdown
 from ..session.predicted import PredictedLine
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
@@ -81,6 +82,7 @@ class DevicePanel(Vertical):
         self.legend = Fitted(sep="  ", max_lines=2, classes="panel-legend")
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
         self.short = False  # the app's short layout: fewer band rows
+        self._phase_peak: tuple[object, float | None] | None = None  # (phase, predicted peak)
 
     @property
     def device(self):
@@ -196,9 +198,14 @@ class DevicePanel(Vertical):
         frame = self.chart.last_frame
         roles = [s.role for s in frame.series] if frame else []
         values = self.values_at(t)
-        span = self.span_at(t)
+        span, predicted_peak = self.phase_prediction(t)
         if span is not None and span.get("peak_alloc") is not None:
             values["peak"] = span["peak_alloc"]
+        if predicted_peak is not None:
+            # Set against the phase's exact peak, the prediction for that same peak (as
+            # `info` does), not the line's value at this instant.
+            values["predicted"] = predicted_peak
+            labels = {**labels, "predicted": "predicted peak"}
         parts = []
         for role, label in labels.items():
             if role not in roles and role not in values:
@@ -206,7 +213,10 @@ class DevicePanel(Vertical):
             color = variables.get(f"gw-{role}", "white")
             # Content, not markup: nothing to parse on every frame (and a phase name is
             # taken as it is, never as markup).
-            parts.append(Content.assemble(("━", color), f" {label} {fmt_bytes(values.get(role))}"))
+            text = f" {label} {fmt_bytes(values.get(role))}"
+            if role == "reserved" and not self.is_host:
+                text += self._above_nvml(t, values)
+            parts.append(Content.assemble(("━", color), text))
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(Content.assemble((printable(span["name"]), "bold"), step))
@@ -230,6 +240,8 @@ class DevicePanel(Vertical):
         if table is not None and len(table):
             out["nvml"] = table.value_at("used", t)
         for proc in s.processes_on(self.key):
+            if not s.runs_at(proc, t):  # a process that has exited holds nothing
+                continue
             for role in ("reserved", "allocated"):
                 v = proc.torch.value_at(role, t)
                 if v is not None:
@@ -239,6 +251,48 @@ class DevicePanel(Vertical):
             if v is not None:
                 out["predicted"] = (out.get("predicted") or 0) + v
         return out
+
+    def _above_nvml(self, t: int, values: dict[str, float | None]) -> str:
+        """A word when torch's reserved is above nvidia-smi's used: the two were read at
+        different moments (NVML samples every ~100 ms), never a contradiction."""
+        reserved, used = values.get("reserved"), values.get("nvml")
+        if reserved is None or used is None or reserved <= used + SAME:
+            return ""
+        table = self.session.gpu.get(self.key)
+        row = table.at(t) if table is not None and len(table) else None
+        times = [
+            int(r["t"])
+            for p in self.session.processes_on(self.key)
+            if self.session.runs_at(p, t) and (r := p.torch.at(t)) is not None
+        ]
+        if row is None or not times:
+            return " (above nvidia-smi)"
+        lag = max(times) - int(row["t"])
+        if lag >= 0:
+            return f" (above nvidia-smi: its sample is {fmt_duration(lag)} older)"
+        return f" (above nvidia-smi: torch's figure is {fmt_duration(-lag)} older)"
+
+    def phase_prediction(self, t: int) -> tuple[dict | None, float | None]:
+        """The phase running at ``t`` (as :meth:`span_at`) and, when it ended with an exact
+        peak, that phase's predicted peak (None when nothing predicts it; the host's panel
+        draws no predicted line)."""
+        if self.is_host:
+            return self.span_at(t), None
+        for proc in self.session.processes_on(self.key):
+            span = self.session.span_at(proc, t)
+            if not span:
+                continue
+            line = self.predicted.get(proc.pid)
+            if span.get("peak_alloc") is None or span["t1"] is None or line is None:
+                return span, None
+            name = (span["name"], span["t0"], span["t1"])
+            key = (proc.pid, name, line.prediction)
+            if self._phase_peak is None or self._phase_peak[0] != key:
+                # A walk over two minutes of spans: once per phase, not once per frame.
+                found = line.span_peaks(span["t0"], span["t1"]).get(name)
+                self._phase_peak = (key, float(total(found.peak)) if found is not None else None)
+            return span, self._phase_peak[1]
+        return None, None
 
     def span_at(self, t: int) -> dict | None:
         """The phase running at ``t`` on this device (first process that has one)."""

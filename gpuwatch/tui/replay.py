@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.message import Message
 from textual.widget import Widget
 
-from ..fmt import fmt_bytes, fmt_clock
+from ..fmt import fmt_bytes, fmt_clock, fmt_oom_sizes, printable
 from ..store.player import Player
 from .app import ACTIONS, Action, GpuwatchApp, bindings
 from .view import MIN_SPAN
@@ -300,10 +300,24 @@ class ReplayApp(GpuwatchApp):
             spike = self.player.largest_spike()
             if spike is not None:
                 self.notify(f"highest memory: {fmt_bytes(spike[1])}", timeout=3)
+        elif method in ("next_oom", "prev_oom"):
+            self._tell_oom(target)
         self.player.pause()
         self.view.jump(target, self._replay_now())
         self.redraw()
         self.scrubber.refresh()
+
+    def _tell_oom(self, t: int) -> None:
+        """Say what the OOM at ``t`` asked for and what the device had then."""
+        for oom in self.session.events_between(t, t)[1]:
+            body = oom.body
+            phase = printable(body.get("phase") or "?")
+            step = body.get("step")
+            where = f"{phase} (step {step})" if isinstance(step, int) else phase
+            sizes = ", ".join(fmt_oom_sizes(body)) or "no sizes reported"
+            self.notify(
+                f"OOM pid {oom.pid} in {where}: {sizes}", severity="error", timeout=8, markup=False
+            )
 
     def action_whole(self) -> None:
         """Zoom out to the whole recording."""

@@ -178,6 +178,7 @@ class ProcessTable(DataTable):
     def __init__(self, session: Session, *, id: str | None = None) -> None:
         super().__init__(id=id, zebra_stripes=True, cursor_type="row")
         self.session = session
+        self.at: int | None = None  # the figures' time (the cursor); None: the newest
         self._last: list[tuple[object, ...]] | None = None
 
     def on_mount(self) -> None:
@@ -185,13 +186,15 @@ class ProcessTable(DataTable):
             self.add_column(label, key=key)
 
     def refresh_rows(self) -> None:
-        """Rebuild from the newest NVML process lists and the instrumented processes."""
+        """Rebuild from the NVML process lists and the instrumented processes at
+        :attr:`at` (the newest ones when it is None)."""
         s = self.session
         rows: list[tuple[object, ...]] = []
         seen: set[int] = set()
         for key, table in sorted(s.gpu_procs.items()):
             newest = table.span()
-            snap = table.group_at(newest[1]) if newest is not None else None
+            at = newest[1] if newest is not None and self.at is None else self.at
+            snap = table.group_at(at) if at is not None else None
             if snap is None:
                 continue
             dev = s.devices[key]
@@ -203,9 +206,16 @@ class ProcessTable(DataTable):
                 where = f"{dev.origin} GPU" if dev.origin else "GPU"
                 rows.append(self._row(pid, f"{where} {dev.index}", int(used)))
         for pid, proc in s.processes.items():
-            if pid in seen or proc.ended is not None:
+            if pid in seen:
                 continue
-            last = proc.rss.last()
+            if self.at is None:
+                if proc.ended is not None:
+                    continue
+                last = proc.rss.last()
+            elif s.runs_at(proc, self.at):
+                last = proc.rss.at(self.at)
+            else:
+                continue
             where = f"{proc.origin} host" if proc.origin else "host"
             rows.append(self._row(pid, where, last["rss"] if last else None))
         if rows != self._last:

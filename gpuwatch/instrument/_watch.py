@@ -140,7 +140,8 @@ def _discovered(module: Any, args: tuple, kwargs: dict) -> None:
     with _lock:
         if _primary is not None:
             return
-        _primary = watched = _Watched(_unwrap(module), None, None, None)
+        # The outermost module as called (DDP, FSDP1): the parallel facts read it.
+        _primary = watched = _Watched(module, None, None, None)
     _on_forward(module, args, kwargs)
     _await(watched)
 
@@ -296,6 +297,7 @@ def _send(watched: _Watched) -> None:
             watched.optimizer,
             amp_dtype=watched.amp_dtype,
             checkpointing=watched.checkpointing,
+            wrapper=model,
         )
         if watched.batch:
             facts["batch"] = watched.batch  # docs/facts.md: batch_facts() goes under "batch"

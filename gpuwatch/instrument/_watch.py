@@ -292,12 +292,15 @@ def _send(watched: _Watched) -> None:
     if model is None or facts_module is None:
         return
     try:
+        inner = _unwrap(model)
+        # The wrapper (DDP, FSDP1) holds the parallel layout's options.
+        wrapped = {"wrapper": model} if inner is not model else {}
         facts = facts_module.collect_facts(
-            _unwrap(model),
+            inner,
             watched.optimizer,
             amp_dtype=watched.amp_dtype,
             checkpointing=watched.checkpointing,
-            wrapper=model,
+            **wrapped,
         )
         if watched.batch:
             facts["batch"] = watched.batch  # docs/facts.md: batch_facts() goes under "batch"

@@ -21,6 +21,9 @@ LABELS = {
     "optimizer_state": "optim",
     "activations": "act",
     "temporaries": "tmp",
+    "ddp_buckets": "ddp",
+    "fsdp_unsharded": "gather",
+    "fsdp_reduce": "reduce",
     "unexplained": "unexplained",
     "allocated": "allocated",
     "free": "free",
@@ -37,6 +40,9 @@ THEME_VAR = {
     "optimizer_state": "gw-optimizer-state",
     "activations": "gw-activations",
     "temporaries": "gw-temporaries",
+    "ddp_buckets": "gw-gradients",
+    "fsdp_unsharded": "gw-weights",
+    "fsdp_reduce": "gw-gradients",
     "unexplained": "gw-unexplained",
     "allocated": "gw-allocated",
 }
@@ -48,7 +54,7 @@ OVER = "╳"
 """Drawn over the tail of the predicted categories that overruns what is allocated."""
 
 _PREDICTED = frozenset(("weights", "amp_copies", "gradients", "optimizer_state"))
-_PREDICTED |= {"activations", "temporaries"}
+_PREDICTED |= {"activations", "temporaries", "ddp_buckets", "fsdp_unsharded", "fsdp_reduce"}
 
 
 class BreakdownBar(Widget):

@@ -26,6 +26,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 PREFIX = "gw:"
+
+RELEASES = ("FSDP::post_backward_rs_wait", "FSDP::root_post_backward")
+"""FSDP2's ranges in which it waits on a reduce-scatter and drops its reference to the
+previous one's input (``reduce_scatter_state``): where an orphan is freed at the latest."""
 """The record_function names of marked phases: ``gw:<step>:<phase>``."""
 
 
@@ -95,14 +99,17 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
     worker drops the last reference to a collective's input after the main thread did)
     when its pointer is allocated again, or when it was made inside a phase and is not
     among ``alive`` (data pointers of storages still held at the end): it is taken as
-    freed when the phase that allocated it ended (FSDP drops its own references to a
-    collective's buffers by the end of the phase that issued it), and its bytes are
-    counted in :attr:`Truth.orphan_bytes`. Allocations made outside any phase (the
+    freed at the end of the first of FSDP's :data:`RELEASES` ranges after it (where FSDP
+    drops its own reference to a reduce-scatter's input, so the worker's drop follows),
+    else when the phase that allocated it ended; its bytes are counted in
+    :attr:`Truth.orphan_bytes`. Allocations made outside any phase (the
     model, DDP's buckets) are never orphans.
     """
     want = torch.device(device).type
     allocs: list[tuple[int, int, int]] = []  # (time, signed bytes, ptr)
     ranges: list[tuple[int, int, int, str]] = []
+    releases: list[int] = []
+    release_ends: list[int] = []
     todo = list(prof.profiler.kineto_results.experimental_event_tree())
     alloc_tag = torch._C._profiler._EventType.Allocation
     while todo:
@@ -112,11 +119,17 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
             e = node.extra_fields
             if e.device.type == want and e.alloc_size:
                 allocs.append((node.start_time_ns, int(e.alloc_size), int(e.ptr)))
+        elif node.name.startswith(RELEASES):
+            releases.append(node.start_time_ns)
+            release_ends.append(node.end_time_ns)
         elif node.name.startswith(PREFIX):
             step, _, phase = node.name[len(PREFIX) :].partition(":")
             ranges.append((node.start_time_ns, node.end_time_ns, int(step), phase))
     allocs.sort()
     ranges.sort()
+    order = sorted(range(len(releases)), key=releases.__getitem__)
+    releases = [releases[i] for i in order]
+    release_ends = [release_ends[i] for i in order]
     live: dict[int, int] = {}
     starts = [r[0] for r in ranges]
     orphans = 0
@@ -128,7 +141,9 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
         k = bisect.bisect_right(starts, t) - 1
         if k < 0 or ranges[k][1] < t:
             return  # outside any phase: not an orphan
-        frees.append((min(ranges[k][1], by), -n, ptr))
+        r = bisect.bisect_right(releases, t)
+        end = release_ends[r] if r < len(releases) else ranges[k][1]
+        frees.append((min(ranges[k][1], by, end), -n, ptr))
         orphans += n
 
     for i, (t, n, ptr) in enumerate(allocs):

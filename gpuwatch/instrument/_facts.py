@@ -24,7 +24,7 @@ from ..facts import (
     ROLE_NAMES,
     SMALL_TENSOR,
 )
-from ._layout import local, local_bytes, parallel_facts
+from ._layout import local, local_bytes, parallel_facts, sharded_parameters
 
 
 def _dtype(t: Any) -> str:
@@ -93,7 +93,7 @@ def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
 def _params(model: Any) -> dict[str, Any]:
     import torch
 
-    facts = _groups(model.parameters())
+    facts = _groups(sharded_parameters(model))
     # What autocast casts: the weights of matmul-like modules (its lower-precision list).
     cast_types = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, torch.nn.Bilinear)
     seen: set[int] = set()

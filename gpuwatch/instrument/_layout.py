@@ -32,6 +32,39 @@ def local_bytes(t: Any) -> int:
     return int(t.numel()) * int(t.element_size())
 
 
+def _fsdp2_params(model: Any) -> list[Any]:
+    """FSDP2's parameter objects (``FSDPParam``) of every unit in ``model``."""
+    out: list[Any] = []
+    for mod in model.modules():
+        if "FSDPModule" not in _classes(mod):
+            continue
+        state = mod._get_fsdp_state()
+        groups = list(getattr(state, "_fsdp_param_groups", None) or [])
+        if not groups and getattr(state, "_fsdp_param_group", None) is not None:
+            groups = [state._fsdp_param_group]
+        for group in groups:
+            out.extend(getattr(group, "fsdp_params", None) or [])
+    return out
+
+
+def sharded_parameters(model: Any) -> list[Any]:
+    """``model.parameters()`` as this rank holds them between steps.
+
+    FSDP2 registers a unit's unsharded parameters on its modules while it is unsharded
+    (all the time from the first forward on with ``reshard_after_forward=False``): each
+    is replaced by its sharded DTensor.
+    """
+    params = list(model.parameters())
+    if not any("FSDPModule" in _classes(m) for m in model.modules()):
+        return params
+    swap = {}
+    for fp in _fsdp2_params(model):
+        unsharded = getattr(fp, "_unsharded_param", None)
+        if unsharded is not None:
+            swap[id(unsharded)] = fp.sharded_param
+    return [swap.get(id(p), p) for p in params]
+
+
 def _dtype(d: Any) -> str | None:
     return None if d is None else str(d).replace("torch.", "")
 
@@ -178,7 +211,7 @@ def _tensor_parallel(model: Any, fsdp_mesh: int | None) -> dict[str, Any] | None
     dtensors = 0
     local_total = global_total = 0
     meshes: set[int] = set()
-    for p in model.parameters():
+    for p in sharded_parameters(model):
         if getattr(p, "_local_tensor", None) is None:
             continue
         dtensors += 1
@@ -202,7 +235,7 @@ def _tensor_parallel(model: Any, fsdp_mesh: int | None) -> dict[str, Any] | None
 def _devices(model: Any) -> dict[str, int]:
     """Bytes of parameters and buffers on each device (this rank's shards)."""
     out: dict[str, int] = {}
-    for t in (*model.parameters(), *model.buffers()):
+    for t in (*sharded_parameters(model), *model.buffers()):
         dev = str(local(t).device)
         out[dev] = out.get(dev, 0) + local_bytes(t)
     return out

@@ -58,6 +58,8 @@ class LayoutMemory:
             kept when ``reshard_after_forward=False``).
         backward: Added at the backward peak.
         grads_in_buckets: The gradients are views of DDP's buckets (counted there).
+        backward_grads: When set, the backward peak is the layout's (FSDP: at one unit),
+            with these gradient bytes (the units done), on what backward began with.
         modelled: False for a layout whose buffers are not predicted.
         notes: One line each.
     """
@@ -68,6 +70,7 @@ class LayoutMemory:
     held: dict[str, int] = field(default_factory=dict)
     backward: dict[str, int] = field(default_factory=dict)
     grads_in_buckets: bool = False
+    backward_grads: int | None = None
     modelled: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -103,14 +106,20 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
     # Backward, in reverse: this unit's unsharded parameters (and those still kept), the
     # next one's prefetched all-gather, this unit's unsharded gradients, the previous
     # unit's reduce-scatter input.
-    best = (0, 0)
+    # The sharded gradients of the units already done are alive too.
+    shards = [_n(u.get("sharded_bytes")) for u in units]
+    best, best_total, done = (0, 0, 0), -1, 0
     for i in range(n - 1, -1, -1):
         unsharded = sizes[i] + sum(sizes[j] for j in range(i) if not reshard[j])
         prefetch = sizes[i - 1] if i and reshard[i - 1] else 0
         reduce = grads[i] + (grads[i + 1] if i + 1 < n else 0)
-        if unsharded + prefetch + reduce > sum(best):
-            best = (unsharded + prefetch, reduce)
-    out.backward[FSDP_UNSHARDED], out.backward[FSDP_REDUCE] = best
+        if unsharded + prefetch + reduce + done > best_total:
+            best, best_total = (
+                (unsharded + prefetch, reduce, done),
+                unsharded + prefetch + reduce + done,
+            )
+        done += shards[i]
+    out.backward[FSDP_UNSHARDED], out.backward[FSDP_REDUCE], out.backward_grads = best
     if fsdp.get("cpu_offload"):
         out.notes.append("FSDP2 CPU offload: states on the host; all-gathers predicted as usual")
 

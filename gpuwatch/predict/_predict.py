@@ -381,8 +381,15 @@ def _add_layout(
             peak, end = lay.forward, lay.held
         elif name == "backward":
             start, peak = lay.held, lay.backward
+        at_peak = pm.peak
+        if name == "backward" and lay.backward_grads is not None:
+            # FSDP's peak is at one unit: what backward began with (activations not yet
+            # freed), the gradient shards of the units done and the unit's buffers.
+            at_peak = dict(pm.start)
+            at_peak[GRADIENTS] = max(at_peak.get(GRADIENTS, 0), lay.backward_grads)
+            at_peak[TEMPORARIES] = pm.peak.get(TEMPORARIES, 0)
         phases[name, first] = PhaseMemory(
-            add(pm.start, start), add(pm.peak, peak), add(pm.end, end)
+            add(pm.start, start), add(at_peak, peak), add(pm.end, end)
         )
     for first, b in list(accumulating.items()):
         accumulating[first] = add(b, lay.backward)

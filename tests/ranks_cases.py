@@ -125,40 +125,40 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
     }
 
 
-def _child(rank: int, name: str, world: int, store: str, out: str) -> None:
+def _child(rank: int, name: str, world: int, store: str, out: str, steps: int) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        got = run_rank(name, rank)
+        got = run_rank(name, rank, steps)
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(got))
 
 
-def run_case(name: str) -> list[dict[str, Any]]:
+def run_case(name: str, steps: int = STEPS) -> list[dict[str, Any]]:
     """Every rank's result for case ``name`` (spawned processes, or the fake group)."""
     case = CASES[name]
     world = case["world"]
     if case.get("fake"):
-        return [_fake(name, world)]
+        return [_fake(name, world, steps)]
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="gw-ranks-") as tmp:
         store = os.path.join(tmp, "store")
-        mp.spawn(_child, args=(name, world, store, tmp), nprocs=world, join=True)
+        mp.spawn(_child, args=(name, world, store, tmp, steps), nprocs=world, join=True)
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def _fake(name: str, world: int) -> dict[str, Any]:
+def _fake(name: str, world: int, steps: int) -> dict[str, Any]:
     """Rank 0 of a ``world``-rank job in this process, through the fake process group."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
-        return run_rank(name, 0)
+        return run_rank(name, 0, steps)
     finally:
         dist.destroy_process_group()
 

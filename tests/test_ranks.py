@@ -1,6 +1,6 @@
 """Each rank's predicted peak per phase against that rank's truth (issue 26), on the CPU.
 
-Every case trains the 6-block MLP of ``ranks_cases`` with AdamW for three steps as real
+Every case trains the 6-block MLP of ``ranks_cases`` with AdamW for two steps as real
 ranks (gloo, spawned processes) or as rank 0 of an 8-rank job (the fake process group),
 with ``gpuwatch.watch`` describing it; the truth is torch.profiler's allocator events
 (``profmem``). Target: every phase of every step on every rank within 10%.
@@ -22,7 +22,7 @@ TOLERANCE = 0.10
 
 
 def _check(name: str) -> list[dict]:
-    results = run_case(name)
+    results = run_case(name, steps=2)  # the first step and a steady one
     bad = []
     for r in results:
         rows = table(r)
@@ -64,7 +64,8 @@ def test_fsdp2_without_reshard_after_forward() -> None:
 def test_fsdp2_one_rank_of_eight() -> None:
     (result,) = _check("fsdp2-fake8")
     p = predict(result["facts"])
-    assert (
-        p.phases["optimizer.step", False].peak["optimizer_state"]
-        == 2 * (result["facts"]["params"]["bytes"])
-    )
+    # AdamW's two states of this rank's shards (an eighth), and a step scalar per tensor.
+    shards = result["facts"]["params"]["bytes"]
+    assert shards == 12_595_200 // 8
+    state = p.phases["optimizer.step", False].peak["optimizer_state"]
+    assert state == 2 * shards + 4 * 24

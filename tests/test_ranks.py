@@ -66,6 +66,6 @@ def test_fsdp2_one_rank_of_eight() -> None:
     p = predict(result["facts"])
     # AdamW's two states of this rank's shards (an eighth), and a step scalar per tensor.
     shards = result["facts"]["params"]["bytes"]
-    assert shards == 12_595_200 // 8
+    assert shards == 4 * 12_595_200 // 8  # fp32
     state = p.phases["optimizer.step", False].peak["optimizer_state"]
     assert state == 2 * shards + 4 * 24

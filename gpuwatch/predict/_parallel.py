@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..facts import MAX_UNITS
+
 DDP_BUCKETS = "ddp_buckets"
 FSDP_UNSHARDED = "fsdp_unsharded"
 FSDP_REDUCE = "fsdp_reduce"
@@ -80,14 +82,18 @@ def _n(v: Any) -> int:
 
 
 def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
-    units = [u for u in fsdp.get("unit_list") or [] if isinstance(u, dict)]
+    listed = fsdp.get("unit_list")
+    # A recording's facts are hostile: at most MAX_UNITS units (the walk is quadratic).
+    units = [
+        u for u in (listed if isinstance(listed, list) else [])[:MAX_UNITS] if isinstance(u, dict)
+    ]
     sizes = [_n(u.get("unsharded_bytes")) for u in units]
     if not sizes or _n(fsdp.get("units")) > len(sizes):
         out.modelled = False
         out.notes.append("FSDP2 with more units than the facts list: its buffers not predicted")
         return
     reshard = [u.get("reshard_after_forward") is not False for u in units]
-    pd, rd = fsdp.get("param_dtype"), fsdp.get("reduce_dtype")
+    pd, rd = str(fsdp.get("param_dtype")), str(fsdp.get("reduce_dtype"))
     scale = _ELT[rd] / _ELT[pd] if pd in _ELT and rd in _ELT else 1.0
     grads = [round(s * scale) for s in sizes]
     n = len(sizes)
@@ -131,7 +137,8 @@ def layout_memory(facts: dict[str, Any]) -> LayoutMemory:
         return LayoutMemory()
     strategy = str(par.get("strategy") or "none")[:16]
     out = LayoutMemory(strategy=strategy)
-    params = facts.get("params") if isinstance(facts.get("params"), dict) else {}
+    params = facts.get("params")
+    params = params if isinstance(params, dict) else {}
     if strategy == "ddp":
         ddp = par.get("ddp") if isinstance(par.get("ddp"), dict) else {}
         out.persistent[DDP_BUCKETS] = _n(params.get("trainable_bytes"))

@@ -35,6 +35,7 @@ CASES = {
     "ddp-view": {"layout": "ddp", "world": 2, "gradient_as_bucket_view": True},
     "fsdp2": {"layout": "fsdp2", "world": 2},
     "fsdp2-noreshard": {"layout": "fsdp2", "world": 2, "reshard_after_forward": False},
+    "fsdp2-4": {"layout": "fsdp2", "world": 4},
     "fsdp2-fake8": {"layout": "fsdp2", "world": 8, "fake": True},
 }
 """Name -> how the case is run (``layout``, ``world``, and the layout's options)."""

@@ -117,6 +117,9 @@ def test_fsdp1_strategy_and_flat_parameters(fake_group: Any) -> None:
     assert (fsdp["strategy"], fsdp["mesh_size"], fsdp["units"]) == ("SHARD_GRAD_OP", 8, 1)
     assert fsdp["largest_unit_bytes"] == 2 * BLOCK * 4
     assert fsdp["flat_bytes"] == 2 * BLOCK * 4 // 8
+    # The parameters this rank holds: its shard of the flat parameter, not the views of it
+    # the model inside keeps (nor nothing at all).
+    assert f["params"]["bytes"] == 2 * BLOCK * 4 // 8
 
 
 def test_ddp_options(gloo_group: Any) -> None:

@@ -24,7 +24,7 @@ from ..facts import (
     ROLE_NAMES,
     SMALL_TENSOR,
 )
-from ._layout import local, local_bytes, parallel_facts, sharded_parameters
+from ._layout import local, local_bytes, parallel_facts, param_owner, sharded_parameters
 
 
 def _dtype(t: Any) -> str:
@@ -501,7 +501,7 @@ def collect_facts(
         facts["torch"] = str(torch.__version__)
     except Exception as exc:
         return {"version": FACTS_VERSION, "errors": [f"torch: {type(exc).__name__}"]}
-    part("params", _params, model)
+    part("params", _params, param_owner(model, wrapper))
     part("buffers", lambda m: _groups(m.buffers(), trainable=False), model)
     if optimizer is not None:
         part("optimizer", _optimizer, optimizer)

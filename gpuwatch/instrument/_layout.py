@@ -65,6 +65,13 @@ def sharded_parameters(model: Any) -> list[Any]:
     return [swap.get(id(p), p) for p in params]
 
 
+def param_owner(model: Any, wrapper: Any) -> Any:
+    """Whose ``parameters()`` are this rank's: FSDP1's wrapper (its flat parameters, this
+    rank's shards; the model inside keeps only views of them), else the model."""
+    wrapped = wrapper is not None and wrapper is not model
+    return wrapper if wrapped and "FullyShardedDataParallel" in _classes(wrapper) else model
+
+
 def _dtype(d: Any) -> str | None:
     return None if d is None else str(d).replace("torch.", "")
 

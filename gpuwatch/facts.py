@@ -16,6 +16,9 @@ FACTS_VERSION = 1
 MAX_BUCKETS = 64
 """At most this many optimizer (group, device, dtype) buckets, to keep a datagram small."""
 
+MAX_UNITS = 64
+"""At most this many FSDP units listed one by one in the ``parallel`` facts."""
+
 SMALL_TENSOR = 4096
 """bitsandbytes keeps 32-bit state for tensors under ``min_8bit_size`` (4096) elements."""
 

@@ -275,6 +275,8 @@ def _table(result: dict[str, Any]) -> str:
         head,
     ]
     for cat in CATEGORIES:
+        if cat not in CATEGORIES[:6] and not any(phases[ph][cat] for ph in PHASES):
+            continue  # a parallel layout's buffers: none on one GPU
         if cat == "activations" and not result["activations_known"]:
             cells = "".join("unknown".rjust(16) for _ in PHASES)
         else:

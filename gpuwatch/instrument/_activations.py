@@ -58,8 +58,23 @@ OUTSIDE = "(outside)"
 """Saved after the model returned and before backward began (the loss, usually)."""
 
 
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (what this rank holds; a DTensor has no storage), else ``t``."""
+    inner = getattr(t, "_local_tensor", None)
+    return t if inner is None else inner
+
+
 def _nbytes(t: Any) -> int:
+    t = _local(t)
     return int(t.numel()) * int(t.element_size())
+
+
+def _is_param(torch: Any, t: Any) -> bool:
+    """A parameter, or a view of one (``linear`` saves ``weight.t()``): FSDP's unsharded
+    parameters and FSDP1's flat parameter views appear only during forward, after the
+    measurement listed the model's parameters; they are weights, not activations."""
+    param = torch.nn.Parameter
+    return isinstance(t, param) or isinstance(t._base, param)
 
 
 def _tensors(obj: Any, depth: int = 0) -> list[Any]:
@@ -221,7 +236,7 @@ class Meter:
             return False
         try:
             for t in (*model.parameters(), *model.buffers()):
-                self.exclude.add(self._key(t))
+                self.exclude.add(self._key(_local(t)))
                 self.param_shapes.add(tuple(t.shape))
             top = torch._C._autograd._top_saved_tensors_default_hooks(False)
             if top is not None:
@@ -481,6 +496,9 @@ class Meter:
         return packed
 
     def _count(self, t: Any, packed: Any) -> None:
+        if _is_param(self.torch, t):
+            return
+        t = _local(t)
         st = t.untyped_storage()
         n = int(st.nbytes())
         if n == 0:

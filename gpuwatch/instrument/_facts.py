@@ -24,6 +24,7 @@ from ..facts import (
     ROLE_NAMES,
     SMALL_TENSOR,
 )
+from ._layout import local, local_bytes, parallel_facts, param_owner, sharded_parameters
 
 
 def _dtype(t: Any) -> str:
@@ -49,7 +50,7 @@ def _scalar(v: Any) -> Any:
 
 
 def _nbytes(t: Any) -> int:
-    return int(t.numel()) * int(t.element_size())
+    return local_bytes(t)
 
 
 def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
@@ -57,8 +58,9 @@ def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
     out: dict[tuple[str, str, bool], list[int]] = {}
     count = size = t_count = t_size = 0
     for t in tensors:
-        n, b = int(t.numel()), _nbytes(t)
         rg = bool(getattr(t, "requires_grad", False)) if trainable else False
+        t = local(t)  # this rank's shard of a DTensor (FSDP2, tensor parallel)
+        n, b = int(t.numel()), _nbytes(t)
         key = (_dtype(t), _device(t), rg)
         acc = out.setdefault(key, [0, 0, 0])
         acc[0] += n
@@ -91,7 +93,7 @@ def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
 def _params(model: Any) -> dict[str, Any]:
     import torch
 
-    facts = _groups(model.parameters())
+    facts = _groups(sharded_parameters(model))
     # What autocast casts: the weights of matmul-like modules (its lower-precision list).
     cast_types = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, torch.nn.Bilinear)
     seen: set[int] = set()
@@ -101,7 +103,7 @@ def _params(model: Any) -> dict[str, Any]:
             for p in mod.parameters(recurse=False):
                 if id(p) not in seen:
                     seen.add(id(p))
-                    cast += int(p.numel())
+                    cast += int(local(p).numel())
     facts["autocast_count"] = cast
     return facts
 
@@ -181,6 +183,7 @@ def _optimizer(optimizer: Any) -> dict[str, Any]:
                     "vector_count": 0,
                     **per_group,
                 }
+            p = local(p)  # sizes are this rank's shard
             n, nb = int(p.numel()), _nbytes(p)
             b["tensors"] += 1
             b["count"] += n
@@ -467,6 +470,7 @@ def collect_facts(
     *,
     amp_dtype: Any = None,
     checkpointing: bool | None = None,
+    wrapper: Any = None,
 ) -> dict[str, Any]:
     """Read the facts the predictor needs from a model and its optimizer, once.
 
@@ -478,6 +482,8 @@ def collect_facts(
             :func:`batch_facts`).
         checkpointing: Whether the layers run under activation checkpointing; None reads
             it from the model where it can (HF ``is_gradient_checkpointing``).
+        wrapper: The object the user gave ``watch()`` when it wraps ``model``
+            (``DistributedDataParallel``, FSDP1): the parallel layout is read from it.
 
     Returns:
         The facts dict (schema ``docs/facts.md``); parts that failed are listed in
@@ -500,7 +506,7 @@ def collect_facts(
         facts["torch"] = str(torch.__version__)
     except Exception as exc:
         return {"version": FACTS_VERSION, "errors": [f"torch: {type(exc).__name__}"]}
-    part("params", _params, model)
+    part("params", _params, param_owner(model, wrapper))
     part("buffers", lambda m: _groups(m.buffers(), trainable=False), model)
     if optimizer is not None:
         part("optimizer", _optimizer, optimizer)
@@ -508,6 +514,7 @@ def collect_facts(
     facts["amp"] = {"dtype": amp, "source": "argument" if amp else None}
     part("checkpointing", _checkpointing, model, checkpointing)
     part("transformer", _transformer, model)
+    part("parallel", parallel_facts, model, wrapper)
     if errors:
         facts["errors"] = errors
     return facts

@@ -144,7 +144,8 @@ def _discovered(module: Any, args: tuple, kwargs: dict) -> None:
     with _lock:
         if _primary is not None:
             return
-        _primary = watched = _Watched(_unwrap(module), None, None, None)
+        # The outermost module as called (DDP, FSDP1): the parallel facts read it.
+        _primary = watched = _Watched(module, None, None, None)
     _on_forward(module, args, kwargs)
     _await(watched)
 
@@ -347,11 +348,15 @@ def _send(watched: _Watched) -> None:
     if model is None or facts_module is None:
         return
     try:
+        inner = _unwrap(model)
+        # The wrapper (DDP, FSDP1) holds the parallel layout's options.
+        wrapped = {"wrapper": model} if inner is not model else {}
         facts = facts_module.collect_facts(
-            _unwrap(model),
+            inner,
             watched.optimizer,
             amp_dtype=watched.amp_dtype,
             checkpointing=watched.checkpointing,
+            **wrapped,
         )
         if watched.batch:
             facts["batch"] = watched.batch  # docs/facts.md: batch_facts() goes under "batch"

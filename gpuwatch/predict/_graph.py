@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ._parallel import LAYOUT_CATEGORIES
+
 # Memory categories of the predictor (also the keys of every breakdown).
 WEIGHTS = "weights"
 AMP_COPIES = "amp_copies"
@@ -32,7 +34,17 @@ GRADIENTS = "gradients"
 OPTIMIZER_STATE = "optimizer_state"
 ACTIVATIONS = "activations"
 TEMPORARIES = "temporaries"
-CATEGORIES = (WEIGHTS, AMP_COPIES, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES)
+# The buffers a parallel layout adds (DDP's buckets, FSDP's all-gathers and reduce-scatters)
+# are categories of their own, after these (``_parallel.py``).
+CATEGORIES = (
+    WEIGHTS,
+    AMP_COPIES,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    ACTIVATIONS,
+    TEMPORARIES,
+    *LAYOUT_CATEGORIES,
+)
 
 
 @dataclass(eq=False)

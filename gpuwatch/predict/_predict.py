@@ -32,6 +32,7 @@ from ._graph import (
 )
 from ._measured import measured_bytes, simulate_measured
 from ._optim import OptimizerMemory, optimizer_memory
+from ._parallel import LayoutMemory, layout_memory
 from ._transformer import ROLES, Arch, record
 
 PHASES = ("forward", "backward", "optimizer.step", "zero_grad", "eval")
@@ -85,6 +86,8 @@ class Prediction:
         notes: Assumptions and gaps, one line each.
         optimizer: The optimizer rules' result.
         peak_at: Phase -> where in it the peak falls (0 to 1), for the curve.
+        layout: What the parallel layout adds (``_parallel.py``); its ``modelled`` is
+            False for a layout whose buffers are not predicted.
     """
 
     phases: dict[tuple[str, bool], PhaseMemory]
@@ -99,6 +102,7 @@ class Prediction:
     optimizer: OptimizerMemory = field(default_factory=OptimizerMemory)
     peak_at: dict[str, float] = field(default_factory=dict)
     accumulating: dict[bool, Breakdown] = field(default_factory=dict)
+    layout: LayoutMemory = field(default_factory=LayoutMemory)
 
 
 def total(b: Breakdown) -> int:
@@ -320,6 +324,9 @@ def predict(facts: dict[str, Any]) -> Prediction:
             f"the model's outputs ({_gib(held)}) were still referenced when backward began:"
             " counted as activations through the step, until the next forward replaces them"
         )
+    layout = layout_memory(facts)
+    notes.extend(layout.notes)
+    _add_layout(phases, accumulating, layout)
     peak_key = max(phases, key=lambda k: total(phases[k].peak))
     return Prediction(
         phases=phases,
@@ -333,6 +340,7 @@ def predict(facts: dict[str, Any]) -> Prediction:
         findings=findings,
         optimizer=opt,
         accumulating=accumulating,
+        layout=layout,
         peak_at={
             "forward": sim.forward_peak_at if sim else 1.0,
             "backward": sim.backward_peak_at if sim else 1.0,
@@ -357,6 +365,45 @@ def _hold(
         phases[name, first] = PhaseMemory(start, peak, end)
     for first, b in list(accumulating.items()):
         accumulating[first] = dict(b, **{ACTIVATIONS: b.get(ACTIVATIONS, 0) + held})
+
+
+def _add_layout(
+    phases: dict[tuple[str, bool], PhaseMemory],
+    accumulating: dict[bool, Breakdown],
+    lay: LayoutMemory,
+) -> None:
+    """Add the parallel layout's buffers where they are alive (``_parallel.py``)."""
+    if not (lay.persistent or lay.forward or lay.held or lay.backward or lay.grads_in_buckets):
+        return
+
+    def add(b: Breakdown, extra: dict[str, int]) -> Breakdown:
+        out = dict(b)  # a copy: one breakdown may stand for several moments
+        for part in (lay.persistent, extra):
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + v
+        if lay.grads_in_buckets:
+            out[GRADIENTS] = 0  # views of the buckets, counted there
+        return out
+
+    none: dict[str, int] = {}
+    for (name, first), pm in list(phases.items()):
+        start, peak, end = none, none, none
+        if name == "forward":
+            peak, end = lay.forward, lay.held
+        elif name == "backward":
+            start, peak = lay.held, lay.backward
+        at_peak = pm.peak
+        if name == "backward" and lay.backward_grads is not None:
+            # FSDP's peak is at one unit: what backward began with (activations not yet
+            # freed), the gradient shards of the units done and the unit's buffers.
+            at_peak = dict(pm.start)
+            at_peak[GRADIENTS] = max(at_peak.get(GRADIENTS, 0), lay.backward_grads)
+            at_peak[TEMPORARIES] = pm.peak.get(TEMPORARIES, 0)
+        phases[name, first] = PhaseMemory(
+            add(pm.start, start), add(at_peak, peak), add(pm.end, end)
+        )
+    for first, b in list(accumulating.items()):
+        accumulating[first] = add(b, lay.backward)
 
 
 FINDING = 0.10

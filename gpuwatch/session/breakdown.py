@@ -38,6 +38,9 @@ PART_ORDER = (
     "optimizer_state",
     "activations",
     "temporaries",
+    "ddp_buckets",
+    "fsdp_unsharded",
+    "fsdp_reduce",
     "unexplained",
 )
 """Bar segments from the left; ``free`` fills the rest up to the device total."""

@@ -1,0 +1,64 @@
+"""Each rank's predicted peak per phase against its truth, under DDP and FSDP2 (issue 26).
+
+The cases of ``tests/ranks_cases.py``: a 6-block MLP (12.6 M parameters) trained with
+AdamW for three steps as two real ranks (gloo on the CPU, spawned processes) under DDP,
+DDP with ``gradient_as_bucket_view=True``, FSDP2 and FSDP2 without
+``reshard_after_forward``, and as rank 0 of an 8-rank FSDP2 job (torch's fake process
+group). The truth is torch.profiler's allocator events (``tests/profmem.py``), peaked
+inside each phase. Printed: rank x step x phase x (truth, predicted, ratio), and as the
+anchor, the same run predicted without the layout's buffers (the facts' ``parallel`` part
+left out: what gpuwatch showed before). PASS when every phase is within 10%.
+
+Run: python benchmarks/bench_ranks.py [case ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ranks_cases import CASES, run_case, table  # noqa: E402
+
+from gpuwatch.predict import predict, total  # noqa: E402
+
+TOLERANCE = 0.10
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:8.1f}"
+
+
+def main(names: list[str]) -> int:
+    failed = 0
+    print(f"{'case':16} rank step {'phase':15} {'truth':>8} {'pred':>8} ratio  {'anchor':>8} ratio")
+    for name in names:
+        worst = 0.0
+        anchor_worst = 0.0
+        for r in run_case(name):
+            facts = dict(r["facts"])
+            facts.pop("parallel", None)
+            bare = predict(facts)
+            for step, phase, truth, pred in table(r):
+                old = total(bare.phases[phase, step == 1].peak)
+                ratio, old_ratio = pred / truth, old / truth
+                worst = max(worst, abs(ratio - 1))
+                anchor_worst = max(anchor_worst, abs(old_ratio - 1))
+                print(
+                    f"{name:16} {r['rank']:4} {step:4} {phase:15} {_mib(truth)} {_mib(pred)}"
+                    f" {ratio:5.2f}  {_mib(old)} {old_ratio:5.2f}"
+                )
+        verdict = "PASS" if worst <= TOLERANCE else "FAIL"
+        failed += verdict == "FAIL"
+        print(
+            f"{name}: worst phase {worst:.1%} off (anchor, without the layout:"
+            f" {anchor_worst:.1%}) {verdict}"
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or list(CASES)))

@@ -1,0 +1,303 @@
+"""Facts of the parallel layout: how DDP, FSDP or a device map divides the model on a rank.
+
+Read once, with the model facts (``docs/facts.md``, ``parallel``), from the live objects:
+the wrapper the user built (``DistributedDataParallel``, FSDP1's
+``FullyShardedDataParallel``), the modules ``fully_shard`` (FSDP2) turned into
+``FSDPModule`` subclasses, and the parameters themselves (DTensor shards, devices). Every
+size is what *this rank* holds (a DTensor's local shard, never its global ``numel()``),
+except the ``unsharded`` figures, which are what an all-gather makes.
+
+Classes are recognised by name, so nothing here imports ``torch.distributed``: a run that
+does not use it never loads it. It never raises into training (the caller,
+``_facts.collect_facts``, names what failed under ``errors``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..facts import MAX_UNITS
+
+
+def local(t: Any) -> Any:
+    """The tensor this rank holds: a DTensor's local shard, else ``t``."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
+
+
+def local_bytes(t: Any) -> int:
+    """Bytes this rank holds for ``t`` (its local shard for a DTensor)."""
+    t = local(t)
+    return int(t.numel()) * int(t.element_size())
+
+
+def _fsdp2_params(model: Any) -> list[Any]:
+    """FSDP2's parameter objects (``FSDPParam``) of every unit in ``model``."""
+    out: list[Any] = []
+    for mod in model.modules():
+        if "FSDPModule" not in _classes(mod):
+            continue
+        state = mod._get_fsdp_state()
+        groups = list(getattr(state, "_fsdp_param_groups", None) or [])
+        if not groups and getattr(state, "_fsdp_param_group", None) is not None:
+            groups = [state._fsdp_param_group]
+        for group in groups:
+            out.extend(getattr(group, "fsdp_params", None) or [])
+    return out
+
+
+def sharded_parameters(model: Any) -> list[Any]:
+    """``model.parameters()`` as this rank holds them between steps.
+
+    FSDP2 registers a unit's unsharded parameters on its modules while it is unsharded
+    (all the time from the first forward on with ``reshard_after_forward=False``): each
+    is replaced by its sharded DTensor.
+    """
+    params = list(model.parameters())
+    if not any("FSDPModule" in _classes(m) for m in model.modules()):
+        return params
+    swap = {}
+    for fp in _fsdp2_params(model):
+        unsharded = getattr(fp, "_unsharded_param", None)
+        if unsharded is not None:
+            swap[id(unsharded)] = fp.sharded_param
+    return [swap.get(id(p), p) for p in params]
+
+
+def param_owner(model: Any, wrapper: Any) -> Any:
+    """Whose ``parameters()`` are this rank's: FSDP1's wrapper (its flat parameters, this
+    rank's shards; the model inside keeps only views of them), else the model."""
+    wrapped = wrapper is not None and wrapper is not model
+    return wrapper if wrapped and "FullyShardedDataParallel" in _classes(wrapper) else model
+
+
+def _dtype(d: Any) -> str | None:
+    return None if d is None else str(d).replace("torch.", "")
+
+
+def _classes(obj: Any) -> set[str]:
+    return {c.__name__ for c in type(obj).__mro__}
+
+
+def _world() -> tuple[int | None, int | None]:
+    """``(rank, world size)`` of the default process group, or Nones."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:
+        pass
+    return None, None
+
+
+def _ddp(ddp: Any) -> dict[str, Any]:
+    """DDP's options (``torch/nn/parallel/distributed.py``)."""
+    # torch 2.13 keeps both caps in ``_bucket_config``; earlier ones on the module.
+    cfg = getattr(ddp, "_bucket_config", None) or ddp
+    out: dict[str, Any] = {
+        "bucket_cap_bytes": int(getattr(cfg, "bucket_bytes_cap", 0) or 0),
+        "first_bucket_bytes": int(getattr(cfg, "first_bucket_bytes_cap", 0) or 0),
+        "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
+        "static_graph": bool(getattr(ddp, "static_graph", False)),
+        "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+        "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", False)),
+    }
+    try:
+        out["world_size"] = int(ddp.process_group.size())
+    except Exception:
+        pass
+    return out
+
+
+def _fsdp2_group_unit(group: Any, name: str) -> dict[str, Any]:
+    """One FSDP2 unit (an ``FSDPParamGroup``): its sizes and policies."""
+    params = list(getattr(group, "fsdp_params", []) or [])
+    policy = getattr(group, "mp_policy", None)
+    unsharded = sharded = 0
+    for fp in params:
+        sp = fp.sharded_param
+        elt = int(local(sp).element_size())
+        n = 1
+        for d in fp._orig_size:
+            n *= int(d)
+        # The all-gather makes it in the policy's param dtype (FSDPParam learns it at
+        # the first forward; the group's policy knows it from the start).
+        pd = getattr(fp, "param_dtype", None) or getattr(policy, "param_dtype", None)
+        if pd is not None:
+            elt = int(getattr(pd, "itemsize", elt))
+        unsharded += n * elt
+        sharded += local_bytes(sp)
+    post = getattr(group, "post_forward_mesh_info", None)
+    return {
+        "name": name[:128],
+        "params": len(params),
+        "sharded_bytes": sharded,
+        "unsharded_bytes": unsharded,
+        "reshard_after_forward": post is not None,
+    }
+
+
+def _fsdp2(model: Any) -> dict[str, Any] | None:
+    """FSDP2 (``fully_shard``): the units, the mesh, the policies."""
+    units: list[dict[str, Any]] = []
+    mesh = replicate = None
+    mp: Any = None
+    offload = False
+    count = 0
+    for name, mod in model.named_modules():
+        if "FSDPModule" not in _classes(mod):
+            continue
+        state = mod._get_fsdp_state()
+        groups = list(getattr(state, "_fsdp_param_groups", None) or [])
+        if not groups and getattr(state, "_fsdp_param_group", None) is not None:
+            groups = [state._fsdp_param_group]
+        for group in groups:
+            count += 1
+            if len(units) < MAX_UNITS:
+                units.append(_fsdp2_group_unit(group, name or "(root)"))
+            info = getattr(group, "mesh_info", None)
+            if mesh is None and info is not None:
+                mesh = int(getattr(info, "shard_mesh_size", 0) or 0) or None
+                replicate = getattr(info, "replicate_mesh_size", None)
+            mp = mp or getattr(group, "mp_policy", None)
+            offload = offload or "CPUOffloadPolicy" in _classes(
+                getattr(group, "offload_policy", None)
+            )
+    if not count:
+        return None
+    out: dict[str, Any] = {
+        "version": 2,
+        "mesh_size": mesh,
+        "units": count,
+        "unit_list": units,
+        "largest_unit_bytes": max((u["unsharded_bytes"] for u in units), default=0),
+        "reshard_after_forward": all(u["reshard_after_forward"] for u in units),
+        "param_dtype": _dtype(getattr(mp, "param_dtype", None)),
+        "reduce_dtype": _dtype(getattr(mp, "reduce_dtype", None)),
+        "cpu_offload": offload,
+    }
+    if mesh is not None and replicate:
+        out["replicate_size"] = int(replicate)
+    return out
+
+
+def _fsdp1(wrappers: list[Any]) -> dict[str, Any]:
+    """FSDP1 (``FullyShardedDataParallel``): strategy and flat parameters."""
+    first = wrappers[0]
+    strategy = getattr(first, "sharding_strategy", None)
+    mp = getattr(first, "mixed_precision", None)
+    offload = getattr(first, "cpu_offload", None)
+    flats = []
+    for w in wrappers:
+        handle = getattr(w, "_handle", None)
+        flat = getattr(handle, "flat_param", None) if handle is not None else None
+        if flat is None:
+            continue
+        size = getattr(flat, "_unpadded_unsharded_size", None)
+        n = int(size.numel()) if size is not None else int(flat.numel())
+        flats.append(
+            {"sharded_bytes": local_bytes(flat), "unsharded_bytes": n * int(flat.element_size())}
+        )
+    world = getattr(first, "world_size", None)
+    return {
+        "version": 1,
+        "strategy": getattr(strategy, "name", None),
+        "mesh_size": int(world) if isinstance(world, int) else None,
+        "units": len(flats),
+        "largest_unit_bytes": max((f["unsharded_bytes"] for f in flats), default=0),
+        "flat_bytes": sum(f["sharded_bytes"] for f in flats),
+        "param_dtype": _dtype(getattr(mp, "param_dtype", None)),
+        "reduce_dtype": _dtype(getattr(mp, "reduce_dtype", None)),
+        "cpu_offload": bool(getattr(offload, "offload_params", False)),
+    }
+
+
+def _tensor_parallel(model: Any, fsdp_mesh: int | None) -> dict[str, Any] | None:
+    """DTensor parameters sharded on a mesh that is not FSDP's alone: tensor parallel."""
+    dtensors = 0
+    local_total = global_total = 0
+    meshes: set[int] = set()
+    for p in sharded_parameters(model):
+        if getattr(p, "_local_tensor", None) is None:
+            continue
+        dtensors += 1
+        local_total += local_bytes(p)
+        global_total += int(p.numel()) * int(p.element_size())
+        try:
+            if p.device_mesh.ndim > 1 or fsdp_mesh is None:
+                meshes.add(int(p.device_mesh.size()))
+        except Exception:
+            pass
+    if not dtensors:
+        return None
+    return {
+        "dtensor_params": dtensors,
+        "local_bytes": local_total,
+        "global_bytes": global_total,
+        "mesh_sizes": sorted(meshes)[:8],
+    }
+
+
+def _devices(model: Any) -> dict[str, int]:
+    """Bytes of parameters and buffers on each device (this rank's shards)."""
+    out: dict[str, int] = {}
+    for t in (*sharded_parameters(model), *model.buffers()):
+        dev = str(local(t).device)
+        out[dev] = out.get(dev, 0) + local_bytes(t)
+    return out
+
+
+def parallel_facts(model: Any, wrapper: Any = None) -> dict[str, Any] | None:
+    """The ``parallel`` facts of ``model`` (``docs/facts.md``), or None for one device and
+    no process group.
+
+    Args:
+        model: The model (wrappers removed).
+        wrapper: What the user passed to ``watch()`` (DDP, FSDP1, the model itself).
+    """
+    rank, world = _world()
+    out: dict[str, Any] = {"strategy": "none"}
+    if rank is not None:
+        out["rank"], out["world_size"] = rank, world
+    outer = wrapper if wrapper is not None else model
+    chain = []
+    for _ in range(8):  # the wrappers around the model, outermost first
+        chain.append(outer)
+        inner = None
+        for attr in ("module", "_fsdp_wrapped_module", "_orig_mod"):
+            inner = getattr(outer, "_modules", {}).get(attr)
+            if inner is not None:
+                break
+        if inner is None:
+            break
+        outer = inner
+    ddp = next((w for w in chain if "DistributedDataParallel" in _classes(w)), None)
+    fsdp1: list[Any] = []
+    for m in (*chain, *model.modules()):
+        if "FullyShardedDataParallel" in _classes(m) and all(m is not w for w in fsdp1):
+            fsdp1.append(m)
+    fsdp2 = _fsdp2(model)
+    if ddp is not None:
+        out["strategy"] = "ddp"
+        out["ddp"] = _ddp(ddp)
+    elif fsdp2 is not None:
+        out["strategy"] = "fsdp2"
+        out["fsdp"] = fsdp2
+    elif fsdp1:
+        out["strategy"] = "fsdp1"
+        out["fsdp"] = _fsdp1(fsdp1)
+    tp = _tensor_parallel(model, (fsdp2 or {}).get("mesh_size"))
+    if tp is not None:
+        out["dtensor"] = tp
+        if out["strategy"] == "none":
+            out["strategy"] = "tp"
+    devices = _devices(model)
+    hf_map = getattr(model, "hf_device_map", None)
+    if len(devices) > 1 or isinstance(hf_map, dict):
+        out["devices"] = dict(list(devices.items())[:16])
+        if out["strategy"] == "none":
+            out["strategy"] = "device_map"
+    if out["strategy"] == "none" and rank is None:
+        return None
+    return out

@@ -1,0 +1,176 @@
+"""Ground truth per rank without a GPU: torch.profiler's allocator events.
+
+The profiler is started before the model is built (``profile_memory=True``), so every
+allocation and free of the rank's tensors is a ``[memory]`` event with its signed bytes.
+Their running sum is the bytes the rank holds; a phase marked with
+:func:`record_function` (``gw:<step>:<phase>``) has as its truth the highest running sum
+inside it (the level at its start included). Unlike a dispatch-mode tracker this sees
+inside DTensor's ops and FSDP's and DDP's C++ (buckets, all-gather outputs).
+
+What it does not see: allocations made on other threads than the one that started the
+profiler (the profiler's memory reports are per thread; ``profile_all_threads`` drops them
+all). On the CPU with gloo that is gloo's worker threads, whose buffers are its own, and
+autograd runs CPU backward on the calling thread. On CUDA the events of the ``cuda``
+device are the caching allocator's, the same truth as ``max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+PREFIX = "gw:"
+
+RELEASES = ("FSDP::post_backward_rs_wait", "FSDP::root_post_backward")
+"""FSDP2's ranges in which it waits on a reduce-scatter and drops its reference to the
+previous one's input (``reduce_scatter_state``): where an orphan is freed at the latest."""
+"""The record_function names of marked phases: ``gw:<step>:<phase>``."""
+
+
+@dataclass
+class Truth:
+    """Per-phase peaks from a profiled run.
+
+    Attributes:
+        peaks: ``(step, phase)`` -> the highest bytes held inside that phase.
+        starts: ``(step, phase)`` -> the bytes held when it began.
+        final: The bytes held when the profiler stopped.
+        events: How many allocator events were seen.
+        orphan_bytes: Allocations whose free happened on another thread (see
+            :func:`phase_peaks`).
+    """
+
+    peaks: dict[tuple[int, str], int] = field(default_factory=dict)
+    starts: dict[tuple[int, str], int] = field(default_factory=dict)
+    final: int = 0
+    events: int = 0
+    orphan_bytes: int = 0
+
+
+class ProfiledMemory:
+    """Profile the allocator of one device type from :meth:`start` to :meth:`stop`.
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``: whose ``[memory]`` events are summed.
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        activities = [ProfilerActivity.CPU]
+        if device == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self.prof = profile(activities=activities, profile_memory=True)
+        self.truth = Truth()
+
+    def start(self) -> None:
+        self.prof.__enter__()
+
+    def stop(self, alive: Iterable[Any] | None = None) -> Truth:
+        """Stop profiling; ``alive``: every tensor still held now that was allocated
+        inside a phase (gradients, optimizer state), or None when that cannot be named
+        (then only reused pointers reveal orphans)."""
+        ptrs: set[int] | None = None if alive is None else set()
+        for t in alive or ():
+            t = getattr(t, "_local_tensor", t)  # a DTensor's shard
+            if isinstance(t, torch.Tensor) and ptrs is not None:
+                ptrs.add(int(t.untyped_storage().data_ptr()))
+        self.prof.__exit__(None, None, None)
+        self.truth = phase_peaks(self.prof, self.device, ptrs)
+        return self.truth
+
+    @staticmethod
+    @contextmanager
+    def phase(step: int, name: str) -> Iterator[None]:
+        """Mark a phase for the truth (a ``record_function`` range)."""
+        with record_function(f"{PREFIX}{step}:{name}"):
+            yield
+
+
+def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -> Truth:
+    """The running sum of ``prof``'s allocator events on ``device``, peaked per phase.
+
+    An allocation whose free the profiler never saw was freed on another thread (gloo's
+    worker drops the last reference to a collective's input after the main thread did)
+    when its pointer is allocated again, or when it was made inside a phase and is not
+    among ``alive`` (data pointers of storages still held at the end): it is taken as
+    freed at the end of the first of FSDP's :data:`RELEASES` ranges after it (where FSDP
+    drops its own reference to a reduce-scatter's input, so the worker's drop follows),
+    else when the phase that allocated it ended; its bytes are counted in
+    :attr:`Truth.orphan_bytes`. Allocations made outside any phase (the
+    model, DDP's buckets) are never orphans.
+    """
+    want = torch.device(device).type
+    allocs: list[tuple[int, int, int]] = []  # (time, signed bytes, ptr)
+    ranges: list[tuple[int, int, int, str]] = []
+    releases: list[int] = []
+    release_ends: list[int] = []
+    todo = list(prof.profiler.kineto_results.experimental_event_tree())
+    alloc_tag = torch._C._profiler._EventType.Allocation
+    while todo:
+        node = todo.pop()
+        todo.extend(node.children)
+        if node.tag == alloc_tag:
+            e = node.extra_fields
+            if e.device.type == want and e.alloc_size:
+                allocs.append((node.start_time_ns, int(e.alloc_size), int(e.ptr)))
+        elif node.name.startswith(RELEASES):
+            releases.append(node.start_time_ns)
+            release_ends.append(node.end_time_ns)
+        elif node.name.startswith(PREFIX):
+            step, _, phase = node.name[len(PREFIX) :].partition(":")
+            ranges.append((node.start_time_ns, node.end_time_ns, int(step), phase))
+    allocs.sort()
+    ranges.sort()
+    order = sorted(range(len(releases)), key=releases.__getitem__)
+    releases = [releases[i] for i in order]
+    release_ends = [release_ends[i] for i in order]
+    live: dict[int, int] = {}
+    starts = [r[0] for r in ranges]
+    orphans = 0
+    frees: list[tuple[int, int, int]] = []
+
+    def orphan(i: int, by: int) -> None:
+        nonlocal orphans
+        t, n, ptr = allocs[i]
+        k = bisect.bisect_right(starts, t) - 1
+        if k < 0 or ranges[k][1] < t:
+            return  # outside any phase: not an orphan
+        r = bisect.bisect_right(releases, t)
+        end = release_ends[r] if r < len(releases) else ranges[k][1]
+        frees.append((min(ranges[k][1], by, end), -n, ptr))
+        orphans += n
+
+    for i, (t, n, ptr) in enumerate(allocs):
+        if n < 0:
+            live.pop(ptr, None)
+            continue
+        if ptr in live:
+            orphan(live[ptr], t - 1)
+        live[ptr] = i
+    for ptr, i in live.items():
+        if alive is not None and ptr not in alive:
+            orphan(i, 2**63)
+    allocs.extend(frees)
+    allocs.sort()
+    times = [t for t, _, _ in allocs]
+    levels: list[int] = []
+    level = 0
+    for _, n, _ in allocs:
+        level += n
+        levels.append(level)
+    truth = Truth(final=level, events=len(allocs), orphan_bytes=orphans)
+    for t0, t1, step, phase in ranges:
+        i = bisect.bisect_left(times, t0)
+        j = bisect.bisect_right(times, t1)
+        at_start = levels[i - 1] if i else 0
+        peak = max([at_start, *levels[i:j]])
+        key = (step, phase)
+        truth.starts.setdefault(key, at_start)
+        truth.peaks[key] = max(peak, truth.peaks.get(key, 0))
+    return truth

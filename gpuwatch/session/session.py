@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from .model import (
     gpu_key,
     norm_uuid,
 )
+from .openspans import OpenBook
 from .table import MISSING_INT, Table
 
 if TYPE_CHECKING:
@@ -62,14 +63,6 @@ them): enough for every MIG instance of an 8-GPU host, and a bound on what hello
 
 def _opt(v: int | None) -> int:
     return MISSING_INT if v is None else v
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a >= b else b
 
 
 @dataclass
@@ -156,7 +149,9 @@ class Process:
         peaks: Exact allocator peaks between consecutive boundaries.
         rss: Resident set size sampled by the gpuwatch process.
         phases: Ended spans (see :data:`~gpuwatch.session.model.PHASE_COLUMNS`).
-        open: Spans begun and not yet ended, by id.
+        open: Spans begun and not yet ended, by id, oldest first.
+        abandoned: Open spans closed unended to keep at most
+            :data:`~gpuwatch.session.openspans.MAX_OPEN` open.
         ended: The time of its ``bye``, if it said goodbye.
     """
 
@@ -176,7 +171,8 @@ class Process:
     max_segment: int = 0
     rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS, kind="rss"))
     phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS, kind="phases"))
-    open: dict[int, OpenSpan] = field(default_factory=dict)
+    open: dict[int, OpenSpan] = field(default_factory=OrderedDict)
+    abandoned: int = 0
     ended: int | None = None
     exit_code: int | None = None
     max_span: int = 0
@@ -187,6 +183,7 @@ class Process:
     # PID namespace (``pid`` is always the kernel's, as seen from the gpuwatch process).
     container_pid: int | None = None
     tally: Tally = field(default_factory=lambda: Tally())
+    book: OpenBook = field(default_factory=OpenBook, repr=False)  # open spans' upkeep
 
     @property
     def short_label(self) -> str:
@@ -206,7 +203,7 @@ class Process:
 _RESTORABLE = frozenset(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally")
+    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally", "book")
 )
 """What :meth:`Session.restore_process` sets: a process's scalar state, hello and facts."""
 
@@ -610,14 +607,12 @@ class Session:
             start = proc.last_boundary if proc.last_boundary is not None else msg.t
             proc.peaks.append((msg.t, start, _opt(b.get("dev")), _opt(pa), _opt(pr)))
             proc.max_segment = max(proc.max_segment, msg.t - start)
-            for span in proc.open.values():
-                span.peak_alloc = _max(span.peak_alloc, pa)
-                span.peak_reserved = _max(span.peak_reserved, pr)
+            proc.book.peaks(pa, pr, len(proc.open))  # O(log open), not a loop over them
             # Only a boundary that read and reset the peak counters starts a new interval:
             # one that shared the previous read (the same instant) reports no peaks.
             proc.last_boundary = msg.t
         if b["event"] == "begin":
-            proc.open[b["id"]] = OpenSpan(
+            span = OpenSpan(
                 id=b["id"],
                 name=b["name"],
                 t0=msg.t,
@@ -628,10 +623,12 @@ class Session:
                 alloc0=b.get("allocated"),
                 reserved0=b.get("reserved"),
             )
+            proc.abandoned += proc.book.begin(proc.open, span)
             return
-        span = proc.open.pop(b["id"], None)
-        if span is None:  # its begin was lost or predates this dashboard
+        ended = proc.book.end(proc.open, b["id"])
+        if ended is None:  # its begin was lost, predates this dashboard, or was abandoned
             return
+        span = ended
         proc.max_span = max(proc.max_span, msg.t - span.t0)
         row = PhaseRow(
             t1=msg.t,
@@ -943,14 +940,16 @@ class Session:
                 }
         for span in list(proc.open.values()):
             if span.t0 <= t and (best is None or span.depth > best["depth"]):
+                with self._lock:  # the receiver's thread updates the book
+                    peak_alloc, peak_reserved = proc.book.peak_of(span)
                 best = {
                     "name": span.name,
                     "t0": span.t0,
                     "t1": None,
                     "step": span.step,
                     "depth": span.depth,
-                    "peak_alloc": span.peak_alloc,
-                    "peak_reserved": span.peak_reserved,
+                    "peak_alloc": peak_alloc,
+                    "peak_reserved": peak_reserved,
                 }
         return best
 

@@ -28,7 +28,16 @@ def _str(value: Any, default: str = "") -> str:
     return value if isinstance(value, str) else default
 
 
-_PROCESS_INTS = ("dropped", "gaps", "last_seq", "first_t", "last_t", "max_segment", "max_span")
+_PROCESS_INTS = (
+    "dropped",
+    "gaps",
+    "last_seq",
+    "first_t",
+    "last_t",
+    "max_segment",
+    "max_span",
+    "abandoned",
+)
 _PROCESS_OPT_INTS = ("last_boundary", "ended", "exit_code", "os_pid", "container_pid")
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from ..fmt import first_line, fmt_bytes, fmt_duration, printable
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.explain import explain_process, format_predicted, predicted_json
+from ..session.openspans import MAX_OPEN
 from .multi import Opened
 from .recording import Recording
 
@@ -156,6 +157,7 @@ def _content(s: Session) -> dict[str, Any]:
     out["rejected"] = sum(s.rejects.values())
     out["dropped"] = sum(p.dropped for p in s.processes.values())
     out["gaps"] = sum(p.gaps for p in s.processes.values())
+    out["abandoned_phases"] = sum(p.abandoned for p in s.processes.values())
     out["notes"] = list(s.notes)
     return out
 
@@ -193,6 +195,7 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
         "last_step": int(steps.max()) if len(steps) else None,
         "phases": dict(sorted(counts.items())),
         "open_phases": sorted(o.name for o in p.open.values()),
+        "abandoned_phases": p.abandoned,
         "allocated_max": _top(p.torch.max_between("allocated")),
         "rss_max": _top(p.rss.max_between("rss")),
         "dropped": p.dropped,
@@ -349,6 +352,11 @@ def format_summary(info: dict[str, Any]) -> str:
         + (f" ({rejects})" if rejects else "")
         + f" · dropped {info['dropped']} · lost {info['gaps']}"
     )
+    if info.get("abandoned_phases"):
+        lines.append(
+            f"abandoned {info['abandoned_phases']} phases never ended "
+            f"(more than {MAX_OPEN} open in one process)"
+        )
     for o in info["ooms"]:
         lines.append(
             f"  OOM at {fmt_duration(o['t_s'] * 1e9)} pid {o['pid']} in {o['phase'] or '?'}"

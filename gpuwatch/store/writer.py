@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..session import Process, Session, Table
+from ..session import OpenSpan, Process, Session, Table
 from ..session import summary as sm
 from . import _codec, _index
 from ._schema import (
@@ -54,7 +54,7 @@ class FileRemoved(OSError):
 _PROCESS_STATE = tuple(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally")
+    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally", "book")
 )
 """Process attributes stored as its JSON body (everything but its tables and open spans)."""
 
@@ -122,6 +122,7 @@ class SessionWriter:
         self._events: deque[tuple[int, str, int | None, dict[str, Any]]] = deque()
         self._cache: dict[tuple[str, Any], Any] = {}
         self._cursors = {"names": 0, "marks": 0, "ooms": 0, "notes": 0}
+        self._open_known: set[int] = set()  # pids whose open spans the file has
         self._closed = False
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], SeriesArchive] = {}
@@ -225,7 +226,7 @@ class SessionWriter:
                 self._sync_series(final)
                 self._sync_names()
                 self._sync_devices()
-                self._sync_processes()
+                self._sync_processes(final)
                 self._sync_events()
                 self._sync_misc()
                 db.execute("COMMIT")
@@ -437,7 +438,7 @@ class SessionWriter:
                     "INSERT OR REPLACE INTO devices (key, body) VALUES (?, ?)", (key, body)
                 )
 
-    def _sync_processes(self) -> None:
+    def _sync_processes(self, final: bool) -> None:
         s = self.session
         for pid, proc in list(s.processes.items()):
             body = dumps(process_body(proc))
@@ -445,21 +446,38 @@ class SessionWriter:
                 self._db.execute(
                     "INSERT OR REPLACE INTO processes (pid, body) VALUES (?, ?)", (pid, body)
                 )
-            spans = sorted(
-                (sid, dumps(dataclasses.asdict(o))) for sid, o in list(proc.open.items())
-            )
-            if self._changed(("open", pid), spans):
-                self._db.execute("DELETE FROM open_spans WHERE pid = ?", (pid,))
-                self._db.executemany(
-                    "INSERT INTO open_spans (pid, id, body) VALUES (?, ?, ?)",
-                    [(pid, sid, body) for sid, body in spans],
-                )
+            self._sync_open(pid, proc, final)
         for pid, info in list(s.proc_info.items()):
             body = dumps(info)
             if self._changed(("proc_info", pid), body):
                 self._db.execute(
                     "INSERT OR REPLACE INTO proc_info (pid, body) VALUES (?, ?)", (pid, body)
                 )
+
+    def _sync_open(self, pid: int, proc: Process, final: bool) -> None:
+        """The open spans that began or ended since the last sync (all of them the first
+        time, when too many changed, and at the last sync: their peaks as of now).
+
+        A sync costs what changed, not what is open: a script that leaks spans keeps up
+        to :data:`~gpuwatch.session.openspans.MAX_OPEN` of them open at every commit.
+        """
+        with self.session._lock:  # the receiver begins and ends spans under it
+            reset, changed = proc.book.take_changes()
+            reset = reset or final or pid not in self._open_known
+            ids = list(proc.open) if reset else sorted(changed)
+            spans = [(sid, proc.open.get(sid)) for sid in ids]
+            bodies = [(sid, None if o is None else dumps(_open_body(proc, o))) for sid, o in spans]
+        self._open_known.add(pid)
+        db = self._db
+        if reset:
+            db.execute("DELETE FROM open_spans WHERE pid = ?", (pid,))
+        else:
+            gone = [(pid, sid) for sid, body in bodies if body is None]
+            db.executemany("DELETE FROM open_spans WHERE pid = ? AND id = ?", gone)
+        db.executemany(
+            "INSERT OR REPLACE INTO open_spans (pid, id, body) VALUES (?, ?, ?)",
+            [(pid, sid, body) for sid, body in bodies if body is not None],
+        )
 
     def _sync_events(self) -> None:
         s = self.session
@@ -506,6 +524,13 @@ class SessionWriter:
 
 
 _NOTHING = object()
+
+
+def _open_body(proc: Process, span: OpenSpan) -> dict[str, Any]:
+    """An open span as stored, with the peaks reported inside it so far."""
+    body = dataclasses.asdict(span)
+    body["peak_alloc"], body["peak_reserved"] = proc.book.peak_of(span)
+    return body
 
 
 def _rollback(db: sqlite3.Connection) -> None:

@@ -12,9 +12,9 @@ import itertools
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -55,6 +55,27 @@ _PROCESS_TABLES = {
 
 KEEP_ROWS = 16_384
 """Rows of each table a live session keeps in memory (see :meth:`Session.bound`)."""
+
+PROCESS_ROWS = 64
+"""Rows a new process's tables have room for (they double as they fill): a sweep of
+thousands of short scripts does not reserve a thousand rows of each table for each."""
+
+KEEP_MARKS = 4096
+"""Marks a bounded session keeps in memory (twice that between trims): the newest."""
+
+
+class MarkSource(Protocol):
+    """Where the marks a session let go of are read back from (its recording)."""
+
+    def between(self, t0: int, t1: int, limit: int = ...) -> list[Mark]:
+        """Marks timed within ``[t0, t1]``, the first ``limit`` in time."""
+
+    def times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every mark's time and pid."""
+
+    def every(self) -> Iterator[Mark]:
+        """Every mark, in the order written."""
+
 
 MAX_TORCH_DEVICES = 64
 """Most GPUs a session shows that only instrumented processes name (NVML lists none of
@@ -164,13 +185,13 @@ class Process:
     last_seq: int = -1
     first_t: int = 0
     last_t: int = 0
-    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS, kind="torch"))
-    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS, kind="peaks"))
+    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS, PROCESS_ROWS, kind="torch"))
+    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS, PROCESS_ROWS, kind="peaks"))
     last_boundary: int | None = None
     torch_devs: set[int] = field(default_factory=set)  # device indices seen in figures
     max_segment: int = 0
-    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS, kind="rss"))
-    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS, kind="phases"))
+    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS, PROCESS_ROWS, kind="rss"))
+    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS, PROCESS_ROWS, kind="phases"))
     open: dict[int, OpenSpan] = field(default_factory=OrderedDict)
     abandoned: int = 0
     ended: int | None = None
@@ -183,6 +204,7 @@ class Process:
     # PID namespace (``pid`` is always the kernel's, as seen from the gpuwatch process).
     container_pid: int | None = None
     tally: Tally = field(default_factory=lambda: Tally())
+    rev: int = 0  # bumped by each message: the recorder rewrites only what changed
     book: OpenBook = field(default_factory=OpenBook, repr=False)  # open spans' upkeep
 
     @property
@@ -203,7 +225,7 @@ class Process:
 _RESTORABLE = frozenset(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally", "book")
+    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally", "book", "rev")
 )
 """What :meth:`Session.restore_process` sets: a process's scalar state, hello and facts."""
 
@@ -233,7 +255,15 @@ class Session:
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
         self.names: list[str] = []
         self._name_ids: dict[str, int] = {}
+        # The newest marks; a bounded session lets older ones go (see _let_marks_go).
         self.marks: list[Mark] = []
+        self.marks_gone = 0  # marks let go of, the oldest: the recording holds them
+        # Marks before this (absolute) index are in the recording, or were let go before
+        # it began; memory lets go only of those while marks_wait (a recording is written).
+        self.marks_written = 0
+        self.marks_wait = False
+        self.mark_source: MarkSource | None = None  # reads the marks let go of back
+        self._gone_t_max: int | None = None  # the latest time of a mark let go of
         self.ooms: list[Oom] = []
         self.rejects: Counter[str] = Counter()
         self.notes: list[str] = []  # one-line notices (no driver, permission, ...)
@@ -280,16 +310,28 @@ class Session:
 
     # ------------------------------------------------------------------ tables and memory
 
-    def tables(self) -> list[tuple[str, str, Table]]:
+    def tables(self, skip: Container[int] = ()) -> list[tuple[str, str, Table]]:
         """Every table as ``(kind, key, table)``: kinds of the recording's series, keys
-        the device key or the pid (as text)."""
+        the device key or the pid (as text); none of the processes in ``skip``."""
         out: list[tuple[str, str, Table]] = [("host", k, t) for k, t in list(self.hosts.items())]
         out += [("gpu", k, t) for k, t in list(self.gpu.items())]
         out += [("gpu_procs", k, t) for k, t in list(self.gpu_procs.items())]
         for pid, proc in list(self.processes.items()):
+            if pid in skip:
+                continue
             for kind in _PROCESS_TABLES:
                 out.append((kind, str(pid), getattr(proc, kind)))
         return out
+
+    def settle(self, pid: int) -> None:
+        """A process that ended, all of whose rows its recording holds: it keeps a summary
+        only (its :class:`Tally`, state and open spans); its tables let go of their rows,
+        read back from the file when a view reaches them."""
+        proc = self.processes.get(pid)
+        if proc is None:
+            return
+        for kind in _PROCESS_TABLES:
+            getattr(proc, kind).retain(0)
 
     def bound(self, rows: int | None = KEEP_ROWS) -> None:
         """Keep at most about ``rows`` rows of each table in memory (None: everything).
@@ -480,6 +522,7 @@ class Session:
         if proc is None:
             return
         proc.rss.append((t, rss))
+        proc.rev += 1
         self._emit("rss", (pid, t, rss))
 
     def set_proc_info(self, pid: int, info: dict[str, Any]) -> None:
@@ -514,6 +557,7 @@ class Session:
             proc.last_seq = max(proc.last_seq, msg.seq)
             proc.dropped = max(proc.dropped, msg.dropped)
             proc.last_t = max(proc.last_t, msg.t)
+            proc.rev += 1
             handler = getattr(self, "_on_" + msg.kind)
             handler(proc, msg)
         self._emit("message", (msg,))
@@ -661,6 +705,56 @@ class Session:
     def _on_mark(self, proc: Process, msg: Message) -> None:
         b = msg.body
         self.marks.append(Mark(msg.t, proc.pid, b["text"], b.get("level", "info"), b.get("step")))
+        self._let_marks_go()
+
+    def _let_marks_go(self) -> None:
+        """Keep about :data:`KEEP_MARKS` marks in memory, once the session is bounded or
+        its marks can be read back: only those the recording holds go, unless there is
+        none (they are counted in :attr:`marks_gone`, as rows go into summaries)."""
+        marks = self.marks
+        if len(marks) <= 2 * KEEP_MARKS or (self.keep_rows is None and self.mark_source is None):
+            return
+        with self._lock:
+            cut = len(marks) - KEEP_MARKS
+            if self.marks_wait:
+                cut = min(cut, self.marks_written - self.marks_gone)
+            if cut <= 0:
+                return
+            latest = max(m.t for m in marks[:cut])
+            if self._gone_t_max is None or latest > self._gone_t_max:
+                self._gone_t_max = latest
+            # A new list: a reader may still hold the old one.
+            self.marks = marks[cut:]
+            self.marks_gone += cut
+
+    def mark_count(self) -> int:
+        """Every mark the session had, let go of or not."""
+        return self.marks_gone + len(self.marks)
+
+    def every_mark(self) -> Iterator[Mark]:
+        """Every mark: from the recording where some were let go of, then from memory."""
+        with self._lock:
+            gone, marks, source = self.marks_gone, self.marks, self.mark_source
+            written = self.marks_written
+        if not gone or source is None:
+            yield from marks
+            return
+        yield from source.every()
+        yield from marks[max(0, written - gone) :]
+
+    def mark_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every mark's time and pid, let go of or not (no text read into memory)."""
+        with self._lock:
+            gone, marks, source = self.marks_gone, self.marks, self.mark_source
+            written = self.marks_written
+        if gone and source is not None:
+            t, pid = source.times()
+            marks = marks[max(0, written - gone) :]
+        else:
+            t, pid = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        mt = np.array([m.t for m in marks], np.int64)
+        mp = np.array([m.pid for m in marks], np.int64)
+        return np.concatenate([t, mt]), np.concatenate([pid, mp])
 
     def _on_oom(self, proc: Process, msg: Message) -> None:
         self.ooms.append(Oom(msg.t, proc.pid, dict(msg.body)))
@@ -725,14 +819,23 @@ class Session:
         marks: Iterable[Mark] = (),
         ooms: Iterable[Oom] = (),
         notes: Iterable[str] = (),
+        filed: bool = False,
     ) -> None:
-        """Point events as stored, appended in order (a note already shown is not repeated)."""
+        """Point events as stored, appended in order (a note already shown is not repeated).
+
+        Args:
+            filed: The marks are read from the recording that :attr:`mark_source` reads:
+                memory may let go of them.
+        """
         with self._lock:
             self.marks.extend(marks)
+            if filed:
+                self.marks_written = self.mark_count()
             self.ooms.extend(ooms)
             for text in notes:
                 if text not in self.notes:
                     self.notes.append(text)
+            self._let_marks_go()
         self.touch()
 
     def retain_events(self, t0: int, t1: int) -> int:
@@ -901,7 +1004,20 @@ class Session:
     def events_between(self, t0: int, t1: int) -> tuple[list[Mark], list[Oom]]:
         """The marks and OOMs timed within ``[t0, t1]`` (a run that marks every step has
         many: found by their times, not by looking at each)."""
-        return _between(self, "marks", t0, t1), _between(self, "ooms", t0, t1)
+        return self._marks_between(t0, t1), _between(self, "ooms", t0, t1)
+
+    def _marks_between(self, t0: int, t1: int) -> list[Mark]:
+        """Marks within ``[t0, t1]``: from memory, and from the recording where the window
+        reaches a time of marks let go of (at most :data:`KEEP_MARKS` of those)."""
+        with self._lock:
+            gone, source, written = self.marks_gone, self.mark_source, self.marks_written
+            reach = self._gone_t_max
+        in_memory = _between(self, "marks", t0, t1)
+        if not gone or source is None or reach is None or t0 > reach:
+            return in_memory
+        # The file has every mark written: add only those it has not yet.
+        unwritten = [m for m in self.marks[max(0, written - gone) :] if t0 <= m.t <= t1]
+        return source.between(t0, t1, KEEP_MARKS) + unwritten
 
     def phase_cover(self, proc: Process, t0: int, t1: int, width: int) -> np.ndarray:
         """Per column of ``[t0, t1]``: did ``proc`` run an ended phase there."""

@@ -76,6 +76,7 @@ class HostSampler:
         )
         for pid, proc in list(self.session.processes.items()):
             if proc.ended is not None or pid in self._gone:
+                self._procs.pop(pid, None)  # no handle kept for each process ever seen
                 continue
             handle = self._procs.get(pid)
             try:

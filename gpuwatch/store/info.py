@@ -141,7 +141,7 @@ def _content(s: Session) -> dict[str, Any]:
     out["devices"] = devices
     out["processes"] = [_process(s, p, rel) for p in s.processes.values()]
     out["phases"] = _phases(s)
-    out["marks"] = len(s.marks)
+    out["marks"] = s.mark_count()
     out["ooms"] = [
         {
             "t_s": rel(o.t),

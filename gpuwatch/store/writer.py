@@ -43,6 +43,7 @@ from ._schema import (
     layout_dtypes,
 )
 from .archive import ChunkSource, SeriesArchive, chunk_summary
+from .marks import FileMarks
 
 PAGE_SIZE = 8192
 
@@ -54,7 +55,7 @@ class FileRemoved(OSError):
 _PROCESS_STATE = tuple(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally", "book")
+    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally", "book", "rev")
 )
 """Process attributes stored as its JSON body (everything but its tables and open spans)."""
 
@@ -123,6 +124,10 @@ class SessionWriter:
         self._cache: dict[tuple[str, Any], Any] = {}
         self._cursors = {"names": 0, "marks": 0, "ooms": 0, "notes": 0}
         self._open_known: set[int] = set()  # pids whose open spans the file has
+        # Ended processes written whole (pid -> its rev then): no sync looks at them again
+        # until a message changes them, and the session keeps only their summaries.
+        self._settled: dict[int, int] = {}
+        self._ending: dict[int, int] = {}
         self._closed = False
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], SeriesArchive] = {}
@@ -181,6 +186,11 @@ class SessionWriter:
             # The session lets rows go: the file holds them, and reads them back for views.
             self.source = ChunkSource(self.path, on_error=session.note)
             session.on_table(self._attach)
+            with session._lock:  # marks go too, once written
+                session.marks_written = session.marks_gone
+                session.marks_wait = True
+                session.mark_source = FileMarks(self.source)
+            self._cursors["marks"] = session.marks_gone
 
     def _attach(self, kind: str, key: str, table: Table) -> None:
         """Give a session table the archive its sealed rows will be read back from."""
@@ -198,6 +208,8 @@ class SessionWriter:
             archive.live = False
         for _, _, table in self.session.tables():
             table.archive_grew()
+        with self.session._lock:
+            self.session.marks_wait = False  # marks stop waiting for the file too
 
     # ------------------------------------------------------------------ public
 
@@ -220,21 +232,36 @@ class SessionWriter:
             db.execute("BEGIN IMMEDIATE")
             try:
                 self._check_file()
+                settled = self._still_settled()
                 # Rows first, then what they refer to (names, processes, devices): those
                 # only grow and are created before any row that uses them, so everything
                 # a written row refers to is written in the same transaction.
-                self._sync_series(final)
+                self._sync_series(final, settled)
                 self._sync_names()
                 self._sync_devices()
-                self._sync_processes(final)
+                self._sync_processes(final, settled)
                 self._sync_events()
                 self._sync_misc()
                 db.execute("COMMIT")
             except BaseException:
                 self._sealed.clear()
+                self._ending.clear()
                 _rollback(db)
                 raise
         self._publish()
+        ending, self._ending = self._ending, {}
+        for pid, rev in ending.items():
+            self._settled[pid] = rev
+            if self.source is not None:  # the file reads their rows back: memory lets go
+                self.session.settle(pid)
+                for kind in PROCESS_SERIES:
+                    st = self._series.get((kind, str(pid)))
+                    if st is not None and st.archive is not None:
+                        st.archive.sleep()
+        s = self.session
+        with s._lock:
+            if s.marks_wait:  # the file holds these now: memory may let go of them
+                s.marks_written = max(s.marks_written, self._cursors["marks"])
 
     def _publish(self) -> None:
         """Hand the chunks sealed by the last commit to the tables' archives: from now on
@@ -320,8 +347,26 @@ class SessionWriter:
         self._cache[key] = value
         return True
 
-    def _sync_series(self, final: bool) -> None:
-        for kind, key, table in self.session.tables():
+    def _still_settled(self) -> set[int]:
+        """Settled processes no message changed since; the others are written again."""
+        processes = self.session.processes
+        out = set()
+        for pid, rev in list(self._settled.items()):
+            proc = processes.get(pid)
+            if proc is not None and proc.rev == rev:
+                out.add(pid)
+            else:
+                del self._settled[pid]
+        return out
+
+    def _sync_series(self, final: bool, settled: set[int]) -> None:
+        # A process that ended has its rows sealed now, whole: then it is settled.
+        self._ending = {
+            pid: p.rev
+            for pid, p in list(self.session.processes.items())
+            if p.ended is not None and pid not in settled
+        }
+        for kind, key, table in self.session.tables(skip=settled):
             st = self._series.get((kind, key))
             if st is None:
                 if len(table) == 0:
@@ -341,9 +386,10 @@ class SessionWriter:
                 )
                 self._series[(kind, key)] = st
             st.table = table
-            if len(table) == st.written and not (final and st.sealed < st.written):
+            whole = final or (kind in PROCESS_SERIES and int(key) in self._ending)
+            if len(table) == st.written and not (whole and st.sealed < st.written):
                 continue
-            self._write_rows(st, table, final)
+            self._write_rows(st, table, whole)
 
     def _write_rows(self, st: _Series, table: Table, final: bool) -> None:
         n = len(table)
@@ -397,7 +443,7 @@ class SessionWriter:
                     if statement.strip():
                         self._db.execute(statement)
                 self._summaries = True
-            part = {c: cols[c][a:b] for c in st.spec.needs()}
+            part = {c: cols[c][a:b].copy() for c in st.spec.needs()}
             blocks = sm.summarise(st.spec, part)
             own = chunk_summary(st.spec, blocks)
             self._db.execute(
@@ -438,9 +484,11 @@ class SessionWriter:
                     "INSERT OR REPLACE INTO devices (key, body) VALUES (?, ?)", (key, body)
                 )
 
-    def _sync_processes(self, final: bool) -> None:
+    def _sync_processes(self, final: bool, settled: set[int]) -> None:
         s = self.session
         for pid, proc in list(s.processes.items()):
+            if pid in settled:
+                continue
             body = dumps(process_body(proc))
             if self._changed(("process", pid), body):
                 self._db.execute(
@@ -486,7 +534,10 @@ class SessionWriter:
             t, kind, pid, body = self._events.popleft()
             rows.append((t, kind, pid, dumps(body)))
         c = self._cursors
-        for m in s.marks[c["marks"] :]:
+        with s._lock:  # marks_gone and the list change together
+            gone, marks = s.marks_gone, s.marks
+        c["marks"] = max(c["marks"], gone)  # let go of before this file held them: lost
+        for m in marks[c["marks"] - gone :]:
             rows.append(
                 (m.t, "mark", m.pid, dumps({"text": m.text, "level": m.level, "step": m.step}))
             )

@@ -59,7 +59,7 @@ def test_ended_processes_keep_a_summary_only(
     # Before: every process kept room for a thousand rows of each table (~140 KB each).
     assert _held(s) == 0
     archives = [st.archive for st in writer._series.values() if st.archive is not None]
-    assert archives and all(a._asleep is not None for a in archives if a.kind != "host")
+    assert archives and all(a.asleep for a in archives if a.kind != "host")
     # What they did is still known: from their tallies, and their rows from the file.
     proc = s.processes[1000 + PROCESSES // 2]
     assert sum(proc.tally.count.values()) == PHASES
@@ -68,6 +68,10 @@ def test_ended_processes_keep_a_summary_only(
         proc.phases.rows(0, PHASES)["t1"].tolist()
     )
     assert s.span_at(proc, int(proc.phases.rows(3, 4)["t0"][0])) is not None
+    woken = writer._series[("phases", str(proc.pid))].archive
+    assert not woken.asleep  # reading its rows brought its index back...
+    writer.sync()
+    assert woken.asleep  # ...until the next commit
 
     # A commit looks at none of them again: no body made (the sampling rates are one),
     # no row written for them.

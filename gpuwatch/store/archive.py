@@ -191,6 +191,11 @@ class SeriesArchive:
 
     # ------------------------------------------------------------------ sleep
 
+    @property
+    def asleep(self) -> bool:
+        """The index is not in memory (see :meth:`sleep`)."""
+        return self._asleep is not None
+
     def sleep(self) -> None:
         """Let go of the chunk index and summaries (a series that will not grow: an ended
         process's), read back from the file the first time a view needs them."""

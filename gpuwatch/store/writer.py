@@ -128,6 +128,7 @@ class SessionWriter:
         # until a message changes them, and the session keeps only their summaries.
         self._settled: dict[int, int] = {}
         self._ending: dict[int, int] = {}
+        self._sleepers: dict[int, list[SeriesArchive]] = {}  # settled pid -> its archives
         self._closed = False
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], SeriesArchive] = {}
@@ -254,10 +255,17 @@ class SessionWriter:
             self._settled[pid] = rev
             if self.source is not None:  # the file reads their rows back: memory lets go
                 self.session.settle(pid)
-                for kind in PROCESS_SERIES:
-                    st = self._series.get((kind, str(pid)))
-                    if st is not None and st.archive is not None:
-                        st.archive.sleep()
+                self._sleepers[pid] = [
+                    st.archive
+                    for kind in PROCESS_SERIES
+                    if (st := self._series.get((kind, str(pid)))) is not None
+                    and st.archive is not None
+                ]
+        # A view that read a settled process's rows woke its index: it sleeps again.
+        for archives in self._sleepers.values():
+            for archive in archives:
+                if not archive.asleep:
+                    archive.sleep()
         s = self.session
         with s._lock:
             if s.marks_wait:  # the file holds these now: memory may let go of them
@@ -357,6 +365,7 @@ class SessionWriter:
                 out.add(pid)
             else:
                 del self._settled[pid]
+                self._sleepers.pop(pid, None)
         return out
 
     def _sync_series(self, final: bool, settled: set[int]) -> None:

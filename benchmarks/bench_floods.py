@@ -15,7 +15,9 @@ Each flood runs against a fresh, real gpuwatch process sampling one fake GPU
 The anchor, measured in the same run: an idle ``gpuwatch record`` of the same length. For
 each flood: the gpuwatch process's RSS 2 s into the flood and at its end, the GPU samples
 the recording holds a second (nominal 10), and how long SIGINT (or ``q``) took to stop it.
-PASS: RSS growth <= 20 MB, sampling within 5% of its rate, stopped within 2 s.
+PASS: RSS growth <= 20 MB, sampling within 5% of its rate, stopped within 2 s. The CPU
+seconds of gpuwatch and of the senders are printed too: on a small machine a flood's own
+senders (a fork storm) can starve the sampler's wake-ups.
 
 Run: python benchmarks/bench_floods.py [--seconds 60] [--only marks,churn,open,cr]
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import sqlite3
@@ -241,6 +244,7 @@ def headless(name: str, script: str | None, args: list[str], seconds: float, tmp
         time.sleep(1.0)
         start = time.monotonic()
         sender = None
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         if script is not None:
             sender = subprocess.Popen(
                 [sys.executable, "-c", script, *args],
@@ -259,6 +263,10 @@ def headless(name: str, script: str | None, args: list[str], seconds: float, tmp
             if time.monotonic() - start > seconds + 600:
                 raise RuntimeError(f"{name}: the sender did not finish")
         sent = int((sender.stdout.read() or "0").strip() or 0) if sender else 0
+        if sender is not None:
+            sender.wait()
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)  # the sender and its forks
+        sender_cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
         time.sleep(1.5)  # the last datagrams and a commit
         after = rss_mb(gw.pid) or 0.0
         cpu = cpu_s(gw.pid)
@@ -281,6 +289,7 @@ def headless(name: str, script: str | None, args: list[str], seconds: float, tmp
         "samples": samples,
         "stop": stop,
         "cpu": cpu,
+        "sender_cpu": sender_cpu,
         "file": counts(out),
     }
 
@@ -372,6 +381,7 @@ def verdict(r: dict, anchor: dict) -> tuple[bool, str]:
         f"anchor's {anchor['rate']:.2f}); stopped in {r['stop']:.2f} s "
         f"({r['stop'] / max(anchor['stop'], 1e-3):.1f}x the anchor's {anchor['stop']:.2f} s); "
         f"gpuwatch used {r['cpu']:.1f} CPU s (anchor {anchor['cpu']:.1f})"
+        + (f", the senders {r['sender_cpu']:.1f}" if "sender_cpu" in r else "")
     )
     return ok_rss and ok_rate and ok_stop, text
 

@@ -3,6 +3,8 @@ a summary only, and a commit costs what changed, not how many processes were eve
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import gpuwatch.store.writer as writer_module
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
+from gpuwatch.sources.host import HostSampler
 from gpuwatch.store.writer import SessionWriter
 
 PROCESSES = 400
@@ -99,3 +102,27 @@ def test_ended_processes_keep_a_summary_only(
     assert len(replay.processes) == PROCESSES
     assert all(len(p.phases) == PHASES for p in replay.processes.values())
     assert replay.processes[1000].last_seq == 999
+
+
+def test_a_process_gone_without_a_bye_is_settled_too(tmp_path: Path) -> None:
+    s = Session()
+    s.bound()
+    writer = SessionWriter(tmp_path / "killed.gpuwatch", s)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a real pid that no longer exists: killed, or its bye lost
+    messages = [("hello", {"argv": ["x"]})] + [
+        ("phase", {"event": e, "id": 1, "name": "step", "depth": 0}) for e in ("begin", "end")
+    ]
+    for seq, (kind, body) in enumerate(messages, 1):
+        s.ingest(Message(kind=kind, pid=child.pid, seq=seq, t=1_000 * seq, body=body))
+    writer.sync()
+    proc = s.processes[child.pid]
+    assert proc.ended is None and proc.phases._cap > 0  # no bye: it might still run
+    HostSampler(s).sample_once()  # the real sampler, asking the real kernel
+    assert proc.gone is not None
+    writer.sync()
+    assert _held(s) == 0
+    writer.close()
+    from gpuwatch.store import load
+
+    assert load(tmp_path / "killed.gpuwatch").processes[child.pid].gone == proc.gone

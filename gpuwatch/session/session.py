@@ -196,6 +196,7 @@ class Process:
     abandoned: int = 0
     ended: int | None = None
     exit_code: int | None = None
+    gone: int | None = None  # when the host sampler found it gone (it may not say bye)
     max_span: int = 0
     host: str = HOST  # the key of the host device it runs on
     origin: str = ""  # the recording it came from, in a merged replay (host name)
@@ -322,6 +323,17 @@ class Session:
             for kind in _PROCESS_TABLES:
                 out.append((kind, str(pid), getattr(proc, kind)))
         return out
+
+    def process_gone(self, pid: int, t: int) -> None:
+        """The process no longer exists (the host sampler's finding): once its rows are in
+        the recording it keeps a summary only, as one that said bye does."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None or proc.gone is not None:
+                return
+            proc.gone = t
+            proc.rev += 1
+        self._emit("gone", (pid, t))
 
     def settle(self, pid: int) -> None:
         """A process that ended, all of whose rows its recording holds: it keeps a summary

@@ -38,7 +38,7 @@ _PROCESS_INTS = (
     "max_span",
     "abandoned",
 )
-_PROCESS_OPT_INTS = ("last_boundary", "ended", "exit_code", "os_pid", "container_pid")
+_PROCESS_OPT_INTS = ("last_boundary", "ended", "exit_code", "os_pid", "container_pid", "gone")
 
 
 def process_state(body: Any) -> dict[str, Any]:

@@ -373,7 +373,7 @@ class SessionWriter:
         self._ending = {
             pid: p.rev
             for pid, p in list(self.session.processes.items())
-            if p.ended is not None and pid not in settled
+            if (p.ended is not None or p.gone is not None) and pid not in settled
         }
         for kind, key, table in self.session.tables(skip=settled):
             st = self._series.get((kind, key))

@@ -60,7 +60,7 @@ PROCESS_ROWS = 64
 """Rows a new process's tables have room for (they double as they fill): a sweep of
 thousands of short scripts does not reserve a thousand rows of each table for each."""
 
-KEEP_MARKS = 4096
+KEEP_MARKS = 1024
 """Marks a bounded session keeps in memory (twice that between trims): the newest."""
 
 

@@ -134,7 +134,7 @@ def _add(out: Session, part: Part, k: int, used: set[int]) -> None:
     for pid, proc in s.processes.items():
         out.processes[pids[pid]] = _process(proc, pids[pid], part, names)
     out.marks += [
-        Mark(m.t + shift, pids.get(m.pid, m.pid), m.text, m.level, m.step) for m in s.marks
+        Mark(m.t + shift, pids.get(m.pid, m.pid), m.text, m.level, m.step) for m in s.every_mark()
     ]
     out.marks.sort(key=lambda m: m.t)
     out.ooms += [Oom(o.t + shift, pids.get(o.pid, o.pid), o.body) for o in s.ooms]

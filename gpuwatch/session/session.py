@@ -11,10 +11,10 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from .model import (
     gpu_key,
     norm_uuid,
 )
+from .openspans import OpenBook
 from .table import MISSING_INT, Table
 
 if TYPE_CHECKING:
@@ -60,6 +61,27 @@ SILENT_END = 500 * 10**6
 message: a script sends its allocator figures every 50 ms, so a recording stopped while it
 ran keeps it to its end, and one killed is gone half a second later."""
 
+PROCESS_ROWS = 64
+"""Rows a new process's tables have room for (they double as they fill): a sweep of
+thousands of short scripts does not reserve a thousand rows of each table for each."""
+
+KEEP_MARKS = 1024
+"""Marks a bounded session keeps in memory (twice that between trims): the newest."""
+
+
+class MarkSource(Protocol):
+    """Where the marks a session let go of are read back from (its recording)."""
+
+    def between(self, t0: int, t1: int, limit: int = ...) -> list[Mark]:
+        """Marks timed within ``[t0, t1]``, the first ``limit`` in time."""
+
+    def times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every mark's time and pid."""
+
+    def every(self) -> Iterator[Mark]:
+        """Every mark, in the order written."""
+
+
 MAX_TORCH_DEVICES = 64
 """Most GPUs a session shows that only instrumented processes name (NVML lists none of
 them): enough for every MIG instance of an 8-GPU host, and a bound on what hellos create."""
@@ -67,14 +89,6 @@ them): enough for every MIG instance of an 8-GPU host, and a bound on what hello
 
 def _opt(v: int | None) -> int:
     return MISSING_INT if v is None else v
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a >= b else b
 
 
 @dataclass
@@ -164,7 +178,9 @@ class Process:
         peaks: Exact allocator peaks between consecutive boundaries.
         rss: Resident set size sampled by the gpuwatch process.
         phases: Ended spans (see :data:`~gpuwatch.session.model.PHASE_COLUMNS`).
-        open: Spans begun and not yet ended, by id.
+        open: Spans begun and not yet ended, by id, oldest first.
+        abandoned: Open spans closed unended to keep at most
+            :data:`~gpuwatch.session.openspans.MAX_OPEN` open.
         ended: The time of its ``bye``, if it said goodbye.
     """
 
@@ -178,16 +194,18 @@ class Process:
     last_seq: int = -1
     first_t: int = 0
     last_t: int = 0
-    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS, kind="torch"))
-    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS, kind="peaks"))
+    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS, PROCESS_ROWS, kind="torch"))
+    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS, PROCESS_ROWS, kind="peaks"))
     last_boundary: int | None = None
     torch_devs: set[int] = field(default_factory=set)  # device indices seen in figures
     max_segment: int = 0
-    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS, kind="rss"))
-    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS, kind="phases"))
-    open: dict[int, OpenSpan] = field(default_factory=dict)
+    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS, PROCESS_ROWS, kind="rss"))
+    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS, PROCESS_ROWS, kind="phases"))
+    open: dict[int, OpenSpan] = field(default_factory=OrderedDict)
+    abandoned: int = 0
     ended: int | None = None
     exit_code: int | None = None
+    gone: int | None = None  # when the host sampler found it gone (it may not say bye)
     max_span: int = 0
     host: str = HOST  # the key of the host device it runs on
     origin: str = ""  # the recording it came from, in a merged replay (host name)
@@ -196,6 +214,8 @@ class Process:
     # PID namespace (``pid`` is always the kernel's, as seen from the gpuwatch process).
     container_pid: int | None = None
     tally: Tally = field(default_factory=lambda: Tally())
+    rev: int = 0  # bumped by each message: the recorder rewrites only what changed
+    book: OpenBook = field(default_factory=OpenBook, repr=False)  # open spans' upkeep
 
     @property
     def short_label(self) -> str:
@@ -224,7 +244,7 @@ def _sequence(proc: Process, seq: int) -> None:
 _RESTORABLE = frozenset(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally")
+    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally", "book", "rev")
 )
 """What :meth:`Session.restore_process` sets: a process's scalar state, hello and facts."""
 
@@ -254,7 +274,15 @@ class Session:
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
         self.names: list[str] = []
         self._name_ids: dict[str, int] = {}
+        # The newest marks; a bounded session lets older ones go (see _let_marks_go).
         self.marks: list[Mark] = []
+        self.marks_gone = 0  # marks let go of, the oldest: the recording holds them
+        # Marks before this (absolute) index are in the recording, or were let go before
+        # it began; memory lets go only of those while marks_wait (a recording is written).
+        self.marks_written = 0
+        self.marks_wait = False
+        self.mark_source: MarkSource | None = None  # reads the marks let go of back
+        self._gone_t_max: int | None = None  # the latest time of a mark let go of
         self.ooms: list[Oom] = []
         self.rejects: Counter[str] = Counter()
         self.notes: list[str] = []  # one-line notices (no driver, permission, ...)
@@ -301,16 +329,39 @@ class Session:
 
     # ------------------------------------------------------------------ tables and memory
 
-    def tables(self) -> list[tuple[str, str, Table]]:
+    def tables(self, skip: Container[int] = ()) -> list[tuple[str, str, Table]]:
         """Every table as ``(kind, key, table)``: kinds of the recording's series, keys
-        the device key or the pid (as text)."""
+        the device key or the pid (as text); none of the processes in ``skip``."""
         out: list[tuple[str, str, Table]] = [("host", k, t) for k, t in list(self.hosts.items())]
         out += [("gpu", k, t) for k, t in list(self.gpu.items())]
         out += [("gpu_procs", k, t) for k, t in list(self.gpu_procs.items())]
         for pid, proc in list(self.processes.items()):
+            if pid in skip:
+                continue
             for kind in _PROCESS_TABLES:
                 out.append((kind, str(pid), getattr(proc, kind)))
         return out
+
+    def process_gone(self, pid: int, t: int) -> None:
+        """The process no longer exists (the host sampler's finding): once its rows are in
+        the recording it keeps a summary only, as one that said bye does."""
+        with self._lock:
+            proc = self.processes.get(pid)
+            if proc is None or proc.gone is not None:
+                return
+            proc.gone = t
+            proc.rev += 1
+        self._emit("gone", (pid, t))
+
+    def settle(self, pid: int) -> None:
+        """A process that ended, all of whose rows its recording holds: it keeps a summary
+        only (its :class:`Tally`, state and open spans); its tables let go of their rows,
+        read back from the file when a view reaches them."""
+        proc = self.processes.get(pid)
+        if proc is None:
+            return
+        for kind in _PROCESS_TABLES:
+            getattr(proc, kind).retain(0)
 
     def bound(self, rows: int | None = KEEP_ROWS) -> None:
         """Keep at most about ``rows`` rows of each table in memory (None: everything).
@@ -507,6 +558,7 @@ class Session:
         if proc is None:
             return
         proc.rss.append((t, rss))
+        proc.rev += 1
         self._emit("rss", (pid, t, rss))
 
     def set_proc_info(self, pid: int, info: dict[str, Any]) -> None:
@@ -529,6 +581,7 @@ class Session:
             proc = self.processes.get(pid) if pid is not None else None
             if proc is not None:
                 proc.rejected += 1
+                proc.rev += 1  # a settled process is written again
                 if seq is not None:
                     _sequence(proc, seq)
         self._emit("reject", (reason,))
@@ -541,6 +594,7 @@ class Session:
             if proc is None:
                 proc = self._new_process(pid, first_t=time.monotonic_ns())
             proc.gaps += count
+            proc.rev += 1  # a settled process is written again
         self.touch()
 
     def note(self, text: str) -> None:
@@ -562,6 +616,7 @@ class Session:
             _sequence(proc, msg.seq)
             proc.dropped = max(proc.dropped, msg.dropped)
             proc.last_t = max(proc.last_t, msg.t)
+            proc.rev += 1
             handler = getattr(self, "_on_" + msg.kind)
             handler(proc, msg)
         self._emit("message", (msg,))
@@ -655,14 +710,12 @@ class Session:
             start = proc.last_boundary if proc.last_boundary is not None else msg.t
             proc.peaks.append((msg.t, start, _opt(b.get("dev")), _opt(pa), _opt(pr)))
             proc.max_segment = max(proc.max_segment, msg.t - start)
-            for span in proc.open.values():
-                span.peak_alloc = _max(span.peak_alloc, pa)
-                span.peak_reserved = _max(span.peak_reserved, pr)
+            proc.book.peaks(pa, pr, len(proc.open))  # O(log open), not a loop over them
             # Only a boundary that read and reset the peak counters starts a new interval:
             # one that shared the previous read (the same instant) reports no peaks.
             proc.last_boundary = msg.t
         if b["event"] == "begin":
-            proc.open[b["id"]] = OpenSpan(
+            span = OpenSpan(
                 id=b["id"],
                 name=b["name"],
                 t0=msg.t,
@@ -673,10 +726,12 @@ class Session:
                 alloc0=b.get("allocated"),
                 reserved0=b.get("reserved"),
             )
+            proc.abandoned += proc.book.begin(proc.open, span)
             return
-        span = proc.open.pop(b["id"], None)
-        if span is None:  # its begin was lost or predates this dashboard
+        ended = proc.book.end(proc.open, b["id"])
+        if ended is None:  # its begin was lost, predates this dashboard, or was abandoned
             return
+        span = ended
         proc.max_span = max(proc.max_span, msg.t - span.t0)
         row = PhaseRow(
             t1=msg.t,
@@ -709,6 +764,56 @@ class Session:
     def _on_mark(self, proc: Process, msg: Message) -> None:
         b = msg.body
         self.marks.append(Mark(msg.t, proc.pid, b["text"], b.get("level", "info"), b.get("step")))
+        self._let_marks_go()
+
+    def _let_marks_go(self) -> None:
+        """Keep about :data:`KEEP_MARKS` marks in memory, once the session is bounded or
+        its marks can be read back: only those the recording holds go, unless there is
+        none (they are counted in :attr:`marks_gone`, as rows go into summaries)."""
+        marks = self.marks
+        if len(marks) <= 2 * KEEP_MARKS or (self.keep_rows is None and self.mark_source is None):
+            return
+        with self._lock:
+            cut = len(marks) - KEEP_MARKS
+            if self.marks_wait:
+                cut = min(cut, self.marks_written - self.marks_gone)
+            if cut <= 0:
+                return
+            latest = max(m.t for m in marks[:cut])
+            if self._gone_t_max is None or latest > self._gone_t_max:
+                self._gone_t_max = latest
+            # A new list: a reader may still hold the old one.
+            self.marks = marks[cut:]
+            self.marks_gone += cut
+
+    def mark_count(self) -> int:
+        """Every mark the session had, let go of or not."""
+        return self.marks_gone + len(self.marks)
+
+    def every_mark(self) -> Iterator[Mark]:
+        """Every mark: from the recording where some were let go of, then from memory."""
+        with self._lock:
+            gone, marks, source = self.marks_gone, self.marks, self.mark_source
+            written = self.marks_written
+        if not gone or source is None:
+            yield from marks
+            return
+        yield from source.every()
+        yield from marks[max(0, written - gone) :]
+
+    def mark_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every mark's time and pid, let go of or not (no text read into memory)."""
+        with self._lock:
+            gone, marks, source = self.marks_gone, self.marks, self.mark_source
+            written = self.marks_written
+        if gone and source is not None:
+            t, pid = source.times()
+            marks = marks[max(0, written - gone) :]
+        else:
+            t, pid = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        mt = np.array([m.t for m in marks], np.int64)
+        mp = np.array([m.pid for m in marks], np.int64)
+        return np.concatenate([t, mt]), np.concatenate([pid, mp])
 
     def _on_oom(self, proc: Process, msg: Message) -> None:
         self.ooms.append(Oom(msg.t, proc.pid, dict(msg.body)))
@@ -733,6 +838,8 @@ class Session:
             proc = self.processes.get(pid)
             if proc is not None and proc.exit_code is None:
                 proc.exit_code = status
+                proc.rev += 1  # a settled process is written again
+        self.touch()
 
     # ------------------------------------------------------------------ restore (replay)
 
@@ -789,14 +896,23 @@ class Session:
         marks: Iterable[Mark] = (),
         ooms: Iterable[Oom] = (),
         notes: Iterable[str] = (),
+        filed: bool = False,
     ) -> None:
-        """Point events as stored, appended in order (a note already shown is not repeated)."""
+        """Point events as stored, appended in order (a note already shown is not repeated).
+
+        Args:
+            filed: The marks are read from the recording that :attr:`mark_source` reads:
+                memory may let go of them.
+        """
         with self._lock:
             self.marks.extend(marks)
+            if filed:
+                self.marks_written = self.mark_count()
             self.ooms.extend(ooms)
             for text in notes:
                 if text not in self.notes:
                     self.notes.append(text)
+            self._let_marks_go()
         self.touch()
 
     def retain_events(self, t0: int, t1: int) -> int:
@@ -965,7 +1081,20 @@ class Session:
     def events_between(self, t0: int, t1: int) -> tuple[list[Mark], list[Oom]]:
         """The marks and OOMs timed within ``[t0, t1]`` (a run that marks every step has
         many: found by their times, not by looking at each)."""
-        return _between(self, "marks", t0, t1), _between(self, "ooms", t0, t1)
+        return self._marks_between(t0, t1), _between(self, "ooms", t0, t1)
+
+    def _marks_between(self, t0: int, t1: int) -> list[Mark]:
+        """Marks within ``[t0, t1]``: from memory, and from the recording where the window
+        reaches a time of marks let go of (at most :data:`KEEP_MARKS` of those)."""
+        with self._lock:
+            gone, source, written = self.marks_gone, self.mark_source, self.marks_written
+            reach = self._gone_t_max
+        in_memory = _between(self, "marks", t0, t1)
+        if not gone or source is None or reach is None or t0 > reach:
+            return in_memory
+        # The file has every mark written: add only those it has not yet.
+        unwritten = [m for m in self.marks[max(0, written - gone) :] if t0 <= m.t <= t1]
+        return source.between(t0, t1, KEEP_MARKS) + unwritten
 
     def phase_cover(self, proc: Process, t0: int, t1: int, width: int) -> np.ndarray:
         """Per column of ``[t0, t1]``: did ``proc`` run an ended phase there."""
@@ -1004,14 +1133,16 @@ class Session:
                 }
         for span in list(proc.open.values()):
             if span.t0 <= t and (best is None or span.depth > best["depth"]):
+                with self._lock:  # the receiver's thread updates the book
+                    peak_alloc, peak_reserved = proc.book.peak_of(span)
                 best = {
                     "name": span.name,
                     "t0": span.t0,
                     "t1": None,
                     "step": span.step,
                     "depth": span.depth,
-                    "peak_alloc": span.peak_alloc,
-                    "peak_reserved": span.peak_reserved,
+                    "peak_alloc": peak_alloc,
+                    "peak_reserved": peak_reserved,
                 }
         return best
 

@@ -158,7 +158,7 @@ class Table:
     # ------------------------------------------------------------------ appending
 
     def _grow(self, need: int) -> None:
-        cap = self._cap
+        cap = max(self._cap, 16)
         while cap < need:
             cap *= 2
         if cap == self._cap:
@@ -221,6 +221,9 @@ class Table:
             if archive is not None and archive.live:
                 cut = min(cut, archived)  # the recording will hold them soon: wait for it
             if cut <= base:
+                if not keep and not n and self._cap:  # an empty table kept empty: no room
+                    self._cols = {name: _empty(self.dtypes[name]) for name in self.names}
+                    self._cap = 0
                 return
             drop = cut - base
             lost = max(0, cut - max(base, archived))  # rows no archive holds
@@ -230,11 +233,14 @@ class Table:
                 self._remember(sm.summarise(self.spec, part))
             # New arrays: a reader may still hold views of the old ones.
             rest = n - drop
-            cap = 16
+            cap = 16 if rest or keep else 0  # nothing to keep (an ended process): no room
             while cap < 2 * max(rest, keep):
                 cap *= 2
             cols = {}
             for name in self.names:
+                if not cap:  # shared: an empty column is never written (_grow replaces it)
+                    cols[name] = _empty(self.dtypes[name])
+                    continue
                 new = np.empty(cap, dtype=self.dtypes[name])
                 new[:rest] = self._cols[name][drop:n]
                 cols[name] = new
@@ -563,6 +569,18 @@ class Table:
 
 TIME_COLUMNS = frozenset(("t", "t0", "t1"))
 """The time columns of every table kind (a merge shifts them)."""
+
+_EMPTY: dict[np.dtype, np.ndarray] = {}
+
+
+def _empty(dtype: np.dtype) -> np.ndarray:
+    """A read-only column of no rows, one per dtype for every table that holds none."""
+    col = _EMPTY.get(dtype)
+    if col is None:
+        col = np.empty(0, dtype=dtype)
+        col.flags.writeable = False
+        col = _EMPTY.setdefault(dtype, col)
+    return col
 
 
 def remap(col: np.ndarray, old: np.ndarray, new: np.ndarray) -> np.ndarray:

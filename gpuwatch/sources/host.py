@@ -76,13 +76,20 @@ class HostSampler:
         )
         for pid, proc in list(self.session.processes.items()):
             if proc.ended is not None or pid in self._gone:
+                self._procs.pop(pid, None)  # no handle kept for each process ever seen
                 continue
             handle = self._procs.get(pid)
             try:
                 if handle is None:
                     handle = self._procs[pid] = psutil.Process(pid)
                 rss = handle.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                # Ended without a bye (killed, or its bye lost): the session settles it.
+                self._gone.add(pid)
+                self._procs.pop(pid, None)
+                self.session.process_gone(pid, time.monotonic_ns())
+                continue
+            except psutil.AccessDenied:
                 self._gone.add(pid)
                 self._procs.pop(pid, None)
                 continue

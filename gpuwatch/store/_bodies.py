@@ -37,8 +37,9 @@ _PROCESS_INTS = (
     "last_t",
     "max_segment",
     "max_span",
+    "abandoned",
 )
-_PROCESS_OPT_INTS = ("last_boundary", "ended", "exit_code", "os_pid", "container_pid")
+_PROCESS_OPT_INTS = ("last_boundary", "ended", "exit_code", "os_pid", "container_pid", "gone")
 
 
 def process_state(body: Any) -> dict[str, Any]:

@@ -77,6 +77,8 @@ CREATE TABLE events (
     seq INTEGER PRIMARY KEY, t INTEGER NOT NULL, kind TEXT NOT NULL, pid INTEGER,
     body TEXT NOT NULL
 );
+-- Marks a session let go of are read back by time (gpuwatch.store.marks).
+CREATE INDEX events_by_time ON events (kind, t);
 CREATE TABLE series (
     id INTEGER PRIMARY KEY, kind TEXT NOT NULL, key TEXT NOT NULL, columns TEXT NOT NULL,
     UNIQUE (kind, key)

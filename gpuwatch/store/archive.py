@@ -202,6 +202,58 @@ class SeriesArchive:
         # answer found before the index changed is never given after.
         self._memo: dict[tuple[Any, ...], Any] = {}
         self._gen = 0
+        self._asleep: tuple[int, int] | None = None  # raw (first, last) while asleep
+
+    # ------------------------------------------------------------------ sleep
+
+    @property
+    def asleep(self) -> bool:
+        """The index is not in memory (see :meth:`sleep`)."""
+        return self._asleep is not None
+
+    def sleep(self) -> None:
+        """Let go of the chunk index and summaries (a series that will not grow: an ended
+        process's), read back from the file the first time a view needs them."""
+        with self._lock:
+            if self.sid is None or self._asleep is not None or not len(self.t_first):
+                return
+            self._asleep = (int(self.t_first[0]), int(self.t_last[-1]))
+            z = np.zeros(0, np.int64)
+            self.row0, self.n, self.t_first, self.t_last = z, z, z, z
+            self.vmax, self.t_vmax = np.zeros(0), z
+            self.stats, self.have = None, np.zeros(0, dtype=bool)
+            self._memo, self._made = {}, {}
+            self._gen += 1
+
+    def _wake(self) -> None:
+        """Read the index and the chunks' own summaries back (see :meth:`sleep`)."""
+        if self._asleep is None:
+            return
+        rows = self.source.query(
+            "SELECT row0, n, t_first, t_last, ifnull(vmax, ?), ifnull(t_vmax, ?) FROM chunks"
+            " WHERE series = ? ORDER BY row0",
+            (MISSING_INT, MISSING_INT, self.sid),
+        )
+        index = np.array(rows, dtype=np.int64).reshape(-1, 6)
+        own = row0 = None
+        if self.spec is not None:
+            stored = self.source.query(
+                "SELECT row0, chunk FROM summaries WHERE series = ? ORDER BY row0", (self.sid,)
+            )
+            if stored and all(isinstance(c, bytes) for _, c in stored):
+                try:
+                    own = sm.from_bytes(self.spec, b"".join(c for _, c in stored))
+                    row0 = np.array([r for r, _ in stored], dtype=np.int64)
+                except ValueError:
+                    own = None
+        with self._lock:
+            if self._asleep is None:  # another thread woke it meanwhile
+                return
+            self._asleep = None
+            z = np.zeros(0, np.int64)
+            self.row0 = z  # set_index keeps nothing of an index it does not have
+            self.stats = sm.empty(self.spec) if self.spec is not None else None
+        self.set_index(index, own, row0, stored_summaries=own is not None)
 
     # ------------------------------------------------------------------ the index
 
@@ -270,6 +322,7 @@ class SeriesArchive:
         vmax = index[:, 4].astype(np.float64)
         vmax[index[:, 4] == MISSING_INT] = np.nan
         own = [s for _, s in entries]
+        self._wake()
         with self._lock:
             self.row0 = np.concatenate([self.row0, index[:, 0]])
             self.n = np.concatenate([self.n, index[:, 1]])
@@ -296,6 +349,7 @@ class SeriesArchive:
             self.maps[name] = (old, new)
 
     def _index(self) -> tuple[np.ndarray, ...]:
+        self._wake()
         with self._lock:
             return self.row0, self.n, self.t_first, self.t_last
 
@@ -308,6 +362,9 @@ class SeriesArchive:
         self._memo[(gen, *key)] = value
 
     def times(self) -> tuple[int, int] | None:
+        asleep = self._asleep
+        if asleep is not None:  # known without waking: every span() asks
+            return asleep[0] + self.shift, asleep[1] + self.shift
         _, _, first, last = self._index()
         if not len(first):
             return None
@@ -579,6 +636,7 @@ class SeriesArchive:
 
     def _own(self, k: int) -> sm.Blocks | None:
         """Chunk ``k``'s own summary, if known."""
+        self._wake()
         with self._lock:
             if self.stats is None or k >= len(self.have) or not self.have[k]:
                 return None
@@ -628,6 +686,7 @@ class SeriesArchive:
         """Chunks with no summary of their own yet (a file written before summaries)."""
         if self.spec is None or self.stored_summaries:
             return []
+        self._wake()
         with self._lock:
             return np.flatnonzero(~self.have).tolist()
 

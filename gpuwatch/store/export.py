@@ -203,13 +203,14 @@ def _open_phases(src: Opened, s: Session) -> Columns:
 
 
 def _marks(src: Opened, s: Session) -> Columns:
+    marks = list(s.every_mark())  # the session keeps the newest: the file has them all
     return {
-        "pid": [m.pid for m in s.marks],
-        "t": [m.t for m in s.marks],
-        "time_s": [round((m.t - s.t_origin) / 1e9, 9) for m in s.marks],
-        "level": [m.level for m in s.marks],
-        "step": [m.step for m in s.marks],
-        "text": [m.text for m in s.marks],
+        "pid": [m.pid for m in marks],
+        "t": [m.t for m in marks],
+        "time_s": [round((m.t - s.t_origin) / 1e9, 9) for m in marks],
+        "level": [m.level for m in marks],
+        "step": [m.step for m in marks],
+        "text": [m.text for m in marks],
     }
 
 

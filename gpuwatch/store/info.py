@@ -15,6 +15,7 @@ import numpy as np
 from ..fmt import first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.explain import explain_process, format_predicted, predicted_json
+from ..session.openspans import MAX_OPEN
 from .multi import Opened
 from .recording import Recording
 
@@ -140,7 +141,7 @@ def _content(s: Session) -> dict[str, Any]:
     out["devices"] = devices
     out["processes"] = [_process(s, p, rel) for p in s.processes.values()]
     out["phases"] = _phases(s)
-    out["marks"] = len(s.marks)
+    out["marks"] = s.mark_count()
     out["ooms"] = [
         {
             "t_s": rel(o.t),
@@ -159,6 +160,7 @@ def _content(s: Session) -> dict[str, Any]:
     out["rejected"] = sum(s.rejects.values())
     out["dropped"] = sum(p.dropped for p in s.processes.values())
     out["gaps"] = sum(p.gaps for p in s.processes.values())
+    out["abandoned_phases"] = sum(p.abandoned for p in s.processes.values())
     out["notes"] = list(s.notes)
     return out
 
@@ -196,6 +198,7 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
         "last_step": int(steps.max()) if len(steps) else None,
         "phases": dict(sorted(counts.items())),
         "open_phases": sorted(o.name for o in p.open.values()),
+        "abandoned_phases": p.abandoned,
         # The exact peaks between boundaries are allocated figures too, and the highest.
         "allocated_max": _merge_max(
             _top(p.torch.max_between("allocated")), _top(p.peaks.max_between("peak_allocated"))
@@ -362,6 +365,11 @@ def format_summary(info: dict[str, Any]) -> str:
         + (f" ({rejects})" if rejects else "")
         + f" · dropped {info['dropped']} · lost {info['gaps']}"
     )
+    if info.get("abandoned_phases"):
+        lines.append(
+            f"abandoned {info['abandoned_phases']} phases never ended "
+            f"(more than {MAX_OPEN} open in one process)"
+        )
     for o in info["ooms"]:
         sizes = fmt_oom_sizes(o)
         lines.append(

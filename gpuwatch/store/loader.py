@@ -31,6 +31,8 @@ from ..session.table import unknown_column
 from . import _bodies, _codec, _index
 from ._schema import SERIES, SUMMARIES, layout_dtypes
 from .archive import ChunkSource, SeriesArchive
+from .marks import BATCH as MARK_BATCH
+from .marks import FileMarks
 from .recording import Recording, RecordingError
 
 FOLLOW_INTERVAL = 0.5
@@ -144,7 +146,12 @@ class Loader:
             for reason, count in db.execute("SELECT reason, count FROM rejects")
             if isinstance(reason, str) and type(count) is int
         }
-        marks, ooms, notes = [], [], []
+        marks: list[Mark] = []
+        ooms, notes = [], []
+        filed = self.source is not None
+        if filed and s.mark_source is None:
+            # Windowed: the session keeps the newest marks, the file gives back the rest.
+            s.mark_source = FileMarks(self.source)
         for seq, t, kind, pid, body in db.execute(
             "SELECT seq, t, kind, pid, body FROM events WHERE seq > ? ORDER BY seq",
             (self._event_seq,),
@@ -157,11 +164,14 @@ class Loader:
             if kind == "mark":
                 level = clean.get("level") or "info"
                 marks.append(Mark(t, pid, clean["text"], level, clean.get("step")))
+                if filed and len(marks) >= MARK_BATCH:  # memory holds a batch at a time
+                    s.restore_events(marks, filed=True)
+                    marks = []
             elif kind == "oom":
                 ooms.append(Oom(t, pid, clean))
             elif kind == "note":
                 notes.append(clean["text"])
-        s.restore_events(marks, ooms, notes)
+        s.restore_events(marks, ooms, notes, filed=filed)
         row = db.execute("SELECT value FROM meta WHERE key = 'sampler_rate'").fetchone()
         stored = json.loads(row[0]) if row else None
         rates = (

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..session import Process, Session, Table
+from ..session import OpenSpan, Process, Session, Table
 from ..session import summary as sm
 from . import _codec, _index
 from ._schema import (
@@ -43,6 +43,7 @@ from ._schema import (
     layout_dtypes,
 )
 from .archive import ChunkSource, SeriesArchive, chunk_summary
+from .marks import FileMarks
 
 PAGE_SIZE = 8192
 
@@ -54,7 +55,7 @@ class FileRemoved(OSError):
 _PROCESS_STATE = tuple(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally")
+    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally", "book", "rev")
 )
 """Process attributes stored as its JSON body (everything but its tables and open spans)."""
 
@@ -122,6 +123,12 @@ class SessionWriter:
         self._events: deque[tuple[int, str, int | None, dict[str, Any]]] = deque()
         self._cache: dict[tuple[str, Any], Any] = {}
         self._cursors = {"names": 0, "marks": 0, "ooms": 0, "notes": 0}
+        self._open_known: set[int] = set()  # pids whose open spans the file has
+        # Ended processes written whole (pid -> its rev then): no sync looks at them again
+        # until a message changes them, and the session keeps only their summaries.
+        self._settled: dict[int, int] = {}
+        self._ending: dict[int, int] = {}
+        self._sleepers: dict[int, list[SeriesArchive]] = {}  # settled pid -> its archives
         self._closed = False
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], SeriesArchive] = {}
@@ -182,6 +189,11 @@ class SessionWriter:
             # The session lets rows go: the file holds them, and reads them back for views.
             self.source = ChunkSource(self.path, on_error=session.note)
             session.on_table(self._attach)
+            with session._lock:  # marks go too, once written
+                session.marks_written = session.marks_gone
+                session.marks_wait = True
+                session.mark_source = FileMarks(self.source)
+            self._cursors["marks"] = session.marks_gone
 
     def _attach(self, kind: str, key: str, table: Table) -> None:
         """Give a session table the archive its sealed rows will be read back from."""
@@ -199,6 +211,8 @@ class SessionWriter:
             archive.live = False
         for _, _, table in self.session.tables():
             table.archive_grew()
+        with self.session._lock:
+            self.session.marks_wait = False  # marks stop waiting for the file too
 
     # ------------------------------------------------------------------ public
 
@@ -222,21 +236,43 @@ class SessionWriter:
             db.execute("BEGIN IMMEDIATE")
             try:
                 self._check_file()
+                settled = self._still_settled()
                 # Rows first, then what they refer to (names, processes, devices): those
                 # only grow and are created before any row that uses them, so everything
                 # a written row refers to is written in the same transaction.
-                self._sync_series(final)
+                self._sync_series(final, settled)
                 self._sync_names()
                 self._sync_devices()
-                self._sync_processes()
+                self._sync_processes(final, settled)
                 self._sync_events()
                 self._sync_misc()
                 db.execute("COMMIT")
             except BaseException:
                 self._sealed.clear()
+                self._ending.clear()
                 _rollback(db)
                 raise
         self._publish()
+        ending, self._ending = self._ending, {}
+        for pid, rev in ending.items():
+            self._settled[pid] = rev
+            if self.source is not None:  # the file reads their rows back: memory lets go
+                self.session.settle(pid)
+                self._sleepers[pid] = [
+                    st.archive
+                    for kind in PROCESS_SERIES
+                    if (st := self._series.get((kind, str(pid)))) is not None
+                    and st.archive is not None
+                ]
+        # A view that read a settled process's rows woke its index: it sleeps again.
+        for archives in self._sleepers.values():
+            for archive in archives:
+                if not archive.asleep:
+                    archive.sleep()
+        s = self.session
+        with s._lock:
+            if s.marks_wait:  # the file holds these now: memory may let go of them
+                s.marks_written = max(s.marks_written, self._cursors["marks"])
 
     def _publish(self) -> None:
         """Hand the chunks sealed by the last commit to the tables' archives: from now on
@@ -367,8 +403,27 @@ class SessionWriter:
         self._cache[key] = value
         return True
 
-    def _sync_series(self, final: bool) -> None:
-        for kind, key, table in self.session.tables():
+    def _still_settled(self) -> set[int]:
+        """Settled processes no message changed since; the others are written again."""
+        processes = self.session.processes
+        out = set()
+        for pid, rev in list(self._settled.items()):
+            proc = processes.get(pid)
+            if proc is not None and proc.rev == rev:
+                out.add(pid)
+            else:
+                del self._settled[pid]
+                self._sleepers.pop(pid, None)
+        return out
+
+    def _sync_series(self, final: bool, settled: set[int]) -> None:
+        # A process that ended has its rows sealed now, whole: then it is settled.
+        self._ending = {
+            pid: p.rev
+            for pid, p in list(self.session.processes.items())
+            if (p.ended is not None or p.gone is not None) and pid not in settled
+        }
+        for kind, key, table in self.session.tables(skip=settled):
             st = self._series.get((kind, key))
             if st is None:
                 if len(table) == 0:
@@ -388,9 +443,10 @@ class SessionWriter:
                 )
                 self._series[(kind, key)] = st
             st.table = table
-            if len(table) == st.written and not (final and st.sealed < st.written):
+            whole = final or (kind in PROCESS_SERIES and int(key) in self._ending)
+            if len(table) == st.written and not (whole and st.sealed < st.written):
                 continue
-            self._write_rows(st, table, final)
+            self._write_rows(st, table, whole)
 
     def _write_rows(self, st: _Series, table: Table, final: bool) -> None:
         n = len(table)
@@ -444,7 +500,7 @@ class SessionWriter:
                     if statement.strip():
                         self._db.execute(statement)
                 self._summaries = True
-            part = {c: cols[c][a:b] for c in st.spec.needs()}
+            part = {c: cols[c][a:b].copy() for c in st.spec.needs()}
             blocks = sm.summarise(st.spec, part)
             own = chunk_summary(st.spec, blocks)
             self._db.execute(
@@ -485,29 +541,48 @@ class SessionWriter:
                     "INSERT OR REPLACE INTO devices (key, body) VALUES (?, ?)", (key, body)
                 )
 
-    def _sync_processes(self) -> None:
+    def _sync_processes(self, final: bool, settled: set[int]) -> None:
         s = self.session
         for pid, proc in list(s.processes.items()):
+            if pid in settled:
+                continue
             body = dumps(process_body(proc))
             if self._changed(("process", pid), body):
                 self._db.execute(
                     "INSERT OR REPLACE INTO processes (pid, body) VALUES (?, ?)", (pid, body)
                 )
-            spans = sorted(
-                (sid, dumps(dataclasses.asdict(o))) for sid, o in list(proc.open.items())
-            )
-            if self._changed(("open", pid), spans):
-                self._db.execute("DELETE FROM open_spans WHERE pid = ?", (pid,))
-                self._db.executemany(
-                    "INSERT INTO open_spans (pid, id, body) VALUES (?, ?, ?)",
-                    [(pid, sid, body) for sid, body in spans],
-                )
+            self._sync_open(pid, proc, final)
         for pid, info in list(s.proc_info.items()):
             body = dumps(info)
             if self._changed(("proc_info", pid), body):
                 self._db.execute(
                     "INSERT OR REPLACE INTO proc_info (pid, body) VALUES (?, ?)", (pid, body)
                 )
+
+    def _sync_open(self, pid: int, proc: Process, final: bool) -> None:
+        """The open spans that began or ended since the last sync (all of them the first
+        time, when too many changed, and at the last sync: their peaks as of now).
+
+        A sync costs what changed, not what is open: a script that leaks spans keeps up
+        to :data:`~gpuwatch.session.openspans.MAX_OPEN` of them open at every commit.
+        """
+        with self.session._lock:  # the receiver begins and ends spans under it
+            reset, changed = proc.book.take_changes()
+            reset = reset or final or pid not in self._open_known
+            ids = list(proc.open) if reset else sorted(changed)
+            spans = [(sid, proc.open.get(sid)) for sid in ids]
+            bodies = [(sid, None if o is None else dumps(_open_body(proc, o))) for sid, o in spans]
+        self._open_known.add(pid)
+        db = self._db
+        if reset:
+            db.execute("DELETE FROM open_spans WHERE pid = ?", (pid,))
+        else:
+            gone = [(pid, sid) for sid, body in bodies if body is None]
+            db.executemany("DELETE FROM open_spans WHERE pid = ? AND id = ?", gone)
+        db.executemany(
+            "INSERT OR REPLACE INTO open_spans (pid, id, body) VALUES (?, ?, ?)",
+            [(pid, sid, body) for sid, body in bodies if body is not None],
+        )
 
     def _sync_events(self) -> None:
         s = self.session
@@ -516,7 +591,10 @@ class SessionWriter:
             t, kind, pid, body = self._events.popleft()
             rows.append((t, kind, pid, dumps(body)))
         c = self._cursors
-        for m in s.marks[c["marks"] :]:
+        with s._lock:  # marks_gone and the list change together
+            gone, marks = s.marks_gone, s.marks
+        c["marks"] = max(c["marks"], gone)  # let go of before this file held them: lost
+        for m in marks[c["marks"] - gone :]:
             rows.append(
                 (m.t, "mark", m.pid, dumps({"text": m.text, "level": m.level, "step": m.step}))
             )
@@ -570,6 +648,13 @@ def _anchor(path: Path, identity: tuple[int, int]) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def _open_body(proc: Process, span: OpenSpan) -> dict[str, Any]:
+    """An open span as stored, with the peaks reported inside it so far."""
+    body = dataclasses.asdict(span)
+    body["peak_alloc"], body["peak_reserved"] = proc.book.peak_of(span)
+    return body
 
 
 def _rollback(db: sqlite3.Connection) -> None:

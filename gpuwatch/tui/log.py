@@ -21,15 +21,33 @@ def clean_line(line: str) -> str:
     return printable(_SEQUENCE.sub("", line))
 
 
+MAX_PARTIAL = 64 * 1024
+"""Characters of an unfinished line kept (a program writing megabytes without a newline)."""
+
+
+def current_line(partial: str) -> str:
+    """What an unfinished line reads now: the text after its last carriage return (a
+    progress bar rewrites its line with ``\r``), at most :data:`MAX_PARTIAL` characters.
+
+    A trailing ``\r`` is kept: the ``\n`` of a CRLF may come in the next read.
+    """
+    cut = partial.rfind("\r", 0, len(partial) - 1)
+    if cut >= 0:
+        partial = partial[cut + 1 :]
+    return partial[-MAX_PARTIAL:]
+
+
 class LogView(Log):
     """Follows a growing log file; carriage-return updates (progress bars) keep only the
-    last state of the line, so tqdm does not flood the view."""
+    last state of the line, so tqdm does not flood the view, and the line being written
+    is shown as it stands, replaced at each poll until its newline comes."""
 
     def __init__(self, path: str | Path, *, id: str | None = None) -> None:
         super().__init__(id=id, max_lines=MAX_LINES, highlight=False)
         self.path = Path(path)
         self._offset = 0
         self._partial = ""
+        self._current = False  # the last line shown is the unfinished one
 
     def on_mount(self) -> None:
         self.set_interval(0.25, self.poll)
@@ -46,8 +64,18 @@ class LogView(Log):
         if not data:
             return
         self._offset += len(data)
-        text = self._partial + data.decode(errors="replace")
+        text = (self._partial + data.decode(errors="replace")).replace("\r\n", "\n")
         lines = text.split("\n")
-        self._partial = lines.pop()  # an unfinished line waits for its newline
-        if lines:
-            self.write_lines([clean_line(line.rsplit("\r", 1)[-1]) for line in lines])
+        self._partial = current_line(lines.pop())  # an unfinished line waits for its newline
+        out = [clean_line(line.rsplit("\r", 1)[-1]) for line in lines]
+        now = clean_line(self._partial.rstrip("\r"))
+        if now:
+            out.append(now)
+        replaced = self._current and bool(self._lines)
+        if replaced:
+            # Log has no call to replace a line: the unfinished one shown at the last poll
+            # is taken off its list and written again as it reads now.
+            del self._lines[-1]
+        self._current = bool(now)
+        if out or replaced:
+            self.write_lines(out)

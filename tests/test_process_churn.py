@@ -1,0 +1,128 @@
+"""Thousands of short-lived instrumented processes (issue 23, item 6): one that ended keeps
+a summary only, and a commit costs what changed, not how many processes were ever seen."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpuwatch.store.writer as writer_module
+from gpuwatch.protocol import Message
+from gpuwatch.session import Session
+from gpuwatch.sources.host import HostSampler
+from gpuwatch.store.writer import SessionWriter
+
+PROCESSES = 400
+PHASES = 30
+
+
+def _short_script(s: Session, pid: int, t: int) -> int:
+    seq = 0
+
+    def send(kind: str, **body) -> None:
+        nonlocal seq, t
+        seq += 1
+        t += 1_000
+        s.ingest(Message(kind=kind, pid=pid, seq=seq, t=t, body=body))
+
+    send("hello", argv=["python", "sweep.py", str(pid)])
+    for i in range(PHASES):
+        send("phase", event="begin", id=i, name="step", depth=0, allocated=1, reserved=2)
+        send("phase", event="end", id=i, name="step", depth=0, allocated=1, reserved=2)
+    s.add_rss(pid, t, 1 << 20)
+    send("bye", exit_code=0)
+    return t
+
+
+def _held(s: Session) -> int:
+    """Rows and room for rows the session's process tables hold in memory."""
+    return sum(
+        getattr(p, kind)._cap
+        for p in s.processes.values()
+        for kind in ("torch", "peaks", "rss", "phases")
+    )
+
+
+def test_ended_processes_keep_a_summary_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = Session()
+    s.bound()
+    path = tmp_path / "sweep.gpuwatch"
+    writer = SessionWriter(path, s)
+    t = 1_000_000
+    for pid in range(1000, 1000 + PROCESSES):
+        t = _short_script(s, pid, t)
+        if pid % 50 == 0:
+            writer.sync()
+    writer.sync()
+    # Before: every process kept room for a thousand rows of each table (~140 KB each).
+    assert _held(s) == 0
+    archives = [st.archive for st in writer._series.values() if st.archive is not None]
+    assert archives and all(a.asleep for a in archives if a.kind != "host")
+    # What they did is still known: from their tallies, and their rows from the file.
+    proc = s.processes[1000 + PROCESSES // 2]
+    assert sum(proc.tally.count.values()) == PHASES
+    assert len(proc.phases) == PHASES
+    assert proc.phases.rows(0, PHASES)["t1"].tolist() == sorted(
+        proc.phases.rows(0, PHASES)["t1"].tolist()
+    )
+    assert s.span_at(proc, int(proc.phases.rows(3, 4)["t0"][0])) is not None
+    woken = writer._series[("phases", str(proc.pid))].archive
+    assert not woken.asleep  # reading its rows brought its index back...
+    writer.sync()
+    assert woken.asleep  # ...until the next commit
+
+    # A commit looks at none of them again: no body made (the sampling rates are one),
+    # no row written for them.
+    made = 0
+    real = writer_module.dumps
+
+    def counting(obj):
+        nonlocal made
+        made += 1
+        return real(obj)
+
+    monkeypatch.setattr(writer_module, "dumps", counting)
+    before = writer._db.total_changes
+    writer.sync()
+    assert made <= 2 and writer._db.total_changes == before  # before: 400 bodies made
+    monkeypatch.undo()
+
+    # A late message wakes one: it is written again, and its rows still read whole.
+    s.ingest(Message(kind="mark", pid=1000, seq=999, t=t + 1, body={"text": "late"}))
+    writer.sync()
+    writer.close()
+    from gpuwatch.store import load
+
+    replay = load(path)
+    assert len(replay.processes) == PROCESSES
+    assert all(len(p.phases) == PHASES for p in replay.processes.values())
+    assert replay.processes[1000].last_seq == 999
+
+
+def test_a_process_gone_without_a_bye_is_settled_too(tmp_path: Path) -> None:
+    s = Session()
+    s.bound()
+    writer = SessionWriter(tmp_path / "killed.gpuwatch", s)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a real pid that no longer exists: killed, or its bye lost
+    messages = [("hello", {"argv": ["x"]})] + [
+        ("phase", {"event": e, "id": 1, "name": "step", "depth": 0}) for e in ("begin", "end")
+    ]
+    for seq, (kind, body) in enumerate(messages, 1):
+        s.ingest(Message(kind=kind, pid=child.pid, seq=seq, t=1_000 * seq, body=body))
+    writer.sync()
+    proc = s.processes[child.pid]
+    assert proc.ended is None and proc.phases._cap > 0  # no bye: it might still run
+    HostSampler(s).sample_once()  # the real sampler, asking the real kernel
+    assert proc.gone is not None
+    writer.sync()
+    assert _held(s) == 0
+    writer.close()
+    from gpuwatch.store import load
+
+    assert load(tmp_path / "killed.gpuwatch").processes[child.pid].gone == proc.gone

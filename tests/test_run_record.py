@@ -138,6 +138,11 @@ def test_run_shows_the_command_and_asks_before_quitting(sock_path, tmp_path) -> 
         assert tmux.wait_for_text("[gpuwatch] $"), tmux.screen()  # the log tab
         tmux.keys("q")
         assert tmux.wait_for_text("still running"), tmux.screen()
+        # The command and the question on two lines, never a literal backslash-n.
+        screen = tmux.screen()
+        assert "\\n" not in screen, screen
+        asked = next(line for line in screen.splitlines() if "still running" in line)
+        assert "--steps 100000" not in asked and asked.strip("│ ").startswith("pid "), screen
         tmux.keys("n")
         assert wait_for(lambda: "still running" not in tmux.screen()), tmux.screen()
         tmux.keys("q", "y")

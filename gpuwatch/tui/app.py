@@ -688,8 +688,8 @@ class GpuwatchApp(App[int]):
 
         self.push_screen(
             Confirm(
-                f"{_ellipsis(shlex.join(child.command), 70)}\n"
-                f"pid {child.pid} is still running. Stop it and quit?"
+                _ellipsis(shlex.join(child.command), 70),
+                f"pid {child.pid} is still running. Stop it and quit?",
             ),
             answered,
         )

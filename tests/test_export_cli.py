@@ -70,3 +70,10 @@ def test_empty_tables_are_named_and_csv_keeps_its_header(tmp_path: Path) -> None
         header = (out / f"{name}.csv").read_text()
         assert header.count("\n") == 1 and header.strip(), name
     assert "a header row only" in csv.stderr
+
+
+def test_the_parsers_table_names_are_the_exports() -> None:
+    from gpuwatch.cli.recordings import EXPORT_FORMATS, EXPORT_TABLES
+    from gpuwatch.store.export import FORMATS
+
+    assert list(EXPORT_TABLES) == list(TABLES) and EXPORT_FORMATS == FORMATS

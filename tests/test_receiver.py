@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import shutil
 import socket
 import stat
@@ -70,13 +71,21 @@ def test_second_receiver_is_refused(receiver: AnnotationReceiver) -> None:
 
 def test_second_gpuwatch_command_exits_2_with_one_line(receiver: AnnotationReceiver) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpuwatch", "--socket", receiver.path],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    # On a terminal (a pty), as a person starts it: without one the dashboard refuses first.
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "--no-record", "--socket", receiver.path],
+            stdin=follower,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

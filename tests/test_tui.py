@@ -365,3 +365,23 @@ async def test_one_band_row_per_rank_named_by_rank() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert [r.label for r in gpu_panel(app).band.rows] == ["rank 0", "rank 1"]
+
+
+async def test_without_colour_lines_and_segments_stay_apart(monkeypatch) -> None:
+    # NO_COLOR turns every colour grey: the lines carry letters, the bar's segments fills.
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.no_color
+        panel = gpu_panel(app)
+        chart = "\n".join(s.text for s in panel.chart._strips)
+        for letter in "NRAP":
+            assert letter in chart, (letter, chart)
+        legend = str(panel.legend.render())
+        for swatch in ("N nvidia-smi", "R reserved", "A allocated", "P predicted"):
+            assert swatch in legend, legend
+        bar, labels = panel.bar.render().plain.split("\n")
+        assert "W" in bar and "O" in bar and "Wweights" in labels and "Ooptim" in labels
+        # Each segment one fill: the weights and the optimizer state do not merge.
+        assert bar.index("W") != bar.index("O")

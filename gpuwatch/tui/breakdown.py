@@ -44,6 +44,24 @@ PATTERN = {"unclaimed": "▓", "fragmented": "▒"}
 """Segments drawn as a pattern in their colour (the rest are solid blocks): used memory no
 process claims, and cache that fragmentation makes unusable."""
 
+MONO_FILL = {
+    "other": "o",
+    "context": "x",
+    "unclaimed": "▓",
+    "fragmented": "▒",
+    "cache": "c",
+    "weights": "W",
+    "amp_copies": "m",
+    "gradients": "G",
+    "optimizer_state": "O",
+    "activations": "A",
+    "temporaries": "T",
+    "unexplained": "?",
+    "allocated": "a",
+}
+"""Without colour (``NO_COLOR``) each segment is filled with its own character, the legend's
+swatch: greys alone would merge weights with grads."""
+
 OVER = "╳"
 """Drawn over the tail of the predicted categories that overruns what is allocated."""
 
@@ -80,6 +98,7 @@ class BreakdownBar(Widget):
         if data is None or not data.total or width <= 0:
             return Text("")
         variables = self.app.theme_variables
+        mono = self.app.no_color
         parts = data.parts()
         scale = width / data.total
         cells: list[tuple[str, Style]] = []
@@ -93,7 +112,9 @@ class BreakdownBar(Widget):
             if n <= 0:
                 continue
             color = variables.get(THEME_VAR[name])
-            if name in PATTERN:
+            if mono:
+                cells += [(MONO_FILL[name], Style(color=color, bold=True))] * n
+            elif name in PATTERN:
                 cells += [(PATTERN[name], Style(color=color))] * n
             else:
                 cells += [(" ", Style(bgcolor=color))] * n
@@ -112,7 +133,7 @@ class BreakdownBar(Widget):
         labels = Text()
         for name, value in parts:
             swatch = Style(color=variables.get(THEME_VAR[name]))
-            labels.append(PATTERN.get(name, "■"), swatch)
+            labels.append(MONO_FILL[name] if mono else PATTERN.get(name, "■"), swatch)
             labels.append(f"{LABELS[name]} {fmt_short(value)} ")
         if over > 0:
             labels.append(OVER, Style(color=variables.get("gw-unexplained")))

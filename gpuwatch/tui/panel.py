@@ -17,7 +17,7 @@ from ..session.predicted import PredictedLine
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
 from .breakdown import BreakdownBar
-from .chart import ChartFrame, Series, TimelineChart
+from .chart import MONO_MARK, ChartFrame, Series, TimelineChart
 
 LINE_LABELS = {
     "gpu": {
@@ -204,9 +204,13 @@ class DevicePanel(Vertical):
             if role not in roles and role not in values:
                 continue
             color = variables.get(f"gw-{role}", "white")
+            # Without colour the swatch is the letter the chart puts on the line.
+            swatch = MONO_MARK.get(role, "━") if self.app.no_color else "━"
             # Content, not markup: nothing to parse on every frame (and a phase name is
             # taken as it is, never as markup).
-            parts.append(Content.assemble(("━", color), f" {label} {fmt_bytes(values.get(role))}"))
+            parts.append(
+                Content.assemble((swatch, color), f" {label} {fmt_bytes(values.get(role))}")
+            )
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(Content.assemble((printable(span["name"]), "bold"), step))

@@ -181,7 +181,7 @@ def test_hf_models_span_by_span(
         _watch._reset_activations()
         _api._state.client.queue.clear()  # its phases are not the next test's
         _api._state.stack().clear()
-        _api._state.step = 0
+        _api._state.set_step(0)
     p = pr.predict(sent[-1])
     assert p.activations_source == "formula"
     peaks = pr.span_peaks(p, _spans(plan))

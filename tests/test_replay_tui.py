@@ -138,3 +138,21 @@ async def test_replay_help_lists_transport_keys(replay) -> None:
 def test_replay_snapshot(snap_compare, replay) -> None:
     player, _ = replay
     assert snap_compare(make_app(player), press=("plus", "plus", "plus", "m"), terminal_size=SIZE)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)])
+async def test_the_scrubber_keeps_its_total_at_the_end(replay, size) -> None:
+    # Before: at the end of a recording the line ran over and read `01:04.122 /`.
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        app.action_seek_end()
+        await pilot.pause()
+        bar = app.query_one(Scrubber)
+        text = bar.render().plain
+        last = player.bounds()[1]
+        assert player.position() >= last
+        total = text.rsplit(" / ", 1)[-1].split()[0]
+        assert text.rstrip().endswith(total) and ":" in total, text
+        assert len(text) <= bar.content_size.width, (len(text), bar.content_size.width)

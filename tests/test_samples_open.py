@@ -44,3 +44,11 @@ def test_oom_without_message_is_reported_not_fatal() -> None:
     assert oom["message"] is None
     text = run_gpuwatch("info", str(path))
     assert text.returncode == 0 and "OOM at" in text.stdout
+
+
+def test_info_marks_a_cut_command_and_keeps_it_off_the_step_count() -> None:
+    # Before: `... --step-sl 6 steps`, the cut command running into the count.
+    out = run_gpuwatch("info", str(ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"))
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if "train_tiny_gpt.py" in x and "steps," in x)
+    assert "…  6 steps, " in line, line

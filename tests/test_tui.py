@@ -385,3 +385,22 @@ async def test_without_colour_lines_and_segments_stay_apart(monkeypatch) -> None
         assert "W" in bar and "O" in bar and "Wweights" in labels and "Ooptim" in labels
         # Each segment one fill: the weights and the optimizer state do not merge.
         assert bar.index("W") != bar.index("O")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)])
+async def test_notes_are_lines_and_a_cut_one_says_so(size) -> None:
+    # Before: notes joined by a literal `\n`, and at 80x24 cut at the edge with no `…`.
+    session = synthetic.build()
+    session.note("the first note: " + "long words " * 12)
+    session.note("the second note")
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        bar = app.notes_bar
+        shown = [bar.render_line(y).text.rstrip() for y in range(bar.size.height)]
+        text = "\n".join(shown)
+        assert "\\n" not in text, text
+        if size[1] < 36:  # one line: both notes joined, the cut marked
+            assert len(shown) == 1 and shown[0].endswith("…"), shown
+        else:
+            assert any(line.strip() == "the second note" for line in shown), shown

@@ -24,10 +24,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
-from ..fmt import fmt_bytes, fmt_duration
+from ..fmt import ellipsis, fmt_bytes, fmt_duration
 from ..session import Session
 from ..session import navigate as nav
-from ._text import Fitted, markup_safe, plain
+from ._text import Fitted, markup_safe, plain_lines
 from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
@@ -199,6 +199,8 @@ class GpuwatchApp(App[int]):
     }
     Screen.-short #notes {
         height: 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     Screen.-short Tabs {
         height: 1;
@@ -265,7 +267,7 @@ class GpuwatchApp(App[int]):
         self.subtitle_text = subtitle
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
-        self._notes = ""
+        self._notes: tuple[str, bool] = ("", False)  # the notes shown, and on a short screen
         # The session's shared predicted lines (the exporter reads the same ones).
         self.predicted = session.predictions
         self._pending = False
@@ -508,9 +510,12 @@ class GpuwatchApp(App[int]):
         # ellipsis, before the mode, window or counts are cut.
         self.status_bar.set(parts)
         notes = self.notes_text()
-        if notes != self._notes:  # height auto: a new note needs a layout pass
-            self._notes = notes
-            self.notes_bar.update(plain(notes))
+        short = self.short
+        if (notes, short) != self._notes:  # height auto: a new note needs a layout pass
+            self._notes = (notes, short)
+            lines = notes.split("\n") if notes else []
+            # A short screen has one line for them: joined, and cut with an ellipsis (CSS).
+            self.notes_bar.update(plain_lines([" · ".join(lines)] if short else lines))
             self.notes_bar.display = bool(notes)
 
     def _child_text(self) -> str:
@@ -688,7 +693,7 @@ class GpuwatchApp(App[int]):
 
         self.push_screen(
             Confirm(
-                _ellipsis(shlex.join(child.command), 70),
+                ellipsis(shlex.join(child.command), 70),
                 f"pid {child.pid} is still running. Stop it and quit?",
             ),
             answered,
@@ -723,10 +728,6 @@ class GpuwatchApp(App[int]):
     @on(TimelineChart.Pan)
     def _pan(self, event: TimelineChart.Pan) -> None:
         self.action_pan(event.fraction)
-
-
-def _ellipsis(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _bind(app: App, action: str) -> Callable[[], object]:

@@ -133,9 +133,13 @@ class Scrubber(Widget):
             right += f"  loading {min(100, max(0, int(loaded * 100)))}%"
         elif p.growing:
             right += "  following a growing file"
-        width = max(10, self.size.width - len(left) - len(right))
+        # The content's width (padding excluded): the clock on the right is what a user
+        # reads, so the bar gives way, never the total.
+        width = max(10, self.content_size.width - len(left) - len(right))
         self._bar = (len(left), width)
-        played = int(width * (pos - first) / span)
+        # The knob takes a cell of its own: at the very end (or a position past the last
+        # sample) it sits in the bar's last cell instead of pushing the clock off the line.
+        played = min(width - 1, max(0, int(width * (pos - first) / span)))
         loaded_cells = width
         if loader is not None and not loader.done:
             loaded_cells = int(width * (loader.loaded_until - first) / span)

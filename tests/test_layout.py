@@ -309,3 +309,31 @@ async def test_clicking_a_key_on_the_bar_runs_it() -> None:
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"
         assert app.panels[0].key == KEY and HOST in app._panels
+
+
+async def test_phase_names_on_the_band_never_touch() -> None:
+    # Before: `backward` filled its 8 cells and `opt` began in the next: `backwardopt`.
+    from textual.app import App
+
+    from gpuwatch.tui.band import BandSpan, PhaseBand
+
+    spans = [
+        BandSpan("forward", 0, 100, 0),
+        BandSpan("backward", 100, 180, 0),  # 8 cells: its name only without a gap
+        BandSpan("optimizer.step", 180, 240, 0),
+        BandSpan("zero_grad", 240, 340, 0),  # 10 cells: its name and a gap
+        BandSpan("eval", 340, 400, 0),
+    ]
+
+    class One(App):
+        def compose(self):
+            yield PhaseBand(lambda t0, t1, n: [BandRow("pid 1", spans, [])])
+
+    app = One()
+    async with app.run_test(size=(9 + 40, 5)) as pilot:
+        band = app.query_one(PhaseBand)
+        band.update_view((0, 400), None, 1)
+        await pilot.pause()
+        line = band.render_line(0).text
+        assert "backwardopt" not in line and "zero_gradev" not in line, line
+        assert "bwd" in line and "opt" in line and "zero_grad" in line, line

@@ -156,3 +156,19 @@ async def test_the_scrubber_keeps_its_total_at_the_end(replay, size) -> None:
         total = text.rsplit(" / ", 1)[-1].split()[0]
         assert text.rstrip().endswith(total) and ":" in total, text
         assert len(text) <= bar.content_size.width, (len(text), bar.content_size.width)
+
+
+@pytest.mark.parametrize("size", [(80, 24), SIZE])
+async def test_home_and_end_work_in_every_layout(replay, size) -> None:
+    # Before: at 80x24 the focused panel's scrolling container took both keys.
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        first, last = player.bounds()
+        await pilot.press("end")
+        await pilot.pause()
+        assert player.position() == last
+        await pilot.press("home")
+        await pilot.pause()
+        assert player.position() == first

@@ -166,6 +166,16 @@ ACTIONS: tuple[Action, ...] = (
 )
 
 
+class PanelList(VerticalScroll, inherit_bindings=False):
+    """The device panels: they scroll, but ``home`` and ``end`` are the dashboard's.
+
+    In the one-panel layout (80x24) a panel has the focus, and a scrolling container's own
+    ``home`` / ``end`` (scroll to top / bottom) took the keys before the app saw them.
+    """
+
+    BINDINGS = [b for b in VerticalScroll.BINDINGS if b.key not in ("home", "end")]  # type: ignore[union-attr]
+
+
 def bindings(actions: Iterable[Action]) -> list[Binding]:
     """Key bindings for ``actions``."""
     return [
@@ -284,7 +294,7 @@ class GpuwatchApp(App[int]):
         self.notes_bar = Static("", id="notes")
         self.notes_bar.display = False
         self.tabs = TabbedContent(initial="timelines")
-        self.panel_list = VerticalScroll(id="panels")
+        self.panel_list = PanelList(id="panels")
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted
         self.process_table = ProcessTable(self.session, id="process-table")

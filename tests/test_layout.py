@@ -337,3 +337,41 @@ async def test_phase_names_on_the_band_never_touch() -> None:
         line = band.render_line(0).text
         assert "backwardopt" not in line and "zero_gradev" not in line, line
         assert "bwd" in line and "opt" in line and "zero_grad" in line, line
+
+
+@pytest.mark.parametrize(
+    ("sample", "cause"),
+    [
+        ("gpt-2.7b-h100-adamw-spike.gpuwatch", "■tmp "),  # AdamW's foreach temporary
+        ("gpt2-small-h100.gpuwatch", "■act "),
+        ("gpt2-small-h100-oom.gpuwatch", "■act "),
+    ],
+)
+async def test_at_80x24_the_first_screen_shows_the_cause_free_and_the_exact_peaks(
+    sample: str, cause: str
+) -> None:
+    # Before: the legend ran out at `■optim 21.…` (bar order, cut mid-number), so the
+    # spike's cause and free never showed; the exact-peak dashes hid under other lines.
+    from rich.color import Color
+
+    player = open_replay(SAMPLES / sample)
+    try:
+        app = ReplayApp(player)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            panel = app.panels[0]
+            legend = panel.bar.render().plain.split("\n")[1]
+            assert cause in legend and "░free " in legend, legend
+            # Whole items only: every shown figure ends with its unit.
+            for item in legend.rstrip(" …").split(" "):
+                assert not item[-1:].isdigit() and not item.endswith("."), legend
+            peak = Color.parse(app.theme_variables["gw-peak"])
+            cells = sum(
+                len(seg.text)
+                for strip in panel.chart._strips
+                for seg in strip
+                if seg.style is not None and seg.style.color == peak
+            )
+            assert cells >= 20, cells  # the exact peak of each phase in view shows
+    finally:
+        player.close()

@@ -35,7 +35,8 @@ async def test_panels_for_every_device_and_lines() -> None:
         assert [p.key for p in app.panels] == [KEY, HOST]
         panel = gpu_panel(app)
         roles = [s.role for s in panel.chart.last_frame.series]
-        assert roles == ["predicted", "peak", "nvml", "reserved", "allocated"]
+        # The exact peaks drawn last: where lines share a cell, theirs is the colour shown.
+        assert roles == ["predicted", "nvml", "reserved", "allocated", "peak"]
         # The breakdown bar names every part of nvidia-smi's figure.
         bar = panel.bar.render().plain
         # No NVML process list here: what torch does not reserve is unclaimed, not free.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
@@ -130,16 +132,44 @@ class BreakdownBar(Widget):
             bar.append(ch, style)
         if len(cells) < width:
             bar.append("░" * (width - len(cells)), Style(color=variables.get("gw-grid")))
-        labels = Text()
+        # (swatch, its style, text, size): in the bar's order.
+        items: list[tuple[str, Style, str, float]] = []
         for name, value in parts:
-            swatch = Style(color=variables.get(THEME_VAR[name]))
-            labels.append(MONO_FILL[name] if mono else PATTERN.get(name, "■"), swatch)
-            labels.append(f"{LABELS[name]} {fmt_short(value)} ")
+            swatch = MONO_FILL[name] if mono else PATTERN.get(name, "■")
+            style = Style(color=variables.get(THEME_VAR[name]))
+            items.append((swatch, style, f"{LABELS[name]} {fmt_short(value)}", value))
         if over > 0:
-            labels.append(OVER, Style(color=variables.get("gw-unexplained")))
-            labels.append(f"over-predicted {fmt_short(over)} ")
+            over_style = Style(color=variables.get("gw-unexplained"))
+            items.append((OVER, over_style, f"over-predicted {fmt_short(over)}", math.inf))
         if data.free is not None:  # the ░ of the bar above, named
-            labels.append("░", Style(color=variables.get("gw-grid")))
-            labels.append(f"free {fmt_short(data.free)}")
+            free_style = Style(color=variables.get("gw-grid"))
+            items.append(("░", free_style, f"free {fmt_short(data.free)}", math.inf))
+        labels = Text()
+        for swatch, style, text in _fit_legend(items, width):
+            labels.append(swatch, style)
+            labels.append(text + " ")
         labels.truncate(width, overflow="ellipsis")
         return Text("\n").join([bar, labels])
+
+
+def _fit_legend(
+    items: list[tuple[str, Style, str, float]], width: int
+) -> list[tuple[str, Style, str]]:
+    """The legend's items that fit ``width``, most important first, shown in bar order.
+
+    Free memory and an over-prediction always; then the largest segments (at 80 columns
+    the spike's temporaries, never the 9 MiB of unclaimed memory). Dropped ones leave a
+    ``…`` at the end: the legend never stops mid-number.
+    """
+    cells = [len(swatch) + len(text) + 1 for swatch, _, text, _ in items]
+    if sum(cells) <= width:
+        return [(swatch, style, text) for swatch, style, text, _ in items]
+    order = sorted(range(len(items)), key=lambda i: -items[i][3])
+    room = width - 1  # the closing …
+    kept: set[int] = set()
+    for i in order:
+        if cells[i] <= room:
+            kept.add(i)
+            room -= cells[i]
+    shown = [(swatch, style, text) for i, (swatch, style, text, _) in enumerate(items) if i in kept]
+    return [*shown, ("…", Style(), "")]

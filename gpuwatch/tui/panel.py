@@ -276,9 +276,6 @@ class DevicePanel(Vertical):
                 if line is not None:
                     lo, hi = line.window(t0, t1, n)
                     series.append(Series("predicted", lo, hi))
-            for proc in procs:
-                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
-                series.append(Series("peak", peak, peak))
             if self.key in s.gpu and len(s.gpu[self.key]):
                 lo, hi = s.gpu_window(self.key, "used", t0, t1, n)
                 series.append(Series("nvml", lo, hi))
@@ -286,6 +283,11 @@ class DevicePanel(Vertical):
                 for role in ("reserved", "allocated"):
                     lo, hi = s.torch_window(proc, self.key, role, t0, t1, n)
                     series.append(Series(role, lo, hi))
+            # The exact peaks last: on a short chart (80x24) they share their cells with
+            # the predicted and reserved lines, and drawn under them they never showed.
+            for proc in procs:
+                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
+                series.append(Series("peak", peak, peak))
             total = self.device.total
         for line in series:
             if np.isfinite(line.hi).any():

@@ -274,9 +274,21 @@ class ReplayApp(GpuwatchApp):
             self._follow_position()
 
     def action_seek(self, fraction: float) -> None:
-        """Seek by a fraction of the window."""
-        self.player.seek_by(int(fraction * self.view.span))
-        self._follow_position()
+        """Seek by a fraction of the window: playing, the window follows; paused, the
+        cursor moves from where it is (else from the position) and the window scrolls
+        only as far as keeps it in view, so the chart never jumps back."""
+        delta = int(fraction * self.view.span)
+        if self.player.playing:
+            self.player.seek_by(delta)
+            self._follow_position()
+            return
+        base = self.view.cursor if self.view.cursor is not None else self.player.position()
+        pos = self.player.seek(base + delta)
+        now = self._replay_now()
+        self.view.set_cursor(pos, now)
+        self.view.reveal(pos, now)
+        self.redraw()
+        self.scrubber.refresh()
 
     def action_seek_home(self) -> None:
         """Seek to the start."""
@@ -308,6 +320,16 @@ class ReplayApp(GpuwatchApp):
         self.view.jump(target, self._replay_now())
         self.redraw()
         self.scrubber.refresh()
+
+    def action_show_tab(self, tab: str) -> None:
+        """As live; a replay has no Log tab, and says why."""
+        if tab == "log":
+            self.notify(
+                "a replay has no Log tab: only gpuwatch run shows its command's output",
+                timeout=3,
+            )
+            return
+        super().action_show_tab(tab)
 
     def action_whole(self) -> None:
         """Zoom out to the whole recording."""

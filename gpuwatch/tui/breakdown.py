@@ -64,6 +64,9 @@ MONO_FILL = {
 """Without colour (``NO_COLOR``) each segment is filled with its own character, the legend's
 swatch: greys alone would merge weights with grads."""
 
+FINDINGS = frozenset(("fragmented", "unexplained"))
+"""Segments the legend keeps whatever their size, as it keeps free and over-predicted."""
+
 OVER = "╳"
 """Drawn over the tail of the predicted categories that overruns what is allocated."""
 
@@ -137,7 +140,9 @@ class BreakdownBar(Widget):
         for name, value in parts:
             swatch = MONO_FILL[name] if mono else PATTERN.get(name, "■")
             style = Style(color=variables.get(THEME_VAR[name]))
-            items.append((swatch, style, f"{LABELS[name]} {fmt_short(value)}", value))
+            # Findings (fragmentation, what the prediction misses) rank with free.
+            rank = math.inf if name in FINDINGS else value
+            items.append((swatch, style, f"{LABELS[name]} {fmt_short(value)}", rank))
         if over > 0:
             over_style = Style(color=variables.get("gw-unexplained"))
             items.append((OVER, over_style, f"over-predicted {fmt_short(over)}", math.inf))
@@ -157,12 +162,12 @@ def _fit_legend(
 ) -> list[tuple[str, Style, str]]:
     """The legend's items that fit ``width``, most important first, shown in bar order.
 
-    Free memory and an over-prediction always; then the largest segments (at 80 columns
-    the spike's temporaries, never the 9 MiB of unclaimed memory). Dropped ones leave a
-    ``…`` at the end: the legend never stops mid-number.
+    Free memory, an over-prediction and the findings (:data:`FINDINGS`) first; then the
+    largest segments (at 80 columns the spike's temporaries, not 9 MiB of unclaimed
+    memory). Dropped ones leave a ``…`` at the end: the legend never stops mid-number.
     """
     cells = [len(swatch) + len(text) + 1 for swatch, _, text, _ in items]
-    if sum(cells) <= width:
+    if sum(cells) - 1 <= width:  # no space after the last
         return [(swatch, style, text) for swatch, style, text, _ in items]
     order = sorted(range(len(items)), key=lambda i: -items[i][3])
     room = width - 1  # the closing …

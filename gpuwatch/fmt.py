@@ -43,6 +43,11 @@ def fmt_oom_sizes(body: Mapping[str, object]) -> list[str]:
     return out
 
 
+def ellipsis(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, the cut marked with ``…``."""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
 def _escape(code: int) -> str:
     if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (os.fsdecode's surrogateescape)
         return f"\\x{code - 0xDC00:02x}"

@@ -46,7 +46,7 @@ def sent(monkeypatch, sock_path: str) -> Iterator[list[dict[str, Any]]]:
     gpuwatch.flush()
     _api._state.client.queue.clear()
     _api._state.stack().clear()
-    _api._state.step = 0
+    _api._state.set_step(0)
 
 
 def _tokens() -> tuple[Any, Any]:

@@ -54,25 +54,55 @@ def test_nested_phases_decorator_and_steps(live: Session) -> None:
         pass
     with gpuwatch.phase("zero_grad"):
         pass
-    assert gpuwatch.step() == 11
+    # The zero_grad after the optimizer step is still step 10's; step 11 begins with the
+    # next step's first phase (one that ran in step 10 already).
+    assert gpuwatch.step() == 10
     gpuwatch.mark("checkpoint saved", "warning")
+    with gpuwatch.phase("forward"):
+        pass
+    assert gpuwatch.step() == 11
     gpuwatch.flush()
     assert wait_for(
-        lambda: os.getpid() in live.processes and len(live.processes[os.getpid()].phases) == 5
+        lambda: os.getpid() in live.processes and len(live.processes[os.getpid()].phases) == 6
     )
     assert _phases(live) == [
         ("attention", 1, 10),
         ("forward", 0, 10),
         ("data", 0, 10),
         ("optimizer.step", 0, 10),
-        ("zero_grad", 0, 11),
+        ("zero_grad", 0, 10),
+        ("forward", 0, 11),
     ]
     assert wait_for(lambda: live.marks)
     assert (live.marks[0].text, live.marks[0].level, live.marks[0].step) == (
         "checkpoint saved",
         "warning",
-        11,
+        10,
     )
+
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["step(i)", "no-step-calls"])
+@pytest.mark.parametrize("zero_grad", ["end", "start"])
+def test_steps_are_the_steps_that_ran(live: Session, explicit: bool, zero_grad: str) -> None:
+    # The sample's loop: gpuwatch.step(i) at its top, zero_grad after optimizer.step. Before,
+    # each zero_grad (and the last one's step, which never ran) was counted one step on.
+    gpuwatch.step(0)
+    expected = []
+    for i in range(3):
+        if explicit:
+            gpuwatch.step(i)
+        names = ["forward", "backward", "optimizer.step", "zero_grad"]
+        if zero_grad == "start":
+            names = names[-1:] + names[:-1]
+        for name in names:
+            with gpuwatch.phase(name):
+                pass
+            expected.append((name, 0, i))
+    gpuwatch.flush()
+    assert wait_for(
+        lambda: os.getpid() in live.processes and len(live.processes[os.getpid()].phases) == 12
+    )
+    assert _phases(live) == expected
     hello = live.processes[os.getpid()].hello
     assert hello["argv"] == sys.argv[:64]
     assert "torch" in hello

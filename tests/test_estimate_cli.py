@@ -378,3 +378,23 @@ def test_estimated_peaks_hold_against_real_training_on_the_cpu(family: str) -> N
                 pred = total(breakdown(p, name, first_step=step == 0))
                 assert abs(pred - live.peak) <= 0.10 * live.peak, (name, step, pred, live.peak)
             opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize(
+    ("given", "count"),
+    [("7B", 7 * 10**9), ("1.3b", 1_300_000_000), ("350M", 350 * 10**6), ("2T", 2 * 10**12),
+     ("124k", 124_000), ("7e9", 7 * 10**9)],
+)  # fmt: skip
+def test_params_take_the_suffixes_model_cards_use(given: str, count: int) -> None:
+    r = _run("--params", given, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parameters"] == count
+
+
+@pytest.mark.parametrize(
+    "args", [("--params", "7X"), ("--params", "B"), ("--params", "inf"), ("--layers", "inf")]
+)
+def test_bad_counts_are_one_line(args: tuple[str, ...]) -> None:
+    r = _run(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "not a" in r.stderr

@@ -202,7 +202,7 @@ def test_hf_models_span_by_span(
         _watch._reset_activations()
         _api._state.client.queue.clear()  # its phases are not the next test's
         _api._state.stack().clear()
-        _api._state.step = 0
+        _api._state.set_step(0)
     p = pr.predict(sent[-1])
     # Measured: the figure is what autograd saved, whatever the shape's formula says.
     assert p.activations_source == "measured" and p.activations_formula
@@ -231,6 +231,9 @@ async def test_the_peaks_tab_explains_the_selected_row() -> None:
         assert text.startswith("optimizer.step, step 5 (pid 4242): peak 50.00 GiB = weights")
         assert "AdamW foreach temporary" in text and "(rules)" in text and "(facts)" in text
         assert "unexplained" in text and "allocator cache" in text
+        # Its lines are lines on the screen, never a literal backslash-n (issue 25).
+        assert "\\n" not in text
+        assert any(line.startswith("beyond allocated: ") for line in text.splitlines()[1:])
         unexplained = str(table.get_row_at(row)[9])
         assert unexplained != "n/a"
 

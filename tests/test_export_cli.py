@@ -70,3 +70,26 @@ def test_empty_tables_are_named_and_csv_keeps_its_header(tmp_path: Path) -> None
         header = (out / f"{name}.csv").read_text()
         assert header.count("\n") == 1 and header.strip(), name
     assert "a header row only" in csv.stderr
+
+
+def test_the_parsers_table_names_are_the_exports() -> None:
+    from gpuwatch.cli.recordings import EXPORT_FORMATS, EXPORT_TABLES
+    from gpuwatch.store.export import FORMATS
+
+    assert list(EXPORT_TABLES) == list(TABLES) and EXPORT_FORMATS == FORMATS
+
+
+def test_a_reader_that_leaves_early_is_no_error() -> None:
+    # `gpuwatch export --table gpu F | head -1`: the reader is gone before the rows are.
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwatch", "export", "--table", "gpu",
+         str(ROOT / "samples" / "gpt2-small-h100.gpuwatch")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # long before it writes its first row
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and err == b"", err

@@ -37,7 +37,7 @@ def live(sock_path: str) -> Iterator[Any]:
     gen = receiver(sock_path)
     session = next(gen)
     gpuwatch.configure(socket=sock_path, enabled=True)
-    _api._state.step = 0
+    _api._state.set_step(0)
     _api._state.stack().clear()
     _api._state.client.facts = None
     yield session

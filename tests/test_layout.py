@@ -309,3 +309,69 @@ async def test_clicking_a_key_on_the_bar_runs_it() -> None:
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"
         assert app.panels[0].key == KEY and HOST in app._panels
+
+
+async def test_phase_names_on_the_band_never_touch() -> None:
+    # Before: `backward` filled its 8 cells and `opt` began in the next: `backwardopt`.
+    from textual.app import App
+
+    from gpuwatch.tui.band import BandSpan, PhaseBand
+
+    spans = [
+        BandSpan("forward", 0, 100, 0),
+        BandSpan("backward", 100, 180, 0),  # 8 cells: its name only without a gap
+        BandSpan("optimizer.step", 180, 240, 0),
+        BandSpan("zero_grad", 240, 340, 0),  # 10 cells: its name and a gap
+        BandSpan("eval", 340, 400, 0),
+    ]
+
+    class One(App):
+        def compose(self):
+            yield PhaseBand(lambda t0, t1, n: [BandRow("pid 1", spans, [])])
+
+    app = One()
+    async with app.run_test(size=(9 + 40, 5)) as pilot:
+        band = app.query_one(PhaseBand)
+        band.update_view((0, 400), None, 1)
+        await pilot.pause()
+        line = band.render_line(0).text
+        assert "backwardopt" not in line and "zero_gradev" not in line, line
+        assert "bwd" in line and "opt" in line and "zero_grad" in line, line
+
+
+@pytest.mark.parametrize(
+    ("sample", "cause"),
+    [
+        ("gpt-2.7b-h100-adamw-spike.gpuwatch", "■tmp "),  # AdamW's foreach temporary
+        ("gpt2-small-h100.gpuwatch", "■act "),
+        ("gpt2-small-h100-oom.gpuwatch", "■act "),
+    ],
+)
+async def test_at_80x24_the_first_screen_shows_the_cause_free_and_the_exact_peaks(
+    sample: str, cause: str
+) -> None:
+    # Before: the legend ran out at `■optim 21.…` (bar order, cut mid-number), so the
+    # spike's cause and free never showed; the exact-peak dashes hid under other lines.
+    from rich.color import Color
+
+    player = open_replay(SAMPLES / sample)
+    try:
+        app = ReplayApp(player)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            panel = app.panels[0]
+            legend = panel.bar.render().plain.split("\n")[1]
+            assert cause in legend and "░free " in legend, legend
+            # Whole items only: every shown figure ends with its unit.
+            for item in legend.rstrip(" …").split(" "):
+                assert not item[-1:].isdigit() and not item.endswith("."), legend
+            peak = Color.parse(app.theme_variables["gw-peak"])
+            cells = sum(
+                len(seg.text)
+                for strip in panel.chart._strips
+                for seg in strip
+                if seg.style is not None and seg.style.color == peak
+            )
+            assert cells >= 20, cells  # the exact peak of each phase in view shows
+    finally:
+        player.close()

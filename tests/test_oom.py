@@ -48,7 +48,8 @@ def live(sock_path: str) -> Iterator[Session]:
     session = next(gen)
     gpuwatch.configure(socket=sock_path, enabled=True)
     st = _api._state
-    st.step, st.client.facts = 7, None
+    st.set_step(7)  # also forgets an advance a previous test left pending
+    st.client.facts = None
     st.stack().clear()
     saved = (_oom._O.modes, _oom._O.pending, dict(_oom._O.snapshots), _oom._O.high)
     _oom._O.pending = None
@@ -207,7 +208,7 @@ def test_spike_rule(live: Session, tmp_path: Path, monkeypatch) -> None:
     st = _api._state
 
     def boundary(step: int, peak: int) -> None:
-        st.step = step
+        st.set_step(step)
         with gpuwatch.phase("backward"):
             cuda.peak = peak  # reached inside the phase: its end boundary reports it
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import shutil
 import socket
 import stat
@@ -70,13 +71,21 @@ def test_second_receiver_is_refused(receiver: AnnotationReceiver) -> None:
 
 def test_second_gpuwatch_command_exits_2_with_one_line(receiver: AnnotationReceiver) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpuwatch", "--socket", receiver.path],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    # On a terminal (a pty), as a person starts it: without one the dashboard refuses first.
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "--no-record", "--socket", receiver.path],
+            stdin=follower,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -328,13 +337,17 @@ def test_hostile_datagrams_interleaved_with_valid_ones(receiver: AnnotationRecei
 
 
 def test_a_burst_is_held_while_the_session_is_busy(receiver: AnnotationReceiver) -> None:
-    # The dashboard's threads are busy (here: the session's lock is held for a second)
-    # while a script sends 5000 events with a sender that waits only 50 ms for room: the
-    # relay keeps the socket's small queue empty, so none is dropped, and all arrive late.
+    # The dashboard's threads are busy (here: the session's lock is held throughout) while
+    # a script sends 5000 events: the relay keeps the socket's small queue empty, so none
+    # is dropped, and all arrive late. The sender may wait 10 s in all for room: on a
+    # loaded machine the relay process is not scheduled at once (with 50 ms, 2350 of 5000
+    # were dropped at load 4), while without a relay the socket's queue (a few hundred
+    # datagrams) stays full behind the held lock and the wait runs out whatever the
+    # machine. How fast the relay drains is bench_burst.py's figure, not this test's.
     from gpuwatch.instrument._client import Client
 
     session = receiver.session
-    client = Client(receiver.path, interval=3600, max_wait=0.05)
+    client = Client(receiver.path, interval=3600, max_wait=10.0)
     with session._lock:
         now = time.monotonic_ns()
         for i in range(5000):
@@ -342,7 +355,7 @@ def test_a_burst_is_held_while_the_session_is_busy(receiver: AnnotationReceiver)
         client.flush()
         assert client.dropped == 0
         assert len(session.marks) == 0  # nothing got in while the session was busy
-    assert wait_for(lambda: len(session.marks) == 5000, timeout=30)
+    assert wait_for(lambda: len(session.marks) == 5000, timeout=120)
     assert [m.text for m in session.marks[:3]] == ["m0", "m1", "m2"]
 
 

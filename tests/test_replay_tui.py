@@ -54,7 +54,8 @@ async def test_arrows_seek_by_a_tenth_of_the_window(replay) -> None:
     app = make_app(player)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("plus", "plus", "plus")  # 7.5 s window
-        start = player.position()
+        # Paused, a seek goes on from the cursor (the figures the user reads), if any.
+        start = app.view.cursor if app.view.cursor is not None else player.position()
         await pilot.press("right")
         assert player.position() == start + app.view.span // 10
         await pilot.press("right", "left")
@@ -138,3 +139,81 @@ async def test_replay_help_lists_transport_keys(replay) -> None:
 def test_replay_snapshot(snap_compare, replay) -> None:
     player, _ = replay
     assert snap_compare(make_app(player), press=("plus", "plus", "plus", "m"), terminal_size=SIZE)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)])
+async def test_the_scrubber_keeps_its_total_at_the_end(replay, size) -> None:
+    # Before: at the end of a recording the line ran over and read `01:04.122 /`.
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        app.action_seek_end()
+        await pilot.pause()
+        bar = app.query_one(Scrubber)
+        text = bar.render().plain
+        last = player.bounds()[1]
+        assert player.position() >= last
+        total = text.rsplit(" / ", 1)[-1].split()[0]
+        assert text.rstrip().endswith(total) and ":" in total, text
+        assert len(text) <= bar.content_size.width, (len(text), bar.content_size.width)
+
+
+@pytest.mark.parametrize("size", [(80, 24), SIZE])
+async def test_home_and_end_work_in_every_layout(replay, size) -> None:
+    # Before: at 80x24 the focused panel's scrolling container took both keys.
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        first, last = player.bounds()
+        await pilot.press("end")
+        await pilot.pause()
+        assert player.position() == last
+        await pilot.press("home")
+        await pilot.pause()
+        assert player.position() == first
+
+
+SPIKE = Path(__file__).resolve().parent.parent / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
+
+
+@pytest.mark.parametrize("size", [(80, 24), SIZE])
+async def test_right_moves_the_cursor_on_and_minus_zooms_around_it(size) -> None:
+    # Before: `right` re-anchored the window on the playback position (the chart jumped
+    # back a window and the cursor went); `-` then zoomed around the right edge.
+    from gpuwatch.store.player import open_replay
+
+    player = open_replay(SPIKE)
+    try:
+        app = ReplayApp(player)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            window = app.view.window(app.now())
+            cursor = app.view.cursor
+            assert cursor is not None and window[0] < cursor < window[1]
+            await pilot.press("right")
+            await pilot.pause()
+            assert app.view.window(app.now()) == window  # no jump
+            assert app.view.cursor == cursor + app.view.span // 10
+            assert player.position() == app.view.cursor
+            cursor = app.view.cursor
+            await pilot.press("minus")
+            await pilot.pause()
+            t0, t1 = app.view.window(app.now())
+            assert t1 - t0 == 2 * (window[1] - window[0]) and app.view.cursor == cursor
+            last = player.bounds()[1]
+            # Centred, as far as the recording's end allows.
+            assert t0 <= cursor - (t1 - t0) // 2 or t1 == last
+            assert abs((t0 + t1) // 2 - cursor) <= max(0, cursor + (t1 - t0) // 2 - last) + 1
+    finally:
+        player.close()
+
+
+async def test_4_in_replay_says_there_is_no_log(replay) -> None:
+    player, _ = replay
+    app = make_app(player)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        assert any("replay has no Log tab" in n.message for n in app._notifications)

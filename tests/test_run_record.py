@@ -164,6 +164,11 @@ def test_run_shows_the_command_and_asks_before_quitting(sock_path, tmp_path) -> 
         assert tmux.wait_for_text("[gpuwatch] $"), tmux.screen()  # the log tab
         tmux.keys("q")
         assert tmux.wait_for_text("still running"), tmux.screen()
+        # The command and the question on two lines, never a literal backslash-n.
+        screen = tmux.screen()
+        assert "\\n" not in screen, screen
+        asked = next(line for line in screen.splitlines() if "still running" in line)
+        assert "--steps 100000" not in asked and asked.strip("│ ").startswith("pid "), screen
         tmux.keys("n")
         assert wait_for(lambda: "still running" not in tmux.screen()), tmux.screen()
         tmux.keys("q", "y")
@@ -328,3 +333,72 @@ def test_run_says_how_to_install_torch(sock_path, tmp_path) -> None:
         assert 'has no torch: pip install "gpuwatch[torch]"' in tmux.screen()
     finally:
         tmux.close()
+
+
+LONG_CHILD = (
+    "import sys, time\n"
+    "try:\n"
+    "    for i in range(int(sys.argv[1])):\n"
+    "        time.sleep(0.1)\n"
+    "except KeyboardInterrupt:\n"
+    "    print('got SIGINT', flush=True)\n"
+    "    sys.exit(0)\n"
+    "print('ran to its end', flush=True)\n"
+    "sys.exit(5)\n"
+)
+
+
+def _record_for(tmp_path: Path, sock: str, tenths: int, *options: str):
+    child = tmp_path / "child.py"
+    child.write_text(LONG_CHILD)
+    out = tmp_path / "run.gpuwatch"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock,
+         *options, "--", sys.executable, str(child), str(tenths)],
+        capture_output=True, text=True, timeout=180, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    return result, out
+
+
+def test_record_duration_stops_the_command_with_sigterm_by_default(tmp_path, sock_path) -> None:
+    # Before: SIGINT, the command's KeyboardInterrupt traceback and exit 130, said nowhere.
+    result, out = _record_for(tmp_path, sock_path, 1200, "--duration", "1")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "killed by SIGTERM (--duration 1 s elapsed, --kill sigterm)" in result.stderr
+    open_recording(out).close()
+
+
+def test_record_duration_kill_sigint_is_ctrl_c(tmp_path, sock_path) -> None:
+    result, _ = _record_for(tmp_path, sock_path, 1200, "--duration", "1", "--kill", "sigint")
+    assert result.returncode == 0, result.stderr
+    assert "got SIGINT" in result.stdout and "--kill sigint" in result.stderr
+
+
+def test_record_duration_kill_none_lets_the_command_finish(tmp_path, sock_path) -> None:
+    result, out = _record_for(tmp_path, sock_path, 40, "--duration", "1", "--kill", "none")
+    assert result.returncode == 5, result.stderr  # its own status: gpuwatch did not stop it
+    assert "ran to its end" in result.stdout
+    assert "recording stopped; waiting for the command (--kill none)" in result.stderr
+    rec = open_recording(out)
+    try:
+        session, loader = rec.open_session()
+        loader.load_all()
+        span = session.now() - session.t_origin
+        assert span < 3.5e9, span  # the recording ended at the duration, not with the job
+    finally:
+        rec.close()
+
+
+@pytest.mark.parametrize("options", [["--kill", "none"], ["--duration", "1", "--kill", "none"]])
+def test_record_kill_needs_a_duration_and_a_command(tmp_path, options) -> None:
+    argv = ["record", "--out", str(tmp_path / "r.gpuwatch"), *options]
+    if "--duration" not in options:
+        argv += ["--", sys.executable, "-c", "pass"]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", *argv],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--kill needs --duration and a COMMAND" in result.stderr

@@ -123,7 +123,13 @@ def test_sample_with_stalled_dashboard_completes(sock_path: str, sub_env: dict[s
 
 
 def test_dashboard_started_mid_run_picks_up(sock_path: str, sub_env: dict[str, str]) -> None:
-    proc = start_sample(sub_env, "--steps", "400", "--step-sleep", "0.01", "--log-every", "10")
+    # A model small enough that 400 steps are mostly the 10 ms sleeps, on one thread: on a
+    # loaded 2-core machine the default model, with OpenMP's threads spinning for cores
+    # they could not get, took over the 120 s this test once allowed (100 steps at load
+    # ~10: 72 s, and 12 s with OMP_NUM_THREADS=1).
+    small = ("--layers", "1", "--hidden", "32", "--seq", "16", "--batch", "2", "--vocab", "64")
+    env = {**sub_env, "OMP_NUM_THREADS": "1"}
+    proc = start_sample(env, "--steps", "400", "--step-sleep", "0.01", "--log-every", "10", *small)
     try:
         # The first 10 steps happen with nobody listening.
         assert proc.stdout is not None
@@ -144,7 +150,7 @@ def test_dashboard_started_mid_run_picks_up(sock_path: str, sub_env: dict[str, s
             assert phases[0][1] >= 9, "the first steps (0..8) happened before it started"
             assert p.dropped >= 50, "and their events were counted as dropped"
         finally:
-            proc.communicate(timeout=120)
+            proc.communicate(timeout=600)  # a hang guard, not a speed limit
             rx.stop()
     finally:
         if proc.poll() is None:

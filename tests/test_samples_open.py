@@ -68,3 +68,11 @@ def test_allocated_max_covers_the_exact_phase_peaks(path: Path) -> None:
         pytest.skip("no exact peaks in this recording (CPU)")
     [proc] = info["processes"]
     assert proc["allocated_max"] >= max(peaks)
+
+
+def test_info_marks_a_cut_command_and_keeps_it_off_the_step_count() -> None:
+    # Before: `... --step-sl 6 steps`, the cut command running into the count.
+    out = run_gpuwatch("info", str(ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"))
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if "train_tiny_gpt.py" in x and "steps," in x)
+    assert "…  6 steps, " in line, line

@@ -263,3 +263,17 @@ def test_value_at_treats_the_missing_marker_as_unknown() -> None:
     t = np.array([10, 20], dtype=np.int64)
     assert value_at(t, np.array([5, MISSING_INT], dtype=np.int64), 25) is None
     assert value_at(t, np.array([5, MISSING_INT], dtype=np.int64), 15) == 5.0
+
+
+def test_phase_peaks_run_newest_first_within_a_step_too() -> None:
+    # Before: steps newest first, but each step's phases oldest first.
+    import synthetic
+
+    from gpuwatch.session.peaks import phase_peaks
+
+    s = synthetic.build()
+    proc = next(iter(s.processes.values()))
+    peaks = phase_peaks(s, proc, gpu_key(synthetic.UUID))
+    assert len({p.step for p in peaks}) > 1
+    keys = [(p.step, p.t0) for p in peaks]
+    assert keys == sorted(keys, reverse=True)

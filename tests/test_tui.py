@@ -35,7 +35,8 @@ async def test_panels_for_every_device_and_lines() -> None:
         assert [p.key for p in app.panels] == [KEY, HOST]
         panel = gpu_panel(app)
         roles = [s.role for s in panel.chart.last_frame.series]
-        assert roles == ["predicted", "peak", "nvml", "reserved", "allocated"]
+        # The exact peaks drawn last: where lines share a cell, theirs is the colour shown.
+        assert roles == ["predicted", "nvml", "reserved", "allocated", "peak"]
         # The breakdown bar names every part of nvidia-smi's figure.
         bar = panel.bar.render().plain
         # No NVML process list here: what torch does not reserve is unclaimed, not free.
@@ -365,3 +366,42 @@ async def test_one_band_row_per_rank_named_by_rank() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert [r.label for r in gpu_panel(app).band.rows] == ["rank 0", "rank 1"]
+
+
+async def test_without_colour_lines_and_segments_stay_apart(monkeypatch) -> None:
+    # NO_COLOR turns every colour grey: the lines carry letters, the bar's segments fills.
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.no_color
+        panel = gpu_panel(app)
+        chart = "\n".join(s.text for s in panel.chart._strips)
+        for letter in "NRAP":
+            assert letter in chart, (letter, chart)
+        legend = str(panel.legend.render())
+        for swatch in ("N nvidia-smi", "R reserved", "A allocated", "P predicted"):
+            assert swatch in legend, legend
+        bar, labels = panel.bar.render().plain.split("\n")
+        assert "W" in bar and "O" in bar and "Wweights" in labels and "Ooptim" in labels
+        # Each segment one fill: the weights and the optimizer state do not merge.
+        assert bar.index("W") != bar.index("O")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (140, 45)])
+async def test_notes_are_lines_and_a_cut_one_says_so(size) -> None:
+    # Before: notes joined by a literal `\n`, and at 80x24 cut at the edge with no `…`.
+    session = synthetic.build()
+    session.note("the first note: " + "long words " * 12)
+    session.note("the second note")
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        bar = app.notes_bar
+        shown = [bar.render_line(y).text.rstrip() for y in range(bar.size.height)]
+        text = "\n".join(shown)
+        assert "\\n" not in text, text
+        if size[1] < 36:  # one line: both notes joined, the cut marked
+            assert len(shown) == 1 and shown[0].endswith("…"), shown
+        else:
+            assert any(line.strip() == "the second note" for line in shown), shown

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from . import estimate, live, record, recordings
-from ._common import EXIT_ERROR, CliError, Parser, say
+from ._common import EXIT_OK, CliError, Parser, say
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,10 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # `gpuwatch info FILE | head`: the reader left; say nothing more.
+        # `gpuwatch export --table gpu FILE | head -1`: the reader had what it wanted and
+        # left. Not a failure of ours (a `set -o pipefail` script must not stop on it):
+        # say nothing, and send what Python still flushes at exit nowhere.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_ERROR
+        return EXIT_OK
 
 
 __all__ = ["CliError", "build_parser", "main"]

@@ -59,6 +59,27 @@ def isatty(stream: object) -> bool:
         return False
 
 
+def need_terminal(instead: str) -> None:
+    """Refuse a full-screen command where there is no terminal to draw it on.
+
+    Without one (``| head``, ``</dev/null >out.txt``, cron) the dashboard would never
+    return, spin a core and write escape codes into a file; on ``TERM=dumb`` it cannot
+    draw at all. Say so at once, with what works there instead.
+
+    Args:
+        instead: What to use instead, e.g. ``"gpuwatch info FILE"``.
+
+    Raises:
+        CliError: No terminal on stdin and stdout, or ``TERM=dumb``.
+    """
+    if os.environ.get("TERM") == "dumb":
+        raise CliError(f"TERM=dumb cannot show the full-screen dashboard; use {instead}")
+    if not (isatty(sys.stdin) and isatty(sys.stdout)):
+        raise CliError(
+            f"the dashboard needs a terminal on stdin and stdout; without one use {instead}"
+        )
+
+
 class Progress:
     """A status line on stderr while long work runs (a week's recording takes a minute).
 

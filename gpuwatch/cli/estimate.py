@@ -27,8 +27,25 @@ TRACE_STEPS = 2
 def _positive(text: str) -> int:
     try:
         value = int(float(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise argparse.ArgumentTypeError(f"not a number: {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+SCALE = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+"""``--params 7B``: the suffixes model cards use (thousand, million, billion, trillion)."""
+
+
+def _count(text: str) -> int:
+    """``--params``: ``124M``, ``7B``, ``1.3b``, ``175e9`` or a plain count."""
+    scale = SCALE.get(text.strip()[-1:].lower(), 1)
+    number = text.strip()[:-1] if scale != 1 else text
+    try:
+        value = round(float(number) * scale)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"not a count (e.g. 124M, 7B, 1.3e9): {text!r}")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
@@ -62,9 +79,11 @@ def add_parser(sub: Any) -> None:
     src = p.add_argument_group("model")
     src.add_argument(
         "--params",
-        type=_positive,
-        help="parameter count: alone, weights, gradients and optimizer state (activations "
-        "unknown); with a shape or config, it must agree with it",
+        type=_count,
+        metavar="N",
+        help="parameter count (124M, 7B, 1.3e9; K/M/B/T suffixes): alone, weights, "
+        "gradients and optimizer state (activations unknown); with a shape or config, it "
+        "must agree with it",
     )
     src.add_argument(
         "--config",

@@ -22,6 +22,7 @@ from ._common import (
     check_theme,
     command_after_dashes,
     configure_metrics,
+    need_terminal,
     say,
     theme_name,
 )
@@ -206,6 +207,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     """The live dashboard of every GPU and the host."""
     theme = theme_name(args)
     check_theme(theme)
+    need_terminal("gpuwatch record --out FILE (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     start_sources(sources)
     try:
@@ -226,6 +228,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("gpuwatch run needs a command, e.g. gpuwatch run -- python train.py")
     theme = theme_name(args)
     check_theme(theme)
+    need_terminal("gpuwatch record --out FILE -- COMMAND (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     # Until the dashboard takes SIGTERM and SIGHUP over, they unwind gpuwatch, which stops
     # the command on its way out (the dashboard quits on them, with the same effect).

@@ -12,6 +12,7 @@ import argparse
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     from ..session import Session
 
 
+KILLS = ("none", "sigint", "sigterm")
+"""``--kill``: what the end of ``--duration`` does to the command."""
+KILL_GRACE = 10.0
+"""Seconds the command has to end after ``--kill``'s signal before SIGKILL."""
+
+
 def register(sub: Any) -> None:
     """Add ``record`` to the subcommand parsers."""
     p = sub.add_parser(
@@ -49,7 +56,22 @@ def register(sub: Any) -> None:
         usage="gpuwatch record --out FILE [options] [-- COMMAND [ARGS...]]",
     )
     p.add_argument("--out", required=True, metavar="FILE", help="the recording to create")
-    p.add_argument("--duration", type=seconds, metavar="SECONDS", help="stop after this")
+    p.add_argument(
+        "--duration",
+        type=seconds,
+        metavar="SECONDS",
+        help="stop recording after this; with a COMMAND, --kill says what happens to it",
+    )
+    p.add_argument(
+        "--kill",
+        choices=KILLS,
+        help="with --duration and a COMMAND, what the end of the duration does to the "
+        "command's process group: sigterm (the default; SIGKILL 10 s later if it still "
+        "runs), sigint (as Ctrl-C: Python prints a KeyboardInterrupt traceback), or none "
+        "(the recording ends, the command runs on and gpuwatch waits for it; its exit status "
+        "becomes gpuwatch's). A command stopped by sigterm or sigint counts as success: "
+        "gpuwatch exits 0",
+    )
     add_source_options(p)
     p.add_argument("--label", default="", help="a description stored in the file")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
@@ -72,6 +94,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise CliError(f"{out} already exists (use --force to overwrite it)")
     command = command_after_dashes(getattr(args, "command", None) or [])
+    if args.kill is not None and (not command or args.duration is None):
+        raise CliError("--kill needs --duration and a COMMAND (after --)")
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     sources.record_to(out, label=args.label, overwrite=args.force)
     configure_metrics(sources, args)
@@ -87,6 +111,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     handlers = {signal.SIGINT: on_signal, signal.SIGTERM: on_signal, signal.SIGHUP: hung_up}
     child: Child | None = None
+    stopped = False  # the command stopped by gpuwatch at the end of --duration
     with handling(handlers):
         start_sources(sources)
         recorder = sources.recorder
@@ -103,11 +128,13 @@ def cmd_record(args: argparse.Namespace) -> int:
                         launched(command, socket_path=sources.socket_path, log_path=args.log or "-")
                     )
                     forward = SignalForwarder(child)
-                reported = _wait(args, sources, child, stop, started, tty)
+                reported, elapsed = _wait(args, sources, child, stop, started, tty)
                 if child is not None:
                     sources.session.child_exited(child.pid, child.exit_status)
                 if not args.label:
                     recorder.writer.set_label(_auto_label(sources.session))
+                if elapsed and child is not None and child.running:
+                    stopped = _end_of_duration(args.kill or "sigterm", sources, child, tty)
         finally:
             sources.stop()
     if tty:
@@ -119,10 +146,15 @@ def cmd_record(args: argparse.Namespace) -> int:
     elif not reported:
         say(recorder.error)
     if child is not None:
-        say(f"{shlex.join(command)}: {describe_returncode(child.returncode)}")
+        ended = describe_returncode(child.returncode)
+        if stopped:
+            ended += f" (--duration {args.duration:g} s elapsed, --kill {args.kill or 'sigterm'})"
+        say(f"{shlex.join(command)}: {ended}")
         hint = child.torch_hint()  # with --log; else the child's own line said it
         if hint:
             say(hint)
+        if stopped:
+            return EXIT_ERROR if recorder.error is not None else EXIT_OK
         return EXIT_ERROR if child.exit_status is None else child.exit_status
     return EXIT_ERROR if recorder.error is not None else EXIT_OK
 
@@ -134,8 +166,12 @@ def _wait(
     stop: threading.Event,
     started: float,
     tty: bool,
-) -> bool:
-    """Until the job ends, a signal stops it, or ``--duration``; True if a failure was said."""
+) -> tuple[bool, bool]:
+    """Until the job ends, a signal stops it, or ``--duration``.
+
+    Returns:
+        ``(reported, elapsed)``: a failure was said; ``--duration`` ran out.
+    """
     recorder = sources.recorder
     assert recorder is not None
     deadline = None if args.duration is None else started + args.duration
@@ -155,11 +191,37 @@ def _wait(
             if child is None:
                 break
         wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
-        if wait <= 0 or stop.wait(wait):
+        if wait <= 0:
+            return reported, True
+        if stop.wait(wait):
             break
         if tty and recorder.error is None:
             say(_status(sources, started), end="", overwrite=True)
-    return reported
+    return reported, False
+
+
+def _end_of_duration(kill: str, sources: LiveSources, child: Child, tty: bool) -> bool:
+    """``--duration`` ran out while the command runs: do what ``--kill`` says.
+
+    Returns:
+        True: gpuwatch stopped it; False: it ran to its own end (``none``), and its exit
+        status stays gpuwatch's.
+    """
+    if tty:
+        say("", end="", overwrite=True)
+    if kill == "none":
+        sources.stop()  # the recording ends here; the job does not
+        say("--duration elapsed: recording stopped; waiting for the command (--kill none)")
+        child.wait()  # SIGINT/SIGTERM to gpuwatch still go to the job meanwhile
+        return False
+    sig = signal.SIGINT if kill == "sigint" else signal.SIGTERM
+    child.signal(sig)
+    try:
+        child.wait(KILL_GRACE)
+    except subprocess.TimeoutExpired:
+        child.signal(signal.SIGKILL)
+        child.wait()
+    return True
 
 
 def _auto_label(session: Session) -> str:

@@ -13,7 +13,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_OK, CliError, Progress, check_theme, isatty, say, theme_name
+from ._common import (
+    EXIT_OK,
+    CliError,
+    Progress,
+    check_theme,
+    isatty,
+    need_terminal,
+    say,
+    theme_name,
+)
 
 if TYPE_CHECKING:
     from ..store.multi import Opened
@@ -94,6 +103,30 @@ def _speed(text: str) -> float:
 
 # --------------------------------------------------------------------------- commands
 
+# store.export's table names and formats, written out: importing it (numpy, the session
+# model) to build the parser cost every command, --help and a refusal included, ~0.5 s.
+# tests/test_export_cli.py holds the two in step.
+EXPORT_TABLES = (
+    "meta",
+    "devices",
+    "gpu",
+    "gpu_processes",
+    "host",
+    "torch",
+    "peaks",
+    "rss",
+    "phases",
+    "open_phases",
+    "marks",
+    "ooms",
+    "processes",
+    "process_info",
+    "events",
+    "rejects",
+    "notes",
+)
+EXPORT_FORMATS = ("csv", "jsonl")
+
 
 def register(sub: Any) -> None:
     """Add ``replay``, ``info`` and ``export`` to the subcommand parsers."""
@@ -122,8 +155,6 @@ def register(sub: Any) -> None:
     _add_align(p)
     p.set_defaults(func=cmd_info)
 
-    from ..store.export import FORMATS, TABLES
-
     p = sub.add_parser(
         "export",
         help="write a recording's tables as CSV or JSON lines",
@@ -134,12 +165,12 @@ def register(sub: Any) -> None:
     _add_align(p)
     p.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=EXPORT_FORMATS,
         default="csv",
         help="csv (a header row, also for an empty table) or jsonl (one JSON object a "
         "row: an empty table is an empty file); default csv",
     )
-    p.add_argument("--table", choices=sorted(TABLES), help="only this table")
+    p.add_argument("--table", choices=sorted(EXPORT_TABLES), help="only this table")
     p.add_argument(
         "--out",
         metavar="DIR",
@@ -153,11 +184,12 @@ def register(sub: Any) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Open the dashboard on a recording (or several merged), playing from its start."""
+    theme = theme_name(args)
+    check_theme(theme)
+    need_terminal("gpuwatch info FILE (a summary) or gpuwatch export FILE (tables)")
     from ..store.player import Player, open_replay
     from ..store.recording import RecordingError
 
-    theme = theme_name(args)
-    check_theme(theme)
     files: list[str] = args.file
     if len(files) == 1:
         try:

@@ -33,6 +33,11 @@ def _env_flag(name: str, default: bool) -> bool:
     return default
 
 
+AFTER_STEP = frozenset(("zero_grad", "eval"))
+"""Phases that, after an optimizer step, still belong to its step (unless they ran in the
+step already: a loop that zeroes gradients first starts its steps with zero_grad)."""
+
+
 class _State:
     """Process-wide state of the client (one per process; reset in forked children)."""
 
@@ -44,11 +49,32 @@ class _State:
         self.client = Client(memory=self.memory)
         self.client.enabled = self.enabled
         self.step: int = 0
+        # An optimizer.step phase ended in this step: the step advances when the next
+        # step's first top-level phase begins, so a zero_grad or an eval after the
+        # optimizer step stays in the step that ran it (see top_phase).
+        self.stepped = False
+        self.step_names: set[str] = set()  # top-level phases begun before it
         self.ids = count(1)
         self.local = threading.local()
         # Called with (exc, phase name) when an OOM passes through a phase; set by the
         # OOM forensics module so that this hot module needs no knowledge of it.
         self.on_oom: Callable[[BaseException, str | None], None] | None = None
+
+    def top_phase(self, name: str) -> None:
+        """A top-level phase begins: after an optimizer step, the next step's first phase,
+        unless it is a zero_grad or eval that has not run in this step yet."""
+        names = self.step_names
+        if self.stepped and (name in names or name not in AFTER_STEP):
+            self.step += 1
+            self.stepped = False
+            names.clear()
+        names.add(name)
+
+    def set_step(self, n: int) -> None:
+        """The script says which step this is: it owns the count from here."""
+        self.step = n
+        self.stepped = False
+        self.step_names.clear()
 
     def stack(self) -> list[tuple[int, str]]:
         try:
@@ -91,8 +117,10 @@ class phase:
     be entered many times, from several threads.
 
     Args:
-        name: The phase's name, e.g. ``"forward"`` or ``"optimizer.step"``. The end of a
-            phase named ``"optimizer.step"`` advances the step counter.
+        name: The phase's name, e.g. ``"forward"`` or ``"optimizer.step"``. After a phase
+            named ``"optimizer.step"`` ends, the step counter advances when the next
+            step's first top-level phase begins: a ``zero_grad`` or ``eval`` after the
+            optimizer step stays in its step.
 
     Example:
         >>> with gpuwatch.phase("forward"):
@@ -112,6 +140,8 @@ class phase:
             t = _monotonic_ns()
             fig = st.memory.boundary(t, "begin")
             stack = st.stack()
+            if not stack:
+                st.top_phase(self.name)
             sid = next(st.ids)
             parent = stack[-1][0] if stack else None
             stack.append((sid, self.name))
@@ -145,7 +175,7 @@ class phase:
             if error is not None and "OutOfMemory" in error and st.on_oom is not None:
                 st.on_oom(exc, self.name)
             elif error is None and self.name == "optimizer.step":
-                st.step += 1
+                st.stepped = True  # the next step begins with its first phase
         except Exception:
             pass
         return False
@@ -292,15 +322,17 @@ def mark(text: str, level: str = "info") -> None:
 def step(n: int | None = None) -> int:
     """Set the training step the next phases belong to, or just read it.
 
-    Steps also advance by themselves when an ``optimizer.step`` phase ends, so calling this
-    is optional.
+    Steps also advance by themselves after an ``optimizer.step`` phase, when the next
+    step's first phase begins (see :class:`phase`), so calling this is optional; calling
+    it sets the step and cancels an advance still to come, so ``gpuwatch.step(i)`` at the
+    top of the loop and the optimizer step never count the same step twice.
 
     Returns:
         The current step.
     """
     if n is not None:
         try:
-            _state.step = int(n)
+            _state.set_step(int(n))
         except (TypeError, ValueError):
             pass
     return _state.step

@@ -78,7 +78,8 @@ def _opt(v: int) -> int | None:
 def phase_peaks(
     session: Session, proc: Process, key: str, last_steps: int = 20, depth: int | None = 0
 ) -> list[PhasePeak]:
-    """Ended phases of ``proc`` in its last ``last_steps`` steps, newest step first.
+    """Ended phases of ``proc`` in its last ``last_steps`` steps, newest first (steps and
+    the phases within each).
 
     Read from the newest :data:`SCAN_ROWS` phases (all of them, in all but long runs).
 
@@ -123,5 +124,7 @@ def phase_peaks(
         )
         for i in idx
     ]
-    out.sort(key=lambda p: (-(p.step if p.step is not None else -1), p.t0))
+    # Newest first throughout: steps and the phases within a step alike (live, the phase
+    # that just ended is the top row).
+    out.sort(key=lambda p: (-(p.step if p.step is not None else -1), -p.t0))
     return out

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fmt import first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
+from ..fmt import ellipsis, first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.explain import explain_process, format_predicted, predicted_json
 from ..session.openspans import MAX_OPEN
@@ -340,7 +340,8 @@ def format_summary(info: dict[str, Any]) -> str:
         if p.get("container_pid") is not None:
             label += f" ({p['container_pid']} in its container)"
         lines.append(
-            f"  {label:10} {argv[:60]:60} {p['steps']} steps, "
+            # A cut command says so, and never runs into the step count.
+            f"  {label:10} {ellipsis(argv, 60):60}  {p['steps']} steps, "
             f"{sum(p['phases'].values())} phases, {end}"
         )
     if info["phases"]:

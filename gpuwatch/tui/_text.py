@@ -29,6 +29,15 @@ def plain(text: object, **kwargs: object) -> Text:
     return Text(printable(text), **kwargs)  # type: ignore[arg-type]
 
 
+def plain_lines(lines: Sequence[object], **kwargs: object) -> Text:
+    """Lines of untrusted text as one :class:`~rich.text.Text`, one line each.
+
+    Our own line breaks stay breaks; each line is made printable on its own, so a newline
+    inside a name still shows as ``\\n`` instead of moving the rest of the text.
+    """
+    return Text("\n".join(printable(line) for line in lines), **kwargs)  # type: ignore[arg-type]
+
+
 class Line(Static):
     """A fixed-height line of (markup) text.
 

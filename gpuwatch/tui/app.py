@@ -24,10 +24,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
-from ..fmt import fmt_bytes, fmt_duration
+from ..fmt import ellipsis, fmt_bytes, fmt_duration
 from ..session import Session
 from ..session import navigate as nav
-from ._text import Fitted, markup_safe, plain
+from ._text import Fitted, markup_safe, plain_lines
 from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
@@ -166,6 +166,16 @@ ACTIONS: tuple[Action, ...] = (
 )
 
 
+class PanelList(VerticalScroll, inherit_bindings=False):
+    """The device panels: they scroll, but ``home`` and ``end`` are the dashboard's.
+
+    In the one-panel layout (80x24) a panel has the focus, and a scrolling container's own
+    ``home`` / ``end`` (scroll to top / bottom) took the keys before the app saw them.
+    """
+
+    BINDINGS = [b for b in VerticalScroll.BINDINGS if b.key not in ("home", "end")]  # type: ignore[union-attr]
+
+
 def bindings(actions: Iterable[Action]) -> list[Binding]:
     """Key bindings for ``actions``."""
     return [
@@ -199,6 +209,8 @@ class GpuwatchApp(App[int]):
     }
     Screen.-short #notes {
         height: 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     Screen.-short Tabs {
         height: 1;
@@ -265,7 +277,7 @@ class GpuwatchApp(App[int]):
         self.subtitle_text = subtitle
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
-        self._notes = ""
+        self._notes: tuple[str, bool] = ("", False)  # the notes shown, and on a short screen
         # The session's shared predicted lines (the exporter reads the same ones).
         self.predicted = session.predictions
         self._pending = False
@@ -282,7 +294,7 @@ class GpuwatchApp(App[int]):
         self.notes_bar = Static("", id="notes")
         self.notes_bar.display = False
         self.tabs = TabbedContent(initial="timelines")
-        self.panel_list = VerticalScroll(id="panels")
+        self.panel_list = PanelList(id="panels")
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted
         self.process_table = ProcessTable(self.session, id="process-table")
@@ -512,9 +524,12 @@ class GpuwatchApp(App[int]):
         # ellipsis, before the mode, window or counts are cut.
         self.status_bar.set(parts)
         notes = self.notes_text()
-        if notes != self._notes:  # height auto: a new note needs a layout pass
-            self._notes = notes
-            self.notes_bar.update(plain(notes))
+        short = self.short
+        if (notes, short) != self._notes:  # height auto: a new note needs a layout pass
+            self._notes = (notes, short)
+            lines = notes.split("\n") if notes else []
+            # A short screen has one line for them: joined, and cut with an ellipsis (CSS).
+            self.notes_bar.update(plain_lines([" · ".join(lines)] if short else lines))
             self.notes_bar.display = bool(notes)
 
     def _child_text(self) -> str:
@@ -693,8 +708,8 @@ class GpuwatchApp(App[int]):
 
         self.push_screen(
             Confirm(
-                f"{_ellipsis(shlex.join(child.command), 70)}\n"
-                f"pid {child.pid} is still running. Stop it and quit?"
+                ellipsis(shlex.join(child.command), 70),
+                f"pid {child.pid} is still running. Stop it and quit?",
             ),
             answered,
         )
@@ -728,10 +743,6 @@ class GpuwatchApp(App[int]):
     @on(TimelineChart.Pan)
     def _pan(self, event: TimelineChart.Pan) -> None:
         self.action_pan(event.fraction)
-
-
-def _ellipsis(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _bind(app: App, action: str) -> Callable[[], object]:

@@ -301,6 +301,9 @@ class PhaseBand(Widget):
                     best = (c, end - c + 1)
                 c = end + 1
             start, room = best
+            after = start + room
+            if after < plot_w and owner[after] not in (-1, index):
+                room -= 1  # a cell between this name and the next phase's: never `backwardopt`
             for j, ch in enumerate(_label(name, room)):
                 chars[start + j] = ch
         cursor_col = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
@@ -53,6 +55,35 @@ PATTERN = {"unclaimed": "▓", "unsplit": "╱", "fragmented": "▒"}
 process claims, used memory the figures at the cursor cannot split, and cache that
 fragmentation makes unusable."""
 
+MONO_FILL = {
+    "other": "o",
+    "context": "x",
+    "unclaimed": "▓",
+    "unsplit": "╱",
+    "fragmented": "▒",
+    "cache": "c",
+    "weights": "W",
+    "amp_copies": "m",
+    "gradients": "G",
+    "optimizer_state": "O",
+    "activations": "A",
+    "temporaries": "T",
+    "ddp_buckets": "D",
+    "fsdp_unsharded": "U",
+    "fsdp_reduce": "R",
+    "unexplained": "?",
+    "allocated": "a",
+}
+"""Without colour (``NO_COLOR``) each segment is filled with its own character, the legend's
+swatch: greys alone would merge weights with grads."""
+
+FINDINGS = frozenset(("fragmented", "unexplained", "unsplit"))
+"""Segments the legend keeps whatever their size, as it keeps free and over-predicted."""
+
+OVER = "╳"
+"""The legend's mark for a prediction above what can have been allocated (not on the bar:
+it is no memory the device holds)."""
+
 
 class BreakdownBar(Widget):
     """Two rows: the device's memory as coloured segments, then each segment's size.
@@ -84,6 +115,7 @@ class BreakdownBar(Widget):
         if data is None or not data.total or width <= 0:
             return Text("")
         variables = self.app.theme_variables
+        mono = self.app.no_color
         parts = data.parts()
         scale = width / data.total
         cells: list[tuple[str, Style]] = []
@@ -94,7 +126,9 @@ class BreakdownBar(Widget):
             if n <= 0:
                 continue
             color = variables.get(THEME_VAR[name])
-            if name in PATTERN:
+            if mono:
+                cells += [(MONO_FILL[name], Style(color=color, bold=True))] * n
+            elif name in PATTERN:
                 cells += [(PATTERN[name], Style(color=color))] * n
             else:
                 cells += [(" ", Style(bgcolor=color))] * n
@@ -104,21 +138,53 @@ class BreakdownBar(Widget):
             bar.append(ch, style)
         if len(cells) < width:
             bar.append("░" * (width - len(cells)), Style(color=variables.get("gw-grid")))
-        labels = Text()
+        # (swatch, its style, text, size): in the bar's order.
+        items: list[tuple[str, Style, str, float]] = []
         for name, value in parts:
-            swatch = Style(color=variables.get(THEME_VAR[name]))
-            labels.append(PATTERN.get(name, "■"), swatch)
+            swatch = MONO_FILL[name] if mono else PATTERN.get(name, "■")
+            style = Style(color=variables.get(THEME_VAR[name]))
             why = f" ({data.why})" if name == "unsplit" and data.why else ""
-            labels.append(f"{LABELS[name]} {fmt_short(value)}{why} ")
+            # Findings (fragmentation, what the prediction misses) rank with free.
+            rank = math.inf if name in FINDINGS else value
+            items.append((swatch, style, f"{LABELS[name]} {fmt_short(value)}{why}", rank))
         above = data.above()
         if above:  # not on the bar: the phase reached it, but not at the cursor
-            labels.append("▲", Style(color=variables.get(THEME_VAR[above[0][0]])))
+            style = Style(color=variables.get(THEME_VAR[above[0][0]]))
             cut = " ".join(f"{LABELS[name]} {fmt_short(v)}" for name, v in above)
-            labels.append(f"phase peak +{fmt_short(data.headroom)}: {cut} ")
+            text = f"phase peak +{fmt_short(data.headroom)}: {cut}"
+            items.append(("▲", style, text, math.inf))  # the spike's cause: kept at 80x24
         if over > 0:  # not on the bar: it is no memory the device holds
-            labels.append(f"over-predicted {fmt_short(over)} ", variables.get("gw-unexplained"))
+            over_style = Style(color=variables.get("gw-unexplained"))
+            items.append((OVER, over_style, f"over-predicted {fmt_short(over)}", math.inf))
         if data.free is not None:  # the ░ of the bar above, named
-            labels.append("░", Style(color=variables.get("gw-grid")))
-            labels.append(f"free {fmt_short(data.free)}")
+            free_style = Style(color=variables.get("gw-grid"))
+            items.append(("░", free_style, f"free {fmt_short(data.free)}", math.inf))
+        labels = Text()
+        for swatch, style, text in _fit_legend(items, width):
+            labels.append(swatch, style)
+            labels.append(text + " ")
         labels.truncate(width, overflow="ellipsis")
         return Text("\n").join([bar, labels])
+
+
+def _fit_legend(
+    items: list[tuple[str, Style, str, float]], width: int
+) -> list[tuple[str, Style, str]]:
+    """The legend's items that fit ``width``, most important first, shown in bar order.
+
+    Free memory, an over-prediction and the findings (:data:`FINDINGS`) first; then the
+    largest segments (at 80 columns the spike's temporaries, not 9 MiB of unclaimed
+    memory). Dropped ones leave a ``…`` at the end: the legend never stops mid-number.
+    """
+    cells = [len(swatch) + len(text) + 1 for swatch, _, text, _ in items]
+    if sum(cells) - 1 <= width:  # no space after the last
+        return [(swatch, style, text) for swatch, style, text, _ in items]
+    order = sorted(range(len(items)), key=lambda i: -items[i][3])
+    room = width - 1  # the closing …
+    kept: set[int] = set()
+    for i in order:
+        if cells[i] <= room:
+            kept.add(i)
+            room -= cells[i]
+    shown = [(swatch, style, text) for i, (swatch, style, text, _) in enumerate(items) if i in kept]
+    return [*shown, ("…", Style(), "")]

@@ -26,6 +26,12 @@ AXIS_WIDTH = 9
 """Cells left of the plot for y labels, at least (shared with the phase band, so columns
 align; a panel widens both for a longer process label, ``pid 4194304``)."""
 
+MONO_MARK = {"nvml": "N", "reserved": "R", "allocated": "A", "predicted": "P", "peak": "E"}
+"""Without colour (``NO_COLOR``) every line carries its letter, repeated along it, and the
+legend names it the same way: four greys alone cannot tell the lines apart."""
+MONO_EVERY = 16
+"""Cells between two of a line's letters."""
+
 
 @dataclass
 class Series:
@@ -202,6 +208,8 @@ class TimelineChart(Widget):
             owner[blank, cursor_col] = len(line_styles) - 1
             for row in np.flatnonzero(blank):
                 text[row] = text[row][:cursor_col] + "│" + text[row][cursor_col + 1 :]
+        if self.app.no_color:
+            _mark_lines(text, owner, [s.role for s in frame.series])
         labels = _y_labels(ymax, plot_h)
         strips = []
         for row in range(plot_h):
@@ -236,6 +244,25 @@ class TimelineChart(Widget):
                     line[axis_w + col + 1 + j] = ch
             k += 1
         return "".join(line[: axis_w + plot_w])
+
+
+def _mark_lines(text: list[str], owner: np.ndarray, roles: list[str]) -> None:
+    """Put each line's letter (:data:`MONO_MARK`) on it, once every :data:`MONO_EVERY`
+    cells, in place: the first cell it colours in each stretch (its highest there)."""
+    rows = [list(row) for row in text]
+    for index, role in enumerate(roles):
+        mark = MONO_MARK.get(role)
+        if mark is None:
+            continue
+        mine = owner == index
+        cols = np.flatnonzero(mine.any(axis=0))
+        last = -MONO_EVERY
+        for col in cols.tolist():
+            if col - last < MONO_EVERY:
+                continue
+            last = col
+            rows[int(np.argmax(mine[:, col]))][col] = mark
+    text[:] = ["".join(row) for row in rows]
 
 
 def _y_labels(ymax: float, rows: int) -> dict[int, str]:

@@ -8,11 +8,11 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ._text import plain
+from ._text import plain_lines
 
 
 class Confirm(ModalScreen[bool]):
-    """Ask ``question``; ``y`` answers yes, ``n`` / ``escape`` no."""
+    """Ask ``question`` (lines of untrusted text); ``y`` answers yes, ``n`` / ``escape`` no."""
 
     DEFAULT_CSS = """
     Confirm {
@@ -36,13 +36,13 @@ class Confirm(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No"),
     ]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, *question: str) -> None:
         super().__init__()
         self.question = question
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(plain(self.question))
+            yield Static(plain_lines(self.question))
             yield Static("[b]y[/b] yes   [b]n[/b] no")
 
     def action_answer(self, yes: bool) -> None:

@@ -18,7 +18,7 @@ from ..session.predicted import PredictedLine
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
 from .breakdown import BreakdownBar
-from .chart import ChartFrame, Series, TimelineChart
+from .chart import MONO_MARK, ChartFrame, Series, TimelineChart
 
 LINE_LABELS = {
     "gpu": {
@@ -211,12 +211,14 @@ class DevicePanel(Vertical):
             if role not in roles and role not in values:
                 continue
             color = variables.get(f"gw-{role}", "white")
+            # Without colour the swatch is the letter the chart puts on the line.
+            swatch = MONO_MARK.get(role, "━") if self.app.no_color else "━"
             # Content, not markup: nothing to parse on every frame (and a phase name is
             # taken as it is, never as markup).
             text = f" {label} {fmt_bytes(values.get(role))}"
             if role == "reserved" and not self.is_host:
                 text += self._above_nvml(t, values)
-            parts.append(Content.assemble(("━", color), text))
+            parts.append(Content.assemble((swatch, color), text))
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(Content.assemble((printable(span["name"]), "bold"), step))
@@ -326,9 +328,6 @@ class DevicePanel(Vertical):
                 if line is not None:
                     lo, hi = line.window(t0, t1, n)
                     series.append(Series("predicted", lo, hi))
-            for proc in procs:
-                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
-                series.append(Series("peak", peak, peak))
             if self.key in s.gpu and len(s.gpu[self.key]):
                 lo, hi = s.gpu_window(self.key, "used", t0, t1, n)
                 series.append(Series("nvml", lo, hi))
@@ -336,6 +335,11 @@ class DevicePanel(Vertical):
                 for role in ("reserved", "allocated"):
                     lo, hi = s.torch_window(proc, self.key, role, t0, t1, n)
                     series.append(Series(role, lo, hi))
+            # The exact peaks last: on a short chart (80x24) they share their cells with
+            # the predicted and reserved lines, and drawn under them they never showed.
+            for proc in procs:
+                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
+                series.append(Series("peak", peak, peak))
             total = self.device.total
         for line in series:
             if np.isfinite(line.hi).any():

@@ -133,9 +133,13 @@ class Scrubber(Widget):
             right += f"  loading {min(100, max(0, int(loaded * 100)))}%"
         elif p.growing:
             right += "  following a growing file"
-        width = max(10, self.size.width - len(left) - len(right))
+        # The content's width (padding excluded): the clock on the right is what a user
+        # reads, so the bar gives way, never the total.
+        width = max(10, self.content_size.width - len(left) - len(right))
         self._bar = (len(left), width)
-        played = int(width * (pos - first) / span)
+        # The knob takes a cell of its own: at the very end (or a position past the last
+        # sample) it sits in the bar's last cell instead of pushing the clock off the line.
+        played = min(width - 1, max(0, int(width * (pos - first) / span)))
         loaded_cells = width
         if loader is not None and not loader.done:
             loaded_cells = int(width * (loader.loaded_until - first) / span)
@@ -270,9 +274,21 @@ class ReplayApp(GpuwatchApp):
             self._follow_position()
 
     def action_seek(self, fraction: float) -> None:
-        """Seek by a fraction of the window."""
-        self.player.seek_by(int(fraction * self.view.span))
-        self._follow_position()
+        """Seek by a fraction of the window: playing, the window follows; paused, the
+        cursor moves from where it is (else from the position) and the window scrolls
+        only as far as keeps it in view, so the chart never jumps back."""
+        delta = int(fraction * self.view.span)
+        if self.player.playing:
+            self.player.seek_by(delta)
+            self._follow_position()
+            return
+        base = self.view.cursor if self.view.cursor is not None else self.player.position()
+        pos = self.player.seek(base + delta)
+        now = self._replay_now()
+        self.view.set_cursor(pos, now)
+        self.view.reveal(pos, now)
+        self.redraw()
+        self.scrubber.refresh()
 
     def action_seek_home(self) -> None:
         """Seek to the start."""
@@ -318,6 +334,16 @@ class ReplayApp(GpuwatchApp):
             self.notify(
                 f"OOM pid {oom.pid} in {where}: {sizes}", severity="error", timeout=8, markup=False
             )
+
+    def action_show_tab(self, tab: str) -> None:
+        """As live; a replay has no Log tab, and says why."""
+        if tab == "log":
+            self.notify(
+                "a replay has no Log tab: only gpuwatch run shows its command's output",
+                timeout=3,
+            )
+            return
+        super().action_show_tab(tab)
 
     def action_whole(self) -> None:
         """Zoom out to the whole recording."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.text import Text
@@ -13,7 +13,7 @@ from ..predict import total
 from ..session import Session, is_host
 from ..session.explain import explain_breakdown
 from ..session.peaks import PhasePeak, phase_peaks
-from ._text import plain
+from ._text import plain, plain_lines
 
 
 class PeakDetail(Static):
@@ -29,10 +29,11 @@ class PeakDetail(Static):
     }
     """
 
-    def show(self, text: str) -> None:
-        """Show ``text`` (a few lines); an empty row shows a hint."""
-        # Names in it are the script's word: shown as typed, never as markup.
-        self.update(plain(text or "Select a row to see where its peak went."))
+    def show(self, lines: Sequence[str]) -> None:
+        """Show ``lines`` (a few); none shows a hint."""
+        # Names in them are the script's word: shown as typed, never as markup, and a
+        # newline inside one is escaped; the breaks between our lines stay breaks.
+        self.update(plain_lines(lines or ["Select a row to see where its peak went."]))
 
 
 class PeaksTable(DataTable):
@@ -67,7 +68,7 @@ class PeaksTable(DataTable):
         self.last_steps = last_steps
         self.predicted: Mapping = {}  # pid -> PredictedLine: the session's, set by the app
         self._signature: tuple[object, ...] | None = None
-        self.explanations: list[str] = []  # per row, the detail's text
+        self.explanations: list[list[str]] = []  # per row, the detail's lines
         self.detail = PeakDetail(id=f"{id}-detail" if id else None)
 
     def on_mount(self) -> None:
@@ -82,7 +83,7 @@ class PeaksTable(DataTable):
             return
         self._signature = signature
         rows = []
-        texts: list[str] = []
+        texts: list[list[str]] = []
         for proc in s.processes.values():
             keys = sorted(set(proc.devices.values())) or [proc.host]
             line = self.predicted.get(proc.pid)
@@ -120,7 +121,7 @@ class PeaksTable(DataTable):
                     try:
                         texts.append(_explain_row(line, p, sp, proc.label, is_host(key)))
                     except Exception as exc:  # facts are the script's word: never a crash
-                        texts.append(f"{p.name}: cannot be explained ({type(exc).__name__})")
+                        texts.append([f"{p.name}: cannot be explained ({type(exc).__name__})"])
         self.clear()
         self.explanations = texts
         self.add_rows(rows)
@@ -131,15 +132,15 @@ class PeaksTable(DataTable):
 
     def _show(self, row: int) -> None:
         texts = self.explanations
-        self.detail.show(texts[row] if 0 <= row < len(texts) else "")
+        self.detail.show(texts[row] if 0 <= row < len(texts) else [])
 
 
-def _explain_row(line: Any, p: PhasePeak, sp: Any, label: str, host: bool) -> str:
-    """The detail text of one Peaks row: what its exact peak is made of, and from where."""
+def _explain_row(line: Any, p: PhasePeak, sp: Any, label: str, host: bool) -> list[str]:
+    """The detail lines of one Peaks row: what its exact peak is made of, and from where."""
     where = f"{p.name}, step {p.step}" if p.step is not None else p.name
     if sp is None or line is None or line.prediction is None:
         why = "no model facts from this process" if line is None else "a phase it does not model"
-        return f"{where} ({label}): nothing predicted ({why})"
+        return [f"{where} ({label}): nothing predicted ({why})"]
     prediction = line.prediction
     parts = explain_breakdown(
         prediction,
@@ -154,12 +155,12 @@ def _explain_row(line: Any, p: PhasePeak, sp: Any, label: str, host: bool) -> st
     beyond = [t for t, x in zip(terms, parts, strict=True) if x.key in ("cache", "context")]
     measured = p.peak_alloc if not host else None
     head = f"peak {fmt_bytes(measured)}" if measured is not None else "predicted peak"
-    text = f"{where} ({label}): {head} = " + " + ".join(inside)
+    lines = [f"{where} ({label}): {head} = " + " + ".join(inside)]
     if beyond:
-        text += "\nbeyond allocated: " + " · ".join(beyond)
+        lines.append("beyond allocated: " + " · ".join(beyond))
     if prediction.findings:
-        text += "\n" + prediction.findings[0]
-    return text
+        lines.append(prediction.findings[0])
+    return lines
 
 
 class ProcessTable(DataTable):

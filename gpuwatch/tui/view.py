@@ -64,16 +64,26 @@ class View:
     def zoom(self, factor: float, now: int, anchor: int | None = None) -> None:
         """Scale the span by ``factor`` (<1 zooms in), keeping ``anchor`` in place.
 
-        The anchor defaults to the cursor, else the right edge; a following view stays
-        following when zoomed without a cursor or anchor.
+        With no anchor (the keys), the window is centred on the cursor, as far as the
+        session's start and newest time allow; without a cursor the right edge stays. A
+        following view stays following when zoomed without a cursor or anchor. The
+        anchor (the pointer, for the wheel) keeps its place on the screen.
         """
         new_span = int(min(MAX_SPAN, max(MIN_SPAN, self.span * factor)))
         if self.following and anchor is None and self.cursor is None:
             self.span = new_span
             return
         t0, t1 = self.window(now)
+        if anchor is None and self.cursor is not None:
+            self.pause(now)
+            self.span = new_span
+            end = self.cursor + new_span // 2
+            if self.first is not None:
+                end = max(end, self.first + new_span)
+            self.end = min(self.limit(now), end)
+            return
         if anchor is None:
-            anchor = self.cursor if self.cursor is not None else t1
+            anchor = t1
         frac = (anchor - t0) / max(self.span, 1)
         self.span = new_span
         self.end = min(self.limit(now), anchor + int((1 - frac) * new_span))

@@ -84,6 +84,7 @@ class AnnotationReceiver:
         self._lock_fd: int | None = None
         self._relay: subprocess.Popen | None = None
         self._relay_in: int | None = None  # the pipe the relay writes datagrams to
+        self._relay_lock = threading.Lock()  # who closes _relay_in
         self._lifeline: int | None = None  # closed: the relay exits
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -253,9 +254,18 @@ class AnnotationReceiver:
             self._relay = None
         if thread is not None:
             thread.join(timeout=2)  # the pipe has closed: it reads to its end
-        if self._relay_in is not None:
-            os.close(self._relay_in)
-            self._relay_in = None
+        if thread is None or not thread.is_alive():
+            self._close_relay_in()
+        # else the reader, still handling what it read, closes it as it returns
+
+    def _close_relay_in(self) -> None:
+        """Close the relay's pipe once (the stopping thread or the reader, whichever is
+        last: closing it under a reader still in its loop would hand it a dead number)."""
+        with self._relay_lock:
+            fd, self._relay_in = self._relay_in, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _run_relayed(self) -> None:
         """Datagrams as the relay framed them on the pipe, read many at a time.
@@ -264,14 +274,22 @@ class AnnotationReceiver:
         of what was left over) grew this thread's malloc arena by about 18 MB at 10k
         phases/s, and kept it.
         """
-        assert self._relay_in is not None
+        try:
+            self._read_relayed()
+        finally:
+            if self._stop.is_set():
+                self._close_relay_in()
+
+    def _read_relayed(self) -> None:
+        fd = self._relay_in
+        assert fd is not None
         header = _batch.FRAME.size
         buf = bytearray(2 * RELAY_PIPE)  # a pipe's worth on top of a frame not yet whole
         view = memoryview(buf)
         have = 0
         while True:
             try:
-                got = os.readv(self._relay_in, [view[have:]])
+                got = os.readv(fd, [view[have:]])
             except OSError:
                 return
             if not got:  # the relay exited (stopped, or failed): nothing more comes

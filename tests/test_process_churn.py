@@ -126,3 +126,16 @@ def test_a_process_gone_without_a_bye_is_settled_too(tmp_path: Path) -> None:
     from gpuwatch.store import load
 
     assert load(tmp_path / "killed.gpuwatch").processes[child.pid].gone == proc.gone
+
+
+def test_an_instrumented_process_is_described_for_the_processes_tab() -> None:
+    """NVML lists only processes on a GPU: the command gpuwatch started, on the CPU or not
+    yet on its device, is described by the host sampler (its user, name, command line)."""
+    import getpass
+    import os
+
+    s = Session()
+    s.ingest(Message(kind="hello", pid=os.getpid(), seq=1, t=1_000, body={"argv": ["x"]}))
+    HostSampler(s).sample_once()
+    info = s.proc_info[os.getpid()]
+    assert info["user"] == getpass.getuser() and info["visible"] is True

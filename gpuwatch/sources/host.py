@@ -13,6 +13,7 @@ import time
 import psutil
 
 from ..session import Session
+from .gpu import describe_pid
 
 
 class HostSampler:
@@ -82,6 +83,11 @@ class HostSampler:
             try:
                 if handle is None:
                     handle = self._procs[pid] = psutil.Process(pid)
+                    if pid not in self.session.proc_info:
+                        # Its user and command line for the Processes tab: NVML lists only
+                        # processes on a GPU (not the command on a CPU, nor one not yet
+                        # on its device).
+                        self.session.set_proc_info(pid, describe_pid(pid))
                 rss = handle.memory_info().rss
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 # Ended without a bye (killed, or its bye lost): the session settles it.

@@ -97,6 +97,28 @@ def sock_path(sock_dir: Path) -> str:
 
 
 @pytest.fixture
+def sent(monkeypatch, sock_path: str) -> Iterator[list[dict[str, Any]]]:
+    """Facts as ``watch()`` sends them, collected instead of sent (the client's own send is
+    covered by test_auto); the phases go to a socket nobody reads, and none is left
+    queued, hooked or counted for the next test."""
+    import gpuwatch
+    from gpuwatch.instrument import _api, _auto, _watch
+
+    out: list[dict[str, Any]] = []
+    monkeypatch.setattr(_api, "set_facts", out.append)
+    monkeypatch.delenv("GPUWATCH_ACTIVATIONS", raising=False)
+    gpuwatch.configure(socket=sock_path, enabled=True)
+    yield out
+    _auto.uninstall()
+    _watch._primary = None
+    _watch._reset_activations()
+    gpuwatch.flush()
+    _api._state.client.queue.clear()
+    _api._state.stack().clear()
+    _api._state.set_step(0)
+
+
+@pytest.fixture
 def sub_env(sock_path: str) -> dict[str, str]:
     """Environment for child processes: this checkout first on the path, our socket."""
     env = dict(os.environ)

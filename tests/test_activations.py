@@ -10,7 +10,7 @@ held to 10% of the tracker's.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,29 +24,11 @@ from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 import gpuwatch  # noqa: E402
-from gpuwatch.instrument import _api, _auto, _watch  # noqa: E402
+from gpuwatch.instrument import _auto, _watch  # noqa: E402
 from gpuwatch.predict import breakdown, predict, total  # noqa: E402
 
 VOCAB, BATCH, SEQ = 1024, 4, 64
 PHASES = ("forward", "backward", "optimizer.step", "zero_grad")
-
-
-@pytest.fixture
-def sent(monkeypatch, sock_path: str) -> Iterator[list[dict[str, Any]]]:
-    """Facts as watch() sends them (the client's own send is covered by test_auto); the
-    phases go to a socket nobody reads, and none is left queued for the next test."""
-    out: list[dict[str, Any]] = []
-    monkeypatch.setattr(_api, "set_facts", out.append)
-    monkeypatch.delenv("GPUWATCH_ACTIVATIONS", raising=False)
-    gpuwatch.configure(socket=sock_path, enabled=True)
-    yield out
-    _auto.uninstall()
-    _watch._primary = None
-    _watch._reset_activations()
-    gpuwatch.flush()
-    _api._state.client.queue.clear()
-    _api._state.stack().clear()
-    _api._state.set_step(0)
 
 
 def _tokens() -> tuple[Any, Any]:

@@ -17,7 +17,7 @@ backward, so no saved-tensor measurement sees them; the formula's 4x was no bett
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,29 +29,12 @@ from livebytes import LiveBytes  # noqa: E402
 from torch import nn  # noqa: E402
 
 import gpuwatch  # noqa: E402
-from gpuwatch.instrument import _api, _auto, _watch  # noqa: E402
 from gpuwatch.predict import breakdown, predict, total  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 PHASES = ("forward", "backward", "optimizer.step", "zero_grad")
 BATCH, SEQ, VOCAB = 4, 64, 1024
-
-
-@pytest.fixture
-def sent(monkeypatch, sock_path: str) -> Iterator[list[dict[str, Any]]]:
-    out: list[dict[str, Any]] = []
-    monkeypatch.setattr(_api, "set_facts", out.append)
-    monkeypatch.delenv("GPUWATCH_ACTIVATIONS", raising=False)
-    gpuwatch.configure(socket=sock_path, enabled=True)
-    yield out
-    _auto.uninstall()
-    _watch._primary = None
-    _watch._reset_activations()
-    gpuwatch.flush()
-    _api._state.client.queue.clear()
-    _api._state.stack().clear()
-    _api._state.step = 0
 
 
 def _t5() -> nn.Module:

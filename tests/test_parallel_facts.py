@@ -15,16 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-import test_activations  # noqa: E402
 from ranks_cases import MLP  # noqa: E402
 
 import gpuwatch  # noqa: E402
 from gpuwatch.instrument._facts import collect_facts  # noqa: E402
 
 pytestmark = pytest.mark.torch
-
-sent = test_activations.sent
-"""Facts as watch() sends them (the fixture of ``test_activations``)."""
 
 
 @pytest.fixture

@@ -38,6 +38,8 @@ import time
 import uuid
 from pathlib import Path
 
+from bench_memory import rss_mb  # benchmarks/ is on the path of a script run there
+
 ROOT = Path(__file__).resolve().parent.parent
 
 GROWTH_MB = 20.0
@@ -146,17 +148,6 @@ while time.perf_counter() - start < seconds:
 sys.stdout.write("\n")
 time.sleep(3600)  # stays running: the dashboard is measured, then quit
 """
-
-
-def rss_mb(pid: int) -> float | None:
-    """The resident set of ``pid`` in MB, or None once it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def cpu_s(pid: int) -> float:

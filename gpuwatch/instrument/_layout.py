@@ -32,16 +32,22 @@ def local_bytes(t: Any) -> int:
     return int(t.numel()) * int(t.element_size())
 
 
+def _fsdp_groups(mod: Any) -> list[Any]:
+    """The parameter groups of one FSDP2 unit (one group, or several in newer torch)."""
+    state = mod._get_fsdp_state()
+    groups = list(getattr(state, "_fsdp_param_groups", None) or [])
+    if not groups and getattr(state, "_fsdp_param_group", None) is not None:
+        groups = [state._fsdp_param_group]
+    return groups
+
+
 def _fsdp2_params(model: Any) -> list[Any]:
     """FSDP2's parameter objects (``FSDPParam``) of every unit in ``model``."""
     out: list[Any] = []
     for mod in model.modules():
         if "FSDPModule" not in _classes(mod):
             continue
-        state = mod._get_fsdp_state()
-        groups = list(getattr(state, "_fsdp_param_groups", None) or [])
-        if not groups and getattr(state, "_fsdp_param_group", None) is not None:
-            groups = [state._fsdp_param_group]
+        groups = _fsdp_groups(mod)
         for group in groups:
             out.extend(getattr(group, "fsdp_params", None) or [])
     return out
@@ -148,10 +154,7 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
     for name, mod in model.named_modules():
         if "FSDPModule" not in _classes(mod):
             continue
-        state = mod._get_fsdp_state()
-        groups = list(getattr(state, "_fsdp_param_groups", None) or [])
-        if not groups and getattr(state, "_fsdp_param_group", None) is not None:
-            groups = [state._fsdp_param_group]
+        groups = _fsdp_groups(mod)
         for group in groups:
             count += 1
             if len(units) < MAX_UNITS:

@@ -231,7 +231,7 @@ def _measure_quietly(model: Any) -> None:
     """
     if _measured or _meter is not None or _quiet:
         return
-    if os.environ.get("GPUWATCH_ACTIVATIONS", "").strip().lower() in ("0", "off", "false", "no"):
+    if _activations_off():
         return
     torch = sys.modules.get("torch")
     if torch is None:
@@ -270,11 +270,16 @@ def _drop_quiet_hooks() -> None:
             pass
 
 
+def _activations_off() -> bool:
+    """``GPUWATCH_ACTIVATIONS=0`` (or off, false, no) turns the measurement off."""
+    return os.environ.get("GPUWATCH_ACTIVATIONS", "").strip().lower() in ("0", "off", "false", "no")
+
+
 def _arm_activations() -> None:
     """Ask the automatic phases to tell us when the first training forward begins."""
     if _measured or _meter is not None or _auto.activations_hook is not None:
         return
-    if os.environ.get("GPUWATCH_ACTIVATIONS", "").strip().lower() in ("0", "off", "false", "no"):
+    if _activations_off():
         return
     _auto.activations_hook = _on_activations
 

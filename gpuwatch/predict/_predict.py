@@ -258,8 +258,7 @@ def predict(facts: dict[str, Any]) -> Prediction:
     # agree the formula's moments (its transients walk every op) are kept, set to the
     # measured bytes; where they disagree the formula does not know this model (an
     # encoder-decoder, a frozen backbone) and only the finding names it.
-    measured_sim = simulate_measured(act) if measured is not None else None
-    if measured is not None and measured_sim is not None:
+    if measured is not None:
         notes[:] = [n for n in notes if not n.startswith("activations unknown")]
         off = _disagreement(formula, sum(measured)) if formula is not None else []
         findings.extend(off)
@@ -270,7 +269,7 @@ def predict(facts: dict[str, Any]) -> Prediction:
                 " transients from the model's shape, which agrees with it"
             )
         else:
-            sim = measured_sim
+            sim = simulate_measured(act)
             notes.append(
                 "activations measured (what autograd saved in the first training forward);"
                 " transients estimated from module outputs"

@@ -58,6 +58,12 @@ def exported_names() -> set[str]:
             "event": "begin", "name": "forward", "id": 10**6, "depth": 0,
         })
     )  # fmt: skip
+    s.ingest(
+        Message("memory", synthetic.PID, 10**6 + 1, synthetic.end_time(2) + 2, body={
+            "dev": 0, "allocated": 1, "reserved": 2, "inactive_split": 0,
+            "alloc_retries": 0, "alloc_ooms": 0,
+        })
+    )  # fmt: skip
     s.count_reject("json")
     registry = CollectorRegistry()
     registry.register(SessionCollector(s, host="h"))

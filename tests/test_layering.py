@@ -94,7 +94,7 @@ ALLOWED: dict[str, set[str]] = {
     "sources": {"protocol", "session", "fmt"},
     "store": {"_version", "protocol", "session", "fmt", "predict", "analysis"},
     "scrape_server": set(),
-    "prometheus": {"_version", "session", "predict", "fmt", "scrape_server"},
+    "prometheus": {"_version", "session", "predict", "fmt", "scrape_server", "protocol"},
     "launch": {"protocol"},
     "live": {"session", "sources", "store", "prometheus", "protocol", "fmt"},
     "tui": {"session", "store", "predict", "fmt", "resources", "protocol", "analysis"},

@@ -26,7 +26,8 @@ def _check(name: str) -> list[dict]:
     bad = []
     for r in results:
         rows = table(r)
-        assert {p for _, p, _, _ in rows} == {"forward", "backward", "optimizer.step", "zero_grad"}
+        phases = {p for _, p, _, _ in rows}
+        assert phases == {"forward", "backward", "clip", "optimizer.step", "zero_grad"}
         for step, phase, truth, pred in rows:
             if abs(pred - truth) > TOLERANCE * truth:
                 bad.append(f"rank {r['rank']} step {step} {phase}: {pred / truth:.2f} of the truth")
@@ -69,3 +70,16 @@ def test_fsdp2_one_rank_of_eight() -> None:
     assert shards == 4 * 12_595_200 // 8  # fp32
     state = p.phases["optimizer.step", False].peak["optimizer_state"]
     assert state == 2 * shards + 4 * 24
+
+
+def test_fsdp2_hugging_face_causal_lm() -> None:
+    pytest.importorskip("transformers")
+    results = _check("fsdp2-hf")
+    units = results[0]["facts"]["parallel"]["fsdp"]["unit_list"]
+    # fully_shard's own policy: the root keeps its parameters from forward to backward,
+    # the decoder layers reshard.
+    assert units[0]["name"] == "(root)" and units[0]["reshard_after_forward"] is False
+    assert all(u["reshard_after_forward"] for u in units[1:])
+    p = predict(results[0]["facts"])
+    # At the loss the root's parameters (embedding, norm, LM head) are unsharded.
+    assert p.phases["forward", False].peak["fsdp_unsharded"] == units[0]["unsharded_bytes"]

@@ -1,6 +1,6 @@
 """Each rank's predicted peak per phase against that rank's truth (issue 26), on the CPU.
 
-Every case trains the 6-block MLP of ``ranks_cases`` with AdamW for two steps as real
+Every case trains the 12-block MLP of ``ranks_cases`` with AdamW for two steps as real
 ranks (gloo, spawned processes) or as rank 0 of an 8-rank job (the fake process group),
 with ``gpuwatch.watch`` describing it; the truth is torch.profiler's allocator events
 (``profmem``). Target: every phase of every step on every rank within 10%.
@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ranks_cases import run_case, table  # noqa: E402
+from ranks_cases import BLOCKS, DIM, run_case, table  # noqa: E402
 
 from gpuwatch.predict import predict  # noqa: E402
 
@@ -67,9 +67,10 @@ def test_fsdp2_one_rank_of_eight() -> None:
     p = predict(result["facts"])
     # AdamW's two states of this rank's shards (an eighth), and a step scalar per tensor.
     shards = result["facts"]["params"]["bytes"]
-    assert shards == 4 * 12_595_200 // 8  # fp32
+    params = BLOCKS * 2 * (DIM * DIM + DIM)
+    assert shards == 4 * params // 8  # fp32
     state = p.phases["optimizer.step", False].peak["optimizer_state"]
-    assert state == 2 * shards + 4 * 24
+    assert state == 2 * shards + 4 * BLOCKS * 4  # a step per weight and bias
 
 
 def test_fsdp2_hugging_face_causal_lm() -> None:

@@ -97,6 +97,8 @@ ALLOWED: dict[str, set[str]] = {
     "launch": {"protocol"},
     "live": {"session", "sources", "store", "prometheus", "protocol", "fmt"},
     "tui": {"session", "store", "predict", "fmt", "resources", "protocol"},
+    # gpuwatch serve: aiohttp, and app processes of ``gpuwatch replay`` (never textual).
+    "serve": {"fmt", "store", "sources", "protocol"},
     "cli": {
         "_version",
         "fmt",
@@ -109,6 +111,7 @@ ALLOWED: dict[str, set[str]] = {
         "instrument",
         "resources",
         "protocol",
+        "serve",
     },
     "__init__": {"_version", "instrument"},
     "__main__": {"cli"},

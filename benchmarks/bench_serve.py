@@ -133,7 +133,7 @@ def visitors(context, served, n: int, seconds: float) -> dict[str, float]:
             page.goto(served.url, wait_until="commit")
         firsts = []
         for page in pages:
-            page.wait_for_function("window.__firstFrame !== undefined", timeout=180_000)
+            page.wait_for_selector("body.-first-byte", timeout=180_000)
             # Since the page's navigation started, by the page's own clock.
             firsts.append(page.evaluate("window.__firstFrame") / 1000)
         deadline = time.monotonic() + 60

@@ -143,6 +143,9 @@ def test_other_bind_needs_the_token_on_page_and_websocket() -> None:
         assert status == 303 and headers["Location"] == "/"
         cookie = headers["Set-Cookie"].split(";")[0]
         assert "HttpOnly" in headers["Set-Cookie"] and "SameSite=Strict" in headers["Set-Cookie"]
+        # Never a redirect to another site ("//host" is one).
+        status, headers, _ = served.get(f"//evil.example/?token={token}")
+        assert status in (303, 404) and headers.get("Location", "/") == "/", headers
         status, headers, body = served.get("/", {"Cookie": cookie})
         assert status == 200 and "gpt-2.7b-h100-adamw-spike" in body
         assert headers["X-Frame-Options"] == "DENY"

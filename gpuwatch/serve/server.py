@@ -61,7 +61,6 @@ class Server:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.visitors: set[Visitor] = set()
-        self.started = 0  # app processes started in all (tests: a refused URL starts none)
 
     # ------------------------------------------------------------------ the app
 
@@ -93,7 +92,12 @@ class Server:
             given = request.query.get("token")
             if access.token_ok(given) and given is not None and request.method == "GET":
                 # Keep it in a cookie and take it out of the address bar (and history).
-                response = web.HTTPSeeOther(request.rel_url.with_query(None).path or "/")
+                # The path as sent (still percent-encoded: no line break can reach a
+                # header), and never "//host" (a redirect to another site).
+                back = request.raw_path.split("?")[0]
+                if not back.startswith("/") or back.startswith("//"):
+                    back = "/"
+                response = web.Response(status=303, headers={"Location": back})
                 response.set_cookie(
                     access.cookie, given, httponly=True, samesite="Strict", path="/"
                 )
@@ -201,7 +205,6 @@ class Server:
             width = clamp_size(request.query.get("width"), 80)
             height = clamp_size(request.query.get("height"), 24)
             await visitor.start(width, height)
-            self.started += 1
             async for message in ws:
                 if message.type != WSMsgType.TEXT:
                     continue

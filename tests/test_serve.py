@@ -45,11 +45,13 @@ async def _ws(
     return session, ws
 
 
-async def _first_frame(ws: aiohttp.ClientWebSocketResponse, timeout: float = 60.0) -> bytes:
-    """Terminal output from the visitor's dashboard (its first frame)."""
+async def _first_frame(
+    ws: aiohttp.ClientWebSocketResponse, timeout: float = 60.0, size: int = 1000
+) -> bytes:
+    """Terminal output from the visitor's dashboard (its first ``size`` bytes)."""
     got = b""
     async with asyncio.timeout(timeout):
-        while len(got) < 1000:
+        while len(got) < size:
             message = await ws.receive()
             assert message.type == aiohttp.WSMsgType.BINARY, message
             got += message.data
@@ -225,12 +227,14 @@ def test_path_traversal_is_404_and_touches_nothing(tmp_path: Path) -> None:
 
 
 def test_visitors_over_the_cap_get_the_busy_page() -> None:
-    with serving(["--bind", "0", "--max-visitors", "1", str(SPIKE)]) as served:
+    args = ["--bind", "0", "--max-visitors", "1", "--theme", "gpuwatch-light", str(SPIKE)]
+    with serving(args) as served:
 
         async def crowd() -> None:
             session, ws = await _ws(served)
             try:
-                await _first_frame(ws)
+                # The theme asked for: gpuwatch-light's background, in true colour.
+                assert b"48;2;250;250;250" in await _first_frame(ws, size=20_000)
                 status, headers, body = served.get("/")
                 assert status == 503 and "busy" in body and headers["Retry-After"]
                 with pytest.raises(aiohttp.WSServerHandshakeError) as caught:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ from conftest import ROOT, fake_nvml_env, wait_for
 from serveproc import SPIKE, Served, serving
 
 from gpuwatch.serve.access import Access, TokenError, is_loopback, read_token
+
+HOSTILE = "<script>alert(1)</script>\x1b[2J"
 
 
 def _children(served: Served) -> set[int]:
@@ -161,7 +164,29 @@ def test_other_bind_needs_the_token_on_page_and_websocket() -> None:
                 await _ws(served, cookie=cookie, origin="http://evil.example")
             session, ws = await _ws(served, cookie=cookie)
             try:
-                return caught.value.status, await _first_frame(ws)
+                frame = await _first_frame(ws)
+                # What a page sends is its word: none of this stops its dashboard.
+                for bad in (
+                    "not json",
+                    "[]",
+                    "{}",
+                    '["stdin", 5]',
+                    '["resize", "x"]',
+                    '["resize", {"width": 1e300, "height": -4}]',
+                    '["open_url", "x"]',
+                    '["stdin", "' + "x" * 70_000 + '"]',
+                    "[" * 10_000,
+                ):
+                    await ws.send_str(bad)
+                await ws.send_str('["ping", "still there"]')
+                async with asyncio.timeout(30):
+                    while True:
+                        message = await ws.receive()
+                        assert message.type in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT)
+                        if message.type == aiohttp.WSMsgType.TEXT:
+                            assert message.json() == ["pong", "still there"]
+                            break
+                return caught.value.status, frame
             finally:
                 await ws.close()
                 await session.close()
@@ -188,6 +213,8 @@ def test_path_traversal_is_404_and_touches_nothing(tmp_path: Path) -> None:
     sessions.mkdir(parents=True)
     inside = sessions / "20261123-060331-vm.gpuwatch"
     shutil.copy(SPIKE, inside)
+    with sqlite3.connect(inside) as db:  # a label is the recording's word: hostile here
+        db.execute("UPDATE meta SET value = ? WHERE key = 'label'", (HOSTILE,))
     outside = tmp_path / "secret.gpuwatch"
     shutil.copy(SPIKE, outside)
     (sessions / "20261124-000000-link.gpuwatch").symlink_to(outside)
@@ -198,6 +225,7 @@ def test_path_traversal_is_404_and_touches_nothing(tmp_path: Path) -> None:
         status, _, index = served.get("/")
         assert status == 200
         assert inside.name in index and "link" not in index and "secret" not in index
+        assert "<script>" not in index and "&lt;script&gt;" in index
         assert served.get(f"/r/{inside.name}")[0] == 200  # what is listed opens
         attempts = [
             "/static/../../../../etc/passwd",
@@ -312,3 +340,21 @@ def test_live_follows_a_running_gpuwatch(tmp_path: Path) -> None:
     finally:
         record.terminate()
         record.wait(30)
+
+
+def test_stopping_the_server_ends_its_visitors() -> None:
+    apps: set[int] = set()
+    with serving(["--bind", "0", str(SPIKE)]) as served:
+
+        async def visit() -> None:
+            session, ws = await _ws(served)
+            await _first_frame(ws)
+            apps.update(_children(served))
+            served.proc.terminate()  # with the page still open
+            async with asyncio.timeout(30):
+                while not ws.closed:
+                    await ws.receive()
+            await session.close()
+
+        asyncio.run(visit())
+    assert apps and not any(psutil.pid_exists(pid) for pid in apps)

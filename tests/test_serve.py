@@ -128,8 +128,9 @@ def test_other_bind_needs_the_token_on_page_and_websocket() -> None:
     with serving(["--bind", "0.0.0.0:0", str(SPIKE)]) as served:
         token = served.token
         assert token and len(token) >= 16, served.url
-        status, _, body = served.get("/")
+        status, headers, body = served.get("/")
         assert status == 403 and "token" in body
+        assert headers["X-Frame-Options"] == "DENY"  # a refusal may not be framed either
         status, _, _ = served.get("/?token=" + "x" * len(token))
         assert status == 403
         status, _, _ = served.get("/static/textual.js")

@@ -105,11 +105,12 @@ class Server:
                 return response
             why = "a token is needed: open the address gpuwatch serve printed"
         if why is not None:
-            return _html(message_page("refused", why), 403)
-        try:
-            response = await handler(request)
-        except web.HTTPNotFound:
-            return _html(message_page("not found", "there is nothing at this address"), 404)
+            response = _html(message_page("refused", why), 403)
+        else:
+            try:
+                response = await handler(request)
+            except web.HTTPNotFound:
+                response = _html(message_page("not found", "nothing at this address"), 404)
         if not isinstance(response, web.WebSocketResponse):
             _secure(response)
         return response

@@ -23,6 +23,7 @@ import aiohttp
 import psutil
 from conftest import ROOT, fake_nvml_env, wait_for
 from serveproc import SPIKE, Served, serving
+from vtscreen import Screen
 
 from gpuwatch.serve.access import Access, TokenError, is_loopback, read_token
 
@@ -359,3 +360,28 @@ def test_stopping_the_server_ends_its_visitors() -> None:
 
         asyncio.run(visit())
     assert apps and not any(psutil.pid_exists(pid) for pid in apps)
+
+
+def test_several_files_are_one_merged_session() -> None:
+    other = ROOT / "samples" / "gpt2-small-h100.gpuwatch"
+    with serving(["--bind", "0", "--align", "start", str(SPIKE), str(other)]) as served:
+        status, _, page = served.get("/")
+        assert status == 200 and "replay of 2 recordings merged" in page
+
+        async def visit() -> tuple[bytes, list[str]]:
+            session, ws = await _ws(served)
+            try:
+                frame = await _first_frame(ws, size=20_000)
+                (app,) = [psutil.Process(pid) for pid in _children(served)]
+                return frame, app.cmdline()
+            finally:
+                await ws.close()
+                await session.close()
+
+        frame, argv = asyncio.run(visit())
+        assert argv[-5:] == ["replay", str(SPIKE), str(other), "--align", "start"]
+        screen = Screen()
+        screen.feed(frame)
+        # One session: both files' instrumented processes, devices named by their file.
+        assert screen.find("2 instrumented") and screen.find("replay of 2 recordings")
+        assert screen.find("gpt-2.7b-h100-adamw-spike · GPU 0")

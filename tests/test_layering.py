@@ -98,6 +98,8 @@ ALLOWED: dict[str, set[str]] = {
     "launch": {"protocol"},
     "live": {"session", "sources", "store", "prometheus", "protocol", "fmt"},
     "tui": {"session", "store", "predict", "fmt", "resources", "protocol", "analysis"},
+    # gpuwatch serve: aiohttp, and app processes of ``gpuwatch replay`` (never textual).
+    "serve": {"fmt", "store", "sources", "protocol"},
     "cli": {
         "_version",
         "analysis",
@@ -111,6 +113,7 @@ ALLOWED: dict[str, set[str]] = {
         "instrument",
         "resources",
         "protocol",
+        "serve",
     },
     "__init__": {"_version", "instrument"},
     "__main__": {"cli"},

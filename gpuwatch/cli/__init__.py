@@ -1,7 +1,7 @@
-"""The ``gpuwatch`` command: live dashboard, run, record, replay, info, export, estimate.
+"""The ``gpuwatch`` command: live dashboard, run, record, replay, info, export, estimate, serve.
 
 One module per command family (``live``: the dashboard and ``run``; ``record``;
-``recordings``: replay, info and export; ``estimate``), what they share in ``_common``
+``recordings``: replay, info and export; ``estimate``; ``serve``), what they share in ``_common``
 (errors, output, option types) and ``_child`` (the launched command and its signals).
 Heavy modules (textual, numpy, the samplers) are imported inside the command that needs
 them, so ``gpuwatch --help`` is quick and errors reach the user as one line.
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import estimate, live, record, recordings
+from . import estimate, live, record, recordings, serve
 from ._common import EXIT_OK, CliError, Parser, say
 
 
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_parser(sub)
     record.register(sub)
     recordings.register(sub)
+    serve.register(sub)
     parser.set_defaults(func=live.cmd_live)
     _top_level_wins(parser, sub)
     return parser

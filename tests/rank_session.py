@@ -71,6 +71,8 @@ def build(
             world_size=4,
             devices=devices,
         )
+        # A read before torch.cuda.set_device names device 0: not what the rank works on.
+        script.send("memory", T0 + start + MS // 2, dev=0, allocated=0, reserved=0)
         script.send("facts", T0 + start + MS, facts=facts())
         sid = 0
         for step in range((steps or {}).get(rank, STEPS)):

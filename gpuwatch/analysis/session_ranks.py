@@ -82,20 +82,30 @@ def jobs(session: Session) -> list[list[Process]]:
     return out
 
 
-def _own_gpus(proc: Process) -> set[str]:
-    """The session devices the process uses: those its allocator figures and phases name;
-    failing those, its LOCAL_RANK's device; failing that, its only device."""
-    used = set(proc.torch_devs) | set(proc.tally.torch)
-    if proc.tally.dev is not None:
-        used.add(proc.tally.dev)
-    own = {proc.devices[d] for d in used if d != MISSING_INT and d in proc.devices}
+def own_gpus(proc: Process) -> list[str]:
+    """The session devices the process works on, the one its newest phase used first.
+
+    Named by its newest phases and its newest allocator figures, not by every figure it
+    ever sent: one read before ``torch.cuda.set_device`` names device 0. Failing those,
+    its LOCAL_RANK's device; failing that, its only device.
+    """
+    devs: list[int] = []
+    for table in (proc.phases, proc.torch):
+        end = len(table)
+        col = table.rows(max(table.first, end - SNAPSHOT_ROWS), end, ("dev",))["dev"]
+        known = col[col != MISSING_INT]
+        if table is proc.phases:
+            devs += [int(d) for d in dict.fromkeys(known[::-1].tolist())]  # newest first
+        elif len(known):
+            devs.append(int(known[-1]))
+    own = [proc.devices[d] for d in dict.fromkeys(devs) if d in proc.devices]
     if own:
-        return own
+        return list(dict.fromkeys(own))
     local = proc.hello.get("local_rank")
     if type(local) is int and local in proc.devices:
-        return {proc.devices[local]}
-    values = set(proc.devices.values())
-    return values if len(values) == 1 else set()
+        return [proc.devices[local]]
+    values = sorted(set(proc.devices.values()))
+    return values if len(values) == 1 else []
 
 
 def newest_step(proc: Process) -> int | None:
@@ -193,7 +203,7 @@ class RankFeed:
         """The row of one rank (``snapshots`` caches the GPUs' process lists across rows)."""
         snapshots = {} if snapshots is None else snapshots
         rank, world = rank_of(proc) or (-1, 0)
-        own = sorted(_own_gpus(proc))
+        own = own_gpus(proc)
         gpu = own[0] if own else None
         used = None
         if gpu is not None and gpu in session.gpu:

@@ -97,3 +97,19 @@ def test_a_hostile_host_name_is_shown_escaped() -> None:
     s.processes[rs.PIDS[1]].hello["hostname"] = "evil\x1b]0;pwned\x07"
     text = str(render(RankFeed().tables(s), 140, compact=False, flag_style="bold"))
     assert "\x1b" not in text and "\\x1b" in text
+
+
+async def test_the_tab_in_a_replay(tmp_path) -> None:
+    from gpuwatch.store import save_session
+    from gpuwatch.store.player import open_replay
+    from gpuwatch.tui.replay import ReplayApp
+
+    path = save_session(rs.build(), tmp_path / "job.gpuwatch")
+    app = ReplayApp(open_replay(path), subtitle="replay")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        assert app.tabs.active == "ranks"
+        lines = _shown(app)
+        assert lines[0].startswith("ranks: 4 (world size 4, newest step 2)")
+        assert "! rank 2: a context on GPU 0 (300M), not its own GPU" in lines

@@ -37,6 +37,8 @@ async def test_the_tab_shows_each_rank_and_flags_the_faults() -> None:
         assert faults[1].startswith("! rank 2 (pid 5102) holds 300 MiB on GPU 0")
         await pilot.press("1")
         assert app.tabs.active == "timelines"
+        # Whatever the tab, the status bar counts the job's faults.
+        assert "! 2 rank faults (5)" in app.status_bar.text
 
 
 async def test_at_80x24_the_table_fits_and_the_faults_are_short() -> None:

@@ -491,8 +491,11 @@ class GpuwatchApp(App[int]):
             self.peaks_table.refresh_rows()
         elif self.tabs.active == "processes":
             self.process_table.refresh_rows()
-        elif self.tabs.active == "ranks":
-            self.ranks_view.refresh_rows()
+        if self._ranks_added:  # hidden too, for the faults the status bar counts
+            faults = self.ranks_view.faults
+            self.ranks_view.refresh_rows(hidden=self.tabs.active != "ranks")
+            if self.ranks_view.faults != faults:
+                self._update_status()
 
     def has_ranks(self) -> bool:
         """Does the session hold a job of two or more ranks (the Ranks tab is shown)."""
@@ -546,6 +549,9 @@ class GpuwatchApp(App[int]):
             f"window {fmt_duration(self.view.span)}",
             f"{procs} instrumented",
         ]
+        faults = self.ranks_view.faults
+        if faults:  # the job's ranks disagree: the Ranks tab says how
+            parts.append(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]")
         if rejects:
             parts.append(f"[$warning]{rejects} rejected[/]")
         if dropped:

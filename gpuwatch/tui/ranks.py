@@ -8,6 +8,7 @@ out without colour. Columns that do not fit are left out, least telling first.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,9 @@ SHORT_PHASES = {
 
 GAP = 2
 """Spaces between two columns."""
+
+HIDDEN_EVERY = 5.0
+"""Seconds between two looks at the ranks while their tab is not shown."""
 
 
 @dataclass
@@ -200,20 +204,40 @@ class RanksView(VerticalScroll):
         self.session = session
         self.feed = RankFeed()
         self.tables: list[Ranks] = []
+        self._at = -HIDDEN_EVERY  # when the tables were last made (monotonic seconds)
         self.body = Static("", id=f"{id}-body" if id else None)
 
     def compose(self) -> ComposeResult:
         yield self.body
 
-    def refresh_rows(self) -> None:
-        """Set the ranks side by side anew (explanations are reused while fresh)."""
+    def refresh_rows(self, hidden: bool = False) -> None:
+        """Set the ranks side by side anew (explanations are reused while fresh).
+
+        Args:
+            hidden: The tab is not shown (its faults are counted in the status bar): at
+                most every :data:`HIDDEN_EVERY` seconds.
+        """
+        now = time.monotonic()
+        if hidden and now - self._at < HIDDEN_EVERY:
+            return
+        self._at = now
         self.tables = self.feed.tables(self.session)
+        self._draw()
+
+    @property
+    def faults(self) -> int:
+        """The faults of every job, as last looked at."""
+        return sum(len(r.flags) for r in self.tables)
+
+    def on_mount(self) -> None:
         self._draw()
 
     def on_resize(self) -> None:
         self._draw()
 
     def _draw(self) -> None:
+        if not self.is_mounted:  # its tab is being added: drawn once mounted
+            return
         width = max(20, self.size.width - 2) if self.size.width else 78
         compact = self.screen.has_class("-short")  # the dashboard's 80x24 layout
         theme = self.app.current_theme

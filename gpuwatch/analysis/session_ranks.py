@@ -27,8 +27,9 @@ EXPLAIN_EVERY = 5.0
 LAST_STEPS = 20
 """Steps back that a phase's newest peak is looked for (an eval every few steps)."""
 
-SNAPSHOT_ROWS = 4096
-"""Newest rows of a GPU's process list read to find its newest snapshot."""
+NEWEST_ROWS = 4096
+"""Rows read back from the newest of a table: a GPU's newest process list, a process's
+newest phases and figures (its devices, its step)."""
 
 MAX_RANK = 1 << 20
 """A hello's rank or world size beyond this is not believed (hellos are a script's word)."""
@@ -92,7 +93,7 @@ def own_gpus(proc: Process) -> list[str]:
     devs: list[int] = []
     for table in (proc.phases, proc.torch):
         end = len(table)
-        col = table.rows(max(table.first, end - SNAPSHOT_ROWS), end, ("dev",))["dev"]
+        col = table.rows(max(table.first, end - NEWEST_ROWS), end, ("dev",))["dev"]
         known = col[col != MISSING_INT]
         if table is proc.phases:
             devs += [int(d) for d in dict.fromkeys(known[::-1].tolist())]  # newest first
@@ -114,7 +115,7 @@ def newest_step(proc: Process) -> int | None:
         return proc.tally.step
     table = proc.phases
     end = len(table)
-    steps = table.rows(max(table.first, end - SNAPSHOT_ROWS), end, ("step",))["step"]
+    steps = table.rows(max(table.first, end - NEWEST_ROWS), end, ("step",))["step"]
     known = steps[steps != MISSING_INT]
     return int(known[-1]) if len(known) else None
 
@@ -134,7 +135,7 @@ def newest_snapshot(session: Session, key: str) -> dict[int, int | None]:
     if table is None or len(table) == 0:
         return {}
     end = len(table)
-    cols = table.rows(max(table.first, end - SNAPSHOT_ROWS), end, ("t", "pid", "used", "type"))
+    cols = table.rows(max(table.first, end - NEWEST_ROWS), end, ("t", "pid", "used", "type"))
     if not len(cols["t"]):
         return {}
     newest = cols["t"] == cols["t"][-1]

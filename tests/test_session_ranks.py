@@ -177,3 +177,12 @@ def test_merged_multi_host_replay_is_one_job(tmp_path) -> None:
     [stray] = [f for f in job["flags"] if f["kind"] == "stray_context"]
     assert (stray["rank"], stray["category"]) == (2, "b:0")
     assert job["phases"]["eval"]["max_rank"] == 0
+
+
+def test_info_shows_a_hostile_host_name_escaped(tmp_path) -> None:
+    s = rs.build()
+    s.processes[rs.PIDS[1]].hello["hostname"] = "evil\x1b]0;pwned\x07"
+    path = save_session(s, tmp_path / "job.gpuwatch")
+    out = run_gpuwatch("info", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "evil\\x1b]0;pwned\\x07" in out.stdout

@@ -9,6 +9,7 @@ from conftest import run_gpuwatch
 from store_data import GIB, MS, T0, Script
 
 from gpuwatch.analysis.session_ranks import MARK_PREFIX, RankFeed, RankMarks, jobs
+from gpuwatch.session import Session
 from gpuwatch.store import load, save_session
 
 
@@ -186,3 +187,29 @@ def test_info_shows_a_hostile_host_name_escaped(tmp_path) -> None:
     out = run_gpuwatch("info", str(path))
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "evil\\x1b]0;pwned\\x07" in out.stdout
+
+
+def _fast_job(steps: dict[int, int], scale: dict[int, int] | None = None) -> Session:
+    """Two ranks of 10 ms steps (one phase each); ``steps``: how many each has reported,
+    ``scale``: a rank whose counter counts ``n`` per step (a counter bug)."""
+    s = Session(t_origin=T0)
+    s.live = False
+    for rank, n in steps.items():
+        script = Script(s, rs.PIDS[rank])
+        script.send("hello", T0, rank=rank, world_size=2, local_rank=rank)
+        for i in range(n):
+            step = i * (scale or {}).get(rank, 1)
+            common = {"name": "forward", "id": i + 1, "depth": 0, "step": step}
+            script.send("phase", T0 + i * 10 * MS, event="begin", **common)
+            script.send("phase", T0 + (i * 10 + 8) * MS, event="end", **common)
+    return s
+
+
+def test_steps_compare_at_one_moment_not_as_far_as_each_arrived() -> None:
+    # Rank 1's last three steps are still on their way (30 ms): not a rank behind.
+    [ranks] = RankFeed().tables(_fast_job({0: 10, 1: 7}))
+    assert [r.step for r in ranks.rows] == [6, 6] and ranks.flags == ()
+    # Counters that differ at the same moment do diverge.
+    [ranks] = RankFeed().tables(_fast_job({0: 10, 1: 10}, scale={0: 2}))
+    [flag] = ranks.flags
+    assert (flag.kind, flag.rank, flag.bytes) == ("step_behind", 1, 9)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..session import MISSING_INT, Mark, Process, Session
 from ..session.explain import ProcessExplained, explain_process, first_step_of
 from ..session.peaks import phase_peaks
@@ -30,6 +32,12 @@ LAST_STEPS = 20
 NEWEST_ROWS = 4096
 """Rows read back from the newest of a table: a GPU's newest process list, a process's
 newest phases and figures (its devices, its step)."""
+
+STALE_NS = 10**9
+"""A rank whose newest phase ended this long before the newest rank's has stopped
+reporting (stuck, or gone): its own step counts, not one at a common moment. A sender
+delivers within a quarter second (its longest wait), and a synchronous job's ranks end
+a phase together."""
 
 MAX_RANK = 1 << 20
 """A hello's rank or world size beyond this is not believed (hellos are a script's word)."""
@@ -109,15 +117,36 @@ def own_gpus(proc: Process) -> list[str]:
     return values if len(values) == 1 else []
 
 
-def newest_step(proc: Process) -> int | None:
-    """The step of the newest ended phase that has one (a replay has no running tally)."""
-    if proc.tally.step is not None:
-        return proc.tally.step
+def step_at(proc: Process, t: int | None = None) -> tuple[int, int] | None:
+    """``(end time, step)`` of the newest phase with a step that ended by ``t`` (None: the
+    newest of all), or None when there is none."""
     table = proc.phases
-    end = len(table)
-    steps = table.rows(max(table.first, end - NEWEST_ROWS), end, ("step",))["step"]
-    known = steps[steps != MISSING_INT]
-    return int(known[-1]) if len(known) else None
+    end = len(table) if t is None else table.search(t, "right")
+    cols = table.rows(max(table.first, end - NEWEST_ROWS), end, ("t1", "step"))
+    known = np.flatnonzero(cols["step"] != MISSING_INT)
+    if not len(known):
+        return None
+    return int(cols["t1"][known[-1]]), int(cols["step"][known[-1]])
+
+
+def aligned_steps(procs: list[Process], stale: int = STALE_NS) -> dict[int, int]:
+    """Each rank's step at one moment, by pid: that of the least recent report among the
+    ranks still reporting, so that what one rank's messages took longer to bring is not a
+    rank behind. A rank silent ``stale`` ns before the newest report keeps its own step."""
+    newest = {p.pid: step_at(p) for p in procs}
+    times = [v[0] for v in newest.values() if v is not None]
+    if not times:
+        return {}
+    recent = max(times)
+    common = min(t for t in times if recent - t <= stale)
+    out = {}
+    for p in procs:
+        mine = newest[p.pid]
+        if mine is None:
+            continue
+        at = step_at(p, common) if recent - mine[0] <= stale else mine
+        out[p.pid] = (at or mine)[1]
+    return out
 
 
 def gpu_label(session: Session, key: str) -> str:
@@ -166,11 +195,13 @@ class RankFeed:
         explain: Computes a process's explanation (default :func:`explain_process`; its
             errors on a script's facts leave the row without predictions).
         every: Seconds an explanation of a live process is kept while it changes.
+        stale: See :func:`aligned_steps`.
         clock: Monotonic seconds (tests move it).
     """
 
     explain: Explainer | None = None
     every: float = EXPLAIN_EVERY
+    stale: int = STALE_NS
     clock: Callable[[], float] = time.monotonic
     _cache: dict[int, _Cached] = field(default_factory=dict)
 
@@ -185,7 +216,10 @@ class RankFeed:
         snapshots: dict[str, dict[int, int | None]] = {}
         out = []
         for job in jobs(session):
-            rows = [self.row(session, p, snapshots, phases=phases) for p in job]
+            steps = aligned_steps(job, self.stale)
+            rows = [
+                self.row(session, p, snapshots, phases=phases, step=steps.get(p.pid)) for p in job
+            ]
             if len(rows) >= 2:
                 out.append(compare(rows))
         live = {p.pid for p in session.processes.values()}
@@ -200,8 +234,10 @@ class RankFeed:
         snapshots: dict[str, dict[int, int | None]] | None = None,
         *,
         phases: bool = True,
+        step: int | None = None,
     ) -> RankRow:
-        """The row of one rank (``snapshots`` caches the GPUs' process lists across rows)."""
+        """The row of one rank (``snapshots`` caches the GPUs' process lists across rows;
+        ``step``: its step at the job's common moment, default its newest)."""
         snapshots = {} if snapshots is None else snapshots
         rank, world = rank_of(proc) or (-1, 0)
         own = own_gpus(proc)
@@ -227,7 +263,7 @@ class RankFeed:
             host=host if isinstance(host, str) and host else "?",
             gpu=gpu_label(session, gpu) if gpu is not None else None,
             pid=proc.os_pid if proc.os_pid is not None else proc.pid,
-            step=newest_step(proc),
+            step=step if step is not None else (step_at(proc) or (0, None))[1],
             used=used,
             phases=self._phases(session, proc) if phases else {},
             strays=strays,

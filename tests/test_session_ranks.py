@@ -213,3 +213,19 @@ def test_steps_compare_at_one_moment_not_as_far_as_each_arrived() -> None:
     [ranks] = RankFeed().tables(_fast_job({0: 10, 1: 10}, scale={0: 2}))
     [flag] = ranks.flags
     assert (flag.kind, flag.rank, flag.bytes) == ("step_behind", 1, 9)
+
+
+def test_no_stray_when_its_own_gpu_is_unknown() -> None:
+    # It sees four GPUs, names none in phases or figures, and has no LOCAL_RANK: GPU 0 may
+    # well be its own. A process that sees no GPU and is listed on one is a stray.
+    s = rs.build()
+    proc = s.processes[rs.PIDS[2]]
+    proc.hello.pop("local_rank")
+    proc.phases.retain(0)
+    proc.torch.retain(0)
+    assert len(proc.phases) - proc.phases.first == 0
+    row = RankFeed().row(s, proc, phases=False)
+    assert row.gpu is None and row.strays == {}
+    proc.devices.clear()
+    row = RankFeed().row(s, proc, phases=False)
+    assert row.strays == {"0": rs.STRAY, "2": 12 * GIB}

@@ -248,7 +248,10 @@ class RankFeed:
             if last is not None and last["used"] != MISSING_INT:
                 used = int(last["used"])
         strays: dict[str, int | None] = {}
-        for key in sorted(session.gpu_procs):
+        # Which of the GPUs it sees is its own, unknown: none is called another's. (One
+        # that sees none and is listed on a GPU holds a context there all the same.)
+        known = bool(own) or not proc.devices
+        for key in sorted(session.gpu_procs) if known else ():
             if key in own or not _same_host(session, proc, key):
                 continue
             if key not in snapshots:

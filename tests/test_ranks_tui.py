@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import rank_session as rs
 import synthetic
+from store_data import T0, Script
 
 from gpuwatch.analysis.session_ranks import RankFeed
 from gpuwatch.tui.app import GpuwatchApp
@@ -63,7 +64,11 @@ async def test_no_tab_without_ranks_and_one_once_a_second_rank_says_hello() -> N
         await pilot.press("5")
         await pilot.pause()
         assert app.tabs.active == "timelines" and not app.has_ranks()
-        rs.build(session=s, ranks=(1,), stray=False)  # rank 1 arrives
+        # Rank 1's first message is not its hello (a dashboard that started late).
+        Script(s, rs.PIDS[1]).send("mark", T0, text="resumed")
+        await pilot.pause(0.6)
+        assert not app.has_ranks()
+        rs.build(session=s, ranks=(1,), stray=False)  # its hello, and its steps
         await pilot.pause(1.2)  # the table timer looks at the new process
         assert app.has_ranks()
         await pilot.press("5")

@@ -24,7 +24,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
-from ..analysis.session_ranks import jobs
+from ..analysis.session_ranks import jobs, rank_of
 from ..fmt import ellipsis, fmt_bytes, fmt_duration
 from ..session import Session
 from ..session import navigate as nav
@@ -303,7 +303,6 @@ class GpuwatchApp(App[int]):
         self.process_table = ProcessTable(self.session, id="process-table")
         # The Ranks tab appears once the session has a job of two or more ranks.
         self.ranks_view = RanksView(self.session, id="ranks-view")
-        self._ranks_checked = -1  # processes known when the session was last looked at
         self._ranks_added = False
         yield self.status_bar
         yield self.notes_bar
@@ -502,12 +501,14 @@ class GpuwatchApp(App[int]):
         return self._ranks_added
 
     def _add_ranks_tab(self) -> Any:
-        """Add the Ranks tab once a job of two or more ranks is known (looked for only
-        when the session knows new processes); returns what to await, or None."""
-        count = len(self.session.processes)
-        if self._ranks_added or count == self._ranks_checked:
+        """Add the Ranks tab once a job of two or more ranks is known; returns what to
+        await, or None. (A hello may come after a process's first message: looked for at
+        each table refresh until found, a pass over the processes.)"""
+        if self._ranks_added:
             return None
-        self._ranks_checked = count
+        procs = list(self.session.processes.values())
+        if sum(rank_of(p) is not None for p in procs) < 2:
+            return None
         if not any(len(job) >= 2 for job in jobs(self.session)):
             return None
         self._ranks_added = True
@@ -516,7 +517,6 @@ class GpuwatchApp(App[int]):
     async def action_show_ranks(self) -> None:
         """Show the Ranks tab (added first if the session has ranks it has not shown)."""
         if not self._ranks_added:
-            self._ranks_checked = -1
             added = self._add_ranks_tab()
             if added is None:
                 self.notify("no job of two or more ranks in this session", timeout=2)

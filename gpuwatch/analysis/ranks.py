@@ -214,6 +214,46 @@ class Ranks:
         }
 
 
+def ranks_from_json(data: Mapping[str, Any]) -> Ranks:
+    """The :class:`Ranks` that :meth:`Ranks.to_json` wrote (``gpuwatch info``'s own dict,
+    made in the same process: the report's text is drawn from it)."""
+    rows = tuple(
+        RankRow(
+            rank=r["rank"],
+            host=r["host"],
+            gpu=r["gpu"],
+            pid=r["pid"],
+            step=r["step"],
+            used=r["used"],
+            phases={
+                name: RankPhase(p["peak"], p["predicted"], dict(p["parts"]))
+                for name, p in r["phases"].items()
+            },
+            strays=dict(r["strays"]),
+            strategy=r["strategy"],
+            world_size=r["world_size"],
+        )
+        for r in data["rows"]
+    )
+    spreads = tuple(
+        Spread(
+            name,
+            s["max_rank"],
+            s["max_bytes"],
+            s["min_rank"],
+            s["min_bytes"],
+            s["median_bytes"],
+            s["ranks"],
+        )
+        for name, s in data["phases"].items()
+    )
+    flags = tuple(
+        Flag(f["kind"], f["rank"], f["text"], f["phase"], f["bytes"], f["category"])
+        for f in data["flags"]
+    )
+    return Ranks(rows, spreads, flags)
+
+
 def compare(
     rows: Iterable[RankRow],
     *,

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.ranks import format_ranks, ranks_from_json
+from ..analysis.session_ranks import RankFeed
 from ..fmt import ellipsis, first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.explain import explain_process, format_predicted, predicted_json
@@ -139,7 +141,8 @@ def _content(s: Session) -> dict[str, Any]:
             entry["origin"] = dev.origin
         devices.append(entry)
     out["devices"] = devices
-    out["processes"] = [_process(s, p, rel) for p in s.processes.values()]
+    explained: dict[int, Any] = {}
+    out["processes"] = [_process(s, p, rel, explained) for p in s.processes.values()]
     out["phases"] = _phases(s)
     out["marks"] = s.mark_count()
     out["ooms"] = [
@@ -161,11 +164,14 @@ def _content(s: Session) -> dict[str, Any]:
     out["dropped"] = sum(p.dropped for p in s.processes.values())
     out["gaps"] = sum(p.gaps for p in s.processes.values())
     out["abandoned_phases"] = sum(p.abandoned for p in s.processes.values())
+    # The ranks of each job side by side (docs/ranks.md), from the explanations above.
+    feed = RankFeed(explain=lambda _, p: explained.get(p.pid))
+    out["ranks"] = [r.to_json() for r in feed.tables(s)]
     out["notes"] = list(s.notes)
     return out
 
 
-def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
+def _process(s: Session, p: Process, rel: Any, explained: dict[int, Any]) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     # A step is an optimizer step: the client advances its step counter when one ends, so
     # phases after it (zero_grad) already carry the next number.
@@ -211,7 +217,7 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
     if p.origin:  # merged: which recording, and its own pid if renumbered
         out["origin"] = p.origin
         out["os_pid"] = p.os_pid if p.os_pid is not None else p.pid
-    ex = _explain(s, p)
+    ex = explained[p.pid] = _explain(s, p)
     if ex is not None:
         out["predicted"] = predicted_json(ex)
         out["findings"] = ex.findings
@@ -360,6 +366,8 @@ def format_summary(info: dict[str, Any]) -> str:
             lines += format_predicted(
                 p["label"], p["predicted"], p.get("findings", []), p.get("prediction_notes", [])
             )
+    for job in info.get("ranks", ()):
+        lines += format_ranks(ranks_from_json(job))
     rejects = ", ".join(f"{k} {v}" for k, v in info["rejects"].items())
     lines.append(
         f"marks {info['marks']} · OOMs {len(info['ooms'])} · rejected {info['rejected']}"

@@ -1,4 +1,5 @@
-"""The ``gpuwatch`` command: live dashboard, run, record, replay, info, export, estimate.
+"""The ``gpuwatch`` command: live dashboard, run, record, replay, info, export, estimate,
+cluster.
 
 One module per command family (``live``: the dashboard and ``run``; ``record``;
 ``recordings``: replay, info and export; ``estimate``), what they share in ``_common``
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import estimate, live, record, recordings
+from . import cluster, estimate, live, record, recordings
 from ._common import EXIT_OK, CliError, Parser, say
 
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_parser(sub)
     record.register(sub)
     recordings.register(sub)
+    cluster.register(sub)
     parser.set_defaults(func=live.cmd_live)
     _top_level_wins(parser, sub)
     return parser

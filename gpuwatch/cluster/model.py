@@ -351,12 +351,13 @@ class Cluster:
         return sorted({g.host for g in self.gpus.values()})
 
     def cells(self, sort: str = "host", text: str = "") -> list[tuple[str, list[Gpu]]]:
-        """The GPUs grouped by host, in the order ``sort`` asks, those matching ``text``.
+        """The GPUs grouped by host, in the order ``sort`` asks, those whose text (key, name,
+        ranks, phase, state) holds ``text`` (case and runs of spaces aside).
 
         Hosts come in the order of their first GPU, so the fullest host leads a memory sort.
         """
-        words = text.lower().split()
-        chosen = [g for g in self.gpus.values() if all(w in g.text() for w in words)]
+        needle = " ".join(text.lower().split())
+        chosen = [g for g in self.gpus.values() if needle in g.text()]
         chosen.sort(key=_SORT_KEYS[sort])
         groups: dict[str, list[Gpu]] = {}
         for g in chosen:

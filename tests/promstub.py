@@ -124,7 +124,7 @@ class PromStub:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 parts = urllib.parse.urlsplit(self.path)
                 params = dict(urllib.parse.parse_qsl(parts.query))
                 s = owner.stub

@@ -253,8 +253,8 @@ class ClusterApp(App[int]):
         interval = self.poller.interval
         extra = f" · every {interval:g} s" + (f" · sort {self.sort}" if self.sort else "")
         if self.text:
-            extra += f" · filter {printable(self.text)!s}"
-        self.summary.set(c.summary() + extra)
+            extra += f" · filter {printable(self.text)}"
+        self.summary.set(printable(c.summary()) + extra)  # host names are Prometheus' word
         if c.error:
             since = ""
             if c.refreshed is not None:
@@ -340,6 +340,8 @@ class ClusterApp(App[int]):
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = "gpus" if tab == "gpus" else "ranks-tab"
+        if tab == "gpus":
+            self.grid.focus()  # enter opens the selected row's host
 
     def action_open_host(self) -> None:
         key = self._selected_key()

@@ -102,7 +102,7 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
 
 
 async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:
-    s, server = served
+    _s, server = served
     app = ClusterApp(PromClient(server.url, timeout=0.5), [])
     async with app.run_test(size=SIZE) as pilot:
         assert await until(pilot, lambda: app.refreshes >= 1)
@@ -147,7 +147,7 @@ async def test_hostile_labels_show_as_typed(served) -> None:
 
 
 def test_the_poller_stops(served) -> None:
-    s, server = served
+    _s, server = served
     got = []
     from gpuwatch.tui.cluster import Poller
 

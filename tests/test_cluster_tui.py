@@ -82,6 +82,10 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         assert "ranks: 2" in text and "9.0G (rank 1)" in text and "above the" in text, text
         await pilot.press("1")
         # Enter on a row: its host's panels, from range queries.
+        await pilot.press("end")  # node-b:0, the last row of the memory sort
+        assert app._selected_key() == "gpu\x00node-b:0"
+        await pilot.press("home")
+        assert app._selected_key() == "host\x00node-a"
         app.grid.move_cursor(row=[k for k, _ in app._rows].index("gpu\x00node-b:1"))
         await pilot.press("enter")
         assert await until(pilot, lambda: isinstance(app.screen, HostScreen))

@@ -130,6 +130,15 @@ class Poller:
             self._wake.clear()
 
 
+class Grid(DataTable):
+    """The GPU rows: ``home``/``end`` go to the first/last row (the columns always fit)."""
+
+    BINDINGS = [
+        Binding("home", "scroll_top", "First row", show=False),
+        Binding("end", "scroll_bottom", "Last row", show=False),
+    ]
+
+
 class ClusterApp(App[int]):
     """The cluster view.
 
@@ -188,7 +197,7 @@ class ClusterApp(App[int]):
         self.error_line.display = False
         self.filter_input = Input(placeholder="filter: host, gpu, rank, phase, state", id="filter")
         self.filter_input.display = False
-        self.grid = DataTable(id="grid", cursor_type="row", zebra_stripes=False)
+        self.grid = Grid(id="grid", cursor_type="row", zebra_stripes=False)
         self.ranks_view = Static("", id="ranks", markup=False)
         yield self.summary
         yield self.error_line

@@ -86,7 +86,7 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         assert app._selected_key() == "gpu\x00node-b:0"
         await pilot.press("home")
         assert app._selected_key() == "host\x00node-a"
-        app.grid.move_cursor(row=[k for k, _ in app._rows].index("gpu\x00node-b:1"))
+        app.grid.cursor = [k for k, _ in app._rows].index("gpu\x00node-b:1")
         await pilot.press("enter")
         assert await until(pilot, lambda: isinstance(app.screen, HostScreen))
         screen = app.screen

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
@@ -41,6 +42,10 @@ FAMILIES = (
 )
 """What one refresh asks, one instant query each. ``gpuwatch_rank_info`` (the rank's
 layout) is read when the exporter has it; ``up`` tells which scrape targets answer."""
+
+
+QUERY_THREADS = 4
+"""Queries of one refresh in flight at once (Prometheus answers each on its own thread)."""
 
 
 def host_of(labels: dict[str, str] | object) -> str:
@@ -118,21 +123,30 @@ class Answers:
 def fetch(
     client: PromClient, matchers: Sequence[tuple[str, str, str]] = (), at: float | None = None
 ) -> Answers:
-    """Ask every family once, all at the same instant; a failure is kept per family."""
+    """Ask every family once, all at the same instant and side by side (a refresh takes
+    about as long as its slowest query); a failure is kept per family."""
     at = time.time() if at is None else at
     start = time.perf_counter()
     answers = Answers(at)
-    gone: str | None = None
-    for family in FAMILIES:
-        if gone is not None:  # the server is gone: the other families would wait as long
-            answers.errors[family] = gone
-            continue
+
+    gone: list[PromError] = []  # the server did not answer: the rest would wait as long
+
+    def ask(family: str) -> tuple[str, list[Series] | PromError]:
+        if gone:
+            return family, gone[0]
         try:
-            answers.series[family] = client.query(selector(family, matchers), at=at)
+            return family, client.query(selector(family, matchers), at=at)
         except PromError as exc:
-            answers.errors[family] = str(exc)
             if exc.gone:
-                gone = str(exc)
+                gone.append(exc)
+            return family, exc
+
+    with ThreadPoolExecutor(max_workers=QUERY_THREADS, thread_name_prefix="gw-query") as pool:
+        for family, got in pool.map(ask, FAMILIES):
+            if isinstance(got, PromError):
+                answers.errors[family] = str(got)
+            else:
+                answers.series[family] = got
     answers.seconds = time.perf_counter() - start
     return answers
 

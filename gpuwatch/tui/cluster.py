@@ -13,14 +13,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
-from rich.text import Text
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.geometry import Region, Size
+from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import DataTable, Input, Static, TabbedContent, TabPane, Tabs
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
 
 from ..analysis.ranks import format_ranks
 from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
@@ -41,7 +48,6 @@ UNKNOWN_INTERVAL = 5.0
 WINDOWS = (60, 300, 900, 3600, 6 * 3600)
 """The drill-down's time windows in seconds (``+``/``-`` step through them)."""
 DEFAULT_WINDOW = 300
-COLUMN_KEYS = ("gpu", "bar", "used", "rank", "phase", "peak", "state")
 
 CLUSTER_HELP = """\
 # gpuwatch cluster
@@ -130,13 +136,119 @@ class Poller:
             self._wake.clear()
 
 
-class Grid(DataTable):
-    """The GPU rows: ``home``/``end`` go to the first/last row (the columns always fit)."""
+Row = list[tuple[str, "Style | None"]]
+"""A grid row: its text in styled runs (plain strings, already printable and padded)."""
+
+CURSOR = Style(reverse=True)
+CURSOR_BLURRED = Style(underline=True)
+STYLES = {
+    name: Style.parse(name) if name else None
+    for name in ("", "bold", "dim", "red", "yellow", "green", "bold red")
+}
+
+
+class Grid(ScrollView, can_focus=True):
+    """The GPU rows, drawn line by line: only the rows in view are painted each frame.
+
+    A DataTable re-laid-out its whole table at each cell update: 128 GPUs took seconds of
+    CPU a refresh. Here a refresh replaces the rows' texts, and painting costs the rows
+    on screen. ``up``/``down``/``pageup``/``pagedown``/``home``/``end`` move the cursor,
+    ``enter`` opens the row's host.
+    """
 
     BINDINGS = [
-        Binding("home", "scroll_top", "First row", show=False),
-        Binding("end", "scroll_bottom", "Last row", show=False),
+        Binding("up", "move(-1)", "Up", show=False),
+        Binding("down", "move(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "move(-1000000)", "First row", show=False),
+        Binding("end", "move(1000000)", "Last row", show=False),
+        Binding("enter", "open", "Open host", show=False),
     ]
+    DEFAULT_CSS = """
+    Grid { height: 1fr; }
+    """
+
+    class Opened(Message):
+        """Enter on a row (its key)."""
+
+        def __init__(self, key: str) -> None:
+            super().__init__()
+            self.key = key
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.rows: list[tuple[str, Row]] = []
+        self.cursor = 0
+        self._strips: dict[tuple[int, int, bool], Strip] = {}
+
+    @property
+    def selected(self) -> str | None:
+        return self.rows[self.cursor][0] if 0 <= self.cursor < len(self.rows) else None
+
+    def set_rows(self, rows: list[tuple[str, Row]]) -> None:
+        """Show ``rows``; the cursor stays on the same key where it still is."""
+        key = self.selected
+        self.rows = rows
+        keys = [k for k, _ in rows]
+        self.cursor = keys.index(key) if key in keys else min(self.cursor, max(0, len(rows) - 1))
+        self._strips.clear()
+        size = Size(max((sum(len(t) for t, _ in r) for _, r in rows), default=0), len(rows))
+        if size != self.virtual_size:  # a new size lays the screen out again
+            self.virtual_size = size
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.size.width
+        if index >= len(self.rows):
+            return Strip.blank(width, self.rich_style)
+        selected = index == self.cursor and self.has_focus
+        cache = (index, width + scroll_x, selected)
+        strip = self._strips.get(cache)
+        if strip is None:
+            base = self.rich_style
+            if index == self.cursor:
+                base += CURSOR if self.has_focus else CURSOR_BLURRED
+            segments = [
+                Segment(t, base + st if st is not None else base) for t, st in self.rows[index][1]
+            ]
+            strip = Strip(segments).crop_extend(0, width + scroll_x, base)
+            self._strips[cache] = strip
+        return strip.crop(scroll_x, scroll_x + width)
+
+    def on_focus(self) -> None:
+        self._strips.clear()
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self._strips.clear()
+        self.refresh()
+
+    def action_move(self, delta: int) -> None:
+        if not self.rows:
+            return
+        self.cursor = max(0, min(len(self.rows) - 1, self.cursor + delta))
+        self._strips.clear()
+        self.scroll_to_region(Region(0, self.cursor, 1, 1), animate=False)
+        self.refresh()
+
+    def action_page(self, direction: int) -> None:
+        self.action_move(direction * max(1, self.size.height - 1))
+
+    def action_open(self) -> None:
+        if self.selected is not None:
+            self.post_message(self.Opened(self.selected))
+
+    def on_click(self, event: events.Click) -> None:
+        index = self.scroll_offset.y + event.y
+        if 0 <= index < len(self.rows):
+            if index == self.cursor and event.chain > 1:
+                self.action_open()
+            self.cursor = index
+            self._strips.clear()
+            self.refresh()
 
 
 class ClusterApp(App[int]):
@@ -157,6 +269,7 @@ class ClusterApp(App[int]):
     TabbedContent { height: 1fr; }
     TabbedContent > ContentSwitcher { height: 1fr; }
     #grid { height: 1fr; }
+    #grid-head { height: 1; text-style: bold; }
     #ranks-scroll { height: 1fr; }
     """
     BINDINGS = [
@@ -186,10 +299,12 @@ class ClusterApp(App[int]):
         self.text = ""
         self._theme_name = theme or DEFAULT_THEME
         self.poller = Poller(client, self.matchers, self._delivered)
-        self._rows: list[tuple[str, list[object]]] = []
+        self._rows: list[tuple[str, Row]] = []
+        self._error_shown = ""
+        self._ranks_shown: list[str] = []
         self.refreshes = 0
-        self.last_fetch_s = 0.0
-        self.last_draw_s = 0.0
+        self.latencies: deque[float] = deque(maxlen=4096)
+        """Seconds of each refresh: its queries plus folding them in and redrawing."""
 
     def compose(self) -> ComposeResult:
         self.summary = Line("", markup=False, id="summary")
@@ -197,13 +312,15 @@ class ClusterApp(App[int]):
         self.error_line.display = False
         self.filter_input = Input(placeholder="filter: host, gpu, rank, phase, state", id="filter")
         self.filter_input.display = False
-        self.grid = Grid(id="grid", cursor_type="row", zebra_stripes=False)
+        self.grid_head = Line("", markup=False, id="grid-head")
+        self.grid = Grid(id="grid")
         self.ranks_view = Static("", id="ranks", markup=False)
         yield self.summary
         yield self.error_line
         with TabbedContent(initial="gpus"):
             with TabPane("GPUs", id="gpus"):
                 yield self.filter_input
+                yield self.grid_head
                 yield self.grid
             with TabPane("Ranks", id="ranks-tab"), VerticalScroll(id="ranks-scroll"):
                 yield self.ranks_view
@@ -215,8 +332,6 @@ class ClusterApp(App[int]):
             self.register_theme(theme)
         self.theme = self._theme_name
         self.query_one(Tabs).can_focus = False
-        for name, key in zip(HEAD, COLUMN_KEYS, strict=True):
-            self.grid.add_column(name, key=key)
         self.key_bar.set_keys(
             [
                 Key("enter", "Host", "open_host"),
@@ -248,9 +363,8 @@ class ClusterApp(App[int]):
         began = time.perf_counter()
         self.cluster.apply(answers)
         self.refreshes += 1
-        self.last_fetch_s = answers.seconds
         self.redraw()
-        self.last_draw_s = time.perf_counter() - began
+        self.latencies.append(answers.seconds + time.perf_counter() - began)
 
     def _age(self) -> None:
         """Once a second: stale cells say for how long."""
@@ -264,61 +378,67 @@ class ClusterApp(App[int]):
         if self.text:
             extra += f" · filter {printable(self.text)}"
         self.summary.set(printable(c.summary()) + extra)  # host names are Prometheus' word
+        error = ""
         if c.error:
             since = ""
             if c.refreshed is not None:
                 age = max(0.0, time.time() - c.refreshed)
                 since = f" (figures from {fmt_duration(age * 1e9)} ago)"
-            self.error_line.update(plain(f"! {c.error}{since}"))
-        self.error_line.display = bool(c.error)
+            error = f"! {c.error}{since}"
+        if error != self._error_shown:  # an update lays the screen out again: only on change
+            self._error_shown = error
+            self.error_line.update(plain(error))
+            self.error_line.display = bool(error)
         self._grid()
-        self.ranks_view.update(plain_lines(format_ranks(c.ranks) or ["No process reports a rank."]))
+        self._ranks()
+
+    def _ranks(self) -> None:
+        """The ranks table, while its tab shows (laying it out costs what the grid does)."""
+        if self.query_one(TabbedContent).active != "ranks-tab":
+            return
+        lines = format_ranks(self.cluster.ranks) or ["No process reports a rank."]
+        if lines != self._ranks_shown:
+            self._ranks_shown = lines
+            self.ranks_view.update(plain_lines(lines))
 
     def _grid(self) -> None:
+        """The grid's rows: a line per host, then its GPUs, the columns aligned."""
         now = time.time()
-        rows: list[tuple[str, list[object]]] = []
+        rows: list[tuple[str, list[tuple[str, str]]]] = []
         for host, gpus in self.cluster.cells(self.sort, self.text):
             odd = sum(g.state != "ok" for g in gpus)
-            head = Text(label(host, 40), style="bold")
             note = f"{len(gpus)} GPUs" + (f", {odd} not ok" if odd else "")
-            rows.append((f"host\x00{host}", [head, "", Text(note, style="dim"), "", "", "", ""]))
+            rows.append((f"host\x00{host}", [(label(host, 40), "bold"), (note, "dim")]))
             for g in gpus:
                 cols = cell_columns(g, now)
-                style = {"ok": "", "lost": "bold red", "stale": "yellow"}.get(g.state, "")
                 bar_style = "red" if g.fill > 0.95 else "yellow" if g.fill > 0.85 else "green"
                 if g.state != "ok":
                     bar_style = "dim"
-                cells: list[object] = [
-                    plain("  " + cols[0]),
-                    Text(cols[1], style=bar_style),
-                    plain(cols[2]),
-                    plain(cols[3]),
-                    plain(cols[4]),
-                    plain(cols[5]),
-                    Text(cols[6], style=style),
-                ]
-                rows.append((f"gpu\x00{g.key}", cells))
-        keys = [k for k, _ in rows]
-        if keys == [k for k, _ in self._rows]:
-            columns = [c.key for c in self.grid.ordered_columns]
-            for (key, new), (_, old) in zip(rows, self._rows, strict=True):
-                for col, a, b in zip(columns, new, old, strict=True):
-                    if str(a) != str(b) or getattr(a, "style", None) != getattr(b, "style", None):
-                        self.grid.update_cell(key, col, a, update_width=True)
-        else:
-            selected = self._selected_key()
-            self.grid.clear()
-            for key, cells in rows:
-                self.grid.add_row(*cells, key=key)
-            if selected in keys:
-                self.grid.move_cursor(row=keys.index(selected))
-        self._rows = rows
+                state = {"ok": "", "lost": "bold red", "stale": "yellow"}.get(g.state, "")
+                styles = ["", bar_style, "", "", "", "", state]
+                cols[0] = "  " + cols[0]
+                rows.append((f"gpu\x00{g.key}", list(zip(cols, styles, strict=True))))
+        widths = [len(h) for h in HEAD]
+        for key, cells in rows:
+            if key.startswith("gpu"):
+                widths = [max(w, len(c)) for w, (c, _) in zip(widths, cells, strict=True)]
+        self.grid_head.set(" " + "  ".join(h.ljust(w) for h, w in zip(HEAD, widths, strict=True)))
+        out: list[tuple[str, Row]] = []
+        for key, cells in rows:
+            if key.startswith("host"):
+                (name, style), (note, nstyle) = cells
+                runs = [(" " + name, STYLES[style]), ("  ", None), (note, STYLES[nstyle])]
+            else:
+                runs = [(" ", None)]
+                for (cell, style), w in zip(cells, widths, strict=True):
+                    runs += [(cell.ljust(w), STYLES[style]), ("  ", None)]
+                runs.pop()
+            out.append((key, runs))
+        self.grid.set_rows(out)
+        self._rows = out
 
     def _selected_key(self) -> str | None:
-        if not self._rows or self.grid.row_count == 0:
-            return None
-        row = self.grid.cursor_row
-        return self._rows[row][0] if 0 <= row < len(self._rows) else None
+        return self.grid.selected
 
     # ------------------------------------------------------------------ actions
 
@@ -351,14 +471,18 @@ class ClusterApp(App[int]):
         self.query_one(TabbedContent).active = "gpus" if tab == "gpus" else "ranks-tab"
         if tab == "gpus":
             self.grid.focus()  # enter opens the selected row's host
+        self._ranks()
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        self._ranks()  # a click on the tab
 
     def action_open_host(self) -> None:
         key = self._selected_key()
         if key is not None:
             self._open_row(key)
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        self._open_row(str(event.row_key.value))
+    def on_grid_opened(self, event: Grid.Opened) -> None:
+        self._open_row(event.key)
 
     def _open_row(self, key: str) -> None:
         kind, _, rest = key.partition("\x00")

@@ -86,7 +86,9 @@ def view(url: str, match: str, seconds: float, out: str) -> None:
                 "ranks": len(app.cluster.ranks.rows),
                 "refreshes": app.refreshes - n0,
                 "interval": app.poller.interval,
-                "latencies_ms": [x * 1000 for x in list(app.latencies)[lat0:]],
+                "latencies_ms": [(q + d) * 1000 for q, d in list(app.latencies)[lat0:]],
+                "query_ms": [q * 1000 for q, _ in list(app.latencies)[lat0:]],
+                "draw_ms": [d * 1000 for _, d in list(app.latencies)[lat0:]],
                 "cpu_pct": 100 * cpu / wall,
                 "rss_mb": rss_mb(os.getpid()),
                 "error": app.cluster.error,
@@ -252,8 +254,13 @@ def main() -> int:
                 f"RSS {r['rss_mb']:.0f} MB (<= {TARGET_RSS:.0f}){ratio}  "
                 + ("PASS" if good else "FAIL")
             )
+            q = statistics.median(r["query_ms"] or [float("nan")])
+            d = statistics.median(r["draw_ms"] or [float("nan")])
+            print(f"{'':>11}of which the queries {q:.1f} ms, folding and the grid {d:.1f} ms")
             if r["error"]:
                 print(f"           last refresh error: {r['error']}")
+        load = os.getloadavg()
+        print(f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores")
         print("PASS" if ok else "FAIL")
         return 0 if ok else 1
     finally:

@@ -303,8 +303,8 @@ class ClusterApp(App[int]):
         self._error_shown = ""
         self._ranks_shown: list[str] = []
         self.refreshes = 0
-        self.latencies: deque[float] = deque(maxlen=4096)
-        """Seconds of each refresh: its queries plus folding them in and redrawing."""
+        self.latencies: deque[tuple[float, float]] = deque(maxlen=4096)
+        """Seconds of each refresh: its queries, and folding them in and redrawing."""
 
     def compose(self) -> ComposeResult:
         self.summary = Line("", markup=False, id="summary")
@@ -364,7 +364,7 @@ class ClusterApp(App[int]):
         self.cluster.apply(answers)
         self.refreshes += 1
         self.redraw()
-        self.latencies.append(answers.seconds + time.perf_counter() - began)
+        self.latencies.append((answers.seconds, time.perf_counter() - began))
 
     def _age(self) -> None:
         """Once a second: stale cells say for how long."""

@@ -315,7 +315,9 @@ class Cluster:
                 p.predicted = _bytes(series.value)
         for series in s.get("gpuwatch_rank_info", []):
             if (p := proc(series)) is not None:
-                p.strategy = series.labels.get("strategy") or p.strategy
+                strategy = series.labels.get("strategy")
+                if strategy and strategy != "unknown":  # "unknown": no layout facts yet
+                    p.strategy = strategy
                 p.world_size = _int(series.labels.get("world_size")) or p.world_size
         self._procs = procs
         self._cells_from(procs.values())

@@ -34,7 +34,7 @@ from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
 from ..cluster.history import HostHistory, load
 from ..cluster.text import HEAD, cell_columns, label
 from ..fmt import fmt_duration, printable
-from ._text import Line, plain, plain_lines
+from ._text import Line, markup_safe, plain, plain_lines
 from .band import BandRow, BandSpan, PhaseBand
 from .chart import ChartFrame, TimelineChart
 from .chart import Series as ChartSeries
@@ -83,8 +83,8 @@ class Poller:
     Args:
         client: Prometheus.
         matchers: Added to every query.
-        deliver: Called (on the poller's thread) with each refresh's answers.
-        sleep: Stands in for waiting between refreshes (tests).
+        deliver: Called (on the poller's thread) with each refresh's answers and the
+            interval until the next.
     """
 
     def __init__(
@@ -532,7 +532,7 @@ class GpuBlock(Vertical):
         super().__init__()
         self.host_screen = screen
         self.gpu = gpu
-        self.border_title = f"GPU {printable(gpu)}"
+        self.border_title = f"GPU {markup_safe(gpu)}"  # a title is markup; the label is not
         origin = screen.history.start if screen.history is not None else 0
         self.chart = TimelineChart(self._chart, origin)
         self.band = PhaseBand(self._band)

@@ -8,6 +8,7 @@ from promstub import GiB, gpu_series, merge, rank_series
 
 from gpuwatch.cluster import LOST, OK, STALE, Answers, Cluster, Series
 from gpuwatch.cluster.history import HostHistory, _lanes
+from gpuwatch.cluster.model import FORGET_S
 from gpuwatch.cluster.text import bar, report
 
 
@@ -46,6 +47,16 @@ def test_a_gone_series_is_stale_with_its_last_figures_kept() -> None:
     assert "2 stale" in c.summary()
     c.apply(answers(two_hosts(), at=1002))  # back: ok again
     assert c.gpus["node-b:0"].state == OK
+
+
+def test_a_gpu_gone_for_an_hour_leaves_the_view() -> None:
+    c = Cluster()
+    c.apply(answers(two_hosts(), at=1000))
+    only_a = gpu_series("node-a", 2, used_gib=70)
+    c.apply(answers(only_a, at=1000 + FORGET_S))
+    assert "node-b:0" in c.gpus  # stale, kept
+    c.apply(answers(only_a, at=1001 + FORGET_S))
+    assert sorted(c.gpus) == ["node-a:0", "node-a:1"]
 
 
 def test_a_failed_refresh_marks_everything_stale_and_says_why() -> None:

@@ -29,6 +29,10 @@ SORTS = ("memory", "headroom", "host", "rank")
 MAX_GPUS = 4096
 """Most GPUs the view keeps (more series than that come from a --match too wide)."""
 
+FORGET_S = 3600.0
+"""A GPU whose series have been gone this long (seconds) leaves the view: an elastic job's
+hosts come and go, and the cells of those gone for good must not fill it up."""
+
 FAMILIES = (
     "gpuwatch_gpu_memory_total_bytes",
     "gpuwatch_gpu_memory_used_bytes",
@@ -233,6 +237,10 @@ class Cluster:
                 self.gpus[key].used = None
         self._processes(s)
         failed_core = any(f in answers.errors for f in (*core, "gpuwatch_gpu_up"))
+        for key in [
+            k for k, g in self.gpus.items() if k not in seen and answers.at - g.seen > FORGET_S
+        ]:
+            del self.gpus[key]
         for key, cell in self.gpus.items():
             if key in seen:
                 cell.seen = answers.at

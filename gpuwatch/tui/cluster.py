@@ -45,6 +45,8 @@ MIN_INTERVAL = 1.0
 """Fastest refresh, whatever Prometheus' scrape interval (the issue: no faster than 1 s)."""
 UNKNOWN_INTERVAL = 5.0
 """Refresh interval while Prometheus has not said its scrape interval (asked again then)."""
+ASK_INTERVAL_EVERY = 60.0
+"""Seconds between two readings of Prometheus' scrape interval."""
 WINDOWS = (60, 300, 900, 3600, 6 * 3600)
 """The drill-down's time windows in seconds (``+``/``-`` step through them)."""
 DEFAULT_WINDOW = 300
@@ -97,6 +99,7 @@ class Poller:
         self.matchers = list(matchers)
         self.deliver = deliver
         self.scrape: float | None = None
+        self._asked = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuwatch-cluster", daemon=True)
@@ -119,10 +122,12 @@ class Poller:
     def _run(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
-            if self.scrape is None:
-                # Best effort: a server that will not say keeps the default interval.
+            if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
+                # Best effort: a server that will not say keeps the interval it had. Asked
+                # again now and then: a reloaded configuration may change it.
+                self._asked = began
                 with contextlib.suppress(Exception):
-                    self.scrape = self.client.scrape_interval()
+                    self.scrape = self.client.scrape_interval() or self.scrape
             try:
                 answers = fetch(self.client, self.matchers)
             except Exception as exc:  # never a traceback on the screen: one line

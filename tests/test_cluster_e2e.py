@@ -25,13 +25,10 @@ from test_prometheus_server import Lines, free_port, http_get
 from tmuxhelp import Tmux
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = [
-    pytest.mark.tmux,
-    pytest.mark.skipif(
-        PROMETHEUS is None,
-        reason="needs the prometheus server on PATH (Debian: apt-get install prometheus)",
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="needs the prometheus server on PATH (Debian: apt-get install prometheus)",
+)
 RANK = ROOT / "tests" / "scripts" / "cluster_rank.py"
 HOSTS = {"node-a": 2, "node-b": 2, "node-c": 1}  # host -> fake GPUs
 
@@ -129,6 +126,7 @@ def prometheus(tmp_path: Path) -> Iterator:
             proc.wait()
 
 
+@pytest.mark.tmux
 def test_the_cluster_live_in_tmux(exporters, prometheus) -> None:
     procs, addresses = exporters
     base = prometheus(addresses)
@@ -172,3 +170,54 @@ def test_the_cluster_live_in_tmux(exporters, prometheus) -> None:
         assert tmux.wait_for_text("EXIT=0", timeout=20), tmux.screen()
     finally:
         tmux.close()
+
+
+def test_a_real_prometheus_over_https(tmp_path: Path) -> None:
+    """Prometheus serving TLS (its --web.config.file) with a certificate of our own making:
+    refused unless --insecure, or trusted through --ca-file."""
+    from promstub import self_signed
+
+    made = self_signed(tmp_path)
+    if made is None:
+        pytest.skip("needs openssl to make a self-signed certificate")
+    cert, key = made
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 2s\n")
+    port = free_port()
+    log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed with the process)
+    proc = subprocess.Popen(
+        [
+            str(PROMETHEUS), f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.config.file={web}",
+        ],
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+    )  # fmt: skip
+    url = f"https://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("GPUWATCH_PROMETHEUS_TOKEN", None)
+
+    def once(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "cluster", "--prometheus", url, "--once", *extra],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+
+    try:
+        assert wait_for(lambda: "Server is ready" in (tmp_path / "prometheus.log").read_text(), 60)
+        refused = once()
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "TLS certificate not trusted" in refused.stdout
+        insecure = once("--insecure")
+        assert insecure.returncode == 0, insecure.stdout + insecure.stderr
+        assert "0 GPUs" in insecure.stdout
+        trusted = once("--ca-file", str(cert))
+        assert trusted.returncode == 0, trusted.stdout + trusted.stderr
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -405,6 +405,10 @@ class Cluster:
 
     def summary(self) -> str:
         """One line: GPUs, hosts, ranks, the fullest GPU, the worst rank."""
+        return " · ".join(self.summary_parts())
+
+    def summary_parts(self) -> list[str]:
+        """The summary's parts, most important first."""
         states = defaultdict(int)
         for g in self.gpus.values():
             states[g.state] += 1
@@ -423,7 +427,7 @@ class Cluster:
             )
         if (worst := self.worst_rank()) is not None:
             parts.append(f"worst rank {worst[0]}")
-        return " · ".join(parts)
+        return parts
 
 
 def _index_key(index: str) -> tuple[int, str]:

@@ -22,6 +22,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.screen import Screen
@@ -34,7 +35,7 @@ from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
 from ..cluster.history import HostHistory, load
 from ..cluster.text import HEAD, cell_columns, label
 from ..fmt import fmt_duration, printable
-from ._text import Line, markup_safe, plain, plain_lines
+from ._text import Fitted, Line, markup_safe, plain, plain_lines
 from .band import BandRow, BandSpan, PhaseBand
 from .chart import ChartFrame, TimelineChart
 from .chart import Series as ChartSeries
@@ -312,7 +313,7 @@ class ClusterApp(App[int]):
         """Seconds of each refresh: its queries, and folding them in and redrawing."""
 
     def compose(self) -> ComposeResult:
-        self.summary = Line("", markup=False, id="summary")
+        self.summary = Fitted(id="summary")
         self.error_line = Static("", id="error", markup=False)
         self.error_line.display = False
         self.filter_input = Input(placeholder="filter: host, gpu, rank, phase, state", id="filter")
@@ -348,7 +349,7 @@ class ClusterApp(App[int]):
                 Key("q", "Quit", "quit"),
             ]
         )
-        self.summary.set(f"asking {printable(self.client.base)} …")
+        self.summary.set([Content(f"asking {printable(self.client.base)} …")])
         self.grid.focus()
         self.poller.start()
         self.set_interval(1.0, self._age)
@@ -379,10 +380,11 @@ class ClusterApp(App[int]):
     def redraw(self) -> None:
         c = self.cluster
         interval = self.poller.interval
-        extra = f" · every {interval:g} s" + (f" · sort {self.sort}" if self.sort else "")
+        parts = [*c.summary_parts(), f"every {interval:g} s", f"sort {self.sort}"]
         if self.text:
-            extra += f" · filter {printable(self.text)}"
-        self.summary.set(printable(c.summary()) + extra)  # host names are Prometheus' word
+            parts.append(f"filter {self.text}")
+        # Host names are Prometheus' word: plain text, never markup; what does not fit goes.
+        self.summary.set([Content(printable(p)) for p in parts])
         error = ""
         if c.error:
             since = ""

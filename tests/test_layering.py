@@ -95,7 +95,7 @@ ALLOWED: dict[str, set[str]] = {
     "sources": {"protocol", "session", "fmt"},
     "store": {"_version", "protocol", "session", "fmt", "predict", "analysis"},
     "scrape_server": set(),
-    "prometheus": {"_version", "session", "predict", "fmt", "scrape_server"},
+    "prometheus": {"_version", "session", "predict", "fmt", "scrape_server", "protocol"},
     "launch": {"protocol"},
     "live": {"session", "sources", "store", "prometheus", "protocol", "fmt"},
     "tui": {
@@ -108,6 +108,8 @@ ALLOWED: dict[str, set[str]] = {
         "analysis",
         "cluster",
     },
+    # gpuwatch serve: aiohttp, and app processes of ``gpuwatch replay`` (never textual).
+    "serve": {"fmt", "store", "sources", "protocol"},
     "cli": {
         "_version",
         "analysis",
@@ -122,6 +124,7 @@ ALLOWED: dict[str, set[str]] = {
         "instrument",
         "resources",
         "protocol",
+        "serve",
     },
     "__init__": {"_version", "instrument"},
     "__main__": {"cli"},

@@ -35,7 +35,7 @@ STEP_LAG = 2
 """Steps behind the furthest rank at which ranks are said to diverge (a synchronous job's
 ranks are at most one step apart whenever they are sampled)."""
 
-PHASE_ORDER = ("data", "forward", "backward", "optimizer.step", "zero_grad", "eval")
+PHASE_ORDER = ("data", "forward", "backward", "clip", "optimizer.step", "zero_grad", "eval")
 """The training phases in the order a step runs them; other names follow, by name."""
 
 UNEXPLAINED = "unexplained"

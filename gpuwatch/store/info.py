@@ -391,3 +391,22 @@ def _file_lines(f: dict[str, Any], prefix: str = "") -> list[str]:
         f"{f['created']}, gpuwatch {f['gpuwatch_version']}, {state}, "
         f"{fmt_bytes(f['bytes'])}",
     ]
+
+
+def one_line(rec: Recording) -> str:
+    """``info``'s file line in one line, from the meta table and the chunk index only.
+
+    Milliseconds whatever the recording's length (no chunk is read): what a list of many
+    recordings (``gpuwatch serve``'s index) shows for each. Made printable.
+    """
+    f = _file(rec)
+    with rec.reading(transaction=True) as db:
+        first, last = db.execute("SELECT min(t_first), max(t_last) FROM chunks").fetchone()
+    f["duration_s"] = (last - first) / 1e9 if first is not None and last is not None else 0.0
+    f["bytes"] = rec.file_size()
+    state = "complete" if f["complete"] else "incomplete"
+    line = (
+        f"{fmt_duration(f['duration_s'] * 1e9)} on {f['host']}, started {f['created']}, "
+        f"{state}, {fmt_bytes(f['bytes'])}" + (f" — {f['label']}" if f["label"] else "")
+    )
+    return printable(line)

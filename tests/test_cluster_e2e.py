@@ -146,6 +146,8 @@ def test_the_cluster_live_in_tmux(exporters, prometheus) -> None:
         # The ranks table: rank 1's peaks stand out.
         tmux.keys("2")
         assert tmux.wait_for_text("ranks: 2", timeout=20), tmux.screen()
+        # The layout from the exporter's gpuwatch_rank_info (WORLD_SIZE of the ranks).
+        assert tmux.wait_for_text("world size 2", timeout=20), tmux.screen()
         assert tmux.wait_for_text("above the median", timeout=20), tmux.screen()
         screen = tmux.screen()
         assert "(rank 1)" in screen and "node-a:1" in screen

@@ -14,7 +14,7 @@ import pytest
 from longdata import KEY, PID, SECOND, T0
 
 from gpuwatch.session import Session
-from gpuwatch.store import RecordingError, SessionWriter, _index, open_recording
+from gpuwatch.store import RecordingError, SessionWriter, _index, open_recording, open_session
 
 SECONDS = 300.0
 
@@ -50,7 +50,7 @@ def _answers(path: Path) -> list[object]:
     the maxima the opening view uses, over the whole run and two narrow windows."""
     rec = open_recording(path)
     try:
-        s, _ = rec.open_session(windowed=True)
+        s, _ = open_session(rec, windowed=True)
         proc = s.processes[PID]
         out: list[object] = [s.time_range()]
         first, last = T0, T0 + int(SECONDS * SECOND)

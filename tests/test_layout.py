@@ -11,7 +11,7 @@ from conftest import ROOT, FakeClock
 from gpuwatch.fmt import fmt_bytes
 from gpuwatch.protocol import Message
 from gpuwatch.session import HOST, Session, gpu_key
-from gpuwatch.store import Player, open_recording, save_session
+from gpuwatch.store import Player, open_recording, open_session, save_session
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui._text import fit
 from gpuwatch.tui.app import GpuwatchApp
@@ -126,7 +126,7 @@ async def test_header_figures_are_those_at_the_cursor() -> None:
 async def test_replay_header_follows_the_play_position(tmp_path: Path) -> None:
     path = save_session(synthetic.build(), tmp_path / "s.gpuwatch")
     rec = open_recording(path)
-    session, loader = rec.open_session()
+    session, loader = open_session(rec)
     loader.load_all()
     clock = FakeClock(100.0)
     player = Player(session, loader, playing=False, clock=clock)

@@ -10,7 +10,7 @@ from conftest import FakeClock
 from store_data import GIB, MS, T0, populated_session
 
 from gpuwatch.session import Session
-from gpuwatch.store import Player, open_recording, save_session
+from gpuwatch.store import Player, open_recording, open_session, save_session
 from gpuwatch.store.player import MAX_SPEED, MIN_SPEED, open_replay
 
 SECOND = 10**9
@@ -147,7 +147,7 @@ def test_growing_file_end_follows_the_tail(
 ) -> None:
     path = save_session(session, tmp_path / "g.gpuwatch")
     rec = open_recording(path)
-    replay, loader = rec.open_session()
+    replay, loader = open_session(rec)
     loader.following = True  # as when another gpuwatch is still writing the file
     p = Player(replay, loader, playing=False, clock=clock)
     assert p.end() == p.bounds()[1] and p.playing

@@ -28,7 +28,7 @@ import pytest
 from conftest import ROOT, SAMPLE, wait_for
 from test_grafana_dashboard import dashboard_queries
 
-from gpuwatch.store import open_recording
+from gpuwatch.store import open_recording, open_session
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -220,7 +220,7 @@ def test_prometheus_scrapes_a_recorded_run(recording, prometheus_factory) -> Non
     proc.wait(60)
     rec = open_recording(out)
     try:
-        session, loader = rec.open_session()
+        session, loader = open_session(rec)
         loader.load_all()
         assert int(pid) in session.processes
     finally:

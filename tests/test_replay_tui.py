@@ -10,7 +10,7 @@ import synthetic
 from conftest import FakeClock
 
 from gpuwatch.session import navigate as nav
-from gpuwatch.store import Player, open_recording, save_session
+from gpuwatch.store import Player, open_recording, open_session, save_session
 from gpuwatch.tui.replay import ReplayApp, Scrubber
 
 SIZE = (140, 45)
@@ -22,7 +22,7 @@ def replay(tmp_path: Path):
     """A Player over a real recording file of the synthetic session, on a fake clock."""
     path = save_session(synthetic.build(), tmp_path / "synthetic.gpuwatch")
     rec = open_recording(path)
-    session, loader = rec.open_session()
+    session, loader = open_session(rec)
     loader.load_all()
     clock = FakeClock(100.0)
     player = Player(session, loader, playing=False, clock=clock)

@@ -21,7 +21,7 @@ from conftest import ROOT, wait_for
 from phasecheck import rows, step_rows
 from tmuxhelp import Tmux
 
-from gpuwatch.store import open_recording
+from gpuwatch.store import open_recording, open_session
 
 PLAIN = str(ROOT / "tests" / "scripts" / "plain_train.py")
 
@@ -65,7 +65,7 @@ def record(tmp: Path, sock: str, *command: str) -> tuple[subprocess.CompletedPro
 def recorded_rows(path: Path) -> list[tuple[str, int, int]]:
     rec = open_recording(path)
     try:
-        session, loader = rec.open_session()
+        session, loader = open_session(rec)
         loader.load_all()
         (pid,) = [p for p in session.processes if len(session.processes[p].phases)]
         return rows(session, pid)
@@ -383,7 +383,7 @@ def test_record_duration_kill_none_lets_the_command_finish(tmp_path, sock_path) 
     assert "recording stopped; waiting for the command (--kill none)" in result.stderr
     rec = open_recording(out)
     try:
-        session, loader = rec.open_session()
+        session, loader = open_session(rec)
         loader.load_all()
         span = session.now() - session.t_origin
         assert span < 3.5e9, span  # the recording ended at the duration, not with the job

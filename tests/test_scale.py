@@ -24,7 +24,7 @@ from gpuwatch.session import Session
 from gpuwatch.session import navigate as nav
 from gpuwatch.session.peaks import phase_peaks
 from gpuwatch.session.table import HISTORY_BLOCKS
-from gpuwatch.store import Recorder, load, open_recording
+from gpuwatch.store import Recorder, load, open_recording, open_session
 from gpuwatch.store._codec import BLOCK_ROWS
 from gpuwatch.store.archive import CACHE
 from gpuwatch.store.export import TABLES, columns, table
@@ -56,7 +56,7 @@ def _columns_of(line: np.ndarray, value: int) -> list[int]:
 
 def _windowed(path: Path):
     rec = open_recording(path)
-    session, loader = rec.open_session(windowed=True)
+    session, loader = open_session(rec, windowed=True)
     return rec, session, loader
 
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, run_gpuwatch
 from store_data import populated_session
 
-from gpuwatch.store import RecordingError, _codec, load, open_recording, save_session
+from gpuwatch.store import RecordingError, _codec, load, open_recording, open_session, save_session
 from gpuwatch.store._schema import SCHEMA_VERSION, layout_dtypes
 
 
@@ -100,7 +100,7 @@ def test_damaged_chunk_fails_a_full_load_and_notes_in_replay(tmp_path: Path) -> 
     with pytest.raises(RecordingError, match="damaged"):
         load(path)
     rec = open_recording(path)  # the structure is sound: replay shows what loads
-    session, loader = rec.open_session()
+    session, loader = open_session(rec)
     loader.load_all()
     assert loader.error is not None and any("damaged" in n for n in session.notes)
     rec.close()

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 from store_data import MS, T0, Script, add_gpu, assert_sessions_equal, gpu_row, populated_session
 
 from gpuwatch.session import MISSING_INT, Session
-from gpuwatch.store import Recorder, SessionWriter, load, open_recording, save_session
+from gpuwatch.store import Recorder, SessionWriter, load, open_recording, open_session, save_session
 from gpuwatch.store._codec import (
     CODEC,
     CODECS,
@@ -261,7 +261,7 @@ def test_follow_a_file_while_it_is_written(tmp_path: Path) -> None:
     writer.sync()
     rec = open_recording(path)
     assert not rec.complete and rec.writer_alive()  # this process is its writer
-    replay, loader = rec.open_session()
+    replay, loader = open_session(rec)
     loader.load_all(strict=True)
     assert len(replay.gpu[key]) == 10
     for i in range(1, 25):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -33,7 +34,7 @@ from ._schema import SERIES, SUMMARIES, layout_dtypes
 from .archive import ChunkSource, SeriesArchive
 from .marks import BATCH as MARK_BATCH
 from .marks import FileMarks
-from .recording import Recording, RecordingError
+from .recording import Recording, RecordingError, open_recording
 
 FOLLOW_INTERVAL = 0.5
 """Seconds between looks at a file that is still being written."""
@@ -470,3 +471,38 @@ class Loader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def open_session(recording: Recording, windowed: bool = False) -> tuple[Session, Loader]:
+    """A replay session holding the small facts, and the loader of its samples.
+
+    Args:
+        recording: The open file.
+        windowed: The tables read their rows from the file when a view asks (replay,
+            ``info``, ``export``: memory does not grow with the file); otherwise
+            nothing is loaded yet: call :meth:`Loader.load_until` for what the first
+            frame needs, then :meth:`Loader.start` (or :meth:`Loader.load_all`).
+
+    Raises:
+        RecordingError: The facts cannot be read.
+    """
+    session = Session(int(recording.meta["t_origin"]), int(recording.meta["wall_offset"]))
+    session.live = False
+    loader = Loader(recording, session, windowed=windowed)
+    loader.refresh()
+    return session, loader
+
+
+def load(path: str | os.PathLike[str]) -> Session:
+    """Open a recording and load all of it (``info``, ``export``, tests).
+
+    Raises:
+        RecordingError: Any problem with the file, including a damaged chunk.
+    """
+    rec = open_recording(path)
+    try:
+        session, loader = open_session(rec)
+        loader.load_all(strict=True)
+        return session
+    finally:
+        rec.close()

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..session import Session
 from ..session import navigate as nav
-from .loader import Loader
+from .loader import Loader, open_session
 from .recording import open_recording
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -374,7 +374,7 @@ def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
     """
     rec = open_recording(path)
     try:
-        session, loader = rec.open_session(windowed=True)
+        session, loader = open_session(rec, windowed=True)
         growing = rec.writer_alive()
         loader.following = growing
         # A finished recording opens paused (the dashboard shows its data first, see

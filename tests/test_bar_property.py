@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from store_data import Script
 
+from gpuwatch.analysis.breakdown import breakdown
+from gpuwatch.analysis.predicted import predictions
 from gpuwatch.predict._shape import ModelShape, facts_from_shape
 from gpuwatch.session import Device, Session, gpu_key
-from gpuwatch.session.breakdown import breakdown
 from gpuwatch.store import load, save_session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,7 +207,7 @@ def made_recording(tmp: Path, kind: str, seed: int = 25) -> Path:
 def assert_bar_fits(path: Path) -> int:
     """Step the cursor every 20 ms through ``path``; returns the instants checked."""
     s = load(path)
-    lines = s.predictions
+    lines = predictions(s)
     lines.update()
     first, last = s.time_range()
     checked = 0
@@ -245,7 +246,7 @@ def test_an_exited_process_keeps_no_figures(tmp_path) -> None:
     s = load(made_recording(tmp_path, "exit"))
     proc = s.processes[4001]
     after = proc.ended + 200 * MS  # NVML still shows its memory: the driver frees it later
-    b = breakdown(s, KEY, after, s.predictions)
+    b = breakdown(s, KEY, after, predictions(s))
     assert b.reserved is None and b.allocated is None and not b.predicted
     assert b.used > 30 * GIB and dict(b.parts()) == {"unsplit": b.used}
     assert b.why.startswith("process list")  # it names it, from before it exited
@@ -254,7 +255,7 @@ def test_an_exited_process_keeps_no_figures(tmp_path) -> None:
 def test_at_an_oom_the_released_cache_is_not_called_context(tmp_path) -> None:
     s = load(made_recording(tmp_path, "oom"))
     oom = s.ooms[0]
-    b = breakdown(s, KEY, oom.t + 20 * MS, s.predictions)
+    b = breakdown(s, KEY, oom.t + 20 * MS, predictions(s))
     # The allocator released its cache; NVML's used sample (and the process list) are from
     # before: neither may be split as if current.
     assert b.reserved == pytest.approx(1.8 * GIB, rel=0.01)

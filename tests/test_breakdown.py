@@ -7,9 +7,9 @@ import pytest
 import synthetic
 
 from gpuwatch import predict as pr
+from gpuwatch.analysis.breakdown import breakdown
+from gpuwatch.analysis.predicted import PredictedLine
 from gpuwatch.session import gpu_key
-from gpuwatch.session.breakdown import breakdown
-from gpuwatch.session.predicted import PredictedLine
 
 GIB = synthetic.GIB
 MS = synthetic.MS
@@ -39,7 +39,7 @@ def test_predicted_line_matches_the_predictor(session) -> None:
 
 
 def test_a_window_with_too_many_spans_draws_one_step_per_column() -> None:
-    from gpuwatch.session import predicted
+    from gpuwatch.analysis import predicted
 
     session = synthetic.build(steps=40)
     line = line_for(session)

@@ -14,8 +14,8 @@ import synthetic
 from conftest import ROOT, run_gpuwatch
 
 from gpuwatch import predict as pr
+from gpuwatch.analysis.explain import CATEGORY_KEYS, Explained, explain_breakdown, explain_line
 from gpuwatch.predict._shape import ModelShape, facts_from_shape
-from gpuwatch.session.explain import CATEGORY_KEYS, Explained, explain_breakdown, explain_line
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.tables import PeaksTable
 
@@ -71,7 +71,7 @@ def test_an_over_prediction_is_named_as_such() -> None:
 
 def test_parts_too_small_to_matter_are_folded() -> None:
     """The 4-byte loss the loop holds is no term beside GiBs; a small line keeps its parts."""
-    from gpuwatch.session.explain import Part
+    from gpuwatch.analysis.explain import Part
 
     gib = 2**30
     big = [

@@ -17,10 +17,10 @@ from textual.app import App, ComposeResult
 
 import gpuwatch
 from gpuwatch import protocol
+from gpuwatch.analysis.breakdown import Breakdown
 from gpuwatch.instrument import _api
 from gpuwatch.instrument._torchmem import TorchMemory
 from gpuwatch.session import MISSING_INT, Session
-from gpuwatch.session.breakdown import Breakdown
 from gpuwatch.store import load
 from gpuwatch.store.writer import save_session
 from gpuwatch.tui.breakdown import PATTERN, BreakdownBar

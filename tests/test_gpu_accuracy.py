@@ -2,7 +2,7 @@
 
 Each case trains a few steps on CUDA under ``gpuwatch.watch()`` (automatic phases, facts,
 activations measured in the first forward) with a real receiver, then explains every
-phase with :func:`gpuwatch.session.explain.explain_process`, as ``gpuwatch info`` does:
+phase with :func:`gpuwatch.analysis.explain.explain_process`, as ``gpuwatch info`` does:
 the exact allocator peak of each phase against the prediction from the recorded facts.
 Run ``python -m pytest -m gpu -s tests/test_gpu_accuracy.py`` on a machine with a GPU: it
 prints the table (and writes it to ``$OUT/gpu-accuracy.md`` when ``OUT`` is set) and holds
@@ -140,7 +140,7 @@ def _report(lines: list[str]) -> None:
 def test_predicted_against_measured_on_a_gpu(live: Any, name: str) -> None:
     import torch
 
-    from gpuwatch.session.explain import explain_process
+    from gpuwatch.analysis.explain import explain_process
 
     model, opt, batch, amp, hf = _case(name)
     try:

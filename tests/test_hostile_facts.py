@@ -11,9 +11,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from gpuwatch.analysis.predicted import PredictedLine
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
-from gpuwatch.session.predicted import PredictedLine
 
 MS = 10**6
 KEYS = [

@@ -6,6 +6,7 @@ import synthetic
 from conftest import in_threads
 
 import gpuwatch.predict as pr
+from gpuwatch.analysis.predicted import predictions
 from gpuwatch.prometheus import SessionCollector
 from gpuwatch.tui.app import GpuwatchApp
 
@@ -33,9 +34,9 @@ async def test_the_dashboard_and_the_exporter_predict_each_process_once(monkeypa
         list(SessionCollector(session, host="h").collect())  # a scrape
         list(SessionCollector(session, host="h").collect())  # another exporter, same lines
     assert len(calls) == 1  # one process, one prediction
-    line = session.predictions[synthetic.PID]
-    assert app.predicted is session.predictions
-    assert session.predictions.line(session.processes[synthetic.PID]) is line
+    line = predictions(session)[synthetic.PID]
+    assert app.predicted is predictions(session)
+    assert predictions(session).line(session.processes[synthetic.PID]) is line
     assert line.prediction is not None
 
 
@@ -43,18 +44,18 @@ def test_new_facts_predict_anew_once(monkeypatch) -> None:
     calls = _counting(monkeypatch)
     session = synthetic.build()
     proc = session.processes[synthetic.PID]
-    session.predictions.update()
-    session.predictions.update()
+    predictions(session).update()
+    predictions(session).update()
     assert len(calls) == 1
     proc.facts = dict(proc.facts)  # the script sent its facts again
-    session.predictions.update()
+    predictions(session).update()
     assert len(calls) == 2
-    assert list(session.predictions) == [synthetic.PID]
+    assert list(predictions(session)) == [synthetic.PID]
 
 
 def test_a_line_serves_two_threads(monkeypatch) -> None:
     session = synthetic.build()
-    line = session.predictions.line(session.processes[synthetic.PID])
+    line = predictions(session).line(session.processes[synthetic.PID])
     assert line is not None
     t0, t1 = session.time_range()
 

@@ -26,10 +26,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch import predict
+from gpuwatch.analysis.predicted import PredictedLine
 from gpuwatch.prometheus import MAX_PHASE_NAMES, METRICS, MetricsServer, SessionCollector
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session, gpu_key
-from gpuwatch.session.predicted import PredictedLine
 
 GIB = synthetic.GIB
 MS = synthetic.MS

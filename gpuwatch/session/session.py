@@ -14,7 +14,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,9 +39,6 @@ from .model import (
 )
 from .openspans import OpenBook
 from .table import MISSING_INT, Table
-
-if TYPE_CHECKING:
-    from .predicted import Predictions
 
 Listener = Callable[[str, tuple[Any, ...]], None]
 TableHook = Callable[[str, str, Table], None]
@@ -293,22 +290,6 @@ class Session:
         self.live = True
         self._lock = threading.RLock()
         self._listeners: list[Listener] = []
-        self._predictions: Predictions | None = None
-        self._made_lock = threading.Lock()
-
-    @property
-    def predictions(self) -> Predictions:
-        """The predicted line of each process, shared by every view (made on first use)."""
-        registry = self._predictions
-        if registry is None:
-            from .predicted import Predictions
-
-            # Not the session's lock: a scrape must never wait for an ingest.
-            with self._made_lock:
-                if self._predictions is None:
-                    self._predictions = Predictions(self)
-                registry = self._predictions
-        return registry
 
     @property
     def host(self) -> Table:

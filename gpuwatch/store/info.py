@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.explain import explain_process, format_predicted, predicted_json
 from ..fmt import ellipsis, first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
-from ..session.explain import explain_process, format_predicted, predicted_json
 from ..session.openspans import MAX_OPEN
 from .multi import Opened
 from .recording import Recording

@@ -24,6 +24,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
+from ..analysis.predicted import predictions
 from ..fmt import ellipsis, fmt_bytes, fmt_duration
 from ..session import Session
 from ..session import navigate as nav
@@ -279,7 +280,7 @@ class GpuwatchApp(App[int]):
         self._panels: dict[str, DevicePanel] = {}
         self._notes: tuple[str, bool] = ("", False)  # the notes shown, and on a short screen
         # The session's shared predicted lines (the exporter reads the same ones).
-        self.predicted = session.predictions
+        self.predicted = predictions(session)
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None

@@ -10,11 +10,11 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
 
+from ..analysis.breakdown import SAME, breakdown
+from ..analysis.predicted import PredictedLine
 from ..fmt import fmt_bytes, fmt_duration, printable
 from ..predict import total
 from ..session import Session, is_host
-from ..session.breakdown import SAME, breakdown
-from ..session.predicted import PredictedLine
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
 from .breakdown import BreakdownBar

@@ -19,10 +19,9 @@ import numpy as np
 
 from .. import predict as pr
 from ..fmt import GIB, fmt_bytes
-from .peaks import table_range_max
+from ..session import MISSING_INT, Process, Session
+from ..session.peaks import table_range_max
 from .predicted import first_optimizer_step
-from .session import Process, Session
-from .table import MISSING_INT
 
 CATEGORY_KEYS = pr.CATEGORIES
 """The predictor's categories, in the order an explanation lists them."""

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import predict as pr
-from .decimate import column_edges
-from .session import Process, Session
-from .table import MISSING_INT
+from ..session import MISSING_INT, Process, Session
+from ..session.decimate import column_edges
 
 SPAN_COLUMNS = ("t1", "t0", "name", "step", "depth")
 """What a curve is drawn from (the first columns of a phases row: read without the rest)."""
@@ -328,7 +328,7 @@ class Predictions(Mapping[int, PredictedLine]):
     The dashboard (chart, legend, breakdown bar, Peaks tab) and the Prometheus exporter
     read the same lines, so each prediction is computed once. As a mapping it holds the
     lines of processes that sent facts, by pid; :meth:`update` makes new ones and predicts
-    anew where facts changed. Get it as :attr:`Session.predictions`.
+    anew where facts changed. Get it with :func:`predictions`.
     """
 
     def __init__(self, session: Session) -> None:
@@ -360,3 +360,20 @@ class Predictions(Mapping[int, PredictedLine]):
 
     def __len__(self) -> int:
         return len(self._lines)
+
+
+_registries: weakref.WeakKeyDictionary[Session, Predictions] = weakref.WeakKeyDictionary()
+# Not the session's lock: a scrape must never wait for an ingest.
+_made_lock = threading.Lock()
+
+
+def predictions(session: Session) -> Predictions:
+    """The predicted line of each process of ``session``, shared by every view (made on
+    first use, kept while the session lives)."""
+    registry = _registries.get(session)
+    if registry is None:
+        with _made_lock:
+            registry = _registries.get(session)
+            if registry is None:
+                registry = _registries[session] = Predictions(session)
+    return registry

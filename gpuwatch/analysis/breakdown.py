@@ -21,9 +21,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..session import MISSING_INT, Process, Session
 from .predicted import PredictedLine
-from .session import Process, Session
-from .table import MISSING_INT
 
 PART_ORDER = (
     "other",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuwatch.session import Device, Session, gpu_key
+from gpuwatch.session import Device, Session, gpu_key, restore
 from gpuwatch.store import SessionWriter
 
 T0 = 5 * 10**15
@@ -38,7 +38,8 @@ def new_session(keep: int | None = 2048, clock: int = 0) -> Session:
     s.bound(keep)
     s.ensure_host("longhost", 64 * GIB)
     s.add_device(Device(KEY, "gpu", index=0, name="NVIDIA H100", uuid=UUID, total=80 * GIB))
-    s.restore_process(
+    restore.process(
+        s,
         PID,
         {
             "first_t": T0 + clock,

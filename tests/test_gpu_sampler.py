@@ -433,7 +433,7 @@ def test_cuda_visible_devices_maps_scripts_to_nvml_gpus(
         assert (dev.index, dev.source) == (nvml_index, "nvml")  # NVML's index, not torch's
         assert s.processes_on(key) == [proc]
         t0, t1 = s.time_range()
-        _, hi = s.torch_window(proc, key, "allocated", t0, t1 + 1, 10)
+        _, hi = proc.torch_window(key, "allocated", t0, t1 + 1, 10)
         assert np.nanmax(hi) == (torch_index + 1) * GiB  # its own torch device's figures
         assert pid in s.gpu_procs[key].snapshot()["pid"]
     for other in set(range(4)) - set(expected_nvml):

@@ -61,10 +61,10 @@ def _answers(path: Path) -> list[object]:
         ):
             for line in (
                 s.gpu_window(KEY, "used", t0, t1, 97),
-                s.torch_window(proc, KEY, "allocated", t0, t1, 97),
+                proc.torch_window(KEY, "allocated", t0, t1, 97),
             ):
                 out += [_plain(a) for a in line]
-            out += [_plain(a) for a in s.band_spans(proc, t0, t1, 40).values()]
+            out += [_plain(a) for a in proc.band_spans(t0, t1, 40).values()]
         return out
     finally:
         rec.close()

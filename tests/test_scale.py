@@ -20,7 +20,7 @@ from longdata import GIB, KEY, PID, SECOND, T0
 from store_data import as_schema_1, assert_sessions_equal
 
 from gpuwatch import protocol
-from gpuwatch.session import Session
+from gpuwatch.session import Process, Session
 from gpuwatch.session import navigate as nav
 from gpuwatch.session.peaks import phase_peaks
 from gpuwatch.session.table import HISTORY_BLOCKS
@@ -111,7 +111,7 @@ def test_a_million_samples_without_a_recording_keep_summaries_only():
     assert gpu.at(T0 + SECOND) is None
     assert gpu.value_at("used", last) is not None
     # The band still shows phases over the whole session, from the summaries' winners.
-    band = s.band_spans(s.processes[PID], first, last, 200)
+    band = s.processes[PID].band_spans(first, last, 200)
     assert 0 < len(band["t0"]) <= 4 * 200
 
 
@@ -267,7 +267,9 @@ async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_f
         player.close()
 
 
-async def test_the_band_fetches_for_its_own_width_before_and_after_layout(long_file) -> None:
+async def test_the_band_fetches_for_its_own_width_before_and_after_layout(
+    long_file, monkeypatch
+) -> None:
     """No band asks for every span in its window, not even before the first layout (it
     takes the screen's width then); a narrower terminal fetches the winners of the
     narrower band's cells."""
@@ -276,13 +278,13 @@ async def test_the_band_fetches_for_its_own_width_before_and_after_layout(long_f
     player = open_replay(long_file)
     session = player.session
     widths: list[int | None] = []
-    band_spans = session.band_spans
+    band_spans = Process.band_spans
 
     def spy(proc, t0: int, t1: int, width: int | None):
         widths.append(width)
         return band_spans(proc, t0, t1, width)
 
-    session.band_spans = spy
+    monkeypatch.setattr(Process, "band_spans", spy)
     try:
         app = ReplayApp(player, subtitle="long")
         async with app.run_test(size=(140, 45)) as pilot:

@@ -7,9 +7,11 @@ import threading
 import numpy as np
 import pytest
 
+from gpuwatch import protocol
 from gpuwatch.protocol import Message
 from gpuwatch.session import MISSING_INT, Device, Session, Table, gpu_key, norm_uuid
 from gpuwatch.session.decimate import minmax, segment_max, value_at
+from gpuwatch.session.session import _HANDLERS
 
 
 def test_table_grows_and_slices() -> None:
@@ -186,7 +188,7 @@ def test_nested_phase_peaks_come_from_every_boundary_inside() -> None:
     peaks = proc.peaks.snapshot()
     assert peaks["t0"].tolist() == [10, 10, 20, 30]
     assert peaks["t1"].tolist() == [10, 20, 30, 40]
-    hi = s.peak_window(proc, gpu_key("abc"), "peak_allocated", 0, 50, 50)
+    hi = proc.peak_window(gpu_key("abc"), "peak_allocated", 0, 50, 50)
     assert np.nanmax(hi[20:31]) == 70
     assert s.phase_at(proc, 25) == "forward"
     assert s.phase_at(proc, 35) == "step"
@@ -277,3 +279,7 @@ def test_phase_peaks_run_newest_first_within_a_step_too() -> None:
     assert len({p.step for p in peaks}) > 1
     keys = [(p.step, p.t0) for p in peaks]
     assert keys == sorted(keys, reverse=True)
+
+
+def test_every_message_kind_has_a_handler_and_every_handler_a_kind() -> None:
+    assert sorted(_HANDLERS) == sorted(protocol.KINDS)

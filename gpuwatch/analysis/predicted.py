@@ -164,7 +164,7 @@ class PredictedLine:
             width: Columns the window is drawn in; when the window holds more than
                 :data:`MAX_SPANS` spans, only one step per column is predicted.
         """
-        cols = self.session.spans(self.proc, t0, t1)
+        cols = self.proc.spans(t0, t1)
         n = len(cols["t0"])
         if width is not None and n > MAX_SPANS:
             cols = _representative_steps(cols, t0, t1, width)
@@ -211,7 +211,7 @@ class PredictedLine:
         """:meth:`window` of a long stretch from :data:`SAMPLED_STEPS` steps over it."""
         lo = np.full(width, np.nan)
         hi = np.full(width, np.nan)
-        ran = np.flatnonzero(self.session.phase_cover(self.proc, t0, t1, width))
+        ran = np.flatnonzero(self.proc.phase_cover(t0, t1, width))
         if not len(ran):
             return lo, hi
         edges = column_edges(t0, t1, width)
@@ -259,7 +259,7 @@ class PredictedLine:
 
     def _around(self, t: int) -> list[pr.Span]:
         """The spans of the few steps before ``t`` (enough to place ``t`` on the curve)."""
-        cols = self.session.spans(self.proc, t - 120 * 10**9, t)
+        cols = self.proc.spans(t - 120 * 10**9, t)
         cols = {k: c[-60:] for k, c in cols.items()}
         spans = self._span_list(cols, with_open=True)
         return [s for s in spans if s.t0 <= t]
@@ -299,7 +299,7 @@ class PredictedLine:
         """
         if self.prediction is None:
             return {}
-        cols = self.session.spans(self.proc, t0 - 120 * 10**9, t1)
+        cols = self.proc.spans(t0 - 120 * 10**9, t1)
         spans = pr.spans_from_columns(cols, self.session.names)
         try:
             peaks = pr.span_peaks(self.prediction, spans, first_step=self.first_step)

@@ -333,12 +333,12 @@ class DevicePanel(Vertical):
                 series.append(Series("nvml", lo, hi))
             for proc in procs:
                 for role in ("reserved", "allocated"):
-                    lo, hi = s.torch_window(proc, self.key, role, t0, t1, n)
+                    lo, hi = proc.torch_window(self.key, role, t0, t1, n)
                     series.append(Series(role, lo, hi))
             # The exact peaks last: on a short chart (80x24) they share their cells with
             # the predicted and reserved lines, and drawn under them they never showed.
             for proc in procs:
-                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
+                peak = proc.peak_window(self.key, "peak_allocated", t0, t1, n)
                 series.append(Series("peak", peak, peak))
             total = self.device.total
         for line in series:
@@ -356,7 +356,7 @@ class DevicePanel(Vertical):
         now = s.now()
         marks, ooms = s.events_between(t0, t1)
         for proc in self._band_processes(t0, t1):
-            cols = s.band_spans(proc, t0, t1, cells)
+            cols = proc.band_spans(t0, t1, cells)
             names = s.names
             spans = [  # Python ints first: a window can hold a thousand spans
                 BandSpan(names[n], a, b, d)

@@ -329,3 +329,32 @@ def test_drops_reach_the_dashboard_without_a_later_event_or_a_bye(sock_path: str
         assert proc.gaps == 0  # drops used up no sequence number
     finally:
         rx.stop()
+
+
+def test_the_phase_event_fields_agree_in_the_queue_the_client_and_the_protocol() -> None:
+    # The phase tuple is written three times (PhaseEvent, emit_phase's arguments,
+    # encode_phase's): each is positional, so a field added to one only must fail here.
+    import inspect
+
+    from gpuwatch import protocol
+    from gpuwatch.instrument._client import PhaseEvent
+
+    emit = list(inspect.signature(Client.emit_phase).parameters)[1:]
+    assert PhaseEvent._fields == ("kind", *emit)
+    encode = list(inspect.signature(protocol.encode_phase).parameters)
+    assert encode[:4] == ["pid", "seq", "t", "dropped"]
+    assert [{"figures": "fig"}.get(p, p) for p in encode[4:]] == emit[1:]
+    # And by value, as the sender passes a queued event on (``_send_item``).
+    t = time.monotonic_ns()
+    ev = PhaseEvent("phase", t, "end", "forward", 7, 3, 2, 5, (0, 100, 200, 300, 400), "E")
+    msg = protocol.decode(protocol.encode_phase(1, 0, ev.t, 0, *ev[2:]), now=t)
+    body = msg.body
+    assert (msg.kind, msg.t, body["event"], body["name"], body["id"]) == (
+        "phase",
+        t,
+        "end",
+        "forward",
+        7,
+    )
+    assert (body["parent"], body["depth"], body["step"], body["error"]) == (3, 2, 5, "E")
+    assert (body["dev"], body["allocated"], body["peak_reserved"]) == (0, 100, 400)

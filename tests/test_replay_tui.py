@@ -217,3 +217,17 @@ async def test_4_in_replay_says_there_is_no_log(replay) -> None:
         await pilot.press("4")
         await pilot.pause()
         assert any("replay has no Log tab" in n.message for n in app._notifications)
+
+
+def test_replay_lists_each_key_once_and_keeps_the_live_keys_it_does_not_bind() -> None:
+    from gpuwatch.tui.app import ACTIONS, Action, kept_actions
+    from gpuwatch.tui.replay import REPLAY_ACTIONS, ReplayApp
+
+    keys = [k for a in ReplayApp.ACTION_TABLE for k in a.keys.split(",")]
+    assert len(keys) == len(set(keys))
+    live = {k for a in ACTIONS for k in a.keys.split(",")}
+    own = {k for a in REPLAY_ACTIONS for k in a.keys.split(",")}
+    assert set(keys) == live | own
+    base = (Action("a,b", "x", "X", "x"), Action("c", "y", "Y", "y"), Action("d", "z", "Z", "z"))
+    kept = kept_actions(base, (Action("b,c", "w", "W", "w"),))
+    assert [(a.keys, a.action) for a in kept] == [("d", "z"), ("a", "x")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shlex
 import signal
 import time
@@ -183,6 +184,24 @@ def bindings(actions: Iterable[Action]) -> list[Binding]:
         Binding(a.keys, a.action, a.title, show=a.footer, key_display=a.key_display)
         for a in actions
     ]
+
+
+def kept_actions(base: Iterable[Action], over: Iterable[Action]) -> tuple[Action, ...]:
+    """The actions of ``base`` still reachable under ``over``'s keys (replay over live).
+
+    A key ``over`` binds leaves ``base``; an action left with no key goes; one that kept
+    only some of its keys follows the untouched ones (as Textual merges the bindings, the
+    keys ``over`` names change meaning and the rest stay).
+    """
+    taken = {k for a in over for k in a.keys.split(",")}
+    whole, trimmed = [], []
+    for a in base:
+        keys = [k for k in a.keys.split(",") if k not in taken]
+        if len(keys) == len(a.keys.split(",")):
+            whole.append(a)
+        elif keys:
+            trimmed.append(dataclasses.replace(a, keys=",".join(keys)))
+    return (*whole, *trimmed)
 
 
 class GpuwatchApp(App[int]):

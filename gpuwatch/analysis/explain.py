@@ -201,12 +201,6 @@ def _opt(v: Any) -> int | None:
     return None if v == MISSING_INT else v
 
 
-def first_step_of(session: Session, proc: Process) -> int | None:
-    """The step of the process's first ``optimizer.step`` (None: none yet)."""
-    found, _ = first_optimizer_step(session, proc)
-    return None if found is None else found[0]
-
-
 def explain_process(
     session: Session, proc: Process, key: str | None = None
 ) -> ProcessExplained | None:

@@ -26,19 +26,9 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ..store.multi import Opened
-    from ..store.recording import Recording
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _open(path: str) -> Recording:
-    from ..store.recording import RecordingError, open_recording
-
-    try:
-        return open_recording(path)
-    except RecordingError as exc:
-        raise CliError(str(exc))
 
 
 def _load(paths: list[str], align: str = "wall", shown: Progress | None = None) -> Opened:

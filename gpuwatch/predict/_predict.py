@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..facts import Facts
 from ._graph import (
     ACTIVATIONS,
     AMP_COPIES,
@@ -227,7 +228,7 @@ def _with(base: Breakdown, extra: Breakdown) -> Breakdown:
     return out
 
 
-def predict(facts: dict[str, Any]) -> Prediction:
+def predict(facts: Facts) -> Prediction:
     """Predict memory per phase from a facts dict (never raises on odd facts)."""
     facts = facts if isinstance(facts, dict) else {}
     params = _dict(facts.get("params"))

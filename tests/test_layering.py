@@ -1,4 +1,5 @@
-"""DESIGN.md's layering: only gpuwatch/tui imports textual; `import gpuwatch` stays light."""
+"""The floors of docs/architecture.md: only gpuwatch/tui imports textual; `import gpuwatch`
+stays light; no circle between units, nor between the modules of one package."""
 
 from __future__ import annotations
 

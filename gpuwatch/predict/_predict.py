@@ -1,7 +1,7 @@
 """Facts in, predicted bytes per category and per phase out (see ``docs/facts.md``).
 
-The phase model (DESIGN.md, "Predicted memory, and the gap"), with W weights and buffers,
-S optimizer state, G gradients, A what forward keeps for backward:
+The phase model (``docs/architecture.md``, "Predicted memory, and the gap"), with W weights
+and buffers, S optimizer state, G gradients, A what forward keeps for backward:
 
 - forward: from W (+S after the first step) up to +A; its peak is at the loss, where the
   fp32 logits and their log-softmax are alive together;

@@ -1,6 +1,6 @@
 """The gpuwatch Textual app: a panel per device over one shared, zoomable time window.
 
-Data flow (DESIGN.md): samplers fill the session from their threads; a session listener
+Data flow (docs/architecture.md): samplers fill the session from their threads; a session listener
 posts one mergeable :class:`NewData` message at a time; a timer redraws at most
 :data:`REDRAW_HZ` times a second inside ``batch_update``. Nothing here calls NVML.
 """

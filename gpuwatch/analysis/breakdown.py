@@ -20,9 +20,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..session import MISSING_INT, Process, Session
 from .predicted import PredictedLine
+from .reading import Reading, read_processes
+
+_READ: Any = object()
+"""Default of :func:`breakdown`'s ``row``: read NVML's sample itself."""
 
 PART_ORDER = (
     "other",
@@ -194,7 +199,12 @@ class Breakdown:
 
 
 def breakdown(
-    session: Session, key: str, t: int, predicted: Mapping[int, PredictedLine] | None = None
+    session: Session,
+    key: str,
+    t: int,
+    predicted: Mapping[int, PredictedLine] | None = None,
+    readings: list[Reading] | None = None,
+    row: dict[str, float | int] | None = _READ,
 ) -> Breakdown:
     """The breakdown of GPU ``key`` at time ``t``, from the figures valid then.
 
@@ -203,20 +213,29 @@ def breakdown(
         key: A GPU's device key.
         t: The moment (the cursor, or the newest time).
         predicted: Predicted lines by pid (from the dashboard's cache), if any.
+        readings: The device's processes read at ``t`` (:func:`read_processes`; their
+            lines stand for ``predicted``), when the caller has them already.
+        row: NVML's sample at ``t`` (None: none), when the caller has it already.
     """
     dev = session.devices[key]
     out = Breakdown(total=dev.total)
-    t_used = _used_at(session, key, t, out)
-    everyone = session.processes_on(key)
-    procs = [p for p in everyone if session.runs_at(p, t)]
+    if row is _READ:
+        table = session.gpu.get(key)
+        row = table.at(t) if table is not None and len(table) else None
+    t_used = _used_at(session, key, t, out, row)
+    if readings is None:
+        readings = read_processes(session, session.processes_on(key), t, predicted)
+    everyone = [r.proc for r in readings]
+    running = [r for r in readings if r.running]
+    procs = [r.proc for r in running]
     reserved = allocated = fragmented = None
     held: dict[int, float] = {}  # each process's own allocated figure at t
-    for proc in procs:
-        row = proc.torch.at(t)
-        if row is None:
+    for reading in running:
+        proc, fig = reading.proc, reading.torch
+        if fig is None:
             continue
-        out.ages["torch"] = max(out.ages.get("torch", 0), t - int(row["t"]))
-        r, a, f = (_known(row, c) for c in ("reserved", "allocated", "inactive_split"))
+        out.ages["torch"] = max(out.ages.get("torch", 0), t - int(fig["t"]))
+        r, a, f = (_known(fig, c) for c in ("reserved", "allocated", "inactive_split"))
         held[proc.pid] = a or 0.0
         if r is not None:
             reserved = (reserved or 0.0) + r
@@ -232,8 +251,8 @@ def breakdown(
     if t_used is not None and _moved(session, everyone, t_used, t):
         out.why = "nvidia-smi's sample predates torch's"
     _split_used(session, key, t, out, everyone, procs)
-    for proc in procs:
-        line = (predicted or {}).get(proc.pid)
+    for reading in running:
+        line = reading.line
         if line is None:
             continue
         parts = line.breakdown_at(t)
@@ -241,16 +260,14 @@ def breakdown(
             out.predicted[name] = out.predicted.get(name, 0.0) + v
     if out.predicted and allocated is not None:
         out.unexplained = allocated - sum(out.predicted.values())
-        out.headroom = _ceiling(session, procs, t, allocated, held) - allocated
+        out.headroom = _ceiling(running, allocated, held) - allocated
     return out
 
 
-def _used_at(session: Session, key: str, t: int, out: Breakdown) -> int | None:
-    """Set ``out.used`` from NVML's sample valid at ``t``; returns that sample's time."""
-    table = session.gpu.get(key)
-    if table is None or not len(table):
-        return None
-    row = table.at(t)
+def _used_at(
+    session: Session, key: str, t: int, out: Breakdown, row: dict[str, float | int] | None
+) -> int | None:
+    """Set ``out.used`` from NVML's sample valid at ``t`` (``row``); returns its time."""
     used = _known(row, "used")
     if row is None or used is None:
         return None
@@ -330,18 +347,16 @@ def _known(row: dict[str, float | int] | None, column: str) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _ceiling(
-    session: Session, procs: list, t: int, allocated: float, held: Mapping[int, float]
-) -> float:
-    """The most that can have been allocated at ``t``: each process's held figure
+def _ceiling(running: list[Reading], allocated: float, held: Mapping[int, float]) -> float:
+    """The most that can have been allocated at the moment: each process's held figure
     (``held``, by pid; ``allocated`` is their sum), or the exact peak of the innermost
-    phase it is in at ``t`` when that is higher."""
+    phase it is in then when that is higher."""
     ceiling = allocated
-    for proc in procs:
-        span = session.span_at(proc, t)
+    for reading in running:
+        span = reading.span
         peak = span.get("peak_alloc") if span is not None else None
-        if peak is not None and proc.pid in held:
-            ceiling += max(0.0, float(peak) - held[proc.pid])
+        if peak is not None and reading.proc.pid in held:
+            ceiling += max(0.0, float(peak) - held[reading.proc.pid])
     return ceiling
 
 

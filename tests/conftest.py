@@ -19,6 +19,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+SUPPORT = ROOT / "tests" / "support"
+# The fakes and helpers the tests import by name (``import synthetic``), wherever they sit.
+sys.path.insert(0, str(SUPPORT))
 SAMPLE = ROOT / "samples" / "train_tiny_gpt.py"
 
 # ------------------------------------------------------------------ the user's directories

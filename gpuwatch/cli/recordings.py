@@ -95,7 +95,7 @@ def _speed(text: str) -> float:
 
 # store.export's table names and formats, written out: importing it (numpy, the session
 # model) to build the parser cost every command, --help and a refusal included, ~0.5 s.
-# tests/test_export_cli.py holds the two in step.
+# tests/cli/test_export_cli.py holds the two in step.
 EXPORT_TABLES = (
     "meta",
     "devices",

@@ -31,7 +31,7 @@ _ELT = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 ARCHS = ("gpt", "llama", "bert", "roberta", "neox", "vit")
 """Layouts whose parameters are listed tensor by tensor (counts checked against
-Hugging Face's models in ``tests/test_estimate_cli.py``)."""
+Hugging Face's models in ``tests/cli/test_estimate_cli.py``)."""
 
 # HF model_type -> layout. Families not listed are refused: a count that looks right but
 # is not (an encoder modelled as LLaMA) is worse than no estimate.

@@ -4,7 +4,7 @@ Each case trains a few steps on CUDA under ``gpuwatch.watch()`` (automatic phase
 activations measured in the first forward) with a real receiver, then explains every
 phase with :func:`gpuwatch.analysis.explain.explain_process`, as ``gpuwatch info`` does:
 the exact allocator peak of each phase against the prediction from the recorded facts.
-Run ``python -m pytest -m gpu -s tests/test_gpu_accuracy.py`` on a machine with a GPU: it
+Run ``python -m pytest -m gpu -s tests/e2e/test_gpu_accuracy.py`` on a machine with a GPU: it
 prints the table (and writes it to ``$OUT/gpu-accuracy.md`` when ``OUT`` is set) and holds
 the later steps' forward, backward and optimizer.step within 10%.
 """

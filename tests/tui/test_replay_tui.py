@@ -175,7 +175,7 @@ async def test_home_and_end_work_in_every_layout(replay, size) -> None:
         assert player.position() == first
 
 
-SPIKE = Path(__file__).resolve().parent.parent / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
+SPIKE = Path(__file__).resolve().parents[2] / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
 
 
 @pytest.mark.parametrize("size", [(80, 24), SIZE])

@@ -123,7 +123,7 @@ def test_process_torch_figures_peaks_and_phase_counters(session: Session) -> Non
     assert value(samples, "gpuwatch_process_allocator_retries_total", **proc) == 3
     assert value(samples, "gpuwatch_process_allocator_ooms_total", **proc) == 1
     # The 10 ms spike inside optimizer.step that NVML's polls miss: weights, optimizer
-    # state, gradients and the foreach temporaries (tests/synthetic.py).
+    # state, gradients and the foreach temporaries (tests/support/synthetic.py).
     spike = (synthetic.WEIGHTS + synthetic.OPT_STATE + synthetic.GRADS + synthetic.TEMP) * GIB
     peak = "gpuwatch_process_phase_peak_allocated_bytes"
     assert value(samples, peak, phase="optimizer.step", **proc) == spike

@@ -23,7 +23,7 @@ from gpuwatch.predict._shape import ModelShape, facts_from_shape
 from gpuwatch.session import Device, Session, gpu_key
 from gpuwatch.store import load, save_session
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "samples").glob("*h100*.gpuwatch"))
 GIB = 1 << 30
 MS = 10**6

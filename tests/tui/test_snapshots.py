@@ -1,6 +1,6 @@
 """SVG snapshots of the main views at a fixed terminal size, in every theme.
 
-Regenerate after an intended change with ``python -m pytest tests/test_snapshots.py
+Regenerate after an intended change with ``python -m pytest tests/tui/test_snapshots.py
 --snapshot-update`` and look at the report before committing.
 """
 

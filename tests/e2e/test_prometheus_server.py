@@ -4,7 +4,7 @@ Prometheus (Debian's ``prometheus`` package, as ``.ci/run`` installs it) runs on
 with a private config and storage directory and a 1 s scrape interval. gpuwatch records
 ``samples/train_tiny_gpt.py`` on the CPU with two fake NVML GPUs; the series are then read
 back through Prometheus's HTTP query API. A CPU run reports no allocator figures (torch
-allocated / reserved are checked by tests/test_prometheus.py over a GPU-shaped session);
+allocated / reserved are checked by tests/e2e/test_prometheus.py over a GPU-shaped session);
 here the GPU, phase, prediction and RSS series must arrive.
 """
 

@@ -1,6 +1,6 @@
 """Memory that does not grow with the run, and recordings read a window at a time.
 
-Real recordings (tests/longdata.py writes many chunks in seconds), the real recorder and
+Real recordings (tests/support/longdata.py writes many chunks in seconds), the real recorder and
 loader, the real app under Pilot: a live session keeps a bounded number of rows and reads
 older ones back from its recording (or keeps their summaries when it has none); a replay
 reads only what a window needs, and the whole recording's view still shows a single

@@ -7,7 +7,7 @@ rank, and the facts gpuwatch would send are read back from the client. Ranks run
 processes (``torch.multiprocessing`` spawn, gloo over a file store), or as one rank of a
 larger job through torch's fake process group (``world_size`` 8 in one process).
 
-Used by ``tests/test_ranks.py`` and ``benchmarks/bench_ranks.py``.
+Used by ``tests/predict/test_ranks.py`` and ``benchmarks/bench_ranks.py``.
 """
 
 from __future__ import annotations

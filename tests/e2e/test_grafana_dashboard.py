@@ -2,7 +2,7 @@
 
 Every metric a query names must be one the exporter exports (taken from a real scrape of
 a session that has every metric), and every query must be written down in
-docs/prometheus.md, and the reverse. tests/test_prometheus_server.py runs each query on
+docs/prometheus.md, and the reverse. tests/e2e/test_prometheus_server.py runs each query on
 a real Prometheus.
 """
 

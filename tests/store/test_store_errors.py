@@ -198,7 +198,7 @@ def _pages_in_wal(path: Path) -> Path:
     """
     code = (
         "import os, sys\n"
-        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests' / 'support')!r}]\n"
         "from store_data import populated_session\n"
         "from gpuwatch.store.writer import SessionWriter\n"
         f"w = SessionWriter({str(path)!r}, populated_session(60))\n"

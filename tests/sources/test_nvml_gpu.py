@@ -1,7 +1,7 @@
 """On a real NVIDIA GPU: every wrapper call answers, NVML's per-call latency, 100 Hz.
 
 Skipped where there is no GPU. Run on a GPU machine with
-``python -m pytest -q tests/test_nvml_gpu.py``; the latency table is printed even
+``python -m pytest -q tests/sources/test_nvml_gpu.py``; the latency table is printed even
 without ``-s``. Put the figures in the issue's closing note.
 """
 

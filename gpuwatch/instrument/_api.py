@@ -116,7 +116,10 @@ def _begin(st: _State, name: str, t: int, fig: Any, sid: int | None, top: bool) 
         top: Count a top-level begin towards the step (manual phases; gpuwatch's own
             automatic spans never move the step).
     """
-    stack = st.stack()
+    try:  # the thread's stack, without a call: this runs at every boundary
+        stack = st.local.stack
+    except AttributeError:
+        stack = st.stack()
     if top and not stack:
         st.top_phase(name)
     if sid is None:
@@ -175,7 +178,7 @@ class phase:
             return self
         try:
             t = _monotonic_ns()
-            _begin(st, self.name, t, st.memory.boundary(t, "begin"), None, top=True)
+            _begin(st, self.name, t, st.memory.boundary(t, "begin"), None, True)
         except Exception:
             pass
         return self
@@ -187,7 +190,10 @@ class phase:
         try:
             t = _monotonic_ns()
             fig = st.memory.boundary(t, "end")
-            stack = st.stack()
+            try:
+                stack = st.local.stack
+            except AttributeError:
+                stack = st.stack()
             # Pop our own frame; tolerate an unbalanced stack rather than raise.
             sid = None
             for i in range(len(stack) - 1, -1, -1):
@@ -246,7 +252,7 @@ def open_span(
             t = _monotonic_ns()
         if fig is _READ:
             fig = st.memory.boundary(t, "begin")
-        return _begin(st, name, t, fig, sid, top=False)
+        return _begin(st, name, t, fig, sid, False)
     except Exception:
         return None
 

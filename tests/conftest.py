@@ -135,6 +135,12 @@ FAKE_NVML = "tests.fake_nvml"
 """``$GPUWATCH_NVML_BACKEND`` that serves NVML from tests/fake_nvml.py in a child process."""
 
 
+def record_cmd(out: str, sock: str) -> list[str]:
+    """``gpuwatch record --out OUT --socket SOCK`` as this interpreter runs it (add a
+    command after ``--``, or more options)."""
+    return [sys.executable, "-m", "gpuwatch", "record", "--out", out, "--socket", sock]
+
+
 def fake_nvml_env(env: dict[str, str], spec: dict[str, Any]) -> dict[str, str]:
     """``env`` for a gpuwatch child whose NVML is the fake built from ``spec`` (its JSON)."""
     return {**env, "GPUWATCH_NVML_BACKEND": FAKE_NVML, "GPUWATCH_FAKE_NVML": json.dumps(spec)}

@@ -10,12 +10,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_gpuwatch, wait_for
+from conftest import ROOT, record_cmd, run_gpuwatch, wait_for
 
 from gpuwatch.store import RecordingError, open_recording
 
@@ -121,14 +120,7 @@ def test_force_does_not_overwrite_a_recording_being_written(tmp_path: Path, sock
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "gpuwatch",
-            "record",
-            "--out",
-            str(out),
-            "--socket",
-            str(sock_dir / "a.sock"),
+            *record_cmd(str(out), str(sock_dir / "a.sock")),
         ],
         env=env,
         stderr=subprocess.PIPE,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from conftest import ROOT, no_gpu_env, run_gpuwatch, wait_for
+from conftest import ROOT, no_gpu_env, record_cmd, run_gpuwatch, wait_for
 
 from gpuwatch.store import open_recording
 
@@ -38,7 +38,7 @@ def _env(sock: str | None = None) -> dict[str, str]:
 
 
 def _record(out: Path, sock: str, *command: str) -> subprocess.Popen[str]:
-    args = [sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock]
+    args = record_cmd(str(out), sock)
     return subprocess.Popen(
         [*args, "--", *command] if command else args,
         env=_env(),

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SAMPLE, wait_for
+from conftest import ROOT, SAMPLE, record_cmd, wait_for
 from test_grafana_dashboard import dashboard_queries
 
 from gpuwatch.store import open_recording, open_session
@@ -80,7 +80,7 @@ def recording(tmp_path: Path, sock_path: str) -> Iterator[tuple[subprocess.Popen
     env.pop("GPUWATCH_SOCKET", None)
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock_path,
+            *record_cmd(str(out), sock_path),
             "--prometheus", "127.0.0.1:0", "--log", str(tmp_path / "train.log"), "--",
             # Runs until stopped: the test ends it once Prometheus has what it needs.
             sys.executable, str(SAMPLE), "--steps", "1000000", "--eval-every", "0",

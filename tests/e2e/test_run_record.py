@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, wait_for
+from conftest import ROOT, record_cmd, wait_for
 from phasecheck import rows, step_rows
 from tmuxhelp import Tmux
 
@@ -42,14 +42,7 @@ def record(tmp: Path, sock: str, *command: str) -> tuple[subprocess.CompletedPro
     env.pop("GPUWATCH_SOCKET", None)
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "gpuwatch",
-            "record",
-            "--out",
-            str(out),
-            "--socket",
-            sock,
+            *record_cmd(str(out), sock),
             "--",
             *command,
         ],
@@ -263,7 +256,7 @@ def test_a_broken_terminal_stops_neither_the_recording_nor_the_command(tmp_path,
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     read, write = os.pipe()
     gw = subprocess.Popen(
-        [sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock_path,
+        [*record_cmd(str(out), sock_path),
          "--", sys.executable, str(child), str(done)],
         env=env, cwd=ROOT, stdout=write, stderr=write, stdin=subprocess.DEVNULL,
     )  # fmt: skip
@@ -295,8 +288,8 @@ def test_record_a_command_whose_python_has_no_torch(tmp_path, sock_path) -> None
     log = tmp_path / "child.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     logged = subprocess.run(
-        [sys.executable, "-m", "gpuwatch", "record", "--out", str(tmp_path / "b.gpuwatch"),
-         "--socket", sock_path, "--log", str(log), "--", sys.executable, "-c", NO_TORCH],
+        [*record_cmd(str(tmp_path / "b.gpuwatch"), sock_path), "--log", str(log),
+         "--", sys.executable, "-c", NO_TORCH],
         capture_output=True, text=True, timeout=180, env=env, cwd=ROOT,
     )  # fmt: skip
     assert logged.returncode == 1
@@ -354,7 +347,7 @@ def _record_for(tmp_path: Path, sock: str, tenths: int, *options: str):
     out = tmp_path / "run.gpuwatch"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock,
+        [*record_cmd(str(out), sock),
          *options, "--", sys.executable, str(child), str(tenths)],
         capture_output=True, text=True, timeout=180, env=env, stdin=subprocess.DEVNULL,
     )  # fmt: skip

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, record_cmd, run_gpuwatch
 
 CHILD = """
 import sys, time
@@ -77,14 +77,7 @@ def test_disk_full_stops_the_recording_not_the_command(tmp_path: Path, sock_path
     status = tmp_path / "status"
     out = disk / "run.gpuwatch"
     gpuwatch = [
-        sys.executable,
-        "-m",
-        "gpuwatch",
-        "record",
-        "--out",
-        str(out),
-        "--socket",
-        sock_path,
+        *record_cmd(str(out), sock_path),
         "--",
         sys.executable,
         str(child),

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, run_gpuwatch, wait_for
+from conftest import ROOT, record_cmd, run_gpuwatch, wait_for
 
 CHILD = """
 import sys, time
@@ -38,7 +38,7 @@ def test_renaming_the_recording_while_it_is_written_loses_nothing(
     env.pop("GPUWATCH_SOCKET", None)
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock_path,
+            *record_cmd(str(out), sock_path),
             "--", sys.executable, str(child), str(tmp_path / "finished"),
         ],
         env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -1,10 +1,10 @@
 """Each rank's predicted peak per phase against its truth, under DDP and FSDP2 (issue 26).
 
-The cases of ``tests/ranks_cases.py``: a 6-block MLP (12.6 M parameters) trained with
+The cases of ``tests/support/ranks_cases.py``: a 6-block MLP (12.6 M parameters) trained with
 AdamW for three steps as two real ranks (gloo on the CPU, spawned processes) under DDP,
 DDP with ``gradient_as_bucket_view=True``, FSDP2 and FSDP2 without
 ``reshard_after_forward``, and as rank 0 of an 8-rank FSDP2 job (torch's fake process
-group). The truth is torch.profiler's allocator events (``tests/profmem.py``), peaked
+group). The truth is torch.profiler's allocator events (``tests/support/profmem.py``), peaked
 inside each phase. Printed: rank x step x phase x (truth, predicted, ratio), and as the
 anchor, the same run predicted without the layout's buffers (the facts' ``parallel`` part
 left out: what gpuwatch showed before). PASS when every phase is within 10%.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from ranks_cases import CASES, run_case, table  # noqa: E402
 

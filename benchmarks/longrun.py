@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from gpuwatch.session import Device, Mark, Oom, Session, gpu_key  # noqa: E402
+from gpuwatch.session import Device, Mark, Oom, Session, gpu_key, restore  # noqa: E402
 from gpuwatch.store import SessionWriter  # noqa: E402
 
 SECOND = 10**9
@@ -62,7 +62,8 @@ def write_recording(path: Path, hours: float, seed: int = 0, label: str = "") ->
         s.add_device(Device(keys[-1], "gpu", index=g, name=name, uuid=uuid, total=80 * GIB))
     pids = [10_000 + g for g in range(GPUS)]
     for g, pid in enumerate(pids):
-        s.restore_process(
+        restore.process(
+            s,
             pid,
             {
                 "first_t": T0,

@@ -10,6 +10,8 @@ file too. Standard library only: the training side imports this.
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 FACTS_VERSION = 1
 """Version of the facts schema (``docs/facts.md``); bumped on incompatible changes."""
 
@@ -67,3 +69,202 @@ MLP_PARTS = ("mlp", "feed_forward", "ffn", "feedforward")
 
 LORA_PARTS = ("lora_A", "lora_B", "base_layer", "lora_embedding_A", "lora_embedding_B")
 """PEFT's module names around an adapted layer."""
+
+
+# ---------------------------------------------------------------------- the facts, typed
+# docs/facts.md is the reference for every field; these name them for the code. Every
+# part is optional (total=False): a reader ignores what it does not know, and what comes
+# from a socket or a recording is hostile until checked (the predictor checks each read).
+
+
+class TensorGroup(TypedDict, total=False):
+    """Parameters or buffers of one (dtype, device[, trainable])."""
+
+    dtype: str
+    device: str
+    trainable: bool
+    count: int
+    bytes: int
+    tensors: int
+
+
+class ParamFacts(TypedDict, total=False):
+    """``params``: what this rank holds (a DTensor counts its local shard)."""
+
+    count: int
+    bytes: int
+    trainable_count: int
+    trainable_bytes: int
+    frozen_count: int
+    frozen_bytes: int
+    autocast_count: int
+    groups: list[TensorGroup]
+
+
+class BufferFacts(TypedDict, total=False):
+    """``buffers``."""
+
+    count: int
+    bytes: int
+    groups: list[TensorGroup]
+
+
+class OptimizerBucket(TypedDict, total=False):
+    """One (param group, device, dtype) bucket of ``optimizer.groups``."""
+
+    group: int
+    device: str
+    dtype: str
+    tensors: int
+    count: int
+    bytes: int
+    max_tensor_bytes: int
+    second_tensor_bytes: int
+    loop_peak_bytes: int
+    small_count: int
+    factored_count: int
+    vector_count: int
+    weight_decay: float
+    momentum: float
+    nesterov: bool
+    amsgrad: bool
+    lr: float
+    frozen_tensors: int
+
+
+OptimizerFacts = TypedDict(
+    "OptimizerFacts",
+    {
+        "class": str,
+        "module": str,
+        "kind": str,
+        "impl": str | None,
+        "impl_explicit": bool,
+        "options": dict[str, Any],
+        "groups": list[OptimizerBucket],
+        "param_groups": int,
+        "state_bytes": int,
+        "state_tensors": int,
+    },
+    total=False,
+)
+"""``optimizer`` (``class`` is a keyword, hence the functional form)."""
+
+
+class AmpFacts(TypedDict, total=False):
+    """``amp``: the autocast dtype given to ``watch()``."""
+
+    dtype: str | None
+    source: str
+
+
+class CheckpointingFacts(TypedDict, total=False):
+    """``checkpointing``."""
+
+    enabled: bool
+    source: str
+
+
+class TransformerFacts(TypedDict, total=False):
+    """``transformer``: the shape, from a config or the module tree."""
+
+    source: str
+    model_type: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    attention: str
+    activation: str
+    norm: str
+    norm_class: str
+    norm_upcast: bool
+    mlp: str
+    fused_qkv: bool
+    rope: bool
+    learned_positions: bool
+    tied_embeddings: bool
+    bias: bool
+    dropout: dict[str, float]
+    trainable: dict[str, bool]
+    lora: dict[str, Any]
+    head: str
+    head_transform: bool
+    parallel_residual: bool
+    softmax_fp32: bool
+    image: dict[str, int]
+
+
+class BatchFacts(TypedDict, total=False):
+    """``batch``: the first forward's input."""
+
+    shape: list[int]
+    dtype: str
+    device: str
+    batch: int
+    seq: int
+    autocast: str | None
+
+
+class ModuleActivations(TypedDict, total=False):
+    """One entry of ``activations.modules``."""
+
+    name: str
+    bytes: int
+    tensors: int
+    max_tensor_bytes: int
+    amp_copy_bytes: int
+    out_bytes: int
+    grad_bytes: int
+    recomputed: bool
+    recompute_bytes: int
+
+
+class ActivationFacts(TypedDict, total=False):
+    """``activations``: what autograd saved in the first training forward, measured."""
+
+    source: str
+    bytes: int
+    tensors: int
+    amp_copy_bytes: int
+    offloaded_bytes: int
+    opaque_bytes: int
+    user_hooks: bool
+    until: str
+    held_output_bytes: int
+    modules: list[ModuleActivations]
+    skipped: str
+    error: str
+
+
+class ParallelFacts(TypedDict, total=False):
+    """``parallel``: how DDP, FSDP, tensor parallelism or a device map divides the model."""
+
+    strategy: str
+    rank: int
+    world_size: int
+    ddp: dict[str, Any]
+    fsdp: dict[str, Any]
+    dtensor: dict[str, Any]
+    devices: dict[str, int]
+
+
+class Facts(TypedDict, total=False):
+    """The facts of one process (``docs/facts.md``), as sent and as recorded."""
+
+    version: int
+    torch: str
+    params: ParamFacts
+    buffers: BufferFacts
+    optimizer: OptimizerFacts
+    amp: AmpFacts
+    checkpointing: CheckpointingFacts
+    transformer: TransformerFacts
+    batch: BatchFacts
+    activations: ActivationFacts
+    parallel: ParallelFacts
+    errors: list[str]

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ._version import __version__
+from .analysis.predicted import predictions
 from .predict import CATEGORIES
 from .protocol import MAX_RANK, label_text
 from .scrape_server import ScrapeServer
@@ -385,7 +386,7 @@ class SessionCollector:
             # The session's shared line (the dashboard reads the same one). Facts come from
             # the script: a fact the predictor trips on costs this process its predicted
             # series, not the whole scrape.
-            line = self.session.predictions.line(proc)
+            line = predictions(self.session).line(proc)
             if line is None or line.prediction is None:
                 return
             prediction = line.prediction

@@ -19,6 +19,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+SUPPORT = ROOT / "tests" / "support"
+# The fakes and helpers the tests import by name (``import synthetic``), wherever they sit.
+sys.path.insert(0, str(SUPPORT))
 SAMPLE = ROOT / "samples" / "train_tiny_gpt.py"
 
 # ------------------------------------------------------------------ the user's directories
@@ -130,6 +133,12 @@ def sub_env(sock_path: str) -> dict[str, str]:
 
 FAKE_NVML = "tests.fake_nvml"
 """``$GPUWATCH_NVML_BACKEND`` that serves NVML from tests/fake_nvml.py in a child process."""
+
+
+def record_cmd(out: str, sock: str) -> list[str]:
+    """``gpuwatch record --out OUT --socket SOCK`` as this interpreter runs it (add a
+    command after ``--``, or more options)."""
+    return [sys.executable, "-m", "gpuwatch", "record", "--out", out, "--socket", sock]
 
 
 def fake_nvml_env(env: dict[str, str], spec: dict[str, Any]) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""DESIGN.md's layering: only gpuwatch/tui imports textual; `import gpuwatch` stays light."""
+"""The floors of docs/architecture.md: only gpuwatch/tui imports textual; `import gpuwatch`
+stays light; no circle between units, nor between the modules of one package."""
 
 from __future__ import annotations
 
@@ -89,13 +90,21 @@ ALLOWED: dict[str, set[str]] = {
     "instrument": {"_version", "protocol", "facts"},
     "integrations": {"instrument"},
     "predict": {"facts"},
-    "analysis": {"fmt", "session", "predict"},
+    "session": {"protocol", "fmt"},
+    "analysis": {"session", "predict", "fmt"},
     "cluster": {"analysis", "fmt"},
-    "session": {"protocol", "predict", "fmt"},
     "sources": {"protocol", "session", "fmt"},
-    "store": {"_version", "protocol", "session", "fmt", "predict", "analysis"},
+    "store": {"_version", "protocol", "session", "analysis", "fmt", "predict"},
     "scrape_server": set(),
-    "prometheus": {"_version", "session", "predict", "fmt", "scrape_server", "protocol"},
+    "prometheus": {
+        "_version",
+        "session",
+        "analysis",
+        "predict",
+        "fmt",
+        "scrape_server",
+        "protocol",
+    },
     "launch": {"protocol"},
     "live": {"session", "sources", "store", "prometheus", "protocol", "fmt", "analysis"},
     "tui": {
@@ -201,6 +210,57 @@ def test_the_graph_checker_catches_a_circle_and_an_arrow(tmp_path: Path) -> None
     graph = package_graph(pkg)
     assert graph["store"] == {"cli"} and graph["cli"] == {"store"}
     assert cycles(graph) == [["cli", "store", "cli"]]
+
+
+def _module(parts: tuple[str, ...]) -> str:
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path = PKG) -> dict[str, set[str]]:
+    """module -> the modules of the same unit it imports, function-level imports included.
+
+    Modules are dotted paths below ``root`` (``store.loader``; a package is its face,
+    ``store``). An import done inside a function is still a circle: it only hides it.
+    """
+    files = {_module(p.relative_to(root).with_suffix("").parts): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = list(path.relative_to(root).parts[:-1])
+        found = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                target = package[: len(package) - node.level + 1]
+                target += node.module.split(".") if node.module else []
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpuwatch."):
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            for alias in node.names:
+                sub = ".".join([*target, alias.name])
+                found.add(sub if sub in files else ".".join(target))
+        found = {m for m in found if m.split(".")[0] == name.split(".")[0]}
+        found.discard(name)
+        graph[name] = found
+    return graph
+
+
+def test_no_circle_between_modules_of_one_package() -> None:
+    assert cycles(module_graph()) == []
+
+
+def test_the_module_checker_catches_a_hidden_circle(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "store").mkdir(parents=True)
+    (pkg / "store" / "__init__.py").write_text("")
+    (pkg / "store" / "a.py").write_text("from .b import B\n")
+    # A function-level import hides the circle from the interpreter, not from the check.
+    (pkg / "store" / "b.py").write_text("def f():\n    from . import a\n")
+    (pkg / "store" / "c.py").write_text("from .. import other\nfrom ..store import a\n")
+    (pkg / "other.py").write_text("")
+    graph = module_graph(pkg)
+    assert graph["store.a"] == {"store.b"} and graph["store.b"] == {"store.a"}
+    assert graph["store.c"] == {"store.a"}
+    assert cycles(graph) == [["store.a", "store.b", "store.a"]]
 
 
 def test_no_package_reads_another_package_s_private_names() -> None:

@@ -1,4 +1,2 @@
-"""What gpuwatch concludes from the data: analyses that sit above the session and the predictor.
-
-See docs/architecture.md for the floors of the house.
-"""
+"""Analysis: what the session's data means, read with the predictor (predicted lines,
+breakdowns, explanations); above :mod:`gpuwatch.session` and :mod:`gpuwatch.predict`."""

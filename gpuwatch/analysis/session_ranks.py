@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..session import MISSING_INT, Mark, Process, Session
-from ..session.explain import ProcessExplained, explain_process, first_step_of
 from ..session.peaks import phase_peaks
+from .explain import ProcessExplained, explain_process
+from .predicted import first_optimizer_step
 from .ranks import UNEXPLAINED, Flag, RankPhase, RankRow, Ranks, compare
 
 EXPLAIN_EVERY = 5.0
@@ -283,7 +284,8 @@ class RankFeed:
         if not newest:
             return {}
         ex = self._explained(session, proc)
-        first = first_step_of(session, proc) if ex is not None else None
+        found = first_optimizer_step(session, proc)[0] if ex is not None else None
+        first = None if found is None else found[0]
         out = {}
         for name, p in newest.items():
             predicted, parts = None, {}

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 TOKEN_ENV = "GPUWATCH_PROMETHEUS_TOKEN"
 SORTS = ("memory", "headroom", "host", "rank")
 """gpuwatch.cluster.model.SORTS, written out: importing it loads ssl for every command
-(tests/test_cluster_cli.py holds the two in step)."""
+(tests/cluster/test_cluster_client.py holds the two in step)."""
 MAX_SECRET = 64 << 10
 """Largest token or basic-auth file read (a JWT is a few kB)."""
 

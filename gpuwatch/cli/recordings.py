@@ -26,19 +26,9 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ..store.multi import Opened
-    from ..store.recording import Recording
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _open(path: str) -> Recording:
-    from ..store.recording import RecordingError, open_recording
-
-    try:
-        return open_recording(path)
-    except RecordingError as exc:
-        raise CliError(str(exc))
 
 
 def _load(paths: list[str], align: str = "wall", shown: Progress | None = None) -> Opened:
@@ -105,7 +95,7 @@ def _speed(text: str) -> float:
 
 # store.export's table names and formats, written out: importing it (numpy, the session
 # model) to build the parser cost every command, --help and a refusal included, ~0.5 s.
-# tests/test_export_cli.py holds the two in step.
+# tests/cli/test_export_cli.py holds the two in step.
 EXPORT_TABLES = (
     "meta",
     "devices",

@@ -109,6 +109,46 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def _begin(st: _State, name: str, t: int, fig: Any, sid: int | None, top: bool) -> int:
+    """The one begin boundary: push a frame on this thread's stack and send the begin.
+
+    Args:
+        top: Count a top-level begin towards the step (manual phases; gpuwatch's own
+            automatic spans never move the step).
+    """
+    try:  # the thread's stack, without a call: this runs at every boundary
+        stack = st.local.stack
+    except AttributeError:
+        stack = st.stack()
+    if top and not stack:
+        st.top_phase(name)
+    if sid is None:
+        sid = next(st.ids)
+    parent = stack[-1][0] if stack else None
+    stack.append((sid, name))
+    st.client.emit_phase(t, "begin", name, sid, parent, len(stack) - 1, st.step, fig, None)
+    return sid
+
+
+def _end(
+    st: _State,
+    t: int,
+    name: str,
+    sid: int,
+    stack: list[tuple[int, str]],
+    depth: int,
+    fig: Any,
+    exc: BaseException | None,
+    error: str | None,
+) -> None:
+    """The one end boundary: send the end of the span popped from ``depth`` of ``stack``
+    (its parent is the frame below) and hand an out-of-memory error to the OOM hook."""
+    parent = stack[depth - 1][0] if depth and stack else None
+    st.client.emit_phase(t, "end", name, sid, parent, depth, st.step, fig, error)
+    if exc is not None and error is not None and "OutOfMemory" in error and st.on_oom is not None:
+        st.on_oom(exc, name)
+
+
 class phase:
     """Annotate a phase of training, as a context manager or a decorator.
 
@@ -138,16 +178,7 @@ class phase:
             return self
         try:
             t = _monotonic_ns()
-            fig = st.memory.boundary(t, "begin")
-            stack = st.stack()
-            if not stack:
-                st.top_phase(self.name)
-            sid = next(st.ids)
-            parent = stack[-1][0] if stack else None
-            stack.append((sid, self.name))
-            st.client.emit_phase(
-                t, "begin", self.name, sid, parent, len(stack) - 1, st.step, fig, None
-            )
+            _begin(st, self.name, t, st.memory.boundary(t, "begin"), None, True)
         except Exception:
             pass
         return self
@@ -159,7 +190,10 @@ class phase:
         try:
             t = _monotonic_ns()
             fig = st.memory.boundary(t, "end")
-            stack = st.stack()
+            try:
+                stack = st.local.stack
+            except AttributeError:
+                stack = st.stack()
             # Pop our own frame; tolerate an unbalanced stack rather than raise.
             sid = None
             for i in range(len(stack) - 1, -1, -1):
@@ -169,12 +203,9 @@ class phase:
                     break
             if sid is None:
                 return False
-            parent = stack[-1][0] if stack else None
             error = exc_type.__name__ if exc_type is not None else None
-            st.client.emit_phase(t, "end", self.name, sid, parent, len(stack), st.step, fig, error)
-            if error is not None and "OutOfMemory" in error and st.on_oom is not None:
-                st.on_oom(exc, self.name)
-            elif error is None and self.name == "optimizer.step":
+            _end(st, t, self.name, sid, stack, len(stack), fig, exc, error)
+            if error is None and self.name == "optimizer.step":
                 st.stepped = True  # the next step begins with its first phase
         except Exception:
             pass
@@ -221,13 +252,7 @@ def open_span(
             t = _monotonic_ns()
         if fig is _READ:
             fig = st.memory.boundary(t, "begin")
-        if sid is None:
-            sid = next(st.ids)
-        stack = st.stack()
-        parent = stack[-1][0] if stack else None
-        stack.append((sid, name))
-        st.client.emit_phase(t, "begin", name, sid, parent, len(stack) - 1, st.step, fig, None)
-        return sid
+        return _begin(st, name, t, fig, sid, False)
     except Exception:
         return None
 
@@ -271,12 +296,9 @@ def close_span(
             t = _monotonic_ns()
         if fig is _READ:
             fig = st.memory.boundary(t, "end")
-        parent = stack[depth - 1][0] if depth and stack else None
         if exc is not None:
             error = exc.__class__.__name__
-        st.client.emit_phase(t, "end", name, sid, parent, depth, st.step, fig, error)
-        if exc is not None and st.on_oom is not None and "OutOfMemory" in error:
-            st.on_oom(exc, name)
+        _end(st, t, name, sid, stack, depth, fig, exc, error)
         return t, fig
     except Exception:
         return None

@@ -23,6 +23,8 @@ from ..facts import (
     MLP_PARTS,
     ROLE_NAMES,
     SMALL_TENSOR,
+    BatchFacts,
+    Facts,
 )
 from ._layout import local, local_bytes, parallel_facts, param_owner, sharded_parameters
 
@@ -471,7 +473,7 @@ def collect_facts(
     amp_dtype: Any = None,
     checkpointing: bool | None = None,
     wrapper: Any = None,
-) -> dict[str, Any]:
+) -> Facts:
     """Read the facts the predictor needs from a model and its optimizer, once.
 
     Args:
@@ -520,7 +522,7 @@ def collect_facts(
     return facts
 
 
-def batch_facts(args: Any, kwargs: Any) -> dict[str, Any]:
+def batch_facts(args: Any, kwargs: Any) -> BatchFacts:
     """The batch shape of a forward call, from its arguments (call it on the first forward).
 
     Takes ``input_ids`` (or the first tensor argument): an integer ``(batch, seq)`` tensor

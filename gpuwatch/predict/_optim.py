@@ -32,6 +32,7 @@ Sources, per rule:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,17 +78,121 @@ def _pairs_peak(sizes: list[int]) -> int:
     return peak
 
 
-_TEMP_NAMES = {
-    ("adam", "foreach"): "{} foreach temporary",
-    ("adamw", "foreach"): "{} foreach temporary",
-    ("adam", "for-loop"): "{} for-loop temporaries",
-    ("adamw", "for-loop"): "{} for-loop temporaries",
-    ("sgd", "foreach"): "{} foreach gradient copy",
-    ("sgd", "for-loop"): "{} gradient copy",
-    ("adafactor", "foreach"): "{} foreach variance estimate",
-    ("adafactor", "for-loop"): "{} variance estimate",
+@dataclass
+class _Group:
+    """One param group's buckets, as a rule reads them."""
+
+    buckets: list[dict[str, Any]]
+    options: dict[str, Any]
+    impl: str
+    kind: str
+    sizes: list[int]  # bytes of each bucket
+    big: int  # the largest tensor's bytes
+    second: int  # the second largest's
+    steps: int  # bytes of per-parameter ``step`` scalars on the device
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The group's own setting, else the optimizer's default."""
+        return self.buckets[0].get(name, self.options.get(name, default))
+
+
+def _adam(g: _Group) -> tuple[int, int | None]:
+    n_states = 3 if g.option("amsgrad", False) else 2
+    state = n_states * sum(g.sizes) + g.steps
+    coupled_wd = g.kind == "adam" and float(g.option("weight_decay", 0) or 0) != 0
+    if g.impl == "foreach":
+        return state, _pairs_peak(g.sizes)
+    if g.impl == "for-loop":
+        loop = max((_n(b.get("loop_peak_bytes")) for b in g.buckets), default=0)
+        return state, (loop or 2 * g.big + g.second) + (g.big if coupled_wd else 0)
+    return state, None
+
+
+def _sgd(g: _Group) -> tuple[int, int | None]:
+    state = sum(g.sizes) if float(g.option("momentum", 0) or 0) else 0
+    needs_copy = float(g.option("weight_decay", 0) or 0) != 0 or bool(g.option("nesterov", False))
+    if needs_copy and g.impl == "foreach":
+        return state, _pairs_peak(g.sizes)
+    if needs_copy and g.impl == "for-loop":
+        return state, g.big
+    return state, None
+
+
+def _adafactor(g: _Group) -> tuple[int, int | None]:
+    state = 0
+    for b in g.buckets:
+        elt = _n(b.get("bytes")) // max(1, _n(b.get("count"))) or 4
+        state += (_n(b.get("factored_count")) + _n(b.get("vector_count"))) * elt
+    return state + g.steps, _pairs_peak(g.sizes) if g.impl == "foreach" else g.big + g.second
+
+
+def _adam_8bit(g: _Group) -> tuple[int, int | None]:
+    state = 0
+    for b in g.buckets:
+        count, small = _n(b.get("count")), _n(b.get("small_count"))
+        big_count = max(0, count - small)
+        blocks = -(-big_count // BNB_BLOCK)
+        state += 2 * big_count + 2 * 4 * blocks + 2 * 4 * small
+    return state, None
+
+
+@dataclass(frozen=True)
+class OptimizerKind:
+    """An optimizer the predictor has rules for, described in this one place.
+
+    Attributes:
+        cls: Its class name, as facts and ``gpuwatch estimate`` name it.
+        module: Its module.
+        temps: What the temporary inside ``step()`` is called, by implementation
+            (``{}`` stands for the class name).
+        rule: ``(state bytes, step temporary or None)`` of one param group.
+        note: Said with every prediction for it.
+    """
+
+    cls: str
+    module: str
+    temps: dict[str, str]
+    rule: Callable[[_Group], tuple[int, int | None]]
+    note: str = ""
+
+
+_ADAM_TEMPS = {"foreach": "{} foreach temporary", "for-loop": "{} for-loop temporaries"}
+
+KINDS: dict[str, OptimizerKind] = {
+    "adamw": OptimizerKind("AdamW", "torch.optim.adamw", _ADAM_TEMPS, _adam),
+    "adam": OptimizerKind("Adam", "torch.optim.adam", _ADAM_TEMPS, _adam),
+    "sgd": OptimizerKind(
+        "SGD",
+        "torch.optim.sgd",
+        {"foreach": "{} foreach gradient copy", "for-loop": "{} gradient copy"},
+        _sgd,
+    ),
+    "adafactor": OptimizerKind(
+        "Adafactor",
+        "torch.optim._adafactor",
+        {"foreach": "{} foreach variance estimate", "for-loop": "{} variance estimate"},
+        _adafactor,
+    ),
+    "adamw-8bit": OptimizerKind(
+        "AdamW8bit",
+        "bitsandbytes.optim.adamw",
+        {},
+        _adam_8bit,
+        "8-bit Adam: bitsandbytes' block-wise states (256-element blocks)",
+    ),
 }
-"""What the temporary inside ``step()`` is, by (kind, implementation)."""
+"""Optimizer kinds by name; a class is matched to the first whose name starts it (see
+:func:`kind_of`: ``adamw`` before ``adam``)."""
+
+ESTIMATE_OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "adamw": ("adamw", {}),
+    "adam": ("adam", {}),
+    "sgd": ("sgd", {"momentum": 0.0}),
+    "sgd-momentum": ("sgd", {"momentum": 0.9}),
+    "adafactor": ("adafactor", {}),
+    "adamw-8bit": ("adamw-8bit", {}),
+}
+"""``gpuwatch estimate --optimizer`` choices: a kind and the options it is made with."""
 
 
 def kind_of(opt: dict[str, Any]) -> str:
@@ -96,7 +201,7 @@ def kind_of(opt: dict[str, Any]) -> str:
     module = str(opt.get("module", "")).lower()
     if "8bit" in name or ("bitsandbytes" in module and "adam" in name):
         return "adamw-8bit"
-    for kind in ("adamw", "adam", "adafactor", "sgd"):
+    for kind in KINDS:
         if name.startswith(kind) or name == kind:
             return kind
     return "other"
@@ -122,64 +227,41 @@ def optimizer_memory(opt: dict[str, Any] | None, device: str | None = None) -> O
     mem = OptimizerMemory(kind=kind, present=_n(opt.get("state_bytes")) > 0)
     cls = str(opt.get("class") or kind)[:40]
     mem.state_name = f"{cls} state"
-    mem.temp_name = _TEMP_NAMES.get((kind, impl), f"{cls} step temporaries").format(cls)
+    spec = KINDS.get(kind)
+    temp = spec.temps.get(impl) if spec else None
+    mem.temp_name = (temp or f"{cls} step temporaries").format(cls)
     by_group: dict[int, list[dict[str, Any]]] = {}
     for g in groups:
         by_group.setdefault(_n(g.get("group")), []).append(g)
 
-    def opt_of(g: dict[str, Any], name: str, default: Any = None) -> Any:
-        return g.get(name, options.get(name, default))
-
     temps: list[int] = []
     for buckets in by_group.values():
-        sizes = [_n(b.get("bytes")) for b in buckets]
-        big = max((_n(b.get("max_tensor_bytes")) for b in buckets), default=0)
-        second = max((_n(b.get("second_tensor_bytes")) for b in buckets), default=0)
+        if spec is None:
+            mem.state += _n(opt.get("state_bytes"))
+            continue
         on_device_step = bool(options.get("fused") or options.get("capturable")) or any(
             str(b.get("device", "")).startswith("cpu") for b in buckets
         )
-        steps = sum(_n(b.get("tensors")) for b in buckets) * 4 if on_device_step else 0
-        b0 = buckets[0]
-        if kind in ("adam", "adamw"):
-            n_states = 3 if opt_of(b0, "amsgrad", False) else 2
-            mem.state += n_states * sum(sizes) + steps
-            coupled_wd = kind == "adam" and float(opt_of(b0, "weight_decay", 0) or 0) != 0
-            if impl == "foreach":
-                temps.append(_pairs_peak(sizes))
-            elif impl == "for-loop":
-                loop = max((_n(b.get("loop_peak_bytes")) for b in buckets), default=0)
-                temps.append((loop or 2 * big + second) + (big if coupled_wd else 0))
-        elif kind == "sgd":
-            momentum = float(opt_of(b0, "momentum", 0) or 0)
-            if momentum:
-                mem.state += sum(sizes)
-            needs_copy = float(opt_of(b0, "weight_decay", 0) or 0) != 0 or bool(
-                opt_of(b0, "nesterov", False)
-            )
-            if needs_copy and impl == "foreach":
-                temps.append(_pairs_peak(sizes))
-            elif needs_copy and impl == "for-loop":
-                temps.append(big)
-        elif kind == "adafactor":
-            for b in buckets:
-                elt = _n(b.get("bytes")) // max(1, _n(b.get("count"))) or 4
-                mem.state += (_n(b.get("factored_count")) + _n(b.get("vector_count"))) * elt
-            mem.state += steps
-            temps.append(_pairs_peak(sizes) if impl == "foreach" else big + second)
-        elif kind == "adamw-8bit":
-            for b in buckets:
-                count, small = _n(b.get("count")), _n(b.get("small_count"))
-                big_count = max(0, count - small)
-                blocks = -(-big_count // BNB_BLOCK)
-                mem.state += 2 * big_count + 2 * 4 * blocks + 2 * 4 * small
-        else:
-            mem.state += _n(opt.get("state_bytes"))
+        group = _Group(
+            buckets,
+            options,
+            impl,
+            kind,
+            sizes=[_n(b.get("bytes")) for b in buckets],
+            big=max((_n(b.get("max_tensor_bytes")) for b in buckets), default=0),
+            second=max((_n(b.get("second_tensor_bytes")) for b in buckets), default=0),
+            steps=sum(_n(b.get("tensors")) for b in buckets) * 4 if on_device_step else 0,
+        )
+        state, step_temp = spec.rule(group)
+        mem.state += state
+        if step_temp is not None:
+            temps.append(step_temp)
     if kind == "other":
         mem.notes.append(
             f"optimizer {opt.get('class')!r} has no rules: state taken as measured when facts"
             " were read, temporaries unknown"
         )
-    if kind == "adamw-8bit":
-        mem.notes.append("8-bit Adam: bitsandbytes' block-wise states (256-element blocks)")
+    elif spec is not None and spec.note:
+        mem.notes.append(spec.note)
     mem.temp = max(temps, default=0)
     return mem

@@ -1,7 +1,7 @@
 """Facts in, predicted bytes per category and per phase out (see ``docs/facts.md``).
 
-The phase model (DESIGN.md, "Predicted memory, and the gap"), with W weights and buffers,
-S optimizer state, G gradients, A what forward keeps for backward:
+The phase model (``docs/architecture.md``, "Predicted memory, and the gap"), with W weights
+and buffers, S optimizer state, G gradients, A what forward keeps for backward:
 
 - forward: from W (+S after the first step) up to +A; its peak is at the loss, where the
   fp32 logits and their log-softmax are alive together;
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..facts import Facts
 from ._graph import (
     ACTIVATIONS,
     AMP_COPIES,
@@ -258,7 +259,7 @@ def _with(base: Breakdown, extra: Breakdown) -> Breakdown:
     return out
 
 
-def predict(facts: dict[str, Any]) -> Prediction:
+def predict(facts: Facts) -> Prediction:
     """Predict memory per phase from a facts dict (never raises on odd facts)."""
     facts = facts if isinstance(facts, dict) else {}
     params = _dict(facts.get("params"))

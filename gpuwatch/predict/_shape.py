@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..facts import CONFIG_NAMES, DROPOUT_NAMES, SMALL_TENSOR
+from ..facts import CONFIG_NAMES, DROPOUT_NAMES, SMALL_TENSOR, Facts
+from ._optim import ESTIMATE_OPTIMIZERS, KINDS
 
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-mixed", "fp16-mixed")
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit")
+OPTIMIZERS = tuple(ESTIMATE_OPTIMIZERS)
 IMPLS = ("foreach", "fused", "for-loop")
 
 # precision -> (weight dtype, autocast dtype)
@@ -26,19 +27,11 @@ _PRECISION = {
     "fp16-mixed": ("float32", "float16"),
 }
 _ELT = {"float32": 4, "bfloat16": 2, "float16": 2}
-_OPTIMIZER_CLASS = {
-    "adamw": ("AdamW", "torch.optim.adamw", {}),
-    "adam": ("Adam", "torch.optim.adam", {}),
-    "sgd": ("SGD", "torch.optim.sgd", {"momentum": 0.0}),
-    "sgd-momentum": ("SGD", "torch.optim.sgd", {"momentum": 0.9}),
-    "adafactor": ("Adafactor", "torch.optim._adafactor", {}),
-    "adamw-8bit": ("AdamW8bit", "bitsandbytes.optim.adamw", {}),
-}
 
 
 ARCHS = ("gpt", "llama", "bert", "roberta", "neox", "vit")
 """Layouts whose parameters are listed tensor by tensor (counts checked against
-Hugging Face's models in ``tests/test_estimate_cli.py``)."""
+Hugging Face's models in ``tests/cli/test_estimate_cli.py``)."""
 
 # HF model_type -> layout. Families not listed are refused: a count that looks right but
 # is not (an encoder modelled as LLaMA) is worse than no estimate.
@@ -361,7 +354,7 @@ def facts_from_shape(
     lora_rank: int = 0,
     dropout: dict[str, float] | None = None,
     activation: str | None = None,
-) -> dict[str, Any]:
+) -> Facts:
     """The facts a training script with this model and settings would send.
 
     Args:
@@ -377,7 +370,7 @@ def facts_from_shape(
     """
     if precision not in _PRECISION:
         raise ValueError(f"unknown precision {precision!r}")
-    if optimizer not in _OPTIMIZER_CLASS:
+    if optimizer not in ESTIMATE_OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}")
     dtype, amp = _PRECISION[precision]
     elt = _ELT[dtype]
@@ -415,7 +408,8 @@ def facts_from_shape(
                 "tensors": len(adapters),
             }
         )
-    cls, module, extra = _OPTIMIZER_CLASS[optimizer]
+    kind, extra = ESTIMATE_OPTIMIZERS[optimizer]
+    cls, module = KINDS[kind].cls, KINDS[kind].module
     facts: dict[str, Any] = {
         "version": 1,
         "params": {

@@ -10,7 +10,7 @@ layer at 16 bits with dropout is ``sbh(34 + 5as/h)`` bytes:
 - two LayerNorm inputs ``4sbh``.
 
 Recording each op with the element size of its real dtype gives that figure back exactly
-(``tests/test_predict.py`` checks it), and also the cases the formula does not cover:
+(``tests/predict/test_predict.py`` checks it), and also the cases the formula does not cover:
 fp32 activations (every 2 becomes 4), no dropout, SDPA/flash attention (no s² term: the
 kernels keep Q, K, V, the output and a log-sum-exp; Dao et al. 2022, "FlashAttention"),
 grouped KV heads, RMSNorm, SwiGLU, LoRA's frozen layers (a frozen linear does not keep its

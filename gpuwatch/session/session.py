@@ -7,28 +7,21 @@ passed to subscribers (the recorder), so the session is the single place facts f
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..protocol import Message
-from . import summary as sm
 from .model import (
     GPU_COLUMNS,
     GPU_PROC_COLUMNS,
     HOST,
     HOST_COLUMNS,
-    PEAK_COLUMNS,
-    PHASE_COLUMNS,
-    RSS_COLUMNS,
-    TORCH_COLUMNS,
     Device,
     Mark,
     Oom,
@@ -37,21 +30,11 @@ from .model import (
     gpu_key,
     norm_uuid,
 )
-from .openspans import OpenBook
+from .process import PROCESS_TABLES, Process, count_sequence
 from .table import MISSING_INT, Table
-
-if TYPE_CHECKING:
-    from .predicted import Predictions
 
 Listener = Callable[[str, tuple[Any, ...]], None]
 TableHook = Callable[[str, str, Table], None]
-
-_PROCESS_TABLES = {
-    "torch": TORCH_COLUMNS,
-    "peaks": PEAK_COLUMNS,
-    "rss": RSS_COLUMNS,
-    "phases": PHASE_COLUMNS,
-}
 
 KEEP_ROWS = 16_384
 """Rows of each table a live session keeps in memory (see :meth:`Session.bound`)."""
@@ -60,10 +43,6 @@ SILENT_END = 500 * 10**6
 """How long a replayed process that never said goodbye is taken to run after its last
 message: a script sends its allocator figures every 50 ms, so a recording stopped while it
 ran keeps it to its end, and one killed is gone half a second later."""
-
-PROCESS_ROWS = 64
-"""Rows a new process's tables have room for (they double as they fill): a sweep of
-thousands of short scripts does not reserve a thousand rows of each table for each."""
 
 KEEP_MARKS = 1024
 """Marks a bounded session keeps in memory (twice that between trims): the newest."""
@@ -89,164 +68,6 @@ them): enough for every MIG instance of an 8-GPU host, and a bound on what hello
 
 def _opt(v: int | None) -> int:
     return MISSING_INT if v is None else v
-
-
-@dataclass
-class Tally:
-    """What a process did, counted as its rows arrive: exact however many rows memory
-    lets go (the Prometheus exporter reports these).
-
-    Attributes:
-        count: Phase name id -> phases of that name that ended.
-        ns: Phase name id -> nanoseconds inside them.
-        peaks: Phase name id -> ``(t1, peak allocated, peak reserved, dev)`` of the last
-            ended span of that name that reported a peak.
-        step: The step of the last ended phase that had one.
-        dev: The torch device of the last ended phase that named one.
-        torch: torch device index -> its newest ``(allocated, reserved, inactive_split,
-            alloc_retries, alloc_ooms)``, the newest device last (unknown: MISSING_INT).
-    """
-
-    count: Counter[int] = field(default_factory=Counter)
-    ns: Counter[int] = field(default_factory=Counter)
-    peaks: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
-    step: int | None = None
-    dev: int | None = None
-    torch: dict[int, tuple[int, ...]] = field(default_factory=dict)
-
-    def phases(self, cols: dict[str, np.ndarray]) -> None:
-        """Count ended spans (columns of PHASE_COLUMNS, in end order)."""
-        n = len(cols["t1"])
-        if n == 0:
-            return
-        ids, inverse = np.unique(cols["name"], return_inverse=True)
-        counts = np.bincount(inverse, minlength=len(ids))
-        ns = np.bincount(inverse, weights=(cols["t1"] - cols["t0"]).astype(np.float64))
-        for nid, c, d in zip(ids.tolist(), counts.tolist(), ns.tolist(), strict=True):
-            self.count[nid] += c
-            self.ns[nid] += int(d)
-        steps = cols["step"][cols["step"] != MISSING_INT]
-        if len(steps):
-            self.step = int(steps[-1])
-        devs = cols["dev"][cols["dev"] != MISSING_INT]
-        if len(devs):
-            self.dev = int(devs[-1])
-        with_peak = np.flatnonzero(cols["peak_alloc"] != MISSING_INT)
-        if len(with_peak):
-            names = cols["name"][with_peak]
-            last, first_rev = np.unique(names[::-1], return_index=True)
-            for nid, j in zip(last.tolist(), first_rev.tolist(), strict=True):
-                i = with_peak[len(with_peak) - 1 - j]
-                self.peaks[nid] = (
-                    int(cols["t1"][i]),
-                    int(cols["peak_alloc"][i]),
-                    int(cols["peak_reserved"][i]),
-                    int(cols["dev"][i]),
-                )
-
-    def figures(self, cols: dict[str, np.ndarray]) -> None:
-        """Note the newest allocator figures of each device (columns of TORCH_COLUMNS)."""
-        devs = cols["dev"]
-        if not len(devs):
-            return
-        _, first_rev = np.unique(devs[::-1], return_index=True)
-        for i in sorted(len(devs) - 1 - j for j in first_rev.tolist()):
-            dev = int(devs[i])
-            self.torch.pop(dev, None)  # re-inserted: the newest device last
-            self.torch[dev] = tuple(int(cols[k][i]) for k in TORCH_FIGURES)
-
-
-TORCH_FIGURES = ("allocated", "reserved", "inactive_split", "alloc_retries", "alloc_ooms")
-"""The allocator figures :attr:`Tally.torch` keeps, in order."""
-
-
-@dataclass
-class Process:
-    """An instrumented process, known from its messages.
-
-    Attributes:
-        pid: Process id, as the kernel reports the sender (never the datagram's claim).
-        hello: The latest ``hello`` body (argv, rank, devices, ...).
-        facts: The latest model facts, if the script sent any.
-        devices: torch device index -> session device key.
-        dropped: Events the process says it dropped before sending (cumulative, as
-            reported: its queue was full, or no receiver had room).
-        gaps: Events it sent that were lost on the way: sequence numbers never received,
-            and what reached gpuwatch too late to be recorded (see ``count_lost``).
-        rejected: Its datagrams the receiver refused (counted here, not as gaps).
-        torch: Allocator figures reported at boundaries and periodically.
-        peaks: Exact allocator peaks between consecutive boundaries.
-        rss: Resident set size sampled by the gpuwatch process.
-        phases: Ended spans (see :data:`~gpuwatch.session.model.PHASE_COLUMNS`).
-        open: Spans begun and not yet ended, by id, oldest first.
-        abandoned: Open spans closed unended to keep at most
-            :data:`~gpuwatch.session.openspans.MAX_OPEN` open.
-        ended: The time of its ``bye``, if it said goodbye.
-    """
-
-    pid: int
-    hello: dict[str, Any] = field(default_factory=dict)
-    facts: dict[str, Any] | None = None
-    devices: dict[int, str] = field(default_factory=dict)
-    dropped: int = 0
-    gaps: int = 0
-    rejected: int = 0
-    last_seq: int = -1
-    first_t: int = 0
-    last_t: int = 0
-    torch: Table = field(default_factory=lambda: Table(TORCH_COLUMNS, PROCESS_ROWS, kind="torch"))
-    peaks: Table = field(default_factory=lambda: Table(PEAK_COLUMNS, PROCESS_ROWS, kind="peaks"))
-    last_boundary: int | None = None
-    torch_devs: set[int] = field(default_factory=set)  # device indices seen in figures
-    max_segment: int = 0
-    rss: Table = field(default_factory=lambda: Table(RSS_COLUMNS, PROCESS_ROWS, kind="rss"))
-    phases: Table = field(default_factory=lambda: Table(PHASE_COLUMNS, PROCESS_ROWS, kind="phases"))
-    open: dict[int, OpenSpan] = field(default_factory=OrderedDict)
-    abandoned: int = 0
-    ended: int | None = None
-    exit_code: int | None = None
-    gone: int | None = None  # when the host sampler found it gone (it may not say bye)
-    max_span: int = 0
-    host: str = HOST  # the key of the host device it runs on
-    origin: str = ""  # the recording it came from, in a merged replay (host name)
-    os_pid: int | None = None  # its pid there, when ``pid`` had to be renumbered
-    # The pid it gave itself, when the kernel's differs: its pid inside its container's
-    # PID namespace (``pid`` is always the kernel's, as seen from the gpuwatch process).
-    container_pid: int | None = None
-    tally: Tally = field(default_factory=lambda: Tally())
-    rev: int = 0  # bumped by each message: the recorder rewrites only what changed
-    book: OpenBook = field(default_factory=OpenBook, repr=False)  # open spans' upkeep
-
-    @property
-    def short_label(self) -> str:
-        """Name for a phase row under its device: ``rank N`` under torchrun, else the pid."""
-        rank = self.hello.get("rank")
-        world = self.hello.get("world_size")
-        if rank is not None and (world or 0) > 1:
-            return f"rank {rank}"
-        return f"pid {self.os_pid if self.os_pid is not None else self.pid}"
-
-    @property
-    def label(self) -> str:
-        """:attr:`short_label`, after the recording's origin (host) in a merged replay."""
-        return f"{self.origin} {self.short_label}" if self.origin else self.short_label
-
-
-def _sequence(proc: Process, seq: int) -> None:
-    """Account for a sequence number received (or rejected): the numbers skipped since the
-    last one were lost on the way. Those before the first one seen are not counted: a
-    gpuwatch started after the process never heard them."""
-    if seq > proc.last_seq + 1 and proc.last_seq >= 0:
-        proc.gaps += seq - proc.last_seq - 1
-    proc.last_seq = max(proc.last_seq, seq)
-
-
-_RESTORABLE = frozenset(
-    f.name
-    for f in dataclasses.fields(Process)
-    if f.name not in _PROCESS_TABLES and f.name not in ("pid", "open", "tally", "book", "rev")
-)
-"""What :meth:`Session.restore_process` sets: a process's scalar state, hello and facts."""
 
 
 class Session:
@@ -293,22 +114,6 @@ class Session:
         self.live = True
         self._lock = threading.RLock()
         self._listeners: list[Listener] = []
-        self._predictions: Predictions | None = None
-        self._made_lock = threading.Lock()
-
-    @property
-    def predictions(self) -> Predictions:
-        """The predicted line of each process, shared by every view (made on first use)."""
-        registry = self._predictions
-        if registry is None:
-            from .predicted import Predictions
-
-            # Not the session's lock: a scrape must never wait for an ingest.
-            with self._made_lock:
-                if self._predictions is None:
-                    self._predictions = Predictions(self)
-                registry = self._predictions
-        return registry
 
     @property
     def host(self) -> Table:
@@ -338,7 +143,7 @@ class Session:
         for pid, proc in list(self.processes.items()):
             if pid in skip:
                 continue
-            for kind in _PROCESS_TABLES:
+            for kind in PROCESS_TABLES:
                 out.append((kind, str(pid), getattr(proc, kind)))
         return out
 
@@ -360,7 +165,7 @@ class Session:
         proc = self.processes.get(pid)
         if proc is None:
             return
-        for kind in _PROCESS_TABLES:
+        for kind in PROCESS_TABLES:
             getattr(proc, kind).retain(0)
 
     def bound(self, rows: int | None = KEEP_ROWS) -> None:
@@ -389,7 +194,7 @@ class Session:
 
     def _new_process(self, pid: int, **fields: Any) -> Process:
         proc = self.processes[pid] = Process(pid, **fields)
-        for kind in _PROCESS_TABLES:
+        for kind in PROCESS_TABLES:
             self._made(kind, str(pid), getattr(proc, kind))
         return proc
 
@@ -583,7 +388,7 @@ class Session:
                 proc.rejected += 1
                 proc.rev += 1  # a settled process is written again
                 if seq is not None:
-                    _sequence(proc, seq)
+                    count_sequence(proc, seq)
         self._emit("reject", (reason,))
 
     def count_lost(self, pid: int, count: int) -> None:
@@ -613,12 +418,11 @@ class Session:
                 proc = self._new_process(msg.pid, first_t=msg.t)
             if msg.container_pid is not None:
                 proc.container_pid = msg.container_pid
-            _sequence(proc, msg.seq)
+            count_sequence(proc, msg.seq)
             proc.dropped = max(proc.dropped, msg.dropped)
             proc.last_t = max(proc.last_t, msg.t)
             proc.rev += 1
-            handler = getattr(self, "_on_" + msg.kind)
-            handler(proc, msg)
+            _HANDLERS[msg.kind](self, proc, msg)
         self._emit("message", (msg,))
 
     def _on_hello(self, proc: Process, msg: Message) -> None:
@@ -848,166 +652,6 @@ class Session:
                 proc.rev += 1  # a settled process is written again
         self.touch()
 
-    # ------------------------------------------------------------------ restore (replay)
-
-    # A replayed session is filled from what a recording stored, through these methods
-    # only: each keeps the invariants the live path keeps (devices have tables, spans know
-    # their longest span, a process exists before its series), and emits like the live
-    # path does, so subscribers and caches see every change.
-
-    def restore_device(self, device: Device) -> Device:
-        """A device as stored: added, or the known one's fields replaced by the stored ones."""
-        old = self.devices.get(device.key)
-        if old is None:
-            return self.add_device(device)
-        with self._lock:
-            for f in dataclasses.fields(Device):
-                setattr(old, f.name, getattr(device, f.name))
-        self._emit("device", (old,))
-        return old
-
-    def restore_process(self, pid: int, state: dict[str, Any]) -> Process:
-        """A process's stored scalar state, hello and facts (attributes of :class:`Process`).
-
-        Its tables are restored by :meth:`extend_series`, its open spans by
-        :meth:`restore_open_spans`; ``pid`` is the key and never changes.
-
-        Raises:
-            ValueError: ``state`` names something that is not a scalar attribute.
-        """
-        bad = set(state) - _RESTORABLE
-        if bad:
-            raise ValueError(f"not a stored process attribute: {', '.join(sorted(bad))}")
-        with self._lock:
-            proc = self._restored_process(pid)
-            for name, value in state.items():
-                setattr(proc, name, value)
-        self.touch()
-        return proc
-
-    def _restored_process(self, pid: int) -> Process:
-        proc = self.processes.get(pid)
-        if proc is None:
-            proc = self._new_process(pid)
-        return proc
-
-    def restore_open_spans(self, spans: dict[int, dict[int, OpenSpan]]) -> None:
-        """The spans each process had open when the file was last written (all at once)."""
-        with self._lock:
-            for pid, proc in self.processes.items():
-                proc.open = spans.get(pid, {})
-        self.touch()
-
-    def restore_events(
-        self,
-        marks: Iterable[Mark] = (),
-        ooms: Iterable[Oom] = (),
-        notes: Iterable[str] = (),
-        filed: bool = False,
-    ) -> None:
-        """Point events as stored, appended in order (a note already shown is not repeated).
-
-        Args:
-            filed: The marks are read from the recording that :attr:`mark_source` reads:
-                memory may let go of them.
-        """
-        with self._lock:
-            self.marks.extend(marks)
-            if filed:
-                self.marks_written = self.mark_count()
-            self.ooms.extend(ooms)
-            for text in notes:
-                if text not in self.notes:
-                    self.notes.append(text)
-            self._let_marks_go()
-        self.touch()
-
-    def retain_events(self, t0: int, t1: int) -> int:
-        """Keep only the marks and OOMs timed within ``[t0, t1]``; returns how many went."""
-        with self._lock:
-            gone = 0
-            for events in (self.marks, self.ooms):
-                keep = [e for e in events if t0 <= e.t <= t1]
-                gone += len(events) - len(keep)
-                events[:] = keep
-        if gone:
-            self.touch()
-        return gone
-
-    def restore_counts(
-        self, rejects: dict[str, int] | None = None, rates: dict[str, float] | None = None
-    ) -> None:
-        """Stored reject counts (they replace the known ones) and achieved sampling rates."""
-        with self._lock:
-            for reason, count in (rejects or {}).items():
-                self.rejects[reason] = count
-            self.sampler_rate.update(rates or {})
-        self.touch()
-
-    def series_table(self, kind: str, key: str, capacity: int = 1024, archive: Any = None) -> Table:
-        """The table a stored series of ``kind`` fills, made (sized for ``capacity`` rows).
-
-        Args:
-            kind: ``gpu``, ``gpu_procs`` (by device key), ``host`` (by host key), ``torch``,
-                ``peaks``, ``rss`` or ``phases`` (by pid, as text).
-            key: Which device or process.
-            capacity: Rows it will hold (a table sized once never copies on append).
-            archive: Where its rows are read from on demand (``Table.archive``), instead
-                of being appended.
-
-        Raises:
-            ValueError: An unknown kind, or a process series whose key is not a pid.
-        """
-        with self._lock:
-            if kind in ("gpu", "gpu_procs"):
-                if key not in self.devices:
-                    self.add_device(Device(key, "gpu", source="recording"))
-                layout = GPU_COLUMNS if kind == "gpu" else GPU_PROC_COLUMNS
-                table = Table(layout, 16 if archive else capacity, kind=kind)
-                getattr(self, kind)[key] = table
-            elif kind == "host":
-                size = 16 if archive else capacity
-                table = self.hosts[key] = Table(HOST_COLUMNS, size, kind=kind)
-            elif kind in _PROCESS_TABLES:
-                table = Table(_PROCESS_TABLES[kind], 16 if archive else capacity, kind=kind)
-                setattr(self._restored_process(int(key)), kind, table)
-            else:
-                raise ValueError(f"unknown series kind {kind!r}")
-            if archive is not None:
-                table.set_archive(archive)
-        return table
-
-    def extend_series(self, kind: str, key: str, columns: dict[str, np.ndarray]) -> None:
-        """Rows of a stored series, in time order, into its table from :meth:`series_table`.
-
-        Keeps what the live path keeps as rows arrive: a process's longest span and
-        longest peak segment (window queries reach back by them).
-
-        Raises:
-            ValueError: A phase row names a phase the session does not know.
-        """
-        if not columns or not len(next(iter(columns.values()))):
-            return
-        if kind in ("gpu", "gpu_procs"):
-            table = getattr(self, kind)[key]
-        elif kind == "host":
-            table = self.host_table(key)
-        else:
-            proc = self.processes[int(key)]
-            table = getattr(proc, kind)
-            if kind == "phases":
-                if int(columns["name"].max()) >= len(self.names):
-                    raise ValueError("unknown phase name")
-                proc.max_span = max(proc.max_span, int((columns["t1"] - columns["t0"]).max()))
-                proc.tally.phases(columns)
-            elif kind == "peaks":
-                longest = int((columns["t1"] - columns["t0"]).max())
-                proc.max_segment = max(proc.max_segment, longest)
-            elif kind == "torch":
-                proc.tally.figures(columns)
-        table.extend(columns)
-        self.touch()
-
     # ------------------------------------------------------------------ queries
 
     def gpu_window(
@@ -1025,65 +669,6 @@ class Session:
     def processes_on(self, key: str) -> list[Process]:
         """Instrumented processes that report figures for device ``key``."""
         return [p for p in self.processes.values() if key in p.devices.values()]
-
-    def torch_window(
-        self, proc: Process, key: str, column: str, t0: int, t1: int, width: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Min/max-decimated torch column of one process on one device."""
-        return proc.torch.minmax(column, t0, t1, width, where=self._devices_of(proc, key))
-
-    def _devices_of(self, proc: Process, key: str) -> tuple[str, list[int]] | None:
-        """A ``where`` keeping the rows of ``proc`` on device ``key``; None when they all are."""
-        if all(proc.devices.get(d) == key for d in proc.torch_devs):
-            return None
-        return ("dev", [i for i, k in proc.devices.items() if k == key])
-
-    def peak_window(
-        self, proc: Process, key: str, column: str, t0: int, t1: int, width: int
-    ) -> np.ndarray:
-        """Per-column exact allocator peaks (``peak_allocated`` / ``peak_reserved``)."""
-        where = self._devices_of(proc, key)
-        return proc.peaks.segment_max(column, t0, t1, width, proc.max_segment, where)
-
-    def spans(self, proc: Process, t0: int, t1: int) -> dict[str, np.ndarray]:
-        """Ended spans of ``proc`` overlapping ``[t0, t1]`` (columns of PHASE_COLUMNS)."""
-        table = proc.phases
-        i0 = table.search(t0, "left")
-        i1 = table.search(t1 + proc.max_span, "right")
-        cut = table.rows(i0, i1)
-        keep = cut["t0"] <= t1
-        if not keep.all():
-            cut = {n: c[keep] for n, c in cut.items()}
-        return cut
-
-    def band_spans(
-        self, proc: Process, t0: int, t1: int, width: int | None
-    ) -> dict[str, np.ndarray]:
-        """The ended spans a band of ``width`` cells over ``[t0, t1]`` shows.
-
-        Columns ``t0``, ``t1``, ``name``, ``depth``. All spans in the window while they
-        are few (or ``width`` is not known); past four a cell, only those that win a cell
-        (see :func:`~.summary.cell_winners`: the band draws them as it would draw all);
-        and for archived rows past the table's exact budget, the winners of their
-        summaries.
-        """
-        table = proc.phases
-        need = ("t0", "t1", "name", "depth")
-        plan = table.plan(t0, t1, width or 200, lead=proc.max_span)
-        parts = []
-        if plan.blocks is not None:
-            b = plan.blocks
-            keep = (b["w_t1"] >= t0) & (b["w_t0"] <= t1)
-            parts.append({c: b["w_" + c][keep] for c in need})
-        if plan.i1 > plan.i0 or plan.blocks is None:
-            cols = table.rows(plan.i0, plan.i1, need)
-            keep = cols["t0"] <= t1
-            parts.append({c: v[keep] for c, v in cols.items()})
-        cols = {c: np.concatenate([p[c] for p in parts]) for c in need}
-        if width and len(cols["t0"]) > 4 * width:
-            won = sm.cell_winners(cols["t0"], cols["t1"], cols["depth"], t0, t1, width)
-            cols = {c: v[won] for c, v in cols.items()}
-        return cols
 
     def events_between(self, t0: int, t1: int) -> tuple[list[Mark], list[Oom]]:
         """The marks and OOMs timed within ``[t0, t1]`` (a run that marks every step has
@@ -1103,20 +688,6 @@ class Session:
         unwritten = [m for m in self.marks[max(0, written - gone) :] if t0 <= m.t <= t1]
         return source.between(t0, t1, KEEP_MARKS) + unwritten
 
-    def phase_cover(self, proc: Process, t0: int, t1: int, width: int) -> np.ndarray:
-        """Per column of ``[t0, t1]``: did ``proc`` run an ended phase there."""
-        table = proc.phases
-        plan = table.plan(t0, t1, width, lead=proc.max_span)
-        out = np.zeros(max(width, 0), dtype=bool)
-        if plan.blocks is not None:
-            out |= sm.cover(plan.blocks, t0, t1, width)
-        if plan.i1 > plan.i0:
-            cols = table.rows(plan.i0, plan.i1, ("t1", "t0"))
-            blocks = {"rows": np.ones(len(cols["t1"]), np.int64), "start": cols["t0"]}
-            blocks["t_last"] = cols["t1"]
-            out |= sm.cover(blocks, t0, t1, width)
-        return out
-
     def span_at(self, proc: Process, t: int) -> dict[str, Any] | None:
         """The innermost phase of ``proc`` running at time ``t``, or None.
 
@@ -1124,7 +695,7 @@ class Session:
             ``name``, ``t0``, ``t1`` (None while running), ``step``, ``depth``,
             ``peak_alloc`` and ``peak_reserved`` (None when not reported).
         """
-        cols = self.spans(proc, t, t)
+        cols = proc.spans(t, t)
         best: dict[str, Any] | None = None
         for i in range(len(cols["t0"])):
             depth = int(cols["depth"][i])
@@ -1172,6 +743,20 @@ def _between(session: Session, name: str, t0: int, t1: int) -> list[Any]:
     _, _, times, order = cache
     i0, i1 = np.searchsorted(times, t0, "left"), np.searchsorted(times, t1, "right")
     return [events[i] for i in sorted(order[i0:i1].tolist())]
+
+
+_HANDLERS: dict[str, Callable[[Session, Process, Message], None]] = {
+    "hello": Session._on_hello,
+    "facts": Session._on_facts,
+    "memory": Session._on_memory,
+    "phase": Session._on_phase,
+    "mark": Session._on_mark,
+    "oom": Session._on_oom,
+    "stats": Session._on_stats,
+    "bye": Session._on_bye,
+}
+"""What :meth:`Session.ingest` does with each kind of message (every kind of
+:data:`~gpuwatch.protocol.KINDS`: a test checks both lists name the same kinds)."""
 
 
 def _none(v: int) -> int | None:

@@ -352,6 +352,16 @@ class NvmlDevice:
             return NA
         raise self.nvml._error(exc, call)
 
+    def _read(self, field: str, call: str, *args: Any) -> Any:
+        """``call(handle, *args)``, or n/a: the one guard around a read of ``field``
+        (never asked again once NVML says it is not supported here; see :meth:`_fail`)."""
+        if field in self._never:
+            return NA
+        try:
+            return getattr(self._b, call)(self.handle, *args)
+        except self._err as exc:
+            return self._fail(exc, field, call)
+
     def supports(self, field: str) -> bool:
         """False once NVML said ``field`` is not supported on this GPU."""
         return field not in self._never
@@ -368,21 +378,12 @@ class NvmlDevice:
 
     def bus_id(self) -> str | NotAvailable:
         """PCI bus id (``00000000:3B:00.0``)."""
-        if "bus_id" in self._never:
-            return NA
-        try:
-            info = self._b.nvmlDeviceGetPciInfo(self.handle)
-        except self._err as exc:
-            return self._fail(exc, "bus_id", "nvmlDeviceGetPciInfo")
-        return _text(info.busId)
+        info = self._read("bus_id", "nvmlDeviceGetPciInfo")
+        return NA if info is NA else _text(info.busId)
 
     def _static(self, field: str, call: str) -> str | NotAvailable:
-        if field in self._never:
-            return NA
-        try:
-            return _text(getattr(self._b, call)(self.handle))
-        except self._err as exc:
-            return self._fail(exc, field, call)
+        value = self._read(field, call)
+        return NA if value is NA else _text(value)
 
     def power_limit(self) -> float | NotAvailable:
         """The enforced power limit in watts (else the management limit)."""
@@ -412,23 +413,13 @@ class NvmlDevice:
                 self._mem_v2 = None  # an older driver: v1 from now on
             except TypeError:  # a binding without the version argument
                 self._mem_v2 = None
-        if "memory" in self._never:
-            return NA
-        try:
-            m = b.nvmlDeviceGetMemoryInfo(self.handle)
-        except self._err as exc:
-            return self._fail(exc, "memory", "nvmlDeviceGetMemoryInfo")
-        return MemoryInfo(m.total, m.free, m.used, None)
+        m = self._read("memory", "nvmlDeviceGetMemoryInfo")
+        return NA if m is NA else MemoryInfo(m.total, m.free, m.used, None)
 
     def utilization(self) -> tuple[int, int] | NotAvailable:
         """(GPU %, memory-controller %) over NVML's last sample period."""
-        if "util" in self._never:
-            return NA
-        try:
-            u = self._b.nvmlDeviceGetUtilizationRates(self.handle)
-        except self._err as exc:
-            return self._fail(exc, "util", "nvmlDeviceGetUtilizationRates")
-        return u.gpu, u.memory
+        u = self._read("util", "nvmlDeviceGetUtilizationRates")
+        return NA if u is NA else (u.gpu, u.memory)
 
     def temperature(self) -> int | NotAvailable:
         """GPU core temperature in °C."""
@@ -439,31 +430,16 @@ class NvmlDevice:
                 if self.nvml.classify(exc) != "never":
                     return self._fail(exc, "temp", "nvmlDeviceGetTemperatureV")
                 self._temp_v = False  # fall back to the legacy call
-        if "temp" in self._never:
-            return NA
-        try:
-            return self._b.nvmlDeviceGetTemperature(self.handle, self._t_gpu)
-        except self._err as exc:
-            return self._fail(exc, "temp", "nvmlDeviceGetTemperature")
+        return self._read("temp", "nvmlDeviceGetTemperature", self._t_gpu)
 
     def power(self) -> float | NotAvailable:
         """Power draw in watts."""
-        if "power" in self._never:
-            return NA
-        try:
-            return self._b.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
-        except self._err as exc:
-            return self._fail(exc, "power", "nvmlDeviceGetPowerUsage")
+        mw = self._read("power", "nvmlDeviceGetPowerUsage")
+        return NA if mw is NA else mw / 1000.0
 
     def clock(self, which: str) -> int | NotAvailable:
         """Current ``"sm"`` or ``"mem"`` clock in MHz."""
-        field = "clock_" + which
-        if field in self._never:
-            return NA
-        try:
-            return self._b.nvmlDeviceGetClockInfo(self.handle, self._clk[which])
-        except self._err as exc:
-            return self._fail(exc, field, "nvmlDeviceGetClockInfo")
+        return self._read("clock_" + which, "nvmlDeviceGetClockInfo", self._clk[which])
 
     def processes(self) -> list[GpuProcess] | NotAvailable:
         """Compute and graphics processes on this GPU, one entry per PID.

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._schema import FORMAT, SCHEMA_VERSION, SUFFIX
-    from .loader import Loader
+    from .loader import Loader, load, open_session
     from .player import Player
     from .recorder import Recorder
-    from .recording import Recording, RecordingError, load, open_recording
+    from .recording import Recording, RecordingError, open_recording
     from .writer import SessionWriter, save_session
 
 _WHERE = {
@@ -28,8 +28,9 @@ _WHERE = {
     "Recording": ".recording",
     "RecordingError": ".recording",
     "SessionWriter": ".writer",
-    "load": ".recording",
+    "load": ".loader",
     "open_recording": ".recording",
+    "open_session": ".loader",
     "save_session": ".writer",
 }
 
@@ -45,6 +46,7 @@ __all__ = [
     "SessionWriter",
     "load",
     "open_recording",
+    "open_session",
     "save_session",
 ]
 

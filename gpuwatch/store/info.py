@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.explain import explain_process, format_predicted, predicted_json
 from ..analysis.ranks import format_ranks, ranks_from_json
 from ..analysis.session_ranks import RankFeed
 from ..fmt import ellipsis, first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
-from ..session.explain import explain_process, format_predicted, predicted_json
 from ..session.openspans import MAX_OPEN
 from .multi import Opened
 from .recording import Recording

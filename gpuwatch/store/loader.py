@@ -1,7 +1,7 @@
 """Filling a replay session from its recording: on demand, or chunk by chunk in time order.
 
 The :class:`Loader` reads the file's facts and chunk index and hands them to the session's
-restore API (:meth:`~gpuwatch.session.Session.restore_device`, ``restore_process``,
+restore API (:mod:`gpuwatch.session.restore`: ``device``, ``process``,
 ``series_table``/``extend_series``, ...), which keeps the session's invariants; the loader
 keeps only its own state: the chunk index, which chunk comes next, and the file it follows
 while another gpuwatch still writes it.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import protocol
-from ..session import Mark, Oom, OpenSpan, Session, Table
+from ..session import Mark, Oom, OpenSpan, Session, Table, restore
 from ..session import summary as sm
 from ..session.table import unknown_column
 from . import _bodies, _codec, _index
@@ -33,7 +34,7 @@ from ._schema import SERIES, SUMMARIES, layout_dtypes
 from .archive import ChunkSource, SeriesArchive
 from .marks import BATCH as MARK_BATCH
 from .marks import FileMarks
-from .recording import Recording, RecordingError
+from .recording import Recording, RecordingError, open_recording
 
 FOLLOW_INTERVAL = 0.5
 """Seconds between looks at a file that is still being written."""
@@ -129,16 +130,16 @@ class Loader:
                 raise RecordingError(f"{self.recording.path} is damaged (phase names)")
         for key, body in db.execute("SELECT key, body FROM devices"):
             if self._changed(("device", key), body):
-                s.restore_device(_bodies.device(str(key), json.loads(body)))
+                restore.device(s, _bodies.device(str(key), json.loads(body)))
         for pid, body in db.execute("SELECT pid, body FROM processes"):
             if self._changed(("process", pid), body):
-                s.restore_process(pid, _bodies.process_state(json.loads(body)))
+                restore.process(s, pid, _bodies.process_state(json.loads(body)))
         spans: dict[int, dict[int, OpenSpan]] = {}
         for pid, _, body in db.execute("SELECT pid, id, body FROM open_spans"):
             span = _bodies.open_span(json.loads(body))
             if span is not None:
                 spans.setdefault(pid, {})[span.id] = span
-        s.restore_open_spans(spans)
+        restore.open_spans(s, spans)
         for pid, body in db.execute("SELECT pid, body FROM proc_info"):
             s.set_proc_info(pid, _bodies.proc_info(json.loads(body)))
         rejects = {
@@ -165,13 +166,13 @@ class Loader:
                 level = clean.get("level") or "info"
                 marks.append(Mark(t, pid, clean["text"], level, clean.get("step")))
                 if filed and len(marks) >= MARK_BATCH:  # memory holds a batch at a time
-                    s.restore_events(marks, filed=True)
+                    restore.events(s, marks, filed=True)
                     marks = []
             elif kind == "oom":
                 ooms.append(Oom(t, pid, clean))
             elif kind == "note":
                 notes.append(clean["text"])
-        s.restore_events(marks, ooms, notes, filed=filed)
+        restore.events(s, marks, ooms, notes, filed=filed)
         row = db.execute("SELECT value FROM meta WHERE key = 'sampler_rate'").fetchone()
         stored = json.loads(row[0]) if row else None
         rates = (
@@ -179,7 +180,7 @@ class Loader:
             if isinstance(stored, dict)
             else {}
         )
-        s.restore_counts(rejects, rates)
+        restore.counts(s, rejects, rates)
 
     def _read_index(self, db: sqlite3.Connection) -> None:
         series = db.execute("SELECT id, kind, key, columns FROM series").fetchall()
@@ -233,10 +234,10 @@ class Loader:
                 assert self.source is not None
                 dtypes = dict(layout_dtypes(SERIES[kind][0]))
                 archive = SeriesArchive(self.source, sid, kind, stored, dtypes)
-                table = self.session.series_table(kind, key, archive=archive)
+                table = restore.series_table(self.session, kind, key, archive=archive)
             else:
                 # Sized once: appends never copy.
-                table = self.session.series_table(kind, key, capacity=rows)
+                table = restore.series_table(self.session, kind, key, capacity=rows)
         except ValueError as exc:
             raise RecordingError(f"{self.recording.path} is damaged ({exc})")
         return _Feed(sid, kind, key, table, stored, archive)
@@ -287,7 +288,7 @@ class Loader:
         if not firsts:
             return
         lo, hi = min(firsts) - protocol.PAST_NS, max(lasts) + protocol.PAST_NS
-        dropped = self.session.retain_events(lo, hi)
+        dropped = restore.retain_events(self.session, lo, hi)
         if dropped:
             self.session.note(f"left out {dropped} marks or OOMs timed far outside the recording")
 
@@ -382,7 +383,7 @@ class Loader:
                 col = unknown_column(count, table.dtypes[name])
             out[name] = col
         try:
-            self.session.extend_series(feed.kind, feed.key, out)
+            restore.extend_series(self.session, feed.kind, feed.key, out)
         except ValueError as exc:
             raise RecordingError(f"{self.recording.path} is damaged ({exc})")
 
@@ -470,3 +471,38 @@ class Loader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def open_session(recording: Recording, windowed: bool = False) -> tuple[Session, Loader]:
+    """A replay session holding the small facts, and the loader of its samples.
+
+    Args:
+        recording: The open file.
+        windowed: The tables read their rows from the file when a view asks (replay,
+            ``info``, ``export``: memory does not grow with the file); otherwise
+            nothing is loaded yet: call :meth:`Loader.load_until` for what the first
+            frame needs, then :meth:`Loader.start` (or :meth:`Loader.load_all`).
+
+    Raises:
+        RecordingError: The facts cannot be read.
+    """
+    session = Session(int(recording.meta["t_origin"]), int(recording.meta["wall_offset"]))
+    session.live = False
+    loader = Loader(recording, session, windowed=windowed)
+    loader.refresh()
+    return session, loader
+
+
+def load(path: str | os.PathLike[str]) -> Session:
+    """Open a recording and load all of it (``info``, ``export``, tests).
+
+    Raises:
+        RecordingError: Any problem with the file, including a damaged chunk.
+    """
+    rec = open_recording(path)
+    try:
+        session, loader = open_session(rec)
+        loader.load_all(strict=True)
+        return session
+    finally:
+        rec.close()

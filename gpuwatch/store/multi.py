@@ -16,6 +16,7 @@ from pathlib import Path
 from ..session import Session
 from ..session.merge import Part, merge, origins
 from ._schema import SUFFIX
+from .loader import open_session
 from .recording import Recording, RecordingError, open_recording
 
 Progress = Callable[[int, int, Path], None]
@@ -88,7 +89,7 @@ def load_many(
                 rec.validate(
                     None if checked is None else lambda i, n, p=Path(path): checked(p, i, n)
                 )
-            session, loader = rec.open_session(windowed=True)
+            session, loader = open_session(rec, windowed=True)
             if not loader.done:  # a file written before summaries: make them meanwhile
                 loader.start(follow=False)
             sessions.append(session)

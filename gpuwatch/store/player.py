@@ -16,7 +16,7 @@ import numpy as np
 
 from ..session import Session
 from ..session import navigate as nav
-from .loader import Loader
+from .loader import Loader, open_session
 from .recording import open_recording
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -99,7 +99,6 @@ class Player:
         self._anchor_pos = self.bounds()[0] if start is None else start
         self._anchor_clock = clock()
         self._anchor_pos = self._clamp(self._anchor_pos)
-        self._boundaries: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))
 
     # ------------------------------------------------------------------ state
 
@@ -225,18 +224,6 @@ class Player:
             if i < 0:
                 return None
         return self.seek(int(targets[i]))
-
-    def phase_boundaries(self) -> np.ndarray:
-        """Sorted times at which any phase of any process began or ended.
-
-        Every row of every process: the jumps read only around the position
-        (:func:`~gpuwatch.session.navigate.next_boundary`).
-        """
-        procs = list(self.session.processes.values())
-        stamp = sum(len(p.phases) + len(p.open) for p in procs)
-        if stamp != self._boundaries[0]:
-            self._boundaries = (stamp, nav.boundaries(self.session))
-        return self._boundaries[1]
 
     def next_phase(self) -> int | None:
         """Jump to the next phase boundary; None (and no move) when there is none."""
@@ -374,7 +361,7 @@ def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
     """
     rec = open_recording(path)
     try:
-        session, loader = rec.open_session(windowed=True)
+        session, loader = open_session(rec, windowed=True)
         growing = rec.writer_alive()
         loader.following = growing
         # A finished recording opens paused (the dashboard shows its data first, see

@@ -5,7 +5,8 @@ reason: missing, empty, truncated, corrupt, not SQLite, someone else's database,
 a newer gpuwatch. :class:`Recording` holds the read-only connection and its metadata;
 :meth:`Recording.reading` is the one way to read it (a lock and a transaction, errors as
 :class:`RecordingError`), so the loader's thread and the app's can share it.
-:meth:`Recording.open_session` hands the file to a :class:`~gpuwatch.store.loader.Loader`.
+:func:`~gpuwatch.store.loader.open_session` hands the file to a
+:class:`~gpuwatch.store.loader.Loader`.
 """
 
 from __future__ import annotations
@@ -20,15 +21,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _codec, _index, _untrusted
 from ._schema import EXPECTED_TABLES, FORMAT, READ_TABLES, SCHEMA_VERSION, SQLITE_MAGIC
-
-if TYPE_CHECKING:
-    from ..session import Session
-    from .loader import Loader
-
 
 CLOCK_LIMIT = 1 << 62
 """Bound on the size of the clock figures in ``meta`` (ns; 146 years): any two add up
@@ -285,27 +281,6 @@ class Recording:
                 total += os.path.getsize(str(self.path) + suffix)
         return total
 
-    def open_session(self, windowed: bool = False) -> tuple[Session, Loader]:
-        """A replay session holding the small facts, and the loader of its samples.
-
-        Args:
-            windowed: The tables read their rows from the file when a view asks (replay,
-                ``info``, ``export``: memory does not grow with the file); otherwise
-                nothing is loaded yet: call :meth:`Loader.load_until` for what the first
-                frame needs, then :meth:`Loader.start` (or :meth:`Loader.load_all`).
-
-        Raises:
-            RecordingError: The facts cannot be read.
-        """
-        from ..session import Session
-        from .loader import Loader
-
-        session = Session(int(self.meta["t_origin"]), int(self.meta["wall_offset"]))
-        session.live = False
-        loader = Loader(self, session, windowed=windowed)
-        loader.refresh()
-        return session, loader
-
     def validate(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Inflate every chunk once (none is kept): a damaged one raises here.
 
@@ -358,18 +333,3 @@ class Recording:
     def close(self) -> None:
         with self._lock:
             self.db.close()
-
-
-def load(path: str | os.PathLike[str]) -> Session:
-    """Open a recording and load all of it (``info``, ``export``, tests).
-
-    Raises:
-        RecordingError: Any problem with the file, including a damaged chunk.
-    """
-    rec = open_recording(path)
-    try:
-        session, loader = rec.open_session()
-        loader.load_all(strict=True)
-        return session
-    finally:
-        rec.close()

@@ -1,6 +1,6 @@
 """The gpuwatch Textual app: a panel per device over one shared, zoomable time window.
 
-Data flow (DESIGN.md): samplers fill the session from their threads; a session listener
+Data flow (docs/architecture.md): samplers fill the session from their threads; a session listener
 posts one mergeable :class:`NewData` message at a time; a timer redraws at most
 :data:`REDRAW_HZ` times a second inside ``batch_update``. Nothing here calls NVML.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shlex
 import signal
 import time
@@ -24,6 +25,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
+from ..analysis.predicted import predictions
 from ..analysis.session_ranks import jobs, rank_of
 from ..fmt import ellipsis, fmt_bytes, fmt_duration
 from ..session import Session
@@ -187,6 +189,24 @@ def bindings(actions: Iterable[Action]) -> list[Binding]:
     ]
 
 
+def kept_actions(base: Iterable[Action], over: Iterable[Action]) -> tuple[Action, ...]:
+    """The actions of ``base`` still reachable under ``over``'s keys (replay over live).
+
+    A key ``over`` binds leaves ``base``; an action left with no key goes; one that kept
+    only some of its keys follows the untouched ones (as Textual merges the bindings, the
+    keys ``over`` names change meaning and the rest stay).
+    """
+    taken = {k for a in over for k in a.keys.split(",")}
+    whole, trimmed = [], []
+    for a in base:
+        keys = [k for k in a.keys.split(",") if k not in taken]
+        if len(keys) == len(a.keys.split(",")):
+            whole.append(a)
+        elif keys:
+            trimmed.append(dataclasses.replace(a, keys=",".join(keys)))
+    return (*whole, *trimmed)
+
+
 class GpuwatchApp(App[int]):
     """The dashboard over a :class:`~gpuwatch.session.Session` (live or replayed).
 
@@ -282,7 +302,7 @@ class GpuwatchApp(App[int]):
         self._panels: dict[str, DevicePanel] = {}
         self._notes: tuple[str, bool] = ("", False)  # the notes shown, and on a short screen
         # The session's shared predicted lines (the exporter reads the same ones).
-        self.predicted = session.predictions
+        self.predicted = predictions(session)
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None

@@ -15,9 +15,9 @@ from rich.style import Style
 from textual.color import Color
 from textual.geometry import Size
 from textual.strip import Strip
-from textual.widget import Widget
 
 from ..fmt import printable
+from ._strips import CachedStrips
 from .chart import AXIS_WIDTH
 
 PHASE_KINDS = ("data", "forward", "backward", "optimizer", "zero-grad", "eval", "other")
@@ -113,7 +113,7 @@ def span_cells(t0: int, t1: int, w0: int, scale: float, plot_w: int) -> tuple[in
     return max(0, c0), min(plot_w - 1, c1)
 
 
-class PhaseBand(Widget):
+class PhaseBand(CachedStrips):
     """Phases of each instrumented process on a device, aligned with the chart above.
 
     Below the rows, a key names the phases in view in their colours, and the markers.
@@ -134,8 +134,6 @@ class PhaseBand(Widget):
         self.rows: list[BandRow] = []
         self.max_rows = MAX_ROWS
         self.axis_width = AXIS_WIDTH
-        self._key: tuple[object, ...] | None = None
-        self._strips: list[Strip] = []
         self._cells = 0  # the plot width the rows were fetched for
 
     def plot_cells(self) -> int:
@@ -182,7 +180,7 @@ class PhaseBand(Widget):
         else:
             self.rows = rows
             self.refresh()
-        self._key = None
+        self.forget_strips()
 
     def set_max_rows(self, limit: int) -> None:
         """Fold past ``limit`` rows from the next update on (the layout changed)."""
@@ -197,20 +195,17 @@ class PhaseBand(Widget):
         self.watch(self.app, "theme", self._theme_changed, init=False)
 
     def _theme_changed(self) -> None:
-        self._key = None
+        self.forget_strips()
         self.refresh()
 
-    def render_line(self, y: int) -> Strip:
-        size = self.size
-        key = (size, self.app.theme, id(self.rows), self.axis_width)
-        if key != self._key:
-            self._strips = [self._row_strip(row, size.width) for row in self.rows]
-            if self.rows:
-                self._strips.append(self._key_strip(size.width))
-            self._key = key
-        if y < len(self._strips):
-            return self._strips[y]
-        return Strip.blank(size.width, self.rich_style)
+    def strips_key(self, size: Size) -> object:
+        return (size, self.app.theme, id(self.rows), self.axis_width)
+
+    def build_strips(self, size: Size) -> list[Strip]:
+        strips = [self._row_strip(row, size.width) for row in self.rows]
+        if self.rows:
+            strips.append(self._key_strip(size.width))
+        return strips
 
     def _phase_style(self, kind: str) -> Style:
         variables = self.app.theme_variables

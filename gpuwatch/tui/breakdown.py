@@ -8,8 +8,8 @@ from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
+from ..analysis.breakdown import Breakdown
 from ..fmt import fmt_short
-from ..session.breakdown import Breakdown
 
 LABELS = {
     "other": "other procs",

@@ -17,10 +17,10 @@ from textual import events
 from textual.geometry import Size
 from textual.message import Message
 from textual.strip import Strip
-from textual.widget import Widget
 
 from ..fmt import GIB, axis_label, nice_step
 from ._braille import rasterise, to_text
+from ._strips import CachedStrips
 
 AXIS_WIDTH = 9
 """Cells left of the plot for y labels, at least (shared with the phase band, so columns
@@ -54,7 +54,7 @@ Fetch = Callable[[int, int, int], ChartFrame]
 """``fetch(t0, t1, dot_columns) -> ChartFrame``."""
 
 
-class TimelineChart(Widget):
+class TimelineChart(CachedStrips):
     """Memory lines over time with a GiB y axis, a time axis and a cursor.
 
     Args:
@@ -98,8 +98,6 @@ class TimelineChart(Widget):
         self.window: tuple[int, int] = (origin, origin + 60 * 10**9)
         self.cursor: int | None = None
         self.data_version = 0
-        self._key: tuple[object, ...] | None = None
-        self._strips: list[Strip] = []
         self.last_frame: ChartFrame | None = None
         self.build_count = 0  # how often strips were rebuilt (tests check the cache)
         self.axis_width = AXIS_WIDTH
@@ -120,7 +118,7 @@ class TimelineChart(Widget):
 
     def invalidate(self) -> None:
         """Drop the cached strips (a setting that is not part of the cache key changed)."""
-        self._key = None
+        self.forget_strips()
         self.refresh()
 
     def set_axis_width(self, width: int) -> None:
@@ -169,21 +167,14 @@ class TimelineChart(Widget):
 
     # ------------------------------------------------------------------ drawing
 
-    def render_line(self, y: int) -> Strip:
-        size = self.size
-        key = (self.window, self.cursor, self.data_version, size, self.app.theme)
-        if key != self._key:
-            self._strips = self._build(size)
-            self._key = key
-        if y < len(self._strips):
-            return self._strips[y]
-        return Strip.blank(size.width, self.rich_style)
+    def strips_key(self, size: Size) -> object:
+        return (self.window, self.cursor, self.data_version, size, self.app.theme)
 
     def _style(self, role: str) -> Style:
         variables = self.app.theme_variables
         return Style(color=variables.get(f"gw-{role}", "#ffffff"))
 
-    def _build(self, size: Size) -> list[Strip]:
+    def build_strips(self, size: Size) -> list[Strip]:
         self.build_count += 1
         width, height = size.width, size.height
         axis_w = self.axis_width

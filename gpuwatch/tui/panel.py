@@ -10,11 +10,12 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
 
+from ..analysis.breakdown import SAME
+from ..analysis.moment import Moment, moment
+from ..analysis.predicted import PredictedLine
 from ..fmt import fmt_bytes, fmt_duration, printable
 from ..predict import total
 from ..session import Session, is_host
-from ..session.breakdown import SAME, breakdown
-from ..session.predicted import PredictedLine
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
 from .breakdown import BreakdownBar
@@ -119,16 +120,17 @@ class DevicePanel(Vertical):
         self.chart.set_axis_width(width)
         self.chart.update_view(window, cursor, version)
         self.border_title = self._title()
-        self.header.set(printable(self._header_text(at, window)))
-        self.legend.set(self._legend(at))
+        # The bar explains an instrumented process's memory: a GPU without one has
+        # nothing to split that the header does not say already.
+        explained = self.bar is not None and bool(self.band.rows)
+        now = self.moment_at(at, with_breakdown=explained)  # read once, formatted below
+        self.header.set(printable(self._header_text(now, window)))
+        self.legend.set(self._legend(now))
         if self.bar is not None:
-            # The bar explains an instrumented process's memory: a GPU without one has
-            # nothing to split that the header does not say already.
-            explained = bool(self.band.rows)
             if self.bar.display != explained:
                 self.bar.display = explained
-            if explained:
-                self.bar.show(breakdown(self.session, self.key, at, self.predicted))
+            if now.breakdown is not None:
+                self.bar.show(now.breakdown)
 
     # ------------------------------------------------------------------ text
 
@@ -146,12 +148,12 @@ class DevicePanel(Vertical):
         place = f" · {self.place}" if self.place else ""
         return f"{where}{index} · {dev.name}{state}{place}"
 
-    def _header_text(self, t: int, window: tuple[int, int]) -> str:
-        """The device's figures at time ``t`` (the sample at or before it)."""
+    def _header_text(self, now: Moment, window: tuple[int, int]) -> str:
+        """The device's figures at the moment (the sample at or before it)."""
         dev = self.device
+        t, row = now.t, now.row
         if dev.kind == "host":
             table = self.session.host_table(self.key)
-            row = table.at(t) if len(table) else None
             # Every instrumented process on this host adds to the RSS line (GPU ones have
             # their band rows on their GPU's panel).
             procs = [p for p in self.session.active(*window) if p.host == self.key]
@@ -161,7 +163,6 @@ class DevicePanel(Vertical):
             return f"RAM {fmt_bytes(row['used'])} / {fmt_bytes(row['total'])} used · {count}"
         parts = []
         table = self.session.gpu.get(self.key)
-        row = table.at(t) if table is not None and len(table) else None
         if dev.state != "ok":
             parts.append(dev.note or dev.state)
         if row is None:
@@ -192,13 +193,13 @@ class DevicePanel(Vertical):
                 return (len(times) - 1) * 1e9 / max(1, int(times[-1] - times[0]))
         return self.session.sampler_rate.get(self.key)
 
-    def _legend(self, t: int) -> list[Content]:
+    def _legend(self, now: Moment) -> list[Content]:
         variables = self.app.theme_variables
         labels = LINE_LABELS["host" if self.is_host else "gpu"]
         frame = self.chart.last_frame
         roles = [s.role for s in frame.series] if frame else []
-        values = self.values_at(t)
-        span, predicted_peak = self.phase_prediction(t)
+        values = dict(now.values)
+        span, predicted_peak = self.phase_prediction(now)
         if span is not None and span.get("peak_alloc") is not None:
             values["peak"] = span["peak_alloc"]
         if predicted_peak is not None:
@@ -217,97 +218,62 @@ class DevicePanel(Vertical):
             # taken as it is, never as markup).
             text = f" {label} {fmt_bytes(values.get(role))}"
             if role == "reserved" and not self.is_host:
-                text += self._above_nvml(t, values)
+                text += self._above_nvml(now)
             parts.append(Content.assemble((swatch, color), text))
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(Content.assemble((printable(span["name"]), "bold"), step))
-        parts.append(Content(f"@ {fmt_duration(t - self.session.t_origin)}"))
+        parts.append(Content(f"@ {fmt_duration(now.t - self.session.t_origin)}"))
         return parts
 
     # ------------------------------------------------------------------ data
 
+    def moment_at(self, t: int, with_breakdown: bool = False) -> Moment:
+        """The device at ``t``, read once (the bar's breakdown too when asked)."""
+        return moment(self.session, self.key, t, self.predicted, with_breakdown)
+
     def values_at(self, t: int) -> dict[str, float | None]:
         """Each line's step-hold value at time ``t``."""
-        out: dict[str, float | None] = {}
-        s = self.session
-        if self.is_host:
-            out["nvml"] = s.host_table(self.key).value_at("used", t)
-            rss = [p.rss.value_at("rss", t) for p in s.processes_of_host(self.key)]
-            rss = [v for v in rss if v is not None]
-            if rss:
-                out["allocated"] = float(sum(rss))
-            return out
-        table = s.gpu.get(self.key)
-        if table is not None and len(table):
-            out["nvml"] = table.value_at("used", t)
-        for proc in s.processes_on(self.key):
-            if not s.runs_at(proc, t):  # a process that has exited holds nothing
-                continue
-            for role in ("reserved", "allocated"):
-                v = proc.torch.value_at(role, t)
-                if v is not None:
-                    out[role] = (out.get(role) or 0) + v
-            line = self.predicted.get(proc.pid)
-            v = line.value_at(t) if line is not None else None
-            if v is not None:
-                out["predicted"] = (out.get("predicted") or 0) + v
-        return out
+        return self.moment_at(t).values
 
-    def _above_nvml(self, t: int, values: dict[str, float | None]) -> str:
+    def span_at(self, t: int) -> dict | None:
+        """The phase running at ``t`` on this device (first process that has one)."""
+        return self.moment_at(t).span
+
+    def _above_nvml(self, now: Moment) -> str:
         """A word when torch's reserved is above nvidia-smi's used: the two were read at
         different moments (NVML samples every ~100 ms), never a contradiction."""
-        reserved, used = values.get("reserved"), values.get("nvml")
+        reserved, used = now.values.get("reserved"), now.values.get("nvml")
         if reserved is None or used is None or reserved <= used + SAME:
             return ""
-        table = self.session.gpu.get(self.key)
-        row = table.at(t) if table is not None and len(table) else None
-        times = [
-            int(r["t"])
-            for p in self.session.processes_on(self.key)
-            if self.session.runs_at(p, t) and (r := p.torch.at(t)) is not None
-        ]
-        if row is None or not times:
+        times = [int(r.torch["t"]) for r in now.readings if r.running and r.torch is not None]
+        if now.row is None or not times:
             return " (above nvidia-smi)"
-        lag = max(times) - int(row["t"])
+        lag = max(times) - int(now.row["t"])
         if lag >= 0:
             return f" (above nvidia-smi: its sample is {fmt_duration(lag)} older)"
         return f" (above nvidia-smi: torch's figure is {fmt_duration(-lag)} older)"
 
-    def phase_prediction(self, t: int) -> tuple[dict | None, float | None]:
-        """The phase running at ``t`` (as :meth:`span_at`) and, when it ended with an exact
-        peak, that phase's predicted peak (None when nothing predicts it; the host's panel
-        draws no predicted line)."""
+    def phase_prediction(self, now: Moment) -> tuple[dict | None, float | None]:
+        """The phase running at the moment (as :meth:`span_at`) and, when it ended with an
+        exact peak, that phase's predicted peak (None when nothing predicts it; the host's
+        panel draws no predicted line)."""
+        reading = now.span_reading
+        if reading is None:
+            return None, None
+        span = reading.span
         if self.is_host:
-            return self.span_at(t), None
-        for proc in self.session.processes_on(self.key):
-            span = self.session.span_at(proc, t)
-            if not span:
-                continue
-            line = self.predicted.get(proc.pid)
-            if span.get("peak_alloc") is None or span["t1"] is None or line is None:
-                return span, None
-            name = (span["name"], span["t0"], span["t1"])
-            key = (proc.pid, name, line.prediction)
-            if self._phase_peak is None or self._phase_peak[0] != key:
-                # A walk over two minutes of spans: once per phase, not once per frame.
-                found = line.span_peaks(span["t0"], span["t1"]).get(name)
-                self._phase_peak = (key, float(total(found.peak)) if found is not None else None)
-            return span, self._phase_peak[1]
-        return None, None
-
-    def span_at(self, t: int) -> dict | None:
-        """The phase running at ``t`` on this device (first process that has one)."""
-        procs = (
-            self.session.processes_of_host(self.key)
-            if self.is_host
-            else self.session.processes_on(self.key)
-        )
-        for proc in procs:
-            span = self.session.span_at(proc, t)
-            if span:
-                return span
-        return None
+            return span, None
+        line = reading.line
+        if span.get("peak_alloc") is None or span["t1"] is None or line is None:
+            return span, None
+        name = (span["name"], span["t0"], span["t1"])
+        key = (reading.proc.pid, name, line.prediction)
+        if self._phase_peak is None or self._phase_peak[0] != key:
+            # A walk over two minutes of spans: once per phase, not once per frame.
+            found = line.span_peaks(span["t0"], span["t1"]).get(name)
+            self._phase_peak = (key, float(total(found.peak)) if found is not None else None)
+        return span, self._phase_peak[1]
 
     def _fetch_chart(self, t0: int, t1: int, n: int) -> ChartFrame:
         s = self.session
@@ -333,12 +299,12 @@ class DevicePanel(Vertical):
                 series.append(Series("nvml", lo, hi))
             for proc in procs:
                 for role in ("reserved", "allocated"):
-                    lo, hi = s.torch_window(proc, self.key, role, t0, t1, n)
+                    lo, hi = proc.torch_window(self.key, role, t0, t1, n)
                     series.append(Series(role, lo, hi))
             # The exact peaks last: on a short chart (80x24) they share their cells with
             # the predicted and reserved lines, and drawn under them they never showed.
             for proc in procs:
-                peak = s.peak_window(proc, self.key, "peak_allocated", t0, t1, n)
+                peak = proc.peak_window(self.key, "peak_allocated", t0, t1, n)
                 series.append(Series("peak", peak, peak))
             total = self.device.total
         for line in series:
@@ -356,7 +322,7 @@ class DevicePanel(Vertical):
         now = s.now()
         marks, ooms = s.events_between(t0, t1)
         for proc in self._band_processes(t0, t1):
-            cols = s.band_spans(proc, t0, t1, cells)
+            cols = proc.band_spans(t0, t1, cells)
             names = s.names
             spans = [  # Python ints first: a window can hold a thousand spans
                 BandSpan(names[n], a, b, d)

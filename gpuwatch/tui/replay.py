@@ -18,7 +18,7 @@ from textual.widget import Widget
 
 from ..fmt import fmt_bytes, fmt_clock, fmt_oom_sizes, printable
 from ..store.player import Player
-from .app import ACTIONS, Action, GpuwatchApp, bindings
+from .app import ACTIONS, Action, GpuwatchApp, bindings, kept_actions
 from .view import MIN_SPAN
 
 REPLAY_ACTIONS: tuple[Action, ...] = (
@@ -70,29 +70,8 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
     Action("y", "toggle_fit", "Fit / total", "Scale the y axis to the data or to the total"),
 )
 
-# Live keys that replay gives another meaning (or does not need).
-_REPLACED = {
-    "f,space",
-    "y",
-    "left",
-    "right",
-    "ctrl+left",
-    "ctrl+right",
-    "home",
-    "end",
-    "m",
-    "M",
-    "s",
-    "left_square_bracket",
-    "right_square_bracket",
-    "shift+left,less_than_sign",
-    "shift+right,greater_than_sign",
-}
-_KEPT = (
-    *(a for a in ACTIONS if a.keys not in _REPLACED),
-    Action("shift+left", "pan(-0.25)", "Pan back", "Move the window a quarter back in time"),
-    Action("shift+right", "pan(0.25)", "Pan forward", "Move the window a quarter forward in time"),
-)
+_KEPT = kept_actions(ACTIONS, REPLAY_ACTIONS)
+"""The live keys replay keeps: those its own table does not bind."""
 
 
 class Scrubber(Widget):

@@ -8,10 +8,10 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
+from ..analysis.explain import explain_breakdown
 from ..fmt import fmt_bytes, fmt_duration
 from ..predict import total
 from ..session import Session, is_host
-from ..session.explain import explain_breakdown
 from ..session.peaks import PhasePeak, phase_peaks
 from ._text import plain, plain_lines
 

@@ -1,0 +1,416 @@
+"""Every exact per-phase peak explained: predicted categories against what was measured.
+
+The allocator's exact peak inside a phase (``peak_allocated``) is split into the
+predictor's categories at that phase's predicted peak (weights, autocast copies,
+gradients, optimizer state, activations, the step's named temporaries) plus what is left
+unexplained (or, when the prediction is higher, over-predicted). Beyond the allocated
+bytes, the allocator's cache (peak reserved - peak allocated) and the CUDA context and
+non-torch memory (NVML's highest "used" in the phase - peak reserved) complete the figure
+nvidia-smi shows. One line per phase answers "where did the 13 GB in optimizer.step go".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import predict as pr
+from ..fmt import GIB, fmt_bytes
+from ..session import MISSING_INT, Process, Session
+from ..session.peaks import table_range_max
+from .predicted import first_optimizer_step
+
+CATEGORY_KEYS = pr.CATEGORIES
+"""The predictor's categories, in the order an explanation lists them."""
+
+_TEMP_LABELS = {
+    "forward": "forward temporaries",
+    "backward": "activation gradients",
+    "clip": "gradient norms",
+    "eval": "eval working set",
+}
+
+
+@dataclass
+class Part:
+    """One term of an explanation.
+
+    Attributes:
+        key: A category of :data:`CATEGORY_KEYS`, or ``unexplained`` / ``over_predicted``
+            (of the allocated peak), ``cache`` or ``context`` (beyond it).
+        label: What to call it (``"AdamW foreach temporary"``).
+        bytes: Its size.
+        source: Where the figure comes from: ``facts`` (the model's own tensors),
+            ``formula`` / ``measured`` (activations), ``rules`` (temporaries),
+            ``allocator`` or ``nvml``; empty for the residuals.
+    """
+
+    key: str
+    label: str
+    bytes: int
+    source: str = ""
+
+
+@dataclass
+class Explained:
+    """One phase (first step or later steps) of one process, measured and predicted.
+
+    Attributes:
+        phase: Phase name.
+        first_step: The first step (before the optimizer state exists) or later ones.
+        count: Spans of that phase in the group.
+        measured: Highest exact peak allocated among them (None: not reported).
+        predicted: Highest predicted peak among them.
+        categories: Predicted bytes by category at the explained span's peak.
+        parts: The explanation of the measured peak (categories, then the residual, then
+            cache and context when known); the predicted categories alone when nothing
+            was measured.
+        step: The step of the explained span (the one with the highest measured peak).
+    """
+
+    phase: str
+    first_step: bool
+    count: int
+    measured: int | None
+    predicted: int
+    categories: dict[str, int]
+    parts: list[Part] = field(default_factory=list)
+    step: int | None = None
+
+    @property
+    def unexplained(self) -> int | None:
+        return None if self.measured is None else self.measured - self.predicted_at_peak
+
+    @property
+    def predicted_at_peak(self) -> int:
+        return sum(self.categories.values())
+
+    def line(self) -> str:
+        """``optimizer.step peak 53.61 GiB = weights 10.73 + ... + unexplained 0.06``."""
+        return explain_line(self)
+
+
+@dataclass
+class ProcessExplained:
+    """A process's phases, explained, with what the prediction rests on."""
+
+    pid: int
+    label: str
+    phases: dict[tuple[str, bool], Explained]
+    activations_source: str | None
+    findings: list[str]
+    notes: list[str]
+    temporaries_name: str
+
+
+def _num(v: float) -> str:
+    """A figure in the unit of the line (GiB, two decimals; MiB for small lines)."""
+    return f"{v / GIB:.2f}"
+
+
+def explain_line(e: Explained) -> str:
+    """The one-line answer for one explained phase."""
+    total = e.measured if e.measured is not None else e.predicted_at_peak
+    what = "peak" if e.measured is not None else "predicted peak"
+    head = f"{e.phase} {what} {fmt_bytes(total)}"
+    show = fmt_bytes if total < GIB else _num
+    # Parts too small to matter (the held 4-byte loss beside GiBs) are folded into one
+    # term, which goes when it prints as nothing in the line's unit.
+    small = min(_SMALL, 0.01 * total)
+    inside = [p for p in e.parts if p.key not in _BEYOND]
+    folded = sum(p.bytes for p in inside if 0 <= p.bytes < small)
+    terms = [f"{p.label} {show(p.bytes)}" for p in inside if not 0 <= p.bytes < small]
+    if folded and (total < GIB or folded >= 0.005 * GIB):
+        terms.append(f"smaller items {show(folded)}")
+    beyond = [f"{p.label} {show(p.bytes)}" for p in e.parts if p.key in _BEYOND]
+    line = head + (" = " + " + ".join(terms) if terms else "")
+    if beyond:
+        line += "; beyond it: " + ", ".join(beyond)
+    return line
+
+
+_BEYOND = ("cache", "context")
+
+_SMALL = 2**20
+"""Parts under this and under 1% of the line are folded into "smaller items"."""
+
+
+def labels(prediction: pr.Prediction, phase: str) -> dict[str, tuple[str, str]]:
+    """Category -> (label, source) for explanations of ``phase``."""
+    act = prediction.activations_source or "unknown"
+    opt = prediction.optimizer
+    temp = opt.temp_name if phase == "optimizer.step" else _TEMP_LABELS.get(phase, "temporaries")
+    return {
+        "weights": ("weights", "facts"),
+        "amp_copies": ("autocast weight copies", act),
+        "gradients": ("gradients", "facts"),
+        "optimizer_state": (opt.state_name if opt.kind != "none" else "optimizer state", "facts"),
+        "activations": (f"activations ({act})" if act != "unknown" else "activations", act),
+        "temporaries": (temp, "rules" if phase == "optimizer.step" else act),
+        # The parallel layout's buffers (gpuwatch/predict/_parallel.py).
+        "ddp_buckets": ("DDP gradient buckets", "layout"),
+        "fsdp_unsharded": ("FSDP all-gathered units", "layout"),
+        "fsdp_reduce": ("FSDP unsharded gradients and reduce-scatter", "layout"),
+    }
+
+
+def explain_breakdown(
+    prediction: pr.Prediction,
+    phase: str,
+    categories: dict[str, int],
+    measured: int | None,
+    reserved: int | None = None,
+    device_max: float | None = None,
+) -> list[Part]:
+    """The terms explaining a measured peak (allocated, then cache and context).
+
+    Args:
+        prediction: The process's prediction.
+        phase: Phase name (names the temporaries).
+        categories: Predicted bytes by category at the phase's peak.
+        measured: The exact peak allocated, or None.
+        reserved: The exact peak reserved in the same phase, or None.
+        device_max: NVML's highest "used" reading in the phase, or None.
+    """
+    names = labels(prediction, phase)
+    parts = [
+        Part(k, names[k][0], int(categories.get(k, 0)), names[k][1])
+        for k in CATEGORY_KEYS
+        if categories.get(k, 0) > 0
+    ]
+    if measured is None:
+        return parts
+    rest = measured - sum(p.bytes for p in parts)
+    if rest >= 0:
+        parts.append(Part("unexplained", "unexplained", rest))
+    else:
+        parts.append(Part("over_predicted", "over-predicted", rest))
+    if reserved is not None and reserved >= measured:
+        parts.append(Part("cache", "allocator cache", reserved - measured, "allocator"))
+        if device_max is not None and device_max >= reserved:
+            parts.append(
+                Part("context", "CUDA context and non-torch", int(device_max - reserved), "nvml")
+            )
+    return parts
+
+
+def _opt(v: Any) -> int | None:
+    v = int(v)
+    return None if v == MISSING_INT else v
+
+
+def explain_process(
+    session: Session, proc: Process, key: str | None = None
+) -> ProcessExplained | None:
+    """Each phase of ``proc`` (first step and later steps) predicted, measured, explained.
+
+    A process with more than :data:`EXPLAIN_ROWS` phases is read in pieces: counts and
+    measured peaks cover every phase, and the prediction is walked over the first steps
+    and the two minutes before each phase's highest measured peak (later steps repeat the
+    same prediction), so a run of days is explained in bounded memory.
+
+    Args:
+        session: The session.
+        proc: An instrumented process that sent facts (None is returned otherwise).
+        key: The GPU whose NVML readings give the context part (default: the process's
+            first GPU).
+    """
+    if not proc.facts:
+        return None
+    prediction = pr.predict(proc.facts)
+    found, _ = first_optimizer_step(session, proc)
+    first_step = None if found is None else found[0]
+    table = proc.phases
+    counts: Counter[tuple[str, bool]] | None = None
+    if len(table) - table.first <= EXPLAIN_ROWS:
+        cols = table.snapshot()
+    else:
+        cols, counts = _sampled(session, proc, prediction, first_step)
+    spans = pr.spans_from_columns(cols, session.names)
+    peaks = pr.span_peaks(prediction, spans, first_step=first_step)
+    index = {(s.name, s.t0, s.t1): i for i, s in enumerate(spans)}
+    if key is None:
+        gpus = sorted(set(proc.devices.values()))
+        key = gpus[0] if gpus else None
+    nvml = session.gpu.get(key) if key in session.gpu else None
+    groups: dict[tuple[str, bool], list[tuple[pr.SpanPeak, int]]] = {}
+    for sp in peaks:
+        i = index.get((sp.span.name, sp.span.t0, sp.span.t1))
+        if i is not None:
+            groups.setdefault((sp.span.name, sp.first_step), []).append((sp, i))
+    out: dict[tuple[str, bool], Explained] = {}
+    for (name, first), members in groups.items():
+        measured = [(_opt(cols["peak_alloc"][i]), sp, i) for sp, i in members]
+        known = [m for m in measured if m[0] is not None]
+        if known:
+            top, sp, i = max(known, key=lambda m: m[0])
+        else:
+            top, (sp, i) = None, max(members, key=lambda m: pr.total(m[0].peak))
+        reserved = _opt(cols["peak_reserved"][i])
+        device_max = None
+        if nvml is not None and len(nvml):
+            device_max = table_range_max(nvml, "used", sp.span.t0, sp.span.t1)
+        categories = {k: int(sp.peak.get(k, 0)) for k in CATEGORY_KEYS}
+        out[name, first] = Explained(
+            phase=name,
+            first_step=first,
+            count=len(members) if counts is None else counts[name, first],
+            measured=top,
+            predicted=max(pr.total(m[0].peak) for m in members),
+            categories=categories,
+            parts=explain_breakdown(prediction, name, categories, top, reserved, device_max),
+            step=sp.span.step,
+        )
+    return ProcessExplained(
+        pid=proc.pid,
+        label=proc.label,
+        phases=out,
+        activations_source=prediction.activations_source,
+        findings=list(prediction.findings),
+        notes=list(prediction.notes),
+        temporaries_name=prediction.optimizer.temp_name,
+    )
+
+
+EXPLAIN_ROWS = 200_000
+"""Phases :func:`explain_process` walks all of; a longer run is sampled (see there)."""
+
+LEAD = 120 * 10**9
+"""How far back a sampled walk starts before the span it explains (accumulation)."""
+
+
+def _sampled(
+    session: Session, proc: Process, prediction: pr.Prediction, first_step: int | None
+) -> tuple[dict[str, np.ndarray], Counter[tuple[str, bool]]]:
+    """The phases an explanation of a long run walks, and how many of each there were.
+
+    One pass over the rows, in pieces, counts the spans of every predicted phase (first
+    step or later) and finds each name's highest measured peak; the rows returned are the
+    start of the run (to two minutes after the first optimizer step) and the two minutes
+    before each of those peaks.
+    """
+    table = proc.phases
+    known = {session.find_name(name) for name, _ in prediction.phases} - {None}
+    found, _ = first_optimizer_step(session, proc)
+    first_end = found[1] if found is not None else None
+    opt = session.find_name("optimizer.step")
+    first_t0: int | None = None
+    counts: Counter[tuple[str, bool]] = Counter()
+    top: dict[int, tuple[int, int]] = {}  # name id -> (peak, t1)
+    for cols in table.batches(columns=("t1", "t0", "name", "step", "peak_alloc")):
+        if first_t0 is None and opt is not None:
+            hits = np.flatnonzero(cols["name"] == opt)
+            if len(hits):
+                first_t0 = int(cols["t0"][hits[0]])
+        names = cols["name"]
+        step = cols["step"]
+        early = cols["t0"] <= (first_t0 if first_t0 is not None else np.iinfo(np.int64).max)
+        if first_step is not None:
+            early &= (step == MISSING_INT) | (step <= first_step)
+        for nid in np.unique(names).tolist():
+            if nid not in known:
+                continue
+            sel = names == nid
+            name = session.names[nid]
+            n_first = int((sel & early).sum())
+            counts[name, True] += n_first
+            counts[name, False] += int(sel.sum()) - n_first
+            peaks = np.where(sel, cols["peak_alloc"], MISSING_INT)
+            i = int(np.argmax(peaks))
+            if peaks[i] != MISSING_INT and (nid not in top or peaks[i] > top[nid][0]):
+                top[nid] = (int(peaks[i]), int(cols["t1"][i]))
+    for key in [k for k, v in counts.items() if v == 0]:
+        del counts[key]
+    start = table.first
+    head_end = table.search(first_end + LEAD, "right") if first_end is not None else start + 4096
+    pieces = [(start, min(head_end, start + EXPLAIN_ROWS // 4))]
+    for _, t1 in sorted(top.values(), key=lambda v: v[1]):
+        pieces.append((table.search(t1 - LEAD, "left"), table.search(t1, "right")))
+    merged: list[tuple[int, int]] = []
+    end = -1
+    for a, b in sorted(pieces):  # merged, so no span is walked twice
+        a = max(a, end)
+        if b > a:
+            merged.append((a, b))
+            end = b
+    parts = [table.rows(a, b) for a, b in merged]
+    cols = {c: np.concatenate([p[c] for p in parts]) for c in table.names}
+    return cols, counts
+
+
+def predicted_json(ex: ProcessExplained, prediction: pr.Prediction | None = None) -> dict:
+    """The ``predicted`` object of ``gpuwatch info --json`` for one process.
+
+    Keyed by phase name: ``peak_bytes`` / ``first_step_peak_bytes`` (predicted),
+    ``measured_peak_bytes`` / ``first_step_measured_peak_bytes``, ``unexplained_bytes`` /
+    ``first_step_unexplained_bytes`` (measured - predicted at the measured peak's span),
+    ``categories`` / ``first_step_categories``, ``activations_source``, ``temporaries``
+    (what the step's temporary is) and ``explained`` (the one-line answer, later steps
+    when there are any).
+    """
+    out: dict[str, Any] = {}
+    names = sorted({name for name, _ in ex.phases}, key=_phase_order)
+    for name in names:
+        later, first = ex.phases.get((name, False)), ex.phases.get((name, True))
+        main = later or first
+        assert main is not None
+        entry: dict[str, Any] = {
+            "peak_bytes": later.predicted if later else None,
+            "first_step_peak_bytes": first.predicted if first else None,
+            "measured_peak_bytes": later.measured if later else None,
+            "first_step_measured_peak_bytes": first.measured if first else None,
+            "unexplained_bytes": later.unexplained if later else None,
+            "first_step_unexplained_bytes": first.unexplained if first else None,
+            "categories": dict(main.categories),
+            "first_step_categories": dict(first.categories) if first else None,
+            "activations_source": ex.activations_source,
+            "temporaries": labels_for(ex, name),
+            "explained": main.line() + (" (first step)" if main.first_step else ""),
+        }
+        out[name] = entry
+    return out
+
+
+def labels_for(ex: ProcessExplained, phase: str) -> str:
+    """What the temporaries of ``phase`` are called in this process's explanations."""
+    if phase == "optimizer.step":
+        return ex.temporaries_name
+    return _TEMP_LABELS.get(phase, "temporaries")
+
+
+_ORDER = ("data", "forward", "backward", "clip", "optimizer.step", "zero_grad", "eval")
+
+
+def _phase_order(name: str) -> tuple[int, str]:
+    return (_ORDER.index(name) if name in _ORDER else len(_ORDER), name)
+
+
+def format_predicted(
+    label: str, predicted: dict[str, Any], findings: list[str], notes: list[str]
+) -> list[str]:
+    """The text of ``gpuwatch info`` for one process, from its ``predicted`` JSON object:
+    a table of predicted against measured peaks, then one line per phase."""
+    sources = {e.get("activations_source") for e in predicted.values()}
+    src = next(iter(sources), None) or "unknown"
+    lines = [
+        f"predicted vs measured, {label} (exact allocator peaks; activations: {src})",
+        f"  {'phase':18} {'first step: predicted':>22} {'measured':>11}"
+        f" {'later: predicted':>17} {'measured':>11}",
+    ]
+    for name, e in predicted.items():
+        lines.append(
+            f"  {name[:18]:18}"
+            f" {fmt_bytes(e.get('first_step_peak_bytes')):>22}"
+            f" {fmt_bytes(e.get('first_step_measured_peak_bytes')):>11}"
+            f" {fmt_bytes(e.get('peak_bytes')):>17}"
+            f" {fmt_bytes(e.get('measured_peak_bytes')):>11}"
+        )
+    for e in predicted.values():
+        if e.get("explained"):
+            lines.append(f"  {e['explained']}")
+    lines += [f"  finding: {f}" for f in findings]
+    lines += [f"  prediction: {n}" for n in notes]
+    return lines

@@ -1,0 +1,236 @@
+"""One rank of a data-parallel or sharded training run on the CPU, under the profiler truth.
+
+Each case trains a 12-block MLP with AdamW and ``clip_grad_norm_`` for a few steps in a
+layout (DDP, FSDP2 ``fully_shard``), with ``gpuwatch.watch`` describing it as a user's
+script would; the allocator's events (``profmem``) give each phase's true peak on this
+rank, and the facts gpuwatch would send are read back from the client. Ranks run as real
+processes (``torch.multiprocessing`` spawn, gloo over a file store), or as one rank of a
+larger job through torch's fake process group (``world_size`` 8 in one process).
+
+Used by ``tests/predict/test_ranks.py`` and ``benchmarks/bench_ranks.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from profmem import ProfiledMemory  # noqa: E402
+
+DIM, BLOCKS, BATCH, STEPS = 1024, 12, 64, 3
+HF_VOCAB, HF_BATCH, HF_SEQ = 8192, 4, 128
+
+CASES = {
+    "ddp": {"layout": "ddp", "world": 2},
+    "ddp-view": {"layout": "ddp", "world": 2, "gradient_as_bucket_view": True},
+    "fsdp2": {"layout": "fsdp2", "world": 2},
+    "fsdp2-noreshard": {"layout": "fsdp2", "world": 2, "reshard_after_forward": False},
+    "fsdp2-4": {"layout": "fsdp2", "world": 4},
+    "fsdp2-fake8": {"layout": "fsdp2", "world": 8, "fake": True},
+    # fully_shard as Hugging Face's and torchtitan's examples call it: the policy's own
+    # reshard_after_forward (the root keeps its parameters from forward to backward).
+    "fsdp2-hf": {"layout": "fsdp2", "world": 2, "model": "hf", "reshard_after_forward": None},
+}
+"""Name -> how the case is run (``layout``, ``world``, and the layout's options)."""
+
+PHASE_ORDER = ("forward", "backward", "clip", "optimizer.step", "zero_grad")
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, dim)
+        self.down = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class MLP(nn.Module):
+    """Residual blocks of two square Linear layers: 25.2 M parameters in 12 blocks at 1024.
+
+    Twelve blocks rather than a few: gloo's thread frees a unit's reduce-scatter input
+    when it gets to it, so the truth of a backward moves by one unit's gradients from
+    run to run; against twelve units' states that is a few percent, not ten."""
+
+    def __init__(self, dim: int = DIM, blocks: int = BLOCKS) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def _hf_model() -> nn.Module:
+    """A small Llama-style causal LM from Hugging Face transformers (built from a config)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=HF_VOCAB,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=HF_SEQ,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """The modules each sharded as one FSDP unit (before the root)."""
+    if hasattr(model, "blocks"):
+        return list(model.blocks)
+    return list(model.model.layers)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, case: dict[str, Any]) -> torch.Tensor:
+    if case.get("model") == "hf":
+        return model(input_ids=x, labels=x).loss
+    return model(x).square().mean()
+
+
+def _batch(case: dict[str, Any], rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(rank)
+    if case.get("model") == "hf":
+        return torch.randint(0, HF_VOCAB, (HF_BATCH, HF_SEQ), generator=gen)
+    return torch.randn(BATCH, DIM, generator=gen)
+
+
+def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
+    if case["layout"] == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, gradient_as_bucket_view=case.get("gradient_as_bucket_view", False))
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = case.get("reshard_after_forward", True)
+    kw = {} if reshard is None else {"reshard_after_forward": reshard}
+    for unit in _units(model):
+        fully_shard(unit, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
+    """Train ``steps`` steps of case ``name`` on this rank (its process group is up).
+
+    Returns:
+        ``{"facts": ..., "truth": {"<step>:<phase>": peak bytes}}``.
+    """
+    import gpuwatch
+    from gpuwatch.instrument import _api
+
+    case = CASES[name]
+    mem = ProfiledMemory("cpu")
+    mem.start()
+    torch.manual_seed(0)
+    model = _wrap(_hf_model() if case.get("model") == "hf" else MLP(), case)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gpuwatch.watch(model, opt)
+    x = _batch(case, rank)
+    for step in range(1, steps + 1):
+        with mem.phase(step, "forward"):
+            loss = _loss(model, x, case)
+        with mem.phase(step, "backward"):
+            loss.backward()
+        with mem.phase(step, "clip"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with mem.phase(step, "optimizer.step"):
+            opt.step()
+        with mem.phase(step, "zero_grad"):
+            opt.zero_grad()
+        del loss
+    alive = None
+    if case["layout"] == "fsdp2":
+        # FSDP2's collective buffers can be freed on gloo's thread (orphans, profmem);
+        # DDP's keep their buckets (rebuilt in step 2), which we cannot name, and free
+        # nothing there.
+        alive = [*model.parameters(), *(p.grad for p in model.parameters()), x]
+        alive += [v for st in opt.state.values() for v in st.values()]
+    truth = mem.stop(alive)
+    facts = _api._state.client.facts
+    return {
+        "rank": rank,
+        "facts": facts,
+        "truth": {f"{s}:{p}": v for (s, p), v in truth.peaks.items()},
+        "orphan_bytes": truth.orphan_bytes,
+    }
+
+
+def _child(rank: int, name: str, world: int, store: str, out: str, steps: int) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        got = run_rank(name, rank, steps)
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(got))
+
+
+def run_case(name: str, steps: int = STEPS) -> list[dict[str, Any]]:
+    """Every rank's result for case ``name`` (spawned processes, or the fake group)."""
+    case = CASES[name]
+    world = case["world"]
+    if case.get("fake"):
+        return [_fake(name, world, steps)]
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="gw-ranks-") as tmp:
+        store = os.path.join(tmp, "store")
+        mp.spawn(_child, args=(name, world, store, tmp, steps), nprocs=world, join=True)
+        return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _fake(name: str, world: int, steps: int) -> dict[str, Any]:
+    """Rank 0 of a ``world``-rank job in this process, through the fake process group."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        return run_rank(name, 0, steps)
+    finally:
+        dist.destroy_process_group()
+
+
+def table(result: dict[str, Any]) -> list[tuple[int, str, int, int]]:
+    """``(step, phase, truth, predicted)`` for each phase the predictor knows."""
+    from gpuwatch.predict import predict, total
+
+    p = predict(result["facts"])
+    rows = []
+    for key, truth in result["truth"].items():
+        step_s, _, phase = key.partition(":")
+        step = int(step_s)
+        pm = p.phases.get((phase, step == 1))
+        if pm is not None:
+            rows.append((step, phase, int(truth), total(pm.peak)))
+    return sorted(rows, key=lambda r: (r[0], PHASE_ORDER.index(r[1])))
+
+
+if __name__ == "__main__":
+    for case_name in sys.argv[1:] or list(CASES):
+        for r in run_case(case_name):
+            print(case_name, r["rank"], "orphans", r["orphan_bytes"])
+            for step, phase, truth, pred in table(r):
+                print(
+                    f"{case_name:16} {r['rank']} {step} {phase:15}"
+                    f" {truth / 2**20:8.1f} {pred / 2**20:8.1f} {pred / truth:5.2f}"
+                )

@@ -1,0 +1,78 @@
+"""SVG snapshots of the main views at a fixed terminal size, in every theme.
+
+Regenerate after an intended change with ``python -m pytest tests/tui/test_snapshots.py
+--snapshot-update`` and look at the report before committing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import rank_session
+import synthetic
+from conftest import ROOT
+
+from gpuwatch.store.player import open_replay
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.replay import ReplayApp
+
+SIZE = (140, 45)
+# Zoom to the six seconds of data and put the cursor inside an optimizer.step.
+ZOOMED = ("plus", "plus", "plus", "home", "m", "left", "left", "left", "left")
+
+
+def app(theme: str = "gpuwatch-dark") -> GpuwatchApp:
+    return GpuwatchApp(synthetic.build(), theme_name=theme, clock=lambda: synthetic.end_time())
+
+
+@pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])
+def test_timelines(snap_compare, theme: str) -> None:
+    assert snap_compare(app(theme), press=ZOOMED, terminal_size=SIZE)
+
+
+def test_peaks_table(snap_compare) -> None:
+    assert snap_compare(app(), press=("2",), terminal_size=SIZE)
+
+
+def test_process_table(snap_compare) -> None:
+    assert snap_compare(app(), press=("3",), terminal_size=SIZE)
+
+
+def test_help_screen(snap_compare) -> None:
+    assert snap_compare(app(), press=("question_mark",), terminal_size=SIZE)
+
+
+# The two sizes the layout is held to: a laptop's 80x24 (one panel at a time, tab steps)
+# and a large 200x60 terminal (every panel stacked).
+SIZES = {"80x24": (80, 24), "200x60": (200, 60)}
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_live_at_each_size(snap_compare, size: str) -> None:
+    assert snap_compare(app(), press=ZOOMED, terminal_size=SIZES[size])
+
+
+SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
+
+
+def replay_first_screen(theme: str) -> ReplayApp:
+    """``gpuwatch replay samples/gpt-2.7b-h100-adamw-spike.gpuwatch``, README's first command.
+
+    The player stays open for the app's life: the snapshot plugin runs the app itself.
+    """
+    return ReplayApp(open_replay(SPIKE), theme_name=theme, subtitle=f"replay {SPIKE.name}")
+
+
+@pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])
+def test_replay_first_screen_of_the_spike(snap_compare, theme: str) -> None:
+    assert snap_compare(replay_first_screen(theme), terminal_size=SIZES["200x60"])
+
+
+def test_replay_first_screen_of_the_spike_at_80x24(snap_compare) -> None:
+    assert snap_compare(replay_first_screen("gpuwatch-dark"), terminal_size=SIZES["80x24"])
+
+
+def test_ranks_tab_at_80x24(snap_compare) -> None:
+    # A 4-rank job: rank 0 high in eval, rank 2 with a context on GPU 0; both flagged.
+    session = rank_session.build()
+    ranks = GpuwatchApp(session, clock=lambda: session.time_range()[1])
+    assert snap_compare(ranks, press=("5",), terminal_size=SIZES["80x24"])

@@ -30,7 +30,7 @@ from ._graph import (
     Simulation,
     simulate,
 )
-from ._measured import measured_bytes, simulate_measured
+from ._measured import measured_bytes, simulate_measured, with_forward_peak
 from ._optim import OptimizerMemory, optimizer_memory
 from ._parallel import LayoutMemory, layout_memory
 from ._transformer import ROLES, Arch, record
@@ -274,6 +274,8 @@ def predict(facts: dict[str, Any]) -> Prediction:
                 "activations measured (what autograd saved in the first training forward);"
                 " transients estimated from module outputs"
             )
+        if sim is not None:
+            sim = with_forward_peak(sim, act)
         source = "measured"
     notes.extend(_measurement_notes(act))
     # The recorder counts the gradients of the weights it models; the facts know them all.

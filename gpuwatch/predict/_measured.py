@@ -82,7 +82,7 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
         alive = max(0, alive - _n(m.get("bytes")))
         alive_amp = max(0, alive_amp - _n(m.get("amp_copy_bytes")))
         made += g
-    pairs = [a + b for a, b in zip(outs, [0, *outs[:-1]], strict=True)]
+    pairs = [a + b for a, b in zip(outs, [0, *outs][: len(outs)], strict=True)]
     return Simulation(
         forward_peak=forward_peak,
         forward_end=forward_end,

@@ -94,6 +94,8 @@ class Peak:
     def __init__(self, torch: Any, device_type: str, saved: Any) -> None:
         self.torch = torch
         self.device_type = device_type
+        # t.is_cuda is cheaper than t.device.type (no device object made per op)
+        self.flag = {"cuda": "is_cuda", "cpu": "is_cpu", "xpu": "is_xpu"}.get(device_type)
         self.saved = saved
         self.on = False
         self.mode: Any = None
@@ -139,38 +141,49 @@ class Peak:
         return True
 
     def made(self, func: Any, out: Any) -> None:
-        """Count the new storages among an op's outputs."""
+        """Count the new storages among an op's outputs (once per op: kept lean)."""
         self.ops += 1
         fresh = self.fresh.get(func)
         if fresh is None:
             fresh = self.fresh[func] = _fresh_returns(func)
-        if not any(fresh):
+        if not fresh:  # views, in-place results, higher-order ops
             return
-        torch = self.torch
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for i, t in enumerate(outs):
-            if isinstance(t, (tuple, list)):  # Tensor[] returns (split_with_sizes_copy, ...)
-                if i < len(fresh) and fresh[i]:
+        tensor = self.torch.Tensor
+        if isinstance(out, tensor):
+            if fresh[0]:
+                self._track(out)
+        elif isinstance(out, (tuple, list)):
+            for i, t in enumerate(out[: len(fresh)]):
+                if not fresh[i]:
+                    continue
+                if isinstance(t, tensor):
+                    self._track(t)
+                elif isinstance(t, (tuple, list)):  # Tensor[] (split_with_sizes_copy, ...)
                     for u in t[:256]:
-                        if isinstance(u, torch.Tensor):
+                        if isinstance(u, tensor):
                             self._track(u)
-            elif isinstance(t, torch.Tensor) and (i >= len(fresh) or fresh[i]):
-                self._track(t)
         if self.now > self.bytes:
             self.bytes = self.now
             self.saved_bytes, self.amp_bytes = self.saved()
             self.peak_op = self.ops
 
     def _track(self, t: Any) -> None:
-        inner = getattr(t, "_local_tensor", None)
-        t = t if inner is None else inner
-        if t.device.type != self.device_type:
+        if type(t) is not self.torch.Tensor:
+            inner = getattr(t, "_local_tensor", None)  # a DTensor's shard
+            t = t if inner is None else inner
+        if self.flag is not None:
+            if not getattr(t, self.flag):
+                return
+        elif t.device.type != self.device_type:
             return
-        st = t.untyped_storage()
+        try:
+            st = t.untyped_storage()
+        except Exception:  # no storage of its own (sparse, nested): not counted
+            return
         key = st._cdata
         if key in self.live:
             return
-        n = int(st.nbytes())
+        n = st.nbytes()
         if n == 0:
             return
         self.live[key] = weakref.ref(st, lambda ref, key=key, n=n: self._gone(ref, key, n))
@@ -194,9 +207,10 @@ class Peak:
 
 def _fresh_returns(func: Any) -> tuple[bool, ...]:
     """For each return of an aten op, whether it is a new storage: views, in-place and
-    ``out=`` results alias an argument (their schema says so); higher-order ops and ops
-    without a schema count nothing."""
+    ``out=`` results alias an argument (their schema says so). Empty when none is (and for
+    higher-order ops and ops without a schema: nothing counted)."""
     try:
-        return tuple(r.alias_info is None for r in func._schema.returns)
+        fresh = tuple(r.alias_info is None for r in func._schema.returns)
     except Exception:
         return ()
+    return fresh if any(fresh) else ()

@@ -8,8 +8,10 @@ weights), and attributes each to the module running when it was saved: the model
 top-level children, with containers (``ModuleList``, ``ModuleDict``) opened, so a
 transformer's layers are counted one by one. The pack hook returns ``tensor.detach()``,
 which autograd stores in place of the tensor (the documented way: same storage, no
-reference cycle), so the model computes exactly what it computes without us. Once the
-measurement ends every hook is removed: later steps run no gpuwatch code at all.
+reference cycle), so the model computes exactly what it computes without us. While the
+model's own ``forward`` runs, a dispatch mode (``_peak``) keeps the running peak of the
+storages its ops make, temporaries nothing saves included. Once the measurement ends
+every hook and the mode are removed: later steps run no gpuwatch code at all.
 
 Other users of saved-tensor hooks: torch applies only the innermost pair.
 
@@ -131,6 +133,7 @@ class _Entry:
         "amp",
         "bytes",
         "calls",
+        "grad_out",
         "last",
         "max_tensor",
         "out_bytes",
@@ -144,6 +147,9 @@ class _Entry:
         self.amp = 0
         self.recomputed = False  # ran under activation checkpointing
         self.recompute = 0  # what its checkpoint's pack hook got: recreated in backward
+        # Whether an output tensor required grad (backward reaches the module); None
+        # while no output tensor was seen (an object _tensors does not open).
+        self.grad_out: bool | None = None
         self.last = order  # when it last saved (or appeared): backward frees in reverse
 
 
@@ -225,6 +231,9 @@ class Meter:
         self.outputs: list[tuple[Any, int, tuple[int, str]]] = []  # (weak storage, bytes, key)
         self.held = 0
         self.chains: list[tuple[str, Any]] = []  # counting packs pushed over a checkpoint's
+        self.peak: Any = None  # the forward's running peak (_peak.Peak) while it runs
+        self.peak_hook: Any = None
+        self.forward_peak: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -253,16 +262,42 @@ class Meter:
             torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
             self.pushed = True
             self.active = True
-            return True
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
             self._remove_module_hooks()
             return False
+        self._start_peak(model)
+        return True
+
+    def _start_peak(self, model: Any) -> None:
+        """Watch the forward's working set too (``_peak``), where it can be watched."""
+        from . import _peak
+
+        try:
+            if _peak.usable(self.torch, model) is not None:
+                return
+            first = next(iter(model.parameters()), None)
+            device = first.device.type if first is not None else "cpu"
+            totals = self.totals
+            peak = _peak.Peak(self.torch, device, lambda: (totals["bytes"], totals["amp"]))
+            if peak.start():
+                self.peak = peak
+                # Popped by the model's first forward hook: inside any pair of the user's
+                # hooks that push a mode before the forward and pop it after (a pop pops
+                # whatever is on top), whichever registered first.
+                self.peak_hook = model.register_forward_hook(
+                    self._peak_returned, prepend=True, always_call=True
+                )
+            elif peak.error:
+                self.error = peak.error
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
 
     def model_returned(self, output: Any = None) -> None:
         """The model's outermost forward returned ``output``: what is saved next is outside
         it, and whether the caller still holds the output when backward begins is seen."""
         self.outside = True
+        self._stop_peak()
         try:
             for t in _held_tensors(output):
                 st = t.untyped_storage()
@@ -285,6 +320,7 @@ class Meter:
         self._end_count(why)
         if threading.get_ident() != self.thread:
             return False
+        self._stop_peak(final=True)
         self.done = True
         if self.pushed:
             self.pushed = False
@@ -308,6 +344,7 @@ class Meter:
             return
         self.stopped_by = why
         self._remove_module_hooks()
+        self._close_peak()  # its mode is popped on the begin thread (stop)
         # The model's outputs still referenced now (the loop holds ``logits``) and not
         # kept by autograd: alive through backward and the step, until the next forward.
         seen: set[tuple[int, str]] = set()
@@ -316,6 +353,49 @@ class Meter:
                 seen.add(key)
                 self.held += n
         self.outputs = []
+
+    def _close_peak(self) -> Any:
+        """Stop the forward's peak counting and keep its figures (idempotent)."""
+        peak = self.peak
+        if peak is not None:
+            if self.forward_peak is None and peak.on and peak.error is None:
+                self.forward_peak = peak.facts()
+            peak.on = False
+        return peak
+
+    def _peak_returned(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            self._stop_peak()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
+
+    def _stop_peak(self, final: bool = False) -> None:
+        """End the forward's peak (the model returned, or the measurement ended) and pop
+        its mode (on the begin thread), unless a mode pushed over it is still there: then
+        the final call (:meth:`stop`) tries again, and if it is still covered leaves it,
+        passing ops on."""
+        peak = self._close_peak()
+        if threading.get_ident() != self.thread:
+            return
+        if final:
+            # Only here, never from a hook: a forward that raised runs its always-called
+            # hooks straight from the module's dict, which a removal would mutate.
+            hook, self.peak_hook = self.peak_hook, None
+            if hook is not None:
+                hook.remove()
+        if peak is None:
+            return
+        if peak.error:
+            self.error = peak.error
+        try:
+            popped = peak.stop()
+        except Exception as exc:
+            popped = False
+            self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
+        if popped or final:
+            self.peak = None
+        if not popped and final:
+            self.error = "a dispatch mode pushed over ours was left in place"
 
     def _remove_module_hooks(self) -> None:
         handles, self.handles = self.handles, []
@@ -452,8 +532,11 @@ class Meter:
             try:
                 entry = self._entry(name)
                 entry.calls += 1
-                size = sum(_nbytes(t) for t in _tensors(output))
+                outs = _tensors(output)
+                size = sum(_nbytes(t) for t in outs)
                 entry.out_bytes = max(entry.out_bytes, size)
+                if outs:
+                    entry.grad_out = bool(entry.grad_out) or any(t.requires_grad for t in outs)
             except Exception:
                 pass
 
@@ -577,6 +660,9 @@ class Meter:
                     "out_bytes": e.out_bytes,
                     "grad_bytes": grads.get(name, 0),
                     **({"recomputed": True} if e.recomputed else {}),
+                    # Under checkpointing its outputs may need no grad in forward and
+                    # still be recomputed in backward.
+                    **({"no_backward": True} if e.grad_out is False and not e.recomputed else {}),
                     **({"recompute_bytes": e.recompute} if e.recompute else {}),
                 }
             )
@@ -592,6 +678,8 @@ class Meter:
             "held_output_bytes": self.held,
             "modules": modules,
         }
+        if self.forward_peak is not None:
+            out["forward_peak"] = self.forward_peak
         if self.error:
             out["error"] = self.error
         return out

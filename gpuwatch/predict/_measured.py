@@ -5,18 +5,24 @@ by module in the order backward will meet them (``gpuwatch/instrument/_activatio
 ``docs/facts.md``). That is exact for what forward leaves alive; the rest is estimated
 from the same figures:
 
-- forward peak: everything saved plus the largest module output, alive at once (in a
+- forward peak: measured too where the training side could (``forward_peak``: the
+  running peak of every storage the model's forward made, temporaries that nothing saves
+  included, as in a frozen backbone); else, and for a loss computed after the model
+  returned, everything saved plus the largest module output, alive at once (in a
   language model the logits, at the loss);
 - backward, walking the modules in reverse: each frees what it saved after its backward,
   when its parameters' gradients have appeared; while it runs, the gradient of its output
   and one the size of its largest saved tensor are alive too (at the loss: the gradient of
   the log-probabilities and of the logits), and, under non-reentrant checkpointing, what
   its recomputation recreates (``recompute_bytes``: what the checkpoint's pack hook got);
+  a module none of whose outputs required grad (``no_backward``: a frozen layer before any
+  trained one) is never reached by backward and adds nothing;
 - eval: no saves; its peak is the two largest consecutive module outputs.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ._graph import Moment, Simulation
@@ -64,7 +70,7 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
         out = _n(m.get("out_bytes"))
         # The gradient of its output and one of its largest save; at the loss (no module
         # output: the model's body, or outside it) the log-probabilities' and the logits'.
-        temp = (out or big) + big
+        temp = 0 if m.get("no_backward") is True else (out or big) + big
         again = _n(m.get("recompute_bytes"))
         now = Moment(saved=alive + again, amp=alive_amp, temp=temp, grads=made + g)
         if now.total() > peak.total():
@@ -76,7 +82,7 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
         alive = max(0, alive - _n(m.get("bytes")))
         alive_amp = max(0, alive_amp - _n(m.get("amp_copy_bytes")))
         made += g
-    pairs = [a + b for a, b in zip(outs, [0, *outs[:-1]], strict=True)]
+    pairs = [a + b for a, b in zip(outs, [0, *outs][: len(outs)], strict=True)]
     return Simulation(
         forward_peak=forward_peak,
         forward_end=forward_end,
@@ -88,3 +94,32 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
         backward_peak_at=peak_i / max(1, len(modules)),
         accumulating_peak=accumulating,
     )
+
+
+def measured_forward_peak(act: dict[str, Any]) -> tuple[Moment, float] | None:
+    """The forward's measured peak (``forward_peak``) as a :class:`Moment` and where in the
+    forward it fell (0 to 1); None when it was not measured."""
+    if measured_bytes(act) is None:
+        return None
+    peak = act.get("forward_peak")
+    if not isinstance(peak, dict) or _n(peak.get("bytes")) == 0:
+        return None
+    total = _n(peak.get("bytes"))
+    saved = min(_n(peak.get("saved_bytes")), total)
+    amp = min(_n(peak.get("amp_copy_bytes")), total - saved)
+    at = peak.get("at")
+    where = float(at) if isinstance(at, (int, float)) and 0 <= at <= 1 else 1.0
+    return Moment(saved=saved, amp=amp, temp=total - saved - amp), where
+
+
+def with_forward_peak(sim: Simulation, act: dict[str, Any]) -> Simulation:
+    """``sim`` with the forward's measured peak where it is the higher one.
+
+    The measured figure is real memory alive at one moment of the model's forward, so a
+    lower estimate is wrong; a higher one stands: a loss computed after the model returned
+    (the log-probabilities beside the logits) is outside the measured span.
+    """
+    got = measured_forward_peak(act)
+    if got is None or got[0].total() <= sim.forward_peak.total():
+        return sim
+    return replace(sim, forward_peak=got[0], forward_peak_at=got[1])

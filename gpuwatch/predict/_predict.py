@@ -31,7 +31,7 @@ from ._graph import (
     Simulation,
     simulate,
 )
-from ._measured import measured_bytes, simulate_measured
+from ._measured import measured_bytes, simulate_measured, with_forward_peak
 from ._optim import OptimizerMemory, optimizer_memory
 from ._parallel import FSDP_REDUCE, FSDP_UNSHARDED, LayoutMemory, layout_memory
 from ._transformer import ROLES, Arch, record
@@ -306,6 +306,8 @@ def predict(facts: Facts) -> Prediction:
                 "activations measured (what autograd saved in the first training forward);"
                 " transients estimated from module outputs"
             )
+        if sim is not None:
+            sim = with_forward_peak(sim, act)
         source = "measured"
     notes.extend(_measurement_notes(act))
     # The recorder counts the gradients of the weights it models; the facts know them all.

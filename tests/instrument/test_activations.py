@@ -423,3 +423,138 @@ def test_outputs_the_loop_keeps_are_counted_through_the_step(sent: list, hold: b
         for name in ("backward", "optimizer.step"):
             pred = total(breakdown(p, name, first_step=step == 0))
             assert abs(pred - got[name]) <= 0.10 * got[name], (name, step, pred, got[name])
+
+
+# --------------------------------------------------------------------------- working set
+
+
+class _FrozenMLP(nn.Module):
+    """A frozen wide MLP with ``gelu_new`` written out (its temporaries saved by nothing,
+    as in a frozen backbone) under a trained head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(64, 1024), nn.Linear(1024, 64)
+        self.up.requires_grad_(False)
+        self.down.requires_grad_(False)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: Any, y: Any) -> Any:
+        h = self.up(x)
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return nn.functional.cross_entropy(self.head(self.down(h)), y)
+
+
+def _rows() -> tuple[Any, Any]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)
+
+
+def test_temporaries_nothing_saves_are_in_the_forward_peak(sent: list) -> None:
+    torch.manual_seed(0)
+    model = _FrozenMLP().train()
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    peaks, _, _ = _train(model, _rows(), 2, watch=True)
+    act = _activations(sent)
+    fp = act["forward_peak"]
+    # Everything the forward made, alive at its peak: the tracker's peak less the weights.
+    assert fp["bytes"] == peaks[0]["forward"] - weights
+    assert fp["bytes"] >= 4 * 256 * 1024 * 4 > 20 * act["bytes"]  # temporaries, not saves
+    p = predict(sent[-1])
+    for step, got in enumerate(peaks):
+        for phase in PHASES:
+            pred = total(breakdown(p, phase, first_step=step == 0))
+            assert abs(pred - got[phase]) <= 0.10 * got[phase], (phase, step, pred, got)
+    # From the saves alone (the facts without the forward's peak) the forward is far off.
+    facts = dict(sent[-1], activations={k: v for k, v in act.items() if k != "forward_peak"})
+    blind = total(breakdown(predict(facts), "forward", first_step=True))
+    assert blind < 0.5 * peaks[0]["forward"]
+
+
+class _UserMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """A user's dispatch mode, counting the ops it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _dispatch_mode() -> Any:
+    return torch.utils._python_dispatch._get_current_dispatch_mode()
+
+
+@pytest.mark.parametrize("where", ["around-forward", "hooks-before-watch", "hooks-after-watch"])
+def test_the_users_dispatch_modes_are_left_as_they_were(sent: list, where: str) -> None:
+    """Ours is pushed as the forward begins and popped as it returns: a user's mode around
+    the forward alone, or pushed and popped by the model's own hooks (registered before or
+    after ``watch()``: a pop pops whatever is on top), ends where the user ends it."""
+    torch.manual_seed(0)
+    model = H.FusedGPT().train()
+    user = _UserMode()
+    hooks = lambda: [  # noqa: E731
+        model.register_forward_pre_hook(lambda m, a: user.__enter__() and None),
+        model.register_forward_hook(lambda m, a, o: user.__exit__(None, None, None)),
+    ]
+    handles = hooks() if where == "hooks-before-watch" else []
+    gpuwatch.watch(model)
+    handles += hooks() if where == "hooks-after-watch" else []
+    if where == "around-forward":
+        with user:
+            loss = model(*_tokens())
+    else:
+        loss = model(*_tokens())
+    assert _dispatch_mode() is not user
+    loss.backward()
+    assert _dispatch_mode() is None and _watch._meter is None
+    assert user.ops > 0
+    act = _activations(sent)
+    assert "error" not in act and act["forward_peak"]["bytes"] > act["bytes"]
+    for h in handles:
+        h.remove()
+
+
+def test_compiled_regions_and_higher_order_ops_in_the_forward_run_as_without_us(
+    sent: list,
+) -> None:
+    """A ``torch.compile``d function inside the measured forward is still compiled (dynamo
+    skips frames under a user's mode unless it says to ignore it), and a higher-order op
+    (``torch.cond``) runs (it raises under a mode that does not say it supports them)."""
+    from torch._dynamo.utils import counters
+
+    @torch.compile(backend="eager")
+    def act(x: Any) -> Any:
+        return nn.functional.gelu(x) * 2
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 4)
+
+        def forward(self, x: Any) -> Any:
+            h = act(self.a(x))
+            h = torch.cond(h.sum() > 0, lambda t: t * 2, lambda t: t * 3, (h,))
+            return self.b(h).square().mean()
+
+    try:
+        losses = []
+        for watch in (False, True):
+            torch._dynamo.reset()
+            counters.clear()
+            torch.manual_seed(0)
+            model = Net().train()
+            if watch:
+                gpuwatch.watch(model)
+            loss = model(torch.randn(8, 16, generator=torch.Generator().manual_seed(1)))
+            # Compiled during the (measured) forward, not run eagerly.
+            assert counters["stats"]["unique_graphs"] >= 1, watch
+            loss.backward()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]
+        assert _dispatch_mode() is None
+        assert "forward_peak" in _activations(sent)
+    finally:
+        torch._dynamo.reset()

@@ -237,6 +237,36 @@ def test_odd_facts_never_raise(facts: dict) -> None:
         assert set(breakdown(p, "forward", first)) == set(CATEGORIES)
 
 
+_odd = _json | st.integers(-5, 10**12) | st.floats(allow_nan=True, allow_infinity=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(-5, 10**9),
+    _json
+    | st.fixed_dictionaries(
+        {}, optional={k: _odd for k in ("bytes", "saved_bytes", "amp_copy_bytes", "at")}
+    ),
+    st.lists(
+        _json
+        | st.fixed_dictionaries(
+            {},
+            optional={k: _odd for k in ("bytes", "out_bytes", "max_tensor_bytes", "no_backward")},
+        ),
+        max_size=4,
+    ),
+)
+def test_odd_measured_activations_never_raise(saved: int, peak: object, modules: list) -> None:
+    """``forward_peak`` and the modules come from the training process: any JSON there
+    gives a prediction, never an exception or a negative figure."""
+    act = {"source": "measured", "bytes": saved, "forward_peak": peak, "modules": modules}
+    p = predict({"activations": act})
+    for first in (True, False):
+        for name in ("forward", "backward", "eval"):
+            assert all(v >= 0 for v in breakdown(p, name, first).values())
+    assert 0 <= p.peak_at["forward"] <= 1
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.fixed_dictionaries(

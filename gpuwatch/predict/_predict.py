@@ -413,16 +413,27 @@ def _add_layout(
     """
     if not (
         lay.persistent or lay.forward or lay.held or lay.backward or lay.grads_in_buckets
-    ) and not (lay.forward_units or lay.backward_units):
+    ) and not (lay.forward_units or lay.backward_units or lay.grad_bytes is not None):
         return
 
-    def add(b: Breakdown, extra: dict[str, int]) -> Breakdown:
+    def add(b: Breakdown, extra: dict[str, int], where: str = "") -> Breakdown:
+        """``b`` with the layout's buffers; ``where`` (ZeRO's gradients): ``held`` from
+        the backward's end to the step's peak, ``after`` the step, else ``""``."""
         out = dict(b)  # a copy: one breakdown may stand for several moments
         for part in (lay.persistent, extra):
             for k, v in part.items():
                 out[k] = out.get(k, 0) + v
         if lay.grads_in_buckets:
             out[GRADIENTS] = 0  # views of the buckets, counted there
+        if lay.grad_bytes is not None:
+            # ZeRO: this rank's gradient partition replaces the model's gradients.
+            own = out.get(GRADIENTS, 0)
+            if where == "held" or lay.grads_from_start:
+                out[GRADIENTS] = lay.grad_bytes
+            elif where == "after":
+                out[GRADIENTS] = 0  # the step freed the partition
+            elif lay.grads_reduced_early:
+                out[GRADIENTS] = min(own, lay.grad_bytes)
         return out
 
     none: dict[str, int] = {}
@@ -437,12 +448,20 @@ def _add_layout(
             peak, end = lay.forward, lay.held
         elif name == "backward":
             start, peak = lay.held, backward
-        at_peak = add(pm.peak, peak)
+        # Where ZeRO's gradient partition is alive (see ``add``), by moment.
+        before = "held" if name in (CLIP, "optimizer.step") else ""
+        before = "after" if name == "zero_grad" else before
+        after = "after" if name in ("optimizer.step", "zero_grad") else ""
+        at_peak = add(pm.peak, peak, before)
         # FSDP: the peak may instead be at one unit's collectives, mid-phase.
         for moment in _unit_moments(name, pm, lay):
             if total(moment) > total(at_peak):
                 at_peak = add(moment, none)
-        phases[name, first] = PhaseMemory(add(pm.start, start), at_peak, add(pm.end, end))
+        phases[name, first] = PhaseMemory(
+            add(pm.start, start, before),
+            at_peak,
+            add(pm.end, end, "held" if name in ("backward", CLIP) else after),
+        )
     for first, b in list(accumulating.items()):
         accumulating[first] = add(b, backward)
 

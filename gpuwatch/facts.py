@@ -10,6 +10,7 @@ file too. Standard library only: the training side imports this.
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypedDict
 
 FACTS_VERSION = 1
@@ -268,3 +269,13 @@ class Facts(TypedDict, total=False):
     activations: ActivationFacts
     parallel: ParallelFacts
     errors: list[str]
+
+
+def fact_int(v: Any) -> int:
+    """A whole-number fact read defensively (facts may be hostile): a bool, a non-number,
+    NaN or an infinity is 0 (``int(float("inf"))`` raises)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return 0
+    if isinstance(v, float) and not math.isfinite(v):
+        return 0
+    return int(v)

@@ -53,7 +53,7 @@ RANK_INFO = (
     "slurm_nodelist",
 )
 
-STRATEGIES = ("ddp", "fsdp2", "fsdp1", "tp", "device_map", "none")
+STRATEGIES = ("ddp", "fsdp2", "fsdp1", "zero", "tp", "device_map", "none")
 """The ``strategy`` values of the layout facts (``docs/facts.md``); the label is also
 ``unknown`` before a process sends facts and ``other`` for any other string."""
 
@@ -471,6 +471,7 @@ class _Who:
         layout = facts.get("parallel") if facts is not None else None
         layout = layout if isinstance(layout, dict) else {}
         fsdp = layout.get("fsdp") if isinstance(layout.get("fsdp"), dict) else {}
+        zero = layout.get("zero") if isinstance(layout.get("zero"), dict) else {}
         if facts is None:
             strategy = "unknown"  # no facts yet: the layout is not known
         else:
@@ -487,7 +488,8 @@ class _Who:
             local_rank=_count(hello.get("local_rank")),
             world_size=world,
             strategy=strategy,
-            shard_size=_count(fsdp.get("mesh_size")),
+            # ZeRO divides the states by its partition count: its shard size.
+            shard_size=_count(fsdp.get("mesh_size")) or _count(zero.get("partition_count")),
             replicate_size=_count(fsdp.get("replicate_size")),
             job=tuple(label_text(sched.get(k)) for k in JOB),
             slurm_procid=label_text(sched.get("slurm_procid")),

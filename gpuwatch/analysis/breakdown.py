@@ -45,6 +45,9 @@ PART_ORDER = (
     "ddp_buckets",
     "fsdp_unsharded",
     "fsdp_reduce",
+    "zero_master",
+    "zero_buckets",
+    "zero_gathered",
     "unexplained",
 )
 """Bar segments from the left; ``free`` fills the rest up to the device total."""

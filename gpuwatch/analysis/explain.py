@@ -154,6 +154,9 @@ def labels(prediction: pr.Prediction, phase: str) -> dict[str, tuple[str, str]]:
         "ddp_buckets": ("DDP gradient buckets", "layout"),
         "fsdp_unsharded": ("FSDP all-gathered units", "layout"),
         "fsdp_reduce": ("FSDP unsharded gradients and reduce-scatter", "layout"),
+        "zero_master": ("ZeRO fp32 master partition", "layout"),
+        "zero_buckets": ("ZeRO contiguous gradient buckets", "layout"),
+        "zero_gathered": ("ZeRO-3 gathered parameters", "layout"),
     }
 
 

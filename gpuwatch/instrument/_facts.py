@@ -26,7 +26,14 @@ from ..facts import (
     BatchFacts,
     Facts,
 )
-from ._layout import local, local_bytes, parallel_facts, param_owner, sharded_parameters
+from ._layout import (
+    ZERO_OPTIMIZERS,
+    local,
+    local_bytes,
+    parallel_facts,
+    param_owner,
+    sharded_parameters,
+)
 
 
 def _dtype(t: Any) -> str:
@@ -145,7 +152,32 @@ def _impl(optimizer: Any) -> tuple[str | None, bool]:
     return ("foreach" if auto else "for-loop"), False
 
 
-def _optimizer(optimizer: Any) -> dict[str, Any]:
+def _zero_flat(wrapper: Any) -> dict[int, list[Any]] | None:
+    """DeepSpeed ZeRO's fp32 partitions by the inner optimizer's group, or None for
+    another optimizer. They are what it steps, though stage 3 lists them in its groups only
+    during its step (``stage3.py``, ``_optimizer_step``) and none requires grad (the
+    wrapper sets their ``.grad``)."""
+    names = {c.__name__ for c in type(wrapper).__mro__}
+    if not names & set(ZERO_OPTIMIZERS):
+        return None
+    if "DeepSpeedZeroOptimizer_Stage3" not in names:
+        flats = getattr(wrapper, "single_partition_of_fp32_groups", None) or []
+        return {i: [t] for i, t in enumerate(flats)}
+    out: dict[int, list[Any]] = {}
+    to_group = getattr(wrapper, "sub_group_to_group_id", None) or {}
+    for i, t in enumerate(getattr(wrapper, "fp32_partitioned_groups_flat", None) or []):
+        out.setdefault(int(to_group.get(i, 0)), []).append(t)
+    return out
+
+
+def _optimizer(optimizer: Any, flat: dict[int, list[Any]] | None = None) -> dict[str, Any]:
+    """The optimizer's facts.
+
+    Args:
+        optimizer: A ``torch.optim.Optimizer``-like object.
+        flat: The parameters of each group where a framework steps its own flat
+            partitions (:func:`_zero_flat`): every one counts as trainable.
+    """
     cls = type(optimizer)
     defaults = getattr(optimizer, "defaults", {}) or {}
     options = {k: _scalar(v) for k, v in defaults.items() if k != "params"}
@@ -160,8 +192,8 @@ def _optimizer(optimizer: Any) -> dict[str, Any]:
             for k in ("weight_decay", "momentum", "nesterov", "amsgrad", "lr")
             if k in group and _scalar(group.get(k)) is not None
         }
-        for p in group.get("params", []):
-            if not getattr(p, "requires_grad", False):
+        for p in group.get("params", []) if flat is None else flat.get(gi, []):
+            if flat is None and not getattr(p, "requires_grad", False):
                 frozen += 1  # no gradient: step() skips it and makes no state for it
                 continue
             key = (gi, _device(p), _dtype(p))
@@ -473,6 +505,7 @@ def collect_facts(
     amp_dtype: Any = None,
     checkpointing: bool | None = None,
     wrapper: Any = None,
+    optimizer_wrapper: Any = None,
 ) -> Facts:
     """Read the facts the predictor needs from a model and its optimizer, once.
 
@@ -485,7 +518,10 @@ def collect_facts(
         checkpointing: Whether the layers run under activation checkpointing; None reads
             it from the model where it can (HF ``is_gradient_checkpointing``).
         wrapper: The object the user gave ``watch()`` when it wraps ``model``
-            (``DistributedDataParallel``, FSDP1): the parallel layout is read from it.
+            (``DistributedDataParallel``, FSDP1, DeepSpeed's engine): the parallel layout
+            is read from it.
+        optimizer_wrapper: The optimizer as the user gave it when ``optimizer`` is the
+            torch optimizer inside it (DeepSpeed's ZeRO optimizer): ZeRO's facts.
 
     Returns:
         The facts dict (schema ``docs/facts.md``); parts that failed are listed in
@@ -511,12 +547,12 @@ def collect_facts(
     part("params", _params, param_owner(model, wrapper))
     part("buffers", lambda m: _groups(m.buffers(), trainable=False), model)
     if optimizer is not None:
-        part("optimizer", _optimizer, optimizer)
+        part("optimizer", lambda o: _optimizer(o, _zero_flat(optimizer_wrapper)), optimizer)
     amp = None if amp_dtype is None else str(amp_dtype).replace("torch.", "")
     facts["amp"] = {"dtype": amp, "source": "argument" if amp else None}
     part("checkpointing", _checkpointing, model, checkpointing)
     part("transformer", _transformer, model)
-    part("parallel", parallel_facts, model, wrapper)
+    part("parallel", parallel_facts, model, wrapper, optimizer_wrapper)
     if errors:
         facts["errors"] = errors
     return facts

@@ -1,15 +1,17 @@
-"""Facts of the parallel layout: how DDP, FSDP or a device map divides the model on a rank.
+"""Facts of the parallel layout: how DDP, FSDP, DeepSpeed ZeRO or a device map divides the
+model on a rank.
 
 Read once, with the model facts (``docs/facts.md``, ``parallel``), from the live objects:
 the wrapper the user built (``DistributedDataParallel``, FSDP1's
 ``FullyShardedDataParallel``), the modules ``fully_shard`` (FSDP2) turned into
-``FSDPModule`` subclasses, and the parameters themselves (DTensor shards, devices). Every
-size is what *this rank* holds (a DTensor's local shard, never its global ``numel()``),
-except the ``unsharded`` figures, which are what an all-gather makes.
+``FSDPModule`` subclasses, DeepSpeed's engine and ZeRO optimizer, and the parameters
+themselves (DTensor shards, ZeRO-3 partitions, devices). Every size is what *this rank*
+holds (a DTensor's local shard, a ZeRO-3 parameter's ``ds_tensor``, never the global
+``numel()``), except the ``unsharded`` figures, which are what an all-gather makes.
 
-Classes are recognised by name, so nothing here imports ``torch.distributed``: a run that
-does not use it never loads it. It never raises into training (the caller,
-``_facts.collect_facts``, names what failed under ``errors``).
+Classes are recognised by name, so nothing here imports ``torch.distributed`` or
+``deepspeed``: a run that does not use them never loads them. It never raises into
+training (the caller, ``_facts.collect_facts``, names what failed under ``errors``).
 """
 
 from __future__ import annotations
@@ -21,15 +23,34 @@ from ..facts import MAX_UNITS
 
 
 def local(t: Any) -> Any:
-    """The tensor this rank holds: a DTensor's local shard, else ``t``."""
+    """The tensor this rank holds: a DTensor's local shard, a released ZeRO-3 parameter's
+    partition (``ds_tensor``; its ``data`` is then empty), else ``t``."""
     inner = getattr(t, "_local_tensor", None)
-    return inner if inner is not None else t
+    if inner is not None:
+        return inner
+    part = getattr(t, "ds_tensor", None)
+    if part is not None and _numel(t) == 0:
+        return part
+    return t
+
+
+def _numel(t: Any) -> int:
+    try:
+        return int(t.numel())
+    except Exception:
+        return 0
 
 
 def local_bytes(t: Any) -> int:
-    """Bytes this rank holds for ``t`` (its local shard for a DTensor)."""
-    t = local(t)
-    return int(t.numel()) * int(t.element_size())
+    """Bytes this rank holds for ``t`` (its local shard for a DTensor; for a ZeRO-3
+    parameter its partition, plus the whole parameter while it is gathered: persistent
+    parameters stay so, ``stage3_param_persistence_threshold``)."""
+    base = local(t)
+    n = int(base.numel()) * int(base.element_size())
+    part = getattr(base, "ds_tensor", None)
+    if part is not None:
+        n += int(part.numel()) * int(part.element_size())
+    return n
 
 
 def _fsdp_groups(mod: Any) -> list[Any]:
@@ -255,6 +276,177 @@ def _tensor_parallel(model: Any, fsdp_mesh: int | None) -> dict[str, Any] | None
     }
 
 
+ZERO_OPTIMIZERS = ("DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3")
+"""DeepSpeed's ZeRO optimizer wrappers (``runtime/zero/stage_1_and_2.py``, ``stage3.py``)."""
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else None
+    except Exception:
+        return None
+
+
+def _sum_bytes(tensors: Any) -> int:
+    total = 0
+    for t in tensors or []:
+        try:
+            total += int(t.numel()) * int(t.element_size())
+        except Exception:
+            continue
+    return total
+
+
+def _zero_options(cfg: Any, opt: Any) -> dict[str, Any]:
+    """ZeRO's options: the engine's ``DeepSpeedZeroConfig`` (``runtime/zero/config.py``)
+    where there is one, else what the optimizer wrapper keeps of them."""
+    off = getattr(opt, "parameter_offload", None)  # stage 3's parameter coordinator
+    if cfg is not None:
+        found = {
+            "reduce_bucket_size": getattr(cfg, "reduce_bucket_size", None),
+            "allgather_bucket_size": getattr(cfg, "allgather_bucket_size", None),
+            "stage3_prefetch_bucket_size": getattr(cfg, "prefetch_bucket_size", None),
+            "stage3_max_live_parameters": getattr(cfg, "max_live_parameters", None),
+            "stage3_param_persistence_threshold": getattr(cfg, "param_persistence_threshold", None),
+            "contiguous_gradients": getattr(cfg, "contiguous_gradients", None),
+            "overlap_comm": getattr(cfg, "overlap_comm", None),
+        }
+    else:
+        found = {
+            "reduce_bucket_size": getattr(opt, "reduce_bucket_size", None),
+            "allgather_bucket_size": getattr(opt, "allgather_bucket_size", None),
+            "stage3_prefetch_bucket_size": getattr(off, "_prefetch_bucket_sz", None),
+            "stage3_max_live_parameters": getattr(off, "_max_available_parameters_in_numel", None),
+            "stage3_param_persistence_threshold": getattr(
+                off, "param_numel_persistence_threshold", None
+            ),
+            "contiguous_gradients": getattr(opt, "contiguous_gradients", None),
+            "overlap_comm": getattr(opt, "overlap_comm", None),
+        }
+    # What the optimizer does wins over the configuration (stage 1/2 turns contiguous
+    # gradients on under CPU offload, ``stage_1_and_2.py`` __init__).
+    for key in ("contiguous_gradients", "overlap_comm"):
+        if isinstance(getattr(opt, key, None), bool):
+            found[key] = getattr(opt, key)
+    out: dict[str, Any] = {}
+    for key, value in found.items():
+        if key in ("contiguous_gradients", "overlap_comm"):
+            if value is not None:
+                out[key] = bool(value)
+        elif _int(value) is not None:
+            out[key] = _int(value)
+    return out
+
+
+def _offload(cfg: Any, opt: Any, stage: int) -> tuple[str | None, str | None]:
+    """Where ZeRO offloads the optimizer states and the parameters (``cpu``, ``nvme``)."""
+
+    def device(conf: Any) -> str | None:
+        dev = getattr(conf, "device", None) if conf is not None else None
+        name = str(getattr(dev, "value", dev) or "").lower()
+        return name if name in ("cpu", "nvme") else None
+
+    opt_dev = device(getattr(cfg, "offload_optimizer", None))
+    par_dev = device(getattr(cfg, "offload_param", None))
+    if opt_dev is None and (
+        getattr(opt, "cpu_offload", False) is True
+        or getattr(opt, "offload_optimizer", False) is True
+    ):
+        opt_dev = "cpu"
+    if par_dev is None and stage == 3 and getattr(opt, "offload_param", False) is True:
+        par_dev = "cpu"
+    return opt_dev, par_dev
+
+
+def _zero(engine: Any, opt: Any, model: Any) -> dict[str, Any] | None:
+    """DeepSpeed ZeRO: the stage, the partition count, the buckets, offload and this rank's
+    partitions (``docs/facts.md``, ``parallel.zero``), from the engine, its optimizer
+    wrapper, or (stage 3 alone) the partitioned parameters."""
+    cfg = getattr(getattr(engine, "_config", None), "zero_config", None)
+    stage = None
+    if engine is not None:
+        try:
+            stage = int(engine.zero_optimization_stage())
+        except Exception:
+            stage = _int(getattr(cfg, "stage", None))
+    names = _classes(opt) if opt is not None else set()
+    if stage is None and "DeepSpeedZeroOptimizer_Stage3" in names:
+        stage = 3
+    elif stage is None and "DeepSpeedZeroOptimizer" in names:
+        stage = 2 if getattr(opt, "partition_gradients", False) else 1
+    params = list(model.parameters())
+    partitioned = [p for p in params if getattr(p, "ds_tensor", None) is not None]
+    if stage is None and partitioned:
+        stage = 3
+    if not stage:
+        return None
+    out: dict[str, Any] = {"stage": stage}
+    count = getattr(opt, "partition_count", None)
+    count = count[0] if isinstance(count, (list, tuple)) and count else count
+    if _int(count) is None and partitioned:
+        try:
+            count = partitioned[0].ds_process_group.size()
+        except Exception:
+            count = None
+    if _int(count) is not None:
+        out["partition_count"] = _int(count)
+    options = _zero_options(cfg, opt)
+    if stage < 3:  # stage 3's own options mean nothing below it
+        options = {k: v for k, v in options.items() if not k.startswith("stage3_")}
+    out.update(options)
+    out["offload_optimizer"], out["offload_param"] = _offload(cfg, opt, stage)
+    dtype = getattr(opt, "dtype", None)
+    if dtype is None and engine is not None:
+        try:
+            dtype = (
+                "bfloat16"
+                if engine.bfloat16_enabled()
+                else "float16"
+                if engine.fp16_enabled()
+                else "float32"
+            )
+        except Exception:
+            dtype = None
+    out["dtype"] = _dtype(dtype)
+    if stage < 3 and opt is not None:
+        # The fp32 master copy of this rank's partition (``single_partition_of_fp32_groups``,
+        # a clone even in fp32) and the partition's size in elements (``partition_size``).
+        out["master_bytes"] = _sum_bytes(getattr(opt, "single_partition_of_fp32_groups", None))
+        sizes = getattr(opt, "partition_size", None) or []
+        out["partition_numel"] = sum(_int(n) or 0 for n in sizes)
+    elif opt is not None:
+        # Stage 3's fp32 partitions are the bit16 ones themselves where the dtypes agree
+        # (``_create_fp32_partitions``): only a separate copy counts.
+        same = {t.data_ptr() for t in getattr(opt, "fp16_partitioned_groups_flat", None) or []}
+        out["master_bytes"] = _sum_bytes(
+            t
+            for t in getattr(opt, "fp32_partitioned_groups_flat", None) or []
+            if t.data_ptr() not in same
+        )
+        out["grad_partition_bytes"] = _sum_bytes(
+            [getattr(opt, "grad_partitions_flat_buffer", None)]
+            if getattr(opt, "grad_partitions_flat_buffer", None) is not None
+            else []
+        )
+    if partitioned:
+        # Stage 3: what an all-gather makes (``ds_numel``), this rank's partitions, and the
+        # persistent parameters that stay gathered (``ds_persist``).
+        out["unsharded_bytes"] = sum(
+            (_int(getattr(p, "ds_numel", 0)) or 0) * int(p.element_size()) for p in partitioned
+        )
+        out["partition_bytes"] = _sum_bytes(p.ds_tensor for p in partitioned)
+        out["partition_numel"] = sum(_numel(p.ds_tensor) for p in partitioned)
+        out["persistent_bytes"] = sum(
+            (_int(getattr(p, "ds_numel", 0)) or 0) * int(p.element_size())
+            for p in partitioned
+            if getattr(p, "ds_persist", False) is True
+        )
+        out["largest_param_bytes"] = max(
+            (_int(getattr(p, "ds_numel", 0)) or 0) * int(p.element_size()) for p in partitioned
+        )
+    return out
+
+
 def _devices(model: Any) -> dict[str, int]:
     """Bytes of parameters and buffers on each device (this rank's shards)."""
     out: dict[str, int] = {}
@@ -264,13 +456,16 @@ def _devices(model: Any) -> dict[str, int]:
     return out
 
 
-def parallel_facts(model: Any, wrapper: Any = None) -> dict[str, Any] | None:
+def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> dict[str, Any] | None:
     """The ``parallel`` facts of ``model`` (``docs/facts.md``), or None for one device and
     no process group.
 
     Args:
         model: The model (wrappers removed).
-        wrapper: What the user passed to ``watch()`` (DDP, FSDP1, the model itself).
+        wrapper: What the user passed to ``watch()`` (DDP, FSDP1, DeepSpeed's engine, the
+            model itself).
+        optimizer: The optimizer as the user passed it (DeepSpeed's ZeRO wrapper, not the
+            torch optimizer inside it).
     """
     rank, world = _world()
     out: dict[str, Any] = {"strategy": "none"}
@@ -294,7 +489,18 @@ def parallel_facts(model: Any, wrapper: Any = None) -> dict[str, Any] | None:
         if "FullyShardedDataParallel" in _classes(m) and all(m is not w for w in fsdp1):
             fsdp1.append(m)
     fsdp2 = _fsdp2(model)
-    if ddp is not None:
+    engine = next((w for w in chain if "DeepSpeedEngine" in _classes(w)), None)
+    zopt = optimizer if _classes(optimizer) & set(ZERO_OPTIMIZERS) else None
+    if zopt is None and engine is not None:
+        inner = getattr(engine, "optimizer", None)
+        zopt = inner if _classes(inner) & set(ZERO_OPTIMIZERS) else None
+    zero = _zero(engine, zopt, model) if engine is not None or zopt is not None else None
+    if zero is None and any(getattr(p, "ds_tensor", None) is not None for p in model.parameters()):
+        zero = _zero(None, None, model)  # watch(engine.module) alone, stage 3
+    if zero is not None:
+        out["strategy"] = "zero"
+        out["zero"] = zero
+    elif ddp is not None:
         out["strategy"] = "ddp"
         out["ddp"] = _ddp(ddp)
     elif fsdp2 is not None:

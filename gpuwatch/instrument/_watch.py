@@ -29,6 +29,7 @@ _WRAPPERS = {
     "DataParallel": "module",
     "OptimizedModule": "_orig_mod",
     "FullyShardedDataParallel": "_fsdp_wrapped_module",
+    "DeepSpeedEngine": "module",
 }
 """Wrapper classes and the submodule through which each reaches the model."""
 
@@ -39,6 +40,9 @@ class _Watched:
     def __init__(self, model: Any, optimizer: Any, amp_dtype: Any, checkpointing: Any) -> None:
         self.model = weakref.ref(model)
         self.optimizer = optimizer
+        # The optimizer as given, where a framework wraps the torch one (DeepSpeed's ZeRO
+        # optimizer holds the layout's facts).
+        self.optimizer_wrapper: Any = None
         self.amp_dtype = amp_dtype
         self.checkpointing = checkpointing
         self.batch: dict[str, Any] | None = None
@@ -85,6 +89,9 @@ def watch(
     """
     global _primary
     try:
+        if optimizer is None and type(model).__name__ == "DeepSpeedEngine":
+            optimizer = getattr(model, "optimizer", None)  # built by deepspeed.initialize
+        given = optimizer
         optimizer = _unwrap_optimizer(optimizer)
         with _lock:
             current = _primary
@@ -103,6 +110,8 @@ def watch(
                 watched = _primary = _Watched(model, optimizer, amp_dtype, checkpointing)
                 fresh = True
                 _reset_activations()  # a new model: its first training forward is measured
+            if given is not optimizer:
+                watched.optimizer_wrapper = given
         if phases and _auto.install():
             _auto.hook_module(model, compiled_later=not _compiled(model))
             _arm_activations()
@@ -361,6 +370,7 @@ def _send(watched: _Watched) -> None:
             watched.optimizer,
             amp_dtype=watched.amp_dtype,
             checkpointing=watched.checkpointing,
+            optimizer_wrapper=watched.optimizer_wrapper,
             **wrapped,
         )
         if watched.batch:

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..facts import fact_int
+
 BNB_BLOCK = 256
 """bitsandbytes' block size for block-wise 8-bit states (``Optimizer2State.init_state``)."""
 
@@ -62,10 +64,6 @@ class OptimizerMemory:
     notes: list[str] = field(default_factory=list)
     state_name: str = "optimizer state"
     temp_name: str = "step temporaries"
-
-
-def _n(v: Any) -> int:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
 
 def _pairs_peak(sizes: list[int]) -> int:
@@ -103,7 +101,7 @@ def _adam(g: _Group) -> tuple[int, int | None]:
     if g.impl == "foreach":
         return state, _pairs_peak(g.sizes)
     if g.impl == "for-loop":
-        loop = max((_n(b.get("loop_peak_bytes")) for b in g.buckets), default=0)
+        loop = max((fact_int(b.get("loop_peak_bytes")) for b in g.buckets), default=0)
         return state, (loop or 2 * g.big + g.second) + (g.big if coupled_wd else 0)
     return state, None
 
@@ -121,15 +119,15 @@ def _sgd(g: _Group) -> tuple[int, int | None]:
 def _adafactor(g: _Group) -> tuple[int, int | None]:
     state = 0
     for b in g.buckets:
-        elt = _n(b.get("bytes")) // max(1, _n(b.get("count"))) or 4
-        state += (_n(b.get("factored_count")) + _n(b.get("vector_count"))) * elt
+        elt = fact_int(b.get("bytes")) // max(1, fact_int(b.get("count"))) or 4
+        state += (fact_int(b.get("factored_count")) + fact_int(b.get("vector_count"))) * elt
     return state + g.steps, _pairs_peak(g.sizes) if g.impl == "foreach" else g.big + g.second
 
 
 def _adam_8bit(g: _Group) -> tuple[int, int | None]:
     state = 0
     for b in g.buckets:
-        count, small = _n(b.get("count")), _n(b.get("small_count"))
+        count, small = fact_int(b.get("count")), fact_int(b.get("small_count"))
         big_count = max(0, count - small)
         blocks = -(-big_count // BNB_BLOCK)
         state += 2 * big_count + 2 * 4 * blocks + 2 * 4 * small
@@ -224,7 +222,7 @@ def optimizer_memory(opt: dict[str, Any] | None, device: str | None = None) -> O
         for g in opt.get("groups") or []
         if isinstance(g, dict) and (device is None or g.get("device") == device)
     ]
-    mem = OptimizerMemory(kind=kind, present=_n(opt.get("state_bytes")) > 0)
+    mem = OptimizerMemory(kind=kind, present=fact_int(opt.get("state_bytes")) > 0)
     cls = str(opt.get("class") or kind)[:40]
     mem.state_name = f"{cls} state"
     spec = KINDS.get(kind)
@@ -232,12 +230,12 @@ def optimizer_memory(opt: dict[str, Any] | None, device: str | None = None) -> O
     mem.temp_name = (temp or f"{cls} step temporaries").format(cls)
     by_group: dict[int, list[dict[str, Any]]] = {}
     for g in groups:
-        by_group.setdefault(_n(g.get("group")), []).append(g)
+        by_group.setdefault(fact_int(g.get("group")), []).append(g)
 
     temps: list[int] = []
     for buckets in by_group.values():
         if spec is None:
-            mem.state += _n(opt.get("state_bytes"))
+            mem.state += fact_int(opt.get("state_bytes"))
             continue
         on_device_step = bool(options.get("fused") or options.get("capturable")) or any(
             str(b.get("device", "")).startswith("cpu") for b in buckets
@@ -247,10 +245,10 @@ def optimizer_memory(opt: dict[str, Any] | None, device: str | None = None) -> O
             options,
             impl,
             kind,
-            sizes=[_n(b.get("bytes")) for b in buckets],
-            big=max((_n(b.get("max_tensor_bytes")) for b in buckets), default=0),
-            second=max((_n(b.get("second_tensor_bytes")) for b in buckets), default=0),
-            steps=sum(_n(b.get("tensors")) for b in buckets) * 4 if on_device_step else 0,
+            sizes=[fact_int(b.get("bytes")) for b in buckets],
+            big=max((fact_int(b.get("max_tensor_bytes")) for b in buckets), default=0),
+            second=max((fact_int(b.get("second_tensor_bytes")) for b in buckets), default=0),
+            steps=sum(fact_int(b.get("tensors")) for b in buckets) * 4 if on_device_step else 0,
         )
         state, step_temp = spec.rule(group)
         mem.state += state

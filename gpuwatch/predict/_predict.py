@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..facts import Facts
+from ..facts import Facts, fact_int
 from ._graph import (
     ACTIVATIONS,
     AMP_COPIES,
@@ -115,10 +115,6 @@ def total(b: Breakdown) -> int:
     return sum(b.values())
 
 
-def _n(v: Any) -> int:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
-
-
 def _dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
@@ -127,8 +123,8 @@ def _device_type(facts: dict[str, Any]) -> str:
     groups = _dict(facts.get("params")).get("groups") or []
     best, size = "cuda", -1
     for g in groups:
-        if isinstance(g, dict) and _n(g.get("bytes")) > size:
-            best, size = str(g.get("device", "cuda")).split(":")[0], _n(g.get("bytes"))
+        if isinstance(g, dict) and fact_int(g.get("bytes")) > size:
+            best, size = str(g.get("device", "cuda")).split(":")[0], fact_int(g.get("bytes"))
     return best
 
 
@@ -144,7 +140,7 @@ def _clip_norms(facts: dict[str, Any]) -> int:
     CUDA."""
     groups = _dict(facts.get("params")).get("groups") or []
     count = sum(
-        min(_n(g.get("tensors")), 1 << 20)
+        min(fact_int(g.get("tensors")), 1 << 20)
         for g in groups
         if isinstance(g, dict) and g.get("trainable")
     )
@@ -165,7 +161,7 @@ def _param_elt(facts: dict[str, Any]) -> int:
     for g in _dict(facts.get("params")).get("groups") or []:
         if isinstance(g, dict):
             elt = DTYPE_BYTES.get(str(g.get("dtype", "")).replace("torch.", ""), 4)
-            by[elt] = by.get(elt, 0) + _n(g.get("bytes"))
+            by[elt] = by.get(elt, 0) + fact_int(g.get("bytes"))
     return max(by, key=lambda k: by[k]) if by else 4
 
 
@@ -179,11 +175,11 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     # an encoder with a pooler or a classifier: no LM head, no logits.
     no_lm = bool(image) or tf.get("head") in ("pooler", "classifier", "none")
     need = ("layers", "hidden", "heads") + (() if no_lm else ("vocab",))
-    if not tf or any(_n(tf.get(k)) <= 0 for k in need):
+    if not tf or any(fact_int(tf.get(k)) <= 0 for k in need):
         return None, ["activations unknown: no transformer shape in the facts"]
-    if _n(tf.get("layers")) > MAX_LAYERS:
+    if fact_int(tf.get("layers")) > MAX_LAYERS:
         return None, [f"activations unknown: more than {MAX_LAYERS} layers"]
-    b, s = _n(batch.get("batch")), _n(batch.get("seq"))
+    b, s = fact_int(batch.get("batch")), fact_int(batch.get("seq"))
     if b <= 0 or s <= 0:
         return None, ["activations unknown: no batch shape yet (sent with the first forward)"]
     param_elt = _param_elt(facts)
@@ -206,15 +202,15 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     trainable = {r: bool(v) for r, v in _dict(tf.get("trainable")).items() if r in ROLES}
     ckpt = bool(_dict(facts.get("checkpointing")).get("enabled"))
     arch = Arch(
-        layers=_n(tf["layers"]),
-        hidden=_n(tf["hidden"]),
-        heads=_n(tf["heads"]),
-        vocab=_n(tf["vocab"]),
+        layers=fact_int(tf["layers"]),
+        hidden=fact_int(tf["hidden"]),
+        heads=fact_int(tf["heads"]),
+        vocab=fact_int(tf["vocab"]),
         batch=b,
         seq=s,
-        kv_heads=_n(tf.get("kv_heads")) or None,
-        head_dim=_n(tf.get("head_dim")) or None,
-        intermediate=_n(tf.get("intermediate")) or None,
+        kv_heads=fact_int(tf.get("kv_heads")) or None,
+        head_dim=fact_int(tf.get("head_dim")) or None,
+        intermediate=fact_int(tf.get("intermediate")) or None,
         param_elt=param_elt,
         autocast_elt=autocast_elt,
         device="cpu" if _device_type(facts) == "cpu" else "cuda",
@@ -233,12 +229,14 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         tied=bool(tf.get("tied_embeddings", False)),
         bias=bool(tf.get("bias", mlp != "gated")),
         trainable=trainable,
-        lora_rank=_n(lora.get("rank")),
+        lora_rank=fact_int(lora.get("rank")),
         lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
         checkpointing=ckpt,
         head_transform=bool(tf.get("head_transform")),
         parallel_residual=bool(tf.get("parallel_residual")),
-        image_elements=(_n(image.get("channels")) * _n(image.get("size")) ** 2 if image else 0),
+        image_elements=(
+            fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
+        ),
     )
     if arch.device == "cpu" and arch.attn_dropout > 0 and arch.attention != "eager":
         notes.append("SDPA with dropout on the CPU takes the math path: modelled as eager")
@@ -264,8 +262,8 @@ def predict(facts: Facts) -> Prediction:
     facts = facts if isinstance(facts, dict) else {}
     params = _dict(facts.get("params"))
     buffers = _dict(facts.get("buffers"))
-    weights = _n(params.get("bytes")) + _n(buffers.get("bytes"))
-    grads = _n(params.get("trainable_bytes"))
+    weights = fact_int(params.get("bytes")) + fact_int(buffers.get("bytes"))
+    grads = fact_int(params.get("trainable_bytes"))
     opt = optimizer_memory(_dict(facts.get("optimizer")) or None)
     notes = list(opt.notes)
     arch, arch_notes = arch_from_facts(facts)
@@ -353,7 +351,7 @@ def predict(facts: Facts) -> Prediction:
         zg_start = dict(step_end)
         zg_end = dict(zg_start, **{GRADIENTS: 0})
         phases["zero_grad", first] = PhaseMemory(zg_start, zg_start, zg_end)
-    held = _n(act.get("held_output_bytes")) if measured is not None else 0
+    held = fact_int(act.get("held_output_bytes")) if measured is not None else 0
     if held:
         _hold(phases, accumulating, held)
         notes.append(
@@ -416,16 +414,27 @@ def _add_layout(
     """
     if not (
         lay.persistent or lay.forward or lay.held or lay.backward or lay.grads_in_buckets
-    ) and not (lay.forward_units or lay.backward_units):
+    ) and not (lay.forward_units or lay.backward_units or lay.grad_bytes is not None):
         return
 
-    def add(b: Breakdown, extra: dict[str, int]) -> Breakdown:
+    def add(b: Breakdown, extra: dict[str, int], where: str = "") -> Breakdown:
+        """``b`` with the layout's buffers; ``where`` (ZeRO's gradients): ``held`` from
+        the backward's end to the step's peak, ``after`` the step, else ``""``."""
         out = dict(b)  # a copy: one breakdown may stand for several moments
         for part in (lay.persistent, extra):
             for k, v in part.items():
                 out[k] = out.get(k, 0) + v
         if lay.grads_in_buckets:
             out[GRADIENTS] = 0  # views of the buckets, counted there
+        if lay.grad_bytes is not None:
+            # ZeRO: this rank's gradient partition replaces the model's gradients.
+            own = out.get(GRADIENTS, 0)
+            if where == "held" or lay.grads_from_start:
+                out[GRADIENTS] = lay.grad_bytes
+            elif where == "after":
+                out[GRADIENTS] = 0  # the step freed the partition
+            elif lay.grads_reduced_early:
+                out[GRADIENTS] = min(own, lay.grad_bytes)
         return out
 
     none: dict[str, int] = {}
@@ -440,12 +449,20 @@ def _add_layout(
             peak, end = lay.forward, lay.held
         elif name == "backward":
             start, peak = lay.held, backward
-        at_peak = add(pm.peak, peak)
+        # Where ZeRO's gradient partition is alive (see ``add``), by moment.
+        before = "held" if name in (CLIP, "optimizer.step") else ""
+        before = "after" if name == "zero_grad" else before
+        after = "after" if name in ("optimizer.step", "zero_grad") else ""
+        at_peak = add(pm.peak, peak, before)
         # FSDP: the peak may instead be at one unit's collectives, mid-phase.
         for moment in _unit_moments(name, pm, lay):
             if total(moment) > total(at_peak):
                 at_peak = add(moment, none)
-        phases[name, first] = PhaseMemory(add(pm.start, start), at_peak, add(pm.end, end))
+        phases[name, first] = PhaseMemory(
+            add(pm.start, start, before),
+            at_peak,
+            add(pm.end, end, "held" if name in ("backward", CLIP) else after),
+        )
     for first, b in list(accumulating.items()):
         accumulating[first] = add(b, backward)
 
@@ -524,7 +541,7 @@ def _measurement_notes(act: dict[str, Any]) -> list[str]:
         ("offloaded_bytes", "moved off the device by your saved-tensor hooks"),
         ("opaque_bytes", "packed by your saved-tensor hooks (checkpointing, a custom store)"),
     ):
-        n = _n(act.get(key))
+        n = fact_int(act.get(key))
         if n:
             out.append(f"activations: {_gib(n)} saved and {what}, not counted on the device")
     unseen = [

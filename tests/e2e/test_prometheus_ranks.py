@@ -226,6 +226,15 @@ def test_rank_info_of_a_ddp_rank(session_with_proc: Session) -> None:
     }
 
 
+def test_rank_info_of_zero_shows_its_partition_count(session_with_proc: Session) -> None:
+    send = Sender(session_with_proc, PID)
+    send("hello", END, rank=None, world_size=None)
+    layout = {"strategy": "zero", "rank": 1, "world_size": 4, "zero": {"partition_count": 4}}
+    send("facts", END + MS, facts=facts_with(layout))
+    got = info_of(session_with_proc)
+    assert (got["strategy"], got["shard_size"], got["replicate_size"]) == ("zero", "4", "")
+
+
 def test_rank_info_of_hsdp_and_the_process_groups_rank(session_with_proc: Session) -> None:
     # mp.spawn sets no RANK: the rank and the world come from the process group.
     send = Sender(session_with_proc, PID)
@@ -306,7 +315,7 @@ def test_predicted_categories_split_the_prediction(session_with_proc: Session) -
         s[1]["category"]: s[2]
         for s in find(samples, "gpuwatch_process_predicted_peak_category_bytes")
     }
-    assert set(got) == set(predict.CATEGORIES) and len(got) == 9
+    assert set(got) == set(predict.CATEGORIES) and len(got) == 12
     assert got == {c: peak_parts.get(c, 0) for c in predict.CATEGORIES}
     assert got["ddp_buckets"] > 0 and got["fsdp_unsharded"] == 0
     assert sum(got.values()) == value(samples, "gpuwatch_process_predicted_peak_bytes")

@@ -11,13 +11,16 @@ MIB = 2**20
 KEYS = [
     "strategy", "ddp", "fsdp", "unit_list", "units", "unsharded_bytes", "sharded_bytes",
     "reshard_after_forward", "param_dtype", "reduce_dtype", "gradient_as_bucket_view",
-    "cpu_offload", "mesh_size",
+    "cpu_offload", "mesh_size", "zero", "stage", "partition_numel", "master_bytes",
+    "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "dtype",
+    "grad_partition_bytes", "persistent_bytes", "stage3_max_live_parameters",
+    "stage3_prefetch_bucket_size", "offload_optimizer", "offload_param",
 ]  # fmt: skip
 values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**53), 2**53)
-    | st.sampled_from(["ddp", "fsdp2", "fsdp1", "tp", "bfloat16", "float32"])
+    | st.sampled_from(["ddp", "fsdp2", "fsdp1", "zero", "tp", "bfloat16", "float32", "cpu"])
     | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.sampled_from(KEYS), inner),
     max_leaves=30,
@@ -36,6 +39,8 @@ def _facts(parallel: object) -> dict:
 @given(st.dictionaries(st.sampled_from(KEYS), values, max_size=6))
 @example({"strategy": "fsdp2", "fsdp": {"unit_list": [{"unsharded_bytes": 1}] * 100_000}})
 @example({"strategy": "fsdp2", "fsdp": {"param_dtype": [], "unit_list": [{}]}})
+@example({"strategy": "zero", "zero": {"stage": 3, "reduce_bucket_size": 2**53, "dtype": []}})
+@example({"strategy": "zero", "zero": {"stage": True, "partition_numel": -1}})
 def test_any_parallel_facts_predict_or_say_why(parallel: dict) -> None:
     p = predict(_facts(parallel))
     assert all(total(pm.peak) >= 0 for pm in p.phases.values())
@@ -84,3 +89,66 @@ def test_clip_phase_is_what_backward_left_and_the_norms() -> None:
     assert clip.peak["ddp_buckets"] == 64 * MIB
     step = p.phases["optimizer.step", False]
     assert clip.end["optimizer_state"] == step.start["optimizer_state"]
+
+
+def _zero(stage: int, **extra: object) -> dict:
+    """ZeRO facts as ``_layout`` reads them from a 2-rank engine of a 64 MiB fp32 model."""
+    zero = {
+        "stage": stage,
+        "partition_count": 2,
+        "reduce_bucket_size": 1 << 20,
+        "contiguous_gradients": True,
+        "overlap_comm": False,
+        "dtype": "float32",
+        "master_bytes": 32 * MIB,
+        "partition_numel": 8 * MIB,  # 32 MiB of fp32
+        **extra,
+    }
+    return _facts({"strategy": "zero", "zero": zero})
+
+
+def test_zero2_master_buckets_and_gradient_partition() -> None:
+    p = predict(_zero(2))
+    assert p.layout.strategy == "zero" and p.layout.modelled
+    for pm in p.phases.values():
+        assert pm.start["zero_master"] == pm.peak["zero_master"] == 32 * MIB
+    back = p.phases["backward", False]
+    # The bucket while backward runs; the gradients reduced into the partition as it goes.
+    assert back.peak["zero_buckets"] == 4 * MIB and back.end["zero_buckets"] == 0
+    assert back.peak["gradients"] <= 32 * MIB and back.end["gradients"] == 32 * MIB
+    step = p.phases["optimizer.step", False]
+    assert step.peak["gradients"] == 32 * MIB and step.end["gradients"] == 0
+    assert p.phases["forward", False].peak["gradients"] == 0
+    overlap = predict(_zero(2, overlap_comm=True)).phases["backward", False].peak
+    assert overlap["zero_buckets"] == 8 * MIB  # two buffers to overlap the reduction
+
+
+def test_zero1_keeps_the_whole_gradients_through_backward() -> None:
+    back = predict(_zero(1)).phases["backward", False]
+    assert back.peak["gradients"] == 64 * MIB  # the model's own .grad until the epilogue
+    assert back.end["gradients"] == 32 * MIB
+
+
+def test_zero3_gathered_parameters_are_bounded() -> None:
+    facts = _zero(
+        3,
+        grad_partition_bytes=32 * MIB,
+        unsharded_bytes=64 * MIB,
+        persistent_bytes=MIB,
+        stage3_max_live_parameters=2 * MIB,
+        stage3_prefetch_bucket_size=MIB,
+    )
+    p = predict(facts)
+    fwd = p.phases["forward", False].peak
+    assert fwd["zero_gathered"] == 12 * MIB  # (2 Mi + 1 Mi) fp32 elements
+    assert fwd["gradients"] == 32 * MIB  # the flat partition, made at construction
+    assert fwd["zero_buckets"] == 4 * MIB
+    facts["parallel"]["zero"]["stage3_max_live_parameters"] = 10**9
+    # Never more than the model less its persistent parameters (already in the weights).
+    assert predict(facts).phases["forward", False].peak["zero_gathered"] == 63 * MIB
+
+
+def test_zero_offload_is_named_not_modelled() -> None:
+    p = predict(_zero(2, offload_optimizer="cpu"))
+    assert not p.layout.modelled
+    assert sum("offload not modelled" in n for n in p.notes) == 1

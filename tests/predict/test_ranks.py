@@ -21,13 +21,17 @@ pytestmark = pytest.mark.torch
 TOLERANCE = 0.10
 
 
-def _check(name: str) -> list[dict]:
+PHASES = {"forward", "backward", "clip", "optimizer.step", "zero_grad"}
+ZERO_PHASES = {"forward", "backward", "optimizer.step"}  # engine.step clips and zeroes
+
+
+def _check(name: str, phases_expected: set[str] = PHASES) -> list[dict]:
     results = run_case(name, steps=2)  # the first step and a steady one
     bad = []
     for r in results:
         rows = table(r)
         phases = {p for _, p, _, _ in rows}
-        assert phases == {"forward", "backward", "clip", "optimizer.step", "zero_grad"}
+        assert phases == phases_expected
         for step, phase, truth, pred in rows:
             if abs(pred - truth) > TOLERANCE * truth:
                 bad.append(f"rank {r['rank']} step {step} {phase}: {pred / truth:.2f} of the truth")
@@ -84,3 +88,51 @@ def test_fsdp2_hugging_face_causal_lm() -> None:
     p = predict(results[0]["facts"])
     # At the loss the root's parameters (embedding, norm, LM head) are unsharded.
     assert p.phases["forward", False].peak["fsdp_unsharded"] == units[0]["unsharded_bytes"]
+
+
+def test_zero2_two_ranks() -> None:
+    pytest.importorskip("deepspeed")
+    results = _check("zero2", ZERO_PHASES)
+    for r in results:
+        zero = r["facts"]["parallel"]["zero"]
+        assert r["facts"]["parallel"]["strategy"] == "zero"
+        assert zero["stage"] == 2 and zero["partition_count"] == 2
+        assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 1 << 20
+        # This rank's fp32 master partition: half of the 12.6 M parameters (padded).
+        assert 4 * 12_595_200 // 2 <= zero["master_bytes"] < 4 * 12_595_200 // 2 + 4096
+        p = predict(r["facts"])
+        assert p.layout.modelled
+        assert p.phases["backward", False].peak["zero_buckets"] == 4 << 20
+
+
+def test_zero2_overlap_comm_two_ranks() -> None:
+    pytest.importorskip("deepspeed")
+    (r, _) = _check("zero2-overlap", ZERO_PHASES)
+    assert r["facts"]["parallel"]["zero"]["overlap_comm"] is True
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ZeRO-1: rank 0's backward holds about 20 MiB more than predicted (0.87-0.90),"
+    " not yet explained",
+)
+def test_zero1_two_ranks() -> None:
+    pytest.importorskip("deepspeed")
+    _check("zero1", ZERO_PHASES)
+
+
+def test_zero3_facts_are_this_ranks_partitions() -> None:
+    pytest.importorskip("deepspeed")
+    for r in run_case("zero3", steps=1):
+        facts = r["facts"]
+        zero = facts["parallel"]["zero"]
+        assert zero["stage"] == 3 and zero["partition_count"] == 2
+        whole = 4 * 12_595_200
+        assert zero["unsharded_bytes"] == whole  # ds_numel: what an all-gather makes
+        # The weights are this rank's partitions (and the persistent parameters), never
+        # the global numel.
+        assert facts["params"]["bytes"] < whole // 2 + zero["persistent_bytes"] + 4096
+        assert facts["optimizer"]["groups"], "the fp32 partitions the optimizer steps"
+        p = predict(facts)
+        assert not p.layout.modelled  # short of the truth: said in one note
+        assert sum("ZeRO-3" in n for n in p.notes) == 1

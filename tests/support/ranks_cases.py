@@ -1,7 +1,8 @@
 """One rank of a data-parallel or sharded training run on the CPU, under the profiler truth.
 
 Each case trains a 12-block MLP with AdamW and ``clip_grad_norm_`` for a few steps in a
-layout (DDP, FSDP2 ``fully_shard``), with ``gpuwatch.watch`` describing it as a user's
+layout (DDP, FSDP2 ``fully_shard``, DeepSpeed ZeRO 1-3 where ``deepspeed`` is installed),
+with ``gpuwatch.watch`` describing it as a user's
 script would; the allocator's events (``profmem``) give each phase's true peak on this
 rank, and the facts gpuwatch would send are read back from the client. Ranks run as real
 processes (``torch.multiprocessing`` spawn, gloo over a file store), or as one rank of a
@@ -41,10 +42,20 @@ CASES = {
     # fully_shard as Hugging Face's and torchtitan's examples call it: the policy's own
     # reshard_after_forward (the root keeps its parameters from forward to backward).
     "fsdp2-hf": {"layout": "fsdp2", "world": 2, "model": "hf", "reshard_after_forward": None},
+    # DeepSpeed ZeRO through deepspeed.initialize (where deepspeed is installed): the
+    # engine steps AdamW (torch's) on this rank's partition; small buckets so that they
+    # are neither nothing nor the whole model.
+    "zero1": {"layout": "zero", "world": 2, "stage": 1},
+    "zero2": {"layout": "zero", "world": 2, "stage": 2},
+    "zero2-overlap": {"layout": "zero", "world": 2, "stage": 2, "overlap_comm": True},
+    "zero3": {"layout": "zero", "world": 2, "stage": 3},
 }
 """Name -> how the case is run (``layout``, ``world``, and the layout's options)."""
 
 PHASE_ORDER = ("forward", "backward", "clip", "optimizer.step", "zero_grad")
+
+ZERO_BUCKET = 1 << 20
+"""``reduce_bucket_size`` and ``allgather_bucket_size`` of the ZeRO cases (elements)."""
 
 
 class Block(nn.Module):
@@ -126,6 +137,76 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
     return model
 
 
+def _deepspeed(model: nn.Module, case: dict[str, Any]) -> tuple[Any, Any]:
+    """``deepspeed.initialize`` on the CPU over the process group already up (gloo).
+
+    DeepSpeed's CPU accelerator JIT-builds a shared-memory all-reduce op when its comm
+    backend starts (``deepspeed/comm/torch.py``, ``build_shm_op``): minutes of C++ on a
+    small machine, and a hang behind a lock a killed build leaves. Marking the op
+    incompatible, as DeepSpeed does on platforms without it, keeps gloo's own collectives.
+    """
+    import torch.distributed as dist
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # What a launcher sets and deepspeed.initialize asserts (one host: local = global).
+    os.environ["LOCAL_RANK"] = os.environ["RANK"] = str(dist.get_rank())
+    os.environ["WORLD_SIZE"] = str(dist.get_world_size())
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    zero = {
+        "stage": case["stage"],
+        "reduce_bucket_size": ZERO_BUCKET,
+        "allgather_bucket_size": ZERO_BUCKET,
+        "overlap_comm": bool(case.get("overlap_comm", False)),
+        "stage3_prefetch_bucket_size": ZERO_BUCKET,
+        "stage3_max_live_parameters": 4 * ZERO_BUCKET,
+    }
+    config = {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_force_ds_cpu_optimizer": False,
+        "gradient_clipping": 1.0,
+        "zero_optimization": zero,
+    }
+    engine, opt, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config
+    )
+    return engine, opt
+
+
+def _run_zero(name: str, rank: int, steps: int) -> dict[str, Any]:
+    """A ZeRO case: forward, ``engine.backward`` and ``engine.step`` (which clips and
+    zeroes the gradients itself) under the profiler."""
+    import gpuwatch
+    from gpuwatch.instrument import _api
+
+    case = CASES[name]
+    mem = ProfiledMemory("cpu")
+    mem.start()
+    torch.manual_seed(0)
+    engine, opt = _deepspeed(MLP(), case)
+    gpuwatch.watch(engine, opt)
+    x = _batch(case, rank)
+    for step in range(1, steps + 1):
+        with mem.phase(step, "forward"):
+            loss = _loss(engine, x, case)
+        with mem.phase(step, "backward"):
+            engine.backward(loss)
+        with mem.phase(step, "optimizer.step"):
+            engine.step()
+        del loss
+    truth = mem.stop(None)
+    return {
+        "rank": rank,
+        "facts": _api._state.client.facts,
+        "truth": {f"{s}:{p}": v for (s, p), v in truth.peaks.items()},
+        "orphan_bytes": truth.orphan_bytes,
+    }
+
+
 def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
     """Train ``steps`` steps of case ``name`` on this rank (its process group is up).
 
@@ -136,6 +217,8 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
     from gpuwatch.instrument import _api
 
     case = CASES[name]
+    if case["layout"] == "zero":
+        return _run_zero(name, rank, steps)
     mem = ProfiledMemory("cpu")
     mem.start()
     torch.manual_seed(0)

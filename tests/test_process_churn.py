@@ -12,6 +12,7 @@ import pytest
 import gpuwatch.store.writer as writer_module
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
+from gpuwatch.session.filed import FiledTable
 from gpuwatch.sources.host import HostSampler
 from gpuwatch.store.writer import SessionWriter
 
@@ -38,12 +39,12 @@ def _short_script(s: Session, pid: int, t: int) -> int:
 
 
 def _held(s: Session) -> int:
-    """Rows and room for rows the session's process tables hold in memory."""
-    return sum(
-        getattr(p, kind)._cap
-        for p in s.processes.values()
-        for kind in ("torch", "peaks", "rss", "phases")
-    )
+    """Rows and room for rows the session's process tables hold in memory (a settled
+    process's stand-ins hold none: looking at them must not read them back)."""
+    tables = [
+        getattr(p, k) for p in s.processes.values() for k in ("torch", "peaks", "rss", "phases")
+    ]
+    return sum(0 if isinstance(t, FiledTable) else t._cap for t in tables)
 
 
 def test_ended_processes_keep_a_summary_only(
@@ -61,8 +62,8 @@ def test_ended_processes_keep_a_summary_only(
     writer.sync()
     # Before: every process kept room for a thousand rows of each table (~140 KB each).
     assert _held(s) == 0
-    archives = [st.archive for st in writer._series.values() if st.archive is not None]
-    assert archives and all(a.asleep for a in archives if a.kind != "host")
+    # Neither does the writer keep their series (before: an archive and an index each).
+    assert not [key for key in writer._series if key[0] != "host" and key[0] != "gpu"]
     # What they did is still known: from their tallies, and their rows from the file.
     proc = s.processes[1000 + PROCESSES // 2]
     assert sum(proc.tally.count.values()) == PHASES
@@ -71,10 +72,10 @@ def test_ended_processes_keep_a_summary_only(
         proc.phases.rows(0, PHASES)["t1"].tolist()
     )
     assert s.span_at(proc, int(proc.phases.rows(3, 4)["t0"][0])) is not None
-    woken = writer._series[("phases", str(proc.pid))].archive
-    assert not woken.asleep  # reading its rows brought its index back...
+    assert not isinstance(proc.phases, FiledTable)  # reading its rows read it back...
     writer.sync()
-    assert woken.asleep  # ...until the next commit
+    assert isinstance(proc.phases, FiledTable)  # ...until the next commit
+    assert len(proc.phases) == PHASES and proc.phases.span() is not None
 
     # A commit looks at none of them again: no body made (the sampling rates are one),
     # no row written for them.

@@ -150,6 +150,14 @@ class Table:
             self.archive = archive
         self.version += 1
 
+    def resume(self, archive: Archive) -> None:
+        """Attach the archive holding every row so far (an empty table): new rows follow
+        them."""
+        with self._lock:
+            self.archive = archive
+            self._base, self._n = archive.rows, 0
+        self.version += 1
+
     def archive_grew(self) -> None:
         """The archive holds more rows now: memory may let go of them."""
         self.version += 1

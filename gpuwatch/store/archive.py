@@ -204,6 +204,25 @@ class SeriesArchive:
         self._gen = 0
         self._asleep: tuple[int, int] | None = None  # raw (first, last) while asleep
 
+    @classmethod
+    def dormant(
+        cls,
+        source: ChunkSource,
+        sid: int,
+        kind: str,
+        stored: Sequence[tuple[str, np.dtype]],
+        dtypes: dict[str, np.dtype],
+        rows: int,
+        span: tuple[int, int],
+    ) -> SeriesArchive:
+        """The archive of a series the file holds whole (a settled process's, read again):
+        asleep, its index read the first time a view needs it."""
+        archive = cls(source, sid, kind, stored, dtypes, live=True)
+        archive.rows = rows
+        archive.stats = None
+        archive._asleep = span
+        return archive
+
     # ------------------------------------------------------------------ sleep
 
     @property

@@ -140,3 +140,65 @@ def test_an_instrumented_process_is_described_for_the_processes_tab() -> None:
     HostSampler(s).sample_once()
     info = s.proc_info[os.getpid()]
     assert info["user"] == getpass.getuser() and info["visible"] is True
+
+
+def _churn_bytes(s: Session, writer: SessionWriter | None, count: int) -> float:
+    """Bytes the session (and its writer) hold per process after ``count`` more short
+    scripts ended, measured by tracemalloc."""
+    import gc
+    import tracemalloc
+
+    t = 1_000_000
+    tracemalloc.start()  # before the first ones: what later ones free counts too
+    try:
+        # The first processes, what any session makes once, and as many ended processes
+        # as an unrecorded session keeps whole (KEEP_ENDED): what is measured is what
+        # each further one adds.
+        for pid in range(100, 200):
+            t = _short_script(s, pid, t)
+        if writer is not None:
+            writer.sync()
+        gc.collect()
+        before = tracemalloc.take_snapshot()
+        for pid in range(1000, 1000 + count):
+            t = _short_script(s, pid, t)
+            if writer is not None and pid % 50 == 0:
+                writer.sync()
+        if writer is not None:
+            writer.sync()
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    return sum(d.size_diff for d in after.compare_to(before, "filename")) / count
+
+
+ENDED_BYTES = 4096
+"""What an ended process may keep (issue 23: 5,000 of them within 20 MB)."""
+
+
+def test_an_ended_recorded_process_keeps_a_few_kilobytes(tmp_path: Path) -> None:
+    s = Session()
+    s.bound()
+    writer = SessionWriter(tmp_path / "sweep.gpuwatch", s)
+    try:
+        per = _churn_bytes(s, writer, 300)
+    finally:
+        writer.close()
+    # Before: 24.7 KB each (tables, archives and indexes of four series, writer state).
+    assert per <= ENDED_BYTES, f"{per:.0f} bytes per ended process"
+
+
+def test_an_unrecorded_session_keeps_summaries_of_older_ended_processes() -> None:
+    from gpuwatch.session.session import KEEP_ENDED
+
+    s = Session()
+    s.bound()  # live, not recording
+    per = _churn_bytes(s, None, 600)
+    # Before: every ended process kept its rows (up to 16k a table).
+    assert per <= ENDED_BYTES, f"{per:.0f} bytes per ended process"
+    newest, oldest = s.processes[1000 + 599], s.processes[1000]
+    assert len(newest.phases) == PHASES  # the newest ended keep their rows
+    assert isinstance(oldest.phases, FiledTable) and sum(oldest.tally.count.values()) == PHASES
+    assert len(oldest.phases.snapshot()["t0"]) == 0  # nothing to read back: said so
+    assert any(f"newest {KEEP_ENDED}" in n for n in s.notes)

@@ -31,7 +31,7 @@ class FiledTable:
         reopen: Makes the real table again and puts it in ``proc`` (the session's).
     """
 
-    __slots__ = ("_kind", "_proc", "_reopen", "_rows", "_span")
+    __slots__ = ("_kind", "_proc", "_reopen", "_rows", "_t0", "_t1")
 
     def __init__(
         self,
@@ -44,7 +44,8 @@ class FiledTable:
         self._proc = proc
         self._kind = kind
         self._rows = rows
-        self._span = span
+        # Two slots, not a tuple: thousands of these are kept.
+        self._t0, self._t1 = span if span is not None else (None, None)
         self._reopen = reopen
 
     def __len__(self) -> int:
@@ -52,7 +53,7 @@ class FiledTable:
 
     def span(self) -> tuple[int, int] | None:
         """(first, last) time of its rows, or None when it had none."""
-        return self._span
+        return None if self._t0 is None or self._t1 is None else (self._t0, self._t1)
 
     @property
     def in_memory(self) -> int:

@@ -62,9 +62,13 @@ SILENT_END = 500 * 10**6
 message: a script sends its allocator figures every 50 ms, so a recording stopped while it
 ran keeps it to its end, and one killed is gone half a second later."""
 
-PROCESS_ROWS = 64
-"""Rows a new process's tables have room for (they double as they fill): a sweep of
-thousands of short scripts does not reserve a thousand rows of each table for each."""
+PROCESS_ROWS = 0
+"""Rows a new process's tables have room for (16 at the first row, doubling as they
+fill): a sweep of thousands of short scripts reserves nothing for the tables they leave
+empty, nor does a replay for tables its file fills."""
+
+KEEP_ENDED = 64
+"""Ended processes whose rows an unrecorded bounded session keeps (the newest)."""
 
 KEEP_MARKS = 1024
 """Marks a bounded session keeps in memory (twice that between trims): the newest."""
@@ -274,6 +278,8 @@ class Session:
         self.processes: dict[int, Process] = {}
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
         self._infos: dict[str, dict[str, Any]] = {}  # equal descriptions, shared
+        self._ended_pids: dict[int, None] = {}  # unrecorded: the newest ended, in order
+        self._let_ended_go = False
         self.names: list[str] = []
         self._name_ids: dict[str, int] = {}
         # The newest marks; a bounded session lets older ones go (see _let_marks_go).
@@ -371,6 +377,8 @@ class Session:
         if proc is None:
             return
         with self._lock:
+            if not proc.open:  # let go of the room it grew to
+                proc.open = {}
             for kind in _PROCESS_TABLES:
                 table = getattr(proc, kind)
                 if isinstance(table, FiledTable):
@@ -386,7 +394,7 @@ class Session:
             current = getattr(proc, kind)
             if not isinstance(current, FiledTable):
                 return current
-            table = Table(_PROCESS_TABLES[kind], 16, kind=kind)
+            table = Table(_PROCESS_TABLES[kind], 0, kind=kind)
             reopen = self.reopen
             archive = reopen(kind, str(proc.pid), len(current), current.span()) if reopen else None
             if archive is not None:
@@ -397,11 +405,30 @@ class Session:
 
     def _ended(self, proc: Process) -> None:
         """A process said bye or is gone. Recorded, it is settled once the file holds its
-        rows (:meth:`settle`); unrecorded and bounded, its tables keep summaries only now
-        (what the band and the chart show of it: no exact rows)."""
-        if self.keep_rows is not None and self.reopen is None and self.mark_source is None:
+        rows (:meth:`settle`). Unrecorded and bounded, the newest :data:`KEEP_ENDED` that
+        ended keep their rows; older ones keep their summary only (state and
+        :class:`Tally`): their rows are nowhere to read back from."""
+        if self.keep_rows is None or self.reopen is not None or self.mark_source is not None:
+            return
+        self._ended_pids[proc.pid] = None
+        while len(self._ended_pids) > KEEP_ENDED:
+            pid = next(iter(self._ended_pids))
+            del self._ended_pids[pid]
+            old = self.processes.get(pid)
+            if old is None:
+                continue
+            if not old.open:  # let go of the room it grew to
+                old.open = {}
             for kind in _PROCESS_TABLES:
-                getattr(proc, kind).retain(0)
+                table = getattr(old, kind)
+                if not isinstance(table, FiledTable):
+                    setattr(old, kind, FiledTable(old, kind, 0, None, self._reopen))
+            if not self._let_ended_go:
+                self._let_ended_go = True
+                self.note(
+                    f"not recording: the rows of processes that ended before the newest "
+                    f"{KEEP_ENDED} are let go (their counts remain); record to keep them"
+                )
 
     def bound(self, rows: int | None = KEEP_ROWS) -> None:
         """Keep at most about ``rows`` rows of each table in memory (None: everything).
@@ -1013,13 +1040,13 @@ class Session:
                 if key not in self.devices:
                     self.add_device(Device(key, "gpu", source="recording"))
                 layout = GPU_COLUMNS if kind == "gpu" else GPU_PROC_COLUMNS
-                table = Table(layout, 16 if archive else capacity, kind=kind)
+                table = Table(layout, 0 if archive else capacity, kind=kind)
                 getattr(self, kind)[key] = table
             elif kind == "host":
-                size = 16 if archive else capacity
+                size = 0 if archive else capacity
                 table = self.hosts[key] = Table(HOST_COLUMNS, size, kind=kind)
             elif kind in _PROCESS_TABLES:
-                table = Table(_PROCESS_TABLES[kind], 16 if archive else capacity, kind=kind)
+                table = Table(_PROCESS_TABLES[kind], 0 if archive else capacity, kind=kind)
                 setattr(self._restored_process(int(key)), kind, table)
             else:
                 raise ValueError(f"unknown series kind {kind!r}")

@@ -202,3 +202,50 @@ def test_an_unrecorded_session_keeps_summaries_of_older_ended_processes() -> Non
     assert isinstance(oldest.phases, FiledTable) and sum(oldest.tally.count.values()) == PHASES
     assert len(oldest.phases.snapshot()["t0"]) == 0  # nothing to read back: said so
     assert any(f"newest {KEEP_ENDED}" in n for n in s.notes)
+
+
+def _swept(path: Path, count: int) -> Path:
+    s = Session()
+    s.bound()
+    writer = SessionWriter(path, s)
+    t = 1_000_000
+    for pid in range(1000, 1000 + count):
+        t = _short_script(s, pid, t)
+        if pid % 50 == 0:
+            writer.sync()
+    writer.close()
+    return path
+
+
+def test_info_of_a_sweep_costs_little_per_process(tmp_path: Path) -> None:
+    """``gpuwatch info`` of a recording of many short processes: its peak memory grows
+    by what each process's summary and chunk index need, not by a table each."""
+    import gc
+    import tracemalloc
+
+    from gpuwatch.store.info import summarize_opened
+    from gpuwatch.store.multi import load_many
+
+    def peak(path: Path) -> tuple[int, dict]:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            opened = load_many([str(path)])
+            try:
+                info = summarize_opened(opened)
+            finally:
+                opened.close()
+            return tracemalloc.get_traced_memory()[1], info
+        finally:
+            tracemalloc.stop()
+
+    small, large = _swept(tmp_path / "a.gpuwatch", 50), _swept(tmp_path / "b.gpuwatch", 250)
+    peak(small)  # what any info makes once (imports, caches)
+    a, _ = peak(small)
+    b, info = peak(large)
+    assert len(info["processes"]) == 250
+    assert all(p["phases"] == {"step": PHASES} for p in info["processes"])
+    per = (b - a) / 200
+    # Before: 50 KB a process (tables reserving rows, a layout and an index each); now
+    # 29 KB. Still linear: the loader indexes every series (issue 23 item 6, left).
+    assert per <= 36_000, f"{per:.0f} bytes per process"

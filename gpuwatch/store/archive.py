@@ -154,6 +154,21 @@ class ChunkSource:
             pass
 
 
+_LAYOUTS: dict[tuple[tuple[str, np.dtype], ...], tuple[list, dict[str, int]]] = {}
+
+
+def _stored_layout(
+    stored: tuple[tuple[str, np.dtype], ...],
+) -> tuple[list[tuple[str, np.dtype]], dict[str, int]]:
+    """A stored layout and each column's position, made once for every series of that
+    layout (a recording of thousands of processes has four series each): read-only."""
+    known = _LAYOUTS.get(stored)
+    if known is None:
+        positions = {name: i for i, (name, _) in enumerate(stored)}
+        known = _LAYOUTS.setdefault(stored, (list(stored), positions))
+    return known
+
+
 class SeriesArchive:
     """Rows ``[0, rows)`` of one stored series, read on demand (a table's archive).
 
@@ -181,8 +196,7 @@ class SeriesArchive:
         self.kind = kind
         self.spec = sm.SPECS.get(kind)
         self.primary = SERIES[kind][1]
-        self.stored = [(name, np.dtype(dt)) for name, dt in stored]
-        self._pos = {name: i for i, (name, _) in enumerate(self.stored)}
+        self.stored, self._pos = _stored_layout(tuple((name, np.dtype(dt)) for name, dt in stored))
         self.dtypes = dtypes
         self.live = live
         self.shift = 0

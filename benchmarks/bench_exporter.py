@@ -83,6 +83,16 @@ for line in sys.stdin:  # "N": scrape N times, once a second, then report
 """
 
 
+SCHEDULER = {
+    "slurm_job": "8123456",
+    "slurm_step": "0",
+    "slurm_procid": "0",
+    "slurm_nodelist": "gpu-node-[001-016]",
+    "job_name": "llama-2.7b-pretrain",
+    "torch_run": "8123456",
+}
+
+
 class Trainer(threading.Thread):
     """One instrumented process: hello with facts, then phases at ``steps_per_s``."""
 
@@ -101,13 +111,17 @@ class Trainer(threading.Thread):
     def run(self) -> None:
         shape = ModelShape(layers=32, hidden=2560, heads=32, vocab=50257)
         facts = facts_from_shape(shape, batch=3, seq=1024, precision="fp32", optimizer="adamw")
+        # Two DDP ranks of a Slurm job under torchrun: every job label has a value.
+        facts["parallel"] = {"strategy": "ddp", "rank": self.pid % 2, "world_size": 2, "ddp": {}}
         self.send(
             "hello",
             argv=["train.py"],
             rank=self.pid % 2,
+            local_rank=self.pid % 2,
             world_size=2,
             devices=[{"index": 0, "uuid": self.uuid[4:], "name": "fake", "total": 80 * GIB}],
             facts=facts,
+            scheduler=SCHEDULER,
         )
         span, step = 0, 0
         while not self.stop.is_set():

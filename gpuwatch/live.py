@@ -8,12 +8,16 @@ the recorder and the Prometheus exporter (``--prometheus``) read it.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 from .session import Session
 from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse, lock_owner
 from .sources.host import HostSampler
+
+RANKS_EVERY = 1.0
+"""Seconds between two looks at the ranks for faults to mark (see :class:`RankMarks`)."""
 
 
 class SourcesError(RuntimeError):
@@ -40,6 +44,8 @@ class LiveSources:
         self._record: dict[str, Any] | None = None
         self.metrics: Any = None  # a gpuwatch.prometheus.MetricsServer while serving
         self._metrics_at: tuple[str, int] | None = None
+        self._ranks_stop = threading.Event()
+        self._ranks: threading.Thread | None = None
 
     def record_to(
         self,
@@ -95,6 +101,19 @@ class LiveSources:
 
         self.gpu = GpuSampler(self.session, interval=self.interval)
         self.gpu.start()
+        self._ranks = threading.Thread(target=self._mark_ranks, name="gpuwatch-ranks", daemon=True)
+        self._ranks.start()
+
+    def _mark_ranks(self) -> None:
+        """Mark a stray context or diverging step counters of a job's ranks once, when seen."""
+        from .analysis.session_ranks import RankMarks
+
+        marks = RankMarks()
+        while not self._ranks_stop.wait(RANKS_EVERY):
+            try:
+                marks.check(self.session)
+            except Exception:  # a look that failed is tried again; the sources go on
+                pass
 
     def _start_metrics(self) -> None:
         if self._metrics_at is None:
@@ -168,6 +187,9 @@ class LiveSources:
         The receiver first records what senders have sent (a few seconds at most, see
         :meth:`AnnotationReceiver.stop`): a second Ctrl-C meanwhile still finishes the file.
         """
+        self._ranks_stop.set()
+        if self._ranks is not None:
+            self._ranks.join(timeout=2)
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()

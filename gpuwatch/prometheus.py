@@ -27,12 +27,34 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ._version import __version__
+from .predict import CATEGORIES
+from .protocol import MAX_RANK, label_text
 from .scrape_server import ScrapeServer
 from .session import MISSING_INT, Process, Session
 
 GPU = ("gpu", "uuid", "name", "host")
-PROC = ("pid", "rank", "host")
-PROC_GPU = ("pid", "rank", "gpu", "host")
+JOB = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch_run")
+"""The scheduler's identity of a process (its hello's ``scheduler``), on every
+per-process series: empty where the process did not say (Prometheus drops empty labels)."""
+PROC = ("pid", "rank", "host", *JOB)
+PROC_GPU = ("pid", "rank", "gpu", "host", *JOB)
+RANK_INFO = (
+    "pid",
+    "rank",
+    "local_rank",
+    "world_size",
+    "host",
+    "strategy",
+    "shard_size",
+    "replicate_size",
+    *JOB,
+    "slurm_procid",
+    "slurm_nodelist",
+)
+
+STRATEGIES = ("ddp", "fsdp2", "fsdp1", "tp", "device_map", "none")
+"""The ``strategy`` values of the layout facts (``docs/facts.md``); the label is also
+``unknown`` before a process sends facts and ``other`` for any other string."""
 
 MAX_PHASE_NAMES = 64
 """Distinct phase names exported as themselves; later ones are labelled ``other``, so a
@@ -160,6 +182,25 @@ METRICS = (
         "Highest predicted allocated bytes over all phases (the first step included).",
     ),
     Spec(
+        "gpuwatch_process_predicted_category_bytes",
+        "gauge",
+        (*PROC_GPU, "category"),
+        "Predicted allocated bytes now, by category (weights, gradients, ddp_buckets, ...).",
+    ),
+    Spec(
+        "gpuwatch_process_predicted_peak_category_bytes",
+        "gauge",
+        (*PROC_GPU, "category"),
+        "The predicted peak (gpuwatch_process_predicted_peak_bytes), by category.",
+    ),
+    Spec(
+        "gpuwatch_rank_info",
+        "gauge",
+        RANK_INFO,
+        "Who an instrumented process is (always 1): its rank, its parallel layout and its "
+        "scheduler's job.",
+    ),
+    Spec(
         "gpuwatch_process_ooms_total",
         "counter",
         PROC,
@@ -284,26 +325,32 @@ class SessionCollector:
             shown.add(pid)
             folded = self._folded.setdefault(pid, _Folded())
             self._fold(proc, folded)
-            rank = proc.hello.get("rank")
-            ids = [str(pid), "" if rank is None else str(rank)]
-            self._process(f, proc, folded, ids, ooms[pid])
+            who = _Who.of(proc)
+            self._process(f, proc, folded, who, ooms[pid])
+            f["gpuwatch_rank_info"].add_metric(who.info(self.host), 1)
         for pid in set(self._folded) - shown:  # ended: forget, so the state stays bounded
             del self._folded[pid]
 
     def _process(
-        self, f: dict[str, Metric], proc: Process, folded: _Folded, ids: list[str], ooms: int
+        self, f: dict[str, Metric], proc: Process, folded: _Folded, who: _Who, ooms: int
     ) -> None:
         host = self.host
+        ids, job = [who.pid, who.rank], who.job
+
+        def at(gpu: str) -> list[str]:  # the PROC_GPU labels
+            return [*ids, gpu, host, *job]
+
         torch = _torch_last(proc)
         for dev, (allocated, reserved, split, retries, alloc_ooms) in torch.items():
-            labels = [*ids, self._gpu_of(proc, dev, ""), host]
+            labels = at(self._gpu_of(proc, dev, ""))
             _add(f["gpuwatch_process_torch_allocated_bytes"], labels, allocated)
             _add(f["gpuwatch_process_torch_reserved_bytes"], labels, reserved)
             _add(f["gpuwatch_process_torch_inactive_split_bytes"], labels, split)
             _add(f["gpuwatch_process_allocator_retries_total"], labels, retries)
             _add(f["gpuwatch_process_allocator_ooms_total"], labels, alloc_ooms)
+        per_proc = [*ids, host, *job]
         rss = proc.rss.last()
-        _add(f["gpuwatch_process_rss_bytes"], [*ids, host], rss["rss"] if rss else None)
+        _add(f["gpuwatch_process_rss_bytes"], per_proc, rss["rss"] if rss else None)
         # The process's main GPU: where it last reported figures, else the first it named.
         main_dev = next(reversed(torch), None) if torch else folded.last_dev
         if (main_dev is None or main_dev == MISSING_INT) and proc.devices:
@@ -313,27 +360,25 @@ class SessionCollector:
         step = folded.last_step
         if opened:
             now = max(opened, key=lambda o: (o.depth, o.t0))
-            labels = [*ids, self._gpu_of(proc, now.dev, gpu), host]
+            labels = at(self._gpu_of(proc, now.dev, gpu))
             f["gpuwatch_process_phase_info"].add_metric([*labels, self._phase(now.name)], 1)
             step = now.step if now.step is not None else step
-        _add(f["gpuwatch_process_step"], [*ids, gpu, host], step)
+        _add(f["gpuwatch_process_step"], at(gpu), step)
         for nid, (pa, pr, dev) in folded.peaks.items():
-            labels = [*ids, self._gpu_of(proc, dev, gpu), host, self._phase_of(nid)]
+            labels = [*at(self._gpu_of(proc, dev, gpu)), self._phase_of(nid)]
             _add(f["gpuwatch_process_phase_peak_allocated_bytes"], labels, pa)
             _add(f["gpuwatch_process_phase_peak_reserved_bytes"], labels, pr)
         for nid, n in folded.count.items():
-            labels = [*ids, gpu, host, self._phase_of(nid)]
+            labels = [*at(gpu), self._phase_of(nid)]
             f["gpuwatch_process_phases_total"].add_metric(labels, n)
             seconds = folded.seconds[nid] / 1e9
             f["gpuwatch_process_phase_seconds_total"].add_metric(labels, seconds)
-        self._predicted(f, proc, folded, [*ids, gpu, host])
-        f["gpuwatch_process_ooms_total"].add_metric([*ids, host], ooms)
-        f["gpuwatch_process_dropped_events_total"].add_metric([*ids, host], proc.dropped)
-        f["gpuwatch_process_lost_events_total"].add_metric([*ids, host], proc.gaps)
+        self._predicted(f, proc, at(gpu))
+        f["gpuwatch_process_ooms_total"].add_metric(per_proc, ooms)
+        f["gpuwatch_process_dropped_events_total"].add_metric(per_proc, proc.dropped)
+        f["gpuwatch_process_lost_events_total"].add_metric(per_proc, proc.gaps)
 
-    def _predicted(
-        self, f: dict[str, Metric], proc: Process, folded: _Folded, labels: list[str]
-    ) -> None:
+    def _predicted(self, f: dict[str, Metric], proc: Process, labels: list[str]) -> None:
         if not proc.facts:
             return
         try:
@@ -343,11 +388,21 @@ class SessionCollector:
             line = self.session.predictions.line(proc)
             if line is None or line.prediction is None:
                 return
-            now = line.value_at(self.session.now())
+            prediction = line.prediction
+            parts = line.breakdown_at(self.session.now())
+            peak_parts = prediction.phases[prediction.peak_phase].peak
         except Exception:
             return
-        _add(f["gpuwatch_process_predicted_peak_bytes"], labels, line.prediction.peak_bytes)
-        _add(f["gpuwatch_process_predicted_bytes"], labels, now)
+        _add(f["gpuwatch_process_predicted_peak_bytes"], labels, prediction.peak_bytes)
+        for cat in CATEGORIES:
+            value = peak_parts.get(cat, 0)
+            _add(f["gpuwatch_process_predicted_peak_category_bytes"], [*labels, cat], value)
+        if parts is None:  # before the first phase: no "now" on the curve yet
+            return
+        _add(f["gpuwatch_process_predicted_bytes"], labels, sum(parts.values()))
+        for cat in CATEGORIES:
+            value = parts.get(cat, 0)
+            _add(f["gpuwatch_process_predicted_category_bytes"], [*labels, cat], value)
 
     def _fold(self, proc: Process, folded: _Folded) -> None:
         """Read the process's tally; names past the cap share one key (and one label), so
@@ -390,6 +445,74 @@ class SessionCollector:
     def _receiver(self, f: dict[str, Metric]) -> None:
         for reason, n in sorted(dict(self.session.rejects).items()):
             f["gpuwatch_receiver_rejected_datagrams_total"].add_metric([reason, self.host], n)
+
+
+@dataclass(frozen=True)
+class _Who:
+    """A process's identity as labels, each value bounded whatever its hello and facts
+    held (both are the script's word: checked by the protocol, cleaned again here)."""
+
+    pid: str
+    rank: str
+    local_rank: str
+    world_size: str
+    strategy: str
+    shard_size: str
+    replicate_size: str
+    job: tuple[str, ...]  # JOB's values
+    slurm_procid: str
+    slurm_nodelist: str
+
+    @classmethod
+    def of(cls, proc: Process) -> _Who:
+        hello = proc.hello
+        facts = proc.facts if isinstance(proc.facts, dict) else None
+        layout = facts.get("parallel") if facts is not None else None
+        layout = layout if isinstance(layout, dict) else {}
+        fsdp = layout.get("fsdp") if isinstance(layout.get("fsdp"), dict) else {}
+        if facts is None:
+            strategy = "unknown"  # no facts yet: the layout is not known
+        else:
+            named = layout.get("strategy", "none")
+            strategy = named if named in STRATEGIES else "other"
+        sched = hello.get("scheduler")
+        sched = sched if isinstance(sched, dict) else {}
+        # torchrun's RANK, else the process group's (mp.spawn sets no RANK).
+        rank = _count(hello.get("rank")) or _count(layout.get("rank"))
+        world = _count(hello.get("world_size")) or _count(layout.get("world_size"))
+        return cls(
+            pid=str(proc.pid),
+            rank=rank,
+            local_rank=_count(hello.get("local_rank")),
+            world_size=world,
+            strategy=strategy,
+            shard_size=_count(fsdp.get("mesh_size")),
+            replicate_size=_count(fsdp.get("replicate_size")),
+            job=tuple(label_text(sched.get(k)) for k in JOB),
+            slurm_procid=label_text(sched.get("slurm_procid")),
+            slurm_nodelist=label_text(sched.get("slurm_nodelist")),
+        )
+
+    def info(self, host: str) -> list[str]:
+        """The labels of ``gpuwatch_rank_info``, in :data:`RANK_INFO` order."""
+        return [
+            self.pid,
+            self.rank,
+            self.local_rank,
+            self.world_size,
+            host,
+            self.strategy,
+            self.shard_size,
+            self.replicate_size,
+            *self.job,
+            self.slurm_procid,
+            self.slurm_nodelist,
+        ]
+
+
+def _count(v: Any) -> str:
+    """A rank or size as a label: a whole number 0 … MAX_RANK, else ``""``."""
+    return str(v) if type(v) is int and 0 <= v <= MAX_RANK else ""
 
 
 def _families() -> dict[str, Metric]:

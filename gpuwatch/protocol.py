@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -304,6 +305,51 @@ _step = _opt(_int(-MAX_COUNT, MAX_COUNT))
 _rank = _opt(_int(0, MAX_RANK))
 
 
+SCHEDULER_KEYS = (
+    "slurm_job",
+    "slurm_step",
+    "slurm_procid",
+    "slurm_nodelist",
+    "k8s_namespace",
+    "k8s_pod",
+    "job_name",
+    "torch_run",
+)
+"""The scheduler identity a ``hello`` may carry (``docs/protocol.md``, ``scheduler``); the
+exporter turns them into labels (``docs/prometheus.md``)."""
+
+MAX_LABEL = 128
+"""Longest scheduler value (characters)."""
+
+_LABEL_CHARS = frozenset(string.ascii_letters + string.digits + "._-:/@+,=[]")
+_KEY_CHARS = frozenset(string.ascii_lowercase + string.digits + "_")
+
+
+def label_text(value: object) -> str:
+    """``value`` as a bounded label value: at most :data:`MAX_LABEL` characters, each
+    outside ``[A-Za-z0-9._-:/@+,=[]]`` (quotes, spaces, newlines, non-ASCII) replaced by
+    ``_``. Anything but a string is ``""``. Never raises."""
+    if not isinstance(value, str):
+        return ""
+    value = value[:MAX_LABEL]
+    if all(c in _LABEL_CHARS for c in value):
+        return value
+    return "".join(c if c in _LABEL_CHARS else "_" for c in value)
+
+
+def _scheduler(v: Any) -> str | None:
+    """A ``scheduler`` object: at most 16 short lower-case keys, each value already a
+    :func:`label_text` (a real client sanitizes before it sends)."""
+    if not isinstance(v, dict) or len(v) > 16:
+        return "field"
+    for key, value in v.items():
+        if not (0 < len(key) <= 32 and all(c in _KEY_CHARS for c in key)):
+            return "field"
+        if not isinstance(value, str) or label_text(value) != value:
+            return "field"
+    return None
+
+
 def _devices(v: Any) -> str | None:
     if not isinstance(v, list):
         return "field"
@@ -351,6 +397,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
         "peaks": (_bool, False),
         "sync": (_bool, False),
         "facts": (_opt_facts, False),
+        "scheduler": (_scheduler, False),
     },
     "facts": {"facts": (_facts, True)},
     "phase": {

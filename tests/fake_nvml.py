@@ -138,6 +138,7 @@ class FakeNvml:
         self.missing_functions = set(missing_functions)
         self.cuda_order = list(range(len(self.gpus))) if cuda_order is None else list(cuda_order)
         self.calls: Counter[str] = Counter()
+        self.processes_file: str | None = None  # see _reload_compute
         self.initialised = 0
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
@@ -364,13 +365,31 @@ class FakeNvml:
             for pid, used in rows
         ]
 
+    def _reload_compute(self) -> None:
+        """Read the compute processes of every GPU anew from :attr:`processes_file`, when
+        one is set: a test lists processes that start after gpuwatch did."""
+        if self.processes_file is None:
+            return
+        try:
+            with open(self.processes_file) as f:
+                rows = json.load(f)
+        except (OSError, ValueError):
+            return  # not written yet, or caught mid-write: the last list holds
+        for gpu in self.gpus:
+            gpu.compute = []
+        for pid, used, index in rows:
+            self.gpus[index].compute.append((int(pid), used))
+
     def nvmlDeviceGetComputeRunningProcesses_v3(self, h: FakeGpu) -> list[Any]:
+        self._reload_compute()
         return self._procs("nvmlDeviceGetComputeRunningProcesses_v3", h, h.compute)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, h: FakeGpu) -> list[Any]:
+        self._reload_compute()
         return self._procs("nvmlDeviceGetComputeRunningProcesses_v2", h, h.compute)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[Any]:
+        self._reload_compute()
         return self._procs("nvmlDeviceGetComputeRunningProcesses", h, h.compute)
 
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, h: FakeGpu) -> list[Any]:
@@ -391,7 +410,8 @@ class FakeNvml:
 
         Keys: ``gpus`` (count), ``trace`` (``flat``, ``ramp`` or ``training``),
         ``init_error`` (an NVML_ERROR_ name without the prefix, e.g. ``LIBRARY_NOT_FOUND``),
-        ``processes`` ([pid, used bytes, NVML index] compute processes), ``lose``
+        ``processes`` ([pid, used bytes, NVML index] compute processes), ``processes_file``
+        (a JSON file of such rows, read anew at each process-list call), ``lose``
         ([NVML index, seconds after start]), ``missing_symbols`` (list).
         """
         if isinstance(spec, str):
@@ -406,6 +426,7 @@ class FakeNvml:
             init_error=None if init_error is None else getattr(pynvml, "NVML_ERROR_" + init_error),
             missing_symbols=spec.get("missing_symbols", ()),
         )
+        fake.processes_file = spec.get("processes_file")
         if "lose" in spec:
             index, after = spec["lose"]
             timer = threading.Timer(float(after), fake.lose, args=(int(index),))

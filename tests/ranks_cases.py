@@ -1,6 +1,6 @@
 """One rank of a data-parallel or sharded training run on the CPU, under the profiler truth.
 
-Each case trains a 6-block MLP with AdamW and ``clip_grad_norm_`` for a few steps in a
+Each case trains a 12-block MLP with AdamW and ``clip_grad_norm_`` for a few steps in a
 layout (DDP, FSDP2 ``fully_shard``), with ``gpuwatch.watch`` describing it as a user's
 script would; the allocator's events (``profmem``) give each phase's true peak on this
 rank, and the facts gpuwatch would send are read back from the client. Ranks run as real
@@ -28,7 +28,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from profmem import ProfiledMemory  # noqa: E402
 
-DIM, BLOCKS, BATCH, STEPS = 1024, 6, 64, 3
+DIM, BLOCKS, BATCH, STEPS = 1024, 12, 64, 3
+HF_VOCAB, HF_BATCH, HF_SEQ = 8192, 4, 128
 
 CASES = {
     "ddp": {"layout": "ddp", "world": 2},
@@ -37,6 +38,9 @@ CASES = {
     "fsdp2-noreshard": {"layout": "fsdp2", "world": 2, "reshard_after_forward": False},
     "fsdp2-4": {"layout": "fsdp2", "world": 4},
     "fsdp2-fake8": {"layout": "fsdp2", "world": 8, "fake": True},
+    # fully_shard as Hugging Face's and torchtitan's examples call it: the policy's own
+    # reshard_after_forward (the root keeps its parameters from forward to backward).
+    "fsdp2-hf": {"layout": "fsdp2", "world": 2, "model": "hf", "reshard_after_forward": None},
 }
 """Name -> how the case is run (``layout``, ``world``, and the layout's options)."""
 
@@ -54,7 +58,11 @@ class Block(nn.Module):
 
 
 class MLP(nn.Module):
-    """Six residual blocks of two square Linear layers: 12.6 M parameters at 1024."""
+    """Residual blocks of two square Linear layers: 25.2 M parameters in 12 blocks at 1024.
+
+    Twelve blocks rather than a few: gloo's thread frees a unit's reduce-scatter input
+    when it gets to it, so the truth of a backward moves by one unit's gradients from
+    run to run; against twelve units' states that is a few percent, not ten."""
 
     def __init__(self, dim: int = DIM, blocks: int = BLOCKS) -> None:
         super().__init__()
@@ -66,6 +74,43 @@ class MLP(nn.Module):
         return x
 
 
+def _hf_model() -> nn.Module:
+    """A small Llama-style causal LM from Hugging Face transformers (built from a config)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=HF_VOCAB,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=HF_SEQ,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """The modules each sharded as one FSDP unit (before the root)."""
+    if hasattr(model, "blocks"):
+        return list(model.blocks)
+    return list(model.model.layers)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, case: dict[str, Any]) -> torch.Tensor:
+    if case.get("model") == "hf":
+        return model(input_ids=x, labels=x).loss
+    return model(x).square().mean()
+
+
+def _batch(case: dict[str, Any], rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(rank)
+    if case.get("model") == "hf":
+        return torch.randint(0, HF_VOCAB, (HF_BATCH, HF_SEQ), generator=gen)
+    return torch.randn(BATCH, DIM, generator=gen)
+
+
 def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
     if case["layout"] == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -74,9 +119,10 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     reshard = case.get("reshard_after_forward", True)
-    for block in model.blocks:
-        fully_shard(block, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+    kw = {} if reshard is None else {"reshard_after_forward": reshard}
+    for unit in _units(model):
+        fully_shard(unit, **kw)
+    fully_shard(model, **kw)
     return model
 
 
@@ -93,13 +139,13 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
     mem = ProfiledMemory("cpu")
     mem.start()
     torch.manual_seed(0)
-    model = _wrap(MLP(), case)
+    model = _wrap(_hf_model() if case.get("model") == "hf" else MLP(), case)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gpuwatch.watch(model, opt)
-    x = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(rank))
+    x = _batch(case, rank)
     for step in range(1, steps + 1):
         with mem.phase(step, "forward"):
-            loss = model(x).square().mean()
+            loss = _loss(model, x, case)
         with mem.phase(step, "backward"):
             loss.backward()
         with mem.phase(step, "clip"):

@@ -58,6 +58,12 @@ def exported_names() -> set[str]:
             "event": "begin", "name": "forward", "id": 10**6, "depth": 0,
         })
     )  # fmt: skip
+    s.ingest(
+        Message("memory", synthetic.PID, 10**6 + 1, synthetic.end_time(2) + 2, body={
+            "dev": 0, "allocated": 1, "reserved": 2, "inactive_split": 0,
+            "alloc_retries": 0, "alloc_ooms": 0,
+        })
+    )  # fmt: skip
     s.count_reject("json")
     registry = CollectorRegistry()
     registry.register(SessionCollector(s, host="h"))
@@ -122,3 +128,40 @@ def test_dashboard_is_importable_with_a_datasource_input_and_variables() -> None
     for p in panels:
         if p["type"] != "row":
             assert p["targets"] and p["description"], p["title"]
+
+
+def test_cluster_row_has_the_gpu_grid_and_the_rank_peaks() -> None:
+    d = load()
+    panels = {p["title"]: p for p in d["panels"]}
+    rows = [p for p in d["panels"] if p["type"] == "row"]
+    cluster = next(r for r in rows if r["title"].startswith("Cluster"))
+    assert "repeat" not in cluster  # once, for every host: not under a GPU row
+    below = [p for p in d["panels"] if p["gridPos"]["y"] > cluster["gridPos"]["y"]]
+    grid = next(p for p in below if p["type"] == "stat")
+    (target,) = grid["targets"]
+    # One cell per host:gpu: used over total, aggregated by exactly those labels.
+    assert target["legendFormat"] == "{{host}}:{{gpu}}" and target.get("instant")
+    assert re.fullmatch(
+        r"max by \(host, gpu\) \(gpuwatch_gpu_memory_used_bytes / "
+        r"gpuwatch_gpu_memory_total_bytes\)",
+        target["expr"],
+    )
+    assert grid["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    steps = grid["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps][-1] == 0.95  # red where the alert fires
+    per_phase = panels["Peak allocated per phase: the highest rank, and the median"]
+    exprs = [t["expr"] for t in per_phase["targets"]]
+    assert exprs[0].startswith("max by (phase) (gpuwatch_process_phase_peak_allocated_bytes")
+    assert exprs[1].startswith("quantile by (phase) (0.5, gpuwatch_process_phase_peak")
+    ranks = next(p for p in below if p["type"] == "bargauge")
+    (target,) = ranks["targets"]
+    assert "max by (host, pid, rank) (gpuwatch_process_phase_peak_allocated_bytes" in target["expr"]
+    assert "{{rank}}" in target["legendFormat"] and "{{host}}" in target["legendFormat"]
+    for p in (per_phase, ranks):
+        assert all('slurm_job=~"$slurm_job"' in t["expr"] for t in p["targets"])
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    job = variables["slurm_job"]
+    assert job["query"]["query"] == "label_values(gpuwatch_rank_info, slurm_job)"
+    assert job["includeAll"] and job["allValue"] == ".*"  # All: non-Slurm processes too
+    required = {r["id"] for r in d["__requires"] if r["type"] == "panel"}
+    assert {p["type"] for p in d["panels"] if p["type"] != "row"} <= required

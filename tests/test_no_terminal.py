@@ -16,6 +16,7 @@ CASES = {
     "replay": (["replay", str(RECORDING)], "gpuwatch info FILE"),
     "live": (["--no-record"], "gpuwatch record"),
     "run": (["run", "--no-record", "--", sys.executable, "-c", "pass"], "gpuwatch record"),
+    "cluster": (["cluster", "--prometheus", "http://127.0.0.1:9"], "gpuwatch cluster --once"),
 }
 
 

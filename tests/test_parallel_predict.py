@@ -68,3 +68,19 @@ def test_a_layout_not_modelled_says_so_in_one_line() -> None:
     p = predict(_facts({"strategy": "fsdp1", "fsdp": {"version": 1}}))
     assert not p.layout.modelled
     assert sum("not modelled" in n for n in p.notes) == 1
+
+
+def test_clip_phase_is_what_backward_left_and_the_norms() -> None:
+    facts = _facts({"strategy": "ddp", "ddp": {}})
+    facts["params"]["groups"] = [
+        {"dtype": "float32", "device": "cuda:0", "trainable": True, "tensors": 200},
+        {"dtype": "float32", "device": "cuda:0", "trainable": False, "tensors": 50},
+    ]
+    p = predict(facts)
+    clip = p.phases["clip", False]
+    # 200 norms and the total norm and coefficient, a 512-byte block each; their stack.
+    assert clip.peak["temporaries"] == 200 * 512 + 2 * 512 + 1024
+    assert clip.start["gradients"] == clip.end["gradients"] == 64 * MIB
+    assert clip.peak["ddp_buckets"] == 64 * MIB
+    step = p.phases["optimizer.step", False]
+    assert clip.end["optimizer_state"] == step.start["optimizer_state"]

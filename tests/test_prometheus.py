@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch import predict
-from gpuwatch.prometheus import MAX_PHASE_NAMES, METRICS, MetricsServer, SessionCollector
+from gpuwatch.prometheus import JOB, MAX_PHASE_NAMES, METRICS, MetricsServer, SessionCollector
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session, gpu_key
 from gpuwatch.session.predicted import PredictedLine
@@ -38,6 +38,7 @@ STEPS = 3
 END = synthetic.end_time(STEPS)
 
 Sample = tuple[str, dict[str, str], float]
+NO_JOB = dict.fromkeys(JOB, "")  # a process that named no scheduler
 
 
 def scrape(collector: SessionCollector) -> list[Sample]:
@@ -163,7 +164,7 @@ def test_current_phase_is_the_innermost_open_one_and_counters_only_grow(session:
     assert find(samples, "gpuwatch_process_phase_info") == [
         (
             "gpuwatch_process_phase_info",
-            {"pid": str(PID), "rank": "0", "gpu": "0", "host": "h", "phase": "forward"},
+            {"pid": str(PID), "rank": "0", "gpu": "0", "host": "h", "phase": "forward", **NO_JOB},
             1.0,
         )
     ]

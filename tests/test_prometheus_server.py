@@ -36,6 +36,9 @@ pytestmark = pytest.mark.skipif(
     reason="needs the prometheus server on PATH (Debian: apt-get install prometheus)",
 )
 PHASES = {"data", "forward", "backward", "optimizer.step", "zero_grad"}
+ALERTS = ROOT / "samples" / "prometheus-alerts.yml"
+SCRIPTS = ROOT / "tests" / "scripts"
+VARIABLES = {"$slurm_job": ".*", "$__rate_interval": "1m"}  # besides $host and $gpu
 
 
 def free_port() -> int:
@@ -69,38 +72,50 @@ class Lines:
         return next((m for line in list(self.lines) if (m := re.search(pattern, line))), None)
 
 
-@pytest.fixture
-def recording(tmp_path: Path, sock_path: str) -> Iterator[tuple[subprocess.Popen, Lines, Path]]:
-    """``gpuwatch record --prometheus 127.0.0.1:0 -- python samples/train_tiny_gpt.py``."""
+def start_recording(
+    tmp_path: Path, sock_path: str, command: list[str], **extra_env: str
+) -> tuple[subprocess.Popen, Lines, Path]:
+    """``gpuwatch record --prometheus 127.0.0.1:0 -- COMMAND`` with two fake NVML GPUs."""
     out = tmp_path / "run.gpuwatch"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra_env}
     env["GPUWATCH_NVML_BACKEND"] = "tests.fake_nvml"
     env["GPUWATCH_FAKE_NVML"] = json.dumps({"gpus": 2, "trace": "training"})
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the sample on the CPU, on a GPU machine too
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the script on the CPU, on a GPU machine too
     env.pop("GPUWATCH_SOCKET", None)
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock_path,
             "--prometheus", "127.0.0.1:0", "--log", str(tmp_path / "train.log"), "--",
-            # Runs until stopped: the test ends it once Prometheus has what it needs.
-            sys.executable, str(SAMPLE), "--steps", "1000000", "--eval-every", "0",
+            *command,
         ],
         env=env,
         cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    lines = Lines(proc)
+    return proc, Lines(proc), out
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def recording(tmp_path: Path, sock_path: str) -> Iterator[tuple[subprocess.Popen, Lines, Path]]:
+    """``gpuwatch record --prometheus 127.0.0.1:0 -- python samples/train_tiny_gpt.py``."""
+    # Runs until stopped: the test ends it once Prometheus has what it needs.
+    command = [sys.executable, str(SAMPLE), "--steps", "1000000", "--eval-every", "0"]
+    proc, lines, out = start_recording(tmp_path, sock_path, command)
     try:
         yield proc, lines, out
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
 
 
 @pytest.fixture
@@ -114,6 +129,8 @@ def prometheus_factory(tmp_path: Path) -> Iterator:
             "global:\n"
             "  scrape_interval: 1s\n"
             "  scrape_timeout: 1s\n"
+            "  evaluation_interval: 1s\n"
+            f"rule_files: ['{ALERTS}']\n"
             "scrape_configs:\n"
             "  - job_name: gpuwatch\n"
             "    static_configs:\n"
@@ -202,7 +219,7 @@ def test_prometheus_scrapes_a_recorded_run(recording, prometheus_factory) -> Non
     assert query(base, 'up{job="gpuwatch"} == 1')
 
     # Every query of the Grafana dashboard is valid PromQL, and its NVML line has data.
-    variables = {"$host": socket.gethostname(), "$gpu": "0", "$__rate_interval": "1m"}
+    variables = {"$host": socket.gethostname(), "$gpu": "0", **VARIABLES}
     for q in dashboard_queries():
         if q.startswith("label_values("):
             continue  # Grafana's, not PromQL
@@ -225,3 +242,55 @@ def test_prometheus_scrapes_a_recorded_run(recording, prometheus_factory) -> Non
         assert int(pid) in session.processes
     finally:
         rec.close()
+
+
+@pytest.mark.torch
+def test_prometheus_sees_each_ranks_layout_and_job(
+    tmp_path: Path, sock_path: str, prometheus_factory
+) -> None:
+    # Two DDP ranks under torchrun, as Slurm would start them; gpuwatch's automatic
+    # instrumentation sends their layout, the scheduler's variables their job.
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(SCRIPTS / "ddp_train.py"), "1000000", "0.05",
+    ]  # fmt: skip
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
+    proc, stderr, _ = start_recording(tmp_path, sock_path, command, **slurm)
+    try:
+        assert wait_for(lambda: stderr.find(r"metrics on (http://\S+)") or proc.poll(), 60)
+        url = stderr.find(r"metrics on http://(127\.0\.0\.1:(\d+))/metrics")
+        assert url is not None, stderr.lines
+        base = prometheus_factory(url.group(1))
+        info = 'gpuwatch_rank_info{strategy="ddp"}'
+        assert wait_for(lambda: len(query(base, info)) == 2, timeout=120), (
+            query(base, "gpuwatch_rank_info"),
+            (tmp_path / "train.log").read_text()[-2000:],
+        )
+        ranks = {r["metric"]["rank"]: r["metric"] for r in query(base, info)}
+        assert set(ranks) == {"0", "1"}
+        for rank, labels in ranks.items():
+            assert labels["world_size"] == "2" and labels["local_rank"] == rank
+            assert (labels["slurm_job"], labels["slurm_step"]) == ("4242", "0")
+            assert labels["slurm_nodelist"] == "n[1-2]"
+            assert labels["torch_run"] and labels["host"] == socket.gethostname()
+        # The job labels reach the per-process series, and the prediction has DDP's buckets.
+        phases = 'gpuwatch_process_phases_total{slurm_job="4242", phase="forward"}'
+        assert wait_for(lambda: len(query(base, phases)) == 2, timeout=60)
+        buckets = 'gpuwatch_process_predicted_peak_category_bytes{category="ddp_buckets"} > 0'
+        assert wait_for(lambda: len(query(base, buckets)) == 2, timeout=60)
+        # The dashboard's cluster panels: a GPU grid cell for each fake GPU.
+        d = {q for q in dashboard_queries() if "gpu_memory_used_bytes / " in q}
+        (grid,) = d
+        assert wait_for(lambda: len(query(base, grid)) == 2, timeout=60)
+        # The alert rules load and evaluate on the real series.
+        status, answer = ask(base, "ALERTS")
+        assert status == 200 and answer["status"] == "success"
+
+        def rules() -> list[dict]:
+            groups = json.loads(http_get(base + "/api/v1/rules")[1])["data"]["groups"]
+            return [r for g in groups for r in g["rules"]]
+
+        assert wait_for(lambda: {r["health"] for r in rules()} == {"ok"}, timeout=30), rules()
+        assert len(rules()) == 5
+    finally:
+        stop(proc)

@@ -7,6 +7,7 @@ Regenerate after an intended change with ``python -m pytest tests/test_snapshots
 from __future__ import annotations
 
 import pytest
+import rank_session
 import synthetic
 from conftest import ROOT
 
@@ -68,3 +69,10 @@ def test_replay_first_screen_of_the_spike(snap_compare, theme: str) -> None:
 
 def test_replay_first_screen_of_the_spike_at_80x24(snap_compare) -> None:
     assert snap_compare(replay_first_screen("gpuwatch-dark"), terminal_size=SIZES["80x24"])
+
+
+def test_ranks_tab_at_80x24(snap_compare) -> None:
+    # A 4-rank job: rank 0 high in eval, rank 2 with a context on GPU 0; both flagged.
+    session = rank_session.build()
+    ranks = GpuwatchApp(session, clock=lambda: session.time_range()[1])
+    assert snap_compare(ranks, press=("5",), terminal_size=SIZES["80x24"])

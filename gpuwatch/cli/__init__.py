@@ -1,8 +1,10 @@
-"""The ``gpuwatch`` command: live dashboard, run, record, replay, info, export, estimate.
+"""The ``gpuwatch`` command: live dashboard, run, record, replay, info, export, estimate,
+serve, cluster.
 
 One module per command family (``live``: the dashboard and ``run``; ``record``;
-``recordings``: replay, info and export; ``estimate``), what they share in ``_common``
-(errors, output, option types) and ``_child`` (the launched command and its signals).
+``recordings``: replay, info and export; ``estimate``; ``serve``; ``cluster``), what they
+share in ``_common`` (errors, output, option types) and ``_child`` (the launched command
+and its signals).
 Heavy modules (textual, numpy, the samplers) are imported inside the command that needs
 them, so ``gpuwatch --help`` is quick and errors reach the user as one line.
 """
@@ -15,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .._version import __version__
-from . import estimate, live, record, recordings
+from . import cluster, estimate, live, record, recordings, serve
 from ._common import EXIT_OK, CliError, Parser, say
 
 
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_parser(sub)
     record.register(sub)
     recordings.register(sub)
+    serve.register(sub)
+    cluster.register(sub)
     parser.set_defaults(func=live.cmd_live)
     _top_level_wins(parser, sub)
     return parser

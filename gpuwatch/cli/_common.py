@@ -72,6 +72,8 @@ def need_terminal(instead: str) -> None:
     Raises:
         CliError: No terminal on stdin and stdout, or ``TERM=dumb``.
     """
+    if os.environ.get("TEXTUAL_DRIVER"):
+        return  # Textual draws through the driver named (gpuwatch serve's web driver)
     if os.environ.get("TERM") == "dumb":
         raise CliError(f"TERM=dumb cannot show the full-screen dashboard; use {instead}")
     if not (isatty(sys.stdin) and isatty(sys.stdout)):

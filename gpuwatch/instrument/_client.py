@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from .. import protocol
 from .._version import __version__
+from ._sched import scheduler_identity
 from ._torchmem import Figures, TorchMemory
 
 
@@ -112,6 +113,7 @@ class Client:
         self._sock: socket.socket | None = None
         self._peer: tuple[int, int, int] | None = None  # identity of the socket we greeted
         self._hello_devices: list[dict[str, Any]] | None = None
+        self._scheduler: dict[str, str] | None = None
         self._next_memory = 0.0
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -390,6 +392,10 @@ class Client:
         }
         if devices is not None:
             body["devices"] = devices
+        if self._scheduler is None:  # the environment is read once, at the first hello
+            self._scheduler = scheduler_identity()
+        if self._scheduler:
+            body["scheduler"] = self._scheduler
         return body
 
     def _message(self, item: tuple[Any, ...]) -> tuple[str, int, dict[str, Any]]:

@@ -144,6 +144,14 @@ def _fsdp2_group_unit(group: Any, name: str) -> dict[str, Any]:
     }
 
 
+def _auto_reshard(mod: Any) -> bool:
+    """Whether ``fully_shard`` chose the root's ``reshard_after_forward`` (not the user)."""
+    try:
+        return bool(mod._get_fsdp_state()._auto_reshard_after_forward)
+    except Exception:
+        return False
+
+
 def _fsdp2(model: Any) -> dict[str, Any] | None:
     """FSDP2 (``fully_shard``): the units, the mesh, the policies."""
     units: list[dict[str, Any]] = []
@@ -158,7 +166,12 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
         for group in groups:
             count += 1
             if len(units) < MAX_UNITS:
-                units.append(_fsdp2_group_unit(group, name or "(root)"))
+                unit = _fsdp2_group_unit(group, name or "(root)")
+                if not name and _auto_reshard(mod):
+                    # The root of an automatic policy never reshards after forward: its
+                    # lazy init clears the flag at the first forward, after watch().
+                    unit["reshard_after_forward"] = False
+                units.append(unit)
             info = getattr(group, "mesh_info", None)
             if mesh is None and info is not None:
                 mesh = int(getattr(info, "shard_mesh_size", 0) or 0) or None

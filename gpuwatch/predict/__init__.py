@@ -26,7 +26,7 @@ from ._graph import (
     TEMPORARIES,
     WEIGHTS,
 )
-from ._predict import PHASES, PhaseMemory, Prediction, breakdown, predict, total
+from ._predict import CLIP, PHASES, PhaseMemory, Prediction, breakdown, predict, total
 from ._shape import (
     ARCHS,
     IMPLS,
@@ -42,6 +42,7 @@ __all__ = [
     "AMP_COPIES",
     "ARCHS",
     "CATEGORIES",
+    "CLIP",
     "GRADIENTS",
     "IMPLS",
     "OPTIMIZERS",

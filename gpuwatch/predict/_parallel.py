@@ -28,6 +28,17 @@ buffers each layout makes, each its own category. Sources, per rule:
     unit's reduce-scatter input (the gradients flattened, ``foreach_reduce``, kept in
     ``reduce_scatter_state`` until this unit's reduce-scatter waits) are ``fsdp_reduce``,
     in the reduce dtype.
+  - the root's unit (``_fsdp_state.py``: the root's pre-forward and post-backward) is
+    gathered first and stays unsharded while the root's forward runs, so through every
+    other unit and through a loss the model computes itself (a Hugging Face model given
+    labels); ``fully_shard``'s own policy never reshards it after forward (the root's
+    lazy init), so it stays into backward, where it is reduced last.
+
+  Each unit's moment is set on the phase's own figures with the share of the
+  activations alive at that unit (saved by the units before it in forward, not yet
+  freed in backward, counted evenly per unit), and the phase's peak is the highest of
+  those moments and of the model's own peak (the loss; an LM head's logits gradient)
+  with what is unsharded there.
 
 Layouts not modelled (FSDP1, tensor parallel, a device map) are named in one note; their
 states are still this rank's, their buffers are not predicted.
@@ -58,10 +69,14 @@ class LayoutMemory:
         forward: Added at the forward peak.
         held: Alive from the end of forward to the backward peak (unsharded parameters
             kept when ``reshard_after_forward=False``).
-        backward: Added at the backward peak.
+        backward: Added at the backward peak of the model's own walk (its start, for
+            FSDP: an LM head's logits gradient).
         grads_in_buckets: The gradients are views of DDP's buckets (counted there).
-        backward_grads: When set, the backward peak is the layout's (FSDP: at one unit),
-            with these gradient bytes (the units done), on what backward began with.
+        forward_units: FSDP's moments in forward, one per unit's all-gather: the share
+            of forward's activations saved by then, and the unsharded bytes alive.
+        backward_units: FSDP's moments in backward, one per unit: the share of the
+            activations not yet freed, the gradient shards done, the unsharded
+            parameters and the gradients being reduced.
         modelled: False for a layout whose buffers are not predicted.
         notes: One line each.
     """
@@ -72,13 +87,19 @@ class LayoutMemory:
     held: dict[str, int] = field(default_factory=dict)
     backward: dict[str, int] = field(default_factory=dict)
     grads_in_buckets: bool = False
-    backward_grads: int | None = None
+    forward_units: list[tuple[float, int]] = field(default_factory=list)
+    backward_gathered: list[int] = field(default_factory=list)
+    backward_units: list[tuple[float, int, int, int]] = field(default_factory=list)
     modelled: bool = True
     notes: list[str] = field(default_factory=list)
 
 
 def _n(v: Any) -> int:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0
+
+
+ROOT = "(root)"
+"""The name ``_layout`` gives the unit of the model's root module."""
 
 
 def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
@@ -96,36 +117,51 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
     pd, rd = str(fsdp.get("param_dtype")), str(fsdp.get("reduce_dtype"))
     scale = _ELT[rd] / _ELT[pd] if pd in _ELT and rd in _ELT else 1.0
     grads = [round(s * scale) for s in sizes]
-    n = len(sizes)
-    # Forward, unit by unit: the previous all-gather output, this one, and the unsharded
-    # parameters of this unit and of every earlier unit that does not reshard.
-    fwd = 0
-    kept = 0
-    for i, u in enumerate(sizes):
-        prev = sizes[i - 1] if i else 0
-        fwd = max(fwd, kept + prev + 2 * u)
-        if not reshard[i]:
-            kept += u
-    out.forward[FSDP_UNSHARDED] = fwd
-    if kept:
-        out.held[FSDP_UNSHARDED] = kept
-    # Backward, in reverse: this unit's unsharded parameters (and those still kept), the
-    # next one's prefetched all-gather, this unit's unsharded gradients, the previous
-    # unit's reduce-scatter input.
-    # The sharded gradients of the units already done are alive too.
     shards = [_n(u.get("sharded_bytes")) for u in units]
-    best, best_total, done = (0, 0, 0), -1, 0
-    for i in range(n - 1, -1, -1):
-        unsharded = sizes[i] + sum(sizes[j] for j in range(i) if not reshard[j])
-        prefetch = sizes[i - 1] if i and reshard[i - 1] else 0
-        reduce = grads[i] + (grads[i + 1] if i + 1 < n else 0)
-        if unsharded + prefetch + reduce + done > best_total:
-            best, best_total = (
-                (unsharded + prefetch, reduce, done),
-                unsharded + prefetch + reduce + done,
-            )
+    n = len(sizes)
+    # The root's unit is unsharded by the root's pre-forward and stays so while its
+    # forward runs: through every other unit, and through the loss where the model
+    # computes it (Hugging Face models given labels); in backward it is gathered first
+    # and reduced last (``_fsdp_state.py``, the root's pre-forward and post-backward).
+    has_root = units[0].get("name") == ROOT
+    root = sizes[0] if has_root else 0
+    inner = list(range(1 if has_root else 0, n))
+    m = len(inner)
+    kept = [0] * (n + 1)  # kept[i]: unsharded parameters kept by the inner units before i
+    for i in range(n):
+        kept[i + 1] = kept[i] + (sizes[i] if i in inner and not reshard[i] else 0)
+    # Forward, unit by unit: the share of activations saved so far, the root, the units
+    # kept, the previous all-gather output and this unit's (output and parameters).
+    moments = [(0.0, 2 * root)] if has_root else []
+    for k, i in enumerate(inner):
+        prev = sizes[i - 1] if i else 0
+        moments.append((k / m, root + kept[i] + prev + 2 * sizes[i]))
+    out.forward_units = moments
+    # At the forward's own peak (the loss, at its end): the root and the units kept.
+    if root + kept[n]:
+        out.forward[FSDP_UNSHARDED] = root + kept[n]
+    held = (0 if reshard[0] else root) if has_root else 0
+    if held + kept[n]:
+        out.held[FSDP_UNSHARDED] = held + kept[n]
+    # Backward, unit by unit in reverse: the activations not yet freed, the sharded
+    # gradients of the units done; this unit's parameters (with the root and the units
+    # kept) and the next one's prefetched all-gather; this unit's unsharded gradients
+    # and the previous unit's reduce-scatter input (``fsdp_reduce``).
+    done = 0
+    walk: list[tuple[float, int, int, int]] = []
+    for k in range(m - 1, -1, -1):
+        i = inner[k]
+        prefetch = sizes[i - 1] if k and reshard[i - 1] else 0
+        unsharded = root + kept[i] + sizes[i] + prefetch
+        reduce = grads[i] + (grads[inner[k + 1]] if k + 1 < m else 0)
+        walk.append(((k + 1) / m, done, unsharded, reduce))
         done += shards[i]
-    out.backward[FSDP_UNSHARDED], out.backward[FSDP_REDUCE], out.backward_grads = best
+    if has_root:  # the root's own gradients, reduced last
+        walk.append((0.0, done, root, grads[0] + (grads[inner[0]] if inner else 0)))
+    out.backward_units = walk
+    # The model's own backward peak (an LM head's logits gradient early, the gradients
+    # late) falls inside one unit's computation: what is unsharded there, by position.
+    out.backward_gathered = [w[2] for w in walk[:m]] or [root]
     if fsdp.get("cpu_offload"):
         out.notes.append("FSDP2 CPU offload: states on the host; all-gathers predicted as usual")
 

@@ -32,11 +32,15 @@ from ._graph import (
 )
 from ._measured import measured_bytes, simulate_measured
 from ._optim import OptimizerMemory, optimizer_memory
-from ._parallel import LayoutMemory, layout_memory
+from ._parallel import FSDP_REDUCE, FSDP_UNSHARDED, LayoutMemory, layout_memory
 from ._transformer import ROLES, Arch, record
 
 PHASES = ("forward", "backward", "optimizer.step", "zero_grad", "eval")
 """Phases the predictor knows, by the names the training side reports."""
+
+CLIP = "clip"
+"""Also predicted, where a script names it: gradient clipping between backward and
+the optimizer step (``with gpuwatch.phase("clip"): clip_grad_norm_(...)``)."""
 
 DTYPE_BYTES = {
     "float64": 8,
@@ -125,6 +129,33 @@ def _device_type(facts: dict[str, Any]) -> str:
         if isinstance(g, dict) and _n(g.get("bytes")) > size:
             best, size = str(g.get("device", "cuda")).split(":")[0], _n(g.get("bytes"))
     return best
+
+
+CUDA_BLOCK = 512
+"""The CUDA caching allocator's smallest block (``kMinBlockSize``, CUDACachingAllocator.cpp)."""
+
+
+def _clip_norms(facts: dict[str, Any]) -> int:
+    """``clip_grad_norm_``'s temporaries: one 0-d norm per gradient (``_foreach_norm``),
+    their ``torch.stack`` and the total norm and clip coefficient
+    (``torch/nn/utils/clip_grad.py``, ``_get_total_norm`` and ``_clip_grads_with_norm_``,
+    which then scales the gradients in place), each rounded to the allocator's block on
+    CUDA."""
+    groups = _dict(facts.get("params")).get("groups") or []
+    count = sum(
+        min(_n(g.get("tensors")), 1 << 20)
+        for g in groups
+        if isinstance(g, dict) and g.get("trainable")
+    )
+    if not count:
+        return 0
+    elt = 4  # the norms are in the gradients' dtype; fp32 bounds them
+    block = CUDA_BLOCK if _device_type(facts) == "cuda" else 1
+
+    def alloc(n: int) -> int:
+        return -(-n // block) * block
+
+    return count * alloc(elt) + alloc(count * elt) + 2 * alloc(elt)
 
 
 def _param_elt(facts: dict[str, Any]) -> int:
@@ -310,6 +341,9 @@ def predict(facts: dict[str, Any]) -> Prediction:
             phases["backward", first] = PhaseMemory(base, with_grads, with_grads)
             eval_base = after if not first else base
             phases["eval", first] = PhaseMemory(eval_base, eval_base, eval_base)
+        phases[CLIP, first] = PhaseMemory(
+            with_grads, dict(with_grads, **{TEMPORARIES: _clip_norms(facts)}), with_grads
+        )
         step_end = dict(with_grads, **{OPTIMIZER_STATE: opt.state})
         step_peak = dict(step_end, **{TEMPORARIES: opt.temp})
         phases["optimizer.step", first] = PhaseMemory(with_grads, step_peak, step_end)
@@ -325,7 +359,7 @@ def predict(facts: dict[str, Any]) -> Prediction:
         )
     layout = layout_memory(facts)
     notes.extend(layout.notes)
-    _add_layout(phases, accumulating, layout)
+    _add_layout(phases, accumulating, layout, sim.backward_peak_at if sim else 1.0)
     peak_key = max(phases, key=lambda k: total(phases[k].peak))
     return Prediction(
         phases=phases,
@@ -370,9 +404,16 @@ def _add_layout(
     phases: dict[tuple[str, bool], PhaseMemory],
     accumulating: dict[bool, Breakdown],
     lay: LayoutMemory,
+    peak_at: float = 0.0,
 ) -> None:
-    """Add the parallel layout's buffers where they are alive (``_parallel.py``)."""
-    if not (lay.persistent or lay.forward or lay.held or lay.backward or lay.grads_in_buckets):
+    """Add the parallel layout's buffers where they are alive (``_parallel.py``).
+
+    Args:
+        peak_at: Where in backward the model's own peak falls (0 to 1).
+    """
+    if not (
+        lay.persistent or lay.forward or lay.held or lay.backward or lay.grads_in_buckets
+    ) and not (lay.forward_units or lay.backward_units):
         return
 
     def add(b: Breakdown, extra: dict[str, int]) -> Breakdown:
@@ -385,24 +426,48 @@ def _add_layout(
         return out
 
     none: dict[str, int] = {}
+    backward = dict(lay.backward)
+    if lay.backward_gathered:
+        # The unit whose computation the model's own backward peak falls in.
+        at = min(int(peak_at * len(lay.backward_gathered)), len(lay.backward_gathered) - 1)
+        backward[FSDP_UNSHARDED] = lay.backward_gathered[at]
     for (name, first), pm in list(phases.items()):
         start, peak, end = none, none, none
         if name == "forward":
             peak, end = lay.forward, lay.held
         elif name == "backward":
-            start, peak = lay.held, lay.backward
-        at_peak = pm.peak
-        if name == "backward" and lay.backward_grads is not None:
-            # FSDP's peak is at one unit: what backward began with (activations not yet
-            # freed), the gradient shards of the units done and the unit's buffers.
-            at_peak = dict(pm.start)
-            at_peak[GRADIENTS] = max(at_peak.get(GRADIENTS, 0), lay.backward_grads)
-            at_peak[TEMPORARIES] = pm.peak.get(TEMPORARIES, 0)
-        phases[name, first] = PhaseMemory(
-            add(pm.start, start), add(at_peak, peak), add(pm.end, end)
-        )
+            start, peak = lay.held, backward
+        at_peak = add(pm.peak, peak)
+        # FSDP: the peak may instead be at one unit's collectives, mid-phase.
+        for moment in _unit_moments(name, pm, lay):
+            if total(moment) > total(at_peak):
+                at_peak = add(moment, none)
+        phases[name, first] = PhaseMemory(add(pm.start, start), at_peak, add(pm.end, end))
     for first, b in list(accumulating.items()):
-        accumulating[first] = add(b, lay.backward)
+        accumulating[first] = add(b, backward)
+
+
+def _unit_moments(name: str, pm: PhaseMemory, lay: LayoutMemory) -> list[Breakdown]:
+    """The moments of a phase at each FSDP unit, on the phase's own figures: the share
+    of forward's activations saved (or in backward, not yet freed) by then."""
+    out = []
+    if name == "forward":
+        saved = pm.end.get(ACTIVATIONS, 0) - pm.start.get(ACTIVATIONS, 0)
+        for share, unsharded in lay.forward_units:
+            b = dict(pm.start)
+            b[ACTIVATIONS] = b.get(ACTIVATIONS, 0) + round(saved * share)
+            b[FSDP_UNSHARDED] = unsharded
+            out.append(b)
+    elif name == "backward":
+        saved = pm.start.get(ACTIVATIONS, 0) - pm.end.get(ACTIVATIONS, 0)
+        for share, grads, unsharded, reduce in lay.backward_units:
+            b = dict(pm.start)
+            b[ACTIVATIONS] = pm.end.get(ACTIVATIONS, 0) + round(saved * share)
+            b[GRADIENTS] = grads
+            b[FSDP_UNSHARDED] = unsharded
+            b[FSDP_REDUCE] = reduce
+            out.append(b)
+    return out
 
 
 FINDING = 0.10

@@ -30,6 +30,7 @@ CATEGORY_KEYS = pr.CATEGORIES
 _TEMP_LABELS = {
     "forward": "forward temporaries",
     "backward": "activation gradients",
+    "clip": "gradient norms",
     "eval": "eval working set",
 }
 
@@ -387,7 +388,7 @@ def labels_for(ex: ProcessExplained, phase: str) -> str:
     return _TEMP_LABELS.get(phase, "temporaries")
 
 
-_ORDER = ("data", "forward", "backward", "optimizer.step", "zero_grad", "eval")
+_ORDER = ("data", "forward", "backward", "clip", "optimizer.step", "zero_grad", "eval")
 
 
 def _phase_order(name: str) -> tuple[int, str]:

@@ -849,6 +849,13 @@ class Session:
         self.marks.append(Mark(msg.t, proc.pid, b["text"], b.get("level", "info"), b.get("step")))
         self._let_marks_go()
 
+    def add_mark(self, mark: Mark) -> None:
+        """A mark from gpuwatch itself (a fault it found): kept and recorded as a script's."""
+        with self._lock:
+            self.marks.append(mark)
+            self._let_marks_go()
+        self._emit("mark", (mark,))
+
     def _let_marks_go(self) -> None:
         """Keep about :data:`KEEP_MARKS` marks in memory, once the session is bounded or
         its marks can be read back: only those the recording holds go, unless there is

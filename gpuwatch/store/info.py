@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.ranks import format_ranks, ranks_from_json
+from ..analysis.session_ranks import RankFeed
 from ..fmt import ellipsis, first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.explain import explain_process, format_predicted, predicted_json
@@ -139,9 +141,10 @@ def _content(s: Session) -> dict[str, Any]:
             entry["origin"] = dev.origin
         devices.append(entry)
     out["devices"] = devices
+    explained: dict[int, Any] = {}
     out["processes"] = []
     for p in s.processes.values():
-        out["processes"].append(_process(s, p, rel))
+        out["processes"].append(_process(s, p, rel, explained))
         _rest(p)
     out["phases"] = _phases(s)
     out["marks"] = s.mark_count()
@@ -164,11 +167,14 @@ def _content(s: Session) -> dict[str, Any]:
     out["dropped"] = sum(p.dropped for p in s.processes.values())
     out["gaps"] = sum(p.gaps for p in s.processes.values())
     out["abandoned_phases"] = sum(p.abandoned for p in s.processes.values())
+    # The ranks of each job side by side (docs/ranks.md), from the explanations above.
+    feed = RankFeed(explain=lambda _, p: explained.get(p.pid))
+    out["ranks"] = [r.to_json() for r in feed.tables(s)]
     out["notes"] = list(s.notes)
     return out
 
 
-def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
+def _process(s: Session, p: Process, rel: Any, explained: dict[int, Any]) -> dict[str, Any]:
     counts: Counter[str] = Counter()
     # A step is an optimizer step: the client advances its step counter when one ends, so
     # phases after it (zero_grad) already carry the next number.
@@ -214,7 +220,7 @@ def _process(s: Session, p: Process, rel: Any) -> dict[str, Any]:
     if p.origin:  # merged: which recording, and its own pid if renumbered
         out["origin"] = p.origin
         out["os_pid"] = p.os_pid if p.os_pid is not None else p.pid
-    ex = _explain(s, p)
+    ex = explained[p.pid] = _explain(s, p)
     if ex is not None:
         out["predicted"] = predicted_json(ex)
         out["findings"] = ex.findings
@@ -374,6 +380,8 @@ def format_summary(info: dict[str, Any]) -> str:
             lines += format_predicted(
                 p["label"], p["predicted"], p.get("findings", []), p.get("prediction_notes", [])
             )
+    for job in info.get("ranks", ()):
+        lines += format_ranks(ranks_from_json(job))
     rejects = ", ".join(f"{k} {v}" for k, v in info["rejects"].items())
     lines.append(
         f"marks {info['marks']} · OOMs {len(info['ooms'])} · rejected {info['rejected']}"
@@ -405,3 +413,22 @@ def _file_lines(f: dict[str, Any], prefix: str = "") -> list[str]:
         f"{f['created']}, gpuwatch {f['gpuwatch_version']}, {state}, "
         f"{fmt_bytes(f['bytes'])}",
     ]
+
+
+def one_line(rec: Recording) -> str:
+    """``info``'s file line in one line, from the meta table and the chunk index only.
+
+    Milliseconds whatever the recording's length (no chunk is read): what a list of many
+    recordings (``gpuwatch serve``'s index) shows for each. Made printable.
+    """
+    f = _file(rec)
+    with rec.reading(transaction=True) as db:
+        first, last = db.execute("SELECT min(t_first), max(t_last) FROM chunks").fetchone()
+    f["duration_s"] = (last - first) / 1e9 if first is not None and last is not None else 0.0
+    f["bytes"] = rec.file_size()
+    state = "complete" if f["complete"] else "incomplete"
+    line = (
+        f"{fmt_duration(f['duration_s'] * 1e9)} on {f['host']}, started {f['created']}, "
+        f"{state}, {fmt_bytes(f['bytes'])}" + (f" — {f['label']}" if f["label"] else "")
+    )
+    return printable(line)

@@ -24,6 +24,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
+from ..analysis.session_ranks import jobs, rank_of
 from ..fmt import ellipsis, fmt_bytes, fmt_duration
 from ..session import Session
 from ..session import navigate as nav
@@ -32,6 +33,7 @@ from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
 from .panel import DevicePanel
+from .ranks import RanksView
 from .tables import PeaksTable, ProcessTable
 from .theme import DEFAULT_THEME, builtin_themes
 from .view import View
@@ -154,6 +156,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
     Action("3", "show_tab('processes')", "Processes", "Show the process table", True, "3"),
     Action("4", "show_tab('log')", "Log", "Show the command's output (gpuwatch run)"),
+    Action("5", "show_ranks", "Ranks", "Show the ranks of a multi-GPU job side by side"),
     Action(
         "tab",
         "next_panel(1)",
@@ -298,6 +301,9 @@ class GpuwatchApp(App[int]):
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted
         self.process_table = ProcessTable(self.session, id="process-table")
+        # The Ranks tab appears once the session has a job of two or more ranks.
+        self.ranks_view = RanksView(self.session, id="ranks-view")
+        self._ranks_added = False
         yield self.status_bar
         yield self.notes_bar
         with self.tabs:
@@ -479,10 +485,44 @@ class GpuwatchApp(App[int]):
         if version == self._tables_version:
             return
         self._tables_version = version
+        self._add_ranks_tab()
         if self.tabs.active == "peaks":
             self.peaks_table.refresh_rows()
         elif self.tabs.active == "processes":
             self.process_table.refresh_rows()
+        if self._ranks_added:  # hidden too, for the faults the status bar counts
+            faults = self.ranks_view.faults
+            self.ranks_view.refresh_rows(hidden=self.tabs.active != "ranks")
+            if self.ranks_view.faults != faults:
+                self._update_status()
+
+    def has_ranks(self) -> bool:
+        """Does the session hold a job of two or more ranks (the Ranks tab is shown)."""
+        return self._ranks_added
+
+    def _add_ranks_tab(self) -> Any:
+        """Add the Ranks tab once a job of two or more ranks is known; returns what to
+        await, or None. (A hello may come after a process's first message: looked for at
+        each table refresh until found, a pass over the processes.)"""
+        if self._ranks_added:
+            return None
+        procs = list(self.session.processes.values())
+        if sum(rank_of(p) is not None for p in procs) < 2:
+            return None
+        if not any(len(job) >= 2 for job in jobs(self.session)):
+            return None
+        self._ranks_added = True
+        return self.tabs.add_pane(TabPane("Ranks", self.ranks_view, id="ranks"))
+
+    async def action_show_ranks(self) -> None:
+        """Show the Ranks tab (added first if the session has ranks it has not shown)."""
+        if not self._ranks_added:
+            added = self._add_ranks_tab()
+            if added is None:
+                self.notify("no job of two or more ranks in this session", timeout=2)
+                return
+            await added
+        self.action_show_tab("ranks")
 
     def redraw(self) -> None:
         """Redraw now (after a key or mouse action)."""
@@ -509,6 +549,9 @@ class GpuwatchApp(App[int]):
             f"window {fmt_duration(self.view.span)}",
             f"{procs} instrumented",
         ]
+        faults = self.ranks_view.faults
+        if faults:  # the job's ranks disagree: the Ranks tab says how
+            parts.append(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]")
         if rejects:
             parts.append(f"[$warning]{rejects} rejected[/]")
         if dropped:
@@ -675,13 +718,19 @@ class GpuwatchApp(App[int]):
         self.redraw()
 
     def action_show_tab(self, tab: str) -> None:
-        """Switch between timelines, peaks, processes and the command's log."""
+        """Switch between timelines, peaks, processes, ranks and the command's log."""
         if tab == "log" and self.child is None:
             self.notify("no command is running under gpuwatch", timeout=2)
             return
+        if tab == "ranks" and not self._ranks_added:
+            return  # action_show_ranks adds it first
         self.tabs.active = tab
         # Focus follows the tab (focusing a widget in another tab would switch back to it).
-        targets = {"peaks": self.peaks_table, "processes": self.process_table}
+        targets = {
+            "peaks": self.peaks_table,
+            "processes": self.process_table,
+            "ranks": self.ranks_view,
+        }
         if tab == "log":
             from .log import LogView
 

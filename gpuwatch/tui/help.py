@@ -83,14 +83,15 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,q,question_mark", "dismiss", "Close"),
     ]
 
-    def __init__(self, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, keys: list[tuple[str, str]], text: str = HELP) -> None:
         super().__init__()
         self.keys = keys
+        self.text = text  # a Markdown page with a {keys} table (the cluster view has its own)
 
     def compose(self) -> ComposeResult:
         table = "\n".join(f"| `{key}` | {desc} |" for key, desc in self.keys)
         with VerticalScroll():
-            yield Markdown(HELP.format(keys=table))
+            yield Markdown(self.text.format(keys=table))
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

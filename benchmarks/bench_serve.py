@@ -1,0 +1,238 @@
+"""Cost of ``gpuwatch serve``: 1, 4 and 8 visitors on the same recording.
+
+A real server (``gpuwatch serve`` on the 2.7B sample) and real visitors: pages of one
+headless Chromium (Debian's, driven by Playwright). For each count of visitors:
+
+1. **Time to the first frame in the browser**: from ``page.goto`` to the page's
+   ``-first-byte`` class (set by Textual's client once the dashboard's first output is
+   drawn), each page opened at once; median and max.
+2. **Server CPU per visitor**: CPU time of the server and of its visitors' app processes
+   over a window of ``--seconds`` with every page open (the replay paused, as it opens),
+   as a share of one core, divided by the visitors.
+3. **Server memory per visitor**: resident memory of the visitors' app processes, and
+   of the server itself, once every page has its first frame.
+
+Anchor, measured in the same run: the same dashboard in a terminal, ``gpuwatch replay`` of
+the same recording in tmux at the page's size: its first frame (start to "REPLAY" on the
+screen), CPU share over the same window and resident memory. Targets: a visitor costs at
+most 1.5x the terminal dashboard's memory and CPU (the web driver's framing and the
+server's relaying are the only additions), and the first frame of a lone visitor comes
+within 2x the terminal's plus 1 s (the page, its script and the websocket).
+
+Run: python benchmarks/bench_serve.py [--seconds 10] [--visitors 1 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import psutil  # noqa: E402
+from serveproc import SPIKE, serving  # noqa: E402
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1400, "height": 900}
+MEMORY_RATIO = 1.5
+FIRST_FRAME = """
+new MutationObserver(() => {
+    if (window.__firstFrame === undefined && document.body
+            && document.body.classList.contains("-first-byte")) {
+        window.__firstFrame = performance.now();
+    }
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ["class"]});
+"""
+"""Notes when Textual's client marks the page's first frame (each page on its own clock)."""
+CPU_RATIO = 1.5
+
+
+def _cpu(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _rss_mb(p: psutil.Process) -> float:
+    try:
+        return p.memory_info().rss / 1e6
+    except psutil.Error:
+        return 0.0
+
+
+def anchor(seconds: float, size: tuple[int, int]) -> dict[str, float]:
+    """The terminal dashboard: ``gpuwatch replay`` in tmux at ``size`` cells."""
+    server = f"gw-bench-serve-{uuid.uuid4().hex[:8]}"
+    tmux = ["tmux", "-L", server, "-f", "/dev/null"]
+    env = f"env -u COLUMNS -u LINES PYTHONPATH={ROOT}"
+    cmd = f"{env} {sys.executable} -m gpuwatch replay {SPIKE}"
+    start = time.monotonic()
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "m", "-x", str(size[0]), "-y", str(size[1]), cmd],
+        check=True,
+    )
+    try:
+        first = None
+        while time.monotonic() - start < 120:
+            screen = subprocess.run(
+                [*tmux, "capture-pane", "-p", "-t", "m"], capture_output=True, text=True
+            ).stdout
+            if "REPLAY" in screen and "peak in phase" in screen:
+                first = time.monotonic() - start
+                break
+            time.sleep(0.05)
+        assert first is not None, "the terminal replay never drew"
+        pane = int(
+            subprocess.run(
+                [*tmux, "list-panes", "-t", "m", "-F", "#{pane_pid}"],
+                capture_output=True,
+                text=True,
+            ).stdout.split()[0]
+        )
+        procs = [psutil.Process(pane), *psutil.Process(pane).children(recursive=True)]
+        app = max(procs, key=_rss_mb)
+        time.sleep(1.0)
+        c0, t0 = _cpu([app]), time.monotonic()
+        time.sleep(seconds)
+        cpu = (_cpu([app]) - c0) / (time.monotonic() - t0) * 100
+        return {"first_s": first, "cpu_pct": cpu, "rss_mb": _rss_mb(app)}
+    finally:
+        subprocess.run([*tmux, "kill-session", "-t", "m"], capture_output=True)  # its last: it ends
+
+
+def visitors(context, served, n: int, seconds: float) -> dict[str, float]:
+    """``n`` pages at once on the served recording."""
+    server = psutil.Process(served.proc.pid)
+    pages = [context.new_page() for _ in range(n)]
+    try:
+        for page in pages:
+            page.add_init_script(FIRST_FRAME)
+            page.goto(served.url, wait_until="commit")
+        firsts = []
+        for page in pages:
+            page.wait_for_selector("body.-first-byte", timeout=180_000)
+            # Since the page's navigation started, by the page's own clock.
+            firsts.append(page.evaluate("window.__firstFrame") / 1000)
+        deadline = time.monotonic() + 60
+        while len(server.children()) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        apps = server.children(recursive=True)
+        rss = [_rss_mb(p) for p in apps]
+        procs = [server, *apps]
+        pages[0].wait_for_timeout(1000)
+        c0, t0 = _cpu(procs), time.monotonic()
+        pages[0].wait_for_timeout(seconds * 1000)  # keeps Playwright's events flowing
+        cpu = (_cpu(procs) - c0) / (time.monotonic() - t0) * 100
+        return {
+            "first_median_s": statistics.median(firsts),
+            "first_max_s": max(firsts),
+            "cpu_pct_per_visitor": cpu / n,
+            "rss_mb_per_visitor": statistics.mean(rss) if rss else 0.0,
+            "server_rss_mb": _rss_mb(server),
+            "apps": len(apps),
+        }
+    finally:
+        for page in pages:
+            page.close()
+        deadline = time.monotonic() + 60
+        while server.children() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=10.0, help="CPU window (default 10)")
+    ap.add_argument("--visitors", type=int, nargs="+", default=[1, 4, 8])
+    args = ap.parse_args()
+    chromium = shutil.which("chromium")
+    if chromium is None or shutil.which("tmux") is None:
+        print("SKIP: needs Debian's chromium and tmux")
+        return 0
+    from playwright.sync_api import sync_playwright
+
+    results: dict[int, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=chromium, headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT
+        )
+        try:
+            cap = str(max(args.visitors))
+            with serving(["--bind", "0", "--max-visitors", cap, str(SPIKE)]) as served:
+                # The page's size in cells, for the terminal anchor: one visit tells it.
+                page = context.new_page()
+                sizes: list[tuple[int, int]] = []
+                page.on(
+                    "websocket",
+                    lambda ws: ws.on("framesent", lambda d: sizes.append(_size(d))),
+                )
+                page.goto(served.url)
+                page.wait_for_selector("body.-first-byte", timeout=180_000)
+                page.close()
+                size = next((s for s in reversed(sizes) if s), (150, 44))
+                for n in args.visitors:
+                    results[n] = visitors(context, served, n, args.seconds)
+        finally:
+            context.close()
+    base = anchor(args.seconds, size)
+
+    print(f"page size {size[0]}x{size[1]} cells; CPU window {args.seconds:g} s; 2.7B sample")
+    print(
+        f"anchor, gpuwatch replay in tmux: first frame {base['first_s']:.2f} s, "
+        f"CPU {base['cpu_pct']:.1f}% of a core, RSS {base['rss_mb']:.0f} MB"
+    )
+    ok = True
+    for n, r in results.items():
+        mem_ratio = r["rss_mb_per_visitor"] / base["rss_mb"]
+        cpu_ratio = r["cpu_pct_per_visitor"] / max(base["cpu_pct"], 0.1)
+        print(
+            f"{n} visitors: first frame median {r['first_median_s']:.2f} s, max "
+            f"{r['first_max_s']:.2f} s; per visitor CPU {r['cpu_pct_per_visitor']:.1f}% "
+            f"({cpu_ratio:.2f}x anchor), RSS {r['rss_mb_per_visitor']:.0f} MB "
+            f"({mem_ratio:.2f}x anchor); server itself {r['server_rss_mb']:.0f} MB; "
+            f"{r['apps']} app processes"
+        )
+        ok &= mem_ratio <= MEMORY_RATIO and r["apps"] == n
+        # CPU: an idle dashboard's share is small and noisy; the target allows 1 point.
+        ok &= r["cpu_pct_per_visitor"] <= base["cpu_pct"] * CPU_RATIO + 1.0
+    lone = results.get(1)
+    if lone is not None:
+        ok &= lone["first_median_s"] <= 2 * base["first_s"] + 1.0
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+def _size(data: bytes | str) -> tuple[int, int] | None:
+    import json
+
+    if isinstance(data, str) and data.startswith('["resize"'):
+        msg = json.loads(data)[1]
+        return int(msg["width"]), int(msg["height"])
+    return None
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""``gpuwatch serve``: the dashboard in a browser (``docs/serve.md``).
+
+With files, each visitor replays them (several merged, as ``replay`` does); without, the
+live session of this machine (the replay of the live gpuwatch's growing recording, a
+``gpuwatch record`` started if none runs) and the sessions directory, on an index page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import socket
+from typing import Any
+
+from ._common import EXIT_OK, CliError, check_theme, metrics_address, say, theme_name
+
+DEFAULT_BIND = "127.0.0.1:8765"
+
+
+def _bind(text: str) -> tuple[str, int]:
+    """``--bind [HOST:]PORT``: the port alone binds loopback."""
+    return metrics_address(text)
+
+
+def _visitors(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of visitors: {text!r}")
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError("the number of visitors must be between 1 and 256")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add ``serve`` to the subcommand parsers."""
+    p = sub.add_parser(
+        "serve",
+        help="serve the dashboard to a web browser (live, or recordings)",
+        description="Serve the dashboard to web browsers, one dashboard process per visitor. "
+        "With FILEs, each visitor replays them (several merged into one session, as "
+        "'replay' does). Without, visitors get an index: the live session of this machine "
+        "(the running gpuwatch's recording, followed as it grows; 'gpuwatch record' is "
+        "started if none runs) and the recordings of the sessions directory, newest first. "
+        "Needs the serve extra: pip install 'gpuwatch[serve]'.",
+    )
+    p.add_argument("file", metavar="FILE", nargs="*", help="a recording to serve; several merge")
+    p.add_argument(
+        "--bind",
+        type=_bind,
+        default=_bind(DEFAULT_BIND),
+        metavar="[HOST:]PORT",
+        help=f"where to listen (default {DEFAULT_BIND}, this machine only; port 0 picks a "
+        "free one). Any address other than loopback needs a token: one is made and printed "
+        "unless --token-file gives it",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="read the token visitors must give from FILE's first line (16 to 256 "
+        "printable characters); also required on loopback when given",
+    )
+    p.add_argument(
+        "--max-visitors",
+        type=_visitors,
+        default=4,
+        metavar="N",
+        help="visitors at once (each runs a dashboard process); more get a 'busy' page (default 4)",
+    )
+    p.add_argument(
+        "--align",
+        choices=("wall", "start"),
+        default="wall",
+        help="with several files: line them up by wall clock (default) or by their starts",
+    )
+    p.add_argument("--theme", metavar="NAME", help="colour theme of every visitor's dashboard")
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="without FILEs: the annotation socket of the live session (default: "
+        "$GPUWATCH_SOCKET or a per-user path)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+
+def _need_extra() -> None:
+    missing = [m for m in ("aiohttp", "textual_serve") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CliError(
+            f"gpuwatch serve needs {' and '.join(missing)}: pip install 'gpuwatch[serve]'"
+        )
+
+
+def _address(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve until Ctrl-C or SIGTERM."""
+    theme = theme_name(args)
+    check_theme(theme)
+    _need_extra()
+    from ..serve.access import Access, TokenError, is_loopback, new_token, read_token
+
+    host, port = args.bind
+    loopback = is_loopback(host)
+    token: str | None = None
+    if args.token_file:
+        try:
+            token = read_token(args.token_file)
+        except TokenError as exc:
+            raise CliError(str(exc))
+    elif not loopback:
+        token = new_token()
+    files: list[str] = args.file
+    for f in files:
+        _check_file(f)
+    import asyncio
+
+    from ..serve.offers import Catalog, Live, OfferError
+    from ..serve.pages import client_dir
+    from ..serve.server import Settings, serve
+
+    client = client_dir()
+    if client is None:
+        raise CliError("textual-serve has no web client files: pip install 'gpuwatch[serve]'")
+    live: Live | None = None
+    if files:
+        catalog = Catalog(files)
+    else:
+        from ..protocol import socket_path
+        from ..store.sessions import sessions_dir
+
+        live = Live(args.socket or socket_path())
+        try:
+            live.start()
+        except OfferError as exc:
+            raise CliError(str(exc))
+        catalog = Catalog([], sessions_dir(), live)
+    settings = Settings(
+        catalog=catalog,
+        access=Access(loopback=loopback, port=port, token=token),
+        client=client,
+        max_visitors=args.max_visitors,
+        theme=theme,
+        align=args.align,
+        say=say,
+    )
+
+    def ready(bound: int) -> None:
+        url = _address(host, bound)
+        what = catalog.single().title if files else "the live session and recordings"
+        say(f"serving {what} on {url} (Ctrl-C stops)")
+        if token is not None:
+            # On stdout alone: the one line a script reads to find the address.
+            print(f"{url}?token={token}", flush=True)
+        else:
+            print(url, flush=True)
+
+    try:
+        asyncio.run(serve(settings, host, port, ready))
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+    finally:
+        if live is not None:
+            live.stop()
+    return EXIT_OK
+
+
+def _check_file(path: str) -> None:
+    """A named file that is not a readable recording is one line, exit 2, before serving."""
+    from ..store.recording import RecordingError, open_recording
+
+    try:
+        open_recording(path).close()
+    except RecordingError as exc:
+        raise CliError(str(exc))

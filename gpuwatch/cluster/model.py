@@ -1,0 +1,452 @@
+"""The cluster as Prometheus names it: one cell per GPU (host:index), grouped by host.
+
+:func:`fetch` asks one instant query per metric family (never one per GPU) and
+:meth:`Cluster.apply` folds the answers in. What a refresh could not read keeps its last
+good figures, marked stale: a refresh that failed marks every cell stale with one line
+that says why; a GPU whose series are gone (its exporter stopped answering, so Prometheus
+ended them) is stale since the refresh that last had it; a GPU NVML lost is ``lost``.
+The ranks (a process with a ``rank`` label) become :class:`~gpuwatch.analysis.ranks.RankRow`
+rows, so the ranks table is the one ``gpuwatch info`` prints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
+from ..fmt import fmt_bytes
+from .client import PromClient, PromError, Series, selector
+
+OK, LOST, STALE = "ok", "lost", "stale"
+
+SORTS = ("memory", "headroom", "host", "rank")
+"""The grid's orders: fullest first, least headroom first, by host, by rank."""
+
+MAX_GPUS = 4096
+"""Most GPUs the view keeps (more series than that come from a --match too wide)."""
+
+FORGET_S = 3600.0
+"""A GPU whose series have been gone this long (seconds) leaves the view: an elastic job's
+hosts come and go, and the cells of those gone for good must not fill it up."""
+
+FAMILIES = (
+    "gpuwatch_gpu_memory_total_bytes",
+    "gpuwatch_gpu_memory_used_bytes",
+    "gpuwatch_gpu_up",
+    "gpuwatch_process_phase_info",
+    "gpuwatch_process_step",
+    "gpuwatch_process_phase_peak_allocated_bytes",
+    "gpuwatch_process_predicted_peak_bytes",
+    "gpuwatch_rank_info",
+    "up",
+)
+"""What one refresh asks, one instant query each. ``gpuwatch_rank_info`` (the rank's
+layout) is read when the exporter has it; ``up`` tells which scrape targets answer."""
+
+
+QUERY_THREADS = 4
+"""Queries of one refresh in flight at once (Prometheus answers each on its own thread)."""
+
+
+def host_of(labels: dict[str, str] | object) -> str:
+    """The host a series is from: its ``host`` label, else its scrape target."""
+    get = labels.get  # type: ignore[attr-defined]
+    return get("host") or get("instance") or "?"
+
+
+def _int(text: str | None) -> int | None:
+    if text is None or not text.strip().lstrip("-").isdigit() or len(text) > 18:
+        return None
+    return int(text)
+
+
+def _bytes(value: float) -> int | None:
+    """A byte figure from a sample value (NaN, infinities and negatives are not bytes)."""
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        return None
+    return int(min(value, 2**62))
+
+
+@dataclass
+class Gpu:
+    """One GPU cell: the newest figures Prometheus had for it."""
+
+    host: str
+    index: str
+    name: str = ""
+    instance: str = ""
+    used: int | None = None
+    total: int | None = None
+    up: bool = True
+    ranks: tuple[int, ...] = ()
+    phase: str | None = None
+    step: int | None = None
+    peak: int | None = None
+    predicted: int | None = None
+    seen: float = 0.0
+    """Wall time (unix s) of the refresh that last had its series."""
+    state: str = OK
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.index}"
+
+    @property
+    def headroom(self) -> int | None:
+        if self.used is None or self.total is None:
+            return None
+        return self.total - self.used
+
+    @property
+    def fill(self) -> float:
+        """used / total, 0 when unknown."""
+        if self.used is None or not self.total:
+            return 0.0
+        return min(max(self.used / self.total, 0.0), 1.0)
+
+    def text(self) -> str:
+        """What the filter matches against."""
+        ranks = " ".join(f"rank {r}" for r in self.ranks)
+        return f"{self.key} {self.name} {ranks} {self.phase or ''} {self.state}".lower()
+
+
+@dataclass
+class Answers:
+    """One refresh's answers: the series of every family asked, or why a family failed."""
+
+    at: float
+    series: dict[str, list[Series]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def fetch(
+    client: PromClient, matchers: Sequence[tuple[str, str, str]] = (), at: float | None = None
+) -> Answers:
+    """Ask every family once, all at the same instant and side by side (a refresh takes
+    about as long as its slowest query); a failure is kept per family."""
+    at = time.time() if at is None else at
+    start = time.perf_counter()
+    answers = Answers(at)
+
+    gone: list[PromError] = []  # the server did not answer: the rest would wait as long
+
+    def ask(family: str) -> tuple[str, list[Series] | PromError]:
+        if gone:
+            return family, gone[0]
+        try:
+            return family, client.query(selector(family, matchers), at=at)
+        except PromError as exc:
+            if exc.gone:
+                gone.append(exc)
+            return family, exc
+
+    with ThreadPoolExecutor(max_workers=QUERY_THREADS, thread_name_prefix="gw-query") as pool:
+        for family, got in pool.map(ask, FAMILIES):
+            if isinstance(got, PromError):
+                answers.errors[family] = str(got)
+            else:
+                answers.series[family] = got
+    answers.seconds = time.perf_counter() - start
+    return answers
+
+
+@dataclass
+class _Process:
+    host: str
+    pid: int
+    gpu: str | None
+    rank: int | None = None
+    step: int | None = None
+    phase: str | None = None
+    peaks: dict[str, int] = field(default_factory=dict)
+    predicted: int | None = None
+    strategy: str | None = None
+    world_size: int | None = None
+
+
+class Cluster:
+    """Every GPU the series name, kept across refreshes.
+
+    Attributes:
+        gpus: Cells by ``host:index``.
+        error: One line about the newest refresh (None: it read everything).
+        refreshed: Wall time of the newest refresh that read something.
+        ranks: The ranks side by side (empty when no process has a rank).
+        down: Scrape targets (``instance``) whose newest ``up`` is 0.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.gpus: dict[str, Gpu] = {}
+        self.error: str | None = None
+        self.refreshed: float | None = None
+        self.ranks: Ranks = compare([])
+        self.down: set[str] = set()
+        self._procs: dict[tuple[str, int], _Process] = {}
+        self._clock = clock
+
+    # ------------------------------------------------------------------ folding answers
+
+    def failed(self, error: str) -> None:
+        """A refresh read nothing: every figure is kept, every cell marked stale."""
+        self.error = error
+        for gpu in self.gpus.values():
+            gpu.state = STALE
+
+    def apply(self, answers: Answers) -> None:
+        """Fold one refresh in (see the module's note on what is kept)."""
+        core = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
+        if all(f in answers.errors for f in core):
+            self.failed(answers.errors[core[0]])
+            return
+        s = answers.series
+        self.refreshed = answers.at
+        self.error = None
+        if answers.errors:
+            family, why = next(iter(answers.errors.items()))
+            more = f" (and {len(answers.errors) - 1} more)" if len(answers.errors) > 1 else ""
+            self.error = f"{family}: {why}{more}"
+        if "up" in s:
+            self.down = {x.labels.get("instance", "") for x in s["up"] if x.value == 0}
+        seen: set[str] = set()
+        gpu_families = (
+            "gpuwatch_gpu_memory_total_bytes",
+            "gpuwatch_gpu_memory_used_bytes",
+            "gpuwatch_gpu_up",
+        )
+        for family in gpu_families:
+            for series in s.get(family, []):
+                cell = self._cell(series)
+                if cell is None:
+                    continue
+                seen.add(cell.key)
+                if family.endswith("total_bytes"):
+                    cell.total = _bytes(series.value)
+                elif family.endswith("used_bytes"):
+                    cell.used = _bytes(series.value)
+                else:
+                    cell.up = series.value == 1
+        # Used is absent for a lost GPU (its last values are not its values now).
+        if "gpuwatch_gpu_memory_used_bytes" in s:
+            have = {self._key(x.labels) for x in s["gpuwatch_gpu_memory_used_bytes"]}
+            for key in seen - have:
+                self.gpus[key].used = None
+        self._processes(s)
+        failed_core = any(f in answers.errors for f in (*core, "gpuwatch_gpu_up"))
+        for key in [
+            k for k, g in self.gpus.items() if k not in seen and answers.at - g.seen > FORGET_S
+        ]:
+            del self.gpus[key]
+        for key, cell in self.gpus.items():
+            if key in seen:
+                cell.seen = answers.at
+            if key not in seen or failed_core or cell.instance in self.down:
+                cell.state = STALE
+            elif not cell.up:
+                cell.state = LOST
+            else:
+                cell.state = OK
+
+    @staticmethod
+    def _key(labels: dict[str, str]) -> str:
+        return f"{host_of(labels)}:{labels.get('gpu', '')}"
+
+    def _cell(self, series: Series) -> Gpu | None:
+        labels = dict(series.labels)
+        index = labels.get("gpu", "")
+        if not index:
+            return None
+        key = self._key(labels)
+        cell = self.gpus.get(key)
+        if cell is None:
+            if len(self.gpus) >= MAX_GPUS:
+                return None
+            cell = self.gpus[key] = Gpu(host_of(labels), index)
+        cell.name = labels.get("name", cell.name)
+        cell.instance = labels.get("instance", cell.instance)
+        return cell
+
+    def _processes(self, s: dict[str, list[Series]]) -> None:
+        """Processes from their families: phase, step, peaks, prediction, rank."""
+        families = (
+            "gpuwatch_process_phase_info",
+            "gpuwatch_process_step",
+            "gpuwatch_process_phase_peak_allocated_bytes",
+            "gpuwatch_process_predicted_peak_bytes",
+        )
+        if not any(f in s for f in families):
+            return  # none read: keep what the cells show
+        procs: dict[tuple[str, int], _Process] = {}
+
+        def proc(series: Series) -> _Process | None:
+            labels = series.labels
+            pid = _int(labels.get("pid"))
+            if pid is None:
+                return None
+            key = (host_of(labels), pid)
+            p = procs.get(key)
+            if p is None:
+                if len(procs) >= MAX_GPUS * 8:
+                    return None
+                old = self._procs.get(key)
+                p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None)
+                if old is not None:  # a family not read this time keeps its figures
+                    p.step, p.predicted, p.peaks = old.step, old.predicted, dict(old.peaks)
+                    p.strategy, p.world_size = old.strategy, old.world_size
+            if p.gpu is None and labels.get("gpu"):
+                p.gpu = labels["gpu"]
+            p.rank = _int(labels.get("rank")) if p.rank is None else p.rank
+            return p
+
+        for series in s.get("gpuwatch_process_phase_info", []):
+            if (p := proc(series)) is not None and series.value == 1:
+                p.phase = series.labels.get("phase") or None
+        for series in s.get("gpuwatch_process_step", []):
+            if (p := proc(series)) is not None and series.value == series.value:
+                p.step = int(series.value) if abs(series.value) < 2**53 else None
+        if "gpuwatch_process_phase_peak_allocated_bytes" in s:
+            fresh: dict[tuple[str, int], dict[str, int]] = defaultdict(dict)
+            for series in s["gpuwatch_process_phase_peak_allocated_bytes"]:
+                p = proc(series)
+                peak = _bytes(series.value)
+                name = series.labels.get("phase")
+                if p is not None and peak is not None and name:
+                    fresh[(p.host, p.pid)][name] = peak
+            for key, p in procs.items():
+                p.peaks = fresh.get(key, {})
+        for series in s.get("gpuwatch_process_predicted_peak_bytes", []):
+            if (p := proc(series)) is not None:
+                p.predicted = _bytes(series.value)
+        for series in s.get("gpuwatch_rank_info", []):
+            if (p := proc(series)) is not None:
+                strategy = series.labels.get("strategy")
+                if strategy and strategy != "unknown":  # "unknown": no layout facts yet
+                    p.strategy = strategy
+                p.world_size = _int(series.labels.get("world_size")) or p.world_size
+        self._procs = procs
+        self._cells_from(procs.values())
+        self.ranks = compare(self._rank_rows(procs.values()))
+
+    def _cells_from(self, procs: Iterable[_Process]) -> None:
+        by_gpu: dict[str, list[_Process]] = defaultdict(list)
+        for p in procs:
+            if p.gpu is not None:
+                by_gpu[f"{p.host}:{p.gpu}"].append(p)
+        for key, cell in self.gpus.items():
+            on = by_gpu.get(key, [])
+            cell.ranks = tuple(sorted({p.rank for p in on if p.rank is not None}))
+            phases = [p.phase for p in on if p.phase]
+            cell.phase = phases[0] if phases else None
+            steps = [p.step for p in on if p.step is not None]
+            cell.step = max(steps) if steps else None
+            peaks = [max(p.peaks.values()) for p in on if p.peaks]
+            cell.peak = sum(peaks) if peaks else None
+            predicted = [p.predicted for p in on if p.predicted is not None]
+            cell.predicted = sum(predicted) if predicted else None
+
+    def _rank_rows(self, procs: Iterable[_Process]) -> list[RankRow]:
+        rows = []
+        for p in procs:
+            if p.rank is None:
+                continue
+            cell = self.gpus.get(f"{p.host}:{p.gpu}") if p.gpu is not None else None
+            rows.append(
+                RankRow(
+                    rank=p.rank,
+                    host=p.host,
+                    gpu=f"{p.host}:{p.gpu}" if p.gpu is not None else None,
+                    pid=p.pid,
+                    step=p.step,
+                    used=cell.used if cell is not None else None,
+                    phases={name: RankPhase(peak=v) for name, v in p.peaks.items()},
+                    strategy=p.strategy,
+                    world_size=p.world_size,
+                )
+            )
+        return rows
+
+    # ------------------------------------------------------------------ the view's questions
+
+    def hosts(self) -> list[str]:
+        return sorted({g.host for g in self.gpus.values()})
+
+    def cells(self, sort: str = "host", text: str = "") -> list[tuple[str, list[Gpu]]]:
+        """The GPUs grouped by host, in the order ``sort`` asks, those whose text (key, name,
+        ranks, phase, state) holds ``text`` (case and runs of spaces aside).
+
+        Hosts come in the order of their first GPU, so the fullest host leads a memory sort.
+        """
+        needle = " ".join(text.lower().split())
+        chosen = [g for g in self.gpus.values() if needle in g.text()]
+        chosen.sort(key=_SORT_KEYS[sort])
+        groups: dict[str, list[Gpu]] = {}
+        for g in chosen:
+            groups.setdefault(g.host, []).append(g)
+        return list(groups.items())
+
+    def fullest(self) -> Gpu | None:
+        known = [g for g in self.gpus.values() if g.used is not None and g.total]
+        return max(known, key=lambda g: (g.fill, g.key)) if known else None
+
+    def worst_rank(self) -> tuple[int, str] | None:
+        """The rank that stands out most, and why: the largest excess a flag names, else the
+        highest peak of any phase."""
+        flags = sorted(self.ranks.flags, key=lambda f: (-(f.kind == "above_median"), -f.bytes))
+        if flags:
+            return flags[0].rank, flags[0].text
+        if not self.ranks.spreads:
+            return None
+        top = max(self.ranks.spreads, key=lambda s: s.max_bytes)
+        return top.max_rank, f"{top.phase} peak {fmt_bytes(top.max_bytes)}"
+
+    def summary(self) -> str:
+        """One line: GPUs, hosts, ranks, the fullest GPU, the worst rank."""
+        return " · ".join(self.summary_parts())
+
+    def summary_parts(self) -> list[str]:
+        """The summary's parts, most important first."""
+        states = defaultdict(int)
+        for g in self.gpus.values():
+            states[g.state] += 1
+        parts = [
+            f"{len(self.gpus)} GPUs",
+            f"{len(self.hosts())} hosts",
+            f"{len(self.ranks.rows)} ranks",
+        ]
+        odd = [f"{n} {state}" for state, n in sorted(states.items()) if state != OK]
+        if odd:
+            parts.append(", ".join(odd))
+        if (full := self.fullest()) is not None:
+            parts.append(
+                f"fullest {full.key} {fmt_bytes(full.used)}/{fmt_bytes(full.total)} "
+                f"({full.fill:.0%})"
+            )
+        if (worst := self.worst_rank()) is not None:
+            parts.append(f"worst rank {worst[0]}")
+        return parts
+
+
+def _index_key(index: str) -> tuple[int, str]:
+    return (int(index), "") if index.isdigit() and len(index) < 10 else (1 << 30, index)
+
+
+_SORT_KEYS: dict[str, Callable[[Gpu], object]] = {
+    "memory": lambda g: (-g.fill, g.host, _index_key(g.index)),
+    "headroom": lambda g: (
+        g.headroom is None,
+        g.headroom if g.headroom is not None else 0,
+        g.host,
+        _index_key(g.index),
+    ),
+    "host": lambda g: (g.host, _index_key(g.index)),
+    "rank": lambda g: (
+        not g.ranks,
+        g.ranks[0] if g.ranks else 0,
+        g.host,
+        _index_key(g.index),
+    ),
+}

@@ -1,0 +1,71 @@
+"""The scheduler's identity of this process: Slurm's job and step, Kubernetes' pod.
+
+Read once from the environment (and, in a Kubernetes pod without the downward API's
+variables, from the service account's namespace file) and sent in every ``hello`` under
+``scheduler`` (``docs/protocol.md``); the exporter makes labels of it
+(``docs/prometheus.md``). Every value is cut and cleaned to a label's characters here
+(:func:`gpuwatch.protocol.label_text`), so a hostile variable cannot make the hello
+invalid; the receiver checks it again. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from ..protocol import label_text
+
+SOURCES: dict[str, tuple[str, ...]] = {
+    "slurm_job": ("SLURM_JOB_ID", "SLURM_JOBID"),
+    "slurm_step": ("SLURM_STEP_ID", "SLURM_STEPID"),
+    "slurm_procid": ("SLURM_PROCID",),
+    "slurm_nodelist": ("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
+    # The downward API's variables, as a pod spec names them (``docs/prometheus.md``):
+    # POD_NAME is the common name, MY_POD_NAME the Kubernetes documentation's example.
+    "k8s_namespace": ("POD_NAMESPACE", "MY_POD_NAMESPACE"),
+    "k8s_pod": ("POD_NAME", "MY_POD_NAME"),
+    "job_name": ("GPUWATCH_JOB_NAME",),
+    "torch_run": ("TORCHELASTIC_RUN_ID",),
+}
+"""Scheduler key -> the environment variables it is read from, the first set one wins."""
+
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""Where a pod with a service account finds its namespace without the downward API."""
+
+
+def scheduler_identity(
+    env: Mapping[str, str] | None = None, namespace_file: str = NAMESPACE_FILE
+) -> dict[str, str]:
+    """The ``scheduler`` body of a hello: keys of :data:`SOURCES` that have a value.
+
+    In a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` is set) without ``POD_NAME``, the pod
+    is the host name (a pod's host name is its name unless the spec sets another), and the
+    namespace the service account's, when its file can be read.
+    """
+    try:
+        env = os.environ if env is None else env
+        out: dict[str, str] = {}
+        for key, names in SOURCES.items():
+            value = next((env[n] for n in names if env.get(n)), "")
+            if value:
+                out[key] = label_text(value)
+        if env.get("KUBERNETES_SERVICE_HOST"):
+            if "k8s_pod" not in out:
+                out["k8s_pod"] = label_text(socket.gethostname())
+            if "k8s_namespace" not in out:
+                namespace = _read_small(namespace_file)
+                if namespace:
+                    out["k8s_namespace"] = label_text(namespace)
+        return {k: v for k, v in out.items() if v}
+    except Exception:  # a broken environment costs the labels, never the run
+        return {}
+
+
+def _read_small(path: str) -> str:
+    """The first line of a small file, or "" when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(256).strip().splitlines()[0]
+    except (OSError, IndexError):
+        return ""

@@ -1,0 +1,185 @@
+"""A scripted server on a real socket that answers as Prometheus' HTTP API does.
+
+For what a real Prometheus cannot be made to do on demand: check a bearer token, echo a
+credential back, answer slowly, with hostile JSON, or with a certificate nobody trusts.
+Every request it gets is kept (path, query, headers) so a test can see what was sent.
+The real Prometheus is in tests/test_cluster_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+
+
+def vector(series: list[tuple[dict[str, str], float]], t: float | None = None) -> dict:
+    """A successful instant query's answer."""
+    t = time.time() if t is None else t
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": m, "value": [t, repr(float(v))]} for m, v in series],
+        },
+    }
+
+
+def gpu_series(
+    host: str, gpus: int, used_gib: float = 10, total_gib: float = 80, name: str = "H100"
+) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The GPU families of one host's exporter, ``used_gib`` + index GiB on GPU index."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for i in range(gpus):
+        labels = {"gpu": str(i), "uuid": f"GPU-{i}", "name": name, "host": host}
+        labels["instance"] = f"{host}:9400"
+        out.setdefault("gpuwatch_gpu_up", []).append((labels, 1))
+        out.setdefault("gpuwatch_gpu_memory_used_bytes", []).append((labels, (used_gib + i) * GiB))
+        out.setdefault("gpuwatch_gpu_memory_total_bytes", []).append((labels, total_gib * GiB))
+    out.setdefault("up", []).append(({"instance": f"{host}:9400", "job": "gpuwatch"}, 1))
+    return out
+
+
+def rank_series(
+    host: str, gpu: int, rank: int, pid: int, peaks: dict[str, float], step: int = 10
+) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """One rank's process families: its step, current phase and per-phase peaks (bytes)."""
+    base = {"pid": str(pid), "rank": str(rank), "gpu": str(gpu), "host": host}
+    out: dict[str, list[tuple[dict[str, str], float]]] = {
+        "gpuwatch_process_step": [(base, step)],
+        "gpuwatch_process_phase_info": [({**base, "phase": "forward"}, 1)],
+        "gpuwatch_process_phase_peak_allocated_bytes": [
+            ({**base, "phase": name}, v) for name, v in peaks.items()
+        ],
+    }
+    return out
+
+
+def merge(*parts: dict[str, list]) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for part in parts:
+        for k, v in part.items():
+            out.setdefault(k, []).extend(v)
+    return out
+
+
+@dataclass
+class Request:
+    path: str
+    params: dict[str, str]
+    headers: dict[str, str]
+
+
+@dataclass
+class Stub:
+    """What the server answers; change the attributes while it runs."""
+
+    families: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
+    scrape_interval: str = "1s"
+    token: str | None = None
+    """When set, a request without ``Authorization: Bearer TOKEN`` gets a 401."""
+    delay: float = 0.0
+    raw: Callable[[str, dict[str, str]], tuple[int, bytes]] | None = None
+    """Answers instead of the API: ``(path, params) -> (status, body)``."""
+    requests: list[Request] = field(default_factory=list)
+
+    def answer(self, path: str, params: dict[str, str]) -> tuple[int, Any]:
+        if path == "/api/v1/status/config":
+            yaml = f"global:\n  scrape_interval: {self.scrape_interval}\n"
+            return 200, {"status": "success", "data": {"yaml": yaml}}
+        if path in ("/api/v1/query", "/api/v1/query_range"):
+            query = params.get("query", "")
+            name = query.split("{", 1)[0].strip()
+            series = self.families.get(name, [])
+            if path.endswith("range"):
+                t0, t1 = float(params["start"]), float(params["end"])
+                result = [
+                    {"metric": m, "values": [[t0, repr(float(v))], [t1, repr(float(v))]]}
+                    for m, v in series
+                ]
+                return 200, {
+                    "status": "success",
+                    "data": {"resultType": "matrix", "result": result},
+                }
+            return 200, vector(series, float(params.get("time", time.time())))
+        return 404, {"status": "error", "errorType": "not_found", "error": "no such path"}
+
+
+class PromStub:
+    """The server, on 127.0.0.1 (http, or https with ``cert``/``key``)."""
+
+    def __init__(self, stub: Stub, cert: Path | None = None, key: Path | None = None) -> None:
+        self.stub = stub
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                parts = urllib.parse.urlsplit(self.path)
+                params = dict(urllib.parse.parse_qsl(parts.query))
+                s = owner.stub
+                s.requests.append(Request(parts.path, params, dict(self.headers.items())))
+                if s.delay:
+                    time.sleep(s.delay)
+                if s.token is not None and self.headers.get("Authorization") != f"Bearer {s.token}":
+                    status, body = 401, b"Unauthorized\n"
+                elif s.raw is not None:
+                    status, body = s.raw(parts.path, params)
+                else:
+                    status, answer = s.answer(parts.path, params)
+                    body = json.dumps(answer).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the client gave up (a timeout test)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        scheme = "http"
+        if cert is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def self_signed(directory: Path) -> tuple[Path, Path] | None:
+    """A self-signed certificate for 127.0.0.1 made by ``openssl req`` (None: no openssl)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key

@@ -1,0 +1,318 @@
+"""gpuwatch cluster's Prometheus client: credentials, TLS, timeouts, hostile answers, bad input.
+
+A scripted server on a real socket (tests/promstub.py) plays Prometheus where a test needs
+it to check a token, echo it back or answer badly; the real CLI runs as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series, self_signed
+
+from gpuwatch.cluster import Auth, Cluster, PromClient, PromError, fetch, parse_matchers
+from gpuwatch.cluster import client as client_mod
+from gpuwatch.cluster.model import FAMILIES, QUERY_THREADS
+
+TOKEN = "s3cr3t-t0ken-4f9a2c"
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[Stub, PromStub]]:
+    s = Stub(families=merge(gpu_series("node-a", 2), gpu_series("node-b", 1)))
+    server = PromStub(s)
+    yield s, server
+    server.close()
+
+
+def cluster_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k != "GPUWATCH_PROMETHEUS_TOKEN"}
+    full.update({"PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "cluster", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+# ---------------------------------------------------------------------- credentials
+
+
+def test_a_token_from_a_file_is_sent_and_never_shown(stub, tmp_path: Path) -> None:
+    s, server = stub
+    s.token = TOKEN
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    done = cluster_cli(
+        "--prometheus", server.url, "--once", "--token-file", str(tmp_path / "token")
+    )
+    assert done.returncode == 0, done.stderr
+    assert "node-a" in done.stdout and "3 GPUs" in done.stdout
+    assert s.requests and all(
+        r.headers.get("Authorization") == f"Bearer {TOKEN}" for r in s.requests
+    )
+    assert TOKEN not in done.stdout + done.stderr
+
+
+def test_a_token_from_the_environment_is_sent(stub) -> None:
+    s, server = stub
+    s.token = TOKEN
+    done = cluster_cli(
+        "--prometheus", server.url, "--once", env={"GPUWATCH_PROMETHEUS_TOKEN": TOKEN}
+    )
+    assert done.returncode == 0, done.stderr
+    assert s.requests[-1].headers.get("Authorization") == f"Bearer {TOKEN}"
+
+
+def test_a_refused_token_is_one_line_without_the_token(stub, tmp_path: Path) -> None:
+    s, server = stub
+    s.token = "another-token"
+    (tmp_path / "token").write_text(TOKEN)
+    done = cluster_cli(
+        "--prometheus", server.url, "--once", "--token-file", str(tmp_path / "token")
+    )
+    assert done.returncode == 1
+    assert "HTTP 401: credentials refused" in done.stdout
+    assert "Traceback" not in done.stderr and TOKEN not in done.stdout + done.stderr
+
+
+def test_a_server_that_echoes_the_credentials_has_them_redacted(stub, tmp_path: Path) -> None:
+    s, server = stub
+
+    def echo(path: str, params: dict[str, str]) -> tuple[int, bytes]:
+        header = s.requests[-1].headers.get("Authorization", "")
+        answer = {"status": "error", "errorType": "bad_data", "error": f"rejected {header}"}
+        return 400, json.dumps(answer).encode()
+
+    s.raw = echo
+    (tmp_path / "basic").write_text("alice:pa55word-xyz\n")
+    done = cluster_cli(
+        "--prometheus", server.url, "--once", "--basic-auth-file", str(tmp_path / "basic")
+    )
+    assert s.requests[-1].headers["Authorization"].startswith("Basic ")
+    encoded = s.requests[-1].headers["Authorization"].split()[1]
+    assert "bad_data: rejected ***" in done.stdout
+    for secret in ("pa55word-xyz", encoded):
+        assert secret not in done.stdout + done.stderr
+    assert repr(Auth(token=TOKEN)).count(TOKEN) == 0
+
+
+# ---------------------------------------------------------------------- TLS
+
+
+@pytest.fixture
+def https(tmp_path: Path) -> Iterator[tuple[Stub, PromStub, Path]]:
+    made = self_signed(tmp_path)
+    if made is None:
+        pytest.skip("needs openssl to make a self-signed certificate")
+    cert, key = made
+    s = Stub(families=gpu_series("node-a", 1))
+    server = PromStub(s, cert, key)
+    yield s, server, cert
+    server.close()
+
+
+def test_a_bad_certificate_is_refused_unless_insecure(https, tmp_path: Path) -> None:
+    s, server, cert = https
+    s.token = TOKEN
+    (tmp_path / "token").write_text(TOKEN)
+    refused = cluster_cli(
+        "--prometheus", server.url, "--once", "--token-file", str(tmp_path / "token")
+    )
+    assert refused.returncode == 1
+    assert "TLS certificate not trusted" in refused.stdout and "--insecure" in refused.stdout
+    assert s.requests == []  # the token never left: the handshake failed first
+    insecure = cluster_cli(
+        "--prometheus", server.url, "--once", "--insecure", "--token-file", str(tmp_path / "token")
+    )
+    assert insecure.returncode == 0, insecure.stdout + insecure.stderr
+    assert "1 GPUs" in insecure.stdout
+    trusted = cluster_cli(
+        "--prometheus", server.url, "--once", "--ca-file", str(cert),
+        "--token-file", str(tmp_path / "token"),
+    )  # fmt: skip
+    assert trusted.returncode == 0, trusted.stdout
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--prometheus", "ftp://x"], "not an http:// or https:// URL"),
+        (["--prometheus", "http://u:p@x:9090"], "not in the URL"),
+        (["--prometheus", "http://x", "--token-file", "/no/such/file"], "cannot read the token"),
+        (["--prometheus", "http://x", "--match", 'job="x"'], "--match: expected"),
+        (["--prometheus", "http://x", "--match", '{job="x" env="y"}'], "--match: expected ','"),
+        (["--prometheus", "http://x", "--match", "{job=x}"], "--match: not a label matcher"),
+        (["--prometheus", "http://x", "--timeout", "0"], "between 0.1 and 300"),
+        (["--prometheus", "http://x", "--sort", "size"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str) -> None:
+    done = cluster_cli(*args, "--once")
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_basic_auth_file_without_a_colon_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "basic").write_text("just-a-token\n")
+    done = cluster_cli(
+        "--prometheus", "http://x", "--once", "--basic-auth-file", str(tmp_path / "basic")
+    )
+    assert done.returncode == 2 and "USER:PASSWORD" in done.stderr
+    assert "just-a-token" not in done.stderr
+
+
+def test_the_cli_s_sorts_are_the_model_s() -> None:
+    from gpuwatch.cli.cluster import SORTS as CLI_SORTS
+    from gpuwatch.cluster.model import SORTS
+
+    assert CLI_SORTS == SORTS
+
+
+def test_matchers_go_into_every_query(stub) -> None:
+    s, server = stub
+    matchers = [*parse_matchers('{cluster="a", env=~"prod.*"}'), ("job", "=", 'gpu\\"s')]
+    fetch(PromClient(server.url), matchers)
+    queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+    assert len(queries) == len(set(queries)) > 5  # one per family
+    assert all(q.endswith('{cluster="a",env=~"prod.*",job="gpu\\"s"}') for q in queries)
+
+
+# ---------------------------------------------------------------------- hostile answers
+
+
+def _raw(status: int, body: bytes):
+    return lambda path, params: (status, body)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (200, b"<html>proxy login</html>", "not Prometheus' JSON"),
+        (502, b"bad gateway", "HTTP 502"),
+        (200, b"[" * 100_000 + b"]" * 100_000, "not Prometheus' JSON"),
+        (200, b'{"status": "success", "data": 5}', "has no data"),
+        (
+            200,
+            b'{"status": "success", "data": {"resultType": "vector", "result": 3}}',
+            "unexpected",
+        ),
+        (
+            400,
+            b'{"status":"error","errorType":"bad_data","error":"parse error\\n\\u001b[31m"}',
+            "bad_data: parse error",
+        ),
+    ],
+)
+def test_hostile_answers_are_one_line(stub, status: int, body: bytes, said: str) -> None:
+    s, server = stub
+    s.raw = _raw(status, body)
+    with pytest.raises(PromError) as caught:
+        PromClient(server.url).query("up")
+    text = str(caught.value)
+    assert said in text and "\n" not in text and "\x1b" not in text
+
+
+def test_an_answer_over_the_size_cap_is_refused(stub, monkeypatch) -> None:
+    s, server = stub
+    monkeypatch.setattr(client_mod, "MAX_BYTES", 1000)
+    s.raw = _raw(
+        200, b'{"status":"success","data":{"resultType":"vector","result":[' + b" " * 5000 + b"]}}"
+    )
+    with pytest.raises(PromError, match="larger than"):
+        PromClient(server.url).query("up")
+
+
+def test_odd_series_are_dropped_not_fatal(stub) -> None:
+    s, server = stub
+    result = [
+        {"metric": {"gpu": "0", "host": "ok"}, "value": [1.0, "5"]},
+        {"metric": {"gpu": 0, "host": "x"}, "value": [1.0, "5"]},  # a label not a string
+        {"metric": {"bad name": "1"}, "value": [1.0, "5"]},
+        {"metric": {"gpu": "1"}, "value": [1.0, 5]},  # a value not a string
+        {"metric": {"gpu": "2"}, "value": ["t", "5"]},
+        {"metric": {"gpu": "3", "host": "y" * 5000}, "value": [1.0, "5"]},
+        {"metric": {"gpu": "4"}, "value": [1.0, "NaN"]},
+        "junk",
+    ]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+    s.raw = _raw(200, body.encode())
+    got = PromClient(server.url).query("x")
+    assert [dict(x.labels) for x in got] == [{"gpu": "0", "host": "ok"}, {"gpu": "4"}]
+    cluster = Cluster()
+    s.raw = None
+    s.families["gpuwatch_gpu_memory_used_bytes"] = [({"gpu": "9", "host": "h"}, float("nan"))]
+    cluster.apply(fetch(PromClient(server.url)))
+    assert cluster.gpus["h:9"].used is None  # NaN is no byte count
+
+
+def test_a_slow_server_times_out_in_one_line(stub) -> None:
+    s, server = stub
+    s.delay = 1.5
+    client = PromClient(server.url, timeout=0.3)
+    answers = fetch(client)
+    assert set(answers.errors) == set(FAMILIES)
+    # It gave up after the first queries in flight, not 9 x 0.3 s.
+    assert sum(r.path == "/api/v1/query" for r in s.requests) <= QUERY_THREADS
+    assert answers.seconds < 1.0
+    assert "no answer within 0.3 s" in next(iter(answers.errors.values()))
+
+
+def test_redirects_are_not_followed(stub) -> None:
+    s, server = stub
+
+    def moved(path: str, params: dict[str, str]) -> tuple[int, bytes]:
+        return 302, b""
+
+    s.raw = moved
+    with pytest.raises(PromError, match="HTTP 302"):
+        PromClient(server.url, Auth(token=TOKEN)).query("up")
+    assert len(s.requests) == 1
+
+
+def test_the_refresh_interval_follows_the_scrape_interval(stub) -> None:
+    from gpuwatch.tui.cluster import refresh_interval
+
+    s, server = stub
+    client = PromClient(server.url)
+    s.scrape_interval = "15s"
+    assert client.scrape_interval() == 15
+    s.scrape_interval = "1m30s"
+    assert client.scrape_interval() == 90
+    s.scrape_interval = "200ms"
+    assert client.scrape_interval() == 0.2
+    assert refresh_interval(0.2) == 1.0 and refresh_interval(15) == 15
+    assert refresh_interval(None) == 5.0
+
+
+def test_ranks_come_from_the_ranks_model(stub) -> None:
+    s, server = stub
+    s.families = merge(
+        gpu_series("node-a", 2),
+        rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB, "backward": 3 * GiB}),
+        rank_series("node-a", 1, 1, 102, {"forward": 2 * GiB, "backward": 6 * GiB}),
+        rank_series("node-a", 1, 2, 103, {"forward": 2 * GiB, "backward": 3 * GiB}),
+    )
+    cluster = Cluster()
+    cluster.apply(fetch(PromClient(server.url)))
+    ranks = cluster.ranks
+    assert [r.rank for r in ranks.rows] == [0, 1, 2]
+    back = ranks.spread("backward")
+    assert back is not None and back.max_rank == 1 and back.max_bytes == 6 * GiB
+    assert [f.rank for f in ranks.flags] == [1]
+    assert cluster.gpus["node-a:1"].ranks == (1, 2)
+    assert cluster.worst_rank()[0] == 1
+    assert "3 ranks" in cluster.summary() and "worst rank 1" in cluster.summary()

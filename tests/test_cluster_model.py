@@ -1,0 +1,172 @@
+"""The cluster model: states kept across refreshes, stale marking, sorts, filter, summary."""
+
+from __future__ import annotations
+
+import time
+
+from promstub import GiB, gpu_series, merge, rank_series
+
+from gpuwatch.cluster import LOST, OK, STALE, Answers, Cluster, Series
+from gpuwatch.cluster.history import HostHistory, _lanes
+from gpuwatch.cluster.model import FORGET_S
+from gpuwatch.cluster.text import bar, report
+
+
+def answers(families: dict[str, list], at: float = 1000.0, errors: dict | None = None) -> Answers:
+    series = {
+        name: [Series(labels, ((at, float(v)),)) for labels, v in items]
+        for name, items in families.items()
+    }
+    for name in errors or {}:
+        series.pop(name, None)
+    return Answers(at, series, dict(errors or {}))
+
+
+def two_hosts() -> dict[str, list]:
+    return merge(gpu_series("node-a", 2, used_gib=70), gpu_series("node-b", 2, used_gib=10))
+
+
+def test_cells_per_gpu_grouped_by_host() -> None:
+    c = Cluster()
+    c.apply(answers(two_hosts()))
+    assert sorted(c.gpus) == ["node-a:0", "node-a:1", "node-b:0", "node-b:1"]
+    assert c.gpus["node-a:1"].used == 71 * GiB and c.gpus["node-a:1"].total == 80 * GiB
+    assert all(g.state == OK for g in c.gpus.values())
+    assert [h for h, _ in c.cells("host")] == ["node-a", "node-b"]
+    assert c.fullest().key == "node-a:1"
+
+
+def test_a_gone_series_is_stale_with_its_last_figures_kept() -> None:
+    c = Cluster()
+    c.apply(answers(two_hosts(), at=1000))
+    only_a = gpu_series("node-a", 2, used_gib=70)
+    c.apply(answers(only_a, at=1001))
+    b0 = c.gpus["node-b:0"]
+    assert b0.state == STALE and b0.used == 10 * GiB and b0.seen == 1000
+    assert c.gpus["node-a:0"].state == OK and c.gpus["node-a:0"].seen == 1001
+    assert "2 stale" in c.summary()
+    c.apply(answers(two_hosts(), at=1002))  # back: ok again
+    assert c.gpus["node-b:0"].state == OK
+
+
+def test_a_gpu_gone_for_an_hour_leaves_the_view() -> None:
+    c = Cluster()
+    c.apply(answers(two_hosts(), at=1000))
+    only_a = gpu_series("node-a", 2, used_gib=70)
+    c.apply(answers(only_a, at=1000 + FORGET_S))
+    assert "node-b:0" in c.gpus  # stale, kept
+    c.apply(answers(only_a, at=1001 + FORGET_S))
+    assert sorted(c.gpus) == ["node-a:0", "node-a:1"]
+
+
+def test_a_failed_refresh_marks_everything_stale_and_says_why() -> None:
+    c = Cluster()
+    c.apply(answers(two_hosts()))
+    err = "http://p:9090: unreachable (Connection refused)"
+    down = {f: err for f in ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")}
+    c.apply(answers({}, at=1005, errors=down))
+    assert c.error == err
+    assert all(g.state == STALE for g in c.gpus.values())
+    assert c.gpus["node-a:0"].used == 70 * GiB  # the last good figure
+    assert c.refreshed == 1000
+    text = "\n".join(report(c, 1010))
+    assert "stale 10s" in text or "stale 10.0s" in text, text
+
+
+def test_a_rejected_family_is_one_line_and_the_rest_still_refreshes() -> None:
+    c = Cluster()
+    fam = two_hosts()
+    c.apply(answers(fam))
+    fam2 = merge(gpu_series("node-a", 2, used_gib=75), gpu_series("node-b", 2, used_gib=10))
+    c.apply(answers(fam2, errors={"gpuwatch_process_step": "bad_data: parse error"}))
+    assert c.error == "gpuwatch_process_step: bad_data: parse error"
+    assert c.gpus["node-a:0"].used == 75 * GiB and c.gpus["node-a:0"].state == OK
+
+
+def test_a_lost_gpu_and_a_down_target() -> None:
+    fam = two_hosts()
+    fam["gpuwatch_gpu_up"] = [
+        (m, 0 if m["gpu"] == "1" and m["host"] == "node-a" else 1)
+        for m, _ in fam["gpuwatch_gpu_up"]
+    ]
+    fam["gpuwatch_gpu_memory_used_bytes"] = [
+        (m, v)
+        for m, v in fam["gpuwatch_gpu_memory_used_bytes"]
+        if not (m["gpu"] == "1" and m["host"] == "node-a")
+    ]
+    fam["up"] = [({"instance": "node-b:9400"}, 0), ({"instance": "node-a:9400"}, 1)]
+    c = Cluster()
+    c.apply(answers(fam))
+    assert c.gpus["node-a:1"].state == LOST and c.gpus["node-a:1"].used is None
+    assert c.gpus["node-b:0"].state == STALE  # its target does not answer
+    assert c.gpus["node-a:0"].state == OK
+
+
+def test_sorts_and_filter() -> None:
+    fam = merge(
+        gpu_series("node-a", 2, used_gib=10),
+        gpu_series("node-b", 2, used_gib=70),
+        rank_series("node-a", 1, 0, 11, {"forward": GiB}),
+        rank_series("node-b", 0, 1, 12, {"forward": GiB}),
+    )
+    fam["gpuwatch_gpu_memory_total_bytes"] = [
+        (m, (40 if m["host"] == "node-a" else 80) * GiB)
+        for m, _ in fam["gpuwatch_gpu_memory_total_bytes"]
+    ]
+    c = Cluster()
+    c.apply(answers(fam))
+    keys = lambda sort, text="": [g.key for _, gs in c.cells(sort, text) for g in gs]  # noqa: E731
+    assert keys("host") == ["node-a:0", "node-a:1", "node-b:0", "node-b:1"]
+    assert keys("memory") == ["node-b:1", "node-b:0", "node-a:1", "node-a:0"]
+    # headroom: node-a 40-11=29, 40-10=30; node-b 80-71=9, 80-70=10
+    assert keys("headroom") == ["node-b:1", "node-b:0", "node-a:1", "node-a:0"]
+    # grouped by host: a host comes where its first GPU does, its GPUs together
+    assert keys("rank") == ["node-a:1", "node-a:0", "node-b:0", "node-b:1"]
+    assert keys("host", "rank 1") == ["node-b:0"]
+    assert keys("host", "node-a:1") == ["node-a:1"]
+    assert keys("host", "FORWARD") == ["node-a:1", "node-b:0"]
+    assert keys("host", "nothing-like-this") == []
+
+
+def test_hostile_labels_are_printable_in_the_text_report() -> None:
+    fam = gpu_series("node\x1b[2Jevil\n", 1)
+    c = Cluster()
+    c.apply(answers(fam))
+    text = "\n".join(report(c, time.time()))
+    assert "\x1b" not in text
+    assert "node\\x1b[2Jevil\\n" in text  # shown as typed, on its one line
+
+
+def test_bar_eighths() -> None:
+    assert bar(0, 4) == "░░░░" and bar(1, 4) == "████" and bar(0.5, 4) == "██░░"
+    assert bar(1 / 8 / 4, 4).startswith("▏")
+
+
+def test_history_window_and_phase_runs() -> None:
+    ns = 1_000_000_000
+    h = HostHistory("n", 0, 10 * ns, ns)
+    import numpy as np
+
+    t = np.arange(0, 10 * ns, ns, dtype=np.int64)
+    v = np.arange(10, dtype=np.float64)
+    h.lines["0"] = {"nvml": (t, v)}
+    lo, hi = h.window("0", "nvml", 0, 10 * ns, 5)
+    assert lo.tolist() == [0, 2, 4, 6, 8] and hi.tolist() == [1, 3, 5, 7, 9]
+    lo, hi = h.window("0", "nvml", 0, 10 * ns, 20)  # each scrape holds for its step
+    assert lo.tolist()[:4] == [0, 0, 1, 1]
+    assert np.isnan(h.window("1", "nvml", 0, 10 * ns, 3)[0]).all()
+    phase = [
+        Series(
+            {"gpu": "0", "pid": "5", "rank": "0", "phase": "forward"},
+            ((1.0, 1), (2.0, 1), (5.0, 1)),
+        ),
+        Series({"gpu": "0", "pid": "5", "rank": "0", "phase": "backward"}, ((3.0, 1),)),
+    ]
+    lanes = _lanes(phase, ns)
+    (lane,) = lanes["0"]
+    assert lane.label == "rank 0"
+    assert [(r.name, r.t0 // ns, r.t1 // ns) for r in lane.runs] == [
+        ("forward", 1, 3),
+        ("forward", 5, 6),
+        ("backward", 3, 4),
+    ]

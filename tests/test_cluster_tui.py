@@ -1,0 +1,163 @@
+"""The cluster view under Pilot, reading a scripted Prometheus on a real socket."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import wait_for
+from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
+
+from gpuwatch.cluster import Auth, PromClient
+from gpuwatch.tui.cluster import ClusterApp, GpuBlock, HostScreen
+
+SIZE = (140, 45)
+TOKEN = "tok-7d1e0c55aa"
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Stub, PromStub]]:
+    s = Stub(
+        families=merge(
+            gpu_series("node-a", 2, used_gib=70),
+            gpu_series("node-b", 2, used_gib=10),
+            rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB, "backward": 3 * GiB}),
+            rank_series("node-b", 1, 1, 202, {"forward": 2 * GiB, "backward": 9 * GiB}),
+        )
+    )
+    server = PromStub(s)
+    yield s, server
+    server.close()
+
+
+def screen_text(app: ClusterApp) -> str:
+    """What the terminal shows (every cell of the screen as text)."""
+    return "\n".join(
+        "".join(seg.text for seg in line) for line in app.screen._compositor.render_strips()
+    )
+
+
+async def until(pilot, cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        await pilot.pause(0.05)
+    return cond()
+
+
+async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
+    s, server = served
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 1)
+        await pilot.pause()
+        text = screen_text(app)
+        assert "4 GPUs · 2 hosts · 2 ranks" in text
+        assert "fullest node-a:1" in text and "worst rank 1" in text
+        for line in ("node-a", "node-b", "70.0G/80.0G", "forward @10"):
+            assert line in text, text
+        # One query per family and refresh, whatever the number of GPUs.
+        per_refresh = [r for r in s.requests if r.path == "/api/v1/query"]
+        assert len(per_refresh) == 9 * app.refreshes
+        # Sort: memory puts the fullest host first.
+        await pilot.press("s")
+        assert app.sort == "rank"
+        await pilot.press("s")
+        assert app.sort == "memory"
+        assert app._rows[0][0] == "host\x00node-a"
+        # Filter.
+        await pilot.press("slash", *"node-b", "enter")
+        await pilot.pause()
+        assert [k for k, _ in app._rows] == ["host\x00node-b", "gpu\x00node-b:1", "gpu\x00node-b:0"]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert len(app._rows) == 6
+        # The ranks tab: the ranks model's table.
+        await pilot.press("2")
+        await pilot.pause()
+        text = screen_text(app)
+        assert "ranks: 2" in text and "9.0G (rank 1)" in text and "above the" in text, text
+        await pilot.press("1")
+        # Enter on a row: its host's panels, from range queries.
+        await pilot.press("end")  # node-b:0, the last row of the memory sort
+        assert app._selected_key() == "gpu\x00node-b:0"
+        await pilot.press("home")
+        assert app._selected_key() == "host\x00node-a"
+        app.grid.cursor = [k for k, _ in app._rows].index("gpu\x00node-b:1")
+        await pilot.press("enter")
+        assert await until(pilot, lambda: isinstance(app.screen, HostScreen))
+        screen = app.screen
+        assert screen.host == "node-b"
+        assert await until(pilot, lambda: len(screen.query(GpuBlock)) == 2)
+        ranges = [r.params["query"] for r in s.requests if r.path == "/api/v1/query_range"]
+        assert ranges and all('host="node-b"' in q for q in ranges)
+        await pilot.pause(0.2)
+        block = screen.query(GpuBlock).first()
+        roles = [
+            x.role for x in block.chart.fetch(screen.history.start, screen.history.end, 20).series
+        ]
+        assert roles == ["predicted", "nvml", "reserved", "allocated", "peak"]
+        assert "node-b" in screen_text(app)
+        await pilot.press("escape")
+        assert await until(pilot, lambda: not isinstance(app.screen, HostScreen))
+
+
+async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:
+    _s, server = served
+    app = ClusterApp(PromClient(server.url, timeout=0.5), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 1)
+        server.close()
+        app.poller.now()
+        assert await until(pilot, lambda: app.cluster.error is not None, timeout=15)
+        await pilot.pause()
+        text = screen_text(app)
+        assert "! " in text and "unreachable" in text, text
+        assert "70.0G/80.0G" in text and "stale" in text
+        assert "Traceback" not in text
+
+
+async def test_the_token_never_reaches_the_screen(served) -> None:
+    s, server = served
+    s.token = TOKEN
+
+    def echo(path: str, params: dict[str, str]) -> tuple[int, bytes]:
+        header = s.requests[-1].headers.get("Authorization", "")
+        body = {"status": "error", "errorType": "bad_data", "error": f"no: {header}"}
+        return 400, json.dumps(body).encode()
+
+    s.raw = echo
+    app = ClusterApp(PromClient(server.url, Auth(token=TOKEN)), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.cluster.error is not None)
+        await pilot.pause()
+        assert s.requests[0].headers["Authorization"] == f"Bearer {TOKEN}"
+        text = screen_text(app)
+        assert "bad_data: no: Bearer ***" in text and TOKEN not in text, text
+
+
+async def test_hostile_labels_show_as_typed(served) -> None:
+    s, server = served
+    s.families = gpu_series("[red]evil[/red]\x1b[2J", 1)
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 1)
+        await pilot.pause()
+        text = screen_text(app)
+        assert "[red]evil[/red]\\x1b[2J" in text and "\x1b" not in text
+
+
+def test_the_poller_stops(served) -> None:
+    _s, server = served
+    got = []
+    from gpuwatch.tui.cluster import Poller
+
+    poller = Poller(PromClient(server.url), [], lambda a, i: got.append(a))
+    poller.start()
+    assert wait_for(lambda: got, timeout=10)
+    poller.stop()
+    poller._thread.join(5)
+    assert not poller._thread.is_alive()

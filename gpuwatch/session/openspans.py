@@ -82,7 +82,7 @@ class OpenBook:
         self.boundaries = 0
         self.alloc = SuffixMax()
         self.reserved = SuffixMax()
-        self.changed: set[int] = set()
+        self.changed: set[int] = _NONE  # a set of its own once one changes
         self.reset = True  # a new process: whoever records it writes all of its spans
 
     def peaks(self, pa: int | None, pr: int | None, open_count: int) -> None:
@@ -145,16 +145,21 @@ class OpenBook:
     def _changed(self, sid: int) -> None:
         if self.reset:
             return
+        if self.changed is _NONE:
+            self.changed = set()
         self.changed.add(sid)
         if len(self.changed) > CHANGED_MAX:
-            self.changed = set()
+            self.changed = _NONE
             self.reset = True
 
     def take_changes(self) -> tuple[bool, set[int]]:
         """``(rewrite all, ids changed)`` since the last call (the recorder's)."""
         reset, changed = self.reset, self.changed
-        self.reset, self.changed = False, set()
+        self.reset, self.changed = False, _NONE
         return reset, changed
+
+
+_NONE: set[int] = frozenset()  # type: ignore[assignment]  # shared, never added to
 
 
 def _max(a: int | None, b: int | None) -> int | None:

@@ -32,12 +32,13 @@ PROCESS_TABLES = {
     "phases": PHASE_COLUMNS,
 }
 
-PROCESS_ROWS = 64
-"""Rows a new process's tables have room for (they double as they fill): a sweep of
-thousands of short scripts does not reserve a thousand rows of each table for each."""
+PROCESS_ROWS = 0
+"""Rows a new process's tables have room for (16 at the first row, doubling as they
+fill): a sweep of thousands of short scripts reserves nothing for the tables they leave
+empty, nor does a replay for tables its file fills."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Tally:
     """What a process did, counted as its rows arrive: exact however many rows memory
     lets go (the Prometheus exporter reports these).
@@ -106,7 +107,7 @@ TORCH_FIGURES = ("allocated", "reserved", "inactive_split", "alloc_retries", "al
 """The allocator figures :attr:`Tally.torch` keeps, in order."""
 
 
-@dataclass
+@dataclass(slots=True)  # thousands may end in a sweep: no dict of attributes each
 class Process:
     """An instrumented process, known from its messages.
 

@@ -144,13 +144,13 @@ def series_table(
             if key not in session.devices:
                 session.add_device(Device(key, "gpu", source="recording"))
             layout = GPU_COLUMNS if kind == "gpu" else GPU_PROC_COLUMNS
-            table = Table(layout, 16 if archive else capacity, kind=kind)
+            table = Table(layout, 0 if archive else capacity, kind=kind)
             getattr(session, kind)[key] = table
         elif kind == "host":
-            size = 16 if archive else capacity
+            size = 0 if archive else capacity
             table = session.hosts[key] = Table(HOST_COLUMNS, size, kind=kind)
         elif kind in PROCESS_TABLES:
-            table = Table(PROCESS_TABLES[kind], 16 if archive else capacity, kind=kind)
+            table = Table(PROCESS_TABLES[kind], 0 if archive else capacity, kind=kind)
             setattr(_process(session, int(key)), kind, table)
         else:
             raise ValueError(f"unknown series kind {kind!r}")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..protocol import Message
+from .filed import FiledTable
 from .model import (
     GPU_COLUMNS,
     GPU_PROC_COLUMNS,
@@ -43,6 +44,9 @@ SILENT_END = 500 * 10**6
 """How long a replayed process that never said goodbye is taken to run after its last
 message: a script sends its allocator figures every 50 ms, so a recording stopped while it
 ran keeps it to its end, and one killed is gone half a second later."""
+
+KEEP_ENDED = 64
+"""Ended processes whose rows an unrecorded bounded session keeps (the newest)."""
 
 KEEP_MARKS = 1024
 """Marks a bounded session keeps in memory (twice that between trims): the newest."""
@@ -93,6 +97,9 @@ class Session:
         self.hosts: dict[str, Table] = {HOST: Table(HOST_COLUMNS, kind="host")}
         self.processes: dict[int, Process] = {}
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
+        self._infos: dict[str, dict[str, Any]] = {}  # equal descriptions, shared
+        self._ended_pids: dict[int, None] = {}  # unrecorded: the newest ended, in order
+        self._let_ended_go = False
         self.names: list[str] = []
         self._name_ids: dict[str, int] = {}
         # The newest marks; a bounded session lets older ones go (see _let_marks_go).
@@ -103,6 +110,9 @@ class Session:
         self.marks_written = 0
         self.marks_wait = False
         self.mark_source: MarkSource | None = None  # reads the marks let go of back
+        # Reads a settled process's series back: (kind, pid as text, rows, span) -> its
+        # archive, or None (see settle); set by the recorder.
+        self.reopen: Callable[[str, str, int, tuple[int, int] | None], Any] | None = None
         self._gone_t_max: int | None = None  # the latest time of a mark let go of
         self.ooms: list[Oom] = []
         self.rejects: Counter[str] = Counter()
@@ -144,7 +154,9 @@ class Session:
             if pid in skip:
                 continue
             for kind in PROCESS_TABLES:
-                out.append((kind, str(pid), getattr(proc, kind)))
+                table = getattr(proc, kind)
+                if not isinstance(table, FiledTable):  # it holds nothing: the file has all
+                    out.append((kind, str(pid), table))
         return out
 
     def process_gone(self, pid: int, t: int) -> None:
@@ -156,17 +168,71 @@ class Session:
                 return
             proc.gone = t
             proc.rev += 1
+            self._ended(proc)
         self._emit("gone", (pid, t))
 
     def settle(self, pid: int) -> None:
         """A process that ended, all of whose rows its recording holds: it keeps a summary
         only (its :class:`Tally`, state and open spans); its tables let go of their rows,
-        read back from the file when a view reaches them."""
+        read back from the file when a view reaches them. Where :attr:`reopen` can read
+        them back, the tables themselves go too (a :class:`FiledTable` each, its size and
+        time span)."""
         proc = self.processes.get(pid)
         if proc is None:
             return
-        for kind in PROCESS_TABLES:
-            getattr(proc, kind).retain(0)
+        with self._lock:
+            if not proc.open:  # let go of the room it grew to
+                proc.open = {}
+            for kind in PROCESS_TABLES:
+                table = getattr(proc, kind)
+                if isinstance(table, FiledTable):
+                    continue
+                table.retain(0)
+                if self.reopen is not None and table.in_memory == 0:
+                    filed = FiledTable(proc, kind, len(table), table.span(), self._reopen)
+                    setattr(proc, kind, filed)
+
+    def _reopen(self, proc: Process, kind: str) -> Table:
+        """The real table of a settled process's :class:`FiledTable` (made once)."""
+        with self._lock:
+            current = getattr(proc, kind)
+            if not isinstance(current, FiledTable):
+                return current
+            table = Table(PROCESS_TABLES[kind], 0, kind=kind)
+            reopen = self.reopen
+            archive = reopen(kind, str(proc.pid), len(current), current.span()) if reopen else None
+            if archive is not None:
+                table.resume(archive)
+            table.retain(self.keep_rows)
+            setattr(proc, kind, table)
+            return table
+
+    def _ended(self, proc: Process) -> None:
+        """A process said bye or is gone. Recorded, it is settled once the file holds its
+        rows (:meth:`settle`). Unrecorded and bounded, the newest :data:`KEEP_ENDED` that
+        ended keep their rows; older ones keep their summary only (state and
+        :class:`Tally`): their rows are nowhere to read back from."""
+        if self.keep_rows is None or self.reopen is not None or self.mark_source is not None:
+            return
+        self._ended_pids[proc.pid] = None
+        while len(self._ended_pids) > KEEP_ENDED:
+            pid = next(iter(self._ended_pids))
+            del self._ended_pids[pid]
+            old = self.processes.get(pid)
+            if old is None:
+                continue
+            if not old.open:  # let go of the room it grew to
+                old.open = {}
+            for kind in PROCESS_TABLES:
+                table = getattr(old, kind)
+                if not isinstance(table, FiledTable):
+                    setattr(old, kind, FiledTable(old, kind, 0, None, self._reopen))
+            if not self._let_ended_go:
+                self._let_ended_go = True
+                self.note(
+                    f"not recording: the rows of processes that ended before the newest "
+                    f"{KEEP_ENDED} are let go (their counts remain); record to keep them"
+                )
 
     def bound(self, rows: int | None = KEEP_ROWS) -> None:
         """Keep at most about ``rows`` rows of each table in memory (None: everything).
@@ -367,10 +433,26 @@ class Session:
         self._emit("rss", (pid, t, rss))
 
     def set_proc_info(self, pid: int, info: dict[str, Any]) -> None:
-        """Name / user / command line of a pid, as psutil sees it (``visible`` False if not)."""
+        """Name / user / command line of a pid, as psutil sees it (``visible`` False if not).
+
+        Equal descriptions share one dict (treat them as read-only): a sweep of thousands
+        of processes started by one command line keeps that line once.
+        """
         if self.proc_info.get(pid) != info:
-            self.proc_info[pid] = info
+            self.proc_info[pid] = self._shared_info(info)
             self._emit("proc_info", (pid, info))
+
+    def _shared_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        try:
+            key = repr(sorted(info.items()))
+        except TypeError:  # keys of mixed types: kept as given
+            return info
+        shared = self._infos.get(key)
+        if shared is None:
+            if len(self._infos) >= 1024:  # a bound, not a history: start again
+                self._infos.clear()
+            shared = self._infos[key] = info
+        return shared
 
     def count_reject(self, reason: str, pid: int | None = None, seq: int | None = None) -> None:
         """A datagram the receiver refused (malformed, oversized, wrong version...).
@@ -635,6 +717,7 @@ class Session:
 
     def _on_bye(self, proc: Process, msg: Message) -> None:
         proc.ended = msg.t
+        self._ended(proc)
         code = msg.body.get("exit_code")
         if code is not None or proc.exit_code is None:  # the launcher's word may be here
             proc.exit_code = code

@@ -96,7 +96,8 @@ class Table:
 
     Args:
         columns: ``(name, dtype)`` pairs; the first must be the time column.
-        capacity: Initial rows to allocate.
+        capacity: Initial rows to allocate (0: none until the first row, for a table
+            whose rows are read from its archive).
         kind: The session table kind (``gpu``, ``torch``, ``phases``...): what its
             summaries keep (see :data:`~.summary.SPECS`).
     """
@@ -104,13 +105,15 @@ class Table:
     def __init__(
         self, columns: Sequence[tuple[str, str]], capacity: int = 1024, *, kind: str | None = None
     ) -> None:
-        self.names = tuple(name for name, _ in columns)
-        self.dtypes = {name: np.dtype(dtype) for name, dtype in columns}
+        self.names, self.dtypes = _layout(tuple(columns))  # shared: read-only
         self.time = self.names[0]
         self.kind = kind
         self.spec = sm.SPECS.get(kind) if kind is not None else None
-        self._cap = max(16, capacity)
-        self._cols = {n: np.empty(self._cap, dtype=self.dtypes[n]) for n in self.names}
+        self._cap = max(16, capacity) if capacity else 0
+        if self._cap:
+            self._cols = {n: np.empty(self._cap, dtype=self.dtypes[n]) for n in self.names}
+        else:  # shared: an empty column is never written (_grow replaces it)
+            self._cols = {n: _empty(self.dtypes[n]) for n in self.names}
         self._n = 0  # rows in memory
         self._base = 0  # the row number of the first row in memory
         self._lock = threading.Lock()
@@ -148,6 +151,14 @@ class Table:
         """Attach the archive holding rows ``[0, archive.rows)`` (a recording)."""
         with self._lock:
             self.archive = archive
+        self.version += 1
+
+    def resume(self, archive: Archive) -> None:
+        """Attach the archive holding every row so far (an empty table): new rows follow
+        them."""
+        with self._lock:
+            self.archive = archive
+            self._base, self._n = archive.rows, 0
         self.version += 1
 
     def archive_grew(self) -> None:
@@ -571,6 +582,20 @@ TIME_COLUMNS = frozenset(("t", "t0", "t1"))
 """The time columns of every table kind (a merge shifts them)."""
 
 _EMPTY: dict[np.dtype, np.ndarray] = {}
+_LAYOUTS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, ...], dict[str, np.dtype]]] = {}
+
+
+def _layout(
+    columns: tuple[tuple[str, str], ...],
+) -> tuple[tuple[str, ...], dict[str, np.dtype]]:
+    """Column names and dtypes of a layout, made once for every table of that layout (a
+    replay of thousands of processes has four tables each)."""
+    known = _LAYOUTS.get(columns)
+    if known is None:
+        names = tuple(name for name, _ in columns)
+        dtypes = {name: np.dtype(dtype) for name, dtype in columns}
+        known = _LAYOUTS.setdefault(columns, (names, dtypes))
+    return known
 
 
 def _empty(dtype: np.dtype) -> np.ndarray:

@@ -154,6 +154,21 @@ class ChunkSource:
             pass
 
 
+_LAYOUTS: dict[tuple[tuple[str, np.dtype], ...], tuple[list, dict[str, int]]] = {}
+
+
+def _stored_layout(
+    stored: tuple[tuple[str, np.dtype], ...],
+) -> tuple[list[tuple[str, np.dtype]], dict[str, int]]:
+    """A stored layout and each column's position, made once for every series of that
+    layout (a recording of thousands of processes has four series each): read-only."""
+    known = _LAYOUTS.get(stored)
+    if known is None:
+        positions = {name: i for i, (name, _) in enumerate(stored)}
+        known = _LAYOUTS.setdefault(stored, (list(stored), positions))
+    return known
+
+
 class SeriesArchive:
     """Rows ``[0, rows)`` of one stored series, read on demand (a table's archive).
 
@@ -181,8 +196,7 @@ class SeriesArchive:
         self.kind = kind
         self.spec = sm.SPECS.get(kind)
         self.primary = SERIES[kind][1]
-        self.stored = [(name, np.dtype(dt)) for name, dt in stored]
-        self._pos = {name: i for i, (name, _) in enumerate(self.stored)}
+        self.stored, self._pos = _stored_layout(tuple((name, np.dtype(dt)) for name, dt in stored))
         self.dtypes = dtypes
         self.live = live
         self.shift = 0
@@ -203,6 +217,25 @@ class SeriesArchive:
         self._memo: dict[tuple[Any, ...], Any] = {}
         self._gen = 0
         self._asleep: tuple[int, int] | None = None  # raw (first, last) while asleep
+
+    @classmethod
+    def dormant(
+        cls,
+        source: ChunkSource,
+        sid: int,
+        kind: str,
+        stored: Sequence[tuple[str, np.dtype]],
+        dtypes: dict[str, np.dtype],
+        rows: int,
+        span: tuple[int, int],
+    ) -> SeriesArchive:
+        """The archive of a series the file holds whole (a settled process's, read again):
+        asleep, its index read the first time a view needs it."""
+        archive = cls(source, sid, kind, stored, dtypes, live=True)
+        archive.rows = rows
+        archive.stats = None
+        archive._asleep = span
+        return archive
 
     # ------------------------------------------------------------------ sleep
 

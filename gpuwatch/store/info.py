@@ -142,7 +142,10 @@ def _content(s: Session) -> dict[str, Any]:
         devices.append(entry)
     out["devices"] = devices
     explained: dict[int, Any] = {}
-    out["processes"] = [_process(s, p, rel, explained) for p in s.processes.values()]
+    out["processes"] = []
+    for p in s.processes.values():
+        out["processes"].append(_process(s, p, rel, explained))
+        _rest(p)
     out["phases"] = _phases(s)
     out["marks"] = s.mark_count()
     out["ooms"] = [
@@ -225,6 +228,16 @@ def _process(s: Session, p: Process, rel: Any, explained: dict[int, Any]) -> dic
     return out
 
 
+def _rest(p: Process) -> None:
+    """Let go of what reading a process's series kept (their chunk indexes, what they
+    decoded): read one process at a time, a recording of thousands of processes is
+    summarised in the memory of one."""
+    for kind in ("torch", "peaks", "rss", "phases"):
+        sleep = getattr(getattr(p, kind).archive, "sleep", None)
+        if sleep is not None:
+            sleep()
+
+
 def _explain(s: Session, p: Process) -> Any:
     """The process's phases explained; None without facts (or facts it cannot use)."""
     try:
@@ -259,6 +272,7 @@ def _phases(s: Session) -> dict[str, dict[str, Any]]:
         for cols in p.phases.batches():
             if len(cols["t0"]):
                 _fold_phases(s, p, cols, out)
+        _rest(p)
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["count"]))
 
 

@@ -90,6 +90,7 @@ class Loader:
         self.source = ChunkSource(recording.path, on_error=self._read_failed) if windowed else None
         self._summaries = recording.meta.get(SUMMARIES) == str(sm.VERSION)
         self._feeds: dict[int, _Feed] = {}
+        self._layouts: dict[str, list[tuple[str, np.dtype]]] = {}  # series columns, parsed
         self._heap: list[tuple[int, int]] = []
         # Windowed, a file without summaries: chunks to summarise, latest first.
         self._pending: list[tuple[int, int, int]] = []
@@ -227,7 +228,11 @@ class Loader:
         return out
 
     def _new_feed(self, sid: int, kind: str, key: str, columns: str, rows: int) -> _Feed:
-        stored = [(name, np.dtype(code)) for name, code in json.loads(columns)]
+        stored = self._layouts.get(columns)
+        if stored is None:  # parsed once for every series of this layout
+            stored = [(name, np.dtype(code)) for name, code in json.loads(columns)]
+            if len(self._layouts) < 256:
+                self._layouts[columns] = stored
         archive = None
         try:
             if self.windowed:

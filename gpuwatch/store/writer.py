@@ -125,10 +125,13 @@ class SessionWriter:
         self._cursors = {"names": 0, "marks": 0, "ooms": 0, "notes": 0}
         self._open_known: set[int] = set()  # pids whose open spans the file has
         # Ended processes written whole (pid -> its rev then): no sync looks at them again
-        # until a message changes them, and the session keeps only their summaries.
+        # until a message changes them, and neither the session nor this writer keeps
+        # more of them than a summary (their series are read back from the file).
         self._settled: dict[int, int] = {}
         self._ending: dict[int, int] = {}
-        self._sleepers: dict[int, list[SeriesArchive]] = {}  # settled pid -> its archives
+        self._woken: set[int] = set()  # settled pids a view read back: settled again
+        self._revive: set[int] = set()  # settled pids a message changed: written again
+        self._infos: dict[int, dict[str, Any]] = {}  # pid -> the proc_info last written
         self._closed = False
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], SeriesArchive] = {}
@@ -189,6 +192,7 @@ class SessionWriter:
             # The session lets rows go: the file holds them, and reads them back for views.
             self.source = ChunkSource(self.path, on_error=session.note)
             session.on_table(self._attach)
+            session.reopen = self._reopen
             with session._lock:  # marks go too, once written
                 session.marks_written = session.marks_gone
                 session.marks_wait = True
@@ -204,6 +208,23 @@ class SessionWriter:
         archive = SeriesArchive(self.source, None, kind, layout, table.dtypes, live=True)
         self._archives[(kind, key)] = archive
         table.set_archive(archive)
+
+    def _reopen(
+        self, kind: str, key: str, rows: int, span: tuple[int, int] | None
+    ) -> SeriesArchive | None:
+        """The archive of a settled process's series, read back (the session's
+        :attr:`~gpuwatch.session.Session.reopen`; called from any thread)."""
+        self._woken.add(int(key))
+        if not rows or span is None or self.source is None:
+            return None
+        found = self.source.query("SELECT id FROM series WHERE kind = ? AND key = ?", (kind, key))
+        if not found:
+            return None
+        layout = layout_dtypes(SERIES[kind][0])
+        table_dtypes = dict(layout)
+        return SeriesArchive.dormant(
+            self.source, int(found[0][0]), kind, layout, table_dtypes, rows, span
+        )
 
     def freeze(self) -> None:
         """No more rows will be written (a failure): tables stop waiting for the file."""
@@ -256,19 +277,15 @@ class SessionWriter:
         ending, self._ending = self._ending, {}
         for pid, rev in ending.items():
             self._settled[pid] = rev
+            self._revive.discard(pid)
             if self.source is not None:  # the file reads their rows back: memory lets go
+                self._forget(pid)
                 self.session.settle(pid)
-                self._sleepers[pid] = [
-                    st.archive
-                    for kind in PROCESS_SERIES
-                    if (st := self._series.get((kind, str(pid)))) is not None
-                    and st.archive is not None
-                ]
-        # A view that read a settled process's rows woke its index: it sleeps again.
-        for archives in self._sleepers.values():
-            for archive in archives:
-                if not archive.asleep:
-                    archive.sleep()
+        # A view that read a settled process's rows made its tables again: they go again.
+        woken, self._woken = self._woken, set()
+        for pid in woken:
+            if pid in self._settled:
+                self.session.settle(pid)
         s = self.session
         with s._lock:
             if s.marks_wait:  # the file holds these now: memory may let go of them
@@ -403,6 +420,40 @@ class SessionWriter:
         self._cache[key] = value
         return True
 
+    def _forget(self, pid: int) -> None:
+        """Let go of what this writer knew of a settled process's series and body: a
+        message that changes it again finds its series in the file (see _revived)."""
+        key = str(pid)
+        for kind in PROCESS_SERIES:
+            self._series.pop((kind, key), None)
+            self._archives.pop((kind, key), None)
+        self._cache.pop(("process", pid), None)
+        self._open_known.discard(pid)
+
+    def _revived(self, kind: str, key: str, table: Table) -> _Series | None:
+        """The series of a settled process a message changed again (None: the file has
+        none): every row the file holds is sealed, the table's archive reads them."""
+        row = self._db.execute(
+            "SELECT s.id, ifnull(sum(c.n), 0) FROM series s LEFT JOIN chunks c"
+            " ON c.series = s.id WHERE s.kind = ? AND s.key = ? GROUP BY s.id",
+            (kind, key),
+        ).fetchone()
+        if row is None:
+            return None
+        sid, rows = int(row[0]), int(row[1])
+        archive = table.archive if isinstance(table.archive, SeriesArchive) else None
+        if archive is None and self.source is not None:  # made before it was settled
+            layout = layout_dtypes(SERIES[kind][0])
+            archive = SeriesArchive(self.source, sid, kind, layout, table.dtypes, live=True)
+            table.set_archive(archive)
+        if archive is not None:
+            archive.sid = sid
+            self._archives[(kind, key)] = archive
+        layout, primary = SERIES[kind]
+        st = _Series(sid, layout_dtypes(layout), primary, sm.SPECS.get(kind), table, archive)
+        st.written = st.sealed = rows
+        return st
+
     def _still_settled(self) -> set[int]:
         """Settled processes no message changed since; the others are written again."""
         processes = self.session.processes
@@ -413,7 +464,7 @@ class SessionWriter:
                 out.add(pid)
             else:
                 del self._settled[pid]
-                self._sleepers.pop(pid, None)
+                self._revive.add(pid)
         return out
 
     def _sync_series(self, final: bool, settled: set[int]) -> None:
@@ -425,6 +476,10 @@ class SessionWriter:
         }
         for kind, key, table in self.session.tables(skip=settled):
             st = self._series.get((kind, key))
+            if st is None and kind in PROCESS_SERIES and int(key) in self._revive:
+                st = self._revived(kind, key, table)
+                if st is not None:
+                    self._series[(kind, key)] = st
             if st is None:
                 if len(table) == 0:
                     continue
@@ -552,12 +607,15 @@ class SessionWriter:
                     "INSERT OR REPLACE INTO processes (pid, body) VALUES (?, ?)", (pid, body)
                 )
             self._sync_open(pid, proc, final)
+        # A changed description is a new dict (set_proc_info): one compared by identity
+        # costs no JSON, however many processes were ever described.
         for pid, info in list(s.proc_info.items()):
-            body = dumps(info)
-            if self._changed(("proc_info", pid), body):
-                self._db.execute(
-                    "INSERT OR REPLACE INTO proc_info (pid, body) VALUES (?, ?)", (pid, body)
-                )
+            if self._infos.get(pid) is info:
+                continue
+            self._infos[pid] = info
+            self._db.execute(
+                "INSERT OR REPLACE INTO proc_info (pid, body) VALUES (?, ?)", (pid, dumps(info))
+            )
 
     def _sync_open(self, pid: int, proc: Process, final: bool) -> None:
         """The open spans that began or ended since the last sync (all of them the first

@@ -12,6 +12,7 @@ import pytest
 import gpuwatch.store.writer as writer_module
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
+from gpuwatch.session.filed import FiledTable
 from gpuwatch.sources.host import HostSampler
 from gpuwatch.store.writer import SessionWriter
 
@@ -38,12 +39,12 @@ def _short_script(s: Session, pid: int, t: int) -> int:
 
 
 def _held(s: Session) -> int:
-    """Rows and room for rows the session's process tables hold in memory."""
-    return sum(
-        getattr(p, kind)._cap
-        for p in s.processes.values()
-        for kind in ("torch", "peaks", "rss", "phases")
-    )
+    """Rows and room for rows the session's process tables hold in memory (a settled
+    process's stand-ins hold none: looking at them must not read them back)."""
+    tables = [
+        getattr(p, k) for p in s.processes.values() for k in ("torch", "peaks", "rss", "phases")
+    ]
+    return sum(0 if isinstance(t, FiledTable) else t._cap for t in tables)
 
 
 def test_ended_processes_keep_a_summary_only(
@@ -61,8 +62,8 @@ def test_ended_processes_keep_a_summary_only(
     writer.sync()
     # Before: every process kept room for a thousand rows of each table (~140 KB each).
     assert _held(s) == 0
-    archives = [st.archive for st in writer._series.values() if st.archive is not None]
-    assert archives and all(a.asleep for a in archives if a.kind != "host")
+    # Neither does the writer keep their series (before: an archive and an index each).
+    assert not [key for key in writer._series if key[0] != "host" and key[0] != "gpu"]
     # What they did is still known: from their tallies, and their rows from the file.
     proc = s.processes[1000 + PROCESSES // 2]
     assert sum(proc.tally.count.values()) == PHASES
@@ -71,10 +72,10 @@ def test_ended_processes_keep_a_summary_only(
         proc.phases.rows(0, PHASES)["t1"].tolist()
     )
     assert s.span_at(proc, int(proc.phases.rows(3, 4)["t0"][0])) is not None
-    woken = writer._series[("phases", str(proc.pid))].archive
-    assert not woken.asleep  # reading its rows brought its index back...
+    assert not isinstance(proc.phases, FiledTable)  # reading its rows read it back...
     writer.sync()
-    assert woken.asleep  # ...until the next commit
+    assert isinstance(proc.phases, FiledTable)  # ...until the next commit
+    assert len(proc.phases) == PHASES and proc.phases.span() is not None
 
     # A commit looks at none of them again: no body made (the sampling rates are one),
     # no row written for them.
@@ -139,3 +140,112 @@ def test_an_instrumented_process_is_described_for_the_processes_tab() -> None:
     HostSampler(s).sample_once()
     info = s.proc_info[os.getpid()]
     assert info["user"] == getpass.getuser() and info["visible"] is True
+
+
+def _churn_bytes(s: Session, writer: SessionWriter | None, count: int) -> float:
+    """Bytes the session (and its writer) hold per process after ``count`` more short
+    scripts ended, measured by tracemalloc."""
+    import gc
+    import tracemalloc
+
+    t = 1_000_000
+    tracemalloc.start()  # before the first ones: what later ones free counts too
+    try:
+        # The first processes, what any session makes once, and as many ended processes
+        # as an unrecorded session keeps whole (KEEP_ENDED): what is measured is what
+        # each further one adds.
+        for pid in range(100, 200):
+            t = _short_script(s, pid, t)
+        if writer is not None:
+            writer.sync()
+        gc.collect()
+        before = tracemalloc.take_snapshot()
+        for pid in range(1000, 1000 + count):
+            t = _short_script(s, pid, t)
+            if writer is not None and pid % 50 == 0:
+                writer.sync()
+        if writer is not None:
+            writer.sync()
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    return sum(d.size_diff for d in after.compare_to(before, "filename")) / count
+
+
+ENDED_BYTES = 4096
+"""What an ended process may keep (issue 23: 5,000 of them within 20 MB)."""
+
+
+def test_an_ended_recorded_process_keeps_a_few_kilobytes(tmp_path: Path) -> None:
+    s = Session()
+    s.bound()
+    writer = SessionWriter(tmp_path / "sweep.gpuwatch", s)
+    try:
+        per = _churn_bytes(s, writer, 300)
+    finally:
+        writer.close()
+    # Before: 24.7 KB each (tables, archives and indexes of four series, writer state).
+    assert per <= ENDED_BYTES, f"{per:.0f} bytes per ended process"
+
+
+def test_an_unrecorded_session_keeps_summaries_of_older_ended_processes() -> None:
+    from gpuwatch.session.session import KEEP_ENDED
+
+    s = Session()
+    s.bound()  # live, not recording
+    per = _churn_bytes(s, None, 600)
+    # Before: every ended process kept its rows (up to 16k a table).
+    assert per <= ENDED_BYTES, f"{per:.0f} bytes per ended process"
+    newest, oldest = s.processes[1000 + 599], s.processes[1000]
+    assert len(newest.phases) == PHASES  # the newest ended keep their rows
+    assert isinstance(oldest.phases, FiledTable) and sum(oldest.tally.count.values()) == PHASES
+    assert len(oldest.phases.snapshot()["t0"]) == 0  # nothing to read back: said so
+    assert any(f"newest {KEEP_ENDED}" in n for n in s.notes)
+
+
+def _swept(path: Path, count: int) -> Path:
+    s = Session()
+    s.bound()
+    writer = SessionWriter(path, s)
+    t = 1_000_000
+    for pid in range(1000, 1000 + count):
+        t = _short_script(s, pid, t)
+        if pid % 50 == 0:
+            writer.sync()
+    writer.close()
+    return path
+
+
+def test_info_of_a_sweep_costs_little_per_process(tmp_path: Path) -> None:
+    """``gpuwatch info`` of a recording of many short processes: its peak memory grows
+    by what each process's summary and chunk index need, not by a table each."""
+    import gc
+    import tracemalloc
+
+    from gpuwatch.store.info import summarize_opened
+    from gpuwatch.store.multi import load_many
+
+    def peak(path: Path) -> tuple[int, dict]:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            opened = load_many([str(path)])
+            try:
+                info = summarize_opened(opened)
+            finally:
+                opened.close()
+            return tracemalloc.get_traced_memory()[1], info
+        finally:
+            tracemalloc.stop()
+
+    small, large = _swept(tmp_path / "a.gpuwatch", 50), _swept(tmp_path / "b.gpuwatch", 250)
+    peak(small)  # what any info makes once (imports, caches)
+    a, _ = peak(small)
+    b, info = peak(large)
+    assert len(info["processes"]) == 250
+    assert all(p["phases"] == {"step": PHASES} for p in info["processes"])
+    per = (b - a) / 200
+    # Before: 50 KB a process (tables reserving rows, a layout and an index each); now
+    # 29 KB. Still linear: the loader indexes every series (issue 23 item 6, left).
+    assert per <= 36_000, f"{per:.0f} bytes per process"

@@ -48,6 +48,22 @@ FAMILIES = (
 layout) is read when the exporter has it; ``up`` tells which scrape targets answer."""
 
 
+JOB_LABELS = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch_run")
+"""The scheduler's labels, which the exporter puts on process series only
+(docs/prometheus.md): a ``--match`` on one selects the job's processes, and the view shows
+the GPUs of the hosts they run on."""
+
+
+def family_matchers(
+    family: str, matchers: Sequence[tuple[str, str, str]]
+) -> list[tuple[str, str, str]]:
+    """The matchers a family's query takes: a GPU or ``up`` series has no job labels, so a
+    matcher on one would select nothing there."""
+    if family.startswith("gpuwatch_process_") or family == "gpuwatch_rank_info":
+        return list(matchers)
+    return [m for m in matchers if m[0] not in JOB_LABELS]
+
+
 QUERY_THREADS = 4
 """Queries of one refresh in flight at once (Prometheus answers each on its own thread)."""
 
@@ -122,6 +138,7 @@ class Answers:
     series: dict[str, list[Series]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    by_job: bool = False  # a matcher named a job label: only the job's hosts are shown
 
 
 def fetch(
@@ -131,7 +148,7 @@ def fetch(
     about as long as its slowest query); a failure is kept per family."""
     at = time.time() if at is None else at
     start = time.perf_counter()
-    answers = Answers(at)
+    answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers))
 
     gone: list[PromError] = []  # the server did not answer: the rest would wait as long
 
@@ -139,7 +156,7 @@ def fetch(
         if gone:
             return family, gone[0]
         try:
-            return family, client.query(selector(family, matchers), at=at)
+            return family, client.query(selector(family, family_matchers(family, matchers)), at=at)
         except PromError as exc:
             if exc.gone:
                 gone.append(exc)
@@ -236,6 +253,11 @@ class Cluster:
             for key in seen - have:
                 self.gpus[key].used = None
         self._processes(s)
+        if answers.by_job:  # the GPUs of the hosts the matched processes run on
+            hosts = {p.host for p in self._procs.values()}
+            for key in [k for k, g in self.gpus.items() if g.host not in hosts]:
+                del self.gpus[key]
+            seen = {k for k in seen if k in self.gpus}
         failed_core = any(f in answers.errors for f in (*core, "gpuwatch_gpu_up"))
         for key in [
             k for k, g in self.gpus.items() if k not in seen and answers.at - g.seen > FORGET_S

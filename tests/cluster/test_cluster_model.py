@@ -170,3 +170,25 @@ def test_history_window_and_phase_runs() -> None:
         ("forward", 5, 6),
         ("backward", 3, 4),
     ]
+
+
+def test_a_job_label_match_shows_the_gpus_of_the_jobs_hosts() -> None:
+    from gpuwatch.cluster.model import JOB_LABELS, family_matchers
+    from gpuwatch.prometheus import JOB
+
+    assert JOB_LABELS == JOB  # the exporter's job labels, on process series only
+    match = [("slurm_job", "=", "12345"), ("job", "=", "gpuwatch")]
+    # GPU series carry no job label: the matcher would select none of them.
+    assert family_matchers("gpuwatch_gpu_memory_used_bytes", match) == [match[1]]
+    assert family_matchers("gpuwatch_process_step", match) == match
+    assert family_matchers("gpuwatch_rank_info", match) == match
+    # The job's one rank runs on node-b: node-a's GPUs leave the view.
+    job = {"slurm_job": "12345"}
+    rank = rank_series("node-b", 1, 0, 4242, {"forward": 3 * GiB})
+    rank = {k: [({**labels, **job}, v) for labels, v in items] for k, items in rank.items()}
+    got = answers(merge(two_hosts(), rank))
+    got.by_job = True
+    c = Cluster()
+    c.apply(got)
+    assert sorted(c.gpus) == ["node-b:0", "node-b:1"]
+    assert all(g.state == OK for g in c.gpus.values())

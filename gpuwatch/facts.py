@@ -238,12 +238,14 @@ class ActivationFacts(TypedDict, total=False):
     until: str
     held_output_bytes: int
     modules: list[ModuleActivations]
+    forward_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes, at
     skipped: str
     error: str
 
 
 class ParallelFacts(TypedDict, total=False):
-    """``parallel``: how DDP, FSDP, tensor parallelism or a device map divides the model."""
+    """``parallel``: how DDP, FSDP, DeepSpeed ZeRO, tensor parallelism or a device map
+    divides the model."""
 
     strategy: str
     rank: int
@@ -252,6 +254,7 @@ class ParallelFacts(TypedDict, total=False):
     fsdp: dict[str, Any]
     dtensor: dict[str, Any]
     devices: dict[str, int]
+    zero: dict[str, Any]
 
 
 class Facts(TypedDict, total=False):

@@ -403,7 +403,7 @@ def fake_facts(monkeypatch) -> list[tuple]:
     calls: list[tuple] = []
     fake = types.ModuleType("gpuwatch.instrument._facts")
 
-    def collect_facts(model, optimizer=None, *, amp_dtype=None, checkpointing=None):
+    def collect_facts(model, optimizer=None, *, amp_dtype=None, checkpointing=None, **_):
         calls.append(("collect", model, optimizer, amp_dtype, checkpointing))
         return {
             "params": sum(p.numel() for p in model.parameters()),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # tests/support/ -> the repository
 SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
 
 

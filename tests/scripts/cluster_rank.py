@@ -2,7 +2,7 @@
 
 Usage: ``cluster_rank.py PEAK_MIB [SECONDS]`` with ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` in
 the environment. The client's allocator reader sees CUDA in use on device ``LOCAL_RANK``
-(tests/fake_cuda.py's scripted figures, its UUID the fake NVML GPU's of that index, so
+(tests/support/fake_cuda.py's scripted figures, its UUID the fake NVML GPU's of that index, so
 gpuwatch maps the process to that GPU) and the script steps through
 data/forward/backward/optimizer.step, the peak of ``backward`` being PEAK_MIB, about four
 steps a second, until SECONDS have passed (default: until killed).
@@ -15,7 +15,7 @@ import sys
 import time
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
 
 from fake_cuda import FakeCuda
 

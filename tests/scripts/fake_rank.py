@@ -16,7 +16,8 @@ import time
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (fake_nvml)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # fake_cuda
 
 from fake_cuda import FakeCuda
 from fake_nvml import FakeNvml, default_gpu

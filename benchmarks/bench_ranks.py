@@ -1,9 +1,10 @@
 """Each rank's predicted peak per phase against its truth, under DDP, FSDP2 and ZeRO
 (issue 26).
 
-The cases of ``tests/support/ranks_cases.py``: a 12-block MLP (25.2 M parameters) and a Llama-style HF causal LM trained with
-AdamW for three steps as two real ranks (gloo on the CPU, spawned processes) under DDP,
-DDP with ``gradient_as_bucket_view=True``, FSDP2 and FSDP2 without
+The cases of ``tests/support/ranks_cases.py``: a 12-block MLP (25.2 M parameters) and a
+Llama-style HF causal LM trained with AdamW for three steps as two real ranks (gloo on the
+CPU, spawned processes) under DDP, DDP with ``gradient_as_bucket_view=True``, FSDP2 and
+FSDP2 without
 ``reshard_after_forward``, DeepSpeed ZeRO stages 1-3 (where ``deepspeed`` is installed;
 skipped otherwise), and as rank 0 of an 8-rank FSDP2 job (torch's fake process group).
 The truth is torch.profiler's allocator events (``tests/support/profmem.py``), peaked inside

@@ -15,7 +15,7 @@ import sys
 import time
 import types
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "support"))
 
 from fake_cuda import FakeCuda
 

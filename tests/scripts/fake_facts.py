@@ -14,7 +14,7 @@ def install() -> None:
     """Put the stand-in where gpuwatch looks for the facts module."""
     fake = types.ModuleType("gpuwatch.instrument._facts")
 
-    def collect_facts(model: Any, optimizer: Any = None, *, amp_dtype=None, checkpointing=None, **_):
+    def collect_facts(model: Any, optimizer: Any = None, *, amp_dtype=None, **_: Any):
         return {
             "model": type(model).__name__,
             "params": sum(p.numel() for p in model.parameters()),

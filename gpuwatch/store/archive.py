@@ -708,6 +708,8 @@ class SeriesArchive:
         blocks = sm.summarise(spec, full)
         own = chunk_summary(spec, blocks)
         with self._lock:
+            if self._asleep is not None or k >= len(self.row0):
+                return blocks  # let go of meanwhile (info is done with it): kept nowhere
             self._made[int(self.row0[k])] = blocks
             if self.stats is not None and k < len(self.have) and not self.have[k]:
                 for name, col in self.stats.items():

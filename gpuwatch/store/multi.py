@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..session import Session
 from ..session.merge import Part, merge, origins
 from ._schema import SUFFIX
-from .loader import open_session
+from .loader import Loader, open_session
 from .recording import Recording, RecordingError, open_recording
 
 Progress = Callable[[int, int, Path], None]
@@ -34,17 +34,23 @@ class Opened:
         recordings: The files, in the order given.
         parts: One per file: its origin name, time shift and pid renumbering.
         session: The merged session (a single file's own session when there is one).
+        loaders: Loaders still summarising a file written before summaries, in the
+            background; stopped before the files close.
     """
 
     recordings: list[Recording]
     parts: list[Part]
     session: Session
+    loaders: list[Loader] = field(default_factory=list)
 
     @property
     def merged(self) -> bool:
         return len(self.recordings) > 1
 
     def close(self) -> None:
+        # A loader's thread reads its file: closed under it, it would fail mid-chunk.
+        for loader in self.loaders:
+            loader.stop()
         for rec in self.recordings:
             rec.close()
 
@@ -79,6 +85,7 @@ def load_many(
             raise RecordingError(f"{paths[i]} is given twice")
     recordings: list[Recording] = []
     sessions: list[Session] = []
+    loaders: list[Loader] = []
     try:
         for i, path in enumerate(paths):
             if progress is not None:
@@ -92,16 +99,16 @@ def load_many(
             session, loader = open_session(rec, windowed=True)
             if not loader.done:  # a file written before summaries: make them meanwhile
                 loader.start(follow=False)
+                loaders.append(loader)
             sessions.append(session)
     except BaseException:
-        for rec in recordings:
-            rec.close()
+        Opened(recordings, [], Session(), loaders).close()
         raise
     if len(sessions) == 1:
-        return Opened(recordings, [Part(sessions[0], "")], sessions[0])
+        return Opened(recordings, [Part(sessions[0], "")], sessions[0], loaders)
     names = origins(
         [rec.meta.get("host", "") for rec in recordings],
         [rec.path.name.removesuffix(SUFFIX) for rec in recordings],
     )
     parts = [Part(s, name) for s, name in zip(sessions, names, strict=True)]
-    return Opened(recordings, parts, merge(parts, align))
+    return Opened(recordings, parts, merge(parts, align), loaders)

@@ -76,3 +76,33 @@ def test_info_marks_a_cut_command_and_keeps_it_off_the_step_count() -> None:
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "train_tiny_gpt.py" in x and "steps," in x)
     assert "…  6 steps, " in line, line
+
+
+def test_a_chunk_summarised_after_info_let_its_index_go(monkeypatch) -> None:
+    # info lets go of a series' index once it has summarised it, while the loader's
+    # thread may still be summarising one of that series' chunks (a file written before
+    # summaries): that summary is dropped, never an IndexError in the thread.
+    from gpuwatch.store import archive as archive_module
+    from gpuwatch.store import open_recording
+    from gpuwatch.store.loader import open_session
+
+    asleep = []
+    real = archive_module.chunk_summary
+
+    def meanwhile(spec, blocks):  # info's thread lets go while the chunk is summarised
+        for feed in loader._feeds.values():
+            if feed.archive is not None:
+                feed.archive.sleep()
+                asleep.append(feed.archive)
+        return real(spec, blocks)
+
+    monkeypatch.setattr(archive_module, "chunk_summary", meanwhile)
+    rec = open_recording(ROOT / "samples" / "gpt2-small-h100.gpuwatch")
+    try:
+        _, loader = open_session(rec, windowed=True)
+        assert not loader.done  # written before summaries: chunks to summarise
+        while loader.step():
+            pass
+        assert loader.done and asleep
+    finally:
+        rec.close()

@@ -22,6 +22,7 @@ from ..fmt import GIB, fmt_bytes
 from ..session import MISSING_INT, Process, Session
 from ..session.peaks import table_range_max
 from .predicted import first_optimizer_step
+from .ranks import phase_key
 
 CATEGORY_KEYS = pr.CATEGORIES
 """The predictor's categories, in the order an explanation lists them."""
@@ -355,7 +356,7 @@ def predicted_json(ex: ProcessExplained, prediction: pr.Prediction | None = None
     when there are any).
     """
     out: dict[str, Any] = {}
-    names = sorted({name for name, _ in ex.phases}, key=_phase_order)
+    names = sorted({name for name, _ in ex.phases}, key=phase_key)
     for name in names:
         later, first = ex.phases.get((name, False)), ex.phases.get((name, True))
         main = later or first
@@ -382,13 +383,6 @@ def labels_for(ex: ProcessExplained, phase: str) -> str:
     if phase == "optimizer.step":
         return ex.temporaries_name
     return _TEMP_LABELS.get(phase, "temporaries")
-
-
-_ORDER = ("data", "forward", "backward", "clip", "optimizer.step", "zero_grad", "eval")
-
-
-def _phase_order(name: str) -> tuple[int, str]:
-    return (_ORDER.index(name) if name in _ORDER else len(_ORDER), name)
 
 
 def format_predicted(

@@ -138,13 +138,17 @@ class Server:
         response.headers["Retry-After"] = "30"
         return response
 
-    async def _page(self, request: web.Request) -> web.StreamResponse:
+    async def _admit(self, request: web.Request) -> Offer | web.Response:
+        """The offer the URL names (404 for none), or the busy page past the cap."""
         offer = await asyncio.to_thread(self._offer, request)
         if offer is None:
             raise web.HTTPNotFound()
-        busy = self._busy()
-        if busy is not None:
-            return busy
+        return self._busy() or offer
+
+    async def _page(self, request: web.Request) -> web.StreamResponse:
+        offer = await self._admit(request)
+        if isinstance(offer, web.Response):
+            return offer
         scheme = "wss" if request.secure else "ws"
         ws_path = "/ws" + ("" if request.path == "/" else request.path)
         url = f"{scheme}://{request.headers.get('Host', '')}{ws_path}"
@@ -191,12 +195,9 @@ class Server:
     # ------------------------------------------------------------------ websockets
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
-        offer = await asyncio.to_thread(self._offer, request)
-        if offer is None:
-            raise web.HTTPNotFound()
-        busy = self._busy()
-        if busy is not None:
-            return busy
+        offer = await self._admit(request)
+        if isinstance(offer, web.Response):
+            return offer
         ws = web.WebSocketResponse(heartbeat=15, max_msg_size=WS_MESSAGE_MAX)
         argv = replay_argv(offer.files, self.settings.theme, self.settings.align)
         visitor = Visitor(argv, ws.send_bytes, ws.close)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
-from test_prometheus_server import Lines, free_port, http_get
+from test_prometheus_server import Lines, free_port, start_prometheus, stop_all
 from tmuxhelp import Tmux
 
 PROMETHEUS = shutil.which("prometheus")
@@ -96,34 +96,10 @@ def prometheus(tmp_path: Path) -> Iterator:
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
             "scrape_configs:\n  - job_name: gpuwatch\n    static_configs:\n" + static
         )
-        port = free_port()
-        log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed with the process)
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(PROMETHEUS),
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=tmp_path,
-            )
-        )
-        base = f"http://127.0.0.1:{port}"
-        ready = wait_for(lambda: http_get(base + "/-/ready")[0] == 200, timeout=60)
-        assert ready, (tmp_path / "prometheus.log").read_text()[-3000:]
-        return base
+        return start_prometheus(tmp_path, config, procs)
 
     yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_all(procs)
 
 
 @pytest.mark.tmux

@@ -118,6 +118,41 @@ def recording(tmp_path: Path, sock_path: str) -> Iterator[tuple[subprocess.Popen
         stop(proc)
 
 
+def start_prometheus(folder: Path, config: Path, procs: list[subprocess.Popen]) -> str:
+    """A real Prometheus on ``config`` (its data and log in ``folder``), added to
+    ``procs``; its base URL once it says it is ready."""
+    port = free_port()
+    log = open(folder / "prometheus.log", "w")  # noqa: SIM115 (closed with the process)
+    procs.append(
+        subprocess.Popen(
+            [
+                str(PROMETHEUS),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={folder / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=folder,
+        )
+    )
+    base = f"http://127.0.0.1:{port}"
+    ready = wait_for(lambda: http_get(base + "/-/ready")[0] == 200, timeout=60)
+    assert ready, (folder / "prometheus.log").read_text()[-3000:]
+    return base
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Terminate each process, killing one that takes more than 30 s."""
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture
 def prometheus_factory(tmp_path: Path) -> Iterator:
     """Starts Prometheus scraping one target every second; returns its base URL."""
@@ -136,34 +171,10 @@ def prometheus_factory(tmp_path: Path) -> Iterator:
             "    static_configs:\n"
             f"      - targets: ['{target}']\n"
         )
-        port = free_port()
-        log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed with the process)
-        procs.append(
-            subprocess.Popen(
-                [
-                    str(PROMETHEUS),
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=tmp_path,
-            )
-        )
-        base = f"http://127.0.0.1:{port}"
-        ready = wait_for(lambda: http_get(base + "/-/ready")[0] == 200, timeout=60)
-        assert ready, (tmp_path / "prometheus.log").read_text()[-3000:]
-        return base
+        return start_prometheus(tmp_path, config, procs)
 
     yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_all(procs)
 
 
 def ask(base: str, promql: str) -> tuple[int, dict]:

@@ -300,6 +300,33 @@ async def test_chart_caches_strips_until_something_changes() -> None:
         assert chart.build_count == builds + 1
 
 
+async def test_a_frame_repaints_the_panel_only_for_a_new_title(monkeypatch) -> None:
+    # Setting a border title repaints the whole panel (chart and all) even when unchanged.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f")
+        await pilot.pause(0.3)
+        panel = gpu_panel(app)
+        repaints: list[object] = []
+        refresh = panel.refresh
+
+        def counted(*args, **kwargs):
+            repaints.append(args)
+            return refresh(*args, **kwargs)
+
+        monkeypatch.setattr(panel, "refresh", counted)
+        builds = panel.chart.build_count
+        sample = {"t": END, "used": 70 * synthetic.GIB, "total": 80 * synthetic.GIB}
+        app.session.add_gpu_sample(KEY, sample)
+        await pilot.pause(0.3)
+        assert panel.chart.build_count == builds + 1  # a frame was drawn
+        assert repaints == []
+        panel.device.name = "Renamed GPU"
+        app.session.add_gpu_sample(KEY, sample)
+        await pilot.pause(0.3)
+        assert repaints and "Renamed GPU" in panel.border_title
+
+
 @pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])
 async def test_every_theme_colours_the_lines(theme: str) -> None:
     app = make_app(theme_name=theme)

@@ -48,10 +48,11 @@ NARROW_BELOW = 100
 REDRAW_HZ = 20
 FOLLOW_FRAME_NS = 500_000_000
 """Following live, frames are at least this far apart (2 a second, nvitop's rate is 1):
-repainting a full screen costs Textual ~25 ms, and this keeps a dashboard of 8 GPUs at
-100 Hz under 10% of a core. Key presses redraw at once; new data in a paused view shows
-at once too, then at most once per this interval (at 20 a second, every sample redrawing
-all panels, a paused 8-GPU dashboard took half a core)."""
+repainting a full screen costs Textual ~25 ms, and this keeps the cost of drawing a
+dashboard of 8 GPUs at 100 Hz small (``benchmarks/bench_chart.py`` part 2 measures it).
+Key presses redraw at once; new data in a paused view shows at once too, then at most
+once per this interval (at 20 a second, every sample redrawing all panels, a paused 8-GPU
+dashboard took over half a core)."""
 TABLE_HZ = 2
 
 

@@ -114,8 +114,17 @@ def segment_max(
     in time order and must not overlap (consecutive phase boundaries of one process), so
     both ends are sorted and every column's segments are one contiguous index range.
 
+    Args:
+        t_start: Segment starts.
+        t_end: Segment ends.
+        values: One value per segment; in an int column the session's unknown marker is
+            skipped, as if its segment were not there.
+        t0: Start of the window.
+        t1: End of the window.
+        width: Number of output columns.
+
     Returns:
-        Float64 array of length ``width``, NaN where no segment overlaps.
+        Float64 array of length ``width``, NaN where no segment with a known value overlaps.
     """
     out = np.full(width, np.nan)
     if width <= 0 or t1 <= t0 or len(values) == 0:
@@ -133,10 +142,19 @@ def segment_max(
     if not nonempty.any():
         return out
     # One reduceat over interleaved (lo, hi) pairs: the even results are each column's max.
-    # A -inf sentinel makes `hi == len` a valid index.
-    v = np.append(np.asarray(values[i0:i1], dtype=np.float64), -np.inf)
+    # It reads the window's values in place (no float copy of a million peaks): an index
+    # must be below the length, so a column running to the end stops one short of it and
+    # takes the last value in below.
+    v = values[i0:i1]
+    last = len(v) - 1
     pairs = np.empty(2 * width, dtype=np.int64)
-    pairs[0::2], pairs[1::2] = lo, hi
+    np.minimum(lo, last, out=pairs[0::2])
+    np.minimum(hi, last, out=pairs[1::2])
     maxima = np.maximum.reduceat(v, pairs)[0::2]
+    tail = nonempty & (hi > last)
+    maxima[tail] = np.maximum(maxima[tail], v[last])
+    if v.dtype.kind == "i":
+        # The unknown marker is the smallest int64: it wins only where all are unknown.
+        nonempty &= maxima != _MISSING
     out[nonempty] = maxima[nonempty]
     return out

@@ -511,11 +511,11 @@ class Table:
         if plan.i1 > plan.i0 or plan.blocks is None:
             need = [spec.start, self.time, column] + ([where[0]] if where else [])
             cols = self.rows(plan.i0, plan.i1, need)
-            keep = cols[column] != MISSING_INT
+            # Unknown values stay in: _segment_max skips them without a mask of every row.
             if where is not None:
-                keep &= np.isin(cols[where[0]], list(where[1]))
-            if not keep.all():
-                cols = {c: v[keep] for c, v in cols.items()}
+                keep = np.isin(cols[where[0]], list(where[1]))
+                if not keep.all():
+                    cols = {c: v[keep] for c, v in cols.items()}
             out = _segment_max(cols[spec.start], cols[self.time], cols[column], t0, t1, width)
         if plan.blocks is not None:
             blocks = _filter_blocks(plan.blocks, where)

@@ -13,6 +13,21 @@ import numpy as np
 _DOT_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.uint8)
 
 
+def _span_bits(column: int) -> np.ndarray:
+    """Bits of the dots ``[a, b)`` of one cell column, indexed ``5 * a + b`` (a, b in 0..4)."""
+    table = np.zeros(25, dtype=np.uint8)
+    for a in range(5):
+        for b in range(a + 1, 5):
+            table[5 * a + b] = np.bitwise_or.reduce(_DOT_BITS[a:b, column])
+    return table
+
+
+# A dot column's lit rows within one cell are one range [a, b): a line is a vertical
+# stretch per dot column. Looking its bits up per cell row avoids a mask of every dot.
+_LEFT_BITS = _span_bits(0)
+_RIGHT_BITS = _span_bits(1)
+
+
 def rasterise(
     lines: list[tuple[np.ndarray, np.ndarray]], width: int, height: int, ymax: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -32,39 +47,45 @@ def rasterise(
     """
     bits = np.zeros((height, width), dtype=np.uint8)
     owner = np.full((height, width), -1, dtype=np.int8)
-    if width <= 0 or height <= 0 or ymax <= 0:
+    if width <= 0 or height <= 0 or ymax <= 0 or not lines:
         return bits, owner
     rows = height * 4
     scale = (rows - 1) / ymax
-    pix = np.arange(rows)[:, None]
-    for index, (lo, hi) in enumerate(lines):
-        lo = np.asarray(lo, dtype=np.float64)[: 2 * width]
-        hi = np.asarray(hi, dtype=np.float64)[: 2 * width]
-        ok = ~(np.isnan(lo) | np.isnan(hi))
-        if not ok.any():
-            continue
-        # Dot row 0 is the top; value 0 sits on the bottom row.
-        top = np.full(2 * width, rows, dtype=np.int64)
-        bottom = np.full(2 * width, -1, dtype=np.int64)
-        top[ok] = np.clip(np.rint((ymax - hi[ok]) * scale), 0, rows - 1).astype(np.int64)
-        bottom[ok] = np.clip(np.rint((ymax - lo[ok]) * scale), 0, rows - 1).astype(np.int64)
-        mask = (pix >= top[None, :]) & (pix <= bottom[None, :])  # rows x 2*width
-        if not mask.any():
-            continue
-        cell = _pack(mask, width, height)
-        bits |= cell
+    # All lines at once: (lines, dot columns).
+    lo = np.array([np.asarray(lo, dtype=np.float64)[: 2 * width] for lo, _ in lines])
+    hi = np.array([np.asarray(hi, dtype=np.float64)[: 2 * width] for _, hi in lines])
+    ok = ~(np.isnan(lo) | np.isnan(hi))
+    # Dot row 0 is the top; value 0 sits on the bottom row. NaN stays NaN through rint and
+    # clip (no warning); those columns are then emptied before the cast.
+    top = np.clip(np.rint((ymax - hi) * scale), 0, rows - 1)
+    bottom = np.clip(np.rint((ymax - lo) * scale), 0, rows - 1)
+    top[~ok] = rows
+    bottom[~ok] = -1
+    # Per cell row k: the column's lit dot rows inside the cell, [a, b) with 0 <= a, b <= 4
+    # (small ints, clipped in place: these arrays are lines x height x 2 * width).
+    small = np.int16 if rows < 2**15 - 1 else np.int32
+    first = 4 * np.arange(height, dtype=small)[None, :, None]
+    span = top.astype(small)[:, None, :] - first
+    np.clip(span, 0, 4, out=span)
+    b = bottom.astype(small)[:, None, :] - first
+    b += 1
+    np.clip(b, 0, 4, out=b)
+    span *= 5
+    span += b  # 5 * a + b
+    cells = np.take(_LEFT_BITS, span[:, :, 0::2]) | np.take(_RIGHT_BITS, span[:, :, 1::2])
+    np.bitwise_or.reduce(cells, axis=0, out=bits)
+    for index, cell in enumerate(cells):
         owner[cell != 0] = index
     return bits, owner
 
 
-def _pack(mask: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Pack a dots mask (4H x 2W) into braille bit patterns (H x W)."""
-    m = mask.reshape(height, 4, width, 2)
-    return np.einsum("hrwc,rc->hw", m.astype(np.uint8), _DOT_BITS).astype(np.uint8)
-
-
-def to_text(bits: np.ndarray) -> list[str]:
-    """Braille characters for each row of ``bits`` (blank cells become spaces)."""
+def to_codes(bits: np.ndarray) -> np.ndarray:
+    """Code points of the braille characters of ``bits`` (blank cells become spaces)."""
     codes = bits.astype(np.uint32) + 0x2800
     codes[bits == 0] = 0x20
-    return ["".join(map(chr, row)) for row in codes.tolist()]
+    return codes
+
+
+def codes_text(codes: np.ndarray) -> str:
+    """The characters of a uint32 code point array, row after row, as one string."""
+    return np.ascontiguousarray(codes, dtype="<u4").tobytes().decode("utf-32-le")

@@ -48,8 +48,11 @@ NARROW_BELOW = 100
 REDRAW_HZ = 20
 FOLLOW_FRAME_NS = 500_000_000
 """Following live, frames are at least this far apart (2 a second, nvitop's rate is 1):
-repainting a full screen costs Textual ~25 ms, and this keeps a dashboard of 8 GPUs at
-100 Hz under 10% of a core. Paused views and key presses redraw at once."""
+repainting a full screen costs Textual ~25 ms, and this keeps the cost of drawing a
+dashboard of 8 GPUs at 100 Hz small (``benchmarks/bench_chart.py`` part 2 measures it).
+Key presses redraw at once; new data in a paused view shows at once too, then at most
+once per this interval (at 20 a second, every sample redrawing all panels, a paused 8-GPU
+dashboard took over half a core)."""
 TABLE_HZ = 2
 
 
@@ -306,6 +309,8 @@ class GpuwatchApp(App[int]):
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None
+        self._shown_version = -1  # the data version a paused view keys its frames on
+        self._shown_at = -FOLLOW_FRAME_NS  # when it last moved (monotonic ns)
         self._tables_version: object = -1
         self.redraws = 0
 
@@ -493,7 +498,17 @@ class GpuwatchApp(App[int]):
             # a column every few hundred ms, a narrow one would otherwise redraw at 20 Hz.
             step = col * max(1, -(-FOLLOW_FRAME_NS // col))
             return ("follow", now // step, self.view.span), (now // step) * step
-        return ("paused", self.session.version), now
+        return ("paused", self._paused_version()), now
+
+    def _paused_version(self) -> int:
+        """The data version a paused view's frames are keyed on: the session's, at most
+        once per :data:`FOLLOW_FRAME_NS` (the timer draws what arrived in between)."""
+        version = self.session.version
+        if version != self._shown_version:
+            at = time.monotonic_ns()
+            if at - self._shown_at >= FOLLOW_FRAME_NS:
+                self._shown_version, self._shown_at = version, at
+        return self._shown_version
 
     def _update_predictions(self) -> None:
         """Predict each process that sent facts (cached per completed step)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 from rich.segment import Segment
@@ -19,7 +20,7 @@ from textual.message import Message
 from textual.strip import Strip
 
 from ..fmt import GIB, axis_label, nice_step
-from ._braille import rasterise, to_text
+from ._braille import codes_text, rasterise, to_codes
 from ._strips import CachedStrips
 
 AXIS_WIDTH = 9
@@ -187,28 +188,27 @@ class TimelineChart(CachedStrips):
         self.last_frame = frame
         ymax = frame.ymax if frame.ymax > 0 else 1.0
         bits, owner = rasterise([(s.lo, s.hi) for s in frame.series], plot_w, plot_h, ymax)
-        text = to_text(bits)
-        line_styles = [base + self._style(s.role) for s in frame.series]
+        codes = to_codes(bits)
+        # Index -1 (a blank cell) is the last entry: the widget's own style.
+        styles = [base + self._style(s.role) for s in frame.series]
         axis_style = base + self._style("axis")
         cursor_col = self.time_to_col(self.cursor) if self.cursor is not None else None
         if cursor_col is not None:
             # The cursor is a vertical rule through the empty cells of its column.
-            line_styles.append(base + self._style("cursor"))
-            owner = owner.copy()
+            styles.append(base + self._style("cursor"))
             blank = bits[:, cursor_col] == 0
-            owner[blank, cursor_col] = len(line_styles) - 1
-            for row in np.flatnonzero(blank):
-                text[row] = text[row][:cursor_col] + "│" + text[row][cursor_col + 1 :]
+            owner[blank, cursor_col] = len(styles) - 1
+            codes[blank, cursor_col] = ord("│")
         if self.app.no_color:
-            _mark_lines(text, owner, [s.role for s in frame.series])
+            _mark_lines(codes, owner, [s.role for s in frame.series])
+        styles.append(base)
+        rows = _runs(codes_text(codes), owner, styles)
         labels = _y_labels(ymax, plot_h)
         strips = []
         for row in range(plot_h):
             label = labels.get(row)
             axis = label.rjust(axis_w - 1) + "┤" if label else " " * (axis_w - 1) + "│"
-            segments = [Segment(axis, axis_style)]
-            segments += _runs(text[row], owner[row], line_styles, base)
-            strips.append(Strip(segments, width))
+            strips.append(Strip([Segment(axis, axis_style), *rows[row]], width))
         strips.append(Strip([Segment(self._time_axis(plot_w), axis_style)], width))
         return strips
 
@@ -237,10 +237,10 @@ class TimelineChart(CachedStrips):
         return "".join(line[: axis_w + plot_w])
 
 
-def _mark_lines(text: list[str], owner: np.ndarray, roles: list[str]) -> None:
+def _mark_lines(codes: np.ndarray, owner: np.ndarray, roles: list[str]) -> None:
     """Put each line's letter (:data:`MONO_MARK`) on it, once every :data:`MONO_EVERY`
-    cells, in place: the first cell it colours in each stretch (its highest there)."""
-    rows = [list(row) for row in text]
+    cells, in place in the code points: the first cell it colours in each stretch (its
+    highest there)."""
     for index, role in enumerate(roles):
         mark = MONO_MARK.get(role)
         if mark is None:
@@ -252,8 +252,7 @@ def _mark_lines(text: list[str], owner: np.ndarray, roles: list[str]) -> None:
             if col - last < MONO_EVERY:
                 continue
             last = col
-            rows[int(np.argmax(mine[:, col]))][col] = mark
-    text[:] = ["".join(row) for row in rows]
+            codes[int(np.argmax(mine[:, col])), col] = ord(mark)
 
 
 def _y_labels(ymax: float, rows: int) -> dict[int, str]:
@@ -272,16 +271,34 @@ def _y_labels(ymax: float, rows: int) -> dict[int, str]:
     return labels
 
 
-def _runs(text: str, owner: np.ndarray, styles: list[Style], base: Style) -> list[Segment]:
-    """Segments of equal colour along one row."""
-    segments = []
-    n = len(text)
-    if n == 0:
-        return segments
-    change = np.flatnonzero(np.diff(owner)) + 1
-    starts = [0, *change.tolist()]
-    ends = [*change.tolist(), n]
-    for s, e in zip(starts, ends, strict=True):
-        idx = int(owner[s])
-        segments.append(Segment(text[s:e], styles[idx] if idx >= 0 else base))
-    return segments
+def _runs(text: str, owner: np.ndarray, styles: list[Style]) -> list[list[Segment]]:
+    """Segments of equal colour along each row, all rows at once.
+
+    Args:
+        text: The cells' characters, row after row (``owner.size`` of them).
+        owner: Index into ``styles`` of each cell's style (height x width).
+        styles: Styles by index; -1 takes the last one.
+
+    Returns:
+        One list of segments per row.
+    """
+    height, width = owner.shape
+    if width == 0:
+        return [[] for _ in range(height)]
+    # A run starts at each row's first cell and wherever the owner changes. Row-major, the
+    # next start is where a run ends: the next row's first cell ends the row's last run.
+    start = np.empty((height, width), dtype=bool)
+    start[:, 0] = True
+    np.not_equal(owner[:, 1:], owner[:, :-1], out=start[:, 1:])
+    flat = np.flatnonzero(start)
+    starts = flat.tolist()
+    ends = [*starts[1:], owner.size]
+    # tuple.__new__ makes the Segment without the named tuple's Python-level __new__: a
+    # redraw makes about a thousand of them.
+    new = tuple.__new__
+    segments = [
+        new(Segment, (text[s:e], styles[i], None))
+        for s, e, i in zip(starts, ends, owner.ravel()[flat].tolist(), strict=True)
+    ]
+    firsts = np.searchsorted(flat, np.arange(0, owner.size + 1, width)).tolist()
+    return [segments[a:b] for a, b in pairwise(firsts)]

@@ -84,6 +84,7 @@ class DevicePanel(Vertical):
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
         self.short = False  # the app's short layout: fewer band rows
         self._phase_peak: tuple[object, float | None] | None = None  # (phase, predicted peak)
+        self._title_shown: str | None = None  # the border title last set
 
     @property
     def device(self):
@@ -119,7 +120,12 @@ class DevicePanel(Vertical):
         self.band.axis_width = width
         self.chart.set_axis_width(width)
         self.chart.update_view(window, cursor, version)
-        self.border_title = self._title()
+        title = self._title()
+        # Setting a border title repaints the whole panel, chart included, even when it is
+        # the same: only a new one is set.
+        if title != self._title_shown:
+            self._title_shown = title
+            self.border_title = title
         # The bar explains an instrumented process's memory: a GPU without one has
         # nothing to split that the header does not say already.
         explained = self.bar is not None and bool(self.band.rows)

@@ -10,7 +10,7 @@ import pytest
 from gpuwatch import protocol
 from gpuwatch.protocol import Message
 from gpuwatch.session import MISSING_INT, Device, Session, Table, gpu_key, norm_uuid
-from gpuwatch.session.decimate import minmax, segment_max, value_at
+from gpuwatch.session.decimate import column_edges, minmax, segment_max, value_at
 from gpuwatch.session.session import _HANDLERS
 
 
@@ -96,6 +96,27 @@ def test_segment_max_spreads_a_peak_over_its_segment() -> None:
     assert out[15] == 50 and out[5] == 5 and out[25] == 7
     assert np.nanmax(segment_max(start, end, vals, 0, 300, 1)) == 50
     assert np.all(np.isnan(segment_max(start, end, vals, 1000, 2000, 10)))
+
+
+def test_segment_max_matches_each_column_by_hand() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 30))
+        edges = np.cumsum(rng.integers(0, 20, 2 * n))
+        start, end = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
+        vals = rng.integers(0, 10**12, n)
+        vals[rng.random(n) < 0.3] = MISSING_INT  # unknown: as if the segment were absent
+        t0 = int(rng.integers(-10, int(edges[-1]) + 5))
+        t1 = t0 + int(rng.integers(1, 300))
+        width = int(rng.integers(1, 25))
+        out = segment_max(start, end, vals, t0, t1, width)
+        cuts = column_edges(t0, t1, width)
+        for col in range(width):
+            over = (end >= cuts[col]) & (start <= cuts[col + 1]) & (vals != MISSING_INT)
+            if over.any():
+                assert out[col] == vals[over].max()
+            else:
+                assert np.isnan(out[col])
 
 
 def test_value_at_is_step_hold() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import synthetic
@@ -9,7 +11,7 @@ from textual import events
 
 from gpuwatch.session import HOST, gpu_key
 from gpuwatch.session.navigate import boundaries
-from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.app import FOLLOW_FRAME_NS, GpuwatchApp
 from gpuwatch.tui.chart import AXIS_WIDTH, TimelineChart
 from gpuwatch.tui.help import HelpScreen
 from gpuwatch.tui.tables import PeaksTable, ProcessTable
@@ -298,6 +300,55 @@ async def test_chart_caches_strips_until_something_changes() -> None:
         )
         await pilot.pause(0.3)
         assert chart.build_count == builds + 1
+
+
+async def test_a_paused_view_shows_new_data_at_once_then_at_most_twice_a_second() -> None:
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f")  # paused
+        await pilot.pause(0.6)
+        chart = gpu_panel(app).chart
+        sample = {"t": END, "used": 70 * synthetic.GIB, "total": 80 * synthetic.GIB}
+        builds = chart.build_count
+        app.session.add_gpu_sample(KEY, sample)
+        await pilot.pause(0.2)
+        assert chart.build_count == builds + 1  # the first change shows at once
+        redraws = app.redraws
+        start = time.monotonic()
+        for _ in range(20):  # a sampler's stream: each sample used to redraw every panel
+            app.session.add_gpu_sample(KEY, sample)
+            await pilot.pause(0.05)
+        took = time.monotonic() - start
+        assert app.redraws - redraws <= took / (FOLLOW_FRAME_NS / 1e9) + 1
+        await pilot.pause(0.6)
+        assert chart.data_version == app.session.version  # the last of them shows
+
+
+async def test_a_frame_repaints_the_panel_only_for_a_new_title(monkeypatch) -> None:
+    # Setting a border title repaints the whole panel (chart and all) even when unchanged.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f")
+        await pilot.pause(0.3)
+        panel = gpu_panel(app)
+        repaints: list[object] = []
+        refresh = panel.refresh
+
+        def counted(*args, **kwargs):
+            repaints.append(args)
+            return refresh(*args, **kwargs)
+
+        monkeypatch.setattr(panel, "refresh", counted)
+        builds = panel.chart.build_count
+        sample = {"t": END, "used": 70 * synthetic.GIB, "total": 80 * synthetic.GIB}
+        app.session.add_gpu_sample(KEY, sample)
+        await pilot.pause(0.3)
+        assert panel.chart.build_count == builds + 1  # a frame was drawn
+        assert repaints == []
+        panel.device.name = "Renamed GPU"
+        app.session.add_gpu_sample(KEY, sample)
+        await pilot.pause(0.7)  # paused, a second change of data shows within FOLLOW_FRAME_NS
+        assert repaints and "Renamed GPU" in panel.border_title
 
 
 @pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])

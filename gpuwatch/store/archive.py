@@ -168,9 +168,9 @@ _NO_BOOLS = np.zeros(0, dtype=bool)
 for _empty in (_NO_INTS, _NO_FLOATS, _NO_BOOLS):  # shared by every archive: read-only
     _empty.flags.writeable = False
 
-Recall = Callable[[], tuple[np.ndarray, "sm.Blocks | None", "np.ndarray | None"]]
+Recall = Callable[[], "tuple[np.ndarray, sm.Blocks | None, np.ndarray | None] | None"]
 """Gives a sleeping archive its index back: ``(index, own summaries, their row0)`` as
-:meth:`SeriesArchive.set_index` takes them."""
+:meth:`SeriesArchive.set_index` takes them, or None (it reads the file)."""
 
 _LAYOUTS: dict[tuple[tuple[str, np.dtype], ...], tuple[list, dict[str, int]]] = {}
 
@@ -333,7 +333,8 @@ class SeriesArchive:
         if self._asleep is None:
             return
         recall = self._recall_index
-        index, own, row0 = recall() if recall is not None else self._read_index()
+        got = recall() if recall is not None else None
+        index, own, row0 = got if got is not None else self._read_index()
         with self._lock:
             if self._asleep is None:  # another thread woke it meanwhile
                 return

@@ -116,11 +116,12 @@ class _Packed:
         )
         self.own_joined = b"".join(summaries[sid][1] for sid in own)
 
-    def chunks(self, sid: int) -> np.ndarray:
-        """The series' index: rows of ``(row0, n, t_first, t_last, vmax, t_vmax)``."""
+    def chunks(self, sid: int) -> np.ndarray | None:
+        """The series' index: rows of ``(row0, n, t_first, t_last, vmax, t_vmax)``; None
+        for a series not packed."""
         i = int(np.searchsorted(self.sids, sid))
         if i >= len(self.sids) or self.sids[i] != sid:
-            return np.zeros((0, 6), np.int64)
+            return None
         return self.rows[self.starts[i] : self.starts[i + 1]].copy()
 
     def summaries(self, sid: int) -> tuple[np.ndarray, bytes] | None:
@@ -130,14 +131,6 @@ class _Packed:
             return None
         row0 = self.own_row0[self.own_starts[i] : self.own_starts[i + 1]].copy()
         return row0, self.own_joined[self.own_bytes[i] : self.own_bytes[i + 1]]
-
-    def complete(self, sid: int) -> bool:
-        """Each chunk of the series has its own summary (by count, and first and last)."""
-        own = self.summaries(sid)
-        chunks = self.chunks(sid)
-        if own is None or len(own[0]) != len(chunks):
-            return False
-        return bool(np.array_equal(own[0], chunks[:, 0]))
 
 
 def _own(packed: _Packed, sid: int) -> _index.Summaries:
@@ -273,24 +266,25 @@ class Loader:
     def _read_index(self, db: sqlite3.Connection) -> None:
         series = db.execute("SELECT id, kind, key, columns FROM series").fetchall()
         index, summaries = _index.read(db)
-        packed = self._packed = _Packed(index, summaries) if self.windowed else None
+        sleepers = self._sleepers(series, index, summaries) if self.windowed else set()
+        if self.windowed:  # only theirs: the others' archives hold their own
+            own = {sid: summaries[sid] for sid in sleepers if sid in summaries}
+            self._packed = _Packed({sid: index[sid] for sid in sleepers}, own)
         for sid, kind, key, columns in series:
             part = index.pop(sid, None)  # let go of each as it is taken
             if part is None or kind not in SERIES:  # no rows yet, or a newer kind
                 continue
             feed = self._feeds.get(sid)
-            total = int(part[-1, 1] + part[-1, 2])
             if feed is None:
-                asleep = packed is not None and self._settled(sid, kind, key, packed)
-                feed = self._feeds[sid] = self._new_feed(
-                    sid, kind, key, columns, total, (part[0, 3], part[-1, 4]) if asleep else None
-                )
-            archive = feed.archive
-            if archive is not None and archive.asleep and archive.rows == total:
-                feed.set_index(part, keep=False)  # unchanged: its index stays packed
+                total = int(part[-1, 1] + part[-1, 2])
+                span = (int(part[0, 3]), int(part[-1, 4])) if sid in sleepers else None
+                feed = self._feeds[sid] = self._new_feed(sid, kind, key, columns, total, span)
+            if sid in sleepers:
+                feed.set_index(part, keep=False)  # its index stays packed until read
                 feed.loaded = feed.limit
                 continue
             feed.set_index(part, keep=True)
+            archive = feed.archive
             if archive is not None:
                 grew = archive.rows != feed.limit
                 own, own_row0 = self._stats(sid, kind, summaries)
@@ -299,27 +293,47 @@ class Loader:
                 if grew:
                     feed.table.archive_grew()
 
-    def _settled(self, sid: int, kind: str, key: str, packed: _Packed) -> bool:
-        """Whether a series is read asleep (its index left packed until a view needs it):
-        a process's series whose rows are all written (the file is finished, or the
-        process ended) and whose chunks each have their own summary."""
-        if kind not in PROCESS_TABLES or not self._summaries or not key.isdigit():
-            return False
-        proc = self.session.processes.get(int(key))
-        if proc is None:
-            return False
-        final = self.recording.complete or proc.ended is not None or proc.gone is not None
-        return final and packed.complete(sid)
+    def _sleepers(
+        self, series: list[tuple[Any, ...]], index: _index.Index, summaries: _index.Summaries
+    ) -> set[int]:
+        """The series read asleep (their index packed until a view needs it): a process's
+        series whose rows are all written (the file is finished, or the process ended) and
+        whose chunks each have their own summary; one asleep stays so while unchanged."""
+        out: set[int] = set()
+        for sid, kind, key, _ in series:
+            part = index.get(sid)
+            if part is None or kind not in SERIES:
+                continue
+            feed = self._feeds.get(sid)
+            if feed is not None:
+                archive = feed.archive
+                rows = int(part[-1, 1] + part[-1, 2])
+                if archive is not None and archive.asleep and archive.rows == rows:
+                    out.add(sid)
+                continue
+            if kind not in PROCESS_TABLES or not self._summaries or not str(key).isdigit():
+                continue
+            proc = self.session.processes.get(int(key))
+            if proc is None:
+                continue
+            if not (self.recording.complete or proc.ended is not None or proc.gone is not None):
+                continue
+            own = summaries.get(sid)
+            if own is not None and np.array_equal(own[0], part[:, 1]):
+                out.add(sid)
+        return out
 
     def _recall(
         self, sid: int, kind: str
-    ) -> tuple[np.ndarray, sm.Blocks | None, np.ndarray | None]:
-        """A sleeping archive's index and own summaries, from the packed index."""
+    ) -> tuple[np.ndarray, sm.Blocks | None, np.ndarray | None] | None:
+        """A sleeping archive's index and own summaries, from the packed index; None
+        where it is not packed (the archive reads the file)."""
         packed = self._packed
-        if packed is None:
-            return np.zeros((0, 6), np.int64), None, None
+        chunks = packed.chunks(sid) if packed is not None else None
+        if packed is None or chunks is None:
+            return None
         blocks, row0 = self._stats(sid, kind, _own(packed, sid))
-        return packed.chunks(sid), blocks, row0
+        return chunks, blocks, row0
 
     def _stats(
         self, sid: int, kind: str, summaries: _index.Summaries

@@ -108,3 +108,29 @@ async def test_replay_first_frame_reads_a_few_chunks(tmp_path: Path) -> None:
             assert labels[-1].startswith("+") and labels[-1].endswith("more"), labels
     finally:
         player.close()
+
+
+def test_a_series_woken_then_let_go_after_a_refresh_reads_its_file(tmp_path: Path) -> None:
+    """A refresh packs only the series asleep then; one woken before it and let go of
+    after (info lets go of each) reads its index from the file again."""
+    from gpuwatch.store.loader import open_session
+    from gpuwatch.store.recording import open_recording
+
+    path = write_sweep(tmp_path / "sweep.gpuwatch", 20)
+    rec = open_recording(path)
+    try:
+        s, loader = open_session(rec, windowed=True)
+        table = s.processes[1005].phases
+        want = table.rows(0, PHASES)  # wakes it, from the packed index
+        assert not table.archive.asleep
+        loader.refresh()  # the file has not changed: every other stays asleep
+        assert table.archive.asleep is False and s.processes[1006].phases.archive.asleep
+        table.archive.sleep()
+        got = table.rows(0, PHASES)
+        assert all((got[c] == want[c]).all() for c in want)
+        assert table.max_between("peak_alloc") == (
+            int(want["t1"][-1]),
+            float(want["peak_alloc"][-1]),
+        )
+    finally:
+        rec.close()

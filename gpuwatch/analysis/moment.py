@@ -67,7 +67,9 @@ def moment(
         out = Moment(key, t, table.at(t) if len(table) else None, [])
         out.readings = read_processes(session, procs, t)
         out.values["nvml"] = _known(out.row, "used")
-        rss = [p.rss.value_at("rss", t) for p in procs]
+        # Only those alive at ``t``: an ended process's memory is freed (its last RSS
+        # would make the figure grow under churn, above the host's own used memory).
+        rss = [r.proc.rss.value_at("rss", t) for r in out.readings if r.running]
         rss = [v for v in rss if v is not None]
         if rss:
             out.values["allocated"] = float(sum(rss))

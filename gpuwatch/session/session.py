@@ -284,12 +284,15 @@ class Session:
 
     def runs_at(self, proc: Process, t: int) -> bool:
         """Did ``proc`` run at ``t``: seen by then, not yet gone. A process that never
-        said goodbye runs on while the session is live; in a replay, until its last
-        message and :data:`SILENT_END` after (its figures after that are no one's)."""
+        said goodbye runs on until the host sampler finds it gone, or while the session is
+        live; in a replay, until its last message and :data:`SILENT_END` after (its
+        figures after that are no one's)."""
         if t < proc.first_t:
             return False
         if proc.ended is not None:
             return t < proc.ended
+        if proc.gone is not None:  # killed, or its bye lost: the host sampler saw it go
+            return t < proc.gone
         return self.live or t <= proc.last_t + SILENT_END
 
     def active(self, t0: int, t1: int) -> list[Process]:

@@ -80,6 +80,14 @@ class _Cache:
             self._items.clear()
             self.size = 0
 
+    def drop(self, keys: list[tuple[Any, ...]]) -> None:
+        """Let go of ``keys`` (those held)."""
+        with self._lock:
+            for key in keys:
+                old = self._items.pop(key, None)
+                if old is not None:
+                    self.size -= old[0]
+
 
 CACHE = _Cache(CACHE_BYTES)
 
@@ -154,6 +162,16 @@ class ChunkSource:
             pass
 
 
+_NO_INTS = np.zeros(0, np.int64)
+_NO_FLOATS = np.zeros(0, np.float64)
+_NO_BOOLS = np.zeros(0, dtype=bool)
+for _empty in (_NO_INTS, _NO_FLOATS, _NO_BOOLS):  # shared by every archive: read-only
+    _empty.flags.writeable = False
+
+Recall = Callable[[], "tuple[np.ndarray, sm.Blocks | None, np.ndarray | None] | None"]
+"""Gives a sleeping archive its index back: ``(index, own summaries, their row0)`` as
+:meth:`SeriesArchive.set_index` takes them, or None (it reads the file)."""
+
 _LAYOUTS: dict[tuple[tuple[str, np.dtype], ...], tuple[list, dict[str, int]]] = {}
 
 
@@ -181,6 +199,38 @@ class SeriesArchive:
         live: The file is being written: more rows will come.
     """
 
+    # A recording of a sweep has thousands (four a process): no dict of attributes each.
+    __slots__ = (
+        "__weakref__",
+        "_asleep",
+        "_gen",
+        "_lock",
+        "_made",
+        "_memo",
+        "_pos",
+        "_recall_index",
+        "dtypes",
+        "have",
+        "kind",
+        "live",
+        "maps",
+        "n",
+        "primary",
+        "row0",
+        "rows",
+        "shift",
+        "sid",
+        "source",
+        "spec",
+        "stats",
+        "stored",
+        "stored_summaries",
+        "t_first",
+        "t_last",
+        "t_vmax",
+        "vmax",
+    )  # fmt: skip
+
     def __init__(
         self,
         source: ChunkSource,
@@ -203,12 +253,12 @@ class SeriesArchive:
         self.maps: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.rows = 0
         self._lock = threading.Lock()
-        z = np.zeros(0, np.int64)
+        z = _NO_INTS  # replaced, never written, as the index grows
         self.row0, self.n, self.t_first, self.t_last = z, z, z, z
-        self.vmax, self.t_vmax = np.zeros(0), z
+        self.vmax, self.t_vmax = _NO_FLOATS, z
         # Each chunk's own summary, aligned with the index, and which of them are known.
         self.stats: sm.Blocks | None = sm.empty(self.spec) if self.spec is not None else None
-        self.have = np.zeros(0, dtype=bool)
+        self.have = _NO_BOOLS
         self.stored_summaries = False  # the file has block summaries for its chunks
         # Block summaries made here, of a file without them (about 1% of its rows' size).
         self._made: dict[int, sm.Blocks] = {}
@@ -217,6 +267,7 @@ class SeriesArchive:
         self._memo: dict[tuple[Any, ...], Any] = {}
         self._gen = 0
         self._asleep: tuple[int, int] | None = None  # raw (first, last) while asleep
+        self._recall_index: Recall | None = None  # where a woken index comes from
 
     @classmethod
     def dormant(
@@ -228,13 +279,25 @@ class SeriesArchive:
         dtypes: dict[str, np.dtype],
         rows: int,
         span: tuple[int, int],
+        *,
+        live: bool = True,
+        recall: Recall | None = None,
     ) -> SeriesArchive:
         """The archive of a series the file holds whole (a settled process's, read again):
-        asleep, its index read the first time a view needs it."""
-        archive = cls(source, sid, kind, stored, dtypes, live=True)
+        asleep, its index read the first time a view needs it.
+
+        Args:
+            live: The file is being written (see the class).
+            recall: Gives the index and the chunks' own summaries when woken (a replay's
+                loader keeps every series' index packed); None: read from the file.
+        """
+        archive = cls(source, sid, kind, stored, dtypes, live=live)
         archive.rows = rows
         archive.stats = None
         archive._asleep = span
+        archive._recall_index = recall
+        # Said by the file's meta: a series asleep is not summarised in the background.
+        archive.stored_summaries = recall is not None
         return archive
 
     # ------------------------------------------------------------------ sleep
@@ -245,16 +308,23 @@ class SeriesArchive:
         return self._asleep is not None
 
     def sleep(self) -> None:
-        """Let go of the chunk index and summaries (a series that will not grow: an ended
-        process's), read back from the file the first time a view needs them."""
+        """Let go of the chunk index, summaries and decoded chunks (a series that will not
+        grow: an ended process's), read back from the file the first time a view needs
+        them."""
         with self._lock:
             if self.sid is None or self._asleep is not None or not len(self.t_first):
                 return
+            # Its decoded chunks go too: what reads a series and lets it sleep (info, a
+            # process at a time) is done with them, and thousands would fill the cache.
+            src = self.source.key
+            chunks = list(zip(self.row0.tolist(), self.n.tolist(), strict=True))
+            CACHE.drop([(src, self.sid, r0, n) for r0, n in chunks])
+            CACHE.drop([("blocks", src, self.sid, r0, n) for r0, n in chunks])
             self._asleep = (int(self.t_first[0]), int(self.t_last[-1]))
-            z = np.zeros(0, np.int64)
+            z = _NO_INTS
             self.row0, self.n, self.t_first, self.t_last = z, z, z, z
-            self.vmax, self.t_vmax = np.zeros(0), z
-            self.stats, self.have = None, np.zeros(0, dtype=bool)
+            self.vmax, self.t_vmax = _NO_FLOATS, z
+            self.stats, self.have = None, _NO_BOOLS
             self._memo, self._made = {}, {}
             self._gen += 1
 
@@ -262,6 +332,19 @@ class SeriesArchive:
         """Read the index and the chunks' own summaries back (see :meth:`sleep`)."""
         if self._asleep is None:
             return
+        recall = self._recall_index
+        got = recall() if recall is not None else None
+        index, own, row0 = got if got is not None else self._read_index()
+        with self._lock:
+            if self._asleep is None:  # another thread woke it meanwhile
+                return
+            self._asleep = None
+            self.row0 = _NO_INTS  # set_index keeps nothing of an index it does not have
+            self.stats = sm.empty(self.spec) if self.spec is not None else None
+        self.set_index(index, own, row0, stored_summaries=own is not None)
+
+    def _read_index(self) -> tuple[np.ndarray, sm.Blocks | None, np.ndarray | None]:
+        """The series' chunk index and its chunks' own summaries, from the file."""
         rows = self.source.query(
             "SELECT row0, n, t_first, t_last, ifnull(vmax, ?), ifnull(t_vmax, ?) FROM chunks"
             " WHERE series = ? ORDER BY row0",
@@ -279,14 +362,7 @@ class SeriesArchive:
                     row0 = np.array([r for r, _ in stored], dtype=np.int64)
                 except ValueError:
                     own = None
-        with self._lock:
-            if self._asleep is None:  # another thread woke it meanwhile
-                return
-            self._asleep = None
-            z = np.zeros(0, np.int64)
-            self.row0 = z  # set_index keeps nothing of an index it does not have
-            self.stats = sm.empty(self.spec) if self.spec is not None else None
-        self.set_index(index, own, row0, stored_summaries=own is not None)
+        return index, own, row0
 
     # ------------------------------------------------------------------ the index
 
@@ -328,6 +404,7 @@ class SeriesArchive:
             self.stats, self.have = new, have
             self.stored_summaries = stored_summaries
             self.rows = int(index[-1, 0] + index[-1, 1]) if len(index) else 0
+            self._asleep = None  # the index given is the one now
             self._gen += 1
 
     def _aligned(

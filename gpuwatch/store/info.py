@@ -143,10 +143,14 @@ def _content(s: Session) -> dict[str, Any]:
     out["devices"] = devices
     explained: dict[int, Any] = {}
     out["processes"] = []
+    phases: dict[str, dict[str, Any]] = {}
     for p in s.processes.values():
+        # A process at a time, all its figures at once: what reading its series woke
+        # (their chunk indexes) is let go of before the next.
         out["processes"].append(_process(s, p, rel, explained))
+        _fold_process(s, p, phases)
         _rest(p)
-    out["phases"] = _phases(s)
+    out["phases"] = dict(sorted(phases.items(), key=lambda kv: -kv[1]["count"]))
     out["marks"] = s.mark_count()
     out["ooms"] = [
         {
@@ -265,15 +269,12 @@ def _around(table: Table, t0: np.ndarray, t1: np.ndarray, column: str) -> dict[s
     return table.between(int(t0.min()), int(t1.max()), pad=1, columns=("t", column))
 
 
-def _phases(s: Session) -> dict[str, dict[str, Any]]:
-    """Per phase name, over all processes: count, time, reported peaks, NVML and RSS max."""
-    out: dict[str, dict[str, Any]] = {}
-    for p in s.processes.values():
-        for cols in p.phases.batches():
-            if len(cols["t0"]):
-                _fold_phases(s, p, cols, out)
-        _rest(p)
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]["count"]))
+def _fold_process(s: Session, p: Process, out: dict[str, dict[str, Any]]) -> None:
+    """Add a process's phases to the figures per phase name, over all processes: count,
+    time, reported peaks, NVML and RSS max."""
+    for cols in p.phases.batches():
+        if len(cols["t0"]):
+            _fold_phases(s, p, cols, out)
 
 
 def _fold_phases(

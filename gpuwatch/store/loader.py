@@ -14,6 +14,7 @@ tables (``load``: tests, conversions, small files).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import os
@@ -28,6 +29,7 @@ import numpy as np
 from .. import protocol
 from ..session import Mark, Oom, OpenSpan, Session, Table, restore
 from ..session import summary as sm
+from ..session.process import PROCESS_TABLES
 from ..session.table import unknown_column
 from . import _bodies, _codec, _index
 from ._schema import SERIES, SUMMARIES, layout_dtypes
@@ -40,9 +42,18 @@ FOLLOW_INTERVAL = 0.5
 """Seconds between looks at a file that is still being written."""
 
 
-@dataclass
+_NO_CHUNKS = np.zeros(0, np.int64)  # read-only: shared by every feed that keeps no index
+_NO_CHUNKS.flags.writeable = False
+
+
+@dataclass(slots=True)  # one per series: thousands in a recording of a sweep
 class _Feed:
-    """One series being appended to its session table."""
+    """One series being appended to its session table.
+
+    A windowed feed of a series its archive keeps asleep holds no index of its own: only
+    its first and last time and its highest value (the loader's :class:`_Packed` index
+    gives the archive the rest when a view needs it).
+    """
 
     id: int
     kind: str
@@ -53,16 +64,79 @@ class _Feed:
     limit: int = 0  # rows the file held at the last refresh
     loaded: int = 0
     # The chunk index as of the last refresh (ordered by row0).
-    row0: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    t_first: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    t_last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    vmax: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
-    t_vmax: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    row0: np.ndarray = field(default_factory=lambda: _NO_CHUNKS)
+    t_first: np.ndarray = field(default_factory=lambda: _NO_CHUNKS)
+    t_last: np.ndarray = field(default_factory=lambda: _NO_CHUNKS)
+    first: int | None = None  # the series' first and last time
+    last: int | None = None
+    top: tuple[int, int] | None = None  # (highest main value, its first time), if any
 
     def next_time(self) -> int:
         """The index's first time of the chunk holding the next row to load."""
         i = int(np.searchsorted(self.row0, self.loaded, "right")) - 1
         return int(self.t_first[max(i, 0)])
+
+    def set_index(self, part: np.ndarray, keep: bool) -> None:
+        """Note a refresh's index of the series (rows as :data:`_index.Index` has them);
+        ``keep``: hold its rows too (loading chunk by chunk, or summarising them)."""
+        self.row0, self.t_first, self.t_last = (
+            (part[:, 1], part[:, 3], part[:, 4]) if keep else (_NO_CHUNKS,) * 3
+        )
+        self.first, self.last = int(part[0, 3]), int(part[-1, 4])
+        self.top = None
+        known = np.flatnonzero(part[:, 5] != _index.NONE)
+        if len(known):
+            i = known[int(np.argmax(part[known, 5]))]  # the first chunk reaching it
+            self.top = (int(part[i, 5]), int(part[i, 6]))
+        self.limit = int(part[-1, 1] + part[-1, 2])
+
+
+class _Packed:
+    """Every series' chunk index and its chunks' own summaries, packed in a few arrays:
+    an archive asleep reads its part from here when a view first needs it (a recording
+    of thousands of processes would otherwise keep some twenty small arrays a series).
+
+    Args:
+        index: The file's chunk index (see :func:`_index.read`).
+        summaries: Its chunks' own summaries, by series.
+    """
+
+    def __init__(self, index: _index.Index, summaries: _index.Summaries) -> None:
+        sids = sorted(index)
+        self.sids = np.array(sids, np.int64)
+        self.starts = np.cumsum([0, *(len(index[sid]) for sid in sids)]).astype(np.int64)
+        parts = [index[sid][:, 1:] for sid in sids]
+        self.rows = np.concatenate(parts) if parts else np.zeros((0, 6), np.int64)
+        own = sorted(sid for sid, (row0, _) in summaries.items() if len(row0))
+        self.own_sids = np.array(own, np.int64)
+        self.own_starts = np.cumsum([0, *(len(summaries[sid][0]) for sid in own)]).astype(np.int64)
+        self.own_bytes = np.cumsum([0, *(len(summaries[sid][1]) for sid in own)]).astype(np.int64)
+        self.own_row0 = (
+            np.concatenate([summaries[sid][0] for sid in own]) if own else np.zeros(0, np.int64)
+        )
+        self.own_joined = b"".join(summaries[sid][1] for sid in own)
+
+    def chunks(self, sid: int) -> np.ndarray | None:
+        """The series' index: rows of ``(row0, n, t_first, t_last, vmax, t_vmax)``; None
+        for a series not packed."""
+        i = int(np.searchsorted(self.sids, sid))
+        if i >= len(self.sids) or self.sids[i] != sid:
+            return None
+        return self.rows[self.starts[i] : self.starts[i + 1]].copy()
+
+    def summaries(self, sid: int) -> tuple[np.ndarray, bytes] | None:
+        """The ``row0`` of the series' summarised chunks and their summaries, joined."""
+        i = int(np.searchsorted(self.own_sids, sid))
+        if i >= len(self.own_sids) or self.own_sids[i] != sid:
+            return None
+        row0 = self.own_row0[self.own_starts[i] : self.own_starts[i + 1]].copy()
+        return row0, self.own_joined[self.own_bytes[i] : self.own_bytes[i + 1]]
+
+
+def _own(packed: _Packed, sid: int) -> _index.Summaries:
+    """The series' own summaries as :data:`_index.Summaries` (empty without any)."""
+    own = packed.summaries(sid)
+    return {sid: own} if own is not None else {}
 
 
 class Loader:
@@ -91,11 +165,13 @@ class Loader:
         self._summaries = recording.meta.get(SUMMARIES) == str(sm.VERSION)
         self._feeds: dict[int, _Feed] = {}
         self._layouts: dict[str, list[tuple[str, np.dtype]]] = {}  # series columns, parsed
+        self._packed: _Packed | None = None  # windowed: the index of series read asleep
+        self._dtypes: dict[str, dict[str, np.dtype]] = {}  # a table's columns, by kind
         self._heap: list[tuple[int, int]] = []
         # Windowed, a file without summaries: chunks to summarise, latest first.
         self._pending: list[tuple[int, int, int]] = []
         self._touched = 0.0
-        self._cache: dict[tuple[str, Any], str] = {}
+        self._cache: dict[tuple[str, Any], bytes] = {}
         self._event_seq = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -117,9 +193,13 @@ class Loader:
             self._rebuild_heap()
 
     def _changed(self, key: tuple[str, Any], body: str) -> bool:
-        if self._cache.get(key) == body:
+        # A digest, not the body: a recording of thousands of processes would keep each
+        # one's hello twice (its text here, and what it says in the session).
+        text = f"{type(body).__name__}:{body}"  # a hostile file's BLOB is not its TEXT
+        seen = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        if self._cache.get(key) == seen:
             return False
-        self._cache[key] = body
+        self._cache[key] = seen
         return True
 
     def _read_facts(self, db: sqlite3.Connection) -> None:
@@ -186,48 +266,102 @@ class Loader:
     def _read_index(self, db: sqlite3.Connection) -> None:
         series = db.execute("SELECT id, kind, key, columns FROM series").fetchall()
         index, summaries = _index.read(db)
-        stats = self._stats(summaries, {sid: kind for sid, kind, _, _ in series})
+        sleepers = self._sleepers(series, index, summaries) if self.windowed else set()
+        if self.windowed:  # only theirs: the others' archives hold their own
+            own = {sid: summaries[sid] for sid in sleepers if sid in summaries}
+            self._packed = _Packed({sid: index[sid] for sid in sleepers}, own)
         for sid, kind, key, columns in series:
-            part = index.get(sid)
+            part = index.pop(sid, None)  # let go of each as it is taken
             if part is None or kind not in SERIES:  # no rows yet, or a newer kind
                 continue
             feed = self._feeds.get(sid)
             if feed is None:
                 total = int(part[-1, 1] + part[-1, 2])
-                feed = self._feeds[sid] = self._new_feed(sid, kind, key, columns, total)
-            feed.row0, feed.t_first, feed.t_last = part[:, 1], part[:, 3], part[:, 4]
-            vmax = part[:, 5].astype(np.float64)
-            vmax[part[:, 5] == _index.NONE] = np.nan
-            feed.vmax, feed.t_vmax = vmax, part[:, 6]
-            feed.limit = int(part[-1, 1] + part[-1, 2])
-            if feed.archive is not None:
-                grew = feed.archive.rows != feed.limit
-                own, own_row0 = stats.get(sid, (None, None))
-                feed.archive.set_index(part[:, 1:], own, own_row0, stored_summaries=own is not None)
+                span = (int(part[0, 3]), int(part[-1, 4])) if sid in sleepers else None
+                feed = self._feeds[sid] = self._new_feed(sid, kind, key, columns, total, span)
+            if sid in sleepers:
+                feed.set_index(part, keep=False)  # its index stays packed until read
+                feed.loaded = feed.limit
+                continue
+            feed.set_index(part, keep=True)
+            archive = feed.archive
+            if archive is not None:
+                grew = archive.rows != feed.limit
+                own, own_row0 = self._stats(sid, kind, summaries)
+                archive.set_index(part[:, 1:], own, own_row0, stored_summaries=own is not None)
                 feed.loaded = feed.limit  # nothing to load: rows are read when shown
                 if grew:
                     feed.table.archive_grew()
 
-    def _stats(
-        self, summaries: _index.Summaries, kinds: dict[int, str]
-    ) -> dict[int, tuple[sm.Blocks, np.ndarray]]:
-        """Series id -> (the chunks' own summaries, their row0) from the file, if any."""
-        if not self.windowed or not self._summaries:
-            return {}
-        out: dict[int, tuple[sm.Blocks, np.ndarray]] = {}
-        for sid, (row0, joined) in summaries.items():
-            spec = sm.SPECS.get(kinds.get(sid, ""))
-            if spec is None:
+    def _sleepers(
+        self, series: list[tuple[Any, ...]], index: _index.Index, summaries: _index.Summaries
+    ) -> set[int]:
+        """The series read asleep (their index packed until a view needs it): a process's
+        series whose rows are all written (the file is finished, or the process ended) and
+        whose chunks each have their own summary; one asleep stays so while unchanged."""
+        out: set[int] = set()
+        for sid, kind, key, _ in series:
+            part = index.get(sid)
+            if part is None or kind not in SERIES:
                 continue
-            try:
-                blocks = sm.from_bytes(spec, joined)
-            except ValueError:
+            feed = self._feeds.get(sid)
+            if feed is not None:
+                archive = feed.archive
+                rows = int(part[-1, 1] + part[-1, 2])
+                if archive is not None and archive.asleep and archive.rows == rows:
+                    out.add(sid)
                 continue
-            if len(blocks["rows"]) == len(row0):
-                out[sid] = (blocks, row0)
+            if kind not in PROCESS_TABLES or not self._summaries or not str(key).isdigit():
+                continue
+            proc = self.session.processes.get(int(key))
+            if proc is None:
+                continue
+            if not (self.recording.complete or proc.ended is not None or proc.gone is not None):
+                continue
+            own = summaries.get(sid)
+            if own is not None and np.array_equal(own[0], part[:, 1]):
+                out.add(sid)
         return out
 
-    def _new_feed(self, sid: int, kind: str, key: str, columns: str, rows: int) -> _Feed:
+    def _recall(
+        self, sid: int, kind: str
+    ) -> tuple[np.ndarray, sm.Blocks | None, np.ndarray | None] | None:
+        """A sleeping archive's index and own summaries, from the packed index; None
+        where it is not packed (the archive reads the file)."""
+        packed = self._packed
+        chunks = packed.chunks(sid) if packed is not None else None
+        if packed is None or chunks is None:
+            return None
+        blocks, row0 = self._stats(sid, kind, _own(packed, sid))
+        return chunks, blocks, row0
+
+    def _stats(
+        self, sid: int, kind: str, summaries: _index.Summaries
+    ) -> tuple[sm.Blocks | None, np.ndarray | None]:
+        """The series' chunks' own summaries and their row0 from the file, if any."""
+        if not self.windowed or not self._summaries or sid not in summaries:
+            return None, None
+        spec = sm.SPECS.get(kind)
+        if spec is None:
+            return None, None
+        row0, joined = summaries[sid]
+        try:
+            blocks = sm.from_bytes(spec, joined)
+        except ValueError:
+            return None, None
+        if len(blocks["rows"]) != len(row0):
+            return None, None
+        return blocks, row0
+
+    def _new_feed(
+        self,
+        sid: int,
+        kind: str,
+        key: str,
+        columns: str,
+        rows: int,
+        asleep: tuple[int, int] | None = None,
+    ) -> _Feed:
         stored = self._layouts.get(columns)
         if stored is None:  # parsed once for every series of this layout
             stored = [(name, np.dtype(code)) for name, code in json.loads(columns)]
@@ -237,8 +371,23 @@ class Loader:
         try:
             if self.windowed:
                 assert self.source is not None
-                dtypes = dict(layout_dtypes(SERIES[kind][0]))
-                archive = SeriesArchive(self.source, sid, kind, stored, dtypes)
+                dtypes = self._dtypes.get(kind)
+                if dtypes is None:  # one for every series of the kind: read-only
+                    dtypes = self._dtypes[kind] = dict(layout_dtypes(SERIES[kind][0]))
+                if asleep is not None:  # its index is read the first time a view needs it
+                    archive = SeriesArchive.dormant(
+                        self.source,
+                        sid,
+                        kind,
+                        stored,
+                        dtypes,
+                        rows,
+                        (int(asleep[0]), int(asleep[1])),
+                        live=False,
+                        recall=lambda: self._recall(sid, kind),
+                    )
+                else:
+                    archive = SeriesArchive(self.source, sid, kind, stored, dtypes)
                 table = restore.series_table(self.session, kind, key, archive=archive)
             else:
                 # Sized once: appends never copy.
@@ -288,8 +437,8 @@ class Loader:
         off its clock; an older one stored marks at t=0 or 2^63-1, which would stretch the
         time axis over days or centuries.
         """
-        firsts = [int(f.t_first[0]) for f in self._feeds.values() if len(f.t_first)]
-        lasts = [int(f.t_last[-1]) for f in self._feeds.values() if len(f.t_last)]
+        firsts = [f.first for f in self._feeds.values() if f.first is not None]
+        lasts = [f.last for f in self._feeds.values() if f.last is not None]
         if not firsts:
             return
         lo, hi = min(firsts) - protocol.PAST_NS, max(lasts) + protocol.PAST_NS
@@ -299,8 +448,8 @@ class Loader:
 
     def _compute_bounds(self) -> tuple[int, int]:
         s = self.session
-        firsts = [int(f.t_first[0]) for f in self._feeds.values() if len(f.t_first)]
-        lasts = [int(f.t_last[-1]) for f in self._feeds.values() if len(f.t_last)]
+        firsts = [f.first for f in self._feeds.values() if f.first is not None]
+        lasts = [f.last for f in self._feeds.values() if f.last is not None]
         for e in (*s.marks, *s.ooms):
             firsts.append(e.t)
             lasts.append(e.t)
@@ -318,13 +467,28 @@ class Loader:
         """
         best: tuple[int, int, str] | None = None
         for feed in self._feeds.values():
-            if feed.kind != kind or not len(feed.vmax) or np.isnan(feed.vmax).all():
+            if feed.kind != kind or feed.top is None:
                 continue
-            i = int(np.nanargmax(feed.vmax))
-            v = int(feed.vmax[i])
+            v, t = feed.top
             if best is None or v > best[0]:
-                best = (v, int(feed.t_vmax[i]), feed.key)
+                best = (v, t, feed.key)
         return best
+
+    def begins(self, kind: str = "phases") -> dict[str, int]:
+        """Series key -> the earliest start (``t0``) of its rows, for the series of
+        ``kind`` read asleep: from their chunks' own summaries, without waking them."""
+        packed = self._packed
+        spec = sm.SPECS.get(kind)
+        out: dict[str, int] = {}
+        if packed is None or spec is None or spec.start is None:
+            return out
+        for feed in list(self._feeds.values()):
+            if feed.kind != kind or feed.archive is None or not feed.archive.asleep:
+                continue
+            blocks, _ = self._stats(feed.id, kind, _own(packed, feed.id))
+            if blocks is not None and len(blocks["start"]):
+                out[feed.key] = int(blocks["start"].min())
+        return out
 
     # ------------------------------------------------------------------ loading
 

@@ -279,14 +279,20 @@ class Player:
             return None
         first = min(p.first_t for p in procs)
         last = max(max(p.last_t, p.ended or 0) for p in procs)
+        # Where the file summarises a process's phases, their earliest begin is known
+        # without reading them (a sweep of thousands would read a chunk each).
+        begins = self.loader.begins("phases") if self.loader is not None else {}
         for p in procs:  # a phase may begin before the hello that announced the process
             span = p.phases.span()
             if span is not None:
-                # The earliest begin is among the spans ending within a longest span of
-                # the first end.
-                cols = p.phases.between(span[0], span[0] + p.max_span, columns=("t0",))
-                if len(cols["t0"]):
-                    first = min(first, int(cols["t0"].min()))
+                begun = begins.get(str(p.pid))
+                if begun is None:
+                    # The earliest begin is among the spans ending within a longest span
+                    # of the first end.
+                    cols = p.phases.between(span[0], span[0] + p.max_span, columns=("t0",))
+                    begun = int(cols["t0"].min()) if len(cols["t0"]) else None
+                if begun is not None:
+                    first = min(first, begun)
                 last = max(last, span[1])
         return (first, last) if last > first else None
 
@@ -297,6 +303,10 @@ class Player:
         if found is not None:
             value, t1, key = found
             pid = int(key)
+        elif self.loader is not None:
+            # The index keeps each chunk's highest peak: none there, none in the rows
+            # (asking each process would read every index of a sweep for nothing).
+            return None
         else:
             best = None
             for p in list(self.session.processes.values()):

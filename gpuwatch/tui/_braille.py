@@ -42,11 +42,12 @@ def rasterise(
 
     Returns:
         ``(bits, owner)``: ``bits`` is a ``height x width`` uint8 array of dot patterns
-        (0 = blank); ``owner`` is a same-shaped int8 array with the index of the line that
+        (0 = blank); ``owner`` is a same-shaped int32 array with the index of the line that
         colours each cell (-1 where blank).
     """
     bits = np.zeros((height, width), dtype=np.uint8)
-    owner = np.full((height, width), -1, dtype=np.int8)
+    # int32: a host panel draws a line per process, hundreds in a sweep (int8 overflowed).
+    owner = np.full((height, width), -1, dtype=np.int32)
     if width <= 0 or height <= 0 or ymax <= 0 or not lines:
         return bits, owner
     rows = height * 4

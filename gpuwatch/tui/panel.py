@@ -288,9 +288,19 @@ class DevicePanel(Vertical):
         if self.is_host:
             lo, hi = s.host_window("used", t0, t1, n, self.key)
             series.append(Series("nvml", lo, hi))
-            for proc in s.processes_of_host(self.key):
+            procs = s.processes_of_host(self.key)
+            for proc in procs:
+                # A line only shows between its first and last sample: one whose samples
+                # all lie outside the window is not read (a settled process's stays in
+                # its file).
+                span = proc.rss.span()
+                if span is None or span[1] < t0 or span[0] > t1:
+                    continue
                 lo, hi = proc.rss.minmax("rss", t0, t1, n)
                 series.append(Series("allocated", lo, hi))
+            if procs and not any(line.role == "allocated" for line in series):
+                empty = np.full(n, np.nan)  # the line the legend names, with no sample here
+                series.append(Series("allocated", empty, empty))
             total = self.device.total
         else:
             # Drawing order: where lines share a cell, the later one's colour shows.
@@ -327,9 +337,25 @@ class DevicePanel(Vertical):
         rows = []
         now = s.now()
         marks, ooms = s.events_between(t0, t1)
-        for proc in self._band_processes(t0, t1):
+        # Each process's markers, in the order of the events (one pass over them, not one
+        # a process: a sweep has thousands of both).
+        markers: dict[int, list[BandMarker]] = {}
+        for m in marks:
+            markers.setdefault(m.pid, []).append(BandMarker(m.t, m.level))
+        for o in ooms:
+            markers.setdefault(o.pid, []).append(BandMarker(o.t, "oom"))
+        procs = self._band_processes(t0, t1)
+        # Past the band's rows the rest fold into one that shows none of their phases:
+        # their spans are not read (a sweep of thousands would read a chunk each).
+        limit = max(1, self.band.max_rows)
+        shown = len(procs) if len(procs) <= limit else limit - 1
+        names = s.names
+        for i, proc in enumerate(procs):
+            mine = markers.get(proc.pid, [])
+            if i >= shown:
+                rows.append(BandRow(proc.short_label, [], mine))
+                continue
             cols = proc.band_spans(t0, t1, cells)
-            names = s.names
             spans = [  # Python ints first: a window can hold a thousand spans
                 BandSpan(names[n], a, b, d)
                 for n, a, b, d in zip(
@@ -345,9 +371,7 @@ class DevicePanel(Vertical):
                 for o in list(proc.open.values())
                 if o.t0 <= t1
             ]
-            markers = [BandMarker(m.t, m.level) for m in marks if m.pid == proc.pid]
-            markers += [BandMarker(o.t, "oom") for o in ooms if o.pid == proc.pid]
-            rows.append(BandRow(proc.short_label, spans, markers))  # the title names the host
+            rows.append(BandRow(proc.short_label, spans, mine))  # the title names the host
         return rows
 
     def _band_processes(self, t0: int, t1: int) -> list:

@@ -96,6 +96,10 @@ class Session:
         # Host memory by host device key: one host live, several in a merged replay.
         self.hosts: dict[str, Table] = {HOST: Table(HOST_COLUMNS, kind="host")}
         self.processes: dict[int, Process] = {}
+        # Those not known to have ended, in a superset pruned as they are looked at (see
+        # running): per-tick work follows what runs, not every process ever seen.
+        self._running: dict[int, Process] = {}
+        self._ranked: dict[int, Process] = {}  # live: those whose hello names a rank
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
         self._infos: dict[str, dict[str, Any]] = {}  # equal descriptions, shared
         self._hello_parts: dict[Any, Any] = {}  # equal parts of hellos, shared
@@ -259,10 +263,31 @@ class Session:
         return table
 
     def _new_process(self, pid: int, **fields: Any) -> Process:
-        proc = self.processes[pid] = Process(pid, **fields)
+        proc = self.processes[pid] = self._running[pid] = Process(pid, **fields)
         for kind in PROCESS_TABLES:
             self._made(kind, str(pid), getattr(proc, kind))
         return proc
+
+    def running(self) -> list[Process]:
+        """Instrumented processes not known to have ended (no bye, not found gone): what
+        the samplers look at each tick, whatever number ended before (issue 23)."""
+        out = []
+        running = self._running
+        for pid, proc in list(running.items()):
+            if proc.ended is None and proc.gone is None:
+                out.append(proc)
+            elif running.get(pid) is proc:  # dict operations are atomic: no lock needed
+                del running[pid]
+        return out
+
+    def ranked(self) -> list[Process]:
+        """Processes whose hello names a rank (the ranks of jobs are among them): live,
+        from an index the hellos keep (a look each second costs the ranks, not every
+        process ever seen); in a replay, whose processes came from files, by a look at
+        each."""
+        if self.live:
+            return list(self._ranked.values())
+        return [p for p in list(self.processes.values()) if p.hello.get("rank") is not None]
 
     def processes_of_host(self, key: str = HOST) -> list[Process]:
         """Instrumented processes that ran on the host device ``key``."""
@@ -511,6 +536,10 @@ class Session:
 
     def _on_hello(self, proc: Process, msg: Message) -> None:
         proc.hello = self._shared_hello({**proc.hello, **msg.body})
+        if proc.hello.get("rank") is not None:
+            self._ranked[proc.pid] = proc
+        else:
+            self._ranked.pop(proc.pid, None)
         facts = msg.body.get("facts")
         if facts:
             proc.facts = facts

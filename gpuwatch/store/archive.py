@@ -169,6 +169,30 @@ def _stored_layout(
     return known
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+# An index with no chunk yet, shared by every archive that has none (each of the four
+# series of thousands of short processes): replaced as chunks come, never changed.
+_EMPTY_INT = _read_only(np.zeros(0, np.int64))
+_EMPTY_FLOAT = _read_only(np.zeros(0))
+_EMPTY_BOOL = _read_only(np.zeros(0, dtype=bool))
+_EMPTY_STATS: dict[sm.Spec, sm.Blocks] = {}
+
+
+def _empty_stats(spec: sm.Spec | None) -> sm.Blocks | None:
+    """No chunk's own summary yet (shared, like :data:`_EMPTY_INT`), or None without a spec."""
+    if spec is None:
+        return None
+    blocks = _EMPTY_STATS.get(spec)
+    if blocks is None:
+        made = {name: _read_only(col) for name, col in sm.empty(spec).items()}
+        blocks = _EMPTY_STATS.setdefault(spec, made)
+    return blocks
+
+
 class SeriesArchive:
     """Rows ``[0, rows)`` of one stored series, read on demand (a table's archive).
 
@@ -203,12 +227,12 @@ class SeriesArchive:
         self.maps: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.rows = 0
         self._lock = threading.Lock()
-        z = np.zeros(0, np.int64)
+        z = _EMPTY_INT
         self.row0, self.n, self.t_first, self.t_last = z, z, z, z
-        self.vmax, self.t_vmax = np.zeros(0), z
+        self.vmax, self.t_vmax = _EMPTY_FLOAT, z
         # Each chunk's own summary, aligned with the index, and which of them are known.
-        self.stats: sm.Blocks | None = sm.empty(self.spec) if self.spec is not None else None
-        self.have = np.zeros(0, dtype=bool)
+        self.stats: sm.Blocks | None = _empty_stats(self.spec)
+        self.have = _EMPTY_BOOL
         self.stored_summaries = False  # the file has block summaries for its chunks
         # Block summaries made here, of a file without them (about 1% of its rows' size).
         self._made: dict[int, sm.Blocks] = {}
@@ -251,10 +275,10 @@ class SeriesArchive:
             if self.sid is None or self._asleep is not None or not len(self.t_first):
                 return
             self._asleep = (int(self.t_first[0]), int(self.t_last[-1]))
-            z = np.zeros(0, np.int64)
+            z = _EMPTY_INT
             self.row0, self.n, self.t_first, self.t_last = z, z, z, z
-            self.vmax, self.t_vmax = np.zeros(0), z
-            self.stats, self.have = None, np.zeros(0, dtype=bool)
+            self.vmax, self.t_vmax = _EMPTY_FLOAT, z
+            self.stats, self.have = None, _EMPTY_BOOL
             self._memo, self._made = {}, {}
             self._gen += 1
 
@@ -283,9 +307,8 @@ class SeriesArchive:
             if self._asleep is None:  # another thread woke it meanwhile
                 return
             self._asleep = None
-            z = np.zeros(0, np.int64)
-            self.row0 = z  # set_index keeps nothing of an index it does not have
-            self.stats = sm.empty(self.spec) if self.spec is not None else None
+            self.row0 = _EMPTY_INT  # set_index keeps nothing of an index it does not have
+            self.stats = _empty_stats(self.spec)
         self.set_index(index, own, row0, stored_summaries=own is not None)
 
     # ------------------------------------------------------------------ the index

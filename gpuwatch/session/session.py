@@ -270,14 +270,17 @@ class Session:
 
     def running(self) -> list[Process]:
         """Instrumented processes not known to have ended (no bye, not found gone): what
-        the samplers look at each tick, whatever number ended before (issue 23)."""
+        the samplers look at each tick, whatever number ended before (issue 23). A replay
+        (whose processes came from files) is looked at whole."""
+        if not self.live:
+            return [p for p in list(self.processes.values()) if p.ended is None and p.gone is None]
         out = []
         running = self._running
         for pid, proc in list(running.items()):
             if proc.ended is None and proc.gone is None:
                 out.append(proc)
-            elif running.get(pid) is proc:  # dict operations are atomic: no lock needed
-                del running[pid]
+            else:  # pop is atomic: threads that look at once need no lock
+                running.pop(pid, None)
         return out
 
     def ranked(self) -> list[Process]:

@@ -275,10 +275,7 @@ def compact(proc: Process) -> None:
     if not proc.torch_devs:
         proc.torch_devs = EMPTY_SET  # type: ignore[assignment]
     tally = proc.tally
-    for name in ("count", "ns"):
-        if not getattr(tally, name):
-            setattr(tally, name, EMPTY_MAP)
-    for name in ("peaks", "torch"):
+    for name in ("count", "ns", "peaks", "torch"):
         if not getattr(tally, name):
             setattr(tally, name, EMPTY_MAP)
 

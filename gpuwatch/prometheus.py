@@ -320,8 +320,9 @@ class SessionCollector:
         s = self.session
         ooms = Counter(o.pid for o in list(s.ooms))
         shown: set[int] = set()
-        for pid, proc in list(s.processes.items()):
-            if proc.ended is not None or (self.gone is not None and self.gone(pid)):
+        for proc in s.running():  # a scrape costs what runs, not every process ever seen
+            pid = proc.pid
+            if self.gone is not None and self.gone(pid):
                 continue
             shown.add(pid)
             folded = self._folded.setdefault(pid, _Folded())

@@ -73,7 +73,7 @@ def jobs(session: Session) -> list[list[Process]]:
     multi-host replay one job.
     """
     procs = sorted(
-        (p for p in list(session.processes.values()) if rank_of(p) is not None),
+        (p for p in session.ranked() if rank_of(p) is not None),
         key=lambda p: (p.first_t, p.pid),
     )
     groups: list[tuple[int, dict[int, Process], list[int]]] = []  # world, by rank, [t0, t1]
@@ -223,8 +223,8 @@ class RankFeed:
             ]
             if len(rows) >= 2:
                 out.append(compare(rows))
-        live = {p.pid for p in session.processes.values()}
-        for pid in [pid for pid in self._cache if pid not in live]:
+        known = session.processes  # the cache's own pids: not every process ever seen
+        for pid in [pid for pid in self._cache if pid not in known]:
             del self._cache[pid]
         return out
 

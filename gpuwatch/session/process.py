@@ -8,7 +8,9 @@ tables only. Queries that also need the session (names, its lock) stay on
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -162,7 +164,8 @@ class Process:
     container_pid: int | None = None
     tally: Tally = field(default_factory=lambda: Tally())
     rev: int = 0  # bumped by each message: the recorder rewrites only what changed
-    book: OpenBook = field(default_factory=OpenBook, repr=False)  # open spans' upkeep
+    # Open spans' upkeep; None while the process is compacted (see compact).
+    book: OpenBook | None = field(default_factory=OpenBook, repr=False)
 
     @property
     def short_label(self) -> str:
@@ -252,6 +255,47 @@ class Process:
             blocks["t_last"] = cols["t1"]
             out |= sm.cover(blocks, t0, t1, width)
         return out
+
+
+EMPTY_MAP: Mapping[Any, Any] = MappingProxyType({})
+"""The empty mapping compacted processes share (read-only: nothing can fill it)."""
+
+EMPTY_SET: frozenset[int] = frozenset()
+
+
+def compact(proc: Process) -> None:
+    """Keep what an ended process did, not room to do more (issue 23, item 6).
+
+    A sweep of thousands of short scripts keeps every one: its empty containers become
+    shared read-only ones and, with no span open, its book of open spans goes. A message
+    that changes it again finds room first (:func:`thaw`). Callers hold the session lock.
+    """
+    if proc.book is None or proc.open:
+        return  # compacted already, or spans still open: their book is kept
+    proc.book = None
+    proc.open = EMPTY_MAP  # type: ignore[assignment]
+    if not proc.devices:
+        proc.devices = EMPTY_MAP  # type: ignore[assignment]
+    if not proc.torch_devs:
+        proc.torch_devs = EMPTY_SET  # type: ignore[assignment]
+    tally = proc.tally
+    for name in ("count", "ns", "peaks", "torch"):
+        if not getattr(tally, name):
+            setattr(tally, name, EMPTY_MAP)
+
+
+def thaw(proc: Process) -> None:
+    """Room again in a compacted process (a late message for it): every container its
+    messages fill is its own and writable. Callers hold the session lock."""
+    if proc.book is not None:
+        return
+    proc.open = OrderedDict()
+    proc.devices = dict(proc.devices)
+    proc.torch_devs = set(proc.torch_devs)
+    tally = proc.tally
+    tally.count, tally.ns = Counter(tally.count), Counter(tally.ns)
+    tally.peaks, tally.torch = dict(tally.peaks), dict(tally.torch)
+    proc.book = OpenBook()  # set last: a compacted process is one without a book
 
 
 def count_sequence(proc: Process, seq: int) -> None:

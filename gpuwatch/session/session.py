@@ -31,7 +31,7 @@ from .model import (
     gpu_key,
     norm_uuid,
 )
-from .process import PROCESS_TABLES, Process, count_sequence
+from .process import PROCESS_TABLES, Process, compact, count_sequence, thaw
 from .table import MISSING_INT, Table
 
 Listener = Callable[[str, tuple[Any, ...]], None]
@@ -96,8 +96,13 @@ class Session:
         # Host memory by host device key: one host live, several in a merged replay.
         self.hosts: dict[str, Table] = {HOST: Table(HOST_COLUMNS, kind="host")}
         self.processes: dict[int, Process] = {}
+        # Those not known to have ended, in a superset pruned as they are looked at (see
+        # running): per-tick work follows what runs, not every process ever seen.
+        self._running: dict[int, Process] = {}
+        self._ranked: dict[int, Process] = {}  # live: those whose hello names a rank
         self.proc_info: dict[int, dict[str, Any]] = {}  # pid -> name/user/cmdline/visible
         self._infos: dict[str, dict[str, Any]] = {}  # equal descriptions, shared
+        self._hello_parts: dict[Any, Any] = {}  # equal parts of hellos, shared
         self._ended_pids: dict[int, None] = {}  # unrecorded: the newest ended, in order
         self._let_ended_go = False
         self.names: list[str] = []
@@ -113,6 +118,7 @@ class Session:
         # Reads a settled process's series back: (kind, pid as text, rows, span) -> its
         # archive, or None (see settle); set by the recorder.
         self.reopen: Callable[[str, str, int, tuple[int, int] | None], Any] | None = None
+        self._reopen_filed = self._reopen  # one bound method for every FiledTable
         self._gone_t_max: int | None = None  # the latest time of a mark let go of
         self.ooms: list[Oom] = []
         self.rejects: Counter[str] = Counter()
@@ -181,15 +187,14 @@ class Session:
         if proc is None:
             return
         with self._lock:
-            if not proc.open:  # let go of the room it grew to
-                proc.open = {}
+            compact(proc)
             for kind in PROCESS_TABLES:
                 table = getattr(proc, kind)
                 if isinstance(table, FiledTable):
                     continue
                 table.retain(0)
                 if self.reopen is not None and table.in_memory == 0:
-                    filed = FiledTable(proc, kind, len(table), table.span(), self._reopen)
+                    filed = FiledTable(proc, kind, len(table), table.span(), self._reopen_filed)
                     setattr(proc, kind, filed)
 
     def _reopen(self, proc: Process, kind: str) -> Table:
@@ -221,12 +226,11 @@ class Session:
             old = self.processes.get(pid)
             if old is None:
                 continue
-            if not old.open:  # let go of the room it grew to
-                old.open = {}
+            compact(old)
             for kind in PROCESS_TABLES:
                 table = getattr(old, kind)
                 if not isinstance(table, FiledTable):
-                    setattr(old, kind, FiledTable(old, kind, 0, None, self._reopen))
+                    setattr(old, kind, FiledTable(old, kind, 0, None, self._reopen_filed))
             if not self._let_ended_go:
                 self._let_ended_go = True
                 self.note(
@@ -259,10 +263,34 @@ class Session:
         return table
 
     def _new_process(self, pid: int, **fields: Any) -> Process:
-        proc = self.processes[pid] = Process(pid, **fields)
+        proc = self.processes[pid] = self._running[pid] = Process(pid, **fields)
         for kind in PROCESS_TABLES:
             self._made(kind, str(pid), getattr(proc, kind))
         return proc
+
+    def running(self) -> list[Process]:
+        """Instrumented processes not known to have ended (no bye, not found gone): what
+        the samplers look at each tick, whatever number ended before (issue 23). A replay
+        (whose processes came from files) is looked at whole."""
+        if not self.live:
+            return [p for p in list(self.processes.values()) if p.ended is None and p.gone is None]
+        out = []
+        running = self._running
+        for pid, proc in list(running.items()):
+            if proc.ended is None and proc.gone is None:
+                out.append(proc)
+            else:  # pop is atomic: threads that look at once need no lock
+                running.pop(pid, None)
+        return out
+
+    def ranked(self) -> list[Process]:
+        """Processes whose hello names a rank (the ranks of jobs are among them): live,
+        from an index the hellos keep (a look each second costs the ranks, not every
+        process ever seen); in a replay, whose processes came from files, by a look at
+        each."""
+        if self.live:
+            return list(self._ranked.values())
+        return [p for p in list(self.processes.values()) if p.hello.get("rank") is not None]
 
     def processes_of_host(self, key: str = HOST) -> list[Process]:
         """Instrumented processes that ran on the host device ``key``."""
@@ -501,6 +529,8 @@ class Session:
             proc = self.processes.get(msg.pid)
             if proc is None:
                 proc = self._new_process(msg.pid, first_t=msg.t)
+            elif proc.book is None:  # compacted (ended, settled): a late message
+                thaw(proc)
             if msg.container_pid is not None:
                 proc.container_pid = msg.container_pid
             count_sequence(proc, msg.seq)
@@ -511,7 +541,11 @@ class Session:
         self._emit("message", (msg,))
 
     def _on_hello(self, proc: Process, msg: Message) -> None:
-        proc.hello = {**proc.hello, **msg.body}
+        proc.hello = self._shared_hello({**proc.hello, **msg.body})
+        if proc.hello.get("rank") is not None:
+            self._ranked[proc.pid] = proc
+        else:
+            self._ranked.pop(proc.pid, None)
         facts = msg.body.get("facts")
         if facts:
             proc.facts = facts
@@ -519,6 +553,24 @@ class Session:
             key = self._device_for(d)
             if key is not None:
                 proc.devices[d["index"]] = key
+
+    def _shared_hello(self, hello: dict[str, Any]) -> dict[str, Any]:
+        """``hello`` with its keys and its equal values shared with earlier hellos' (treat
+        them as read-only): a sweep of thousands of scripts keeps one copy of their argv,
+        host and versions, not one each (keys alone were half a kilobyte a process)."""
+        parts = self._hello_parts
+        if len(parts) >= 1024:  # a bound, not a history (of short parts): start again
+            parts.clear()
+        out = {}
+        for k, v in hello.items():
+            if type(k) is str and len(k) <= 64:
+                k = parts.setdefault(k, k)
+            if type(v) is str and len(v) <= 256:
+                v = parts.setdefault(v, v)
+            elif type(v) is list and _short_strings(v):
+                v = parts.setdefault(("list", *v), v)
+            out[k] = v
+        return out
 
     def _device_for(self, d: dict[str, Any]) -> str | None:
         """Map a torch device (from a hello) to a session device, by UUID.
@@ -843,6 +895,11 @@ _HANDLERS: dict[str, Callable[[Session, Process, Message], None]] = {
 }
 """What :meth:`Session.ingest` does with each kind of message (every kind of
 :data:`~gpuwatch.protocol.KINDS`: a test checks both lists name the same kinds)."""
+
+
+def _short_strings(v: list[Any]) -> bool:
+    """A short list of short strings (an argv): worth sharing, cheap to keep."""
+    return len(v) <= 64 and all(type(a) is str for a in v) and sum(map(len, v)) <= 1024
 
 
 def _none(v: int) -> int | None:

@@ -27,8 +27,8 @@ class HostSampler:
     def __init__(self, session: Session, interval: float = 0.1) -> None:
         self.session = session
         self.interval = interval
-        self._procs: dict[int, psutil.Process] = {}
-        self._gone: set[int] = set()
+        self._procs: dict[int, psutil.Process] = {}  # handles of running processes only
+        self._denied: set[int] = set()  # pids whose RSS cannot be read (another user's)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -46,8 +46,10 @@ class HostSampler:
             self._thread.join(timeout=2)
 
     def gone(self, pid: int) -> bool:
-        """True once instrumented process ``pid`` was found to have exited."""
-        return pid in self._gone
+        """True once instrumented process ``pid`` was found to have exited (or its RSS
+        cannot be read: it is not sampled again)."""
+        proc = self.session.processes.get(pid)
+        return pid in self._denied or (proc is not None and proc.gone is not None)
 
     def _run(self) -> None:
         next_t = time.monotonic()
@@ -75,10 +77,17 @@ class HostSampler:
                 "available": int(vm.available),
             }
         )
-        for pid, proc in list(self.session.processes.items()):
-            if proc.ended is not None or pid in self._gone:
-                self._procs.pop(pid, None)  # no handle kept for each process ever seen
+        # Only the processes that may still run: a sweep of thousands of short scripts
+        # that ended costs no tick anything (before: a look at each, ten times a second).
+        running = self.session.running()
+        if self._denied:  # those that ended are forgotten here too
+            self._denied &= {p.pid for p in running}
+        looked = set()
+        for proc in running:
+            pid = proc.pid
+            if pid in self._denied:
                 continue
+            looked.add(pid)
             handle = self._procs.get(pid)
             try:
                 if handle is None:
@@ -91,12 +100,14 @@ class HostSampler:
                 rss = handle.memory_info().rss
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 # Ended without a bye (killed, or its bye lost): the session settles it.
-                self._gone.add(pid)
                 self._procs.pop(pid, None)
                 self.session.process_gone(pid, time.monotonic_ns())
                 continue
             except psutil.AccessDenied:
-                self._gone.add(pid)
+                self._denied.add(pid)
                 self._procs.pop(pid, None)
                 continue
             self.session.add_rss(pid, time.monotonic_ns(), int(rss))
+        if len(self._procs) > len(looked):  # those that said bye: no handle kept for them
+            for pid in [pid for pid in self._procs if pid not in looked]:
+                del self._procs[pid]

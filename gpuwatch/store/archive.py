@@ -187,6 +187,27 @@ def _stored_layout(
     return known
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+# No chunk's own summary yet, shared like _NO_INTS by every archive that has none (each
+# of the four series of thousands of short processes): replaced as chunks come.
+_EMPTY_STATS: dict[sm.Spec, sm.Blocks] = {}
+
+
+def _empty_stats(spec: sm.Spec | None) -> sm.Blocks | None:
+    """No chunk's own summary yet (shared, like :data:`_NO_INTS`), or None without a spec."""
+    if spec is None:
+        return None
+    blocks = _EMPTY_STATS.get(spec)
+    if blocks is None:
+        made = {name: _read_only(col) for name, col in sm.empty(spec).items()}
+        blocks = _EMPTY_STATS.setdefault(spec, made)
+    return blocks
+
+
 class SeriesArchive:
     """Rows ``[0, rows)`` of one stored series, read on demand (a table's archive).
 
@@ -257,7 +278,7 @@ class SeriesArchive:
         self.row0, self.n, self.t_first, self.t_last = z, z, z, z
         self.vmax, self.t_vmax = _NO_FLOATS, z
         # Each chunk's own summary, aligned with the index, and which of them are known.
-        self.stats: sm.Blocks | None = sm.empty(self.spec) if self.spec is not None else None
+        self.stats: sm.Blocks | None = _empty_stats(self.spec)
         self.have = _NO_BOOLS
         self.stored_summaries = False  # the file has block summaries for its chunks
         # Block summaries made here, of a file without them (about 1% of its rows' size).
@@ -340,7 +361,7 @@ class SeriesArchive:
                 return
             self._asleep = None
             self.row0 = _NO_INTS  # set_index keeps nothing of an index it does not have
-            self.stats = sm.empty(self.spec) if self.spec is not None else None
+            self.stats = _empty_stats(self.spec)
         self.set_index(index, own, row0, stored_summaries=own is not None)
 
     def _read_index(self) -> tuple[np.ndarray, sm.Blocks | None, np.ndarray | None]:

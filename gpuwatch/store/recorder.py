@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..session import Session
+from . import _heap
 from .writer import FileRemoved, SessionWriter
+
+TRIM_SETTLED = 512
+"""Processes settled (their memory let go of) between two returns of the heap's free
+pages to the system (see :mod:`._heap`)."""
 
 _ERRNO_CAUSES = {
     errno.ENOSPC: "disk full",
@@ -98,6 +103,7 @@ class Recorder:
         self._synced = threading.Condition()
         self._thread: threading.Thread | None = None
         self._active = False
+        self._trimmed_at = 0  # processes settled at the last trim
 
     @property
     def path(self) -> Path:
@@ -156,6 +162,10 @@ class Recorder:
             with self._synced:
                 self.syncs += 1
                 self._synced.notify_all()
+        settled = len(self.writer._settled)
+        if settled - self._trimmed_at >= TRIM_SETTLED:
+            self._trimmed_at = settled
+            _heap.trim()
         moved, self.writer.moved = self.writer.moved, None
         if moved is not None:
             self.notice = f"the recording was renamed: writing on to {moved}"

@@ -625,7 +625,8 @@ class SessionWriter:
         to :data:`~gpuwatch.session.openspans.MAX_OPEN` of them open at every commit.
         """
         with self.session._lock:  # the receiver begins and ends spans under it
-            reset, changed = proc.book.take_changes()
+            book = proc.book  # None: compacted, nothing open (a late count revived it)
+            reset, changed = book.take_changes() if book is not None else (False, set())
             reset = reset or final or pid not in self._open_known
             ids = list(proc.open) if reset else sorted(changed)
             spans = [(sid, proc.open.get(sid)) for sid in ids]

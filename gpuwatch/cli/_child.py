@@ -27,6 +27,7 @@ def hung_up(signum: int, frame: Any) -> None:
 @contextlib.contextmanager
 def handling(handlers: Mapping[int, Handler]) -> Iterator[None]:
     """Install ``handlers`` (signal -> handler) for the block; the previous ones after."""
+    _unwind.clear()
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     try:
         yield
@@ -61,6 +62,20 @@ def launched(
             child.stop()  # INT, then TERM, then KILL to its process group
 
 
+_unwind: list[int] = []  # signals unwinding took, since the last handling() began
+
+
 def unwinding(signum: int, frame: Any) -> None:
-    """A handler that unwinds gpuwatch (``finally`` blocks stop the job and the sources)."""
+    """A handler that unwinds gpuwatch (``finally`` blocks stop the job and the sources).
+
+    The exception can be swallowed where it lands: during an import, a weakref callback of
+    the import system prints "Exception ignored" and goes on (CI saw a SIGTERM lost so, the
+    dashboard then running on). The request is kept for :func:`unwind_requested` too.
+    """
+    _unwind.append(signum)
     raise SystemExit(128 + signum)
+
+
+def unwind_requested() -> int | None:
+    """The signal :func:`unwinding` took since the last :func:`handling` began, if any."""
+    return _unwind[0] if _unwind else None

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._child import handling, launched, unwinding
+from ._child import handling, launched, unwind_requested, unwinding
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -238,8 +238,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             with launched(command, socket_path=sources.socket_path, log_path=args.log) as child:
                 from ..tui.app import GpuwatchApp
 
+                if (sig := unwind_requested()) is not None:  # swallowed during the import
+                    raise SystemExit(128 + sig)
                 GpuwatchApp(
-                    sources.session, theme_name=theme, subtitle=sources.describe, child=child
+                    sources.session,
+                    theme_name=theme,
+                    subtitle=sources.describe,
+                    child=child,
+                    quit_if=lambda: unwind_requested() is not None,
                 ).run()
         finally:
             sources.stop()

@@ -222,6 +222,8 @@ class GpuwatchApp(App[int]):
             passes its playback position.
         child: The command started by ``gpuwatch run``: its output gets a tab, its state
             the status bar, and quitting while it runs asks first.
+        quit_if: Asked once the app has mounted: True quits at once (a SIGTERM that came
+            before the app took the signal over).
     """
 
     TITLE = "gpuwatch"
@@ -293,10 +295,12 @@ class GpuwatchApp(App[int]):
         subtitle: str | Callable[[], str] = "",
         clock: Callable[[], int] | None = None,
         child: ChildLike | None = None,
+        quit_if: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__()
         self.session = session
         self.child = child
+        self._quit_if = quit_if
         self._child_status: int | None = None
         self.clock = clock or session.now
         self.view = View()
@@ -364,6 +368,11 @@ class GpuwatchApp(App[int]):
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGHUP, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.exit)
+        # A SIGTERM that came before those handlers, and whose exception was swallowed
+        # where it landed, still quits (checked after them: none falls between).
+        if self._quit_if is not None and self._quit_if():
+            self.exit()
+            return
         self.set_interval(1 / REDRAW_HZ, self._tick)
         self.set_interval(1 / TABLE_HZ, self._refresh_tables)
         self._tick()

@@ -456,3 +456,22 @@ async def test_notes_are_lines_and_a_cut_one_says_so(size) -> None:
             assert len(shown) == 1 and shown[0].endswith("…"), shown
         else:
             assert any(line.strip() == "the second note" for line in shown), shown
+
+
+async def test_a_stop_asked_before_the_app_took_the_signal_quits_on_mount() -> None:
+    # gpuwatch run: a SIGTERM whose exception was swallowed before the app installed its
+    # own handler (the launcher records it) must still end the dashboard.
+    asked: list[bool] = []
+
+    def quit_if() -> bool:
+        asked.append(True)
+        return True
+
+    app = make_app(quit_if=quit_if)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert asked and not app.is_running
+    kept = make_app(quit_if=lambda: False)
+    async with kept.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert kept.is_running

@@ -84,6 +84,12 @@ class BatchReceiver:
             hdr.msg_iov = ctypes.pointer(self._iov[i])
             hdr.msg_iovlen = 1
             hdr.msg_control = self._control_at[i]
+            hdr.msg_controllen = CMSG_SPACE
+        # What a call changes is reset from this copy, in one move: setting two fields of
+        # each of the 64 headers through ctypes cost about 70 us a call, most of a relay
+        # waking for one datagram (a fork storm: 18% of a core for 1,800 datagrams/s).
+        self._pristine = bytes(self._msgs)
+        self._used = 0  # headers the last call filled
 
     def receive(self) -> list[tuple[bytes, int | None]]:
         """What is queued now (at most :attr:`batch` datagrams), with each sender's pid.
@@ -95,10 +101,10 @@ class BatchReceiver:
             OSError: The call failed for another reason than an empty queue.
         """
         msgs = self._msgs
-        for i in range(self.batch):
-            msgs[i].msg_hdr.msg_controllen = CMSG_SPACE
-            msgs[i].msg_hdr.msg_flags = 0
+        if self._used:
+            ctypes.memmove(msgs, self._pristine, self._used * ctypes.sizeof(_MMsgHdr))
         n = self._call(self.fd, msgs, self.batch, socket.MSG_DONTWAIT, None)
+        self._used = max(n, 0)
         if n < 0:
             err = ctypes.get_errno()
             if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):

@@ -13,7 +13,8 @@ Each flood runs against a fresh, real gpuwatch process sampling one fake GPU
   tab grew 0.4 MB/s); skipped without tmux.
 
 The anchor, measured in the same run: an idle ``gpuwatch record`` of the same length. For
-each flood: the gpuwatch process's RSS 2 s into the flood and at its end, the GPU samples
+each flood: the gpuwatch process's RSS 2 s into the flood and at its end (alone, and with
+its helper processes: the socket's relay and the GPU sampler), the GPU samples
 the recording holds a second (nominal 10), and how long SIGINT (or ``q``) took to stop it.
 PASS: RSS growth <= 20 MB, sampling within 5% of its rate, stopped within 2 s. The CPU
 seconds of gpuwatch and of the senders are printed too: on a small machine a flood's own
@@ -38,6 +39,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 from bench_memory import rss_mb  # benchmarks/ is on the path of a script run there
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +161,20 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def helpers(pid: int) -> list[int]:
+    """gpuwatch's own helper processes (the socket's relay, the GPU sampler)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """RSS of ``pid`` and its helpers, in MB (None once ``pid`` is gone)."""
+    own = rss_mb(pid)
+    return None if own is None else own + sum(rss_mb(c) or 0.0 for c in helpers(pid))
+
+
 def wait_for(check, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -244,12 +260,14 @@ def headless(name: str, script: str | None, args: list[str], seconds: float, tmp
                 stdout=subprocess.PIPE,
                 text=True,
             )
-        before = peak = None
+        before = peak = tree_before = tree_peak = None
         while time.monotonic() - start < seconds or (sender and sender.poll() is None):
-            mb = rss_mb(gw.pid)
-            if mb is not None and time.monotonic() - start >= SETTLE:
+            mb, tree = rss_mb(gw.pid), tree_rss_mb(gw.pid)
+            if mb is not None and tree is not None and time.monotonic() - start >= SETTLE:
                 before = mb if before is None else before
                 peak = mb if peak is None else max(peak, mb)
+                tree_before = tree if tree_before is None else tree_before
+                tree_peak = tree if tree_peak is None else max(tree_peak, tree)
             time.sleep(0.25)
             if time.monotonic() - start > seconds + 600:
                 raise RuntimeError(f"{name}: the sender did not finish")
@@ -260,7 +278,9 @@ def headless(name: str, script: str | None, args: list[str], seconds: float, tmp
         sender_cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
         time.sleep(1.5)  # the last datagrams and a commit
         after = rss_mb(gw.pid) or 0.0
+        tree_after = tree_rss_mb(gw.pid) or 0.0
         cpu = cpu_s(gw.pid)
+        helper_cpu = sum(cpu_s(c) for c in helpers(gw.pid))
         t = time.monotonic()
         gw.send_signal(signal.SIGINT)
         gw.wait(timeout=120)
@@ -280,6 +300,8 @@ def headless(name: str, script: str | None, args: list[str], seconds: float, tmp
         "samples": samples,
         "stop": stop,
         "cpu": cpu,
+        "helper_cpu": helper_cpu,
+        "tree": (tree_before or tree_after, tree_after, max(tree_peak or tree_after, tree_after)),
         "sender_cpu": sender_cpu,
         "file": counts(out),
     }
@@ -372,8 +394,13 @@ def verdict(r: dict, anchor: dict) -> tuple[bool, str]:
         f"anchor's {anchor['rate']:.2f}); stopped in {r['stop']:.2f} s "
         f"({r['stop'] / max(anchor['stop'], 1e-3):.1f}x the anchor's {anchor['stop']:.2f} s); "
         f"gpuwatch used {r['cpu']:.1f} CPU s (anchor {anchor['cpu']:.1f})"
+        + (f", its helpers {r['helper_cpu']:.1f}" if "helper_cpu" in r else "")
         + (f", the senders {r['sender_cpu']:.1f}" if "sender_cpu" in r else "")
     )
+    if "tree" in r:  # the relay and the GPU sampler are gpuwatch's memory too
+        b, a, p = r["tree"]
+        ok_rss = ok_rss and a - b <= GROWTH_MB and p - b <= GROWTH_MB
+        text += f"; with its helpers RSS {b:.0f} -> {a:.0f} MB ({a - b:+.1f}, peak {p - b:+.1f})"
     return ok_rss and ok_rate and ok_stop, text
 
 

@@ -97,9 +97,9 @@ class LiveSources:
         self._publish_recording()
         self.receiver.start()
         self.host.start()
-        from .sources.gpu import GpuSampler
+        from .sources.gpu_process import GpuProcess
 
-        self.gpu = GpuSampler(self.session, interval=self.interval)
+        self.gpu = GpuProcess(self.session, interval=self.interval)
         self.gpu.start()
         self._ranks = threading.Thread(target=self._mark_ranks, name="gpuwatch-ranks", daemon=True)
         self._ranks.start()

@@ -192,6 +192,8 @@ class GpuProcess:
         if self._spawn():
             self._opened.wait(START_LIMIT)
             if self._said:
+                if not self._ok:
+                    self._stop_child()  # it exits on its own: reap it, leave no zombie
                 return self._ok
             self._stop_child()  # it died, or hangs before NVML: sample in this process
         return self._start_fallback()

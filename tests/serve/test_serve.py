@@ -31,7 +31,9 @@ HOSTILE = "<script>alert(1)</script>\x1b[2J"
 
 
 def _children(served: Served) -> set[int]:
-    return {p.pid for p in psutil.Process(served.proc.pid).children(recursive=True)}
+    """What the server started: its dashboards, and the ``record`` of a live session (not
+    that record's own helpers, the relay and the GPU sampler, which come when they come)."""
+    return {p.pid for p in psutil.Process(served.proc.pid).children()}
 
 
 async def _ws(

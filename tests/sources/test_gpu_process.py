@@ -7,6 +7,7 @@ what it sends reaches a real :class:`Session` here.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -155,8 +156,9 @@ def test_a_child_that_cannot_run_leaves_sampling_to_a_thread(
     assert not _gpu_children()
 
 
-def test_lines_are_json_the_session_applies(fake_env: None) -> None:
-    """What the child writes, read raw: one JSON array a line, the first says NVML opened."""
+def test_frames_are_what_the_session_applies(fake_env: None) -> None:
+    """What the child writes, read raw: length-prefixed frames of marshalled calls, one of
+    which says NVML opened; stdin closed, it exits cleanly."""
     boot = gpu_process._BOOT
     child = subprocess.Popen(
         [sys.executable, "-I", "-c", boot, json.dumps(sys.path), "0.05", "1.0"],
@@ -172,8 +174,15 @@ def test_lines_are_json_the_session_applies(fake_env: None) -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
-    lines = [json.loads(line) for line in out.splitlines()]
-    kinds = [line[0] for line in lines]
+    calls, at = [], 0
+    while at < len(out):
+        (length,) = gpu_process._FRAME.unpack_from(out, at)
+        calls += marshal.loads(out[at + 4 : at + 4 + length])
+        at += 4 + length
+    assert at == len(out)  # whole frames only
+    kinds = [call[0] for call in calls]
     assert kinds.count("device") == 2 and "opened" in kinds and kinds.count("sample") >= 10
-    assert lines[kinds.index("opened")][1] is True
+    assert calls[kinds.index("opened")][1] is True
+    sample = calls[kinds.index("sample")]
+    assert sample[1].startswith("gpu:") and {"t", "used", "total"} <= sample[2].keys()
     assert child.returncode == 0

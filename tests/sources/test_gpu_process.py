@@ -75,10 +75,12 @@ def test_no_gpu_is_said_once_and_start_returns_false(monkeypatch: pytest.MonkeyP
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(ROOT)
     s = Session()
+    before = {p.pid for p in psutil.Process().children()}  # what other tests left running
     with sampling(s) as gpus:
         assert gpus.start() is False
         assert gpus.fallback is None
-        assert gpus.child is None and not psutil.Process().children()  # reaped: no zombie
+        assert gpus.child is None
+        assert {p.pid for p in psutil.Process().children()} <= before  # reaped: no zombie
         assert [n for n in s.notes if "no NVIDIA driver found" in n] != []
         assert not s.gpu
 

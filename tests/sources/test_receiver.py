@@ -446,6 +446,68 @@ def test_relayed_frames_split_across_reads_arrive_whole(sock_path: str) -> None:
         os.close(r)
 
 
+def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> None:
+    # While gpuwatch reads nothing, the relay holds what comes. Held one object per read,
+    # a trickle (a datagram per read) cost it 3.6 times its bytes: RELAY_BACKLOG bounded
+    # what it counted, not what it took. Everything still comes out whole and in order.
+    import select
+
+    from gpuwatch.sources import _batch
+
+    if not _batch.available():
+        pytest.skip("no recvmmsg here: the receiver reads in a thread")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    sock.bind(sock_path)
+    data_r, data_w = os.pipe()
+    life_r, life_w = os.pipe()
+    fds = (sock.fileno(), data_w, life_r)
+    relay = subprocess.Popen(
+        [sys.executable, "-I", "-S", _batch.__file__, *map(str, fds),
+         str(protocol.MAX_DATAGRAM + 1)],
+        pass_fds=fds,
+    )  # fmt: skip
+    os.close(data_w)
+    os.close(life_r)
+
+    def rss() -> int:
+        with open(f"/proc/{relay.pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    try:
+        assert os.read(data_r, _batch.FRAME.size) == _batch.READY
+        before = rss()
+        n = 15_000
+        datagram = protocol.encode("mark", os.getpid(), 0, 1, 0, {"text": "m"})
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as out:
+            out.connect(sock_path)
+            for _ in range(n):
+                while True:
+                    try:
+                        out.send(datagram)
+                        break
+                    except OSError:  # the queue is full: the relay has not run yet
+                        time.sleep(0.001)
+                time.sleep(0.0001)  # a trickle: the relay takes them one or two at a time
+        # Taken from the socket (our copy of it is never read here), into the relay.
+        assert wait_for(lambda: not select.select([sock], [], [], 0)[0], timeout=30)
+        framed = n * (_batch.FRAME.size + len(datagram))
+        grown = rss() - before
+        assert grown < 2 * framed + (1 << 20), (grown, framed)
+        got = bytearray()
+        while len(got) < framed:
+            chunk = os.read(data_r, 1 << 20)
+            assert chunk
+            got += chunk
+        frame = _batch.FRAME.pack(len(datagram), os.getpid()) + datagram
+        assert bytes(got) == frame * n
+    finally:
+        os.close(life_w)
+        relay.wait(timeout=10)
+        os.close(data_r)
+        sock.close()
+
+
 @pytest.mark.parametrize("way", ["thread, batched", "thread, one by one"])
 def test_without_the_relay_a_thread_receives(
     sock_path: str, way: str, monkeypatch: pytest.MonkeyPatch

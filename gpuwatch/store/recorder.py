@@ -30,6 +30,12 @@ WAKE_MARKS = 2048
 second) otherwise waits a whole interval in memory, twice (the session's list and the
 rows of one sync), and took the recording's peak 21 MB up."""
 
+WAKE_BYES = 128
+"""Processes ending that wake the writer before its interval is up: a gpuwatch catching
+up on a backlog ingests hundreds of short-lived processes a second, and each keeps its
+whole tables until written and settled; freed in batches of 800, their memory stayed
+fragmented (12 MB more RSS at 4,000 processes than in batches of 80)."""
+
 _ERRNO_CAUSES = {
     errno.ENOSPC: "disk full",
     errno.EDQUOT: "disk quota exceeded",
@@ -110,6 +116,7 @@ class Recorder:
         self._active = False
         self._trimmed_at = 0  # processes settled at the last trim
         self._marks = 0  # marks since the writer was last woken for them
+        self._byes = 0  # processes ended since the writer was last woken for them
 
     @property
     def path(self) -> Path:
@@ -138,6 +145,11 @@ class Recorder:
             msg = args[0]
             if msg.kind in _LOGGED:
                 self.writer.add_event(msg.t, msg.kind, msg.pid, msg.body)
+                if msg.kind == "bye":
+                    self._byes += 1
+                    if self._byes >= WAKE_BYES:
+                        self._byes = 0
+                        self._wake.set()
             elif msg.kind == "mark":
                 self._marks += 1
                 if self._marks >= WAKE_MARKS:

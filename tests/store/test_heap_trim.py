@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
 from gpuwatch.store import Recorder, _heap
-from gpuwatch.store.recorder import TRIM_SETTLED
+from gpuwatch.store.recorder import TRIM_SETTLED, WAKE_BYES
 
 
 def _script(s: Session, pid: int) -> None:
@@ -53,3 +54,20 @@ def test_the_recorder_trims_the_heap_once_many_processes_settled(
 )
 def test_trim_returns_the_heaps_free_pages() -> None:
     assert _heap.trim() is True
+
+
+def test_a_sweep_wakes_the_recorder_every_so_many_processes(tmp_path: Path) -> None:
+    # A gpuwatch catching up on a backlog ingests hundreds of processes a second; each
+    # keeps its tables until written and settled. Written once an interval, they were let
+    # go of in batches of hundreds, and the freed memory stayed fragmented.
+    s = Session()
+    s.bound()
+    rec = Recorder(s, tmp_path / "sweep.gpuwatch", interval=60)  # never on its own here
+    rec.start()
+    try:
+        for pid in range(1000, 1000 + 3 * WAKE_BYES):
+            _script(s, pid)
+        assert wait_for(lambda: rec.syncs >= 2, timeout=10)
+    finally:
+        rec.close()
+    assert rec.error is None

@@ -163,9 +163,7 @@ def batch_receiver(sock: socket.socket, size: int) -> BatchReceiver | None:
 # --------------------------------------------------------------------------- the relay
 
 FRAME = struct.Struct("<Ii")
-"""A relayed datagram's header on the pipe: the length of what follows (the datagram,
-checked and packed by :func:`~gpuwatch.sources._datagram.pack`), and its sender's pid
-(-1: none)."""
+"""A relayed datagram's header on the pipe: its length, and its sender's pid (-1: none)."""
 
 
 READY = FRAME.pack(0, 0)
@@ -192,12 +190,9 @@ DRAIN_LIMIT = 5.0
 def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
     """Forward every datagram of ``sock_fd`` to the pipe ``out_fd`` until gpuwatch stops.
 
-    Runs in a process of its own (:func:`main`; the protocol and the standard library
+    Runs in a process of its own (``python -I -S _batch.py ...``, the standard library
     only): no interpreter lock shared with a dashboard, so the socket's small queue is
-    emptied the moment anything arrives. Each datagram is checked here and sent on as its
-    message (or why it was refused, :func:`~gpuwatch.sources._datagram.pack`), so that
-    gpuwatch's own process, which may get little CPU, only applies it. What the dashboard
-    has not read yet waits in the
+    emptied the moment anything arrives. What the dashboard has not read yet waits in the
     pipe (made 1 MiB large) and then in the relay's own memory (:data:`RELAY_BACKLOG`),
     so a burst the dashboard cannot follow at once is delivered late, not lost. The
     lifeline is a pipe whose other end only gpuwatch holds. When gpuwatch stops it sends
@@ -209,8 +204,6 @@ def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
     import os
     import select
     import time
-
-    from ._datagram import pack
 
     sock = socket.socket(fileno=sock_fd)
     batch = BatchReceiver(sock, size)
@@ -254,14 +247,11 @@ def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
         if sock_fd in events:
             while len(backlog) < RELAY_BACKLOG:
                 got = batch.receive()
-                if got:
-                    at = time.monotonic_ns()
-                    for data, pid in got:
-                        packed = pack(data, pid, at)
-                        backlog += FRAME.pack(len(packed), -1 if pid is None else pid)
-                        backlog += packed
-                    if draining is not None:
-                        last = at / 1e9
+                for data, pid in got:
+                    backlog += FRAME.pack(len(data), -1 if pid is None else pid)
+                    backlog += data
+                if got and draining is not None:
+                    last = time.monotonic()
                 if len(got) < batch.batch:
                     break
         if backlog:  # as much as the pipe takes now
@@ -273,30 +263,10 @@ def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
             del backlog[:n]  # from the front: CPython moves a start offset, no copy
 
 
-RELAY_BOOT = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from gpuwatch.sources._batch import main; sys.exit(main(sys.argv[2:]))"
-)
-"""The relay process's ``-c`` program: this gpuwatch, from gpuwatch's own ``sys.path``
-(see :func:`relay_command`)."""
-
-
-def relay_command(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> list[str]:
-    """The command line that runs :func:`relay` in a process of its own.
-
-    ``-I -S``: nothing from the environment, the user's site or a file beside the working
-    directory; it imports what this process imports, from this process's ``sys.path``.
-    """
-    import json
+if __name__ == "__main__":  # the relay process: _batch.py SOCK_FD OUT_FD LIFELINE_FD SIZE
     import sys
 
-    fds = (sock_fd, out_fd, lifeline_fd, size)
-    return [sys.executable, "-I", "-S", "-c", RELAY_BOOT, json.dumps(sys.path), *map(str, fds)]
-
-
-def main(argv: list[str]) -> int:
-    """The relay process: ``SOCK_FD OUT_FD LIFELINE_FD SIZE``; its exit status."""
     try:
-        return relay(*(int(a) for a in argv[:4]))
+        sys.exit(relay(*(int(a) for a in sys.argv[1:5])))
     except (OSError, KeyboardInterrupt):
-        return 1
+        sys.exit(1)

@@ -16,12 +16,13 @@ import select
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 
 from .. import protocol
 from ..session import Session
-from . import _batch, _datagram
+from . import _batch
 from ._batch import CMSG_SPACE, CREDS, batch_receiver
 
 
@@ -198,7 +199,8 @@ class AnnotationReceiver:
         fds = (sock.fileno(), data_w, life_r)
         try:
             self._relay = subprocess.Popen(
-                _batch.relay_command(*fds, protocol.MAX_DATAGRAM + 1),
+                [sys.executable, "-I", "-S", _batch.__file__, *map(str, fds),
+                 str(protocol.MAX_DATAGRAM + 1)],
                 pass_fds=fds,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -266,7 +268,7 @@ class AnnotationReceiver:
                 os.close(fd)
 
     def _run_relayed(self) -> None:
-        """Datagrams as the relay checked and framed them on the pipe, read many at a time.
+        """Datagrams as the relay framed them on the pipe, read many at a time.
 
         Read into one buffer made once: a fresh megabyte per read (and the concatenation
         of what was left over) grew this thread's malloc arena by about 18 MB at 10k
@@ -304,13 +306,9 @@ class AnnotationReceiver:
                     self._unrecorded[pid] = self._unrecorded.get(pid, 0) + 1
                     at += header + length
                     continue
-                sender = None if pid < 0 else pid
-                try:
-                    item = _datagram.unpack(view[at + header : at + header + length])
-                except Exception:  # not what the relay packs: count it, read on
-                    item = ("internal", None)
+                data = bytes(view[at + header : at + header + length])
                 at += header + length
-                self._apply(item, sender)
+                self.handle(data, None if pid < 0 else pid)
             if at == 0 and have == len(buf):  # a frame longer than any datagram: not ours
                 self.session.note("the annotation relay sent a damaged frame; annotations stop")
                 return
@@ -370,21 +368,29 @@ class AnnotationReceiver:
                 in this PID namespace); None only where no socket carried the datagram
                 (tests), in which case the claimed pid stands.
         """
-        self._apply(_datagram.checked(data, sender, time.monotonic_ns()), sender)
-
-    def _apply(self, item: protocol.Message | _datagram.Rejected, sender: int | None) -> None:
-        """Ingest a checked message, or count why its datagram was refused."""
-        if type(item) is tuple:
-            reason, seq = item
+        try:
+            if len(data) > protocol.MAX_DATAGRAM:
+                raise protocol.ProtocolError("size")
+            if sender is not None and sender <= 0:
+                raise protocol.ProtocolError("identity", "sender not in this PID namespace")
+            msg = protocol.decode(data, now=time.monotonic_ns())
+            if sender is not None and sender != msg.pid:
+                msg.container_pid = msg.pid
+                msg.pid = sender
+        except protocol.ProtocolError as exc:
             self.rejected += 1
-            self.session.count_reject(reason, sender or None, seq)
+            self.session.count_reject(exc.reason, sender or None, exc.seq)
+            return
+        except Exception:
+            self.rejected += 1
+            self.session.count_reject("internal")
             return
         try:
-            self.session.ingest(item)
+            self.session.ingest(msg)
             self.received += 1
         except Exception:
             self.rejected += 1
-            self.session.count_reject("internal", sender or None)
+            self.session.count_reject("internal")
 
     def stop(self) -> None:
         """Record what senders have sent, then stop receiving and release the path.

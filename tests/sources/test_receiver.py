@@ -409,22 +409,20 @@ def test_the_relay_goes_when_gpuwatch_is_killed(sock_path: str) -> None:
 def test_relayed_frames_split_across_reads_arrive_whole(sock_path: str) -> None:
     # The pipe gives frames in pieces: a read may end inside a header or a datagram, and
     # what is left must join the next read in the buffer made once for all of them.
-    from gpuwatch.sources import _batch, _datagram
+    from gpuwatch.sources import _batch
 
     session = Session()
     rx = AnnotationReceiver(session, sock_path)
     r, w = os.pipe()
     rx._relay_in = r
     now = time.monotonic_ns()
-    packed = (
-        _datagram.pack(
-            protocol.encode("mark", os.getpid(), i, now, 0, {"text": f"m{i}" + "x" * (i % 97)}),
-            os.getpid(),
-            now,
+    frames = b"".join(
+        _batch.FRAME.pack(len(d), os.getpid()) + d
+        for d in (
+            protocol.encode("mark", os.getpid(), i, now, 0, {"text": f"m{i}" + "x" * (i % 97)})
+            for i in range(3000)
         )
-        for i in range(3000)
     )
-    frames = b"".join(_batch.FRAME.pack(len(p), os.getpid()) + p for p in packed)
     import threading
 
     reader = threading.Thread(target=rx._run_relayed, daemon=True)
@@ -454,7 +452,7 @@ def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> No
     # what it counted, not what it took. Everything still comes out whole and in order.
     import select
 
-    from gpuwatch.sources import _batch, _datagram
+    from gpuwatch.sources import _batch
 
     if not _batch.available():
         pytest.skip("no recvmmsg here: the receiver reads in a thread")
@@ -464,7 +462,11 @@ def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> No
     data_r, data_w = os.pipe()
     life_r, life_w = os.pipe()
     fds = (sock.fileno(), data_w, life_r)
-    relay = subprocess.Popen(_batch.relay_command(*fds, protocol.MAX_DATAGRAM + 1), pass_fds=fds)
+    relay = subprocess.Popen(
+        [sys.executable, "-I", "-S", _batch.__file__, *map(str, fds),
+         str(protocol.MAX_DATAGRAM + 1)],
+        pass_fds=fds,
+    )  # fmt: skip
     os.close(data_w)
     os.close(life_r)
 
@@ -489,8 +491,7 @@ def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> No
                 time.sleep(0.0001)  # a trickle: the relay takes them one or two at a time
         # Taken from the socket (our copy of it is never read here), into the relay.
         assert wait_for(lambda: not select.select([sock], [], [], 0)[0], timeout=30)
-        packed = _datagram.pack(datagram, os.getpid(), time.monotonic_ns())
-        framed = n * (_batch.FRAME.size + len(packed))
+        framed = n * (_batch.FRAME.size + len(datagram))
         grown = rss() - before
         assert grown < 2 * framed + (1 << 20), (grown, framed)
         got = bytearray()
@@ -498,7 +499,7 @@ def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> No
             chunk = os.read(data_r, 1 << 20)
             assert chunk
             got += chunk
-        frame = _batch.FRAME.pack(len(packed), os.getpid()) + packed
+        frame = _batch.FRAME.pack(len(datagram), os.getpid()) + datagram
         assert bytes(got) == frame * n
     finally:
         os.close(life_w)

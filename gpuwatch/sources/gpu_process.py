@@ -71,14 +71,14 @@ class _Rates(dict):
 class _Outbox:
     """The session as the child's sampler sees it: every call is sent on ``fd``.
 
-    Lines are queued and written by a thread of their own, so that a full pipe (gpuwatch
-    paused) never holds a sampling thread inside what the watchdog would take for a hung
-    NVML call.
+    Calls are queued and written in frames by a thread of their own, so that a full pipe
+    (gpuwatch paused) never holds a sampling thread inside what the watchdog would take for
+    a hung NVML call.
     """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._lines: deque[tuple[Any, ...]] = deque()
+        self._calls: deque[tuple[Any, ...]] = deque()
         self._ready = threading.Event()
         self._closed = False
         self.dropped = 0  # calls not queued: gpuwatch has not read for minutes
@@ -87,10 +87,10 @@ class _Outbox:
         self._writer.start()
 
     def send(self, kind: str, *args: Any) -> None:
-        if len(self._lines) >= _QUEUED:
+        if len(self._calls) >= _QUEUED:
             self.dropped += 1
             return
-        self._lines.append((kind, *args))
+        self._calls.append((kind, *args))
         self._ready.set()
 
     # What GpuSampler calls on its session.
@@ -117,8 +117,8 @@ class _Outbox:
         while True:
             self._ready.wait()
             self._ready.clear()
-            while self._lines:
-                calls = [self._lines.popleft() for _ in range(min(len(self._lines), 256))]
+            while self._calls:
+                calls = [self._calls.popleft() for _ in range(min(len(self._calls), 256))]
                 try:
                     payload = marshal.dumps(calls)
                 except ValueError:  # a value marshal cannot take (never seen): as JSON has it
@@ -129,10 +129,10 @@ class _Outbox:
                         data = data[os.write(self._fd, data) :]
                 except OSError:  # gpuwatch has gone: nobody to sample for
                     os._exit(0)
-            if self.dropped and not self._lines:
+            if self.dropped and not self._calls:
                 lost, self.dropped = self.dropped, 0
                 self.send("note", f"gpuwatch did not read GPU samples for minutes: {lost} lost")
-            if self._closed and not self._lines:
+            if self._closed and not self._calls:
                 return
 
     def close(self, timeout: float = 1.0) -> None:

@@ -36,6 +36,9 @@ up on a backlog ingests hundreds of short-lived processes a second, and each kee
 whole tables until written and settled; freed in batches of 800, their memory stayed
 fragmented (12 MB more RSS at 4,000 processes than in batches of 80)."""
 
+_WAKE_AFTER = {"mark": WAKE_MARKS, "bye": WAKE_BYES}
+"""Messages of a kind, counted since the writer was last woken for them, that wake it."""
+
 _ERRNO_CAUSES = {
     errno.ENOSPC: "disk full",
     errno.EDQUOT: "disk quota exceeded",
@@ -115,8 +118,7 @@ class Recorder:
         self._thread: threading.Thread | None = None
         self._active = False
         self._trimmed_at = 0  # processes settled at the last trim
-        self._marks = 0  # marks since the writer was last woken for them
-        self._byes = 0  # processes ended since the writer was last woken for them
+        self._since_wake = dict.fromkeys(_WAKE_AFTER, 0)  # by kind, see _WAKE_AFTER
 
     @property
     def path(self) -> Path:
@@ -145,16 +147,13 @@ class Recorder:
             msg = args[0]
             if msg.kind in _LOGGED:
                 self.writer.add_event(msg.t, msg.kind, msg.pid, msg.body)
-                if msg.kind == "bye":
-                    self._byes += 1
-                    if self._byes >= WAKE_BYES:
-                        self._byes = 0
-                        self._wake.set()
-            elif msg.kind == "mark":
-                self._marks += 1
-                if self._marks >= WAKE_MARKS:
-                    self._marks = 0
+            limit = _WAKE_AFTER.get(msg.kind)
+            if limit is not None:
+                count = self._since_wake[msg.kind] + 1
+                if count >= limit:
+                    count = 0
                     self._wake.set()
+                self._since_wake[msg.kind] = count
         elif kind == "device":
             body = dataclasses.asdict(args[0])
             self.writer.add_event(time.monotonic_ns(), "device", None, body)

@@ -42,6 +42,11 @@ KILLS = ("none", "sigint", "sigterm")
 """``--kill``: what the end of ``--duration`` does to the command."""
 KILL_GRACE = 10.0
 """Seconds the command has to end after ``--kill``'s signal before SIGKILL."""
+CHILD_POLL = 0.1
+"""Seconds between looks at whether the command has ended: its end ends the recording, and
+``gpuwatch record -- CMD`` should follow it promptly (a sweep's scripts run one by one)."""
+STATUS_EVERY = 1.0
+"""Seconds between status lines on a terminal."""
 
 
 def register(sub: Any) -> None:
@@ -176,6 +181,8 @@ def _wait(
     assert recorder is not None
     deadline = None if args.duration is None else started + args.duration
     reported = False
+    tick = STATUS_EVERY if child is None else CHILD_POLL
+    next_status = time.monotonic() + STATUS_EVERY
     while not stop.is_set():
         if child is not None and not child.running:
             break
@@ -190,12 +197,13 @@ def _wait(
             say(recorder.error + ("; the command runs on" if child is not None else ""))
             if child is None:
                 break
-        wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+        wait = tick if deadline is None else min(tick, deadline - time.monotonic())
         if wait <= 0:
             return reported, True
         if stop.wait(wait):
             break
-        if tty and recorder.error is None:
+        if tty and recorder.error is None and time.monotonic() >= next_status:
+            next_status = time.monotonic() + STATUS_EVERY
             say(_status(sources, started), end="", overwrite=True)
     return reported, False
 

@@ -5,8 +5,15 @@ Each flood runs against a fresh, real gpuwatch process sampling one fake GPU
 
 - marks: 10k marks a second of 1 KiB each (the issue: 200k in 20 s, 39 -> 304 MB);
 - churn: short-lived instrumented processes (forked), ``--churn-rate`` a second (5,000 in
-  60 s by default), each a hello, 20 phases and a bye (the issue: 5,000 took it from 48
-  to 753 MB);
+  60 s by default), each a hello, 20 phases and a bye, forked by the command of
+  ``record -- COMMAND`` as in the issue (a sweep of short scripts under one ``record --``:
+  5,000 took it from 48 to 753 MB); stop is how long gpuwatch took to end after its
+  command did;
+- churn beside (not in the default set): the same sender started beside an idle
+  ``record``, in gpuwatch's own session. With sched_autogroup (most desktop kernels) the
+  scheduler then shares one group's CPU between gpuwatch and every runnable fork; once the
+  forks outnumber the cores many times over (83/s on 2 cores), gpuwatch falls behind until
+  they end, and stop waits for what it has yet to record;
 - open phases: 100k phases begun and never ended, then phases with peaks at 1k a second
   (the issue: 199 of 10,000 later ones recorded, sampling 100 -> 69 Hz, stop 19.5 s);
 - ``\\r`` output: ``gpuwatch run`` (the dashboard, in a private tmux server) of a command
@@ -21,7 +28,7 @@ PASS: RSS growth <= 20 MB, sampling within 5% of its rate, stopped within 2 s. T
 seconds of gpuwatch and of the senders are printed too: on a small machine a flood's own
 senders (a fork storm) can starve the sampler's wake-ups.
 
-Run: python benchmarks/bench_floods.py [--seconds 60] [--only marks,churn,open,cr]
+Run: python benchmarks/bench_floods.py [--seconds 60] [--only marks,churn,open,cr,beside]
     [--churn-rate 83.3]
 """
 
@@ -51,6 +58,7 @@ RATE_SLACK = 0.05
 STOP_S = 2.0
 NOMINAL_HZ = 10.0  # --interval 100 ms, the default
 SETTLE = 2.0
+FLOODS = {"marks", "churn", "open", "cr", "beside"}
 
 MARKS = r"""
 import sys, time
@@ -104,6 +112,14 @@ while True:
         break
 print(count)
 """
+
+ENDED = r"""
+import resource as _r, time as _t
+_cpu = sum(u.ru_utime + u.ru_stime for u in map(_r.getrusage, (_r.RUSAGE_SELF, _r.RUSAGE_CHILDREN)))
+print("ended", _t.monotonic(), _cpu, flush=True)
+"""
+"""Appended to a sender run as gpuwatch's command: when it ended (CLOCK_MONOTONIC is one
+clock for every process) and the CPU it and its forks used."""
 
 OPEN = r"""
 import os, socket, sys, time
@@ -163,18 +179,32 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def helpers(pid: int) -> list[int]:
-    """gpuwatch's own helper processes (the socket's relay, the GPU sampler)."""
+def helpers(pid: int, job: str | None = None) -> list[int]:
+    """gpuwatch's own helper processes (the socket's relay, the GPU sampler).
+
+    Args:
+        pid: gpuwatch.
+        job: The script its command runs (``python SCRIPT ...``), when it has one: not a
+            helper (gpuwatch's own command line names it too, after ``--``).
+    """
     try:
-        return [p.pid for p in psutil.Process(pid).children()]
+        children = psutil.Process(pid).children()
     except psutil.Error:
         return []
+    out = []
+    for child in children:
+        try:
+            if job is None or child.cmdline()[1:2] != [job]:
+                out.append(child.pid)
+        except psutil.Error:
+            pass
+    return out
 
 
-def tree_rss_mb(pid: int) -> float | None:
+def tree_rss_mb(pid: int, job: str | None = None) -> float | None:
     """RSS of ``pid`` and its helpers, in MB (None once ``pid`` is gone)."""
     own = rss_mb(pid)
-    return None if own is None else own + sum(rss_mb(c) or 0.0 for c in helpers(pid))
+    return None if own is None else own + sum(rss_mb(c) or 0.0 for c in helpers(pid, job))
 
 
 def wait_for(check, timeout: float) -> bool:
@@ -309,6 +339,71 @@ def headless(name: str, script: str | None, args: list[str], seconds: float, tmp
     }
 
 
+def commanded(name: str, script: str, args: list[str], seconds: float, tmp: Path) -> dict:
+    """``gpuwatch record -- SENDER``: the flood comes from gpuwatch's own command.
+
+    Stop is the time from the sender's end (its last line, on the one monotonic clock) to
+    gpuwatch's exit, which waits for what is still to be recorded.
+    """
+    env = environment(tmp)
+    out = tmp / f"{name.split()[0]}-{uuid.uuid4().hex[:6]}.gpuwatch"
+    sock = str(tmp / f"s{uuid.uuid4().hex[:6]}.sock")
+    sender = tmp / f"sender-{uuid.uuid4().hex[:6]}.py"
+    sender.write_text(script + ENDED)
+    gpuwatch = [sys.executable, "-m", "gpuwatch", "record", "--out", str(out), "--socket", sock]
+    gw = subprocess.Popen(
+        [*gpuwatch, "--", sys.executable, str(sender), *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    seen = []  # (when, RSS, with helpers, CPU, helpers' CPU) while the sender runs
+    try:
+        if not wait_for(lambda: os.path.exists(sock), 30):
+            raise RuntimeError(f"{name}: gpuwatch record did not open its socket")
+        start = time.monotonic()
+        while gw.poll() is None:
+            t, mb, tree = time.monotonic(), rss_mb(gw.pid), tree_rss_mb(gw.pid, str(sender))
+            if mb is not None and tree is not None:
+                cpu = sum(cpu_s(c) for c in helpers(gw.pid, str(sender)))
+                seen.append((t, mb, tree, cpu_s(gw.pid), cpu))
+            time.sleep(0.25)
+            if time.monotonic() - start > seconds + 600:
+                raise RuntimeError(f"{name}: the sender did not finish")
+        exited = time.monotonic()
+        lines = (gw.stdout.read() or "").split("\n")
+    finally:
+        if gw.poll() is None:
+            gw.kill()
+        gw.wait()
+    ended = next((line.split() for line in lines if line.startswith("ended ")), None)
+    if gw.returncode != 0 or ended is None:
+        raise RuntimeError(f"{name}: gpuwatch record -- SENDER exited {gw.returncode}")
+    # The flood is what the sender's run saw; gpuwatch stopping (its helpers gone) is not.
+    flood = [x for x in seen if x[0] <= float(ended[1])] or seen[:1]
+    settled = [x for x in flood if x[0] - start >= SETTLE] or flood[-1:]
+    _, after, tree_after, cpu, helper_cpu = flood[-1]
+    rate, samples = gpu_rate(out)
+    return {
+        "name": name,
+        "sent": int(lines[0]),
+        "before": settled[0][1],
+        "after": after,
+        "peak": max(x[1] for x in settled),
+        "rate": rate,
+        "samples": samples,
+        "stop": exited - float(ended[1]),
+        "cpu": max(cpu, seen[-1][3]),
+        "helper_cpu": helper_cpu,
+        "tree": (settled[0][2], tree_after, max(x[2] for x in settled)),
+        "sender_cpu": float(ended[2]),
+        "sender_wall": float(ended[1]) - start,
+        "file": counts(out),
+    }
+
+
 def dashboard_cr(seconds: float, tmp: Path) -> dict | None:
     """``gpuwatch run --record FILE -- CR`` in a private tmux server; None without tmux."""
     if not shutil.which("tmux"):
@@ -398,6 +493,7 @@ def verdict(r: dict, anchor: dict) -> tuple[bool, str]:
         f"gpuwatch used {r['cpu']:.1f} CPU s (anchor {anchor['cpu']:.1f})"
         + (f", its helpers {r['helper_cpu']:.1f}" if "helper_cpu" in r else "")
         + (f", the senders {r['sender_cpu']:.1f}" if "sender_cpu" in r else "")
+        + (f" in {r['sender_wall']:.0f} s" if "sender_wall" in r else "")
     )
     if "tree" in r:  # the relay and the GPU sampler are gpuwatch's memory too
         b, a, p = r["tree"]
@@ -409,7 +505,11 @@ def verdict(r: dict, anchor: dict) -> tuple[bool, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0, help="length of each flood")
-    ap.add_argument("--only", default="marks,churn,open,cr", help="floods to run")
+    ap.add_argument(
+        "--only",
+        default="marks,churn,open,cr",
+        help="floods to run, of marks,churn,open,cr,beside (churn beside record)",
+    )
     ap.add_argument(
         "--churn-rate",
         type=float,
@@ -422,15 +522,19 @@ def main() -> int:
     if s <= 0 or args.churn_rate <= 0:
         ap.error("--seconds and --churn-rate must be positive")
     only = set(args.only.split(","))
+    if only - FLOODS:
+        ap.error(f"--only: unknown {','.join(sorted(only - FLOODS))} (of {','.join(FLOODS)})")
     tmp = Path(tempfile.mkdtemp(prefix="gw-floods-", dir="/tmp"))
     try:
         anchor = headless("anchor (idle record)", None, [], s, tmp)
         results = []
+        churn = [str(max(1, int(args.churn_rate * s))), str(s)]
         if "marks" in only:
             results.append(headless("marks", MARKS, ["10000", str(s)], s, tmp))
         if "churn" in only:
-            churn = [str(max(1, int(args.churn_rate * s))), str(s)]
-            results.append(headless("churn", CHURN, churn, s, tmp))
+            results.append(commanded("churn (record -- SENDER)", CHURN, churn, s, tmp))
+        if "beside" in only:
+            results.append(headless("churn beside record", CHURN, churn, s, tmp))
         if "open" in only:
             results.append(headless("open phases", OPEN, ["100000", "1000", str(s)], s, tmp))
         if "cr" in only:

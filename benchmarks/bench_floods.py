@@ -233,7 +233,7 @@ def gpu_rate(path: Path) -> tuple[float, int]:
 
 
 def counts(path: Path) -> dict[str, int]:
-    """What the recording holds: marks, processes, ended processes, phases."""
+    """What the recording holds: marks, processes (ended), phases, open and missed events."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         marks = db.execute("SELECT count(*) FROM events WHERE kind = 'mark'").fetchone()[0]
@@ -246,9 +246,22 @@ def counts(path: Path) -> dict[str, int]:
             " WHERE s.kind = 'phases'"
         ).fetchone()[0]
         opened = db.execute("SELECT count(*) FROM open_spans").fetchone()[0]
+        # What did not arrive is counted, once: dropped at send, or a gap in the sequence.
+        dropped, lost = db.execute(
+            "SELECT ifnull(sum(json_extract(body, '$.dropped')), 0),"
+            " ifnull(sum(json_extract(body, '$.gaps')), 0) FROM processes"
+        ).fetchone()
     finally:
         db.close()
-    return {"marks": marks, "processes": procs, "ended": ended, "phases": phases, "open": opened}
+    return {
+        "marks": marks,
+        "processes": procs,
+        "ended": ended,
+        "phases": phases,
+        "open": opened,
+        "dropped": dropped,
+        "lost": lost,
+    }
 
 
 def environment(tmp: Path) -> dict[str, str]:
@@ -558,7 +571,8 @@ def main() -> int:
         f = r["file"]
         held = (
             f"file: {f['marks']} marks, {f['processes']} processes ({f['ended']} ended), "
-            f"{f['phases']} phases, {f['open']} open"
+            f"{f['phases']} phases, {f['open']} open; counted dropped {f['dropped']}, lost "
+            f"{f['lost']}"
         )
         if "bar_shown" in r:
             held += f"; the bar {'is' if r['bar_shown'] else 'is NOT'} on the Log tab"

@@ -201,10 +201,10 @@ def helpers(pid: int, job: str | None = None) -> list[int]:
     return out
 
 
-def tree_rss_mb(pid: int, job: str | None = None) -> float | None:
+def tree_rss_mb(pid: int) -> float | None:
     """RSS of ``pid`` and its helpers, in MB (None once ``pid`` is gone)."""
     own = rss_mb(pid)
-    return None if own is None else own + sum(rss_mb(c) or 0.0 for c in helpers(pid, job))
+    return None if own is None else own + sum(rss_mb(c) or 0.0 for c in helpers(pid))
 
 
 def wait_for(check, timeout: float) -> bool:
@@ -378,10 +378,10 @@ def commanded(name: str, script: str, args: list[str], seconds: float, tmp: Path
             raise RuntimeError(f"{name}: gpuwatch record did not open its socket")
         start = time.monotonic()
         while gw.poll() is None:
-            t, mb, tree = time.monotonic(), rss_mb(gw.pid), tree_rss_mb(gw.pid, str(sender))
-            if mb is not None and tree is not None:
-                cpu = sum(cpu_s(c) for c in helpers(gw.pid, str(sender)))
-                seen.append((t, mb, tree, cpu_s(gw.pid), cpu))
+            t, mb, aids = time.monotonic(), rss_mb(gw.pid), helpers(gw.pid, str(sender))
+            if mb is not None:
+                tree = mb + sum(rss_mb(c) or 0.0 for c in aids)
+                seen.append((t, mb, tree, cpu_s(gw.pid), sum(cpu_s(c) for c in aids)))
             time.sleep(0.25)
             if time.monotonic() - start > seconds + 600:
                 raise RuntimeError(f"{name}: the sender did not finish")
@@ -397,7 +397,7 @@ def commanded(name: str, script: str, args: list[str], seconds: float, tmp: Path
     # The flood is what the sender's run saw; gpuwatch stopping (its helpers gone) is not.
     flood = [x for x in seen if x[0] <= float(ended[1])] or seen[:1]
     settled = [x for x in flood if x[0] - start >= SETTLE] or flood[-1:]
-    _, after, tree_after, cpu, helper_cpu = flood[-1]
+    _, after, tree_after, _, helper_cpu = flood[-1]
     rate, samples = gpu_rate(out)
     return {
         "name": name,
@@ -408,7 +408,7 @@ def commanded(name: str, script: str, args: list[str], seconds: float, tmp: Path
         "rate": rate,
         "samples": samples,
         "stop": exited - float(ended[1]),
-        "cpu": max(cpu, seen[-1][3]),
+        "cpu": seen[-1][3],  # its catching up after the sender's end included
         "helper_cpu": helper_cpu,
         "tree": (settled[0][2], tree_after, max(x[2] for x in settled)),
         "sender_cpu": float(ended[2]),

@@ -3,8 +3,9 @@ recording the rest, read back for the views, ``info`` and export that reach them
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+
+from conftest import wait_for
 
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
@@ -99,10 +100,7 @@ def test_a_flood_of_marks_wakes_the_recorder_before_its_interval(tmp_path: Path)
     try:
         for i in range(3 * WAKE_MARKS):
             _mark(s, i)
-        deadline = time.monotonic() + 10
-        while rec.syncs < 2 and time.monotonic() < deadline:  # woken once per WAKE_MARKS
-            time.sleep(0.01)
-        assert rec.syncs >= 2
+        assert wait_for(lambda: rec.syncs >= 2, timeout=10)  # woken once per WAKE_MARKS
         _mark(s, 3 * WAKE_MARKS)  # marks the file holds may go now
         assert len(s.marks) <= 2 * KEEP_MARKS + WAKE_MARKS
     finally:

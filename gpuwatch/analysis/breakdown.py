@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..session import MISSING_INT, Process, Session
+from ..session import MISSING_INT, Oom, Process, Session
 from .predicted import PredictedLine
 from .reading import Reading, read_processes
 
@@ -97,6 +97,14 @@ class Breakdown:
         ages: Figure -> how old it is at the moment, in ns: ``nvidia-smi`` (the used
             sample), ``torch`` (the oldest allocator figure used), ``processes`` (the
             process list, checked or not).
+        oom: The out-of-memory error that broke the phase at the moment (its body:
+            ``requested``, ``free``, ``phase``, ``step``), or None. Its ``free`` is the
+            driver's figure at the failing call: newer than an NVML sample taken before
+            it, it sets the used memory then.
+        removed: Inside phases whose explanation is in force (``phase_predicted``): what
+            the phase held at its exact peak and no longer at the moment, by category,
+            taken from the last categories (the step's temporaries first); the rest, with
+            the explanation's unexplained, is what ``predicted`` splits. None otherwise.
     """
 
     total: int | None = None
@@ -114,6 +122,8 @@ class Breakdown:
     unexplained: float | None = None
     headroom: float = 0.0
     ages: dict[str, int] = field(default_factory=dict)
+    oom: dict[str, Any] | None = None
+    removed: dict[str, float] | None = None
 
     @property
     def free(self) -> float | None:
@@ -131,15 +141,20 @@ class Breakdown:
     @property
     def over_predicted(self) -> float:
         """How far the prediction is above what can have been allocated (0 when it is
-        not): above the held figure by more than the phase's exact peak allows."""
-        if self.unexplained is None or self.unexplained >= 0:
+        not): above the held figure by more than the phase's exact peak allows. Never
+        in a phase an OOM broke: the prediction is of the phase the error cut short."""
+        if self.unexplained is None or self.unexplained >= 0 or self.oom is not None:
             return 0.0
+        if self.removed is not None:  # the phase's explanation: its own residual
+            return -self.unexplained
         return max(0.0, -self.unexplained - self.headroom)
 
     def above(self) -> list[tuple[str, float]]:
         """The predicted categories beyond the allocated figure, within :attr:`headroom`:
         what the prediction says the phase held above the figure at its exact peak (the
         cause of a spike between two boundaries), in :data:`CATEGORIES` order."""
+        if self.removed is not None:
+            return [(k, v) for k in CATEGORIES if (v := self.removed.get(k, 0.0)) >= 1]
         if self.allocated is None or not self.predicted or self.headroom <= 0:
             return []
         out = []
@@ -208,6 +223,8 @@ def breakdown(
     predicted: Mapping[int, PredictedLine] | None = None,
     readings: list[Reading] | None = None,
     row: dict[str, float | int] | None = _READ,
+    phase_predicted: Mapping[int, Mapping[str, float]] | None = None,
+    oom: Oom | None = None,
 ) -> Breakdown:
     """The breakdown of GPU ``key`` at time ``t``, from the figures valid then.
 
@@ -219,6 +236,10 @@ def breakdown(
         readings: The device's processes read at ``t`` (:func:`read_processes`; their
             lines stand for ``predicted``), when the caller has them already.
         row: NVML's sample at ``t`` (None: none), when the caller has it already.
+        phase_predicted: Pid -> the predicted categories at the exact peak of the phase
+            the process ran at ``t`` (its explanation's, :mod:`.moment`): they split its
+            allocated memory instead of the predicted curve at ``t``.
+        oom: The OOM that broke the phase at ``t`` (:attr:`Breakdown.oom`), if any.
     """
     dev = session.devices[key]
     out = Breakdown(total=dev.total)
@@ -226,6 +247,9 @@ def breakdown(
         table = session.gpu.get(key)
         row = table.at(t) if table is not None and len(table) else None
     t_used = _used_at(session, key, t, out, row)
+    if oom is not None:
+        out.oom = dict(oom.body)
+        t_used = _used_at_oom(oom, out, t_used, t) or t_used
     if readings is None:
         readings = read_processes(session, session.processes_on(key), t, predicted)
     everyone = [r.proc for r in readings]
@@ -254,11 +278,21 @@ def breakdown(
     if t_used is not None and _moved(session, everyone, t_used, t):
         out.why = "nvidia-smi's sample predates torch's"
     _split_used(session, key, t, out, everyone, procs)
+    phases = phase_predicted or {}
     for reading in running:
         line = reading.line
         if line is None:
             continue
-        parts = line.breakdown_at(t)
+        pid = reading.proc.pid
+        parts: Mapping[str, float] | None
+        if pid in phases and pid in held and reading.span is not None:
+            gone = float(reading.span["peak_alloc"]) - held[pid]
+            parts, removed = _below_peak(phases[pid], gone)
+            out.removed = out.removed or {}
+            for name, v in removed.items():
+                out.removed[name] = out.removed.get(name, 0.0) + v
+        else:
+            parts = line.breakdown_at(t)
         for name, v in (parts or {}).items():
             out.predicted[name] = out.predicted.get(name, 0.0) + v
     if out.predicted and allocated is not None:
@@ -282,6 +316,37 @@ def _used_at(
     out.used = used
     out.ages["nvidia-smi"] = age
     return int(row["t"])
+
+
+def _below_peak(
+    categories: Mapping[str, float], gone: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """A phase's categories at its exact peak less ``gone`` bytes (the peak minus the
+    held figure), taken from the last categories first: (what is left, what went)."""
+    left = {k: float(v) for k, v in categories.items()}
+    removed: dict[str, float] = {}
+    gone = max(0.0, gone)
+    for name in reversed(CATEGORIES):
+        v = min(left.get(name, 0.0), gone)
+        if v > 0:
+            left[name] -= v
+            removed[name] = v
+            gone -= v
+    return left, removed
+
+
+def _used_at_oom(oom: Oom, out: Breakdown, t_used: int | None, t: int) -> int | None:
+    """Set ``out.used`` from the OOM's ``free`` when NVML's sample predates the error (the
+    allocator frees its cache before it raises: the sample's used is a moment too old);
+    returns the OOM's time then."""
+    free = oom.body.get("free")
+    if not isinstance(free, int) or isinstance(free, bool) or free < 0 or out.total is None:
+        return None
+    if t_used is not None and t_used >= oom.t:
+        return None
+    out.used = float(max(0, out.total - free))
+    out.ages["nvidia-smi"] = t - oom.t
+    return oom.t
 
 
 def _reserved(session: Session, proc: Process, t: int) -> float:
@@ -333,6 +398,12 @@ def _split_used(
             claimed += (out.other or 0.0) + (out.context or 0.0)
     if out.used is not None:
         rest = max(0.0, out.used - claimed)
+        if not out.why and out.context is not None and rest <= SAME:
+            # The driver's few MiB no process lists: part of "CUDA context and non-torch"
+            # (NVML used - reserved), as `info` and the Peaks tab count it, so the context
+            # is one figure everywhere.
+            out.context += rest
+            rest = 0.0
         if out.why:
             out.unsplit = rest
         else:

@@ -126,7 +126,9 @@ def explain_line(e: Explained) -> str:
     terms = [f"{p.label} {show(p.bytes)}" for p in inside if not 0 <= p.bytes < small]
     if folded and (total < GIB or folded >= 0.005 * GIB):
         terms.append(f"smaller items {show(folded)}")
-    beyond = [f"{p.label} {show(p.bytes)}" for p in e.parts if p.key in _BEYOND]
+    # Beyond the allocated peak, each figure in its own unit (as the Peaks tab and the
+    # bar give them): the CUDA context is 751 MiB everywhere, never 0.73 here.
+    beyond = [f"{p.label} {fmt_bytes(p.bytes)}" for p in e.parts if p.key in _BEYOND]
     line = head + (" = " + " + ".join(terms) if terms else "")
     if beyond:
         line += "; beyond it: " + ", ".join(beyond)
@@ -201,6 +203,40 @@ def explain_breakdown(
     return parts
 
 
+def explain_span(
+    prediction: pr.Prediction,
+    span: pr.SpanPeak,
+    measured: int | None,
+    reserved: int | None = None,
+    device_max: float | None = None,
+) -> Explained:
+    """One span's exact peak explained: the object every view of that phase reads.
+
+    ``gpuwatch info``, the Peaks tab's row and, at a cursor inside the span, the
+    breakdown bar and the legend all take their figures from it, so they cannot
+    disagree.
+
+    Args:
+        prediction: The process's prediction.
+        span: The span and its predicted bytes by category at its peak.
+        measured: The span's exact peak allocated, or None.
+        reserved: Its exact peak reserved, or None.
+        device_max: NVML's highest "used" reading during it, or None.
+    """
+    name = span.span.name
+    categories = {k: int(span.peak.get(k, 0)) for k in CATEGORY_KEYS}
+    return Explained(
+        phase=name,
+        first_step=span.first_step,
+        count=1,
+        measured=measured,
+        predicted=int(pr.total(span.peak)),
+        categories=categories,
+        parts=explain_breakdown(prediction, name, categories, measured, reserved, device_max),
+        step=span.span.step,
+    )
+
+
 def _opt(v: Any) -> int | None:
     v = int(v)
     return None if v == MISSING_INT else v
@@ -257,17 +293,10 @@ def explain_process(
         device_max = None
         if nvml is not None and len(nvml):
             device_max = table_range_max(nvml, "used", sp.span.t0, sp.span.t1)
-        categories = {k: int(sp.peak.get(k, 0)) for k in CATEGORY_KEYS}
-        out[name, first] = Explained(
-            phase=name,
-            first_step=first,
-            count=len(members) if counts is None else counts[name, first],
-            measured=top,
-            predicted=max(pr.total(m[0].peak) for m in members),
-            categories=categories,
-            parts=explain_breakdown(prediction, name, categories, top, reserved, device_max),
-            step=sp.span.step,
-        )
+        e = explain_span(prediction, sp, top, reserved, device_max)
+        e.count = len(members) if counts is None else counts[name, first]
+        e.predicted = max(pr.total(m[0].peak) for m in members)
+        out[name, first] = e
     return ProcessExplained(
         pid=proc.pid,
         label=proc.label,

@@ -2,17 +2,23 @@
 
 The header, the legend and the breakdown bar of a panel describe the same moment; a
 :class:`Moment` reads the device's sample, each process's allocator figures, phase and
-predicted line once, and the widgets only format it.
+predicted line once, and the widgets only format it. Inside a phase whose exact peak is
+known, the figures come from that phase's explanation (:func:`explain_span`, the object
+``gpuwatch info`` and the Peaks tab read), not from the predicted curve at the instant:
+the bar at the phase's peak splits it exactly as ``info`` does.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..session import Session, is_host
+from ..session import Oom, Session, is_host
+from ..session.peaks import table_range_max
 from .breakdown import Breakdown, _known, breakdown
+from .explain import Explained, explain_span
 from .predicted import PredictedLine
 from .reading import Reading, read_processes
 
@@ -29,6 +35,10 @@ class Moment:
         values: Each line's step-hold value (``nvml``, ``reserved``, ``allocated``,
             ``predicted``; the host's ``nvml`` is RAM used and ``allocated`` the RSS).
         breakdown: The bar's split of the GPU's memory, when asked for.
+        explained: Pid -> the explanation of the phase it ran at ``t``, for each process
+            in an ended phase with an exact peak and a prediction.
+        oom: An out-of-memory error that ended the phase a process ran at ``t``, at or
+            before ``t`` (the newest), or None.
     """
 
     key: str
@@ -37,6 +47,8 @@ class Moment:
     readings: list[Reading]
     values: dict[str, float | None] = field(default_factory=dict)
     breakdown: Breakdown | None = None
+    explained: dict[int, Explained] = field(default_factory=dict)
+    oom: Oom | None = None
 
     @property
     def span(self) -> dict[str, Any] | None:
@@ -89,6 +101,64 @@ def moment(
         v = reading.line.value_at(t) if reading.line is not None else None
         if v is not None:
             out.values["predicted"] = (out.values.get("predicted") or 0) + v
+    out.explained = _explain(session, key, out.readings)
+    out.oom = _oom_at(session, out.readings, t)
     if with_breakdown:
-        out.breakdown = breakdown(session, key, t, readings=out.readings, row=row)
+        phase = {pid: e.categories for pid, e in out.explained.items()}
+        out.breakdown = breakdown(
+            session, key, t, readings=out.readings, row=row, phase_predicted=phase, oom=out.oom
+        )
     return out
+
+
+_CACHE: OrderedDict[tuple[Any, ...], tuple[Any, Explained | None]] = OrderedDict()
+_CACHE_SIZE = 256
+"""Explanations kept (one per process and phase the cursor visits: every frame asks)."""
+
+
+def _explain(session: Session, key: str, readings: list[Reading]) -> dict[int, Explained]:
+    """Each running process's phase at the moment, explained (see :class:`Moment`)."""
+    out: dict[int, Explained] = {}
+    for reading in readings:
+        line, span = reading.line, reading.span
+        if not reading.running or line is None or line.prediction is None or span is None:
+            continue
+        if span.get("peak_alloc") is None or span.get("t1") is None:
+            continue  # an open phase, or no exact peak: the curve at the instant
+        nvml = session.gpu.get(key)
+        rows = len(nvml) if nvml is not None else 0
+        name, t0, t1 = span["name"], span["t0"], span["t1"]
+        # (The prediction by identity: the value holds it, so the id is not reused.)
+        stamp = (line, id(line.prediction), line.first_step, key, name, t0, t1, rows)
+        kept = _CACHE.get(stamp)
+        if kept is not None and kept[0] is line.prediction:
+            _CACHE.move_to_end(stamp)
+            found = kept[1]
+        else:
+            sp = line.span_peak(name, t0, t1)
+            found = None
+            if sp is not None:
+                used = table_range_max(nvml, "used", t0, t1) if rows else None
+                found = explain_span(
+                    line.prediction, sp, span["peak_alloc"], span.get("peak_reserved"), used
+                )
+            _CACHE[stamp] = (line.prediction, found)
+            if len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+        if found is not None:
+            out[reading.proc.pid] = found
+    return out
+
+
+def _oom_at(session: Session, readings: list[Reading], t: int) -> Oom | None:
+    """The newest OOM of a process in the phase it ran at ``t``, from its start to ``t``:
+    the phase it broke tells the error's story until the phase ends."""
+    found: Oom | None = None
+    for reading in readings:
+        span = reading.span
+        if span is None:
+            continue
+        for oom in session.events_between(span["t0"], t)[1]:
+            if oom.pid == reading.proc.pid and (found is None or oom.t > found.t):
+                found = oom
+    return found

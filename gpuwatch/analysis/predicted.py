@@ -90,6 +90,7 @@ class PredictedLine:
         self.first_t: int | None = None  # when that optimizer.step ended
         self._checked = 0  # phase rows searched for the first optimizer.step
         self._last: tuple[Any, dict[str, int] | None] | None = None  # breakdown_at memo
+        self._peak: tuple[Any, pr.SpanPeak | None] | None = None  # span_peak memo
         self._lock = threading.RLock()
 
     @_locked
@@ -307,6 +308,18 @@ class PredictedLine:
             self._unusable(exc)
             return {}
         return {(p.span.name, p.span.t0, p.span.t1): p for p in peaks if p.span.t0 >= t0}
+
+    @_locked
+    def span_peak(self, name: str, t0: int, t1: int) -> pr.SpanPeak | None:
+        """The predicted peak of the ended span ``(name, t0, t1)``, or None.
+
+        Asked for on every frame while the cursor is in the span: a walk over two minutes
+        of spans, kept until the span, the prediction or the first step change.
+        """
+        key = (name, t0, t1, self.prediction, self.first_step)
+        if self._peak is None or self._peak[0] != key:
+            self._peak = (key, self.span_peaks(t0, t1).get((name, t0, t1)))
+        return self._peak[1]
 
 
 def _representative_steps(

@@ -37,7 +37,7 @@ from .keys import Key, KeyBar
 from .panel import DevicePanel
 from .ranks import RanksView
 from .tables import PeaksTable, ProcessTable
-from .theme import DEFAULT_THEME, builtin_themes
+from .theme import DEFAULT_THEME, VARIABLE_DEFAULTS, builtin_themes
 from .view import View
 
 SHORT_BELOW = 36
@@ -319,6 +319,11 @@ class GpuwatchApp(App[int]):
         self.redraws = 0
 
     # ------------------------------------------------------------------ setup
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        # Every gw-* variable exists from the first frame, whatever theme is current
+        # (Textual's default one until on_mount applies ours).
+        return {**super().get_theme_variable_defaults(), **VARIABLE_DEFAULTS}
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: a modal screen on top must not hide them from the timers.

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
 from ..analysis.breakdown import Breakdown
-from ..fmt import fmt_short
+from ..fmt import OOM_SIZES, fmt_short, printable
 
 LABELS = {
     "other": "other procs",
@@ -86,8 +87,15 @@ MONO_FILL = {
 """Without colour (``NO_COLOR``) each segment is filled with its own character, the legend's
 swatch: greys alone would merge weights with grads."""
 
-FINDINGS = frozenset(("fragmented", "unexplained", "unsplit"))
-"""Segments the legend keeps whatever their size, as it keeps free and over-predicted."""
+PRIORITY = ("oom", "free", "above", "over_predicted", "unsplit", "fragmented", "unexplained")
+"""What the legend keeps first where it does not fit, in this order (README's rule): the
+OOM that broke the phase, free memory, what the phase reached above the figure
+(``▲phase peak``), an over-prediction, what is not split, fragmentation, unexplained;
+then the other segments, largest first. Only a segment that does not fit is dropped, and
+never one larger than a segment kept."""
+
+MINOR = 0.02
+"""An unexplained part under this share of what is allocated is not a finding."""
 
 OVER = "╳"
 """The legend's mark for a prediction above what can have been allocated (not on the bar:
@@ -147,53 +155,100 @@ class BreakdownBar(Widget):
             bar.append(ch, style)
         if len(cells) < width:
             bar.append("░" * (width - len(cells)), Style(color=variables.get("gw-grid")))
-        # (swatch, its style, text, size): in the bar's order.
-        items: list[tuple[str, Style, str, float]] = []
+        items: list[Item] = []  # in the bar's order
+        oom = data.oom
+        if oom is not None:  # the error's story, as the OOM toast tells it
+            oom_style = Style(color=variables.get("gw-oom"), bold=True)
+            items.append(Item("✖", oom_style, oom_text(oom), "oom", math.inf, "OOM"))
         for name, value in parts:
             swatch = MONO_FILL[name] if mono else PATTERN.get(name, "■")
             style = Style(color=variables.get(THEME_VAR[name]))
-            why = f" ({data.why})" if name == "unsplit" and data.why else ""
-            # Findings (fragmentation, what the prediction misses) rank with free.
-            rank = math.inf if name in FINDINGS else value
-            items.append((swatch, style, f"{LABELS[name]} {fmt_short(value)}{why}", rank))
+            text = f"{LABELS[name]} {fmt_short(value)}"
+            why = f"{text} ({data.why})" if name == "unsplit" and data.why else ""
+            # What the prediction misses ranks as a finding only where it matters: 65M
+            # beside 53G is a segment like any other (and goes before weights do).
+            minor = name == "unexplained" and value < MINOR * (data.allocated or 0.0)
+            rank = "segment" if minor else name
+            items.append(Item(swatch, style, why or text, rank, value, text))
         above = data.above()
         if above:  # not on the bar: the phase reached it, but not at the cursor
             style = Style(color=variables.get(THEME_VAR[above[0][0]]))
             cut = " ".join(f"{LABELS[name]} {fmt_short(v)}" for name, v in above)
             text = f"phase peak +{fmt_short(data.headroom)}: {cut}"
-            items.append(("▲", style, text, math.inf))  # the spike's cause: kept at 80x24
+            items.append(Item("▲", style, text, "above", data.headroom, f"+{cut}"))
         if over > 0:  # not on the bar: it is no memory the device holds
             over_style = Style(color=variables.get("gw-unexplained"))
-            items.append((OVER, over_style, f"over-predicted {fmt_short(over)}", math.inf))
+            text = f"over-predicted {fmt_short(over)}"
+            items.append(Item(OVER, over_style, text, "over_predicted", over))
         if data.free is not None:  # the ░ of the bar above, named
             free_style = Style(color=variables.get("gw-grid"))
-            items.append(("░", free_style, f"free {fmt_short(data.free)}", math.inf))
+            items.append(Item("░", free_style, f"free {fmt_short(data.free)}", "free", data.free))
         labels = Text()
-        for swatch, style, text in _fit_legend(items, width):
+        for swatch, style, text in fit_legend(items, width):
             labels.append(swatch, style)
             labels.append(text + " ")
         labels.truncate(width, overflow="ellipsis")
         return Text("\n").join([bar, labels])
 
 
-def _fit_legend(
-    items: list[tuple[str, Style, str, float]], width: int
-) -> list[tuple[str, Style, str]]:
-    """The legend's items that fit ``width``, most important first, shown in bar order.
+def oom_text(body: dict) -> str:
+    """``OOM in forward (step 5): requested 192.0G, free 73.8G``: the toast's figures."""
+    phase = printable(body.get("phase") or "?")
+    step = body.get("step")
+    numbered = isinstance(step, int) and not isinstance(step, bool)
+    where = f"{phase} (step {step})" if numbered else phase
+    sizes = [
+        f"{word} {fmt_short(body[key])}"
+        for key, word in OOM_SIZES[:2]
+        if isinstance(body.get(key), int) and not isinstance(body.get(key), bool) and body[key] >= 0
+    ]
+    return f"OOM in {where}" + (": " + ", ".join(sizes) if sizes else "")
 
-    Free memory, an over-prediction and the findings (:data:`FINDINGS`) first; then the
-    largest segments (at 80 columns the spike's temporaries, not 9 MiB of unclaimed
-    memory). Dropped ones leave a ``…`` at the end: the legend never stops mid-number.
+
+@dataclass
+class Item:
+    """One legend item: its swatch, text, what it names (a bar segment or one of
+    :data:`PRIORITY`), its size, and a shorter text for a narrow screen."""
+
+    swatch: str
+    style: Style
+    text: str
+    name: str
+    size: float
+    short: str = ""
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        tier = PRIORITY.index(self.name) if self.name in PRIORITY else len(PRIORITY)
+        return (tier, -self.size)
+
+
+def fit_legend(items: list[Item], width: int) -> list[tuple[str, Style, str]]:
+    """The legend's items that fit ``width``, by :data:`PRIORITY`, shown in bar order.
+
+    An item that does not fit whole may show its short text. Once a segment that is not
+    in :data:`PRIORITY` does not fit, no smaller one is kept in its place: at 80 columns
+    weights and grads stay and ``tmp 65M`` goes. Dropped items leave a ``…`` at the end:
+    the legend never stops mid-number.
     """
-    cells = [len(swatch) + len(text) + 1 for swatch, _, text, _ in items]
+    cells = [len(it.swatch) + len(it.text) + 1 for it in items]
     if sum(cells) - 1 <= width:  # no space after the last
-        return [(swatch, style, text) for swatch, style, text, _ in items]
-    order = sorted(range(len(items)), key=lambda i: -items[i][3])
+        return [(it.swatch, it.style, it.text) for it in items]
     room = width - 1  # the closing …
-    kept: set[int] = set()
-    for i in order:
-        if cells[i] <= room:
-            kept.add(i)
-            room -= cells[i]
-    shown = [(swatch, style, text) for i, (swatch, style, text, _) in enumerate(items) if i in kept]
+    kept: dict[int, str] = {}
+    order = sorted(range(len(items)), key=lambda i: items[i].rank)
+    for i in order:  # short texts first: a note never costs a segment its place
+        it = items[i]
+        text = it.short or it.text
+        if len(it.swatch) + len(text) + 1 <= room:
+            kept[i] = text
+            room -= len(it.swatch) + len(text) + 1
+        elif it.name not in PRIORITY:
+            break
+    for i in order:  # then the notes, where there is room left
+        it = items[i]
+        if i in kept and kept[i] != it.text and len(it.text) - len(kept[i]) <= room:
+            room -= len(it.text) - len(kept[i])
+            kept[i] = it.text
+    shown = [(it.swatch, it.style, kept[i]) for i, it in enumerate(items) if i in kept]
     return [*shown, ("…", Style(), "")]

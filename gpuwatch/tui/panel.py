@@ -14,7 +14,6 @@ from ..analysis.breakdown import SAME
 from ..analysis.moment import Moment, moment
 from ..analysis.predicted import PredictedLine
 from ..fmt import fmt_bytes, fmt_duration, printable
-from ..predict import total
 from ..session import Session, is_host
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
@@ -83,7 +82,6 @@ class DevicePanel(Vertical):
         self.legend = Fitted(sep="  ", max_lines=2, classes="panel-legend")
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
         self.short = False  # the app's short layout: fewer band rows
-        self._phase_peak: tuple[object, float | None] | None = None  # (phase, predicted peak)
         self._title_shown: str | None = None  # the border title last set
 
     @property
@@ -200,7 +198,6 @@ class DevicePanel(Vertical):
         return self.session.sampler_rate.get(self.key)
 
     def _legend(self, now: Moment) -> list[Content]:
-        variables = self.app.theme_variables
         labels = LINE_LABELS["host" if self.is_host else "gpu"]
         frame = self.chart.last_frame
         roles = [s.role for s in frame.series] if frame else []
@@ -209,27 +206,33 @@ class DevicePanel(Vertical):
         if span is not None and span.get("peak_alloc") is not None:
             values["peak"] = span["peak_alloc"]
         if predicted_peak is not None:
-            # Set against the phase's exact peak, the prediction for that same peak (as
-            # `info` does), not the line's value at this instant.
+            # Set against the phase's exact peak, the prediction for that same peak (the
+            # phase's explanation, as `info` gives it), not the line's value at this instant.
             values["predicted"] = predicted_peak
             labels = {**labels, "predicted": "predicted peak"}
         parts = []
         for role, label in labels.items():
             if role not in roles and role not in values:
                 continue
-            color = variables.get(f"gw-{role}", "white")
+            # The theme's variable, resolved when the legend is drawn: figures read
+            # before the theme is applied (the first frame) or before a switch of theme
+            # still show the lines' colours.
+            color = f"$gw-{role}"
             # Without colour the swatch is the letter the chart puts on the line.
             swatch = MONO_MARK.get(role, "━") if self.app.no_color else "━"
             # Content, not markup: nothing to parse on every frame (and a phase name is
             # taken as it is, never as markup).
             text = f" {label} {fmt_bytes(values.get(role))}"
-            if role == "reserved" and not self.is_host:
-                text += self._above_nvml(now)
             parts.append(Content.assemble((swatch, color), text))
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(Content.assemble((printable(span["name"]), "bold"), step))
         parts.append(Content(f"@ {fmt_duration(now.t - self.session.t_origin)}"))
+        # A note about two figures goes last: where the width runs out, it is cut, never
+        # a figure after it.
+        note = self._above_nvml(now) if not self.is_host else ""
+        if note:
+            parts.append(Content(note))
         return parts
 
     # ------------------------------------------------------------------ data
@@ -254,32 +257,23 @@ class DevicePanel(Vertical):
             return ""
         times = [int(r.torch["t"]) for r in now.readings if r.running and r.torch is not None]
         if now.row is None or not times:
-            return " (above nvidia-smi)"
+            return "reserved above nvidia-smi"
         lag = max(times) - int(now.row["t"])
         if lag >= 0:
-            return f" (above nvidia-smi: its sample is {fmt_duration(lag)} older)"
-        return f" (above nvidia-smi: torch's figure is {fmt_duration(-lag)} older)"
+            return f"reserved above nvidia-smi: its sample is {fmt_duration(lag)} older"
+        return f"reserved above nvidia-smi: torch's figure is {fmt_duration(-lag)} older"
 
     def phase_prediction(self, now: Moment) -> tuple[dict | None, float | None]:
         """The phase running at the moment (as :meth:`span_at`) and, when it ended with an
-        exact peak, that phase's predicted peak (None when nothing predicts it; the host's
-        panel draws no predicted line)."""
+        exact peak, that phase's predicted peak from its explanation (None when nothing
+        predicts it; the host's panel draws no predicted line)."""
         reading = now.span_reading
         if reading is None:
             return None, None
-        span = reading.span
         if self.is_host:
-            return span, None
-        line = reading.line
-        if span.get("peak_alloc") is None or span["t1"] is None or line is None:
-            return span, None
-        name = (span["name"], span["t0"], span["t1"])
-        key = (reading.proc.pid, name, line.prediction)
-        if self._phase_peak is None or self._phase_peak[0] != key:
-            # A walk over two minutes of spans: once per phase, not once per frame.
-            found = line.span_peaks(span["t0"], span["t1"]).get(name)
-            self._phase_peak = (key, float(total(found.peak)) if found is not None else None)
-        return span, self._phase_peak[1]
+            return reading.span, None
+        found = now.explained.get(reading.proc.pid)
+        return reading.span, float(found.predicted_at_peak) if found is not None else None
 
     def _fetch_chart(self, t0: int, t1: int, n: int) -> ChartFrame:
         s = self.session

@@ -32,7 +32,8 @@ def test_info_explains_the_27b_optimizer_step_in_one_line() -> None:
     assert "AdamW state 21.42" in line
     assert "AdamW foreach temporary 10.71" in line
     assert "unexplained 0.06" in line
-    assert "allocator cache 2.64" in line and "CUDA context and non-torch 0.73" in line
+    # Beyond it, each figure in its own unit: the context as the bar and Peaks give it.
+    assert "allocator cache 2.64 GiB" in line and "CUDA context and non-torch 751 MiB" in line
 
 
 def test_info_json_holds_predicted_against_measured_per_phase() -> None:

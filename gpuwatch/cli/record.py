@@ -239,6 +239,11 @@ def _auto_label(session: Session) -> str:
     return f"{what} on {socket.gethostname()}" + (f" of {' '.join(argv)[:120]}" if argv else "")
 
 
+def _count(n: int, word: str) -> str:
+    """``1 process``, ``2 processes``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}{'es' if word.endswith('s') else 's'}"
+
+
 def _status(sources: LiveSources, started: float) -> str:
     s = sources.session
     phases = sum(len(p.phases) for p in s.processes.values())
@@ -247,6 +252,6 @@ def _status(sources: LiveSources, started: float) -> str:
     size = recorder.path.stat().st_size if recorder is not None and recorder.path.exists() else 0
     where = recorder.path if recorder is not None else sources.record_path  # followed a rename
     return (
-        f"recorded {time.monotonic() - started:.0f} s · {len(s.processes)} processes · "
+        f"recorded {time.monotonic() - started:.0f} s · {_count(len(s.processes), 'process')} · "
         f"{phases} phases · {rows} rows · {size / 1e6:.1f} MB in {where}"
     )

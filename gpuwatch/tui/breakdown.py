@@ -159,7 +159,8 @@ class BreakdownBar(Widget):
         oom = data.oom
         if oom is not None:  # the error's story, as the OOM toast tells it
             oom_style = Style(color=variables.get("gw-oom"), bold=True)
-            items.append(Item("✖", oom_style, oom_text(oom), "oom", math.inf, "OOM"))
+            short = oom_text(oom, short=True)
+            items.append(Item("✖", oom_style, oom_text(oom), "oom", math.inf, short))
         for name, value in parts:
             swatch = MONO_FILL[name] if mono else PATTERN.get(name, "■")
             style = Style(color=variables.get(THEME_VAR[name]))
@@ -191,8 +192,9 @@ class BreakdownBar(Widget):
         return Text("\n").join([bar, labels])
 
 
-def oom_text(body: dict) -> str:
-    """``OOM in forward (step 5): requested 192.0G, free 73.8G``: the toast's figures."""
+def oom_text(body: dict, short: bool = False) -> str:
+    """``OOM in forward (step 5): requested 192.0G, free 73.8G``: the toast's figures
+    (short: ``OOM in forward: requested 192.0G``, the free memory being the legend's)."""
     phase = printable(body.get("phase") or "?")
     step = body.get("step")
     numbered = isinstance(step, int) and not isinstance(step, bool)
@@ -202,6 +204,8 @@ def oom_text(body: dict) -> str:
         for key, word in OOM_SIZES[:2]
         if isinstance(body.get(key), int) and not isinstance(body.get(key), bool) and body[key] >= 0
     ]
+    if short:
+        where, sizes = phase, sizes[:1]
     return f"OOM in {where}" + (": " + ", ".join(sizes) if sizes else "")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from ..analysis.explain import explain_breakdown
+from ..analysis.explain import explain_span
 from ..fmt import fmt_bytes, fmt_duration
 from ..predict import total
 from ..session import Session, is_host
@@ -142,15 +142,20 @@ def _explain_row(line: Any, p: PhasePeak, sp: Any, label: str, host: bool) -> li
         why = "no model facts from this process" if line is None else "a phase it does not model"
         return [f"{where} ({label}): nothing predicted ({why})"]
     prediction = line.prediction
-    parts = explain_breakdown(
+    # The object `info` and the bar at a cursor in this span read (one story).
+    parts = explain_span(
         prediction,
-        p.name,
-        sp.peak,
+        sp,
         None if host else p.peak_alloc,
         None if host else p.peak_reserved,
         None if host else p.device_max,
-    )
-    terms = [f"{x.label} {fmt_bytes(x.bytes)}" + (f" ({x.source})" * bool(x.source)) for x in parts]
+    ).parts
+    # A label that names its source already ("activations (formula)") is not told twice.
+    terms = [
+        f"{x.label} {fmt_bytes(x.bytes)}"
+        + (f" ({x.source})" if x.source and f"({x.source})" not in x.label else "")
+        for x in parts
+    ]
     inside = [t for t, x in zip(terms, parts, strict=True) if x.key not in ("cache", "context")]
     beyond = [t for t, x in zip(terms, parts, strict=True) if x.key in ("cache", "context")]
     measured = p.peak_alloc if not host else None

@@ -130,7 +130,7 @@ async def test_the_context_is_one_figure_on_the_bar_in_peaks_and_in_info(replay,
         assert "CUDA context and non-torch 751 MiB" in rows[1], rows
         # Item 9's text slip: a label that names its source is not followed by it again.
         assert all("(formula) " not in x or "(formula) (formula)" not in x for x in rows)
-        fwd = [ex for ex in table.explanations if ex[0].startswith("forward, step 3")][0]
+        fwd = next(ex for ex in table.explanations if ex[0].startswith("forward, step 3"))
         assert "activations (formula) 4.72 GiB +" in fwd[0], fwd
 
 

@@ -5,6 +5,7 @@ frame."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from conftest import ROOT, run_gpuwatch
 from gpuwatch.fmt import fmt_short
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.breakdown import LABELS
+from gpuwatch.tui.panel import LINE_LABELS
 from gpuwatch.tui.replay import ReplayApp
 
 SIZES = [(80, 24), (120, 40), (220, 60)]
@@ -146,17 +148,24 @@ async def test_the_legend_swatches_take_the_lines_colours_on_the_first_frame(
         await pilot.pause()
         legend = panel(app).legend
         strips = legend.render_lines(legend.region.reset_offset)
-        segments = [seg for strip in strips for seg in strip]
-        swatches = [seg for seg in segments if seg.text.startswith("━")]
-        assert len(swatches) >= 4
         variables = app.theme_variables
-        wanted = {
-            variables[f"gw-{role}"].lower()
-            for role in ("nvml", "reserved", "allocated", "predicted", "peak")
-        }
-        for seg in swatches:
-            assert seg.style.color is not None
-            assert seg.style.color.triplet.hex.lower() in wanted, (theme, seg)
+        roles = {label: role for role, label in LINE_LABELS["gpu"].items()}
+        roles["predicted peak"] = "predicted"
+        swatches = 0
+        for strip in strips:
+            segments = list(strip)
+            for seg, after in itertools.pairwise(segments):
+                if not seg.text.endswith("━"):
+                    continue
+                label = re.match(r" ([a-z -]+?) [\d.]+ GiB", after.text)
+                assert label is not None, after.text
+                role = roles[label.group(1)]
+                # Each swatch in its own line's colour (all five were white).
+                assert seg.style.color is not None, (theme, role)
+                got = seg.style.color.triplet.hex.lower()
+                assert got == variables[f"gw-{role}"].lower(), (theme, role, got)
+                swatches += 1
+        assert swatches >= 4
 
 
 async def test_no_color_keeps_the_legend_letters(replay, monkeypatch) -> None:

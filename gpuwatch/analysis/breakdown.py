@@ -75,11 +75,14 @@ class Breakdown:
         other: Used by processes gpuwatch does not instrument (from NVML's process list,
             while it is valid at the moment).
         context: NVML's figure for the instrumented processes minus their reserved bytes:
-            the CUDA context, NCCL buffers and anything allocated outside torch. Unknown
-            without a valid process list (containers often hide it).
+            the CUDA context, NCCL buffers and anything allocated outside torch, with the
+            driver's few MiB no process lists (so it is NVML used - reserved on a GPU of one
+            process, the figure of ``info`` and the Peaks tab). Unknown without a valid
+            process list (containers often hide it).
         unclaimed: Used memory no process accounts for: without a process list, all that
             is not torch's reserved (contexts, other processes); with a valid one, what it
-            leaves out (processes of other containers, the driver).
+            leaves out beyond the driver's few MiB (:data:`SAME`, counted in ``context``
+            as ``info`` counts it): processes of other containers.
         unsplit: Used memory the figures at this moment cannot split (see ``why``): the
             process list is older than a change, or NVML's sample predates the allocator's
             figures (it lags them by up to a sampling interval).

@@ -342,7 +342,9 @@ async def test_phase_names_on_the_band_never_touch() -> None:
 @pytest.mark.parametrize(
     ("sample", "cause"),
     [
-        ("gpt-2.7b-h100-adamw-spike.gpuwatch", "■tmp "),  # AdamW's foreach temporary
+        # AdamW's foreach temporary: what the phase held above the figure at the cursor
+        # (its explanation's, as `info` gives it)
+        ("gpt-2.7b-h100-adamw-spike.gpuwatch", "▲+tmp 10.7G "),
         ("gpt2-small-h100.gpuwatch", "■act "),
         ("gpt2-small-h100-oom.gpuwatch", "■act "),
     ],

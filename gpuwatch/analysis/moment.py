@@ -138,7 +138,7 @@ def _explain(session: Session, key: str, readings: list[Reading]) -> dict[int, E
             sp = line.span_peak(name, t0, t1)
             found = None
             if sp is not None:
-                used = table_range_max(nvml, "used", t0, t1) if rows else None
+                used = table_range_max(nvml, "used", t0, t1) if nvml is not None and rows else None
                 found = explain_span(
                     line.prediction, sp, span["peak_alloc"], span.get("peak_reserved"), used
                 )

@@ -10,7 +10,6 @@ the bar at the phase's peak splits it exactly as ``info`` does.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,9 +110,8 @@ def moment(
     return out
 
 
-_CACHE: OrderedDict[tuple[Any, ...], tuple[Any, Explained | None]] = OrderedDict()
-_CACHE_SIZE = 256
-"""Explanations kept (one per process and phase the cursor visits: every frame asks)."""
+MEMO_SIZE = 64
+"""Explanations kept per predicted line (one per phase the cursor visits: every frame asks)."""
 
 
 def _explain(session: Session, key: str, readings: list[Reading]) -> dict[int, Explained]:
@@ -129,10 +127,11 @@ def _explain(session: Session, key: str, readings: list[Reading]) -> dict[int, E
         rows = len(nvml) if nvml is not None else 0
         name, t0, t1 = span["name"], span["t0"], span["t1"]
         # (The prediction by identity: the value holds it, so the id is not reused.)
-        stamp = (line, id(line.prediction), line.first_step, key, name, t0, t1, rows)
-        kept = _CACHE.get(stamp)
+        memo = line.memo
+        stamp = ("explained", id(line.prediction), line.first_step, key, name, t0, t1, rows)
+        kept = memo.get(stamp)
         if kept is not None and kept[0] is line.prediction:
-            _CACHE.move_to_end(stamp)
+            memo.move_to_end(stamp)
             found = kept[1]
         else:
             sp = line.span_peak(name, t0, t1)
@@ -142,9 +141,9 @@ def _explain(session: Session, key: str, readings: list[Reading]) -> dict[int, E
                 found = explain_span(
                     line.prediction, sp, span["peak_alloc"], span.get("peak_reserved"), used
                 )
-            _CACHE[stamp] = (line.prediction, found)
-            if len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
+            memo[stamp] = (line.prediction, found)
+            if len(memo) > MEMO_SIZE:
+                memo.popitem(last=False)
         if found is not None:
             out[reading.proc.pid] = found
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -91,6 +92,9 @@ class PredictedLine:
         self._checked = 0  # phase rows searched for the first optimizer.step
         self._last: tuple[Any, dict[str, int] | None] | None = None  # breakdown_at memo
         self._peak: tuple[Any, pr.SpanPeak | None] | None = None  # span_peak memo
+        # What readers derive from the line per span (the moment's explanations), kept
+        # with it: it goes with its session, never outlives it in a module's cache.
+        self.memo: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._lock = threading.RLock()
 
     @_locked

@@ -28,15 +28,18 @@ out-of-memory error; the row under it names the phases in view in their colours.
 breakdown bar splits the memory at the cursor from the figures valid then, and never adds
 up to more than nvidia-smi's used memory: other processes, the CUDA context (and memory
 outside torch), ▓ *unclaimed* (used memory no process accounts for: without NVML's process
-list, all that torch does not hold; with it, what the list leaves out, such as other
-containers' processes and the driver), ╱ *not split* (used memory the figures at the cursor
+list, all that torch does not hold; with it, what the list leaves out beyond the driver's
+few MiB, such as other containers' processes), ╱ *not split* (used memory the figures at the cursor
 cannot split: NVML's process list is older than a change, or its used sample predates the
 allocator's figures), ▒ fragmented cache, the cache, then what is allocated split by the
 prediction (*over-predicted* names a prediction above what can have been allocated; ▲ *phase
 peak +N* what the phase reached above the figure at the cursor, as predicted: the cause of a
 spike between two boundaries); ░ is free memory. The header and legend give the figures
 at the cursor (without one: the newest time, or the playback position). Inside a phase with
-an exact peak the legend sets the phase's *predicted peak* beside it.
+an exact peak the bar and the legend read that phase's explanation, the one of the Peaks tab
+and `gpuwatch info`: at its peak the bar splits it the same way, and the legend sets the
+phase's *predicted peak* beside it. In a phase an out-of-memory error broke, the bar tells
+what it requested and what was free.
 
 On a short terminal one panel fills the screen: `tab` and `shift+tab` step through them.
 

@@ -91,6 +91,15 @@ def _need_extra() -> None:
         )
 
 
+def preload_visitor() -> None:
+    """The fork server's preload: what ``gpuwatch replay`` imports, Textual included."""
+    from ..store import player, recording  # noqa: F401
+    from ..tui.preload import preload
+    from . import recordings  # noqa: F401
+
+    preload()
+
+
 def _address(host: str, port: int) -> str:
     if host in ("0.0.0.0", "::"):
         host = socket.gethostname()
@@ -135,7 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         live = Live(args.socket or socket_path())
         try:
-            live.start()
+            live.check()  # nothing is started to browse: only a visit to /live does
         except OfferError as exc:
             raise CliError(str(exc))
         catalog = Catalog([], sessions_dir(), live)
@@ -147,6 +156,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         theme=theme,
         align=args.align,
         say=say,
+        fork=(f"{__name__}:preload_visitor", "gpuwatch.cli:main"),
     )
 
     def ready(bound: int) -> None:

@@ -91,13 +91,16 @@ def _need_extra() -> None:
         )
 
 
-def preload_visitor() -> None:
-    """The fork server's preload: what ``gpuwatch replay`` imports, Textual included."""
+def preload_visitor(*files: str) -> None:
+    """The fork server's preload: what ``gpuwatch replay`` imports, Textual included, and
+    one headless drawing of the dashboard on the first of ``files`` (if any)."""
     from ..store import player, recording  # noqa: F401
-    from ..tui.preload import preload
+    from ..tui.preload import preload, warm
     from . import recordings  # noqa: F401
 
     preload()
+    if files:
+        warm(files[0])
 
 
 def _address(host: str, port: int) -> str:

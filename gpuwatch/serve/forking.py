@@ -64,10 +64,13 @@ class ForkServer:
         preload: ``module:function`` the helper calls once (imports the dashboard).
         entry: ``module:function`` each child calls with its argv (the CLI's main).
         env: The helper's environment (and so its children's).
+        args: What ``preload`` is called with (a recording to draw once, headless).
     """
 
-    def __init__(self, preload: str, entry: str, env: Mapping[str, str]) -> None:
-        self.preload, self.entry, self.env = preload, entry, dict(env)
+    def __init__(
+        self, preload: str, entry: str, env: Mapping[str, str], args: tuple[str, ...] = ()
+    ) -> None:
+        self.preload, self.entry, self.env, self.args = preload, entry, dict(env), args
         self.proc: subprocess.Popen[bytes] | None = None
         self.channel: socket.socket | None = None
         self._ready: asyncio.Task[bool] | None = None
@@ -78,7 +81,7 @@ class ForkServer:
         argv = [sys.executable, "-m", "gpuwatch.serve.forkserver", str(theirs.fileno())]
         try:
             self.proc = subprocess.Popen(
-                [*argv, self.preload, self.entry],
+                [*argv, self.preload, self.entry, *self.args],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

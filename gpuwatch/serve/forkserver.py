@@ -21,9 +21,9 @@ When the server's socket closes (the server stopped or died), the helper ends ev
 child's process group (SIGTERM, then SIGKILL after a grace) and exits: no process outlives
 the server.
 
-Run as ``python -m gpuwatch.serve.forkserver FD PRELOAD ENTRY`` where ``PRELOAD`` and
-``ENTRY`` are ``module:function`` names: ``PRELOAD()`` is called once, ``ENTRY(argv)`` in
-each child, whose return value is the child's exit status.
+Run as ``python -m gpuwatch.serve.forkserver FD PRELOAD ENTRY [ARG...]`` where ``PRELOAD``
+and ``ENTRY`` are ``module:function`` names: ``PRELOAD(*ARGS)`` is called once,
+``ENTRY(argv)`` in each child, whose return value is the child's exit status.
 """
 
 from __future__ import annotations
@@ -204,10 +204,10 @@ def _close_from(low: int) -> None:
 
 
 def main(args: list[str]) -> int:
-    """``FD PRELOAD ENTRY``: serve fork requests on socket ``FD`` until it closes."""
+    """``FD PRELOAD ENTRY [ARG...]``: serve fork requests on socket ``FD`` until it closes."""
     fd, preload, entry = int(args[0]), args[1], args[2]
     channel = socket.socket(fileno=fd)
-    _named(preload)()
+    _named(preload)(*args[3:])
     if threading.active_count() != 1:
         # Forking now could copy a lock held by another thread: refuse, the server falls
         # back to starting each visitor's process itself.

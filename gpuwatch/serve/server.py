@@ -108,22 +108,23 @@ class Server:
             if given is not None and access.token_ok(given) and request.method == "GET":
                 # Keep it, as this server's session cookie, and take it out of the address
                 # bar (and history): back to the page asked for, under the prefix.
-                response = web.Response(
+                moved = web.Response(
                     status=303, headers={"Location": path if inside else access.prefix + "/"}
                 )
-                response.set_cookie(
+                moved.set_cookie(
                     access.COOKIE,
                     access.session or "",
                     httponly=True,
                     samesite="Lax",  # a holder following a link gets in
                     path=access.prefix + "/",
                 )
-                _secure(response)
-                return response
+                _secure(moved)
+                return moved
             if not inside or not access.session_ok(request.cookies.get(access.COOKIE)):
                 why = "a token is needed: open the address gpuwatch serve printed"
         if why is None and self.gate is not None:
             self.gate.trust(request.protocol)
+        response: web.StreamResponse
         if why is not None:
             response = _html(message_page("refused", why), 403)
             response.force_close()  # nothing more on a refused connection

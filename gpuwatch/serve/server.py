@@ -72,6 +72,7 @@ class Server:
         self.visitors: set[Visitor] = set()
         self.gate = gate
         self.forks: ForkServer | None = None
+        self._said_cold = False
 
     # ------------------------------------------------------------------ the app
 
@@ -237,6 +238,12 @@ class Server:
             width = clamp_size(request.query.get("width"), 80)
             height = clamp_size(request.query.get("height"), 24)
             await visitor.start(width, height)
+            if self.forks is not None and not visitor.forked and not self._said_cold:
+                self._said_cold = True
+                self.settings.say(
+                    "the fork server is not running: each visitor's dashboard starts as a "
+                    "process of its own (slower)"
+                )
             async for message in ws:
                 if message.type != WSMsgType.TEXT:
                     continue

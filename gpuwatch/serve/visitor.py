@@ -91,6 +91,11 @@ class Visitor:
         self.ready = asyncio.Event()
 
     @property
+    def forked(self) -> bool:
+        """The process came from the fork server."""
+        return isinstance(self.process, Forked)
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 

@@ -218,6 +218,20 @@ def test_a_killed_server_leaves_no_process() -> None:
         served.proc.returncode = 0  # killed on purpose: serving() asks for a clean exit
 
 
+def test_without_the_fork_server_a_visitor_still_gets_a_dashboard() -> None:
+    with serving(["--bind", "0", str(SPIKE)]) as served:
+        assert wait_for(lambda: served.helper() is not None, timeout=30)
+        helper = served.helper()
+        assert helper is not None
+        helper.kill()
+        assert wait_for(lambda: not _alive(helper.pid), timeout=10)
+        for _ in range(2):
+            asyncio.run(_visit(served, abort=False))  # a cold process of its own, drawn
+        assert wait_for(lambda: not served.started(), timeout=30)
+        said = served.stderr()
+        assert said.count("the fork server is not running") == 1, said
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

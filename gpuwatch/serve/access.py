@@ -21,11 +21,13 @@ Standard library only, so these rules are tested without a server.
   The cookie is ``SameSite=Lax`` so that a visitor who holds it and follows a link from a
   wiki or a chat gets in; what another site's page could make a browser do with it stays
   refused by the origin checks below (a fetch, a frame, a websocket), and a page visit
-  changes nothing on the server.
+  changes nothing on the server (opening the live session may start ``gpuwatch record``,
+  as a visit typed by hand would).
 
   Not covered: a service on another port of this host that the holder's browser is sent to
-  at this server's prefix (it needs the prefix, which a shared link gives away), and
-  anyone reading plain HTTP on the network (use the loopback bind and SSH).
+  at this server's prefix (it needs the prefix, which a shared link gives away; whoever
+  has the cookie's value can use it here, as any session cookie), and anyone reading
+  plain HTTP on the network (use the loopback bind and SSH).
 - A request that says it comes from another origin (``Origin``), or a page fetched or
   framed by another site (``Sec-Fetch-Site``), is refused, on the page and the websocket.
 """

@@ -84,6 +84,13 @@ def test_access_rules() -> None:
     remote = Access(loopback=False, port=1, token="s3cret-token-0123456789")
     assert remote.token_ok("s3cret-token-0123456789")
     assert not remote.token_ok("s3cret-token-012345678") and not remote.token_ok(None)
+    # The prefix and the session value: this server's alone (its token and its port).
+    same_token = Access(loopback=False, port=2, token="s3cret-token-0123456789")
+    assert remote.prefix.startswith("/") and len(remote.prefix) == 23
+    assert remote.prefix != same_token.prefix and remote.session != same_token.session
+    assert remote.session_ok(remote.session) and not remote.session_ok(same_token.session)
+    assert remote.session != remote.token and not remote.session_ok(remote.token)
+    assert local.prefix == "" and local.session is None and local.session_ok(None)
 
 
 def test_token_file(tmp_path: Path) -> None:

@@ -143,8 +143,8 @@ def serving(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    err = errors.read_text(errors="replace")
-    errors.unlink()
+        err = errors.read_text(errors="replace")
+        errors.unlink()  # whatever the block did
     assert proc.returncode == 0, f"gpuwatch serve exited {proc.returncode}: {err}"
 
 

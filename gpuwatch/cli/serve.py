@@ -91,6 +91,18 @@ def _need_extra() -> None:
         )
 
 
+def preload_visitor(*files: str) -> None:
+    """The fork server's preload: what ``gpuwatch replay`` imports, Textual included, and
+    one headless drawing of the dashboard on the first of ``files`` (if any)."""
+    from ..store import player, recording  # noqa: F401
+    from ..tui.preload import preload, warm
+    from . import recordings  # noqa: F401
+
+    preload()
+    if files:
+        warm(files[0])
+
+
 def _address(host: str, port: int) -> str:
     if host in ("0.0.0.0", "::"):
         host = socket.gethostname()
@@ -135,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         live = Live(args.socket or socket_path())
         try:
-            live.start()
+            live.check()  # nothing is started to browse: only a visit to /live does
         except OfferError as exc:
             raise CliError(str(exc))
         catalog = Catalog([], sessions_dir(), live)
@@ -147,6 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         theme=theme,
         align=args.align,
         say=say,
+        fork=(f"{__name__}:preload_visitor", "gpuwatch.cli:main"),
     )
 
     def ready(bound: int) -> None:

@@ -4,28 +4,50 @@ Every file a visitor can replay is decided here, never by joining a URL to a pat
 files named on the command line, the regular files directly in the sessions directory
 (found by listing it; a symbolic link there is skipped), and the recording the live
 gpuwatch names in its lock file. A URL names one of these by a key looked up in that list.
+
+Browsing costs nothing: a ``gpuwatch record`` is started only when a visitor opens the
+live session while no gpuwatch runs, never to show the index.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from ..fmt import printable
 
 LIVE = "live"
 """The key of the live session."""
-SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.gpuwatch$")
-"""The names listed from the sessions directory (anything else there is not offered)."""
+SUFFIX = ".gpuwatch"
+NAME_MAX = 255
+
+
+def listable(name: str) -> bool:
+    """Whether a file name of the sessions directory is offered: any ``NAME.gpuwatch`` a
+    recording may be called (spaces, accents, ``+`` and all), not hidden, in UTF-8."""
+    if not name.endswith(SUFFIX) or name.startswith(".") or "/" in name or "\0" in name:
+        return False
+    try:
+        return len(name.encode("utf-8")) <= NAME_MAX
+    except UnicodeEncodeError:  # a name that is not UTF-8 (surrogate escapes): no URL names it
+        return False
+
+
+def link(name: str) -> str:
+    """The path (below the server's prefix) that opens the listed recording ``name``."""
+    return "/r/" + quote(name, safe="")
+
+
 LISTED_MAX = 500
 """Most recordings the index lists (the newest): each costs a summary."""
 START_WAIT = 15.0
@@ -80,8 +102,8 @@ class Live:
 
     Only one process owns the annotation socket, so a visitor never gets a dashboard of its
     own: it replays the file the owning gpuwatch (``gpuwatch`` or ``gpuwatch record``)
-    names in its lock file, following the tail. Where no gpuwatch owns the socket,
-    :meth:`start` starts ``gpuwatch record`` into the sessions directory.
+    names in its lock file, following the tail. Where no gpuwatch owns the socket when a
+    visitor opens it, :meth:`open` starts ``gpuwatch record`` into the sessions directory.
 
     Args:
         socket_path: The annotation socket whose owner is watched.
@@ -92,6 +114,7 @@ class Live:
         self.started: subprocess.Popen[bytes] | None = None
         self._last: Path | None = None
         self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
+        self._lock = threading.Lock()  # two visitors at once start one recorder
 
     def owner(self) -> tuple[int, Path | None] | None:
         """``(pid, recording)`` of the live gpuwatch owning the socket, or None."""
@@ -101,6 +124,35 @@ class Live:
         if pid is None or not _alive(pid):
             return None
         return pid, _valid_recording_path(recording)
+
+    def check(self) -> None:
+        """At start: a running gpuwatch that records to no file cannot be followed.
+
+        Raises:
+            OfferError: It records to no file.
+        """
+        found = self.owner()
+        if found is not None and found[1] is None:
+            raise OfferError(
+                f"the gpuwatch on {self.socket_path} (pid {found[0]}) records to no file, so "
+                "there is nothing to follow: restart it without --no-record, or serve "
+                "a recording: gpuwatch serve FILE"
+            )
+
+    def open(self) -> Offer:
+        """The live offer for a visitor: the running gpuwatch's recording, or (none runs)
+        that of a ``gpuwatch record`` started now.
+
+        Raises:
+            OfferError: The owner records to no file, or ``gpuwatch record`` failed.
+        """
+        with self._lock:
+            found = self.owner()
+            if found is None or found[1] is None:
+                if self.started is not None and self.started.poll() is None:
+                    self.stop()  # ours, but no longer naming a file: start afresh
+                self.start()
+        return self.offer()
 
     def start(self) -> None:
         """Make sure a recording follows the live session: find the owner, or start one.
@@ -158,9 +210,13 @@ class Live:
                 how = f"gpuwatch serve started gpuwatch record (pid {pid})"
             else:
                 how = f"following the running gpuwatch (pid {pid})"
+        elif self._last is not None:
+            how = "no gpuwatch runs now: its last recording (opening it starts gpuwatch record)"
         else:
-            how = "no gpuwatch runs now: its last recording"
-        assert self._last is not None, "start() first"
+            title = (
+                f"live session of {host}: no gpuwatch runs now (opening it starts gpuwatch record)"
+            )
+            return Offer(LIVE, printable(title), ())
         title = printable(f"live session of {host}: {how} · {self._last.name}")
         return Offer(LIVE, title, (str(self._last),))
 
@@ -217,7 +273,7 @@ class Catalog:
         found: list[tuple[float, Path]] = []
         with contextlib.suppress(OSError), os.scandir(self.sessions) as entries:
             for entry in entries:
-                if not SESSION_NAME.match(entry.name):
+                if not listable(entry.name):
                     continue
                 try:
                     if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
@@ -233,8 +289,8 @@ class Catalog:
         if not self.has_index:
             return self.single() if key == "" else None
         if key == LIVE and self.live is not None:
-            return self.live.offer()
-        if not SESSION_NAME.match(key):
+            return self.live.open()
+        if not listable(key):
             return None
         for path in self.listed():
             if path.name == key:

@@ -11,6 +11,8 @@ import importlib.util
 from html import escape
 from pathlib import Path
 
+from ..fmt import printable
+
 SECURITY_HEADERS = {
     # The page runs no inline script; it talks only to this server (the client's ``?ping=``
     # fetch of another address included) and may not be framed by another site.
@@ -45,10 +47,12 @@ def static_file(name: str, root: Path) -> tuple[Path, str] | None:
     return (root / found[0], found[1]) if found is not None else None
 
 
-_STYLE = """
-@font-face { font-family: 'Roboto Mono'; src: url('/static/RobotoMono.ttf'); }
+_FONTS = """
+@font-face { font-family: 'Roboto Mono'; src: url('BASE/static/RobotoMono.ttf'); }
 @font-face { font-family: 'Roboto Mono'; font-style: italic;
-             src: url('/static/RobotoMono-Italic.ttf'); }
+             src: url('BASE/static/RobotoMono-Italic.ttf'); }
+"""
+_STYLE = """
 html, body { margin: 0; height: 100%; background: #0c181f; color: #e0e6ea;
              font-family: 'Roboto Mono', monospace; }
 .textual-terminal { position: absolute; inset: 0; opacity: 0; }
@@ -64,19 +68,23 @@ li { margin: 0.6em 0; }
 """
 
 
-def _page(title: str, body: str, head: str = "", body_class: str = "") -> str:
+def _page(title: str, body: str, head: str = "", body_class: str = "", base: str = "") -> str:
     cls = f' class="{body_class}"' if body_class else ""
+    style = _FONTS.replace("BASE", escape(base)) + _STYLE
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
-        f"<title>{escape(title)}</title><style>{_STYLE}</style>{head}</head>"
+        f"<title>{escape(title)}</title><style>{style}</style>{head}</head>"
         f"<body{cls}>{body}</body></html>\n"
     )
 
 
-def app_page(title: str, websocket_url: str, font_size: int = 16) -> str:
-    """The page that runs one visitor's dashboard (Textual's client over the websocket)."""
+def app_page(title: str, websocket_url: str, font_size: int = 16, base: str = "") -> str:
+    """The page that runs one visitor's dashboard (Textual's client over the websocket);
+    ``base``: the server's path prefix."""
+    static = escape(base) + "/static"
     head = (
-        '<link rel="stylesheet" href="/static/xterm.css"><script src="/static/textual.js"></script>'
+        f'<link rel="stylesheet" href="{static}/xterm.css">'
+        f'<script src="{static}/textual.js"></script>'
     )
     body = (
         f'<div class="note starting">{escape(title)}<br>starting…</div>'
@@ -86,20 +94,24 @@ def app_page(title: str, websocket_url: str, font_size: int = 16) -> str:
         f'data-session-websocket-url="{escape(websocket_url)}" '
         f'data-font-size="{int(font_size)}"></div>'
     )
-    return _page(f"gpuwatch: {title}", body, head)
+    return _page(f"gpuwatch: {title}", body, head, base=base)
 
 
-def index_page(entries: list[tuple[str, str, str]]) -> str:
-    """The list of what is offered: ``(link, name, summary)`` each, the live session first."""
+def index_page(entries: list[tuple[str, str, str]], base: str = "") -> str:
+    """The list of what is offered: ``(link, name, summary)`` each, the live session first.
+
+    A link is a path below ``base`` (the server's prefix), already percent-encoded; a name
+    is any file name, shown as printable text.
+    """
     items = "".join(
-        f'<li><a href="{escape(link)}">{escape(name)}</a><br>'
+        f'<li><a href="{escape(base + link)}">{escape(printable(name))}</a><br>'
         f'<span class="summary">{escape(summary)}</span></li>'
         for link, name, summary in entries
     )
     if not items:
         items = "<li>nothing to show: no recording in the sessions directory</li>"
     body = f"<main><h1>gpuwatch</h1><ul>{items}</ul></main>"
-    return _page("gpuwatch: sessions", body)
+    return _page("gpuwatch: sessions", body, base=base)
 
 
 def message_page(title: str, text: str) -> str:

@@ -7,13 +7,17 @@ Routes, and nothing else (any other path is 404):
 - ``/ws``, ``/ws/live``, ``/ws/r/NAME``: their websockets, one app process each;
 - ``/static/NAME``: Textual's web client (a fixed list, see :mod:`.pages`).
 
-Every request passes :class:`~.access.Access` first (Host, origin, token).
+With a token, all of them under the server's prefix (``/<prefix>/``, see :mod:`.access`);
+``/?token=`` is then the one way in. Every request passes :class:`~.access.Access` first
+(Host, origin, token), and every connection :class:`~.gate.Gate` (the cap, the timeouts).
+Visitors' processes come from the fork server (:mod:`.forkserver`) when it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,9 +27,11 @@ from aiohttp import WSMsgType, web
 
 from ..fmt import printable
 from .access import Access
-from .offers import LIVE, Catalog, Offer
+from .forking import ForkServer
+from .gate import REQUEST_WAIT, Gate, connection_cap, listen, raise_descriptor_limit
+from .offers import LIVE, Catalog, Offer, OfferError, link
 from .pages import SECURITY_HEADERS, app_page, index_page, message_page, static_file
-from .visitor import Visitor, clamp_size, replay_argv
+from .visitor import DRIVER_ENV, Visitor, clamp_size, replay_argv
 
 DEFAULT_VISITORS = 4
 """Visitors at once by default: each runs a dashboard process (~100 MB, a share of a core)."""
@@ -44,6 +50,8 @@ class Settings:
         theme: ``--theme`` for every visitor's dashboard.
         align: ``--align`` for several files.
         say: Where it tells what happens (one line each).
+        fork: ``(preload, entry)`` for the fork server (``module:function`` each), or
+            None: each visitor's process starts cold.
     """
 
     catalog: Catalog
@@ -53,30 +61,35 @@ class Settings:
     theme: str | None = None
     align: str = "wall"
     say: Callable[[str], None] = field(default=lambda text: None)
+    fork: tuple[str, str] | None = None
 
 
 class Server:
     """Serves the dashboard; one :class:`~.visitor.Visitor` per open websocket."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, gate: Gate | None = None) -> None:
         self.settings = settings
         self.visitors: set[Visitor] = set()
+        self.gate = gate
+        self.forks: ForkServer | None = None
+        self._said_cold = False
 
     # ------------------------------------------------------------------ the app
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=1 << 16)
-        routes = [web.get("/static/{name}", self._static)]
+        base = self.settings.access.prefix
+        routes = [web.get(f"{base}/static/{{name}}", self._static)]
         if self.settings.catalog.has_index:
             routes += [
-                web.get("/", self._index),
-                web.get("/live", self._page),
-                web.get("/r/{name}", self._page),
-                web.get("/ws/live", self._websocket),
-                web.get("/ws/r/{name}", self._websocket),
+                web.get(f"{base}/", self._index),
+                web.get(f"{base}/live", self._page),
+                web.get(f"{base}/r/{{name}}", self._page),
+                web.get(f"{base}/ws/live", self._websocket),
+                web.get(f"{base}/ws/r/{{name}}", self._websocket),
             ]
         else:
-            routes += [web.get("/", self._page), web.get("/ws", self._websocket)]
+            routes += [web.get(f"{base}/", self._page), web.get(f"{base}/ws", self._websocket)]
         app.add_routes(routes)
         app.on_shutdown.append(self._on_shutdown)
         return app
@@ -88,24 +101,34 @@ class Server:
         access = self.settings.access
         host = request.headers.get("Host", "")
         why = access.host_refused(host) or access.origin_refused(request.headers, host)
-        if why is None and not access.token_ok(request.cookies.get(access.cookie)):
+        if why is None and access.token is not None:
+            # The path as sent (still percent-encoded: no line break can reach a header).
+            path = request.raw_path.split("?")[0]
+            inside = path.startswith(access.prefix + "/")
             given = request.query.get("token")
-            if access.token_ok(given) and given is not None and request.method == "GET":
-                # Keep it in a cookie and take it out of the address bar (and history).
-                # The path as sent (still percent-encoded: no line break can reach a
-                # header), and never "//host" (a redirect to another site).
-                back = request.raw_path.split("?")[0]
-                if not back.startswith("/") or back.startswith("//"):
-                    back = "/"
-                response = web.Response(status=303, headers={"Location": back})
-                response.set_cookie(
-                    access.cookie, given, httponly=True, samesite="Strict", path="/"
+            if given is not None and access.token_ok(given) and request.method == "GET":
+                # Keep it, as this server's session cookie, and take it out of the address
+                # bar (and history): back to the page asked for, under the prefix.
+                moved = web.Response(
+                    status=303, headers={"Location": path if inside else access.prefix + "/"}
                 )
-                _secure(response)
-                return response
-            why = "a token is needed: open the address gpuwatch serve printed"
+                moved.set_cookie(
+                    access.COOKIE,
+                    access.session or "",
+                    httponly=True,
+                    samesite="Lax",  # a holder following a link gets in
+                    path=access.prefix + "/",
+                )
+                _secure(moved)
+                return moved
+            if not inside or not access.session_ok(request.cookies.get(access.COOKIE)):
+                why = "a token is needed: open the address gpuwatch serve printed"
+        if why is None and self.gate is not None:
+            self.gate.trust(request.protocol)
+        response: web.StreamResponse
         if why is not None:
             response = _html(message_page("refused", why), 403)
+            response.force_close()  # nothing more on a refused connection
         else:
             try:
                 response = await handler(request)
@@ -118,7 +141,7 @@ class Server:
     # ------------------------------------------------------------------ pages
 
     def _offer(self, request: web.Request) -> Offer | None:
-        path = request.path.removeprefix("/ws")
+        path = request.path.removeprefix(self.settings.access.prefix).removeprefix("/ws")
         if path in ("", "/"):
             key = ""
         elif path == f"/{LIVE}":
@@ -140,7 +163,13 @@ class Server:
 
     async def _admit(self, request: web.Request) -> Offer | web.Response:
         """The offer the URL names (404 for none), or the busy page past the cap."""
-        offer = await asyncio.to_thread(self._offer, request)
+        try:
+            offer = await asyncio.to_thread(self._offer, request)
+        except OfferError as exc:
+            self.settings.say(str(exc))
+            response = _html(message_page("the live session cannot start", str(exc)), 503)
+            response.headers["Retry-After"] = "30"
+            return response
         if offer is None:
             raise web.HTTPNotFound()
         return self._busy() or offer
@@ -150,15 +179,17 @@ class Server:
         if isinstance(offer, web.Response):
             return offer
         scheme = "wss" if request.secure else "ws"
-        ws_path = "/ws" + ("" if request.path == "/" else request.path)
+        base = self.settings.access.prefix
+        rest = request.raw_path.split("?")[0].removeprefix(base)
+        ws_path = base + "/ws" + ("" if rest == "/" else rest)
         url = f"{scheme}://{request.headers.get('Host', '')}{ws_path}"
         # The client's own font size option (textual-serve's ?fontsize=), within reason.
         font = min(clamp_size(request.query.get("fontsize"), 16), 48)
-        return _html(app_page(offer.title, url, font))
+        return _html(app_page(offer.title, url, font, base))
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         entries = await asyncio.to_thread(self._entries)
-        return _html(index_page(entries))
+        return _html(index_page(entries, self.settings.access.prefix))
 
     def _entries(self) -> list[tuple[str, str, str]]:
         from ..store.info import one_line
@@ -173,7 +204,7 @@ class Server:
             try:
                 rec = open_recording(path)
             except RecordingError as exc:
-                entries.append((f"/r/{path.name}", path.name, printable(exc)))
+                entries.append((link(path.name), path.name, printable(exc)))
                 continue
             try:
                 summary = one_line(rec)
@@ -181,7 +212,7 @@ class Server:
                 summary = printable(exc)
             finally:
                 rec.close()
-            entries.append((f"/r/{path.name}", path.name, summary))
+            entries.append((link(path.name), path.name, summary))
         return entries
 
     async def _static(self, request: web.Request) -> web.StreamResponse:
@@ -200,13 +231,19 @@ class Server:
             return offer
         ws = web.WebSocketResponse(heartbeat=15, max_msg_size=WS_MESSAGE_MAX)
         argv = replay_argv(offer.files, self.settings.theme, self.settings.align)
-        visitor = Visitor(argv, ws.send_bytes, ws.close)
+        visitor = Visitor(argv, ws.send_bytes, ws.close, self.forks)
         self.visitors.add(visitor)  # before any await: the cap holds under a burst
         try:
             await ws.prepare(request)
             width = clamp_size(request.query.get("width"), 80)
             height = clamp_size(request.query.get("height"), 24)
             await visitor.start(width, height)
+            if self.forks is not None and not visitor.forked and not self._said_cold:
+                self._said_cold = True
+                self.settings.say(
+                    "the fork server is not running: each visitor's dashboard starts as a "
+                    "process of its own (slower)"
+                )
             async for message in ws:
                 if message.type != WSMsgType.TEXT:
                     continue
@@ -222,6 +259,8 @@ class Server:
 
     async def _on_shutdown(self, app: web.Application) -> None:
         await asyncio.gather(*(v.stop() for v in list(self.visitors)), return_exceptions=True)
+        if self.forks is not None:
+            await self.forks.stop()
 
 
 def _html(text: str, status: int = 200) -> web.Response:
@@ -237,20 +276,40 @@ def _secure(response: web.StreamResponse) -> None:
 
 async def serve(settings: Settings, host: str, port: int, ready: Callable[[int], None]) -> None:
     """Serve until SIGINT or SIGTERM; ``ready(port)`` once listening (port 0: the one got)."""
-    server = Server(settings)
-    runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
-    await runner.setup()
+    loop = asyncio.get_running_loop()
+    limit = raise_descriptor_limit()
+    gate = Gate(connection_cap(limit, settings.max_visitors), settings.say)
+    loop.set_exception_handler(gate.loop_error)
+    server = Server(settings, gate)
+    runner: web.AppRunner | None = None
+    # Our own accepting (not aiohttp's site, nor asyncio's server): each connection is
+    # counted by the gate from accept() on.
+    sock = listen(host, port, backlog=min(gate.cap, 4096))
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0][1] if runner.addresses else port
-        settings.access.port = bound
+        if settings.fork is not None:
+            # Warmed on a recording served: the command line's, or the newest listed.
+            catalog = settings.catalog
+            warm = catalog.files[:1] or [str(p) for p in catalog.listed()[:1]]
+            forks = ForkServer(*settings.fork, {**os.environ, **DRIVER_ENV}, tuple(warm))
+            forks.start()
+            server.forks = forks
+        bound = sock.getsockname()[1]
+        settings.access.port = bound  # the prefix depends on it: before the routes
+        runner = web.AppRunner(
+            server.app(), access_log=None, handle_signals=False, keepalive_timeout=REQUEST_WAIT
+        )
+        await runner.setup()
+        assert runner.server is not None
+        gate.serve(sock, runner.server)
         ready(bound)
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
-        with contextlib.suppress(Exception):
-            await runner.cleanup()
+        gate.close()
+        if runner is not None:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+        if server.forks is not None:
+            await server.forks.stop()

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .forking import Forked, ForkError, ForkServer
+
 WEB_DRIVER = "textual.drivers.web_driver:WebDriver"
 READY = b"__GANGLION__\n"
 PACKET_MAX = 32 << 20
@@ -49,8 +51,8 @@ def packet(kind: bytes, payload: bytes) -> bytes:
 
 
 def replay_argv(files: tuple[str, ...], theme: str | None, align: str) -> list[str]:
-    """The command each visitor runs: ``gpuwatch replay`` on the offer's files."""
-    argv = [sys.executable, "-m", "gpuwatch", "replay", *files]
+    """The arguments of each visitor's ``gpuwatch replay`` on the offer's files."""
+    argv = ["replay", *files]
     if len(files) > 1:
         argv += ["--align", align]
     if theme:
@@ -58,13 +60,19 @@ def replay_argv(files: tuple[str, ...], theme: str | None, align: str) -> list[s
     return argv
 
 
+DRIVER_ENV = {"TEXTUAL_DRIVER": WEB_DRIVER, "TEXTUAL_COLOR_SYSTEM": "truecolor"}
+"""What makes a dashboard draw for a browser (Textual reads it when imported)."""
+
+
 class Visitor:
     """A visitor's app process and the pumps between it and the websocket.
 
     Args:
-        argv: The command (no shell).
+        argv: The ``gpuwatch`` arguments (no shell).
         send: Sends terminal output to the browser.
         close: Closes the browser's websocket (the app exited).
+        forks: The fork server the process comes from; None (or one that is gone): a
+            process of its own, ``python -m gpuwatch ARGV``.
     """
 
     def __init__(
@@ -72,13 +80,20 @@ class Visitor:
         argv: list[str],
         send: Callable[[bytes], Awaitable[None]],
         close: Callable[[], Awaitable[Any]],
+        forks: ForkServer | None = None,
     ) -> None:
         self.argv = argv
         self._send, self._close = send, close
-        self.process: asyncio.subprocess.Process | None = None
+        self.forks = forks
+        self.process: asyncio.subprocess.Process | Forked | None = None
         self._pump: asyncio.Task[None] | None = None
         self._stderr = bytearray()
         self.ready = asyncio.Event()
+
+    @property
+    def forked(self) -> bool:
+        """The process came from the fork server."""
+        return isinstance(self.process, Forked)
 
     @property
     def pid(self) -> int | None:
@@ -91,14 +106,20 @@ class Visitor:
 
     async def start(self, width: int, height: int) -> None:
         """Start the app at ``width`` x ``height`` cells."""
-        env = dict(os.environ)
-        env.update(
-            TEXTUAL_DRIVER=WEB_DRIVER,
-            TEXTUAL_COLOR_SYSTEM="truecolor",
-            COLUMNS=str(width),
-            ROWS=str(height),
-        )
+        size = {"COLUMNS": str(width), "ROWS": str(height)}
+        if self.forks is not None and self.forks.alive:
+            with contextlib.suppress(ForkError):
+                self.process = await self.forks.fork(self.argv, size)
+        if self.process is None:
+            await self._spawn({**os.environ, **DRIVER_ENV, **size})
+        self._pump = asyncio.create_task(self._run())
+
+    async def _spawn(self, env: dict[str, str]) -> None:
+        """A process of its own (no fork server): a cold start."""
         self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gpuwatch",
             *self.argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -106,7 +127,6 @@ class Visitor:
             env=env,
             start_new_session=True,  # its own group: stopping it reaches all it started
         )
-        self._pump = asyncio.create_task(self._run())
 
     async def _read_stderr(self) -> None:
         assert self.process is not None and self.process.stderr is not None

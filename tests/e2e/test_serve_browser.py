@@ -11,9 +11,11 @@ text is read from the frames the page received (tests/support/vtscreen.py).
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -184,3 +186,68 @@ def test_the_sample_in_chromium(browser: Any, tmp_path: Path) -> None:
     shot = os.environ.get("SERVE_SCREENSHOT")
     if shot:
         Path(shot).write_bytes(png)
+
+
+class _Other(http.server.BaseHTTPRequestHandler):
+    """Another web service of the same host: records the cookies browsers send it, and
+    serves a page with a link to the dashboard (a wiki, a chat)."""
+
+    seen: list[tuple[str, str]] = []
+    link = ""
+
+    def do_GET(self) -> None:
+        _Other.seen.append((self.path, self.headers.get("Cookie", "")))
+        body = f'<!DOCTYPE html><a id="go" href="{_Other.link}">the dashboard</a>'.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_token_reaches_this_server_alone_and_a_link_gets_its_holder_in(
+    browser: Any,
+) -> None:
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Other)
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    q = other.server_address[1]
+    try:
+        with serving(["--bind", "0.0.0.0:0", str(SPIKE)]) as served:
+            page = browser.new_page()
+            page.goto(f"{served.base}/?token={served.token}")
+            prefix = served.access_prefix()
+            assert page.url == f"{served.base}{prefix}/"  # the token out of the address bar
+            assert "gpt-2.7b-h100-adamw-spike" in page.title()
+            page.wait_for_selector("body.-first-byte", timeout=60_000)
+            (cookie,) = [c for c in browser.cookies() if c["name"] == "gpuwatch_session"]
+            assert cookie["value"] != served.token and cookie["path"] == prefix + "/"
+
+            # Another port of the same host, at its own paths: no cookie of ours reaches it.
+            for path in ("/", "/static/textual.js", "/ws", "/anything?x=1"):
+                page.goto(f"http://127.0.0.1:{q}{path}")
+            assert _Other.seen and all("gpuwatch" not in c for _, c in _Other.seen), _Other.seen
+            assert not browser.cookies(f"http://127.0.0.1:{q}/")
+
+            # A link from another site (localhost is another site than 127.0.0.1) to the
+            # dashboard: its holder gets in, the dashboard draws.
+            _Other.link = f"{served.base}{prefix}/"
+            page.goto(f"http://localhost:{q}/wiki")
+            page.click("#go")
+            page.wait_for_load_state()
+            assert page.url == _Other.link and "gpt-2.7b-h100-adamw-spike" in page.title()
+            page.wait_for_selector("body.-first-byte", timeout=60_000)
+
+            # A visitor without it who follows the same link is refused.
+            browser.clear_cookies()
+            page.goto(f"http://localhost:{q}/wiki")
+            page.click("#go")
+            page.wait_for_load_state()
+            assert "refused" in page.title(), page.title()
+            page.close()
+    finally:
+        other.shutdown()
+        other.server_close()

@@ -32,8 +32,9 @@ HOSTILE = "<script>alert(1)</script>\x1b[2J"
 
 def _children(served: Served) -> set[int]:
     """What the server started: its dashboards, and the ``record`` of a live session (not
-    that record's own helpers, the relay and the GPU sampler, which come when they come)."""
-    return {p.pid for p in psutil.Process(served.proc.pid).children()}
+    that record's own helpers, the relay and the GPU sampler, which come when they come),
+    nor the fork server the dashboards come from."""
+    return served.started()
 
 
 async def _ws(
@@ -83,6 +84,13 @@ def test_access_rules() -> None:
     remote = Access(loopback=False, port=1, token="s3cret-token-0123456789")
     assert remote.token_ok("s3cret-token-0123456789")
     assert not remote.token_ok("s3cret-token-012345678") and not remote.token_ok(None)
+    # The prefix and the session value: this server's alone (its token and its port).
+    same_token = Access(loopback=False, port=2, token="s3cret-token-0123456789")
+    assert remote.prefix.startswith("/") and len(remote.prefix) == 23
+    assert remote.prefix != same_token.prefix and remote.session != same_token.session
+    assert remote.session_ok(remote.session) and not remote.session_ok(same_token.session)
+    assert remote.session != remote.token and not remote.session_ok(remote.token)
+    assert local.prefix == "" and local.session is None and local.session_ok(None)
 
 
 def test_token_file(tmp_path: Path) -> None:
@@ -138,6 +146,10 @@ def test_other_bind_needs_the_token_on_page_and_websocket() -> None:
         assert status == 403
         status, _, _ = served.get("/static/textual.js")
         assert status == 403
+        # The prefix alone (in an address bar, a shared link) opens nothing.
+        prefix = served.access_prefix()
+        for path in ("/", "/ws", "/static/textual.js"):
+            assert served.get(prefix + path)[0] == 403, path
 
         async def refused() -> int:
             with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
@@ -147,26 +159,38 @@ def test_other_bind_needs_the_token_on_page_and_websocket() -> None:
         assert asyncio.run(refused()) == 403
         assert _children(served) == set()  # nothing started for a refused visitor
 
-        # The token, once: a cookie, and the address bar loses it.
+        # The token, once: a session cookie scoped to this server's prefix, and the
+        # address bar loses the token.
         status, headers, _ = served.get(f"/?token={token}")
-        assert status == 303 and headers["Location"] == "/"
-        cookie = headers["Set-Cookie"].split(";")[0]
-        assert "HttpOnly" in headers["Set-Cookie"] and "SameSite=Strict" in headers["Set-Cookie"]
+        assert status == 303 and headers["Location"] == prefix + "/"
+        set_cookie = headers["Set-Cookie"]
+        cookie = set_cookie.split(";")[0]
+        assert "HttpOnly" in set_cookie and "SameSite=Lax" in set_cookie, set_cookie
+        assert f"Path={prefix}/" in set_cookie, set_cookie
+        assert token not in set_cookie  # a session value, never the token itself
         # Never a redirect to another site ("//host" is one).
         status, headers, _ = served.get(f"//evil.example/?token={token}")
-        assert status in (303, 404) and headers.get("Location", "/") == "/", headers
-        status, headers, body = served.get("/", {"Cookie": cookie})
+        assert status == 303 and headers["Location"] == prefix + "/", headers
+        status, headers, _ = served.get(f"{prefix}/static/xterm.css?token={token}")
+        assert status == 303 and headers["Location"] == f"{prefix}/static/xterm.css"
+        status, headers, body = served.get(prefix + "/", {"Cookie": cookie})
         assert status == 200 and "gpt-2.7b-h100-adamw-spike" in body
         assert headers["X-Frame-Options"] == "DENY"
+        assert f'src="{prefix}/static/textual.js"' in body and f"{prefix}/ws" in body
+        assert served.get(prefix + "/static/textual.js", {"Cookie": cookie})[0] == 200
+        # The cookie outside the prefix, or a forged one, opens nothing.
+        assert served.get("/", {"Cookie": cookie})[0] == 403
+        forged = "gpuwatch_session=" + token
+        assert served.get(prefix + "/", {"Cookie": forged})[0] == 403
 
         # Another origin, token or not, is refused on the page and the websocket.
-        status, _, _ = served.get("/", {"Cookie": cookie, "Origin": "http://evil.example"})
+        status, _, _ = served.get(prefix + "/", {"Cookie": cookie, "Origin": "http://evil.example"})
         assert status == 403
 
         async def visits() -> tuple[int, bytes]:
             with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
-                await _ws(served, cookie=cookie, origin="http://evil.example")
-            session, ws = await _ws(served, cookie=cookie)
+                await _ws(served, prefix + "/ws", cookie=cookie, origin="http://evil.example")
+            session, ws = await _ws(served, prefix + "/ws", cookie=cookie)
             try:
                 frame = await _first_frame(ws)
                 # What a page sends is its word: none of this stops its dashboard.
@@ -225,7 +249,7 @@ def test_path_traversal_is_404_and_touches_nothing(tmp_path: Path) -> None:
     env = fake_nvml_env(dict(os.environ, XDG_DATA_HOME=str(data)), {"gpus": 1})
     env["GPUWATCH_SOCKET"] = str(tmp_path / "gw.sock")
     with serving(["--bind", "0"], env=env) as served:
-        started = _children(served)  # the gpuwatch record that follows the live session
+        started = _children(served)
         status, _, index = served.get("/")
         assert status == 200
         assert inside.name in index and "link" not in index and "secret" not in index
@@ -295,13 +319,19 @@ def test_live_starts_gpuwatch_record_when_none_runs(tmp_path: Path) -> None:
     env = _live_env(tmp_path)
     sessions = tmp_path / "data" / "gpuwatch" / "sessions"
     with serving(["--bind", "0"], env=env) as served:
+        # Browsing starts nothing: only opening the live session does.
         status, _, index = served.get("/")
         assert status == 200
-        assert "gpuwatch serve started gpuwatch record" in index, index
+        assert "opening it starts gpuwatch record" in index, index
+        assert not _children(served) and not list(sessions.glob("*.gpuwatch"))
         status, _, page = served.get("/live")
         assert status == 200 and "<title>gpuwatch: live session of" in page
+        assert "gpuwatch serve started gpuwatch record" in page, page
         recordings = list(sessions.glob("*.gpuwatch"))
         assert len(recordings) == 1 and recordings[0].name in page
+        assert len(_children(served)) == 1
+        served.get("/live")  # a second visit follows the same recorder
+        assert len(list(sessions.glob("*.gpuwatch"))) == 1 and len(_children(served)) == 1
     # Stopping the server stops the recorder it started: the recording is finished.
     from gpuwatch.store.recording import open_recording
 
@@ -354,6 +384,9 @@ def test_stopping_the_server_ends_its_visitors() -> None:
             session, ws = await _ws(served)
             await _first_frame(ws)
             apps.update(_children(served))
+            helper = served.helper()
+            assert helper is not None
+            apps.add(helper.pid)
             served.proc.terminate()  # with the page still open
             async with asyncio.timeout(30):
                 while not ws.closed:
@@ -381,7 +414,8 @@ def test_several_files_are_one_merged_session() -> None:
                 await session.close()
 
         frame, argv = asyncio.run(visit())
-        assert argv[-5:] == ["replay", str(SPIKE), str(other), "--align", "start"]
+        # Forked from the fork server (its command line is the helper's): one dashboard.
+        assert "gpuwatch.serve.forkserver" in argv, argv
         screen = Screen()
         screen.feed(frame)
         # One session: both files' instrumented processes, devices named by their file.

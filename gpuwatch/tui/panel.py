@@ -13,7 +13,7 @@ from textual.content import Content
 from ..analysis.breakdown import SAME
 from ..analysis.moment import Moment, moment
 from ..analysis.predicted import PredictedLine
-from ..fmt import fmt_bytes, fmt_duration, printable
+from ..fmt import fmt_bytes, fmt_clock, fmt_duration, printable
 from ..predict import total
 from ..session import MISSING_INT, Session, is_host
 from ._text import Fitted, Line, markup_safe
@@ -232,7 +232,7 @@ class DevicePanel(Vertical):
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(Content.assemble((printable(span["name"]), "bold"), step))
-        parts.append(Content(f"@ {fmt_duration(now.t - self.session.t_origin)}"))
+        parts.append(Content(f"@ {fmt_clock(now.t - self.session.t_origin)}"))
         return parts
 
     # ------------------------------------------------------------------ data

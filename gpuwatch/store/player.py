@@ -64,7 +64,8 @@ class Opening:
         cursor: Where the cursor starts: inside the phase with the highest exact allocator
             peak (the spike gpuwatch exists to explain), else at the highest memory
             reading; None for a recording without memory figures.
-        position: The playback position: the window's start (space plays from there).
+        position: The playback position: the cursor's time (the scrubber and the cursor
+            agree; space plays from there), the window's start without a cursor.
     """
 
     window: tuple[int, int]
@@ -343,7 +344,8 @@ class Player:
             spike = self.largest_spike()
             peak = (spike[0], spike[1]) if spike is not None else None
         cursor = peak[0] if peak is not None and window[0] <= peak[0] <= window[1] else None
-        return Opening(window, cursor, window[0])
+        # The position is the cursor's time: the scrubber and the cursor tell one time.
+        return Opening(window, cursor, window[0] if cursor is None else cursor)
 
     def _peak(self, kind: str, column: str) -> tuple[int, int, str] | None:
         if self.loader is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import shlex
 import signal
 import time
@@ -28,7 +29,7 @@ from textual.widgets import Static, TabbedContent, TabPane, Tabs
 from ..analysis.predicted import predictions
 from ..analysis.session_ranks import jobs, rank_of
 from ..fmt import ellipsis, fmt_bytes, fmt_clock, fmt_duration, printable
-from ..session import Session
+from ..session import Session, is_host
 from ..session import navigate as nav
 from ..session.model import Oom
 from . import marks
@@ -322,6 +323,7 @@ class GpuwatchApp(App[int]):
         self.subtitle_text = subtitle
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
+        self._arranged: tuple[str, ...] = ()  # the panels' keys in the order they stand
         self._notes: tuple[str, bool] = ("", False)  # the notes shown, and on a short screen
         # The session's shared predicted lines (the exporter reads the same ones).
         self.predicted = predictions(session)
@@ -414,23 +416,48 @@ class GpuwatchApp(App[int]):
             self._tick()  # a paused view shows new data in it now; following, the timer does
 
     def _sync_panels(self) -> None:
-        """Mount a panel for every device the session knows (GPUs by index, host last)."""
+        """Mount a panel for every device the session knows, in :meth:`_order`."""
         keys = sorted(self.session.devices, key=self._order)
         for key in keys:
             if key not in self._panels:
                 panel = DevicePanel(self.session, key, self.predicted)
                 self._panels[key] = panel
                 self.panel_list.mount(panel)
-        # With GPUs to show, a host panel is a small strip (below its host's GPUs).
-        gpus = any(not p.is_host for p in self._panels.values())
-        for panel in self._panels.values():
-            if panel.is_host:
-                panel.set_class(gpus, "-secondary")
+        self._arrange_panels()
 
-    def _order(self, key: str) -> tuple[str, bool, int, str]:
+    def _arrange_panels(self) -> None:
+        """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the
+        host panel first when its hello comes); the first panel keeps the focus it had."""
+        panels = self.panels
+        keys = tuple(p.key for p in panels)
+        if keys == self._arranged:
+            return
+        first = self._panels[self._arranged[0]] if self._arranged else None
+        self._arranged = keys
+        for before, panel in itertools.pairwise(panels):
+            self.panel_list.move_child(panel, after=before)
+        # With GPUs to show, a host panel is a small strip, unless it is where training runs.
+        gpus = any(not p.is_host for p in panels)
+        for panel in panels:
+            if panel.is_host:
+                panel.set_class(gpus and not self._trains_on(panel.key), "-secondary")
+        if panels and first is not panels[0] and (first is None or first.has_focus_within):
+            panels[0].focus(scroll_visible=False)
+            self.panel_list.scroll_home(animate=False)
+
+    def _trains_on(self, key: str) -> bool:
+        """Does an instrumented process report its memory on this panel: a GPU its
+        allocator reads, or the host for one that uses no GPU (torch on the CPU)."""
+        if is_host(key):
+            return any(not p.devices for p in self.session.processes_of_host(key))
+        return bool(self.session.processes_on(key))
+
+    def _order(self, key: str) -> tuple[str, bool, bool, int, str]:
+        """Panels by recording, the ones an instrumented process trains on first (whatever
+        its device), then GPUs by index, the host last."""
         dev = self.session.devices[key]
         index = dev.index if dev.index is not None else 1 << 30
-        return (dev.origin, dev.kind == "host", index, key)
+        return (dev.origin, not self._trains_on(key), dev.kind == "host", index, key)
 
     @property
     def panels(self) -> list[DevicePanel]:
@@ -461,6 +488,8 @@ class GpuwatchApp(App[int]):
         self._drawn_key = key
         if len(self._panels) != len(self.session.devices):
             self._sync_panels()
+        else:
+            self._arrange_panels()
         self._update_predictions()
         self.view.first = self.session.time_range()[0]
         window = self.view.window(now)

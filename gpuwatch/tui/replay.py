@@ -206,8 +206,6 @@ class ReplayApp(GpuwatchApp):
         self.view.span = max(t1 - t0, MIN_SPAN)  # a recording of one sample still has a width
         self.view.end = t1
         self.view.cursor = opening.cursor
-        if opening.cursor is not None:
-            self.player.seek(opening.cursor)  # the scrubber tells the cursor's time
 
     def figures_time(self, window: tuple[int, int]) -> int:
         """The cursor, else the playback position."""
@@ -276,13 +274,17 @@ class ReplayApp(GpuwatchApp):
     def action_cursor(self, cells: int) -> None:
         """Move by chart columns: the cursor and the position together (paused), the
         position (playing)."""
-        self.action_seek(cells / max(1, self._plot_width()))
+        # A column's time as the live cursor steps it (View.move_cursor).
+        self._seek_by(cells * max(1, self.view.span // max(self._plot_width(), 1)))
 
     def action_seek(self, fraction: float) -> None:
-        """Seek by a fraction of the window: playing, the window follows; paused, the
-        cursor moves from where it is (else from the position) and the window scrolls
-        only as far as keeps it in view, so the chart never jumps back."""
-        delta = int(fraction * self.view.span)
+        """Seek by a fraction of the window (see :meth:`_seek_by`)."""
+        self._seek_by(int(fraction * self.view.span))
+
+    def _seek_by(self, delta: int) -> None:
+        """Seek by ``delta`` ns: playing, the window follows; paused, the cursor moves
+        from where it is (else from the position) and the window scrolls only as far as
+        keeps it in view, so the chart never jumps back."""
         if self.player.playing:
             self.player.seek_by(delta)
             self._follow_position()

@@ -488,8 +488,6 @@ class GpuwatchApp(App[int]):
         self._drawn_key = key
         if len(self._panels) != len(self.session.devices):
             self._sync_panels()
-        else:
-            self._arrange_panels()
         self._update_predictions()
         self.view.first = self.session.time_range()[0]
         window = self.view.window(now)
@@ -577,6 +575,9 @@ class GpuwatchApp(App[int]):
         self.predicted.update()
 
     def _refresh_tables(self) -> None:
+        # A hello saying where a process trains can reorder the panels: looked at here, at
+        # TABLE_HZ, not each frame (a pass over the processes per device).
+        self._arrange_panels()
         # The Processes tab shows the figures at the cursor: a new cursor is a new table.
         version = (self.session.version, self.process_table.at)
         if version == self._tables_version:

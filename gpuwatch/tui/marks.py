@@ -89,8 +89,12 @@ class MarksTable(DataTable):
         if signature == self._signature:
             return
         self._signature = signature
-        skip = max(0, s.mark_count() - LISTED)
-        events: list[Mark | Oom] = [*islice(s.every_mark(), skip, None), *list(s.ooms)]
+        kept = list(s.marks)
+        if len(kept) >= LISTED or not s.marks_gone:
+            listed: list[Mark] = kept[-LISTED:]  # the newest are in memory
+        else:  # a session that let them go (a windowed replay): from its recording, once
+            listed = list(islice(s.every_mark(), max(0, s.mark_count() - LISTED), None))
+        events: list[Mark | Oom] = [*listed, *list(s.ooms)]
         events.sort(key=lambda e: e.t)
         events = events[-LISTED:]
         self.times = [e.t for e in events]

@@ -73,8 +73,7 @@ async def test_the_host_moves_first_when_a_cpu_run_says_hello_live() -> None:
         await pilot.pause()
         assert not app.panels[0].is_host  # nothing instrumented yet: GPUs by index
         cpu_run(s)
-        app.redraw()
-        await pilot.pause()
+        await pilot.pause(0.8)  # the panels are rearranged at TABLE_HZ
         first, top = first_screen(app)
         assert first.is_host and top is first and first.has_focus_within
 

@@ -339,11 +339,12 @@ class Player:
                 t0, t1 = max(first, mid - MIN_OPENING // 2), min(last, mid + MIN_OPENING // 2)
             if t1 > t0 and (t1 - t0) < WHOLE_SHARE * (last - first):
                 window = (t0, t1)
-        peak = self.highest_phase_peak()
-        if peak is None or not window[0] <= peak[0] <= window[1]:
+        found = self.highest_phase_peak()
+        peak = found.t if found is not None else None
+        if peak is None or not window[0] <= peak <= window[1]:
             spike = self.largest_spike()
-            peak = (spike[0], spike[1]) if spike is not None else None
-        cursor = peak[0] if peak is not None and window[0] <= peak[0] <= window[1] else None
+            peak = spike[0] if spike is not None else None
+        cursor = peak if peak is not None and window[0] <= peak <= window[1] else None
         # The position is the cursor's time: the scrubber and the cursor tell one time.
         return Opening(window, cursor, window[0] if cursor is None else cursor)
 

@@ -151,7 +151,7 @@ class PeaksTable(DataTable):
         if signature == self._signature:
             return
         self._signature = signature
-        rows = []
+        rows: list[tuple[object, ...]] = []
         spans: list[tuple[int, int, int, int]] = []
         texts: list[list[str]] = []
         for proc in s.processes.values():

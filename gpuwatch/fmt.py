@@ -128,14 +128,19 @@ def fmt_duration(ns: float) -> str:
     return f"{sign}{h}:{m:02d}:{sec:02d}"
 
 
-def fmt_clock(ns: float) -> str:
-    """Position on the session axis: ``00:12.345`` or ``1:02:03.4``."""
-    s = max(0.0, ns / 1e9)
+def fmt_clock(ns: float, decimals: int = 1) -> str:
+    """A time on the session's axis, the one format of every time the dashboard places on
+    it (the cursor, the legend, the scrubber, the axis ticks): ``0:56.3``, ``1:00.0``,
+    ``1:02:03.4``; ``decimals`` as the context needs (the axis: as many as its step)."""
+    sign = "-" if ns < 0 else ""
+    scale = 10**decimals
+    s = round(abs(ns) / 1e9 * scale) / scale  # rounded first: 59.96 s is 1:00.0, not 0:60.0
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
+    secs = f"{sec:0{3 + decimals if decimals else 2}.{decimals}f}"
     if h >= 1:
-        return f"{int(h)}:{int(m):02d}:{sec:04.1f}"
-    return f"{int(m):02d}:{sec:06.3f}"
+        return f"{sign}{int(h)}:{int(m):02d}:{secs}"
+    return f"{sign}{int(m)}:{secs}"
 
 
 def nice_step(span: float, target: int) -> float:
@@ -151,15 +156,8 @@ def nice_step(span: float, target: int) -> float:
 
 
 def axis_label(ns: float, step_ns: float) -> str:
-    """A time-axis tick: as many decimals as the tick step needs (``0s``, ``1.5s``, ``2:30``)."""
-    s = ns / 1e9
+    """A time-axis tick in :func:`fmt_clock`'s format, with as many decimals as the tick
+    step needs (``0:57``, ``0:57.5``, ``2:30``, ``0:57.25``)."""
     step = step_ns / 1e9
-    if step >= 60 or abs(s) >= 600:
-        return fmt_duration(ns)
-    if step >= 1:
-        return f"{s:.0f}s"
-    if step >= 0.1:
-        return f"{s:.1f}s"
-    if step >= 0.01:
-        return f"{s:.2f}s"
-    return f"{s * 1000:.0f}ms" if step >= 0.001 else f"{s * 1000:.1f}ms"
+    decimals = next((d for d, least in ((0, 1), (1, 0.1), (2, 0.01)) if step >= least), 3)
+    return fmt_clock(ns, decimals)

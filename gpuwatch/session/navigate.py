@@ -6,11 +6,13 @@ Shared by the live dashboard and replay, so "next phase" means the same thing in
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
 from .model import is_host
 from .session import Process, Session
+from .table import MISSING_INT
 
 
 def _processes(session: Session, key: str | None) -> list[Process]:
@@ -115,6 +117,87 @@ def step_to(times: np.ndarray, t: int, direction: int) -> int | None:
         return int(times[i]) if i < len(times) else None
     i = int(np.searchsorted(times, t, "left")) - 1
     return int(times[i]) if i >= 0 else None
+
+
+class Spike(NamedTuple):
+    """Where ``s`` ("Largest spike") goes: the highest peak of what was measured best.
+
+    Attributes:
+        t: Where to put the cursor (inside the phase, for an exact phase peak).
+        value: The peak's bytes.
+        source: ``"phase"`` (a phase's exact allocator peak), ``"nvml"`` (nvidia-smi's
+            used memory), ``"torch"`` (a script's allocator figures, for a GPU NVML
+            cannot see) or ``"rss"`` (the host).
+        pid: The process of an exact phase peak (else 0).
+        phase: That phase's name (printable is the caller's job), else "".
+        step: That phase's step, else None.
+    """
+
+    t: int
+    value: float
+    source: str
+    pid: int = 0
+    phase: str = ""
+    step: int | None = None
+
+
+SPIKE_WORDS = {
+    "phase": "the exact allocator peak",
+    "nvml": "nvidia-smi used",
+    "torch": "torch allocated",
+    "rss": "the RSS of an instrumented process",
+    "host": "the host's used memory",
+}
+"""What each :attr:`Spike.source` measured, as the notification says it."""
+
+
+def phase_peak(session: Session, pid: int, t1: int, value: int) -> Spike:
+    """The :class:`Spike` of the phase of ``pid`` that ended at ``t1`` with peak ``value``:
+    the cursor in the middle of that phase (where its row can be read, else just inside
+    its end)."""
+    proc = session.processes.get(pid)
+    if proc is not None:
+        cols = proc.phases.between(t1, t1, columns=("t0", "t1", "peak_alloc", "name", "step"))
+        rows = np.flatnonzero((cols["t1"] == t1) & (cols["peak_alloc"] == value))
+        if len(rows):
+            i = rows[-1]
+            nid, step = int(cols["name"][i]), int(cols["step"][i])
+            name = session.names[nid] if 0 <= nid < len(session.names) else "?"
+            known = step if step != MISSING_INT else None
+            mid = (int(cols["t0"][i]) + t1) // 2
+            return Spike(mid, float(value), "phase", pid, name, known)
+    return Spike(t1 - 1, float(value), "phase", pid)
+
+
+def spike(session: Session, key: str | None = None) -> Spike | None:
+    """The largest spike on device ``key`` (None: every process): the highest exact
+    per-phase allocator peak where a script reported them, else the highest reading
+    :func:`largest_spike` finds (nvidia-smi's used memory, a torch-only GPU's allocator
+    peaks, the host's RSS).
+
+    Exact peaks first: a phase's peak that stays inside reserved memory never reaches
+    NVML, whose highest reading is then a plateau, not the spike (the 2.7B sample: NVML
+    56.99 GiB at a step boundary; the optimizer step's allocator peak 53.61 GiB).
+    """
+    best: tuple[int, int, int] | None = None  # (value, t1, pid)
+    procs = list(session.processes.values()) if key is None else _processes(session, key)
+    for proc in procs:
+        found = proc.phases.max_between("peak_alloc")
+        if found is not None and (best is None or int(found[1]) > best[0]):
+            best = (int(found[1]), found[0], proc.pid)
+    if best is not None:
+        return phase_peak(session, best[2], best[1], best[0])
+    if key is None:
+        return None
+    found = largest_spike(session, key)
+    if found is None:
+        return None
+    if is_host(key):
+        source = "rss"
+    else:
+        table = session.gpu.get(key)
+        source = "nvml" if table is not None and len(table) else "torch"
+    return Spike(found[0], found[1], source)
 
 
 def largest_spike(

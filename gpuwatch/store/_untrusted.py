@@ -19,6 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from ..session.table import MISSING_INT
+
 QUERY_SECONDS = 10.0
 """Most seconds SQLite may work on one statement before a row, or a batch of rows (an
 honest one takes milliseconds)."""
@@ -118,3 +122,42 @@ def connect(path: Path) -> Guarded:
 def timed_out(exc: BaseException) -> bool:
     """True for the error of a statement stopped by the time limit."""
     return isinstance(exc, sqlite3.OperationalError) and INTERRUPTED in str(exc).lower()
+
+
+COUNTS = frozenset(
+    (
+        "used",
+        "free",
+        "total",
+        "reserved",
+        "available",
+        "allocated",
+        "inactive_split",
+        "alloc_retries",
+        "alloc_ooms",
+        "peak_allocated",
+        "peak_reserved",
+        "rss",
+        "alloc0",
+        "reserved0",
+        "alloc1",
+        "reserved1",
+        "peak_alloc",
+    )
+)
+"""Columns of byte (or event) counts: never negative in an honest file."""
+
+
+def counts_checked(name: str, col: np.ndarray) -> np.ndarray:
+    """``col`` with a negative count read as unknown (:data:`MISSING_INT`).
+
+    A file's numbers are its author's word: a count below zero (a hostile file, or one
+    whose bytes were damaged and still inflate) would be drawn and printed as a figure
+    such as ``-8589934592.00 GiB``. Other columns, and honest ones, come back as they are.
+    """
+    if name not in COUNTS or col.dtype.kind != "i" or not len(col) or col.min() >= 0:
+        return col
+    bad = (col < 0) & (col != MISSING_INT)
+    if not bad.any():
+        return col
+    return np.where(bad, np.array(MISSING_INT, dtype=col.dtype), col)

@@ -659,6 +659,8 @@ class SeriesArchive:
                 col = np.where(col != MISSING_INT, col + self.shift, col)
             elif name in self.maps:
                 col = remap(col, *self.maps[name])
+            else:
+                col = _untrusted.counts_checked(name, col)
             out[name] = col
         return out
 

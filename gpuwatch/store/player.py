@@ -33,11 +33,15 @@ FIRST_FRAME_GRACE = 1.0
 competes with it for the CPU (the first frame's own chunks are loaded before)."""
 
 SPIKE_SOURCES = (("gpu", "used"), ("peaks", "peak_allocated"), ("torch", "allocated"))
-"""Where "the largest spike" is looked for, in order: the highest NVML used memory of any
-GPU (what nvidia-smi shows, what runs out), else the highest exact allocator peak a script
-reported, else its highest allocated figure. A recording with none of these (CPU only)
-uses the highest RSS of an instrumented process, then host used memory."""
+"""Where the highest reading is looked for when no phase has an exact peak, in order: the
+highest NVML used memory of any GPU (what nvidia-smi shows, what runs out), else the
+highest exact allocator peak a script reported, else its highest allocated figure. A
+recording with none of these (CPU only) uses the highest RSS of an instrumented process,
+then host used memory."""
 
+
+_SPIKE_SOURCE = {"gpu": "nvml", "peaks": "torch", "torch": "torch", "rss": "rss", "host": "host"}
+"""The :attr:`~gpuwatch.session.navigate.Spike.source` of each kind of reading."""
 
 WHOLE_SHARE = 0.8
 """A recording whose training part (with margins) fills at least this share of it opens
@@ -60,7 +64,8 @@ class Opening:
         cursor: Where the cursor starts: inside the phase with the highest exact allocator
             peak (the spike gpuwatch exists to explain), else at the highest memory
             reading; None for a recording without memory figures.
-        position: The playback position: the window's start (space plays from there).
+        position: The playback position: the cursor's time (the scrubber and the cursor
+            agree; space plays from there), the window's start without a cursor.
     """
 
     window: tuple[int, int]
@@ -266,8 +271,8 @@ class Player:
         return None
 
     def jump_to_spike(self) -> int | None:
-        """Jump to :meth:`largest_spike`; None when there is none."""
-        spike = self.largest_spike()
+        """Jump to :meth:`spike`; None when there is none."""
+        spike = self.spike()
         return None if spike is None else self.seek(spike[0])
 
     # ------------------------------------------------------------------ opening
@@ -296,34 +301,30 @@ class Player:
                 last = max(last, span[1])
         return (first, last) if last > first else None
 
-    def highest_phase_peak(self) -> tuple[int, int] | None:
-        """``(time, bytes)`` inside the phase with the highest exact allocated peak."""
+    def highest_phase_peak(self) -> nav.Spike | None:
+        """Inside the phase with the highest exact allocated peak (its time, bytes, name)."""
         found = self.loader.peak("phases") if self.loader is not None else None
-        pid: int | None = None
         if found is not None:
             value, t1, key = found
-            pid = int(key)
-        elif self.loader is not None:
+            return nav.phase_peak(self.session, int(key), t1, value)
+        if self.loader is not None:
             # The index keeps each chunk's highest peak: none there, none in the rows
             # (asking each process would read every index of a sweep for nothing).
             return None
-        else:
-            best = None
-            for p in list(self.session.processes.values()):
-                found = p.phases.max_between("peak_alloc")
-                if found is not None and (best is None or found[1] > best[0]):
-                    best = (int(found[1]), found[0], p.pid)
-            if best is None:
-                return None
-            value, t1, pid = best
-        # The middle of that phase when its row can be read, else just inside its end.
-        proc = self.session.processes.get(pid)
-        if proc is not None:
-            cols = proc.phases.between(t1, t1, columns=("t0", "t1", "peak_alloc"))
-            rows = np.flatnonzero((cols["t1"] == t1) & (cols["peak_alloc"] == value))
-            if len(rows):
-                return (int(cols["t0"][rows[-1]]) + t1) // 2, value
-        return t1 - 1, value
+        return nav.spike(self.session)
+
+    def spike(self) -> nav.Spike | None:
+        """Where ``s`` goes: the highest exact phase peak, else :meth:`largest_spike`
+        (see :func:`gpuwatch.session.navigate.spike`), with what measured it."""
+        found = self.highest_phase_peak()
+        if found is not None:
+            return found
+        for kind, column in (*SPIKE_SOURCES, ("rss", "rss"), ("host", "used")):
+            peak = self._peak(kind, column)
+            if peak is not None:
+                value, t, _ = peak
+                return nav.Spike(t, value, _SPIKE_SOURCE[kind])
+        return None
 
     def opening(self) -> Opening:
         """The window, cursor and position replay opens on (see :data:`WHOLE_SHARE`)."""
@@ -338,12 +339,14 @@ class Player:
                 t0, t1 = max(first, mid - MIN_OPENING // 2), min(last, mid + MIN_OPENING // 2)
             if t1 > t0 and (t1 - t0) < WHOLE_SHARE * (last - first):
                 window = (t0, t1)
-        peak = self.highest_phase_peak()
-        if peak is None or not window[0] <= peak[0] <= window[1]:
+        found = self.highest_phase_peak()
+        peak = found.t if found is not None else None
+        if peak is None or not window[0] <= peak <= window[1]:
             spike = self.largest_spike()
-            peak = (spike[0], spike[1]) if spike is not None else None
-        cursor = peak[0] if peak is not None and window[0] <= peak[0] <= window[1] else None
-        return Opening(window, cursor, window[0])
+            peak = spike[0] if spike is not None else None
+        cursor = peak if peak is not None and window[0] <= peak <= window[1] else None
+        # The position is the cursor's time: the scrubber and the cursor tell one time.
+        return Opening(window, cursor, window[0] if cursor is None else cursor)
 
     def _peak(self, kind: str, column: str) -> tuple[int, int, str] | None:
         if self.loader is not None:

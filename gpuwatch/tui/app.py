@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import shlex
 import signal
 import time
@@ -27,9 +28,11 @@ from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from ..analysis.predicted import predictions
 from ..analysis.session_ranks import jobs, rank_of
-from ..fmt import ellipsis, fmt_bytes, fmt_duration
-from ..session import Session
+from ..fmt import ellipsis, fmt_bytes, fmt_clock, fmt_duration, printable
+from ..session import Session, is_host
 from ..session import navigate as nav
+from ..session.model import Oom
+from . import marks
 from ._text import Fitted, markup_safe, plain_lines
 from .chart import TimelineChart
 from .confirm import Confirm
@@ -54,6 +57,9 @@ Key presses redraw at once; new data in a paused view shows at once too, then at
 once per this interval (at 20 a second, every sample redrawing all panels, a paused 8-GPU
 dashboard took over half a core)."""
 TABLE_HZ = 2
+MARK_CELLS = 48
+"""The most of a mark's text the status bar shows at the cursor (the Peaks tab lists it
+whole): the window and the counts still fit on 120 columns."""
 
 
 class ChildLike(Protocol):
@@ -109,8 +115,18 @@ ACTIONS: tuple[Action, ...] = (
     Action("minus", "zoom(2.0)", "Zoom out", "Double the time window", True, "-"),
     Action("left", "cursor(-1)", "Cursor left", "Move the cursor one column back"),
     Action("right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
-    Action("ctrl+left", "cursor(-10)", "Cursor far left", "Move the cursor ten columns back"),
-    Action("ctrl+right", "cursor(10)", "Cursor far right", "Move the cursor ten columns on"),
+    Action(
+        "ctrl+left",
+        "cursor_window(-0.1)",
+        "Cursor far left",
+        "Move the cursor a tenth of the window back",
+    ),
+    Action(
+        "ctrl+right",
+        "cursor_window(0.1)",
+        "Cursor far right",
+        "Move the cursor a tenth of the window on",
+    ),
     Action(
         "shift+left,less_than_sign",
         "pan(-0.25)",
@@ -145,7 +161,7 @@ ACTIONS: tuple[Action, ...] = (
         "s",
         "jump_spike",
         "Largest spike",
-        "Cursor to the highest reading of the focused device in the session",
+        "Cursor to the highest exact phase peak of the focused device (else nvidia-smi's)",
         True,
     ),
     Action("home", "home", "Start", "Show the start of the session"),
@@ -307,6 +323,7 @@ class GpuwatchApp(App[int]):
         self.subtitle_text = subtitle
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
+        self._arranged: tuple[str, ...] = ()  # the panels' keys in the order they stand
         self._notes: tuple[str, bool] = ("", False)  # the notes shown, and on a short screen
         # The session's shared predicted lines (the exporter reads the same ones).
         self.predicted = predictions(session)
@@ -334,6 +351,7 @@ class GpuwatchApp(App[int]):
         self.panel_list = PanelList(id="panels")
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted
+        self.marks_table = marks.MarksTable(self.session, id="marks-table")
         self.process_table = ProcessTable(self.session, id="process-table")
         # The Ranks tab appears once the session has a job of two or more ranks.
         self.ranks_view = RanksView(self.session, id="ranks-view")
@@ -345,6 +363,7 @@ class GpuwatchApp(App[int]):
                 yield self.panel_list
             with TabPane("Peaks", id="peaks"):
                 yield self.peaks_table
+                yield self.marks_table
                 yield self.peaks_table.detail
             with TabPane("Processes", id="processes"):
                 yield self.process_table
@@ -402,23 +421,48 @@ class GpuwatchApp(App[int]):
             self._tick()  # a paused view shows new data in it now; following, the timer does
 
     def _sync_panels(self) -> None:
-        """Mount a panel for every device the session knows (GPUs by index, host last)."""
+        """Mount a panel for every device the session knows, in :meth:`_order`."""
         keys = sorted(self.session.devices, key=self._order)
         for key in keys:
             if key not in self._panels:
                 panel = DevicePanel(self.session, key, self.predicted)
                 self._panels[key] = panel
                 self.panel_list.mount(panel)
-        # With GPUs to show, a host panel is a small strip (below its host's GPUs).
-        gpus = any(not p.is_host for p in self._panels.values())
-        for panel in self._panels.values():
-            if panel.is_host:
-                panel.set_class(gpus, "-secondary")
+        self._arrange_panels()
 
-    def _order(self, key: str) -> tuple[str, bool, int, str]:
+    def _arrange_panels(self) -> None:
+        """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the
+        host panel first when its hello comes); the first panel keeps the focus it had."""
+        panels = self.panels
+        keys = tuple(p.key for p in panels)
+        if keys == self._arranged:
+            return
+        first = self._panels[self._arranged[0]] if self._arranged else None
+        self._arranged = keys
+        for before, panel in itertools.pairwise(panels):
+            self.panel_list.move_child(panel, after=before)
+        # With GPUs to show, a host panel is a small strip, unless it is where training runs.
+        gpus = any(not p.is_host for p in panels)
+        for panel in panels:
+            if panel.is_host:
+                panel.set_class(gpus and not self._trains_on(panel.key), "-secondary")
+        if panels and first is not panels[0] and (first is None or first.has_focus_within):
+            panels[0].focus(scroll_visible=False)
+            self.panel_list.scroll_home(animate=False)
+
+    def _trains_on(self, key: str) -> bool:
+        """Does an instrumented process report its memory on this panel: a GPU its
+        allocator reads, or the host for one that uses no GPU (torch on the CPU)."""
+        if is_host(key):
+            return any(not p.devices for p in self.session.processes_of_host(key))
+        return bool(self.session.processes_on(key))
+
+    def _order(self, key: str) -> tuple[str, bool, bool, int, str]:
+        """Panels by recording, the ones an instrumented process trains on first (whatever
+        its device), then GPUs by index, the host last."""
         dev = self.session.devices[key]
         index = dev.index if dev.index is not None else 1 << 30
-        return (dev.origin, dev.kind == "host", index, key)
+        return (dev.origin, not self._trains_on(key), dev.kind == "host", index, key)
 
     @property
     def panels(self) -> list[DevicePanel]:
@@ -462,7 +506,14 @@ class GpuwatchApp(App[int]):
                 panel.update_view(window, self.view.cursor, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
+        self._follow_tables()
         self.redraws += 1
+
+    def _follow_tables(self) -> None:
+        """The Peaks tab highlights the phase, and the mark, at the cursor."""
+        if self.tabs.active == "peaks":
+            self.peaks_table.follow(self.view.cursor)
+            self.marks_table.follow(self.view.cursor)
 
     def figures_time(self, window: tuple[int, int]) -> int:
         """The time the headers and legends describe: the cursor, else the newest time."""
@@ -529,6 +580,9 @@ class GpuwatchApp(App[int]):
         self.predicted.update()
 
     def _refresh_tables(self) -> None:
+        # A hello saying where a process trains can reorder the panels: looked at here, at
+        # TABLE_HZ, not each frame (a pass over the processes per device).
+        self._arrange_panels()
         # The Processes tab shows the figures at the cursor: a new cursor is a new table.
         version = (self.session.version, self.process_table.at)
         if version == self._tables_version:
@@ -537,6 +591,8 @@ class GpuwatchApp(App[int]):
         self._add_ranks_tab()
         if self.tabs.active == "peaks":
             self.peaks_table.refresh_rows()
+            self.marks_table.refresh_rows()
+            self._follow_tables()
         elif self.tabs.active == "processes":
             self.process_table.refresh_rows()
         if self._ranks_added:  # hidden too, for the faults the status bar counts
@@ -593,11 +649,7 @@ class GpuwatchApp(App[int]):
         procs = len(s.active(*window))
         rejects = sum(s.rejects.values())
         dropped = sum(p.dropped for p in s.processes.values())
-        parts = [
-            f"[b]gpuwatch[/b] · {self.mode_text()}",
-            f"window {fmt_duration(self.view.span)}",
-            f"{procs} instrumented",
-        ]
+        parts = [f"[b]gpuwatch[/b] · {self.mode_text()}"]
         faults = self.ranks_view.faults
         if faults:  # the job's ranks disagree: the Ranks tab says how
             parts.append(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]")
@@ -606,7 +658,15 @@ class GpuwatchApp(App[int]):
         if dropped:
             parts.append(f"[$warning]{dropped} dropped[/]")
         if self.view.cursor is not None:
-            parts.append(f"cursor {fmt_duration(self.view.cursor - s.t_origin)}")
+            # What the cursor reads comes before the window and the counts: the time, and
+            # the mark or OOM nearest to it in the window with what it says.
+            parts.append(f"cursor {fmt_clock(self.view.cursor - s.t_origin)}")
+            near = marks.nearest(s, self.view.cursor, *window)
+            if near is not None:
+                at = fmt_clock(near.t - s.t_origin)
+                said = ellipsis(marks.describe(near), MARK_CELLS)
+                parts.append(markup_safe(f"{marks.symbol(near)} {at} {said}"))
+        parts += [f"window {fmt_duration(self.view.span)}", f"{procs} instrumented"]
         if self.child is not None:
             parts.append(self._child_text())
         subtitle = self.subtitle_text() if callable(self.subtitle_text) else self.subtitle_text
@@ -681,9 +741,14 @@ class GpuwatchApp(App[int]):
     # ------------------------------------------------------------------ actions
 
     def action_toggle_follow(self) -> None:
-        """Follow live data / freeze the window."""
+        """Follow live data / freeze the window (and say which)."""
         self.view.toggle_follow(self.now())
+        self.notify(self.follow_text(), timeout=2)
         self.redraw()
+
+    def follow_text(self) -> str:
+        """What ``f`` just did."""
+        return "following the newest data" if self.view.following else "paused: the window stays"
 
     def action_zoom(self, factor: float) -> None:
         """Scale the time window (around the cursor when there is one)."""
@@ -699,6 +764,11 @@ class GpuwatchApp(App[int]):
         """Move the cursor by chart columns."""
         self.view.move_cursor(cells, self._plot_width(), self.now())
         self.redraw()
+
+    def action_cursor_window(self, fraction: float) -> None:
+        """Move the cursor by a fraction of the window (whole columns, at least one)."""
+        cells = round(fraction * self._plot_width())
+        self.action_cursor(cells or (1 if fraction > 0 else -1))
 
     def action_clear_cursor(self) -> None:
         """Remove the cursor (the legend shows the newest values again)."""
@@ -728,28 +798,57 @@ class GpuwatchApp(App[int]):
         self._jump(t, "phase boundary")
 
     def action_jump_event(self, direction: int) -> None:
-        """Cursor to the previous / next mark or OOM."""
+        """Cursor to the previous / next mark or OOM, and say what it says."""
         times = nav.events(self.session, None)
-        self._jump(nav.step_to(times, self._reference_time(direction), direction), "mark")
+        t = nav.step_to(times, self._reference_time(direction), direction)
+        if t is not None:
+            self.tell_events(t)
+        self._jump(t, "mark")
+
+    def tell_events(self, t: int) -> None:
+        """Say what the marks and OOMs at ``t`` (where a jump landed) say."""
+        for event in marks.at(self.session, t)[:3]:
+            oom = isinstance(event, Oom)
+            self.notify(
+                f"{marks.symbol(event)} {marks.describe(event, pid=True)}",
+                severity="error" if oom else "information",
+                timeout=8 if oom else 5,
+                markup=False,
+            )
 
     def action_jump_spike(self) -> None:
-        """Cursor to the highest reading of the focused device."""
+        """Cursor to the largest spike of the focused device (see :func:`nav.spike`)."""
         panel = self.focused_panel()
         if panel is None:
             return
-        found = nav.largest_spike(self.session, panel.key)
+        found = nav.spike(self.session, panel.key)
         if found is not None:
-            self.notify(
-                f"largest reading on {panel.border_title}: {fmt_bytes(found[1])}", timeout=3
-            )
-        self._jump(found[0] if found else None, "reading")
+            self.tell_spike(found)
+        self._jump(found.t if found else None, "spike")
+
+    def tell_spike(self, found: nav.Spike) -> None:
+        """Say which spike ``s`` landed on and what measured it."""
+        what = nav.SPIKE_WORDS.get(found.source, found.source)
+        if found.source == "phase":
+            step = f" (step {found.step})" if found.step is not None else ""
+            where = f"{printable(found.phase or '?')}{step}"
+            text = f"largest spike: {fmt_bytes(found.value)}, {what} of {where}"
+        else:
+            text = f"largest spike: {fmt_bytes(found.value)}, {what} (no exact phase peaks)"
+        self.notify(text, timeout=4, markup=False)
 
     def action_toggle_fit(self) -> None:
-        """Scale GPU y axes to the data / to the device total."""
-        for panel in self._panels.values():
-            if not panel.is_host:
-                panel.fit = not panel.fit
-                panel.chart.invalidate()
+        """Scale GPU y axes to the data / to the device total (and say which)."""
+        gpus = [panel for panel in self._panels.values() if not panel.is_host]
+        if not gpus:
+            self.notify("no GPU panel: the host's axis is its RAM", timeout=2)
+            return
+        fit = not gpus[0].fit  # one state for all: a mixed set is made even
+        for panel in gpus:
+            panel.fit = fit
+            panel.chart.invalidate()
+        what = "fitted to the data" if fit else "the device's total"
+        self.notify(f"y axis: {what}", timeout=2)
         self.redraw()
 
     def action_next_panel(self, step: int) -> None:

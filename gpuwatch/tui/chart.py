@@ -229,9 +229,9 @@ class TimelineChart(CachedStrips):
                 break
             col = int((t - t0) * plot_w / span)
             label = axis_label(t - self.origin, step)
-            if col >= 0 and col + len(label) < plot_w + 1:
+            if col >= 0 and col + 1 + len(label) <= plot_w:  # whole labels only
                 line[axis_w + col] = "┴"
-                for j, ch in enumerate(label[: max(0, plot_w - col - 1)]):
+                for j, ch in enumerate(label):
                     line[axis_w + col + 1 + j] = ch
             k += 1
         return "".join(line[: axis_w + plot_w])

@@ -13,8 +13,8 @@ from textual.content import Content
 from ..analysis.breakdown import SAME
 from ..analysis.moment import Moment, moment
 from ..analysis.predicted import PredictedLine
-from ..fmt import fmt_bytes, fmt_duration, printable
-from ..session import Session, is_host
+from ..fmt import fmt_bytes, fmt_clock, fmt_duration, printable
+from ..session import MISSING_INT, Session, is_host
 from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
 from .breakdown import BreakdownBar
@@ -164,7 +164,8 @@ class DevicePanel(Vertical):
             count = f"RSS of {len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
             if row is None:
                 return f"{'no sample at this time' if len(table) else 'waiting'} · {count}"
-            return f"RAM {fmt_bytes(row['used'])} / {fmt_bytes(row['total'])} used · {count}"
+            used, total = _figure(row, "used"), _figure(row, "total")
+            return f"RAM {fmt_bytes(used)} / {fmt_bytes(total)} used · {count}"
         parts = []
         table = self.session.gpu.get(self.key)
         if dev.state != "ok":
@@ -179,10 +180,12 @@ class DevicePanel(Vertical):
         else:
             if dev.state == "lost" and t >= (table.span() or (0, 0))[1]:
                 parts.append("last seen")
-            parts.append(f"{fmt_bytes(row['used'])} / {fmt_bytes(row['total'])}")
-            parts.append(f"util {_num(row['util_gpu'], '%')}")
-            parts.append(f"{_num(row['temp'], '°C')}")
-            parts.append(f"{_num(row['power'], ' W')} / {_num(row['power_limit'], ' W')}")
+            used, total = _figure(row, "used"), _figure(row, "total")
+            parts.append(f"{fmt_bytes(used)} / {fmt_bytes(total)}")
+            parts.append(f"util {_num(_figure(row, 'util_gpu'), '%')}")
+            parts.append(f"{_num(_figure(row, 'temp'), '°C')}")
+            power, limit = _figure(row, "power"), _figure(row, "power_limit")
+            parts.append(f"{_num(power, ' W')} / {_num(limit, ' W')}")
         rate = self._rate_at(t)
         if rate is not None:
             parts.append(f"{rate:.0f} Hz")
@@ -227,7 +230,7 @@ class DevicePanel(Vertical):
         if span is not None:
             step = f" step {span['step']}" if span.get("step") is not None else ""
             parts.append(Content.assemble((printable(span["name"]), "bold"), step))
-        parts.append(Content(f"@ {fmt_duration(now.t - self.session.t_origin)}"))
+        parts.append(Content(f"@ {fmt_clock(now.t - self.session.t_origin)}"))
         # A note about two figures goes last: where the width runs out, it is cut, never
         # a figure after it.
         note = self._above_nvml(now) if not self.is_host else ""
@@ -387,6 +390,16 @@ RATE_SPAN = 2 * 10**9
 def _rank_order(proc) -> tuple[int, int]:
     rank = proc.hello.get("rank")
     return (rank if isinstance(rank, int) else 1 << 30, proc.pid)
+
+
+def _figure(row: Mapping[str, float | int], column: str) -> float | None:
+    """A sample's figure, None where it is unknown (NaN, or the missing marker a damaged
+    chunk of a recording reads as): never shown as a number."""
+    v = row.get(column)
+    if v is None or v == MISSING_INT:
+        return None
+    v = float(v)
+    return None if math.isnan(v) else v
 
 
 def _num(v: float | None, unit: str) -> str:

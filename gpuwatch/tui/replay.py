@@ -16,15 +16,29 @@ from textual.app import ComposeResult
 from textual.message import Message
 from textual.widget import Widget
 
-from ..fmt import fmt_bytes, fmt_clock, fmt_oom_sizes, printable
+from ..fmt import fmt_clock
 from ..store.player import Player
 from .app import ACTIONS, Action, GpuwatchApp, bindings, kept_actions
 from .view import MIN_SPAN
 
 REPLAY_ACTIONS: tuple[Action, ...] = (
     Action("space", "toggle_play", "Play / pause", "Play or pause the recording", True, "space"),
-    Action("right", "seek(0.1)", "Seek forward", "Seek a tenth of the window forward"),
-    Action("left", "seek(-0.1)", "Seek back", "Seek a tenth of the window back"),
+    # The arrows mean what they mean live (the cursor: one column, ctrl a tenth of the
+    # window); paused, the playback position goes with the cursor, playing it seeks.
+    Action("right", "cursor(1)", "Cursor right", "Cursor and position one column on"),
+    Action("left", "cursor(-1)", "Cursor left", "Cursor and position one column back"),
+    Action(
+        "ctrl+right",
+        "cursor_window(0.1)",
+        "Cursor far right",
+        "Cursor and position a tenth of the window on",
+    ),
+    Action(
+        "ctrl+left",
+        "cursor_window(-0.1)",
+        "Cursor far left",
+        "Cursor and position a tenth of the window back",
+    ),
     Action("home", "seek_home", "Start", "Seek to the start of the recording"),
     Action("end", "seek_end", "End", "Seek to the end (a growing file: follow its tail)"),
     Action(
@@ -53,7 +67,7 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
         "s",
         "replay_jump('jump_to_spike')",
         "Largest spike",
-        "Seek to where memory was highest in the whole recording",
+        "Seek to the highest exact phase peak (else nvidia-smi's highest reading)",
         True,
     ),
     Action("w", "whole", "Whole session", "Show the whole recording at once", True),
@@ -63,8 +77,6 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
     Action(
         "less_than_sign", "speed(-1)", "Slower", "Halve the playback speed (to x0.25)", True, "<"
     ),
-    Action("ctrl+left", "cursor(-1)", "Cursor left", "Move the cursor one column back"),
-    Action("ctrl+right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
     # Live keys kept, but out of the footer: replay's own keys need the room.
     Action("f", "toggle_follow", "Follow position", "Let the window follow the playback position"),
     Action("y", "toggle_fit", "Fit / total", "Scale the y axis to the data or to the total"),
@@ -105,7 +117,9 @@ class Scrubber(Widget):
         variables = self.app.theme_variables
         state = "▶" if p.playing else "paused"
         left = f"{state} x{p.speed:g}  "
-        right = f"  {fmt_clock(pos - first)} / {fmt_clock(last - first)}"
+        # On the axis's clock (the session's origin), as the cursor and the legend.
+        origin = p.session.t_origin
+        right = f"  {fmt_clock(pos - origin)} / {fmt_clock(last - origin)}"
         loader = p.loader
         if loader is not None and not loader.done and not p.growing:
             loaded = (loader.loaded_until - first) / span
@@ -224,6 +238,11 @@ class ReplayApp(GpuwatchApp):
             return self.player.position()
         return self.player.bounds()[1]
 
+    def follow_text(self) -> str:
+        if self.view.following:
+            return "the window follows the playback position"
+        return "the window stays"
+
     def mode_text(self) -> str:
         return "REPLAY " + ("▶" if self.player.playing else "paused")
 
@@ -252,11 +271,20 @@ class ReplayApp(GpuwatchApp):
             self.player.play()
             self._follow_position()
 
+    def action_cursor(self, cells: int) -> None:
+        """Move by chart columns: the cursor and the position together (paused), the
+        position (playing)."""
+        # A column's time as the live cursor steps it (View.move_cursor).
+        self._seek_by(cells * max(1, self.view.span // max(self._plot_width(), 1)))
+
     def action_seek(self, fraction: float) -> None:
-        """Seek by a fraction of the window: playing, the window follows; paused, the
-        cursor moves from where it is (else from the position) and the window scrolls
-        only as far as keeps it in view, so the chart never jumps back."""
-        delta = int(fraction * self.view.span)
+        """Seek by a fraction of the window (see :meth:`_seek_by`)."""
+        self._seek_by(int(fraction * self.view.span))
+
+    def _seek_by(self, delta: int) -> None:
+        """Seek by ``delta`` ns: playing, the window follows; paused, the cursor moves
+        from where it is (else from the position) and the window scrolls only as far as
+        keeps it in view, so the chart never jumps back."""
         if self.player.playing:
             self.player.seek_by(delta)
             self._follow_position()
@@ -267,6 +295,14 @@ class ReplayApp(GpuwatchApp):
         self.view.set_cursor(pos, now)
         self.view.reveal(pos, now)
         self.redraw()
+
+    def redraw(self) -> None:
+        """Redraw; paused, the playback position is where the cursor is (the scrubber
+        and the cursor tell one time, and play resumes from what is being read)."""
+        cursor = self.view.cursor
+        if cursor is not None and not self.player.playing and self.player.position() != cursor:
+            self.player.seek(cursor)
+        super().redraw()
         self.scrubber.refresh()
 
     def action_seek_home(self) -> None:
@@ -292,27 +328,15 @@ class ReplayApp(GpuwatchApp):
             self.notify("nothing there", severity="warning", timeout=2)
             return
         if method == "jump_to_spike":
-            spike = self.player.largest_spike()
+            spike = self.player.spike()
             if spike is not None:
-                self.notify(f"highest memory: {fmt_bytes(spike[1])}", timeout=3)
-        elif method in ("next_oom", "prev_oom"):
-            self._tell_oom(target)
+                self.tell_spike(spike)
+        elif method in ("next_oom", "prev_oom", "next_mark", "prev_mark"):
+            self.tell_events(target)
         self.player.pause()
         self.view.jump(target, self._replay_now())
         self.redraw()
         self.scrubber.refresh()
-
-    def _tell_oom(self, t: int) -> None:
-        """Say what the OOM at ``t`` asked for and what the device had then."""
-        for oom in self.session.events_between(t, t)[1]:
-            body = oom.body
-            phase = printable(body.get("phase") or "?")
-            step = body.get("step")
-            where = f"{phase} (step {step})" if isinstance(step, int) else phase
-            sizes = ", ".join(fmt_oom_sizes(body)) or "no sizes reported"
-            self.notify(
-                f"OOM pid {oom.pid} in {where}: {sizes}", severity="error", timeout=8, markup=False
-            )
 
     def action_show_tab(self, tab: str) -> None:
         """As live; a replay has no Log tab, and says why."""

@@ -36,11 +36,19 @@ class PeakDetail(Static):
         self.update(plain_lines(lines or ["Select a row to see where its peak went."]))
 
 
+DROP_ORDER = ("device", "process", "reserved", "devmax", "duration")
+"""The Peaks columns left out, in this order, while the table is wider than its tab (80
+columns: the first three go). What a one-process, one-GPU run repeats on every row goes
+first; step, phase, the exact peak, the prediction and what it leaves unexplained stay."""
+
+
 class PeaksTable(DataTable):
     """Phases x steps with the exact peaks the script reported and what NVML saw.
 
     Newest step first. Rows cover every instrumented process on every device it uses.
-    The highlighted row is explained in :attr:`detail` (compose it under the table).
+    The highlighted row is the phase under the dashboard's cursor (:meth:`follow`), else
+    the one the user picked; it is explained in :attr:`detail` (compose it under the
+    table). Columns that do not fit go in :data:`DROP_ORDER`.
     """
 
     DEFAULT_CSS = """
@@ -70,10 +78,71 @@ class PeaksTable(DataTable):
         self._signature: tuple[object, ...] | None = None
         self.explanations: list[list[str]] = []  # per row, the detail's lines
         self.detail = PeakDetail(id=f"{id}-detail" if id else None)
+        self.cells: list[tuple[object, ...]] = []  # per row, a cell per column of COLUMNS
+        self.spans: list[tuple[int, int, int, int]] = []  # per row: (t0, t1, depth, pid)
+        self.shown: tuple[str, ...] = tuple(k for k, _ in self.COLUMNS)  # column keys shown
+        self._followed: int | None = None  # the time followed, for a rebuild
 
     def on_mount(self) -> None:
-        for key, label in self.COLUMNS:
+        self._fill()
+
+    def on_resize(self) -> None:
+        if self._fitting() != self.shown:
+            self._fill()
+
+    def _fitting(self) -> tuple[str, ...]:
+        """The columns that fit the width, left out in :data:`DROP_ORDER`."""
+        width = self.size.width
+        keys = [k for k, _ in self.COLUMNS]
+        if width <= 0:
+            return tuple(keys)
+        # Each column: its widest cell or label, and a cell of padding either side.
+        widths = {
+            key: max([len(label)] + [len(str(row[i])) for row in self.cells])
+            + 2 * self.cell_padding
+            for i, (key, label) in enumerate(self.COLUMNS)
+        }
+        drop = list(DROP_ORDER)
+        while sum(widths[k] for k in keys) > width - 1 and drop:  # 1: the scrollbar's room
+            keys.remove(drop.pop(0))
+        return tuple(keys)
+
+    def _fill(self) -> None:
+        """(Re)build the columns that fit and the rows, keeping the highlighted one."""
+        row = self.cursor_row
+        self.shown = self._fitting()
+        index = [i for i, (k, _) in enumerate(self.COLUMNS) if k in self.shown]
+        self.clear(columns=True)
+        for i in index:
+            key, label = self.COLUMNS[i]
             self.add_column(label, key=key)
+        self.add_rows([tuple(cells[i] for i in index) for cells in self.cells])
+        if self._followed is not None and self.follow(self._followed, force=True):
+            return
+        if 0 < row < len(self.cells):
+            self.move_cursor(row=row)
+        self._show(self.cursor_row)
+
+    def follow(self, t: int | None, force: bool = False) -> bool:
+        """Highlight the phase running at ``t`` (the innermost, the newest on a tie);
+        None (no cursor) leaves the highlight where it is. True when a row was found."""
+        if t is None:
+            self._followed = None
+            return False
+        if t == self._followed and not force:
+            return True
+        self._followed = t
+        best: tuple[int, int] | None = None  # (depth, -row)
+        for i, (t0, t1, depth, _) in enumerate(self.spans):
+            if t0 <= t <= t1 and (best is None or (depth, -i) > best):
+                best = (depth, -i)
+        if best is None:
+            return False
+        row = -best[1]
+        if row != self.cursor_row:
+            self.move_cursor(row=row, scroll=True)
+        self._show(row)
+        return True
 
     def refresh_rows(self) -> None:
         """Rebuild the rows if any process ended a phase since the last call."""
@@ -82,7 +151,8 @@ class PeaksTable(DataTable):
         if signature == self._signature:
             return
         self._signature = signature
-        rows = []
+        rows: list[tuple[object, ...]] = []
+        spans: list[tuple[int, int, int, int]] = []
         texts: list[list[str]] = []
         for proc in s.processes.values():
             keys = sorted(set(proc.devices.values())) or [proc.host]
@@ -118,14 +188,15 @@ class PeaksTable(DataTable):
                             Text(fmt_bytes(rest), justify="right"),
                         )
                     )
+                    spans.append((p.t0, p.t1, p.depth, proc.pid))
                     try:
                         texts.append(_explain_row(line, p, sp, proc.label, is_host(key)))
                     except Exception as exc:  # facts are the script's word: never a crash
                         texts.append([f"{p.name}: cannot be explained ({type(exc).__name__})"])
-        self.clear()
         self.explanations = texts
-        self.add_rows(rows)
-        self._show(self.cursor_row)
+        self.cells = rows
+        self.spans = spans
+        self._fill()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show(event.cursor_row)

@@ -119,7 +119,38 @@ def test_largest_spike_is_the_first_time_nvml_used_peaked(
     assert (value, key) == best
     cols = session.gpu[key].snapshot()
     assert t == int(cols["t"][np.argmax(cols["used"])])
-    assert p.jump_to_spike() == t and p.position() == t
+
+
+def test_s_goes_to_the_highest_exact_phase_peak_before_nvml(
+    session: Session, clock: FakeClock
+) -> None:
+    # Issue 37, item 4: where phases have exact allocator peaks, those are the spike.
+    p = Player(session, playing=False, clock=clock)
+    best = None
+    for proc in session.processes.values():
+        cols = proc.phases.snapshot()
+        if len(cols["t1"]):
+            i = int(np.argmax(cols["peak_alloc"]))
+            cand = (int(cols["peak_alloc"][i]), int(cols["t0"][i]), int(cols["t1"][i]))
+            best = cand if best is None or cand[0] > best[0] else best
+    assert best is not None
+    spike = p.spike()
+    assert spike is not None and spike.source == "phase" and spike.value == best[0]
+    assert spike.t == (best[1] + best[2]) // 2
+    assert p.jump_to_spike() == spike.t and p.position() == spike.t
+    # Without phases: nvidia-smi's highest reading, and it says so.
+    bare = Session(t_origin=T0, wall_offset=0)
+    for key, table in session.gpu.items():
+        bare.add_device(session.devices[key])
+        for row in _rows(table):
+            bare.add_gpu_sample(key, row)
+    t, value, _ = Player(bare, clock=clock).largest_spike()
+    assert Player(bare, clock=clock).spike() == (t, value, "nvml", 0, "", None)
+
+
+def _rows(table) -> list[dict]:
+    cols = table.snapshot()
+    return [{c: v[i].item() for c, v in cols.items()} for i in range(len(cols["t"]))]
 
 
 def test_spike_falls_back_to_rss_on_a_cpu_recording(clock: FakeClock) -> None:
@@ -168,6 +199,7 @@ async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> 
             # It opens paused on the data (Player.opening); playing, the clock is the player.
             opening = player.opening()
             assert not player.playing and player.position() == opening.position
+            assert opening.cursor is None or opening.position == opening.cursor
             assert app.view.window(app.now()) == opening.window
             await pilot.press("space")
             player.pause()

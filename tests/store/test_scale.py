@@ -258,8 +258,11 @@ async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_f
             # The summaries drew the 120k samples: only the blocks of rows at the cursor
             # were inflated (of the chunk of 2048 rows that holds it).
             assert player.loader.source.rows_decoded["gpu"] <= 2 * BLOCK_ROWS < 2048
+            # s: the highest exact phase peak (issue 37, item 4), from the phases' index.
             await pilot.press("s")
-            assert player.position() == longdata.spike_time(SECONDS)
+            spike = player.spike()
+            assert spike is not None and spike.source == "phase"
+            assert player.position() == spike.t
             await pilot.press("right_square_bracket", "2")
             await pilot.pause(0.6)
             assert app.peaks_table.row_count > 0
@@ -397,7 +400,11 @@ async def test_the_live_dashboard_zooms_out_over_rows_its_recording_holds(tmp_pa
             await pilot.pause()
             nvml = next(x for x in panel.chart.last_frame.series if x.role == "nvml")
             assert np.nanmax(nvml.hi) == 70 * GIB  # read back from the recording
-            await pilot.press("s")  # the largest spike, from the recording's index
-            assert app.view.cursor == longdata.spike_time(seconds)
+            # s: the highest exact phase peak (issue 37, item 4), found from the index of
+            # the phases the recording holds.
+            await pilot.press("s")
+            spike = nav.spike(s, KEY)
+            assert spike is not None and spike.source == "phase"
+            assert app.view.cursor == spike.t
     finally:
         rec.close()

@@ -199,3 +199,29 @@ def test_replay_in_a_real_terminal_keeps_its_title_and_rows(tmp_path: Path) -> N
         assert tmux.wait_for_text("EXIT=0")
     finally:
         tmux.close()
+
+
+async def test_marks_read_at_the_cursor_and_listed_stay_inert() -> None:
+    # Issue 37, item 3: a mark's text and an OOM's phase are shown now (status bar,
+    # toasts, the Peaks tab's list): escaped, never markup.
+    from gpuwatch.tui.marks import MarksTable
+
+    session = hostile_session()
+    app = GpuwatchApp(session, clock=lambda: synthetic.end_time())
+    async with app.run_test(size=(140, 45)) as pilot:
+        await pilot.pause()
+        app.view.cursor = synthetic.end_time() - 10**8 - 1
+        await pilot.press("m")  # the evil mark and OOM share a time: both told
+        await pilot.pause()
+        told = [n.message for n in app._notifications]
+        assert any(printable(EVIL_TEXT) in m for m in told), told
+        assert any(printable(EVIL_NAME) in m and "OOM" in m for m in told), told
+        status = str(app.status_bar.render())
+        assert printable(EVIL_NAME) in status or printable(EVIL_TEXT)[:20] in status, status
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.query_one(MarksTable)
+        texts = {str(table.get_row_at(i)[3]) for i in range(table.row_count)}
+        assert any(printable(EVIL_TEXT) in t for t in texts), texts
+        screen = app.export_screenshot()
+        assert "\x1b]0;" not in screen and "\x07" not in screen and "\u202e" not in screen

@@ -43,23 +43,30 @@ async def test_space_plays_and_pauses_and_the_window_follows(replay) -> None:
         assert player.playing and app.view.following
         clock.now += 2 * SECOND
         await pilot.pause(0.2)
-        assert app.now() == player.bounds()[0] + 2 * SECOND
+        # Play resumes from the cursor's time (the position the scrubber shows).
+        start = app.player.opening().position
+        assert app.now() == start + 2 * SECOND
         assert "REPLAY ▶" in app.status_bar.text
         await pilot.press("space")
         assert not player.playing
 
 
-async def test_arrows_seek_by_a_tenth_of_the_window(replay) -> None:
+async def test_arrows_move_cursor_and_position_as_live(replay) -> None:
+    # Issue 37, item 8: the arrows mean what they mean live (a column; ctrl: a tenth of
+    # the window); paused, the playback position goes with the cursor.
     player, _ = replay
     app = make_app(player)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("plus", "plus", "plus")  # 7.5 s window
-        # Paused, a seek goes on from the cursor (the figures the user reads), if any.
         start = app.view.cursor if app.view.cursor is not None else player.position()
+        width = next(p for p in app.panels if not p.is_host).chart.plot_width
+        col = app.view.span // width
         await pilot.press("right")
-        assert player.position() == start + app.view.span // 10
+        assert player.position() == app.view.cursor == start + col
         await pilot.press("right", "left")
-        assert player.position() == start + app.view.span // 10
+        assert player.position() == start + col
+        await pilot.press("ctrl+right")
+        assert player.position() == app.view.cursor == start + (1 + round(width / 10)) * col
         await pilot.press("end")
         assert player.position() == player.bounds()[1]
         await pilot.press("home")
@@ -84,9 +91,11 @@ async def test_jumps_seek_and_pause_there(replay) -> None:
     session = player.session
     async with app.run_test(size=SIZE) as pilot:
         times = nav.boundaries(session)
+        start = player.position()  # the opening cursor's time
+        assert start == app.view.cursor
         await pilot.press("right_square_bracket")
         first = player.position()
-        assert first == times[np.searchsorted(times, player.bounds()[0], "right")]
+        assert first == times[np.searchsorted(times, start, "right")]
         assert app.view.cursor == first and not player.playing
         await pilot.press("right_square_bracket", "left_square_bracket")
         assert player.position() == first
@@ -97,9 +106,7 @@ async def test_jumps_seek_and_pause_there(replay) -> None:
         await pilot.press("O")
         assert player.position() == session.ooms[0].t  # no earlier OOM: no move
         await pilot.press("home", "s")
-        key = next(iter(session.gpu))
-        cols = session.gpu[key].snapshot()
-        assert player.position() == int(cols["t"][int(np.argmax(cols["used"]))])
+        assert player.position() == player.spike().t  # the highest exact phase peak
 
 
 async def test_whole_session_and_follow(replay) -> None:
@@ -195,7 +202,8 @@ async def test_right_moves_the_cursor_on_and_minus_zooms_around_it(size) -> None
             await pilot.press("right")
             await pilot.pause()
             assert app.view.window(app.now()) == window  # no jump
-            assert app.view.cursor == cursor + app.view.span // 10
+            width = next(p for p in app.panels if not p.is_host).chart.plot_width
+            assert app.view.cursor == cursor + app.view.span // width
             assert player.position() == app.view.cursor
             cursor = app.view.cursor
             await pilot.press("minus")

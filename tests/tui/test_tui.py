@@ -89,8 +89,10 @@ async def test_cursor_keys_move_by_columns() -> None:
         col = app.view.span // width
         await pilot.press("left")
         assert app.view.cursor == start - col
+        # ctrl: a tenth of the window in whole columns, as in replay (issue 37, item 8).
+        far = round(width / 10)
         await pilot.press("ctrl+left")
-        assert app.view.cursor == start - 11 * col
+        assert app.view.cursor == start - (1 + far) * col
         await pilot.press("ctrl+right", "right")
         assert app.view.cursor == start
         legend = str(gpu_panel(app).legend.render())
@@ -144,10 +146,15 @@ async def test_jump_to_marks_and_ooms() -> None:
 async def test_jump_to_largest_spike() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        cols = app.session.gpu[KEY].snapshot()
-        expected = int(cols["t"][int(np.argmax(cols["used"]))])
+        # The largest spike is the highest exact phase peak where the script reported
+        # them (issue 37, item 4): the cursor in the middle of that phase.
+        proc = app.session.processes[synthetic.PID]
+        cols = proc.phases.snapshot()
+        i = int(np.argmax(cols["peak_alloc"]))
+        expected = (int(cols["t0"][i]) + int(cols["t1"][i])) // 2
         await pilot.press("s")
         assert app.view.cursor == expected
+        assert any("exact allocator peak" in n.message for n in app._notifications)
         window = app.view.window(END)
         assert window[0] <= expected <= window[1]
 

@@ -152,6 +152,16 @@ class Scrubber(Widget):
             self.post_message(self.Seek((x - start) / cells))
 
 
+_NOTHING = {
+    "next_oom": "no OOM after the cursor (O goes back)",
+    "prev_oom": "no OOM before the cursor (o goes on)",
+    "next_mark": "no mark after the cursor (M goes back)",
+    "prev_mark": "no mark before the cursor (m goes on)",
+}
+"""What a jump that finds nothing says: a replay opens on its spike, so the one OOM of a
+recording can lie behind the cursor."""
+
+
 class ReplayApp(GpuwatchApp):
     """The dashboard over a recording, driven by a :class:`Player`."""
 
@@ -325,7 +335,7 @@ class ReplayApp(GpuwatchApp):
         """Seek to a phase boundary, mark, OOM or the largest spike; pause there."""
         target = getattr(self.player, method)()
         if target is None:
-            self.notify("nothing there", severity="warning", timeout=2)
+            self.notify(_NOTHING.get(method, "nothing there"), severity="warning", timeout=2)
             return
         if method == "jump_to_spike":
             spike = self.player.spike()

@@ -213,7 +213,11 @@ async def test_after_an_oom_the_bar_tells_the_toasts_story(replay, size) -> None
     app = replay(OOM)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
+        # The replay opens past its one OOM: o says where it looked instead of moving.
         await pilot.press("o")
+        await pilot.pause()
+        assert any("no OOM after the cursor" in n.message for n in app._notifications)
+        await pilot.press("home", "o")
         await pilot.pause()
         toast = [n.message for n in app._notifications]
         assert any("requested 192.00 GiB, free 73.84 GiB" in m for m in toast), toast

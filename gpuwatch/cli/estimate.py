@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 import sys
 import warnings
@@ -131,7 +132,45 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--checkpointing", action="store_true", help="checkpoint every layer")
     p.add_argument(
-        "--lora-rank", type=_positive, default=0, metavar="R", help="LoRA adapters on q and v"
+        "--lora-rank", type=_positive, default=0, metavar="R", help="train LoRA adapters of rank R"
+    )
+    p.add_argument(
+        "--lora-targets",
+        default="q,v",
+        metavar="ROLES",
+        help="roles LoRA adapts: q,k,v,o,gate,up,down; attn, mlp, all-linear (default q,v)",
+    )
+    p.add_argument(
+        "--accumulation",
+        type=_positive,
+        default=1,
+        metavar="K",
+        help="micro-batches per optimizer step (gradient accumulation; default 1)",
+    )
+    run = p.add_argument_group("GPUs and layout (per rank)")
+    run.add_argument(
+        "--gpus",
+        metavar="NxGPU",
+        help="GPUs per node: 4xA100-80GB, 8xH100-80GB, 2x24GiB; answers whether it fits",
+    )
+    run.add_argument("--nodes", type=_positive, default=1, help="nodes (default 1)")
+    run.add_argument(
+        "--layout",
+        default=None,
+        metavar="LAYOUT",
+        help="ddp, fsdp, fsdp-no-reshard, zero1, zero2, zero3, tp=N or device-map"
+        " (default: ddp on several GPUs)",
+    )
+    run.add_argument(
+        "--offload",
+        action="store_true",
+        help="optimizer states on the host (ZeRO-Offload; FSDP's CPUOffloadPolicy)",
+    )
+    run.add_argument(
+        "--reserve",
+        default="1GiB",
+        metavar="SIZE",
+        help="memory of each GPU torch cannot have: CUDA context, NCCL (default 1GiB)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
@@ -215,7 +254,7 @@ def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> N
 
 def estimate(args: argparse.Namespace) -> dict[str, Any]:
     """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
-    from ..predict import PHASES, facts_from_shape, predict
+    from ..predict import PHASES, rank_estimate
 
     assumed: list[str] = []
     args.dropout_config, args.activation = {}, None
@@ -242,42 +281,139 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         + (f", {args.attention} attention" if shape is not None else "")
         + (", every layer checkpointed" if args.checkpointing else "")
     )
+    plan = _plan(args, shape, dropout, assumed)
     try:
-        facts = facts_from_shape(
-            shape,
-            params=args.params,
-            batch=args.batch,
-            seq=args.seq,
-            precision=args.precision,
-            optimizer=args.optimizer,
-            impl=args.optimizer_impl,
-            attention=args.attention,
-            checkpointing=args.checkpointing,
-            lora_rank=args.lora_rank,
-            dropout=dropout,
-            activation=args.activation,
-        )
+        est = rank_estimate(plan)
     except ValueError as exc:
         raise CliError(str(exc))
-    pred = predict(facts)
+    pred, facts = est.prediction, est.facts
     if shape is not None and not args.seq:
         pred.notes.append("activations unknown: give --seq")
     later = {ph: dict(pred.phases[ph, False].peak) for ph in PHASES}
     first = {ph: dict(pred.phases[ph, True].peak) for ph in PHASES}
-    return {
+    everything = (
+        shape.count(args.seq or shape.max_positions or 1024) + _adapters(shape, plan)
+        if shape is not None
+        else facts["params"]["count"]
+    )
+    result: dict[str, Any] = {
         "peak_bytes": pred.peak_bytes,
         "peak_phase": pred.peak_phase[0],
         "phases": later,
         "first_step": first,
-        "parameters": facts["params"]["count"],
-        "trainable_parameters": facts["params"]["trainable_count"],
+        "parameters": everything,
+        "trainable_parameters": _adapters(shape, plan) if plan.lora_rank else everything,
+        "rank_parameters": facts["params"]["count"],
         "activations_known": pred.activations_known,
         "layout": shape.arch if shape is not None else None,
+        "parallel": plan.layout,
+        "world_size": plan.world,
         "head": shape.head if shape is not None else None,
         "seq": args.seq,
         "batch": args.batch,
+        "host_bytes": est.host_bytes,
+        "traffic_bytes": est.traffic_bytes,
         "assumed": assumed,
-        "notes": pred.notes,
+        "notes": est.notes + pred.notes,
+    }
+    if args.gpus_parsed is not None:
+        result["fit"] = _answer(plan, args)
+    return result
+
+
+def _adapters(shape: Any, plan: Any) -> int:
+    if not plan.lora_rank:
+        return 0
+    return sum(math.prod(s) for s in shape.lora_tensors(plan.lora_rank, plan.lora_targets))
+
+
+def _plan(
+    args: argparse.Namespace, shape: Any, dropout: dict[str, float], assumed: list[str]
+) -> Any:
+    """The :class:`Plan` the options describe (GPUs, layout and tricks included)."""
+    from ..predict import Plan, parse_gpus, parse_layout, parse_lora_targets, parse_size
+
+    try:
+        targets = parse_lora_targets(args.lora_targets)
+        gpus = parse_gpus(args.gpus) if args.gpus else None
+        layout = parse_layout(args.layout) if args.layout else None
+    except ValueError as exc:
+        raise CliError(str(exc))
+    reserve = parse_size(args.reserve) if args.reserve.strip() not in ("0", "") else 0
+    if reserve is None:
+        raise CliError(f"--reserve {args.reserve!r}: a size such as 1GiB or 500MiB")
+    args.gpus_parsed, args.reserve_bytes = gpus, reserve
+    world = (gpus.count if gpus else 1) * args.nodes
+    if layout is None:
+        layout = "ddp" if world > 1 else "none"
+        if world > 1:
+            assumed.append("layout ddp (--layout)")
+    elif gpus is None and layout != "none":
+        raise CliError(f"--layout {layout} needs --gpus (how many, and which)")
+    if gpus is not None:
+        nodes = f" on each of {args.nodes} nodes" if args.nodes > 1 else ""
+        assumed.append(
+            f"{gpus.count} x {gpus.name}{nodes}: {fmt_bytes(gpus.usable(reserve))} each for"
+            f" torch ({fmt_bytes(reserve)} reserved: --reserve)"
+        )
+    if args.accumulation > 1:
+        assumed.append(f"{args.accumulation} micro-batches per step (--accumulation)")
+    return Plan(
+        shape=shape,
+        params=args.params if shape is None else None,
+        batch=args.batch,
+        seq=args.seq,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        impl=args.optimizer_impl,
+        attention=args.attention,
+        checkpointing=args.checkpointing,
+        lora_rank=args.lora_rank,
+        lora_targets=targets,
+        dropout=dropout,
+        activation=args.activation,
+        layout=layout,
+        world=world,
+        offload=args.offload,
+        accumulation=args.accumulation,
+    )
+
+
+def _answer(plan: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Fits or not, the deciding phase, the largest micro-batch and the ranked changes."""
+    from ..predict import answer
+
+    gpus = args.gpus_parsed
+    try:
+        ans = answer(plan, gpus.usable(args.reserve_bytes), gpus.name)
+    except ValueError as exc:
+        raise CliError(str(exc))
+    return {
+        "gpus": gpus.count,
+        "nodes": args.nodes,
+        "gpu": gpus.name,
+        "gpu_bytes": gpus.total,
+        "usable_bytes": ans.usable,
+        "fits": ans.fits,
+        "peak_bytes": ans.estimate.peak_bytes,
+        "headroom_bytes": ans.headroom,
+        "deciding_phase": ans.phase[0],
+        "deciding_first_step": ans.phase[1],
+        "max_batch": ans.max_batch,
+        "changes": [
+            {
+                "change": c.what,
+                "flags": c.flags,
+                "peak_bytes": c.peak_bytes,
+                "fits": c.peak_bytes <= ans.usable,
+                "headroom_bytes": ans.usable - c.peak_bytes,
+                "deciding_phase": c.estimate.prediction.peak_phase[0],
+                "cost": c.cost,
+                "host_bytes": c.estimate.host_bytes,
+                "traffic_bytes": c.estimate.traffic_bytes,
+            }
+            for c in ans.changes
+        ],
     }
 
 
@@ -289,7 +425,12 @@ def _table(result: dict[str, Any]) -> str:
     head = "".ljust(width) + "".join(ph.rjust(16) for ph in PHASES)
     lines = [
         f"{result['parameters']:,} parameters ({result['trainable_parameters']:,} trainable);"
-        " bytes at each phase's peak, steps after the first:",
+        + (
+            f" on each of {result['world_size']} ranks ({result['parallel']}),"
+            if result["world_size"] > 1
+            else ""
+        )
+        + " bytes at each phase's peak, steps after the first:",
         "",
         head,
     ]
@@ -307,7 +448,47 @@ def _table(result: dict[str, Any]) -> str:
     lines.append(f"peak: {fmt_bytes(result['peak_bytes'])} in {result['peak_phase']}")
     lines.extend(f"assumed: {a}" for a in result["assumed"])
     lines.extend(f"note: {n}" for n in result["notes"])
+    if "fit" in result:
+        lines += ["", *_fit_lines(result)]
     return "\n".join(lines)
+
+
+def _fit_lines(result: dict[str, Any]) -> list[str]:
+    """The answer, in a few lines: fits or not, why, and what would make it fit."""
+    fit = result["fit"]
+    where = f"{fit['gpus']} x {fit['gpu']}" + (
+        f" x {fit['nodes']} nodes" if fit["nodes"] > 1 else ""
+    )
+    layout = result["parallel"] if result["parallel"] != "none" else "one GPU"
+    phase = fit["deciding_phase"] + (" (first step)" if fit["deciding_first_step"] else "")
+    usable = fmt_bytes(fit["usable_bytes"])
+    if fit["fits"]:
+        verdict = f"FITS: {fmt_bytes(fit['headroom_bytes'])} to spare per rank"
+    else:
+        verdict = f"DOES NOT FIT: {fmt_bytes(-fit['headroom_bytes'])} short per rank"
+    lines = [
+        f"on {where} ({layout}): peak {fmt_bytes(fit['peak_bytes'])} per rank of {usable},"
+        f" in {phase}",
+        verdict,
+    ]
+    if fit["max_batch"] is not None:
+        most = fit["max_batch"]
+        lines.append(
+            f"largest micro-batch that fits: {most}" if most else "no micro-batch fits as planned"
+        )
+    if fit["changes"]:
+        fitting = any(c["fits"] for c in fit["changes"])
+        lines.append(
+            "what would make it fit, cheapest first:" if fitting else "closest changes (none fits):"
+        )
+        for i, c in enumerate(fit["changes"][:8], 1):
+            lines.append(
+                f"{i:>2}. {c['change']}: peak {fmt_bytes(c['peak_bytes'])} per rank"
+                f" ({fmt_bytes(abs(c['headroom_bytes']))} {'spare' if c['fits'] else 'short'},"
+                f" {c['deciding_phase']})  [{c['flags']}]"
+            )
+            lines.append(f"    cost: {c['cost']}")
+    return lines
 
 
 def trace(spec: str) -> dict[str, Any]:

@@ -161,14 +161,27 @@ class ModelShape:
         """Parameters in all."""
         return sum(_numel(s) for s in self.tensors(seq))
 
-    def lora_tensors(self, rank: int) -> list[tuple[int, ...]]:
-        """LoRA A and B for q and v in every layer (PEFT's defaults)."""
-        h = self.hidden
-        kv = (self.kv_heads or self.heads) * (h // self.heads)
-        if self.arch in ("gpt", "neox"):  # one fused QKV matrix
-            per = [(rank, h), (3 * h, rank)]
-        else:
-            per = [(rank, h), (h, rank), (rank, h), (kv, rank)]
+    def lora_tensors(
+        self, rank: int, targets: tuple[str, ...] = ("q", "v")
+    ) -> list[tuple[int, ...]]:
+        """LoRA's A and B for each targeted role in every layer (PEFT's default: q and v).
+
+        A fused QKV matrix (GPT-2, GPT-NeoX) is one module: any of q, k, v adapts it."""
+        h, f = self.hidden, self.intermediate or 0
+        d = self.hidden // self.heads
+        q, kv = self.heads * d, (self.kv_heads or self.heads) * d
+        dims = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h)}
+        dims.update({"gate": (h, f), "up": (h, f), "down": (f, h)})
+        if self.arch in ("gpt", "neox"):
+            dims = {"q": (h, q + 2 * kv), "o": (q, h), "up": (h, f), "down": (f, h)}
+            targets = tuple("q" if t in ("q", "k", "v") else t for t in targets)
+        if self.arch != "llama":
+            dims.pop("gate", None)
+        per: list[tuple[int, ...]] = []
+        for role in dict.fromkeys(targets):
+            if role in dims:
+                n_in, n_out = dims[role]
+                per += [(rank, n_in), (n_out, rank)]
         return per * self.layers
 
 
@@ -329,6 +342,37 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
     return FromConfig(shape, seq, dropout, act if isinstance(act, str) else None, assumed)
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+"""Roles LoRA can adapt; ``attn`` names q, k, v and o, ``mlp`` gate, up and down."""
+
+LORA_GROUPS = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """``q,k,v,o,mlp`` as roles; raises ValueError naming the choices."""
+    out: list[str] = []
+    for part in (p.strip().lower() for p in text.split(",")):
+        if part in LORA_GROUPS:
+            out += LORA_GROUPS[part]
+        elif part in LORA_TARGETS:
+            out.append(part)
+        elif part in ("all", "all-linear"):
+            out += LORA_TARGETS
+        else:
+            choices = ", ".join((*LORA_TARGETS, *LORA_GROUPS, "all-linear"))
+            raise ValueError(f"--lora-targets: unknown {part!r} (of {choices})")
+    return tuple(dict.fromkeys(out))
+
+
+def _lora_roles(shape: ModelShape, targets: tuple[str, ...]) -> list[str]:
+    """The roles the predictor's recorder adapts (``q`` stands for a fused QKV)."""
+    fused = shape.arch in ("gpt", "neox")
+    roles = ["q" if fused and t in ("k", "v") else t for t in targets]
+    if shape.arch != "llama":
+        roles = [r for r in roles if r != "gate"]
+    return list(dict.fromkeys(roles))
+
+
 _LAYOUT = {
     # arch -> (norm, mlp, fused_qkv, rope, learned positions, bias)
     "gpt": ("layernorm", "gelu", True, False, True, True),
@@ -352,6 +396,7 @@ def facts_from_shape(
     attention: str = "sdpa",
     checkpointing: bool = False,
     lora_rank: int = 0,
+    lora_targets: tuple[str, ...] = ("q", "v"),
     dropout: dict[str, float] | None = None,
     activation: str | None = None,
 ) -> Facts:
@@ -364,7 +409,8 @@ def facts_from_shape(
         batch, seq: The batch shape (both needed for activations).
         precision, optimizer, impl, attention: As ``gpuwatch estimate`` takes them.
         checkpointing: Activation checkpointing of every layer.
-        lora_rank: Freeze the model and train LoRA adapters of this rank on q and v.
+        lora_rank: Freeze the model and train LoRA adapters of this rank.
+        lora_targets: The roles adapted (:data:`LORA_TARGETS`), q and v by default.
         dropout: Dropout probabilities (``attn``, ``resid``, ``embd``); none by default.
         activation: The MLP's activation (``gelu_new`` is recorded op by op).
     """
@@ -381,7 +427,7 @@ def facts_from_shape(
         base = [(int(params),)]
     else:
         raise ValueError("give --params, a shape (--layers --hidden --heads --vocab) or --config")
-    adapters = shape.lora_tensors(lora_rank) if (shape and lora_rank) else []
+    adapters = shape.lora_tensors(lora_rank, lora_targets) if (shape and lora_rank) else []
     trainable = adapters if lora_rank else base
     base_count = sum(_numel(s) for s in base)
     adapter_count = sum(_numel(s) for s in adapters)
@@ -466,7 +512,11 @@ def facts_from_shape(
             "bias": bias,
             "dropout": {k: float(v) for k, v in (dropout or {}).items()},
             "trainable": {r: not lora_rank for r in roles},
-            **({"lora": {"rank": lora_rank, "targets": ["q", "v"]}} if lora_rank else {}),
+            **(
+                {"lora": {"rank": lora_rank, "targets": _lora_roles(shape, lora_targets)}}
+                if lora_rank
+                else {}
+            ),
         }
         if activation:
             tf["activation"] = activation

@@ -1,0 +1,501 @@
+"""One rank of a run that does not exist yet, under a parallel layout.
+
+``gpuwatch estimate --gpus 4xA100-80GB --layout zero3`` builds the facts rank 0 of such a
+run would send (``docs/facts.md``): the parameters and optimizer buckets this rank holds
+(local shards under FSDP, partitions under ZeRO, column/row shards under tensor
+parallelism) and the ``parallel`` part :mod:`._layout <gpuwatch.instrument._layout>` reads
+from the live wrapper, with the library's defaults where a user would leave them. The
+same :func:`~gpuwatch.predict.predict` the dashboard runs then predicts it, layout rules
+included (``_parallel.py``): there is no second set of formulas here, only facts.
+
+What each layout's facts hold, and the library default each takes:
+
+- ``ddp``: every state whole; ``DistributedDataParallel``'s 25 MiB buckets, no
+  ``gradient_as_bucket_view``.
+- ``fsdp`` / ``fsdp-no-reshard``: ``fully_shard`` on every layer and the root, no
+  ``MixedPrecisionPolicy`` (the parameters' own dtype, autocast as ``--precision``
+  says); each rank holds ``1/N`` of every parameter, gradient and optimizer state.
+- ``zero1``/``zero2``/``zero3``: DeepSpeed with ``bf16``/``fp16`` enabled for a mixed
+  ``--precision`` (16-bit weights and gradients, no autocast) and its
+  ``DeepSpeedZeroConfig`` defaults (``reduce_bucket_size`` 5e8, ``overlap_comm`` only at
+  stage 3, ``stage3_max_live_parameters`` 1e9, prefetch 5e7, persistence threshold 1e5);
+  the inner optimizer steps one flat fp32 partition beside the fp32 master partition.
+- ``tp=N``: Megatron's split (Shoeybi et al. 2019): q/k/v and the MLP's first matrix by
+  columns, the output projections by rows, the embedding and the logits by vocabulary;
+  norms and row-parallel biases replicated. The activations are the model's with
+  ``heads``, ``kv_heads``, ``intermediate`` and ``vocab`` divided by ``N`` (head size
+  kept): what a layer keeps becomes ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``
+  (Korthikanti et al. 2022, equation 2).
+- ``device-map``: Accelerate's ``device_map="auto"`` cuts the layers into ``N``
+  consecutive stages; one GPU is planned with its share of the layers and, as an upper
+  bound, the embeddings and the head (on the first and last GPU of a real map).
+
+``offload`` moves what ZeRO-Offload (``offload_optimizer: cpu``) or FSDP2's
+``CPUOffloadPolicy`` keep on the host out of the device's facts, and counts it as host
+memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..facts import MAX_UNITS, Facts
+from ._optim import optimizer_memory
+from ._parallel import ROOT
+from ._predict import Prediction, predict
+from ._shape import ModelShape, _numel, facts_from_shape
+
+LAYOUTS = (
+    "none",
+    "ddp",
+    "fsdp",
+    "fsdp-no-reshard",
+    "zero1",
+    "zero2",
+    "zero3",
+    "tp=N",
+    "device-map",
+)
+"""``--layout`` choices (``tp=N``: tensor parallel of degree N)."""
+
+SHARDING = {"fsdp": 3, "fsdp-no-reshard": 3, "zero1": 1, "zero2": 2, "zero3": 3}
+"""How much of the model states a data-parallel layout divides: ZeRO's stage numbers
+(1: optimizer states, 2: and gradients, 3: and parameters), FSDP full sharding as 3."""
+
+DDP_BUCKET_BYTES = 25 << 20
+"""``DistributedDataParallel(bucket_cap_mb=25)``."""
+
+ZERO_DEFAULTS: dict[str, int] = {
+    "reduce_bucket_size": 500_000_000,
+    "allgather_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_param_persistence_threshold": 100_000,
+}
+"""``deepspeed.runtime.zero.config.DeepSpeedZeroConfig``'s defaults (elements)."""
+
+_ZERO_PRECISION = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}
+_ELT = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4, "fp16-mixed": 4}
+_DTYPE = {4: "float32", 2: "bfloat16"}
+
+
+def parse_layout(text: str) -> str:
+    """A ``--layout`` value, normalised (``tp=4``, ``zero3``, ...).
+
+    Raises:
+        ValueError: One line naming the choices.
+    """
+    t = text.strip().lower().replace("_", "-")
+    t = {"zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3", "fsdp2": "fsdp"}.get(t, t)
+    if t.startswith("tp="):
+        degree = t[3:]
+        if degree.isdigit() and 1 < int(degree) <= 4096:
+            return f"tp={int(degree)}"
+        raise ValueError(f"--layout {text!r}: tp=N with N a degree of 2 or more")
+    if t not in LAYOUTS or t == "tp=N":
+        raise ValueError(f"--layout {text!r}: one of {', '.join(LAYOUTS)}")
+    return t
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``estimate`` varies: the model, the settings and the layout.
+
+    Attributes:
+        shape: The model's shape, or None when only ``params`` is known.
+        params: Parameter count without a shape.
+        batch, seq: The micro-batch and sequence length.
+        precision, optimizer, impl, attention: As :func:`facts_from_shape` takes them.
+        checkpointing: Checkpoint every layer.
+        lora_rank, lora_targets: LoRA adapters (rank 0: none).
+        dropout: Dropout probabilities; ``activation``: the MLP's activation.
+        layout: One of :data:`LAYOUTS` (``tp=N`` with its degree).
+        world: Ranks in all (GPUs per node times nodes).
+        offload: Optimizer states (and, under FSDP, parameters and gradients) on the host.
+        accumulation: Micro-batches per optimizer step (gradient accumulation).
+    """
+
+    shape: ModelShape | None
+    params: int | None = None
+    batch: int = 1
+    seq: int | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    impl: str = "foreach"
+    attention: str = "sdpa"
+    checkpointing: bool = False
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ("q", "v")
+    dropout: dict[str, float] = field(default_factory=dict)
+    activation: str | None = None
+    layout: str = "none"
+    world: int = 1
+    offload: bool = False
+    accumulation: int = 1
+
+    @property
+    def tp(self) -> int:
+        """The tensor-parallel degree (1: none)."""
+        return int(self.layout[3:]) if self.layout.startswith("tp=") else 1
+
+
+@dataclass
+class RankEstimate:
+    """One rank's prediction and what the layout costs besides memory.
+
+    Attributes:
+        facts: The facts rank 0 would send.
+        prediction: :func:`predict`'s answer for them.
+        host_bytes: States offloaded to the host, per rank.
+        traffic_bytes: Bytes each rank sends per optimizer step for the layout's
+            collectives (ring algorithms: ``(N-1)/N`` of the tensor per pass).
+        notes: What the plan assumed about the layout, one line each.
+    """
+
+    facts: Facts
+    prediction: Prediction
+    host_bytes: int = 0
+    traffic_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.prediction.peak_bytes
+
+
+def _ceil(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, Any]:
+    return dict(
+        facts_from_shape(
+            shape,
+            params=plan.params if shape is None else None,
+            batch=plan.batch,
+            seq=plan.seq,
+            precision=precision,
+            optimizer=plan.optimizer,
+            impl=plan.impl,
+            attention=plan.attention,
+            checkpointing=plan.checkpointing,
+            lora_rank=plan.lora_rank,
+            lora_targets=plan.lora_targets,
+            dropout=plan.dropout,
+            activation=plan.activation,
+        )
+    )
+
+
+def _divide(d: dict[str, Any], n: int, keys: tuple[str, ...]) -> None:
+    for k in keys:
+        if isinstance(d.get(k), int):
+            d[k] = _ceil(d[k], n)
+
+
+_PARAM_KEYS = (
+    "count",
+    "bytes",
+    "trainable_count",
+    "trainable_bytes",
+    "frozen_count",
+    "frozen_bytes",
+)
+_BUCKET_KEYS = (
+    "count",
+    "bytes",
+    "max_tensor_bytes",
+    "second_tensor_bytes",
+    "small_count",
+    "factored_count",
+    "vector_count",
+)
+
+
+def _shard_states(facts: dict[str, Any], n: int, params: bool = True) -> None:
+    """Each rank holds ``1/n`` of the optimizer's buckets (and of the parameters)."""
+    if params:
+        _divide(facts["params"], n, _PARAM_KEYS)
+        for g in facts["params"]["groups"]:
+            _divide(g, n, ("count", "bytes"))
+    for b in facts["optimizer"]["groups"]:
+        _divide(b, n, _BUCKET_KEYS)
+
+
+def _layer_sizes(plan: Plan, shape: ModelShape, seq: int) -> tuple[int, int]:
+    """(parameters of one layer with its adapters, parameters outside the layers)."""
+    one = replace(shape, layers=1)
+    layer = replace(shape, layers=2).count(seq) - one.count(seq)
+    adapters = (
+        sum(_numel(s) for s in one.lora_tensors(plan.lora_rank, plan.lora_targets))
+        if plan.lora_rank
+        else 0
+    )
+    return layer + adapters, one.count(seq) - layer
+
+
+def _fsdp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> tuple[int, int]:
+    """FSDP2's facts; returns (host bytes, bytes sent per step)."""
+    n = plan.world
+    elt = _ELT[plan.precision]
+    total = facts["params"]["count"]
+    trainable = facts["params"]["trainable_count"]
+    shape = plan.shape
+    if shape is not None:
+        seq = plan.seq or shape.max_positions or 1024
+        per_layer, outside = _layer_sizes(plan, shape, seq)
+        group = _ceil(shape.layers, MAX_UNITS - 1)
+        if group > 1:
+            notes.append(
+                f"FSDP units of {group} layers each: the facts list at most {MAX_UNITS} units"
+            )
+        sizes = [outside] + [
+            per_layer * min(group, shape.layers - i) for i in range(0, shape.layers, group)
+        ]
+    else:
+        sizes = [total]
+        notes.append("FSDP without a shape: one unit, the whole model")
+    reshard = plan.layout != "fsdp-no-reshard"
+    units = [
+        {
+            "name": ROOT if i == 0 else f"layers.{i - 1}",
+            "unsharded_bytes": s * elt,
+            "sharded_bytes": _ceil(s, n) * elt,
+            "reshard_after_forward": reshard if i else False,
+        }
+        for i, s in enumerate(sizes)
+    ]
+    _shard_states(facts, n)
+    facts["parallel"] = {
+        "strategy": "fsdp2",
+        "rank": 0,
+        "world_size": n,
+        "fsdp": {
+            "version": 2,
+            "mesh_size": n,
+            "units": len(units),
+            "unit_list": units,
+            "largest_unit_bytes": max(u["unsharded_bytes"] for u in units),
+            "reshard_after_forward": reshard,
+            "param_dtype": None,
+            "reduce_dtype": None,
+            "cpu_offload": plan.offload,
+        },
+    }
+    host = 0
+    if plan.offload:
+        p, opt = facts["params"], facts["optimizer"]
+        host = p["bytes"] + p["trainable_bytes"] + optimizer_memory(opt).state
+        for k in ("bytes", "trainable_bytes", "frozen_bytes"):
+            p[k] = 0
+        for g in p["groups"]:
+            g["bytes"] = 0
+        opt["groups"] = []
+        notes.append(
+            "CPUOffloadPolicy: sharded parameters, gradients and optimizer state on the host;"
+            " the optimizer steps there"
+        )
+    # All-gather in forward and (after a reshard) again in backward, reduce-scatter of the
+    # gradients: ring passes of (N-1)/N of the model each.
+    passes = total * (2 if reshard else 1) + trainable
+    return host, round(passes * elt * (n - 1) / n)
+
+
+def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tuple[int, int]:
+    """DeepSpeed ZeRO's facts; returns (host bytes, bytes sent per step)."""
+    n = plan.world
+    elt = 2 if plan.precision in _ZERO_PRECISION or plan.precision in ("bf16", "fp16") else 4
+    dtype = "float16" if "fp16" in plan.precision else _DTYPE[elt]
+    p = facts["params"]
+    trainable, total = p["trainable_count"], p["count"]
+    part = _ceil(trainable, n)
+    opt = facts["optimizer"]
+    if plan.optimizer in ("adam", "adamw"):
+        # DeepSpeed's own inner Adam(W): FusedAdam, one multi-tensor kernel, no temporary.
+        opt["impl"] = "fused"
+        opt["options"].update(fused=True, foreach=False)
+        notes.append("ZeRO's inner optimizer: DeepSpeed's FusedAdam (no step temporary)")
+    # The inner optimizer steps one flat fp32 partition per param group.
+    opt["groups"] = [
+        {
+            "group": 0,
+            "device": "cuda:0",
+            "dtype": "float32",
+            "tensors": 1,
+            "count": part,
+            "bytes": part * 4,
+            "max_tensor_bytes": part * 4,
+            "second_tensor_bytes": 0,
+            "small_count": 0,
+            "factored_count": 0,
+            "vector_count": part,
+        }
+    ]
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "partition_count": n,
+        "reduce_bucket_size": ZERO_DEFAULTS["reduce_bucket_size"],
+        "allgather_bucket_size": ZERO_DEFAULTS["allgather_bucket_size"],
+        "contiguous_gradients": True,
+        "overlap_comm": stage == 3,
+        "offload_optimizer": None,
+        "offload_param": None,
+        "dtype": dtype,
+        "master_bytes": part * 4,
+        "partition_numel": part,
+    }
+    if stage == 3:
+        threshold = ZERO_DEFAULTS["stage3_param_persistence_threshold"]
+        shapes: list[tuple[int, ...]] = []
+        if plan.shape is not None:
+            seq = plan.seq or plan.shape.max_positions or 1024
+            shapes = plan.shape.tensors(seq)
+            if plan.lora_rank:
+                shapes += plan.shape.lora_tensors(plan.lora_rank, plan.lora_targets)
+        persistent = sum(_numel(s) for s in shapes if _numel(s) < threshold)
+        zero.update(
+            {
+                k: ZERO_DEFAULTS[k]
+                for k in (
+                    "stage3_prefetch_bucket_size",
+                    "stage3_max_live_parameters",
+                    "stage3_param_persistence_threshold",
+                )
+            }
+        )
+        zero.update(
+            {
+                "grad_partition_bytes": part * elt,
+                "unsharded_bytes": total * elt,
+                "partition_bytes": _ceil(total, n) * elt,
+                "persistent_bytes": persistent * elt,
+                "largest_param_bytes": max((_numel(s) for s in shapes), default=total) * elt,
+            }
+        )
+        # Each rank holds its partitions, plus the small parameters kept whole.
+        _divide(p, n, _PARAM_KEYS)
+        for g in p["groups"]:
+            _divide(g, n, ("count", "bytes"))
+        p["bytes"] += persistent * elt
+    host = 0
+    if plan.offload:
+        host = optimizer_memory(opt).state + zero["master_bytes"]
+        opt["groups"] = []
+        zero["master_bytes"] = 0
+        notes.append(
+            "ZeRO-Offload (offload_optimizer: cpu): the fp32 master partition and the"
+            " optimizer state on the host, stepped there by DeepSpeedCPUAdam"
+        )
+    facts["parallel"] = {"strategy": "zero", "rank": 0, "world_size": n, "zero": zero}
+    # Stage 1/2: reduce-scatter of the gradients and all-gather of the updated
+    # parameters, as DDP's all-reduce; stage 3 gathers the parameters in forward and
+    # again in backward (Rajbhandari et al. 2020, section 7: 1.5x DDP's volume).
+    passes = 2 * trainable if stage < 3 else 2 * total + trainable
+    return host, round(passes * elt * (n - 1) / n)
+
+
+def _tp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> int:
+    """Tensor parallel's facts; returns bytes sent per step."""
+    t, shape = plan.tp, plan.shape
+    if shape is None:
+        raise ValueError("--layout tp=N needs a shape or --config (which tensors split)")
+    kv = shape.kv_heads or shape.heads
+    for name, value in (("heads", shape.heads), ("kv heads", kv), ("vocab", shape.vocab)):
+        if value % t and not (name == "vocab" and shape.arch == "vit"):
+            raise ValueError(f"--layout tp={t}: {name} {value} is not a multiple of {t}")
+    seq = plan.seq or shape.max_positions or 1024
+    tensors = shape.tensors(seq)
+    if plan.lora_rank:
+        tensors += shape.lora_tensors(plan.lora_rank, plan.lora_targets)
+    split = sum(_numel(s) for s in tensors if len(s) >= 2)
+    kept = sum(_numel(s) for s in tensors if len(s) < 2)
+    share = (_ceil(split, t) + kept) / max(split + kept, 1)
+    p = facts["params"]
+    for d in (p, *p["groups"]):
+        for k in ("count", "bytes", "trainable_count", "trainable_bytes"):
+            if isinstance(d.get(k), int):
+                d[k] = math.ceil(d[k] * share)
+    p["frozen_count"] = p["count"] - p["trainable_count"]
+    p["frozen_bytes"] = p["bytes"] - p["trainable_bytes"]
+    for b in facts["optimizer"]["groups"]:
+        for k in _BUCKET_KEYS:
+            if isinstance(b.get(k), int):
+                b[k] = math.ceil(b[k] * share)
+    tf = facts.get("transformer")
+    if isinstance(tf, dict):
+        tf.update(
+            head_dim=shape.hidden // shape.heads,
+            heads=shape.heads // t,
+            kv_heads=kv // t,
+            intermediate=_ceil(shape.intermediate or 0, t),
+            vocab=_ceil(tf.get("vocab") or 0, t),
+        )
+    facts["parallel"] = {
+        "strategy": "tp",
+        "rank": 0,
+        "world_size": plan.world,
+        "dtensor": {"mesh_sizes": [t]},
+    }
+    if plan.world > t:
+        notes.append(
+            f"tp={t} on {plan.world} GPUs: the other {plan.world // t}-way data parallel's"
+            " gradient buckets are not counted"
+        )
+    # Megatron: two all-reduces of the layer's output in forward, two in backward.
+    elt = 2 if plan.precision != "fp32" else 4
+    act = plan.batch * seq * shape.hidden * elt
+    return round(4 * shape.layers * 2 * act * (t - 1) / t)
+
+
+def rank_estimate(plan: Plan) -> RankEstimate:
+    """Rank 0's facts under ``plan.layout``, predicted by the live predictor.
+
+    Raises:
+        ValueError: A plan the layout cannot take; the message is one line for the user.
+    """
+    notes: list[str] = []
+    layout, n = plan.layout, plan.world
+    if layout != "none" and n < 2 and not layout.startswith("tp="):
+        notes.append(f"--layout {layout} on one GPU: nothing is divided")
+    if plan.offload and layout not in ("fsdp", "fsdp-no-reshard", "zero1", "zero2", "zero3"):
+        raise ValueError("--offload needs --layout fsdp, fsdp-no-reshard or zero1/2/3")
+    if layout.startswith("tp=") and plan.tp > n:
+        raise ValueError(f"--layout {layout} needs at least {plan.tp} GPUs (--gpus)")
+    host = traffic = 0
+    if layout in ("zero1", "zero2", "zero3"):
+        precision = _ZERO_PRECISION.get(plan.precision, plan.precision)
+        facts = _build(plan, plan.shape, precision)
+        host, traffic = _zero(plan, facts, SHARDING[layout], notes)
+    elif layout == "device-map":
+        if plan.shape is None:
+            raise ValueError("--layout device-map needs a shape or --config (layers to cut)")
+        per = _ceil(plan.shape.layers, n)
+        facts = _build(plan, replace(plan.shape, layers=per), plan.precision)
+        notes.append(
+            f"device map: {per} of {plan.shape.layers} layers on the GPU planned, with the"
+            " embeddings and the head (an upper bound: a real map puts them at the ends)"
+        )
+    else:
+        facts = _build(plan, plan.shape, plan.precision)
+        if layout in ("fsdp", "fsdp-no-reshard"):
+            host, traffic = _fsdp(plan, facts, notes)
+        elif layout == "ddp":
+            facts["parallel"] = {
+                "strategy": "ddp",
+                "rank": 0,
+                "world_size": n,
+                "ddp": {
+                    "bucket_cap_bytes": DDP_BUCKET_BYTES,
+                    "gradient_as_bucket_view": False,
+                    "world_size": n,
+                },
+            }
+            grads = facts["params"]["trainable_bytes"]
+            traffic = round(2 * grads * (n - 1) / n)
+        elif layout.startswith("tp="):
+            traffic = _tp(plan, facts, notes)
+    pred = predict(facts)  # type: ignore[arg-type]
+    traffic *= plan.accumulation if layout in ("fsdp", "fsdp-no-reshard", "zero3") else 1
+    return RankEstimate(facts, pred, host, traffic, notes)  # type: ignore[arg-type]

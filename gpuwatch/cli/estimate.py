@@ -89,7 +89,8 @@ def add_parser(sub: Any) -> None:
     src.add_argument(
         "--config",
         metavar="FILE",
-        help="a Hugging Face config.json (gpt2, llama, mistral, bert, roberta, gpt_neox, vit)",
+        help="a Hugging Face config.json (gpt2, llama, mistral, qwen2, falcon, bert, roberta,"
+        " gpt_neox, vit)",
     )
     src.add_argument(
         "--arch",
@@ -103,6 +104,7 @@ def add_parser(sub: Any) -> None:
         "hidden": "hidden size",
         "heads": "attention heads",
         "kv-heads": "key/value heads (grouped-query attention)",
+        "head-dim": "each head's width, where heads do not divide hidden (GPT-3 XL: 128)",
         "intermediate": "MLP inner size (default 4 x hidden; 8/3 x hidden for llama)",
         "vocab": "vocabulary size (not for vit)",
     }
@@ -226,6 +228,7 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
             vocab=args.vocab or 0,
             arch=arch,
             kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
             intermediate=args.intermediate,
             max_positions=args.seq,
             image_size=args.image_size or 224,

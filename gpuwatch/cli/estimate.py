@@ -198,7 +198,17 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
         try:
             got = shape_from_config(config, args.arch)
         except ValueError as exc:
-            raise CliError(f"{args.config}: {exc}")
+            counted = None if args.arch else meta_count(config)
+            if counted is None:
+                raise CliError(f"{args.config}: {exc}")
+            if args.params is not None and args.params != counted[0]:
+                raise CliError(f"--params {args.params:,} but {counted[1]} has {counted[0]:,}")
+            args.params = counted[0]
+            assumed.append(
+                f"{counted[0]:,} parameters: {counted[1]} built on the meta device (no closed"
+                " form for this family: activations unknown; --trace MODULE:FUNCTION counts them)"
+            )
+            return None
         assumed += got.assumed
         if args.seq is None:
             args.seq = got.seq
@@ -240,6 +250,41 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
         args.seq = shape.patches
         assumed.append(f"sequence {shape.patches}: patches of the image and CLS")
     return shape
+
+
+def meta_count(config: dict[str, Any]) -> tuple[int, str] | None:
+    """Every parameter of the config's model, built on the meta device by ``transformers``
+    (no memory, no weights, no network): ``(count, class name)``, or None where
+    ``transformers`` is missing or does not know the family."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return None
+    try:
+        import torch
+        import transformers
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    except ImportError:
+        return None
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = AutoConfig.for_model(model_type, **fields)
+            archs = config.get("architectures")
+            name = archs[0] if isinstance(archs, list) and archs else None
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            with torch.device("meta"):
+                if cls is not None:
+                    model = cls(cfg)
+                else:
+                    try:
+                        model = AutoModelForCausalLM.from_config(cfg)
+                    except ValueError:
+                        model = AutoModel.from_config(cfg)
+    except Exception:  # any config transformers cannot build is refused, as before
+        return None
+    # parameters() yields a tied tensor once, as it is held once.
+    return sum(p.numel() for p in model.parameters()), type(model).__name__
 
 
 def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> None:

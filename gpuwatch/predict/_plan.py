@@ -115,6 +115,8 @@ class Plan:
         world: Ranks in all (GPUs per node times nodes).
         offload: Optimizer states (and, under FSDP, parameters and gradients) on the host.
         accumulation: Micro-batches per optimizer step (gradient accumulation).
+        device: ``cuda``, or ``cpu`` to set a plan against a run on the CPU (the
+            predictor's CPU rules: no allocator rounding, SDPA's math path).
     """
 
     shape: ModelShape | None
@@ -134,6 +136,7 @@ class Plan:
     world: int = 1
     offload: bool = False
     accumulation: int = 1
+    device: str = "cuda"
 
     @property
     def tp(self) -> int:
@@ -170,7 +173,7 @@ def _ceil(n: int, d: int) -> int:
 
 
 def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, Any]:
-    return dict(
+    facts = dict(
         facts_from_shape(
             shape,
             params=plan.params if shape is None else None,
@@ -187,6 +190,10 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
             activation=plan.activation,
         )
     )
+    if plan.device != "cuda":
+        for g in (*facts["params"]["groups"], *facts["optimizer"]["groups"]):
+            g["device"] = plan.device
+    return facts
 
 
 def _divide(d: dict[str, Any], n: int, keys: tuple[str, ...]) -> None:
@@ -321,7 +328,7 @@ def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tu
     opt["groups"] = [
         {
             "group": 0,
-            "device": "cuda:0",
+            "device": "cuda:0" if plan.device == "cuda" else plan.device,
             "dtype": "float32",
             "tensors": 1,
             "count": part,

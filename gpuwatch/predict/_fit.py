@@ -116,6 +116,11 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
         out.append(
             ("fused optimizer step", "--optimizer-impl fused", replace(plan, impl="fused"), 0)
         )
+    if plan.precision in ("bf16-mixed", "fp16-mixed"):
+        # Weights held in 16 bits: no fp32 copy, and no autocast copy saved by each layer.
+        low = plan.precision.split("-")[0]
+        what = f"{low} weights (torch_dtype, or FSDP's MixedPrecisionPolicy)"
+        out.append((what, f"--precision {low}", replace(plan, precision=low), 1))
     if plan.optimizer in ("adam", "adamw"):
         changed = replace(plan, optimizer="adamw-8bit")
         out.append(("8-bit AdamW (bitsandbytes)", "--optimizer adamw-8bit", changed, 1))
@@ -163,6 +168,10 @@ def _cost(what: str, plan: Plan, now: RankEstimate, new: RankEstimate) -> str:
         return "about one more forward per step (a third more compute)"
     if what.startswith("micro-batch"):
         return "same samples per step, in smaller kernels (lower GPU utilisation)"
+    if " weights (" in what:
+        if plan.lora_rank:
+            return "none for a frozen base (LoRA): the adapters still train in 16 bits"
+        return "no fp32 master weights: updates rounded to 16 bits (or keep a master copy)"
     if what.startswith("8-bit"):
         return "8-bit block-wise optimizer states; needs bitsandbytes"
     if what.startswith("SDPA") or what.startswith("fused"):

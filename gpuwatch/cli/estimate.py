@@ -115,7 +115,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--seq", type=_positive, help="sequence length (default: the config's positions)"
     )
-    p.add_argument("--batch", type=_positive, default=1, help="micro-batch size (default 1)")
+    p.add_argument("--batch", type=_positive, default=None, help="micro-batch size (default 1)")
     p.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -175,6 +175,13 @@ def add_parser(sub: Any) -> None:
         help="memory of each GPU torch cannot have: CUDA context, NCCL (default 1GiB)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--from",
+        dest="recording",
+        metavar="FILE",
+        help="re-plan a recorded run (its facts, its GPU, its out-of-memory error) under"
+        " the options given: --batch, --checkpointing, --layout, --gpus, --lora-rank, ...",
+    )
     p.add_argument(
         "--trace",
         metavar="MODULE:FUNCTION",
@@ -302,10 +309,13 @@ def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> N
 
 def estimate(args: argparse.Namespace) -> dict[str, Any]:
     """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
-    from ..predict import PHASES, rank_estimate
 
     assumed: list[str] = []
     args.dropout_config, args.activation = {}, None
+    if args.recording:
+        return _from_recording(args, assumed)
+    if args.batch is None:
+        args.batch = 1
     shape = _shape(args, assumed)
     if shape is None and args.params is None:
         raise CliError("give --params, a shape (--layers --hidden --heads --vocab) or --config")
@@ -330,17 +340,26 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         + (", every layer checkpointed" if args.checkpointing else "")
     )
     plan = _plan(args, shape, dropout, assumed)
+    return _result(args, plan, assumed)
+
+
+def _result(args: argparse.Namespace, plan: Any, assumed: list[str]) -> dict[str, Any]:
+    """The estimate of ``plan`` as the command prints it (with the answer where GPUs are
+    named)."""
+    from ..predict import PHASES, rank_estimate
+
+    shape = plan.shape
     try:
         est = rank_estimate(plan)
     except ValueError as exc:
         raise CliError(str(exc))
     pred, facts = est.prediction, est.facts
-    if shape is not None and not args.seq:
+    if shape is not None and not plan.seq:
         pred.notes.append("activations unknown: give --seq")
     later = {ph: dict(pred.phases[ph, False].peak) for ph in PHASES}
     first = {ph: dict(pred.phases[ph, True].peak) for ph in PHASES}
     everything = (
-        shape.count(args.seq or shape.max_positions or 1024) + _adapters(shape, plan)
+        shape.count(plan.seq or shape.max_positions or 1024) + _adapters(shape, plan)
         if shape is not None
         else facts["params"]["count"]
     )
@@ -357,8 +376,8 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         "parallel": plan.layout,
         "world_size": plan.world,
         "head": shape.head if shape is not None else None,
-        "seq": args.seq,
-        "batch": args.batch,
+        "seq": plan.seq,
+        "batch": plan.batch,
         "host_bytes": est.host_bytes,
         "traffic_bytes": est.traffic_bytes,
         "assumed": assumed,
@@ -367,6 +386,131 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
     if args.gpus_parsed is not None:
         result["fit"] = _answer(plan, args)
     return result
+
+
+def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, Any]:
+    """``--from FILE``: the recorded run's plan, its GPU and its out-of-memory error, with
+    the options given as changes."""
+    from dataclasses import replace
+
+    from ..predict import Gpus, parse_lora_targets, plan_from_facts, rank_estimate
+    from ..store.loader import load
+
+    try:
+        session = load(args.recording)
+    except Exception as exc:  # a file that is not a recording, in any way
+        raise CliError(f"cannot read {args.recording}: {str(exc)[:200]}")
+    ooms = list(getattr(session, "ooms", []) or [])
+    procs = [(pid, p) for pid, p in session.processes.items() if isinstance(p.facts, dict)]
+    if not procs:
+        raise CliError(f"{args.recording}: no process sent facts (gpuwatch.watch)")
+    oom_pids = {o.pid for o in ooms}
+    pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
+    try:
+        plan, lost = plan_from_facts(proc.facts)
+    except ValueError as exc:
+        raise CliError(f"{args.recording}: {exc}")
+    assumed.append(f"the plan of pid {pid} in {os.path.basename(args.recording)}, from its facts")
+    assumed += lost
+    recorded = plan
+    oom = next((o for o in ooms if o.pid == pid), None)
+    body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
+    gpu = next((d for d in session.devices.values() if d.kind == "gpu" and d.total), None)
+    gpu_total = int(gpu.total or 0) if gpu is not None else 0
+    names = [gpu.name] if gpu is not None and gpu.name else []
+    phase = str(body.get("phase") or "")
+    demand = max(int(body.get("allocated") or 0), 0) + max(int(body.get("requested") or 0), 0)
+    if oom is not None and phase in ("forward", "backward", "optimizer.step", "eval"):
+        pred = rank_estimate(plan).prediction
+        steady = pred.phases[phase, False].peak
+        excess = demand - sum(steady.values())
+        if excess > 0:
+            plan = replace(
+                plan,
+                excess=excess,
+                excess_phase=phase,
+                excess_per=steady.get("activations", 0),
+            )
+            assumed.append(
+                f"its out-of-memory error in {phase}: {fmt_bytes(demand)} asked for (allocated"
+                f" + requested), {fmt_bytes(excess)} beyond the prediction: carried as"
+                " recorded_excess, scaled as the phase's activations"
+            )
+    # The options given are the change.
+    change: dict[str, Any] = {}
+    if args.batch is not None:
+        change["batch"] = args.batch
+    if args.seq is not None:
+        change["seq"] = args.seq
+    if args.checkpointing:
+        change["checkpointing"] = True
+    if args.lora_rank:
+        change["lora_rank"] = args.lora_rank
+        try:
+            change["lora_targets"] = parse_lora_targets(args.lora_targets)
+        except ValueError as exc:
+            raise CliError(str(exc))
+    if args.accumulation > 1:
+        change["accumulation"] = args.accumulation
+    if args.offload:
+        change["offload"] = True
+    if args.layout:
+        try:
+            change["layout"] = parse_layout_arg(args.layout)
+        except ValueError as exc:
+            raise CliError(str(exc))
+    if args.gpus:
+        gpus = _gpus_arg(args.gpus)
+        change["world"] = gpus.count * args.nodes
+    else:
+        total = gpu_total or int(body.get("total") or 0)
+        if not total:
+            raise CliError(f"{args.recording}: no GPU's memory recorded; give --gpus")
+        count = max(plan.world // args.nodes, 1)
+        gpus = Gpus(count, names[0] if names else "recorded GPU", total)
+    if change.get("layout", plan.layout) != "none" and change.get("world", plan.world) < 2:
+        change.setdefault("world", gpus.count * args.nodes)
+    plan = replace(plan, **change)
+    if change:
+        shown = ", ".join(f"{k} {v}" for k, v in change.items())
+        assumed.append(f"changed: {shown}")
+    reserve = _reserve(args)
+    args.gpus_parsed, args.reserve_bytes = gpus, reserve
+    assumed.append(
+        f"{gpus.count} x {gpus.name}: {fmt_bytes(gpus.usable(reserve))} each for torch"
+        f" ({fmt_bytes(reserve)} reserved: --reserve)"
+    )
+    result = _result(args, plan, assumed)
+    result["recorded"] = {
+        "pid": pid,
+        "oom": {"phase": phase, "demand_bytes": demand} if oom is not None else None,
+        "predicted_peak_bytes": rank_estimate(recorded).peak_bytes,
+    }
+    return result
+
+
+def parse_layout_arg(text: str) -> str:
+    from ..predict import parse_layout
+
+    return parse_layout(text)
+
+
+def _gpus_arg(text: str) -> Any:
+    from ..predict import parse_gpus
+
+    try:
+        return parse_gpus(text)
+    except ValueError as exc:
+        raise CliError(str(exc))
+
+
+def _reserve(args: argparse.Namespace) -> int:
+    from ..predict import parse_size
+
+    reserve = parse_size(args.reserve) if args.reserve.strip() not in ("0", "") else 0
+    if reserve is None:
+        raise CliError(f"--reserve {args.reserve!r}: a size such as 1GiB or 500MiB")
+    return reserve
 
 
 def _adapters(shape: Any, plan: Any) -> int:

@@ -28,7 +28,7 @@ from ._graph import (
     TEMPORARIES,
     WEIGHTS,
 )
-from ._plan import LAYOUTS, Plan, RankEstimate, parse_layout, rank_estimate
+from ._plan import LAYOUTS, Plan, RankEstimate, parse_layout, plan_from_facts, rank_estimate
 from ._predict import CLIP, PHASES, PhaseMemory, Prediction, breakdown, predict, total
 from ._shape import (
     ARCHS,
@@ -77,6 +77,7 @@ __all__ = [
     "parse_layout",
     "parse_lora_targets",
     "parse_size",
+    "plan_from_facts",
     "predict",
     "predicted_curve",
     "rank_estimate",

@@ -117,6 +117,11 @@ class Plan:
         accumulation: Micro-batches per optimizer step (gradient accumulation).
         device: ``cuda``, or ``cpu`` to set a plan against a run on the CPU (the
             predictor's CPU rules: no allocator rounding, SDPA's math path).
+        excess, excess_phase, excess_per: What a recorded run needed beyond its
+            prediction (an out-of-memory error's allocated plus requested bytes, less
+            the predicted peak), in the phase it failed in, and the activations predicted
+            there for the recorded run: under a change it scales as that phase's
+            predicted activations do (a measured residual carried over, never a formula).
     """
 
     shape: ModelShape | None
@@ -137,6 +142,9 @@ class Plan:
     offload: bool = False
     accumulation: int = 1
     device: str = "cuda"
+    excess: int = 0
+    excess_phase: str = "forward"
+    excess_per: int = 0
 
     @property
     def tp(self) -> int:
@@ -456,6 +464,25 @@ def _tp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> int:
     return round(4 * shape.layers * 2 * act * (t - 1) / t)
 
 
+EXCESS = "recorded_excess"
+"""The category of what a recorded run needed beyond its prediction."""
+
+
+def _add_excess(plan: Plan, pred: Prediction) -> None:
+    """Carry a recorded run's unexplained demand into its phase, scaled by activations."""
+    from ._predict import total
+
+    for first in (True, False):
+        pm = pred.phases.get((plan.excess_phase, first))
+        if pm is None:
+            continue
+        act = pm.peak.get("activations", 0)
+        share = act / plan.excess_per if plan.excess_per else 1.0
+        pm.peak[EXCESS] = round(plan.excess * share)
+    key = max(pred.phases, key=lambda k: total(pred.phases[k].peak))
+    pred.peak_phase, pred.peak_bytes = key, total(pred.phases[key].peak)
+
+
 def rank_estimate(plan: Plan) -> RankEstimate:
     """Rank 0's facts under ``plan.layout``, predicted by the live predictor.
 
@@ -504,5 +531,109 @@ def rank_estimate(plan: Plan) -> RankEstimate:
         elif layout.startswith("tp="):
             traffic = _tp(plan, facts, notes)
     pred = predict(facts)  # type: ignore[arg-type]
+    if plan.excess > 0:
+        _add_excess(plan, pred)
     traffic *= plan.accumulation if layout in ("fsdp", "fsdp-no-reshard", "zero3") else 1
     return RankEstimate(facts, pred, host, traffic, notes)  # type: ignore[arg-type]
+
+
+_PRECISION_OF = {
+    ("float32", "bfloat16"): "bf16-mixed",
+    ("float32", "float16"): "fp16-mixed",
+    ("float32", None): "fp32",
+    ("bfloat16", None): "bf16",
+    ("float16", None): "fp16",
+}
+_STRATEGY_LAYOUT = {"ddp": "ddp", "fsdp2": "fsdp", "tp": "tp", "device_map": "device-map"}
+
+
+def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
+    """The :class:`Plan` of a recorded run, from the facts it sent (a recording's facts are
+    hostile: every field is checked), and what could not be carried over.
+
+    Raises:
+        ValueError: Facts with neither a decoder's shape nor a parameter count.
+    """
+    from ..facts import fact_int
+    from ._optim import ESTIMATE_OPTIMIZERS, kind_of
+
+    lost: list[str] = []
+    tf = facts.get("transformer") if isinstance(facts.get("transformer"), dict) else {}
+    batch = facts.get("batch") if isinstance(facts.get("batch"), dict) else {}
+    params = facts.get("params") if isinstance(facts.get("params"), dict) else {}
+    groups = [g for g in params.get("groups") or [] if isinstance(g, dict)]
+    big = max(groups, key=lambda g: fact_int(g.get("bytes")), default={})
+    amp = facts.get("amp") if isinstance(facts.get("amp"), dict) else {}
+    autocast = amp.get("dtype") or batch.get("autocast")
+    dtype = str(big.get("dtype") or "float32")
+    precision = _PRECISION_OF.get((dtype, str(autocast) if autocast else None), "bf16-mixed")
+    opt = facts.get("optimizer") if isinstance(facts.get("optimizer"), dict) else {}
+    kind = kind_of(opt) if opt else "adamw"
+    optimizer = kind if kind in ESTIMATE_OPTIMIZERS else "adamw"
+    if kind == "sgd":
+        momentum = (opt.get("options") or {}).get("momentum")
+        optimizer = "sgd-momentum" if momentum else "sgd"
+    if opt and optimizer != kind and kind != "sgd":
+        lost.append(f"optimizer {str(opt.get('class'))[:40]} planned as {optimizer}")
+    impl = str(opt.get("impl") or "foreach")
+    impl = impl if impl in ("foreach", "fused", "for-loop") else "foreach"
+    shape = None
+    dims = {k: fact_int(tf.get(k)) for k in ("layers", "hidden", "heads", "vocab")}
+    if all(v > 0 for v in dims.values()) and tf.get("head", "lm") == "lm":
+        if tf.get("mlp") in ("gated", "swiglu", "geglu"):
+            arch = "llama"
+        elif tf.get("parallel_residual"):
+            arch = "neox"
+        elif tf.get("fused_qkv", True):
+            arch = "gpt"
+        else:
+            arch = ""
+        if arch:
+            shape = ModelShape(
+                arch=arch,
+                kv_heads=fact_int(tf.get("kv_heads")) or None,
+                head_dim=fact_int(tf.get("head_dim")) or None,
+                intermediate=fact_int(tf.get("intermediate")) or None,
+                tied=bool(tf.get("tied_embeddings", arch == "gpt")),
+                max_positions=fact_int(tf.get("max_positions")) or None,
+                **dims,
+            )
+    count = fact_int(params.get("count"))
+    if shape is None:
+        if count <= 0:
+            raise ValueError("the recording's facts have neither a shape nor a parameter count")
+        lost.append("no decoder shape in the facts: parameters only, activations unknown")
+    lora = tf.get("lora") if isinstance(tf.get("lora"), dict) else {}
+    targets = tuple(str(t)[:8] for t in (lora.get("targets") or ("q", "v")))[:8]
+    par = facts.get("parallel") if isinstance(facts.get("parallel"), dict) else {}
+    strategy = str(par.get("strategy") or "none")
+    world = max(fact_int(par.get("world_size")), 1)
+    layout = _STRATEGY_LAYOUT.get(strategy, "none")
+    if strategy == "zero":
+        zero = par.get("zero") if isinstance(par.get("zero"), dict) else {}
+        layout = f"zero{fact_int(zero.get('stage'))}" if fact_int(zero.get("stage")) else "none"
+    if layout == "tp":
+        layout, world = "none", 1
+        lost.append("tensor parallel's degree is not in the facts: planned as one GPU")
+    if layout == "fsdp":
+        fsdp = par.get("fsdp") if isinstance(par.get("fsdp"), dict) else {}
+        layout = "fsdp" if fsdp.get("reshard_after_forward") is not False else "fsdp-no-reshard"
+    ckpt = facts.get("checkpointing") if isinstance(facts.get("checkpointing"), dict) else {}
+    drop = tf.get("dropout") if isinstance(tf.get("dropout"), dict) else {}
+    plan = Plan(
+        shape=shape,
+        params=count if shape is None else None,
+        batch=max(fact_int(batch.get("batch")), 1),
+        seq=fact_int(batch.get("seq")) or None,
+        precision=precision,
+        optimizer=optimizer,
+        impl=impl,
+        attention=str(tf.get("attention") or "sdpa")[:24],
+        checkpointing=bool(ckpt.get("enabled")),
+        lora_rank=fact_int(lora.get("rank")),
+        lora_targets=targets,
+        dropout={k: float(v) for k, v in drop.items() if isinstance(v, (int, float))},
+        layout=layout if world > 1 or layout == "device-map" else "none",
+        world=world,
+    )
+    return plan, lost

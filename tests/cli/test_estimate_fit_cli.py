@@ -85,9 +85,30 @@ def test_heads_need_not_divide_hidden_with_a_head_size() -> None:
     assert out["activations_known"]
 
 
+OOM = ROOT / "samples" / "gpt2-small-h100-oom.gpuwatch"
+
+
+def test_from_the_oom_recording_names_a_change_that_fits() -> None:
+    out = _json("--from", str(OOM))
+    fit, recorded = out["fit"], out["recorded"]
+    # The recorded run as it was: what its out-of-memory error asked for does not fit.
+    assert recorded["oom"]["phase"] == "forward" and not fit["fits"]
+    assert fit["peak_bytes"] == recorded["oom"]["demand_bytes"]
+    assert fit["gpu"] == "NVIDIA H100 80GB HBM3" and out["batch"] == 16
+    assert fit["changes"] and fit["changes"][0]["fits"]
+    # Asked for, the change fits, with the same peak it was offered with.
+    first = fit["changes"][0]
+    again = _json("--from", str(OOM), *first["flags"].split())
+    assert again["fit"]["fits"] and again["fit"]["peak_bytes"] == first["peak_bytes"]
+    smaller = _json("--from", str(OOM), "--batch", str(fit["max_batch"]))
+    assert smaller["fit"]["fits"]
+    assert not _json("--from", str(OOM), "--batch", str(fit["max_batch"] + 1))["fit"]["fits"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
+        ("--from", "/no/such/run.gpuwatch"),
         ("--params", "7B", "--gpus", "4xB9000"),
         ("--params", "7B", "--gpus", "4xA100-80GB", "--layout", "pipeline"),
         ("--params", "7B", "--layout", "zero3"),

@@ -769,3 +769,37 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         print(_table(result))
     return EXIT_OK
+
+
+def oom_answer(path: str) -> dict[str, Any] | None:
+    """What ``estimate --from PATH`` answers, for ``info`` of a recording with an
+    out-of-memory error: ``{"command", "fits", "changes"}``, or None where the recording
+    cannot be planned (no facts, no GPU's memory)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["estimate", "--from", path])
+    try:
+        result = estimate(args)
+    except CliError:
+        return None
+    fit = result["fit"]
+    return {
+        "command": f"gpuwatch estimate --from {path}",
+        "fits": fit["fits"],
+        "peak_bytes": fit["peak_bytes"],
+        "max_batch": fit["max_batch"],
+        "changes": fit["changes"][:3],
+    }
+
+
+def oom_answer_lines(answer: dict[str, Any]) -> list[str]:
+    """``info``'s lines for :func:`oom_answer`."""
+    lines = [f"what would have fitted ({answer['command']}):"]
+    if answer["max_batch"]:
+        lines.append(f"  largest micro-batch that fits: {answer['max_batch']}")
+    for c in answer["changes"]:
+        state = "fits" if c["fits"] else "short"
+        lines.append(
+            f"  {c['flags']}: peak {fmt_bytes(c['peak_bytes'])} per rank ({state}); {c['cost']}"
+        )
+    return lines

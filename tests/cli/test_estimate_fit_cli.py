@@ -132,3 +132,14 @@ def test_falcon_variants_outside_the_layout_are_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(cfg))
     r = _run("--config", str(path))
     assert r.returncode == 2 and "--trace" in r.stderr
+
+
+def test_info_of_an_oom_recording_offers_the_answer() -> None:
+    r = run_gpuwatch("info", str(OOM), cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "what would have fitted (gpuwatch estimate --from" in r.stdout
+    assert "--checkpointing: peak" in r.stdout
+    out = json.loads(run_gpuwatch("info", str(OOM), "--json", cwd=ROOT).stdout)
+    assert out["oom_answer"]["changes"][0]["fits"]
+    clean = run_gpuwatch("info", str(ROOT / "samples" / "gpt2-small-h100.gpuwatch"), cwd=ROOT)
+    assert "what would have fitted" not in clean.stdout

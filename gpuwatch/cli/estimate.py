@@ -124,7 +124,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     p.add_argument("--optimizer-impl", choices=IMPLS, default="foreach", help="default foreach")
-    p.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa", help="default sdpa")
+    p.add_argument(
+        "--attention",
+        choices=("eager", "sdpa", "flash_attention_2"),
+        default="sdpa",
+        help="default sdpa",
+    )
     p.add_argument(
         "--dropout",
         type=_probability,
@@ -141,6 +146,12 @@ def add_parser(sub: Any) -> None:
         default="q,v",
         metavar="ROLES",
         help="roles LoRA adapts: q,k,v,o,gate,up,down; attn, mlp, all-linear (default q,v)",
+    )
+    p.add_argument(
+        "--qlora",
+        action="store_true",
+        help="QLoRA: the layers' weights in 4-bit NF4 (double-quantised constants), bf16"
+        " compute; with --lora-rank",
     )
     p.add_argument(
         "--accumulation",
@@ -452,6 +463,8 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
             raise CliError(str(exc))
     if args.accumulation > 1:
         change["accumulation"] = args.accumulation
+    if args.qlora:
+        change["quant"] = "nf4"
     if args.offload:
         change["offload"] = True
     if args.layout:
@@ -568,6 +581,7 @@ def _plan(
         world=world,
         offload=args.offload,
         accumulation=args.accumulation,
+        quant="nf4" if args.qlora else "",
     )
 
 

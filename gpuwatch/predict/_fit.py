@@ -147,6 +147,14 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
         layout = plan.layout if level else ("zero3" if plan.world > 1 else "zero2")
         changed = replace(plan, layout=layout, offload=True)
         out.append((f"{layout} with CPU offload", f"--layout {layout} --offload", changed, 4))
+    if not plan.quant and plan.shape is not None and plan.layout in ("none", "ddp"):
+        rank = plan.lora_rank or LORA_RANK
+        targets = plan.lora_targets if plan.lora_rank else ("q", "k", "v", "o")
+        changed = replace(plan, quant="nf4", lora_rank=rank, lora_targets=targets)
+        flags = "--qlora" + (
+            "" if plan.lora_rank else f" --lora-rank {rank} --lora-targets q,k,v,o"
+        )
+        out.append(("QLoRA, 4-bit NF4 base weights", flags, changed, 5))
     if not plan.lora_rank and plan.shape is not None:
         changed = replace(plan, lora_rank=LORA_RANK, lora_targets=("q", "k", "v", "o"))
         flags = f"--lora-rank {LORA_RANK} --lora-targets q,k,v,o"
@@ -183,6 +191,11 @@ def _cost(what: str, plan: Plan, now: RankEstimate, new: RankEstimate) -> str:
         )
     if what.startswith("layout"):
         return _traffic_cost(now, new)
+    if what.startswith("QLoRA"):
+        return (
+            "base weights dequantised on every use (slower steps); needs bitsandbytes;"
+            f" trains {new.facts['params'].get('trainable_count', 0):,} adapter parameters"
+        )
     if what.startswith("LoRA"):
         trained = new.facts["params"].get("trainable_count", 0)
         return f"trains {trained:,} adapter parameters per rank, not the model"

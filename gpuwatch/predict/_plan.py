@@ -38,6 +38,7 @@ memory.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -117,6 +118,8 @@ class Plan:
         accumulation: Micro-batches per optimizer step (gradient accumulation).
         device: ``cuda``, or ``cpu`` to set a plan against a run on the CPU (the
             predictor's CPU rules: no allocator rounding, SDPA's math path).
+        quant: ``nf4`` for QLoRA (Dettmers et al. 2023): the layers' linear weights in
+            4-bit NormalFloat with double-quantised constants, computing in bf16.
         excess, excess_phase, excess_per: What a recorded run needed beyond its
             prediction (an out-of-memory error's allocated plus requested bytes, less
             the predicted peak), in the phase it failed in, and the activations predicted
@@ -142,6 +145,7 @@ class Plan:
     offload: bool = False
     accumulation: int = 1
     device: str = "cuda"
+    quant: str = ""
     excess: int = 0
     excess_phase: str = "forward"
     excess_per: int = 0
@@ -202,6 +206,61 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
         for g in (*facts["params"]["groups"], *facts["optimizer"]["groups"]):
             g["device"] = plan.device
     return facts
+
+
+NF4_BLOCK = 64
+"""bitsandbytes' 4-bit block: one absmax constant per 64 weights."""
+
+NF4_BLOCK2 = 256
+"""Double quantisation: the 8-bit absmax constants in blocks of 256, one fp32 each."""
+
+
+def nf4_bytes(numel: int, tensors: int) -> int:
+    """A 4-bit NF4 weight with double-quantised constants (``bitsandbytes.functional.
+    quantize_4bit``, ``compress_statistics=True``): two weights a byte, one 8-bit absmax a
+    block, one fp32 absmax and the 256-entry fp32 code per tensor for the second level,
+    the 16-entry NF4 code."""
+    blocks = _ceil(numel, NF4_BLOCK)
+    return _ceil(numel, 2) + blocks + 4 * _ceil(blocks, NF4_BLOCK2) + tensors * (256 + 16) * 4
+
+
+def _quantise(plan: Plan, facts: dict[str, Any], notes: list[str]) -> None:
+    """QLoRA: the layers' linear weights (not embeddings, norms or the head, which
+    bitsandbytes skips) as 4-bit NF4, in a group of their own."""
+    shape = plan.shape
+    if shape is None or not plan.lora_rank:
+        raise ValueError("--qlora needs a shape or --config and LoRA (--lora-rank)")
+    seq = plan.seq or shape.max_positions or 1024
+    one = Counter(replace(shape, layers=2).tensors(seq)) - Counter(
+        replace(shape, layers=1).tensors(seq)
+    )
+    mats = [t for t, k in one.items() for _ in range(k) if len(t) == 2]
+    numel = shape.layers * sum(_numel(t) for t in mats)
+    tensors = shape.layers * len(mats)
+    quant = shape.layers * sum(nf4_bytes(_numel(t), 1) for t in mats)
+    p = facts["params"]
+    base = p["groups"][0]
+    elt = base["bytes"] // max(base["count"], 1)
+    base["count"] -= numel
+    base["bytes"] -= numel * elt
+    base["tensors"] -= tensors
+    p["groups"].insert(
+        1,
+        {
+            "dtype": "uint8",
+            "device": base["device"],
+            "trainable": False,
+            "count": numel,
+            "bytes": quant,
+            "tensors": tensors,
+        },
+    )
+    p["bytes"] = sum(g["bytes"] for g in p["groups"])
+    p["frozen_bytes"] = p["bytes"] - p["trainable_bytes"]
+    notes.append(
+        f"QLoRA: {numel:,} layer weights in 4-bit NF4 ({quant / max(numel, 1):.3f} bytes"
+        " each with their constants), dequantised to bf16 on each use"
+    )
 
 
 def _divide(d: dict[str, Any], n: int, keys: tuple[str, ...]) -> None:
@@ -498,6 +557,10 @@ def rank_estimate(plan: Plan) -> RankEstimate:
     if layout.startswith("tp=") and plan.tp > n:
         raise ValueError(f"--layout {layout} needs at least {plan.tp} GPUs (--gpus)")
     host = traffic = 0
+    if plan.quant:
+        if layout not in ("none", "ddp"):
+            raise ValueError("--qlora is planned on one GPU or under --layout ddp")
+        plan = replace(plan, precision="bf16")  # bnb's compute dtype; adapters in bf16
     if layout in ("zero1", "zero2", "zero3"):
         precision = _ZERO_PRECISION.get(plan.precision, plan.precision)
         facts = _build(plan, plan.shape, precision)
@@ -513,6 +576,8 @@ def rank_estimate(plan: Plan) -> RankEstimate:
         )
     else:
         facts = _build(plan, plan.shape, plan.precision)
+        if plan.quant:
+            _quantise(plan, facts, notes)
         if layout in ("fsdp", "fsdp-no-reshard"):
             host, traffic = _fsdp(plan, facts, notes)
         elif layout == "ddp":

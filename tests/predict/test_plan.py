@@ -215,3 +215,30 @@ def test_layouts_are_normalised_or_refused() -> None:
 def test_predict_is_the_live_one() -> None:
     r = rank_estimate(Plan(LLAMA, batch=2, seq=128, layout="zero2", world=4))
     assert predict(r.facts).peak_bytes == r.peak_bytes  # the facts alone say it all
+
+
+def test_qlora_keeps_the_layers_weights_in_four_bits() -> None:
+    from gpuwatch.predict._plan import nf4_bytes
+
+    # QLoRA (Dettmers et al. 2023, section 3): 0.5 bytes a weight, plus 8-bit constants
+    # per 64 weights and an fp32 one per 256 of those: 0.127 bits a weight.
+    n = 64 * 256 * 1000
+    assert nf4_bytes(n, 1) - (256 + 16) * 4 == n // 2 + n // 64 + 4 * 1000
+    assert 8 * (n // 64 + 4 * 1000) / n == pytest.approx(0.127, abs=1e-3)
+    plan = Plan(LLAMA, batch=1, seq=128, lora_rank=8)
+    q = rank_estimate(replace(plan, quant="nf4"))
+    groups = q.facts["params"]["groups"]
+    four = next(g for g in groups if g["dtype"] == "uint8")
+    layer = 512 * 512 * 2 + 256 * 512 * 2 + 3 * 512 * 1376  # q, o, k, v, gate, up, down
+    assert four["count"] == LLAMA.layers * layer and not four["trainable"]
+    weights = q.prediction.phases["forward", False].peak["weights"]
+    assert weights == sum(g["bytes"] for g in groups)
+    bf16 = rank_estimate(replace(plan, precision="bf16")).facts["params"]["bytes"]
+    assert weights == bf16 - 2 * four["count"] + four["bytes"]
+    # The activations are bf16's, as bitsandbytes computes in its compute dtype.
+    assert (
+        q.prediction.activations_formula
+        == rank_estimate(replace(plan, precision="bf16")).prediction.activations_formula
+    )
+    with pytest.raises(ValueError, match="--qlora"):
+        rank_estimate(replace(plan, quant="nf4", lora_rank=0))

@@ -242,3 +242,27 @@ def test_qlora_keeps_the_layers_weights_in_four_bits() -> None:
     )
     with pytest.raises(ValueError, match="--qlora"):
         rank_estimate(replace(plan, quant="nf4", lora_rank=0))
+
+
+@pytest.mark.parametrize(
+    "layout", ["ddp", "fsdp", "fsdp-no-reshard", "zero1", "zero2", "zero3", "tp=2", "device-map"]
+)
+def test_planned_facts_are_the_typed_facts_the_live_side_sends(layout: str) -> None:
+    from pathlib import Path
+
+    import gpuwatch.facts as F
+
+    facts = rank_estimate(Plan(LLAMA, batch=1, seq=64, lora_rank=4, layout=layout, world=4)).facts
+    assert set(facts) <= set(F.Facts.__annotations__)
+    assert set(facts["params"]) <= set(F.ParamFacts.__annotations__)
+    for g in facts["params"]["groups"]:
+        assert set(g) <= set(F.TensorGroup.__annotations__)
+    for b in facts["optimizer"]["groups"]:
+        assert set(b) <= set(F.OptimizerBucket.__annotations__)
+    par = facts.get("parallel", {})
+    assert set(par) <= set(F.ParallelFacts.__annotations__)
+    # Each layout's own fields are the ones docs/facts.md says instrument/_layout.py reads.
+    docs = (Path(__file__).parents[2] / "docs" / "facts.md").read_text()
+    for part in ("ddp", "fsdp", "zero", "dtensor"):
+        for key in par.get(part, {}):
+            assert f"`{key}`" in docs, f"{part}.{key}"

@@ -225,7 +225,7 @@ def answer(plan: Plan, usable: int, gpu: str = "GPU") -> Answer:
     fitting = [c for c in singles if c.peak_bytes <= usable]
     if not fitting:
         # No single change is enough: each pair, from the best singles.
-        best = sorted(singles, key=lambda c: c.peak_bytes)[:6]
+        best = sorted(singles, key=lambda c: c.peak_bytes)
         for i, a in enumerate(best):
             for b in best[i + 1 :]:
                 if a.order == b.order and a.order >= 3:

@@ -404,7 +404,7 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
     the options given as changes."""
     from dataclasses import replace
 
-    from ..predict import Gpus, parse_lora_targets, plan_from_facts, rank_estimate
+    from ..predict import Gpus, parse_layout, parse_lora_targets, plan_from_facts, rank_estimate
     from ..store.loader import load
 
     try:
@@ -469,7 +469,7 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
         change["offload"] = True
     if args.layout:
         try:
-            change["layout"] = parse_layout_arg(args.layout)
+            change["layout"] = parse_layout(args.layout)
         except ValueError as exc:
             raise CliError(str(exc))
     if args.gpus:
@@ -502,12 +502,6 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
     return result
 
 
-def parse_layout_arg(text: str) -> str:
-    from ..predict import parse_layout
-
-    return parse_layout(text)
-
-
 def _gpus_arg(text: str) -> Any:
     from ..predict import parse_gpus
 
@@ -536,7 +530,7 @@ def _plan(
     args: argparse.Namespace, shape: Any, dropout: dict[str, float], assumed: list[str]
 ) -> Any:
     """The :class:`Plan` the options describe (GPUs, layout and tricks included)."""
-    from ..predict import Plan, parse_gpus, parse_layout, parse_lora_targets, parse_size
+    from ..predict import Plan, parse_gpus, parse_layout, parse_lora_targets
 
     try:
         targets = parse_lora_targets(args.lora_targets)
@@ -544,9 +538,7 @@ def _plan(
         layout = parse_layout(args.layout) if args.layout else None
     except ValueError as exc:
         raise CliError(str(exc))
-    reserve = parse_size(args.reserve) if args.reserve.strip() not in ("0", "") else 0
-    if reserve is None:
-        raise CliError(f"--reserve {args.reserve!r}: a size such as 1GiB or 500MiB")
+    reserve = _reserve(args)
     args.gpus_parsed, args.reserve_bytes = gpus, reserve
     world = (gpus.count if gpus else 1) * args.nodes
     if layout is None:

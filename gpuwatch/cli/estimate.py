@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import math
 import os
 import sys
 import warnings
@@ -88,7 +89,8 @@ def add_parser(sub: Any) -> None:
     src.add_argument(
         "--config",
         metavar="FILE",
-        help="a Hugging Face config.json (gpt2, llama, mistral, bert, roberta, gpt_neox, vit)",
+        help="a Hugging Face config.json (gpt2, llama, mistral, qwen2, falcon, bert, roberta,"
+        " gpt_neox, vit)",
     )
     src.add_argument(
         "--arch",
@@ -102,6 +104,7 @@ def add_parser(sub: Any) -> None:
         "hidden": "hidden size",
         "heads": "attention heads",
         "kv-heads": "key/value heads (grouped-query attention)",
+        "head-dim": "each head's width, where heads do not divide hidden (GPT-3 XL: 128)",
         "intermediate": "MLP inner size (default 4 x hidden; 8/3 x hidden for llama)",
         "vocab": "vocabulary size (not for vit)",
     }
@@ -112,7 +115,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--seq", type=_positive, help="sequence length (default: the config's positions)"
     )
-    p.add_argument("--batch", type=_positive, default=1, help="micro-batch size (default 1)")
+    p.add_argument("--batch", type=_positive, default=None, help="micro-batch size (default 1)")
     p.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -121,7 +124,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     p.add_argument("--optimizer-impl", choices=IMPLS, default="foreach", help="default foreach")
-    p.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa", help="default sdpa")
+    p.add_argument(
+        "--attention",
+        choices=("eager", "sdpa", "flash_attention_2"),
+        default="sdpa",
+        help="default sdpa",
+    )
     p.add_argument(
         "--dropout",
         type=_probability,
@@ -131,9 +139,60 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--checkpointing", action="store_true", help="checkpoint every layer")
     p.add_argument(
-        "--lora-rank", type=_positive, default=0, metavar="R", help="LoRA adapters on q and v"
+        "--lora-rank", type=_positive, default=0, metavar="R", help="train LoRA adapters of rank R"
+    )
+    p.add_argument(
+        "--lora-targets",
+        default="q,v",
+        metavar="ROLES",
+        help="roles LoRA adapts: q,k,v,o,gate,up,down; attn, mlp, all-linear (default q,v)",
+    )
+    p.add_argument(
+        "--qlora",
+        action="store_true",
+        help="QLoRA: the layers' weights in 4-bit NF4 (double-quantised constants), bf16"
+        " compute; with --lora-rank",
+    )
+    p.add_argument(
+        "--accumulation",
+        type=_positive,
+        default=1,
+        metavar="K",
+        help="micro-batches per optimizer step (gradient accumulation; default 1)",
+    )
+    run = p.add_argument_group("GPUs and layout (per rank)")
+    run.add_argument(
+        "--gpus",
+        metavar="NxGPU",
+        help="GPUs per node: 4xA100-80GB, 8xH100-80GB, 2x24GiB; answers whether it fits",
+    )
+    run.add_argument("--nodes", type=_positive, default=1, help="nodes (default 1)")
+    run.add_argument(
+        "--layout",
+        default=None,
+        metavar="LAYOUT",
+        help="ddp, fsdp, fsdp-no-reshard, zero1, zero2, zero3, tp=N or device-map"
+        " (default: ddp on several GPUs)",
+    )
+    run.add_argument(
+        "--offload",
+        action="store_true",
+        help="optimizer states on the host (ZeRO-Offload; FSDP's CPUOffloadPolicy)",
+    )
+    run.add_argument(
+        "--reserve",
+        default="1GiB",
+        metavar="SIZE",
+        help="memory of each GPU torch cannot have: CUDA context, NCCL (default 1GiB)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--from",
+        dest="recording",
+        metavar="FILE",
+        help="re-plan a recorded run (its facts, its GPU, its out-of-memory error) under"
+        " the options given: --batch, --checkpointing, --layout, --gpus, --lora-rank, ...",
+    )
     p.add_argument(
         "--trace",
         metavar="MODULE:FUNCTION",
@@ -157,7 +216,17 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
         try:
             got = shape_from_config(config, args.arch)
         except ValueError as exc:
-            raise CliError(f"{args.config}: {exc}")
+            counted = None if args.arch else meta_count(config)
+            if counted is None:
+                raise CliError(f"{args.config}: {exc}")
+            if args.params is not None and args.params != counted[0]:
+                raise CliError(f"--params {args.params:,} but {counted[1]} has {counted[0]:,}")
+            args.params = counted[0]
+            assumed.append(
+                f"{counted[0]:,} parameters: {counted[1]} built on the meta device (no closed"
+                " form for this family: activations unknown; --trace MODULE:FUNCTION counts them)"
+            )
+            return None
         assumed += got.assumed
         if args.seq is None:
             args.seq = got.seq
@@ -187,6 +256,7 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
             vocab=args.vocab or 0,
             arch=arch,
             kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
             intermediate=args.intermediate,
             max_positions=args.seq,
             image_size=args.image_size or 224,
@@ -198,6 +268,41 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
         args.seq = shape.patches
         assumed.append(f"sequence {shape.patches}: patches of the image and CLS")
     return shape
+
+
+def meta_count(config: dict[str, Any]) -> tuple[int, str] | None:
+    """Every parameter of the config's model, built on the meta device by ``transformers``
+    (no memory, no weights, no network): ``(count, class name)``, or None where
+    ``transformers`` is missing or does not know the family."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return None
+    try:
+        import torch
+        import transformers
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    except ImportError:
+        return None
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = AutoConfig.for_model(model_type, **fields)
+            archs = config.get("architectures")
+            name = archs[0] if isinstance(archs, list) and archs else None
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            with torch.device("meta"):
+                if cls is not None:
+                    model = cls(cfg)
+                else:
+                    try:
+                        model = AutoModelForCausalLM.from_config(cfg)
+                    except ValueError:
+                        model = AutoModel.from_config(cfg)
+    except Exception:  # any config transformers cannot build is refused, as before
+        return None
+    # parameters() yields a tied tensor once, as it is held once.
+    return sum(p.numel() for p in model.parameters()), type(model).__name__
 
 
 def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> None:
@@ -215,10 +320,13 @@ def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> N
 
 def estimate(args: argparse.Namespace) -> dict[str, Any]:
     """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
-    from ..predict import PHASES, facts_from_shape, predict
 
     assumed: list[str] = []
     args.dropout_config, args.activation = {}, None
+    if args.recording:
+        return _from_recording(args, assumed)
+    if args.batch is None:
+        args.batch = 1
     shape = _shape(args, assumed)
     if shape is None and args.params is None:
         raise CliError("give --params, a shape (--layers --hidden --heads --vocab) or --config")
@@ -242,42 +350,268 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         + (f", {args.attention} attention" if shape is not None else "")
         + (", every layer checkpointed" if args.checkpointing else "")
     )
+    plan = _plan(args, shape, dropout, assumed)
+    return _result(args, plan, assumed)
+
+
+def _result(args: argparse.Namespace, plan: Any, assumed: list[str]) -> dict[str, Any]:
+    """The estimate of ``plan`` as the command prints it (with the answer where GPUs are
+    named)."""
+    from ..predict import PHASES, rank_estimate
+
+    shape = plan.shape
     try:
-        facts = facts_from_shape(
-            shape,
-            params=args.params,
-            batch=args.batch,
-            seq=args.seq,
-            precision=args.precision,
-            optimizer=args.optimizer,
-            impl=args.optimizer_impl,
-            attention=args.attention,
-            checkpointing=args.checkpointing,
-            lora_rank=args.lora_rank,
-            dropout=dropout,
-            activation=args.activation,
-        )
+        est = rank_estimate(plan)
     except ValueError as exc:
         raise CliError(str(exc))
-    pred = predict(facts)
-    if shape is not None and not args.seq:
+    pred, facts = est.prediction, est.facts
+    if shape is not None and not plan.seq:
         pred.notes.append("activations unknown: give --seq")
     later = {ph: dict(pred.phases[ph, False].peak) for ph in PHASES}
     first = {ph: dict(pred.phases[ph, True].peak) for ph in PHASES}
-    return {
+    everything = (
+        shape.count(plan.seq or shape.max_positions or 1024) + _adapters(shape, plan)
+        if shape is not None
+        else facts["params"]["count"]
+    )
+    result: dict[str, Any] = {
         "peak_bytes": pred.peak_bytes,
         "peak_phase": pred.peak_phase[0],
         "phases": later,
         "first_step": first,
-        "parameters": facts["params"]["count"],
-        "trainable_parameters": facts["params"]["trainable_count"],
+        "parameters": everything,
+        "trainable_parameters": _adapters(shape, plan) if plan.lora_rank else everything,
+        "rank_parameters": facts["params"]["count"],
         "activations_known": pred.activations_known,
         "layout": shape.arch if shape is not None else None,
+        "parallel": plan.layout,
+        "world_size": plan.world,
         "head": shape.head if shape is not None else None,
-        "seq": args.seq,
-        "batch": args.batch,
+        "seq": plan.seq,
+        "batch": plan.batch,
+        "host_bytes": est.host_bytes,
+        "traffic_bytes": est.traffic_bytes,
         "assumed": assumed,
-        "notes": pred.notes,
+        "notes": est.notes + pred.notes,
+    }
+    if args.gpus_parsed is not None:
+        result["fit"] = _answer(plan, args)
+    return result
+
+
+def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, Any]:
+    """``--from FILE``: the recorded run's plan, its GPU and its out-of-memory error, with
+    the options given as changes."""
+    from dataclasses import replace
+
+    from ..predict import Gpus, parse_layout, parse_lora_targets, plan_from_facts, rank_estimate
+    from ..store.loader import load
+
+    try:
+        session = load(args.recording)
+    except Exception as exc:  # a file that is not a recording, in any way
+        raise CliError(f"cannot read {args.recording}: {str(exc)[:200]}")
+    ooms = list(getattr(session, "ooms", []) or [])
+    procs = [(pid, p) for pid, p in session.processes.items() if isinstance(p.facts, dict)]
+    if not procs:
+        raise CliError(f"{args.recording}: no process sent facts (gpuwatch.watch)")
+    oom_pids = {o.pid for o in ooms}
+    pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
+    try:
+        plan, lost = plan_from_facts(proc.facts)
+    except ValueError as exc:
+        raise CliError(f"{args.recording}: {exc}")
+    assumed.append(f"the plan of pid {pid} in {os.path.basename(args.recording)}, from its facts")
+    assumed += lost
+    recorded = plan
+    oom = next((o for o in ooms if o.pid == pid), None)
+    body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
+    gpu = next((d for d in session.devices.values() if d.kind == "gpu" and d.total), None)
+    gpu_total = int(gpu.total or 0) if gpu is not None else 0
+    names = [gpu.name] if gpu is not None and gpu.name else []
+    phase = str(body.get("phase") or "")
+    demand = max(int(body.get("allocated") or 0), 0) + max(int(body.get("requested") or 0), 0)
+    if oom is not None and phase in ("forward", "backward", "optimizer.step", "eval"):
+        pred = rank_estimate(plan).prediction
+        steady = pred.phases[phase, False].peak
+        excess = demand - sum(steady.values())
+        if excess > 0:
+            plan = replace(
+                plan,
+                excess=excess,
+                excess_phase=phase,
+                excess_per=steady.get("activations", 0),
+            )
+            assumed.append(
+                f"its out-of-memory error in {phase}: {fmt_bytes(demand)} asked for (allocated"
+                f" + requested), {fmt_bytes(excess)} beyond the prediction: carried as"
+                " recorded_excess, scaled as the phase's activations"
+            )
+    # The options given are the change.
+    change: dict[str, Any] = {}
+    if args.batch is not None:
+        change["batch"] = args.batch
+    if args.seq is not None:
+        change["seq"] = args.seq
+    if args.checkpointing:
+        change["checkpointing"] = True
+    if args.lora_rank:
+        change["lora_rank"] = args.lora_rank
+        try:
+            change["lora_targets"] = parse_lora_targets(args.lora_targets)
+        except ValueError as exc:
+            raise CliError(str(exc))
+    if args.accumulation > 1:
+        change["accumulation"] = args.accumulation
+    if args.qlora:
+        change["quant"] = "nf4"
+    if args.offload:
+        change["offload"] = True
+    if args.layout:
+        try:
+            change["layout"] = parse_layout(args.layout)
+        except ValueError as exc:
+            raise CliError(str(exc))
+    if args.gpus:
+        gpus = _gpus_arg(args.gpus)
+        change["world"] = gpus.count * args.nodes
+    else:
+        total = gpu_total or int(body.get("total") or 0)
+        if not total:
+            raise CliError(f"{args.recording}: no GPU's memory recorded; give --gpus")
+        count = max(plan.world // args.nodes, 1)
+        gpus = Gpus(count, names[0] if names else "recorded GPU", total)
+    if change.get("layout", plan.layout) != "none" and change.get("world", plan.world) < 2:
+        change.setdefault("world", gpus.count * args.nodes)
+    plan = replace(plan, **change)
+    if change:
+        shown = ", ".join(f"{k} {v}" for k, v in change.items())
+        assumed.append(f"changed: {shown}")
+    reserve = _reserve(args)
+    args.gpus_parsed, args.reserve_bytes = gpus, reserve
+    assumed.append(
+        f"{gpus.count} x {gpus.name}: {fmt_bytes(gpus.usable(reserve))} each for torch"
+        f" ({fmt_bytes(reserve)} reserved: --reserve)"
+    )
+    result = _result(args, plan, assumed)
+    result["recorded"] = {
+        "pid": pid,
+        "oom": {"phase": phase, "demand_bytes": demand} if oom is not None else None,
+        "predicted_peak_bytes": rank_estimate(recorded).peak_bytes,
+    }
+    return result
+
+
+def _gpus_arg(text: str) -> Any:
+    from ..predict import parse_gpus
+
+    try:
+        return parse_gpus(text)
+    except ValueError as exc:
+        raise CliError(str(exc))
+
+
+def _reserve(args: argparse.Namespace) -> int:
+    from ..predict import parse_size
+
+    reserve = parse_size(args.reserve) if args.reserve.strip() not in ("0", "") else 0
+    if reserve is None:
+        raise CliError(f"--reserve {args.reserve!r}: a size such as 1GiB or 500MiB")
+    return reserve
+
+
+def _adapters(shape: Any, plan: Any) -> int:
+    if not plan.lora_rank:
+        return 0
+    return sum(math.prod(s) for s in shape.lora_tensors(plan.lora_rank, plan.lora_targets))
+
+
+def _plan(
+    args: argparse.Namespace, shape: Any, dropout: dict[str, float], assumed: list[str]
+) -> Any:
+    """The :class:`Plan` the options describe (GPUs, layout and tricks included)."""
+    from ..predict import Plan, parse_gpus, parse_layout, parse_lora_targets
+
+    try:
+        targets = parse_lora_targets(args.lora_targets)
+        gpus = parse_gpus(args.gpus) if args.gpus else None
+        layout = parse_layout(args.layout) if args.layout else None
+    except ValueError as exc:
+        raise CliError(str(exc))
+    reserve = _reserve(args)
+    args.gpus_parsed, args.reserve_bytes = gpus, reserve
+    world = (gpus.count if gpus else 1) * args.nodes
+    if layout is None:
+        layout = "ddp" if world > 1 else "none"
+        if world > 1:
+            assumed.append("layout ddp (--layout)")
+    elif gpus is None and layout != "none":
+        raise CliError(f"--layout {layout} needs --gpus (how many, and which)")
+    if gpus is not None:
+        nodes = f" on each of {args.nodes} nodes" if args.nodes > 1 else ""
+        assumed.append(
+            f"{gpus.count} x {gpus.name}{nodes}: {fmt_bytes(gpus.usable(reserve))} each for"
+            f" torch ({fmt_bytes(reserve)} reserved: --reserve)"
+        )
+    if args.accumulation > 1:
+        assumed.append(f"{args.accumulation} micro-batches per step (--accumulation)")
+    return Plan(
+        shape=shape,
+        params=args.params if shape is None else None,
+        batch=args.batch,
+        seq=args.seq,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        impl=args.optimizer_impl,
+        attention=args.attention,
+        checkpointing=args.checkpointing,
+        lora_rank=args.lora_rank,
+        lora_targets=targets,
+        dropout=dropout,
+        activation=args.activation,
+        layout=layout,
+        world=world,
+        offload=args.offload,
+        accumulation=args.accumulation,
+        quant="nf4" if args.qlora else "",
+    )
+
+
+def _answer(plan: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Fits or not, the deciding phase, the largest micro-batch and the ranked changes."""
+    from ..predict import answer
+
+    gpus = args.gpus_parsed
+    try:
+        ans = answer(plan, gpus.usable(args.reserve_bytes), gpus.name)
+    except ValueError as exc:
+        raise CliError(str(exc))
+    return {
+        "gpus": gpus.count,
+        "nodes": args.nodes,
+        "gpu": gpus.name,
+        "gpu_bytes": gpus.total,
+        "usable_bytes": ans.usable,
+        "fits": ans.fits,
+        "peak_bytes": ans.estimate.peak_bytes,
+        "headroom_bytes": ans.headroom,
+        "deciding_phase": ans.phase[0],
+        "deciding_first_step": ans.phase[1],
+        "max_batch": ans.max_batch,
+        "changes": [
+            {
+                "change": c.what,
+                "flags": c.flags,
+                "peak_bytes": c.peak_bytes,
+                "fits": c.peak_bytes <= ans.usable,
+                "headroom_bytes": ans.usable - c.peak_bytes,
+                "deciding_phase": c.estimate.prediction.peak_phase[0],
+                "cost": c.cost,
+                "host_bytes": c.estimate.host_bytes,
+                "traffic_bytes": c.estimate.traffic_bytes,
+            }
+            for c in ans.changes
+        ],
     }
 
 
@@ -289,7 +623,12 @@ def _table(result: dict[str, Any]) -> str:
     head = "".ljust(width) + "".join(ph.rjust(16) for ph in PHASES)
     lines = [
         f"{result['parameters']:,} parameters ({result['trainable_parameters']:,} trainable);"
-        " bytes at each phase's peak, steps after the first:",
+        + (
+            f" on each of {result['world_size']} ranks ({result['parallel']}),"
+            if result["world_size"] > 1
+            else ""
+        )
+        + " bytes at each phase's peak, steps after the first:",
         "",
         head,
     ]
@@ -307,7 +646,47 @@ def _table(result: dict[str, Any]) -> str:
     lines.append(f"peak: {fmt_bytes(result['peak_bytes'])} in {result['peak_phase']}")
     lines.extend(f"assumed: {a}" for a in result["assumed"])
     lines.extend(f"note: {n}" for n in result["notes"])
+    if "fit" in result:
+        lines += ["", *_fit_lines(result)]
     return "\n".join(lines)
+
+
+def _fit_lines(result: dict[str, Any]) -> list[str]:
+    """The answer, in a few lines: fits or not, why, and what would make it fit."""
+    fit = result["fit"]
+    where = f"{fit['gpus']} x {fit['gpu']}" + (
+        f" x {fit['nodes']} nodes" if fit["nodes"] > 1 else ""
+    )
+    layout = result["parallel"] if result["parallel"] != "none" else "one GPU"
+    phase = fit["deciding_phase"] + (" (first step)" if fit["deciding_first_step"] else "")
+    usable = fmt_bytes(fit["usable_bytes"])
+    if fit["fits"]:
+        verdict = f"FITS: {fmt_bytes(fit['headroom_bytes'])} to spare per rank"
+    else:
+        verdict = f"DOES NOT FIT: {fmt_bytes(-fit['headroom_bytes'])} short per rank"
+    lines = [
+        f"on {where} ({layout}): peak {fmt_bytes(fit['peak_bytes'])} per rank of {usable},"
+        f" in {phase}",
+        verdict,
+    ]
+    if fit["max_batch"] is not None:
+        most = fit["max_batch"]
+        lines.append(
+            f"largest micro-batch that fits: {most}" if most else "no micro-batch fits as planned"
+        )
+    if fit["changes"]:
+        fitting = any(c["fits"] for c in fit["changes"])
+        lines.append(
+            "what would make it fit, cheapest first:" if fitting else "closest changes (none fits):"
+        )
+        for i, c in enumerate(fit["changes"][:8], 1):
+            lines.append(
+                f"{i:>2}. {c['change']}: peak {fmt_bytes(c['peak_bytes'])} per rank"
+                f" ({fmt_bytes(abs(c['headroom_bytes']))} {'spare' if c['fits'] else 'short'},"
+                f" {c['deciding_phase']})  [{c['flags']}]"
+            )
+            lines.append(f"    cost: {c['cost']}")
+    return lines
 
 
 def trace(spec: str) -> dict[str, Any]:
@@ -396,3 +775,37 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     else:
         print(_table(result))
     return EXIT_OK
+
+
+def oom_answer(path: str) -> dict[str, Any] | None:
+    """What ``estimate --from PATH`` answers, for ``info`` of a recording with an
+    out-of-memory error: ``{"command", "fits", "changes"}``, or None where the recording
+    cannot be planned (no facts, no GPU's memory)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["estimate", "--from", path])
+    try:
+        result = estimate(args)
+    except CliError:
+        return None
+    fit = result["fit"]
+    return {
+        "command": f"gpuwatch estimate --from {path}",
+        "fits": fit["fits"],
+        "peak_bytes": fit["peak_bytes"],
+        "max_batch": fit["max_batch"],
+        "changes": fit["changes"][:3],
+    }
+
+
+def oom_answer_lines(answer: dict[str, Any]) -> list[str]:
+    """``info``'s lines for :func:`oom_answer`."""
+    lines = [f"what would have fitted ({answer['command']}):"]
+    if answer["max_batch"]:
+        lines.append(f"  largest micro-batch that fits: {answer['max_batch']}")
+    for c in answer["changes"]:
+        state = "fits" if c["fits"] else "short"
+        lines.append(
+            f"  {c['flags']}: peak {fmt_bytes(c['peak_bytes'])} per rank ({state}); {c['cost']}"
+        )
+    return lines

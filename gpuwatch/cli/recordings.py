@@ -215,10 +215,23 @@ def cmd_info(args: argparse.Namespace) -> int:
             info = summarize_opened(opened)
         finally:
             opened.close()
+    answer = None
+    if info.get("ooms") and len(args.file) == 1:
+        # An out-of-memory error: what would have fitted, as `estimate --from` says.
+        from .estimate import oom_answer
+
+        answer = oom_answer(args.file[0])
     if args.json:
+        if answer is not None:
+            info["oom_answer"] = answer
         print(json.dumps(info, indent=2))
     else:
         print(format_summary(info))  # every line made printable there
+        if answer is not None:
+            from ..fmt import printable
+            from .estimate import oom_answer_lines
+
+            print("\n".join(printable(line) for line in oom_answer_lines(answer)))
     return EXIT_OK
 
 

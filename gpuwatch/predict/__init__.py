@@ -17,6 +17,8 @@ from ._curve import (
     span_peaks,
     spans_from_columns,
 )
+from ._fit import Answer, Change, answer, max_batch
+from ._gpus import GPUS, Gpus, parse_gpus, parse_size
 from ._graph import (
     ACTIVATIONS,
     AMP_COPIES,
@@ -26,6 +28,7 @@ from ._graph import (
     TEMPORARIES,
     WEIGHTS,
 )
+from ._plan import LAYOUTS, Plan, RankEstimate, parse_layout, plan_from_facts, rank_estimate
 from ._predict import CLIP, PHASES, PhaseMemory, Prediction, breakdown, predict, total
 from ._shape import (
     ARCHS,
@@ -34,6 +37,7 @@ from ._shape import (
     PRECISIONS,
     ModelShape,
     facts_from_shape,
+    parse_lora_targets,
     shape_from_config,
 )
 
@@ -43,25 +47,40 @@ __all__ = [
     "ARCHS",
     "CATEGORIES",
     "CLIP",
+    "GPUS",
     "GRADIENTS",
     "IMPLS",
+    "LAYOUTS",
     "OPTIMIZERS",
     "OPTIMIZER_STATE",
     "PHASES",
     "PRECISIONS",
     "TEMPORARIES",
     "WEIGHTS",
+    "Answer",
+    "Change",
+    "Gpus",
     "ModelShape",
     "PhaseMemory",
+    "Plan",
     "Prediction",
+    "RankEstimate",
     "Span",
     "SpanPeak",
+    "answer",
     "breakdown",
     "breakdown_at",
     "curve_points",
     "facts_from_shape",
+    "max_batch",
+    "parse_gpus",
+    "parse_layout",
+    "parse_lora_targets",
+    "parse_size",
+    "plan_from_facts",
     "predict",
     "predicted_curve",
+    "rank_estimate",
     "shape_from_config",
     "span_peaks",
     "spans_from_columns",

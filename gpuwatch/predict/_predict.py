@@ -43,6 +43,9 @@ CLIP = "clip"
 """Also predicted, where a script names it: gradient clipping between backward and
 the optimizer step (``with gpuwatch.phase("clip"): clip_grad_norm_(...)``)."""
 
+QUANTISED_DTYPES = ("uint8", "int8")
+"""Parameter dtypes that hold quantised weights (bitsandbytes' 4-bit and 8-bit layers)."""
+
 DTYPE_BYTES = {
     "float64": 8,
     "float32": 4,
@@ -156,11 +159,15 @@ def _clip_norms(facts: dict[str, Any]) -> int:
 
 
 def _param_elt(facts: dict[str, Any]) -> int:
-    """Bytes per element of the bulk of the weights."""
+    """Bytes per element of the bulk of the floating-point weights (quantised ones,
+    packed in integers and dequantised on use, compute in the others' dtype)."""
     by: dict[int, int] = {}
     for g in _dict(facts.get("params")).get("groups") or []:
         if isinstance(g, dict):
-            elt = DTYPE_BYTES.get(str(g.get("dtype", "")).replace("torch.", ""), 4)
+            name = str(g.get("dtype", "")).replace("torch.", "")
+            if name in QUANTISED_DTYPES:
+                continue
+            elt = DTYPE_BYTES.get(name, 4)
             by[elt] = by.get(elt, 0) + fact_int(g.get("bytes"))
     return max(by, key=lambda k: by[k]) if by else 4
 

@@ -29,7 +29,7 @@ _PRECISION = {
 _ELT = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-ARCHS = ("gpt", "llama", "bert", "roberta", "neox", "vit")
+ARCHS = ("gpt", "llama", "bert", "roberta", "neox", "falcon", "vit")
 """Layouts whose parameters are listed tensor by tensor (counts checked against
 Hugging Face's models in ``tests/cli/test_estimate_cli.py``)."""
 
@@ -42,6 +42,8 @@ MODEL_TYPES = {
     "bert": "bert",
     "roberta": "roberta",
     "gpt_neox": "neox",
+    "falcon": "falcon",
+    "qwen2": "llama",
     "vit": "vit",
 }
 
@@ -59,7 +61,10 @@ class ModelShape:
             ``"llama"`` (RMSNorm, q/k/v projections, SwiGLU, rotary, no biases),
             ``"bert"`` / ``"roberta"`` (post-norm encoder: word, position and token-type
             embeddings, q/k/v with biases, GeLU MLP), ``"neox"`` (GPT-NeoX / Pythia:
-            fused QKV with biases, parallel attention and MLP, rotary, untied output) or
+            fused QKV with biases, parallel attention and MLP, rotary, untied output),
+            ``"falcon"`` (Falcon: fused QKV without biases, multi-query or grouped
+            attention, parallel attention and MLP after one LayerNorm, or two with
+            ``new_decoder_architecture``, rotary, tied output) or
             ``"vit"`` (patch embedding, CLS token, pre-norm encoder, no vocabulary).
         tied: LM head shares the token embedding (GPT-2, BERT's MLM head; not LLaMA).
         max_positions: Learned position table size (default ``seq``).
@@ -67,6 +72,10 @@ class ModelShape:
             RoBERTa, ``classifier`` for ViT).
         type_vocab: Token-type embeddings (BERT 2, RoBERTa 1).
         image_size, patch_size, channels, labels: ViT's input and classifier.
+        head_dim: Each head's width when it is not ``hidden / heads`` (GPT-3 XL: 24
+            heads of 128 in a 2048-wide model).
+        layer_norms: Falcon's LayerNorms per layer (1, or 2 for the new architecture).
+        qkv_bias: q/k/v projections with biases (Qwen2's LLaMA layout).
     """
 
     layers: int
@@ -84,6 +93,9 @@ class ModelShape:
     patch_size: int = 16
     channels: int = 3
     labels: int = 1000
+    head_dim: int | None = None
+    layer_norms: int = 2
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -92,20 +104,28 @@ class ModelShape:
         for name in names:
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} is not a multiple of heads {self.heads}")
+        if self.head_dim is not None and self.head_dim <= 0:
+            raise ValueError("head_dim must be positive")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(
+                f"hidden {self.hidden} is not a multiple of heads {self.heads}:"
+                " give the head size (--head-dim, head_dim in a config)"
+            )
+        self.head_dim = self.head_dim or self.hidden // self.heads
         self.kv_heads = self.kv_heads or self.heads
         if self.heads % self.kv_heads:
             raise ValueError(f"heads {self.heads} is not a multiple of kv heads {self.kv_heads}")
         if not self.intermediate:
             gated = self.arch == "llama"
             self.intermediate = 8 * self.hidden // 3 if gated else 4 * self.hidden
+        if self.arch == "falcon" and self.layer_norms not in (1, 2):
+            raise ValueError("falcon has one or two LayerNorms a layer")
         if self.head is None:
             self.head = {"bert": "mlm", "roberta": "mlm", "vit": "classifier"}.get(self.arch, "lm")
         if self.head not in HEADS:
             raise ValueError(f"unknown head {self.head!r}")
         if self.tied is None:
-            self.tied = self.arch in ("gpt", "bert", "roberta")
+            self.tied = self.arch in ("gpt", "bert", "roberta", "falcon")
         if self.type_vocab is None:
             self.type_vocab = {"bert": 2, "roberta": 1}.get(self.arch, 0)
         if self.arch == "vit" and (self.image_size <= 0 or self.patch_size <= 0):
@@ -119,17 +139,22 @@ class ModelShape:
     def tensors(self, seq: int) -> list[tuple[int, ...]]:
         """Every parameter tensor's shape."""
         h, f, v = self.hidden, self.intermediate or 0, self.vocab
-        kv = (self.kv_heads or self.heads) * (h // self.heads)
+        d = self.head_dim or h // self.heads
+        q, kv = self.heads * d, (self.kv_heads or self.heads) * d
         lin = [(h, h), (h,)]  # a Linear(h, h) with bias
         ln = [(h,), (h,)]
+        qkv = [(q + 2 * kv, h), (q + 2 * kv,)]  # fused, with its bias
         out: list[tuple[int, ...]]
         if self.arch == "gpt":
             out = [(v, h), (self.max_positions or seq, h)]
-            layer = [*ln, (3 * h, h), (3 * h,), *lin, *ln, (f, h), (f,), (h, f), (h,)]
+            layer = [*ln, *qkv, (h, q), (h,), *ln, (f, h), (f,), (h, f), (h,)]
             final = ln
         elif self.arch == "llama":
             out = [(v, h)]
-            layer = [(h,), (h, h), (kv, h), (kv, h), (h, h), (h,), (f, h), (f, h), (h, f)]
+            proj = [(q, h), (q,), (kv, h), (kv,), (kv, h), (kv,)]
+            if not self.qkv_bias:
+                proj = [t for t in proj if len(t) == 2]
+            layer = [(h,), *proj, (h, q), (h,), (f, h), (f, h), (h, f)]
             final = [(h,)]
         elif self.arch in ("bert", "roberta"):
             out = [(v, h), (self.max_positions or seq, h), (self.type_vocab or 1, h), *ln]
@@ -137,7 +162,11 @@ class ModelShape:
             final = []
         elif self.arch == "neox":
             out = [(v, h)]
-            layer = [*ln, *ln, (3 * h, h), (3 * h,), *lin, (f, h), (f,), (h, f), (h,)]
+            layer = [*ln, *ln, *qkv, (h, q), (h,), (f, h), (f,), (h, f), (h,)]
+            final = ln
+        elif self.arch == "falcon":
+            out = [(v, h)]
+            layer = [*ln * self.layer_norms, (q + 2 * kv, h), (h, q), (f, h), (h, f)]
             final = ln
         else:  # vit
             p, c = self.patch_size, self.channels
@@ -161,14 +190,27 @@ class ModelShape:
         """Parameters in all."""
         return sum(_numel(s) for s in self.tensors(seq))
 
-    def lora_tensors(self, rank: int) -> list[tuple[int, ...]]:
-        """LoRA A and B for q and v in every layer (PEFT's defaults)."""
-        h = self.hidden
-        kv = (self.kv_heads or self.heads) * (h // self.heads)
-        if self.arch in ("gpt", "neox"):  # one fused QKV matrix
-            per = [(rank, h), (3 * h, rank)]
-        else:
-            per = [(rank, h), (h, rank), (rank, h), (kv, rank)]
+    def lora_tensors(
+        self, rank: int, targets: tuple[str, ...] = ("q", "v")
+    ) -> list[tuple[int, ...]]:
+        """LoRA's A and B for each targeted role in every layer (PEFT's default: q and v).
+
+        A fused QKV matrix (GPT-2, GPT-NeoX) is one module: any of q, k, v adapts it."""
+        h, f = self.hidden, self.intermediate or 0
+        d = self.head_dim or h // self.heads
+        q, kv = self.heads * d, (self.kv_heads or self.heads) * d
+        dims = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h)}
+        dims.update({"gate": (h, f), "up": (h, f), "down": (f, h)})
+        if self.arch in ("gpt", "neox", "falcon"):
+            dims = {"q": (h, q + 2 * kv), "o": (q, h), "up": (h, f), "down": (f, h)}
+            targets = tuple("q" if t in ("q", "k", "v") else t for t in targets)
+        if self.arch != "llama":
+            dims.pop("gate", None)
+        per: list[tuple[int, ...]] = []
+        for role in dict.fromkeys(targets):
+            if role in dims:
+                n_in, n_out = dims[role]
+                per += [(rank, n_in), (n_out, rank)]
         return per * self.layers
 
 
@@ -286,16 +328,31 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
     if not isinstance(labels, int) or isinstance(labels, bool):
         id2label = config.get("id2label")
         labels = len(id2label) if isinstance(id2label, dict) and id2label else 2
-    gpt_like = layout in ("gpt", "bert", "roberta")
+    gpt_like = layout in ("gpt", "bert", "roberta", "falcon")
     tied = config.get("tie_word_embeddings")
+    kv_heads, norms = pick("kv_heads"), 2
+    if layout == "falcon":
+        if config.get("parallel_attn") is False or config.get("alibi"):
+            raise ValueError(
+                "falcon with parallel_attn false or alibi: estimate lists only Falcon's"
+                " rotary, parallel-attention layout (7B, 40B, 180B); --trace would count it"
+            )
+        # FalconConfig: num_kv_heads only counts in the new architecture; the old one is
+        # multi-query (one key/value head) unless multi_query is false.
+        if not config.get("new_decoder_architecture"):
+            kv_heads = 1 if config.get("multi_query", True) else None
+            norms = 1
     shape = ModelShape(
         layers=pick("layers") or 0,
         hidden=pick("hidden") or 0,
         heads=pick("heads") or 0,
         vocab=pick("vocab") or 0,
         arch=layout,
-        kv_heads=pick("kv_heads"),
+        kv_heads=kv_heads,
         intermediate=pick("intermediate"),
+        head_dim=pick("head_dim"),
+        layer_norms=norms,
+        qkv_bias=model_type == "qwen2",
         tied=tied if isinstance(tied, bool) else gpt_like,
         max_positions=pick("max_positions"),
         head=head,
@@ -329,6 +386,37 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
     return FromConfig(shape, seq, dropout, act if isinstance(act, str) else None, assumed)
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+"""Roles LoRA can adapt; ``attn`` names q, k, v and o, ``mlp`` gate, up and down."""
+
+LORA_GROUPS = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """``q,k,v,o,mlp`` as roles; raises ValueError naming the choices."""
+    out: list[str] = []
+    for part in (p.strip().lower() for p in text.split(",")):
+        if part in LORA_GROUPS:
+            out += LORA_GROUPS[part]
+        elif part in LORA_TARGETS:
+            out.append(part)
+        elif part in ("all", "all-linear"):
+            out += LORA_TARGETS
+        else:
+            choices = ", ".join((*LORA_TARGETS, *LORA_GROUPS, "all-linear"))
+            raise ValueError(f"--lora-targets: unknown {part!r} (of {choices})")
+    return tuple(dict.fromkeys(out))
+
+
+def _lora_roles(shape: ModelShape, targets: tuple[str, ...]) -> list[str]:
+    """The roles the predictor's recorder adapts (``q`` stands for a fused QKV)."""
+    fused = shape.arch in ("gpt", "neox", "falcon")
+    roles = ["q" if fused and t in ("k", "v") else t for t in targets]
+    if shape.arch != "llama":
+        roles = [r for r in roles if r != "gate"]
+    return list(dict.fromkeys(roles))
+
+
 _LAYOUT = {
     # arch -> (norm, mlp, fused_qkv, rope, learned positions, bias)
     "gpt": ("layernorm", "gelu", True, False, True, True),
@@ -336,6 +424,7 @@ _LAYOUT = {
     "bert": ("layernorm", "gelu", False, False, True, True),
     "roberta": ("layernorm", "gelu", False, False, True, True),
     "neox": ("layernorm", "gelu", True, True, False, True),
+    "falcon": ("layernorm", "gelu", True, True, False, False),
     "vit": ("layernorm", "gelu", False, False, True, True),
 }
 
@@ -352,6 +441,7 @@ def facts_from_shape(
     attention: str = "sdpa",
     checkpointing: bool = False,
     lora_rank: int = 0,
+    lora_targets: tuple[str, ...] = ("q", "v"),
     dropout: dict[str, float] | None = None,
     activation: str | None = None,
 ) -> Facts:
@@ -364,7 +454,8 @@ def facts_from_shape(
         batch, seq: The batch shape (both needed for activations).
         precision, optimizer, impl, attention: As ``gpuwatch estimate`` takes them.
         checkpointing: Activation checkpointing of every layer.
-        lora_rank: Freeze the model and train LoRA adapters of this rank on q and v.
+        lora_rank: Freeze the model and train LoRA adapters of this rank.
+        lora_targets: The roles adapted (:data:`LORA_TARGETS`), q and v by default.
         dropout: Dropout probabilities (``attn``, ``resid``, ``embd``); none by default.
         activation: The MLP's activation (``gelu_new`` is recorded op by op).
     """
@@ -381,7 +472,7 @@ def facts_from_shape(
         base = [(int(params),)]
     else:
         raise ValueError("give --params, a shape (--layers --hidden --heads --vocab) or --config")
-    adapters = shape.lora_tensors(lora_rank) if (shape and lora_rank) else []
+    adapters = shape.lora_tensors(lora_rank, lora_targets) if (shape and lora_rank) else []
     trainable = adapters if lora_rank else base
     base_count = sum(_numel(s) for s in base)
     adapter_count = sum(_numel(s) for s in adapters)
@@ -466,14 +557,20 @@ def facts_from_shape(
             "bias": bias,
             "dropout": {k: float(v) for k, v in (dropout or {}).items()},
             "trainable": {r: not lora_rank for r in roles},
-            **({"lora": {"rank": lora_rank, "targets": ["q", "v"]}} if lora_rank else {}),
+            **(
+                {"lora": {"rank": lora_rank, "targets": _lora_roles(shape, lora_targets)}}
+                if lora_rank
+                else {}
+            ),
         }
         if activation:
             tf["activation"] = activation
         if shape.head == "mlm":
             tf["head_transform"] = True
-        if shape.arch == "neox":
+        if shape.arch in ("neox", "falcon"):
             tf["parallel_residual"] = True
+        if shape.head_dim != shape.hidden // shape.heads:
+            tf["head_dim"] = shape.head_dim
         if shape.arch == "vit":
             tf["image"] = {
                 "channels": shape.channels,

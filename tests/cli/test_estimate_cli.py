@@ -186,6 +186,27 @@ def _hf_configs() -> dict[str, tuple[Any, Any]]:
             t.ViTForImageClassification,
         ),
         "gpt2": (t.GPT2Config(architectures=["GPT2LMHeadModel"]), t.GPT2LMHeadModel),
+        "falcon-7b": (
+            t.FalconConfig(**json.loads((ROOT / "samples/configs/falcon-7b.json").read_text())),
+            t.FalconForCausalLM,
+        ),
+        "falcon-40b": (
+            t.FalconConfig(**json.loads((ROOT / "samples/configs/falcon-40b.json").read_text())),
+            t.FalconForCausalLM,
+        ),
+        "qwen2": (
+            t.Qwen2Config(
+                hidden_size=256,
+                intermediate_size=688,
+                num_hidden_layers=2,
+                num_attention_heads=8,
+                num_key_value_heads=2,
+                vocab_size=1000,
+                tie_word_embeddings=False,
+                architectures=["Qwen2ForCausalLM"],
+            ),
+            t.Qwen2ForCausalLM,
+        ),
         "llama": (
             t.LlamaConfig(
                 hidden_size=512,
@@ -209,7 +230,18 @@ def _real_count(cls: Any, cfg: Any) -> int:
 
 @pytest.mark.parametrize(
     "family",
-    ["bert-large", "bert-base-model", "roberta-base", "pythia-1b", "vit-base", "gpt2", "llama"],
+    [
+        "bert-large",
+        "bert-base-model",
+        "roberta-base",
+        "pythia-1b",
+        "vit-base",
+        "gpt2",
+        "llama",
+        "falcon-7b",
+        "falcon-40b",
+        "qwen2",
+    ],
 )
 def test_each_family_counts_its_parameters_exactly(tmp_path: Path, family: str) -> None:
     cfg, cls = _hf_configs()[family]
@@ -231,19 +263,8 @@ def test_each_family_counts_its_parameters_exactly(tmp_path: Path, family: str) 
 @pytest.mark.parametrize(
     ("config", "why"),
     [
-        ({"model_type": "t5", "num_layers": 6, "d_model": 512, "num_heads": 8}, "'t5'"),
+        ({"model_type": "nosuchfamily", "num_layers": 6, "d_model": 512}, "'nosuchfamily'"),
         ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4}, "no model_type"),
-        (
-            {
-                "model_type": "bert",
-                "num_hidden_layers": 2,
-                "hidden_size": 64,
-                "num_attention_heads": 4,
-                "vocab_size": 100,
-                "architectures": ["BertForQuestionAnswering"],
-            },
-            "BertForQuestionAnswering",
-        ),
     ],
 )
 def test_unknown_families_and_heads_are_refused(
@@ -255,6 +276,77 @@ def test_unknown_families_and_heads_are_refused(
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("gpuwatch: ") and r.stderr.strip().count("\n") == 0
     assert why in r.stderr
+
+
+META_FAMILIES = {
+    "t5": {
+        "model_type": "t5",
+        "num_layers": 2,
+        "d_model": 128,
+        "num_heads": 4,
+        "d_ff": 256,
+        "d_kv": 32,
+        "vocab_size": 1000,
+        "architectures": ["T5ForConditionalGeneration"],
+    },
+    "mixtral": {
+        "model_type": "mixtral",
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 1000,
+        "architectures": ["MixtralForCausalLM"],
+    },
+    "gemma": {
+        "model_type": "gemma",
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "vocab_size": 1000,
+        "architectures": ["GemmaForCausalLM"],
+    },
+    "phi": {
+        "model_type": "phi",
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 4,
+        "vocab_size": 1000,
+        "architectures": ["PhiForCausalLM"],
+    },
+    "bert-qa": {
+        "model_type": "bert",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+        "architectures": ["BertForQuestionAnswering"],
+    },
+}
+
+
+@pytest.mark.parametrize("family", sorted(META_FAMILIES))
+def test_families_without_a_closed_form_are_counted_on_the_meta_device(
+    tmp_path: Path, family: str
+) -> None:
+    t = pytest.importorskip("transformers")
+    config = META_FAMILIES[family]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = json.loads(_run("--config", str(path), "--json").stdout)
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    cfg = t.AutoConfig.for_model(config["model_type"], **fields)
+    cls = getattr(t, config["architectures"][0])
+    assert out["parameters"] == _real_count(cls, cfg)
+    assert not out["activations_known"]
+    assert any("meta device" in a and "--trace" in a for a in out["assumed"])
 
 
 LLAMA_7B = ("--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000")

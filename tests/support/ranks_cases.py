@@ -42,6 +42,16 @@ CASES = {
     # fully_shard as Hugging Face's and torchtitan's examples call it: the policy's own
     # reshard_after_forward (the root keeps its parameters from forward to backward).
     "fsdp2-hf": {"layout": "fsdp2", "world": 2, "model": "hf", "reshard_after_forward": None},
+    # The same causal LM as `gpuwatch estimate --layout ddp` or `fsdp` plans it from its
+    # config alone (tests/predict/test_plan_vs_run.py): rank 0 of eight, and DDP.
+    "fsdp2-hf-fake8": {
+        "layout": "fsdp2",
+        "world": 8,
+        "fake": True,
+        "model": "hf",
+        "reshard_after_forward": None,
+    },
+    "ddp-hf": {"layout": "ddp", "world": 2, "model": "hf"},
     # DeepSpeed ZeRO through deepspeed.initialize (where deepspeed is installed): the
     # engine steps AdamW (torch's) on this rank's partition; small buckets so that they
     # are neither nothing nor the whole model.

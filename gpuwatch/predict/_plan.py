@@ -1,0 +1,704 @@
+"""One rank of a run that does not exist yet, under a parallel layout.
+
+``gpuwatch estimate --gpus 4xA100-80GB --layout zero3`` builds the facts rank 0 of such a
+run would send (``docs/facts.md``): the parameters and optimizer buckets this rank holds
+(local shards under FSDP, partitions under ZeRO, column/row shards under tensor
+parallelism) and the ``parallel`` part :mod:`._layout <gpuwatch.instrument._layout>` reads
+from the live wrapper, with the library's defaults where a user would leave them. The
+same :func:`~gpuwatch.predict.predict` the dashboard runs then predicts it, layout rules
+included (``_parallel.py``): there is no second set of formulas here, only facts.
+
+What each layout's facts hold, and the library default each takes:
+
+- ``ddp``: every state whole; ``DistributedDataParallel``'s 25 MiB buckets, no
+  ``gradient_as_bucket_view``.
+- ``fsdp`` / ``fsdp-no-reshard``: ``fully_shard`` on every layer and the root, no
+  ``MixedPrecisionPolicy`` (the parameters' own dtype, autocast as ``--precision``
+  says); each rank holds ``1/N`` of every parameter, gradient and optimizer state.
+- ``zero1``/``zero2``/``zero3``: DeepSpeed with ``bf16``/``fp16`` enabled for a mixed
+  ``--precision`` (16-bit weights and gradients, no autocast) and its
+  ``DeepSpeedZeroConfig`` defaults (``reduce_bucket_size`` 5e8, ``overlap_comm`` only at
+  stage 3, ``stage3_max_live_parameters`` 1e9, prefetch 5e7, persistence threshold 1e5);
+  the inner optimizer steps one flat fp32 partition beside the fp32 master partition.
+- ``tp=N``: Megatron's split (Shoeybi et al. 2019): q/k/v and the MLP's first matrix by
+  columns, the output projections by rows, the embedding and the logits by vocabulary;
+  norms and row-parallel biases replicated. The activations are the model's with
+  ``heads``, ``kv_heads``, ``intermediate`` and ``vocab`` divided by ``N`` (head size
+  kept): what a layer keeps becomes ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``
+  (Korthikanti et al. 2022, equation 2).
+- ``device-map``: Accelerate's ``device_map="auto"`` cuts the layers into ``N``
+  consecutive stages; one GPU is planned with its share of the layers and, as an upper
+  bound, the embeddings and the head (on the first and last GPU of a real map).
+
+``offload`` moves what ZeRO-Offload (``offload_optimizer: cpu``) or FSDP2's
+``CPUOffloadPolicy`` keep on the host out of the device's facts, and counts it as host
+memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..facts import MAX_UNITS, Facts
+from ._optim import optimizer_memory
+from ._parallel import ROOT
+from ._predict import Prediction, predict
+from ._shape import ModelShape, _numel, facts_from_shape
+
+LAYOUTS = (
+    "none",
+    "ddp",
+    "fsdp",
+    "fsdp-no-reshard",
+    "zero1",
+    "zero2",
+    "zero3",
+    "tp=N",
+    "device-map",
+)
+"""``--layout`` choices (``tp=N``: tensor parallel of degree N)."""
+
+SHARDING = {"fsdp": 3, "fsdp-no-reshard": 3, "zero1": 1, "zero2": 2, "zero3": 3}
+"""How much of the model states a data-parallel layout divides: ZeRO's stage numbers
+(1: optimizer states, 2: and gradients, 3: and parameters), FSDP full sharding as 3."""
+
+DDP_BUCKET_BYTES = 25 << 20
+"""``DistributedDataParallel(bucket_cap_mb=25)``."""
+
+ZERO_DEFAULTS: dict[str, int] = {
+    "reduce_bucket_size": 500_000_000,
+    "allgather_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_param_persistence_threshold": 100_000,
+}
+"""``deepspeed.runtime.zero.config.DeepSpeedZeroConfig``'s defaults (elements)."""
+
+_ZERO_PRECISION = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}
+_ELT = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4, "fp16-mixed": 4}
+_DTYPE = {4: "float32", 2: "bfloat16"}
+
+
+def parse_layout(text: str) -> str:
+    """A ``--layout`` value, normalised (``tp=4``, ``zero3``, ...).
+
+    Raises:
+        ValueError: One line naming the choices.
+    """
+    t = text.strip().lower().replace("_", "-")
+    t = {"zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3", "fsdp2": "fsdp"}.get(t, t)
+    if t.startswith("tp="):
+        degree = t[3:]
+        if degree.isdigit() and 1 < int(degree) <= 4096:
+            return f"tp={int(degree)}"
+        raise ValueError(f"--layout {text!r}: tp=N with N a degree of 2 or more")
+    if t not in LAYOUTS or t == "tp=N":
+        raise ValueError(f"--layout {text!r}: one of {', '.join(LAYOUTS)}")
+    return t
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``estimate`` varies: the model, the settings and the layout.
+
+    Attributes:
+        shape: The model's shape, or None when only ``params`` is known.
+        params: Parameter count without a shape.
+        batch, seq: The micro-batch and sequence length.
+        precision, optimizer, impl, attention: As :func:`facts_from_shape` takes them.
+        checkpointing: Checkpoint every layer.
+        lora_rank, lora_targets: LoRA adapters (rank 0: none).
+        dropout: Dropout probabilities; ``activation``: the MLP's activation.
+        layout: One of :data:`LAYOUTS` (``tp=N`` with its degree).
+        world: Ranks in all (GPUs per node times nodes).
+        offload: Optimizer states (and, under FSDP, parameters and gradients) on the host.
+        accumulation: Micro-batches per optimizer step (gradient accumulation).
+        device: ``cuda``, or ``cpu`` to set a plan against a run on the CPU (the
+            predictor's CPU rules: no allocator rounding, SDPA's math path).
+        quant: ``nf4`` for QLoRA (Dettmers et al. 2023): the layers' linear weights in
+            4-bit NormalFloat with double-quantised constants, computing in bf16.
+        excess, excess_phase, excess_per: What a recorded run needed beyond its
+            prediction (an out-of-memory error's allocated plus requested bytes, less
+            the predicted peak), in the phase it failed in, and the activations predicted
+            there for the recorded run: under a change it scales as that phase's
+            predicted activations do (a measured residual carried over, never a formula).
+    """
+
+    shape: ModelShape | None
+    params: int | None = None
+    batch: int = 1
+    seq: int | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    impl: str = "foreach"
+    attention: str = "sdpa"
+    checkpointing: bool = False
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ("q", "v")
+    dropout: dict[str, float] = field(default_factory=dict)
+    activation: str | None = None
+    layout: str = "none"
+    world: int = 1
+    offload: bool = False
+    accumulation: int = 1
+    device: str = "cuda"
+    quant: str = ""
+    excess: int = 0
+    excess_phase: str = "forward"
+    excess_per: int = 0
+
+    @property
+    def tp(self) -> int:
+        """The tensor-parallel degree (1: none)."""
+        return int(self.layout[3:]) if self.layout.startswith("tp=") else 1
+
+
+@dataclass
+class RankEstimate:
+    """One rank's prediction and what the layout costs besides memory.
+
+    Attributes:
+        facts: The facts rank 0 would send.
+        prediction: :func:`predict`'s answer for them.
+        host_bytes: States offloaded to the host, per rank.
+        traffic_bytes: Bytes each rank sends per optimizer step for the layout's
+            collectives (ring algorithms: ``(N-1)/N`` of the tensor per pass).
+        notes: What the plan assumed about the layout, one line each.
+    """
+
+    facts: Facts
+    prediction: Prediction
+    host_bytes: int = 0
+    traffic_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.prediction.peak_bytes
+
+
+def _ceil(n: int, d: int) -> int:
+    return -(-n // d)
+
+
+def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, Any]:
+    facts = dict(
+        facts_from_shape(
+            shape,
+            params=plan.params if shape is None else None,
+            batch=plan.batch,
+            seq=plan.seq,
+            precision=precision,
+            optimizer=plan.optimizer,
+            impl=plan.impl,
+            attention=plan.attention,
+            checkpointing=plan.checkpointing,
+            lora_rank=plan.lora_rank,
+            lora_targets=plan.lora_targets,
+            dropout=plan.dropout,
+            activation=plan.activation,
+        )
+    )
+    if plan.device != "cuda":
+        for g in (*facts["params"]["groups"], *facts["optimizer"]["groups"]):
+            g["device"] = plan.device
+    return facts
+
+
+NF4_BLOCK = 64
+"""bitsandbytes' 4-bit block: one absmax constant per 64 weights."""
+
+NF4_BLOCK2 = 256
+"""Double quantisation: the 8-bit absmax constants in blocks of 256, one fp32 each."""
+
+
+def nf4_bytes(numel: int, tensors: int) -> int:
+    """A 4-bit NF4 weight with double-quantised constants (``bitsandbytes.functional.
+    quantize_4bit``, ``compress_statistics=True``): two weights a byte, one 8-bit absmax a
+    block, one fp32 absmax and the 256-entry fp32 code per tensor for the second level,
+    the 16-entry NF4 code."""
+    blocks = _ceil(numel, NF4_BLOCK)
+    return _ceil(numel, 2) + blocks + 4 * _ceil(blocks, NF4_BLOCK2) + tensors * (256 + 16) * 4
+
+
+def _quantise(plan: Plan, facts: dict[str, Any], notes: list[str]) -> None:
+    """QLoRA: the layers' linear weights (not embeddings, norms or the head, which
+    bitsandbytes skips) as 4-bit NF4, in a group of their own."""
+    shape = plan.shape
+    if shape is None or not plan.lora_rank:
+        raise ValueError("--qlora needs a shape or --config and LoRA (--lora-rank)")
+    seq = plan.seq or shape.max_positions or 1024
+    one = Counter(replace(shape, layers=2).tensors(seq)) - Counter(
+        replace(shape, layers=1).tensors(seq)
+    )
+    mats = [t for t, k in one.items() for _ in range(k) if len(t) == 2]
+    numel = shape.layers * sum(_numel(t) for t in mats)
+    tensors = shape.layers * len(mats)
+    quant = shape.layers * sum(nf4_bytes(_numel(t), 1) for t in mats)
+    p = facts["params"]
+    base = p["groups"][0]
+    elt = base["bytes"] // max(base["count"], 1)
+    base["count"] -= numel
+    base["bytes"] -= numel * elt
+    base["tensors"] -= tensors
+    p["groups"].insert(
+        1,
+        {
+            "dtype": "uint8",
+            "device": base["device"],
+            "trainable": False,
+            "count": numel,
+            "bytes": quant,
+            "tensors": tensors,
+        },
+    )
+    p["bytes"] = sum(g["bytes"] for g in p["groups"])
+    p["frozen_bytes"] = p["bytes"] - p["trainable_bytes"]
+    notes.append(
+        f"QLoRA: {numel:,} layer weights in 4-bit NF4 ({quant / max(numel, 1):.3f} bytes"
+        " each with their constants), dequantised to bf16 on each use"
+    )
+
+
+def _divide(d: dict[str, Any], n: int, keys: tuple[str, ...]) -> None:
+    for k in keys:
+        if isinstance(d.get(k), int):
+            d[k] = _ceil(d[k], n)
+
+
+_PARAM_KEYS = (
+    "count",
+    "bytes",
+    "trainable_count",
+    "trainable_bytes",
+    "frozen_count",
+    "frozen_bytes",
+)
+_BUCKET_KEYS = (
+    "count",
+    "bytes",
+    "max_tensor_bytes",
+    "second_tensor_bytes",
+    "small_count",
+    "factored_count",
+    "vector_count",
+)
+
+
+def _shard_states(facts: dict[str, Any], n: int, params: bool = True) -> None:
+    """Each rank holds ``1/n`` of the optimizer's buckets (and of the parameters)."""
+    if params:
+        _divide(facts["params"], n, _PARAM_KEYS)
+        for g in facts["params"]["groups"]:
+            _divide(g, n, ("count", "bytes"))
+    for b in facts["optimizer"]["groups"]:
+        _divide(b, n, _BUCKET_KEYS)
+
+
+def _layer_sizes(plan: Plan, shape: ModelShape, seq: int) -> tuple[int, int]:
+    """(parameters of one layer with its adapters, parameters outside the layers)."""
+    one = replace(shape, layers=1)
+    layer = replace(shape, layers=2).count(seq) - one.count(seq)
+    adapters = (
+        sum(_numel(s) for s in one.lora_tensors(plan.lora_rank, plan.lora_targets))
+        if plan.lora_rank
+        else 0
+    )
+    return layer + adapters, one.count(seq) - layer
+
+
+def _fsdp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> tuple[int, int]:
+    """FSDP2's facts; returns (host bytes, bytes sent per step)."""
+    n = plan.world
+    elt = _ELT[plan.precision]
+    total = facts["params"]["count"]
+    trainable = facts["params"]["trainable_count"]
+    shape = plan.shape
+    if shape is not None:
+        seq = plan.seq or shape.max_positions or 1024
+        per_layer, outside = _layer_sizes(plan, shape, seq)
+        group = _ceil(shape.layers, MAX_UNITS - 1)
+        if group > 1:
+            notes.append(
+                f"FSDP units of {group} layers each: the facts list at most {MAX_UNITS} units"
+            )
+        sizes = [outside] + [
+            per_layer * min(group, shape.layers - i) for i in range(0, shape.layers, group)
+        ]
+    else:
+        sizes = [total]
+        notes.append("FSDP without a shape: one unit, the whole model")
+    reshard = plan.layout != "fsdp-no-reshard"
+    units = [
+        {
+            "name": ROOT if i == 0 else f"layers.{i - 1}",
+            "unsharded_bytes": s * elt,
+            "sharded_bytes": _ceil(s, n) * elt,
+            "reshard_after_forward": reshard if i else False,
+        }
+        for i, s in enumerate(sizes)
+    ]
+    _shard_states(facts, n)
+    facts["parallel"] = {
+        "strategy": "fsdp2",
+        "rank": 0,
+        "world_size": n,
+        "fsdp": {
+            "version": 2,
+            "mesh_size": n,
+            "units": len(units),
+            "unit_list": units,
+            "largest_unit_bytes": max(u["unsharded_bytes"] for u in units),
+            "reshard_after_forward": reshard,
+            "param_dtype": None,
+            "reduce_dtype": None,
+            "cpu_offload": plan.offload,
+        },
+    }
+    host = 0
+    if plan.offload:
+        p, opt = facts["params"], facts["optimizer"]
+        host = p["bytes"] + p["trainable_bytes"] + optimizer_memory(opt).state
+        for k in ("bytes", "trainable_bytes", "frozen_bytes"):
+            p[k] = 0
+        for g in p["groups"]:
+            g["bytes"] = 0
+        opt["groups"] = []
+        notes.append(
+            "CPUOffloadPolicy: sharded parameters, gradients and optimizer state on the host;"
+            " the optimizer steps there"
+        )
+    # All-gather in forward and (after a reshard) again in backward, reduce-scatter of the
+    # gradients: ring passes of (N-1)/N of the model each.
+    passes = total * (2 if reshard else 1) + trainable
+    return host, round(passes * elt * (n - 1) / n)
+
+
+def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tuple[int, int]:
+    """DeepSpeed ZeRO's facts; returns (host bytes, bytes sent per step)."""
+    n = plan.world
+    elt = 2 if plan.precision in _ZERO_PRECISION or plan.precision in ("bf16", "fp16") else 4
+    dtype = "float16" if "fp16" in plan.precision else _DTYPE[elt]
+    p = facts["params"]
+    trainable, total = p["trainable_count"], p["count"]
+    part = _ceil(trainable, n)
+    opt = facts["optimizer"]
+    if plan.optimizer in ("adam", "adamw"):
+        # DeepSpeed's own inner Adam(W): FusedAdam, one multi-tensor kernel, no temporary.
+        opt["impl"] = "fused"
+        opt["options"].update(fused=True, foreach=False)
+        notes.append("ZeRO's inner optimizer: DeepSpeed's FusedAdam (no step temporary)")
+    # The inner optimizer steps one flat fp32 partition per param group.
+    opt["groups"] = [
+        {
+            "group": 0,
+            "device": "cuda:0" if plan.device == "cuda" else plan.device,
+            "dtype": "float32",
+            "tensors": 1,
+            "count": part,
+            "bytes": part * 4,
+            "max_tensor_bytes": part * 4,
+            "second_tensor_bytes": 0,
+            "small_count": 0,
+            "factored_count": 0,
+            "vector_count": part,
+        }
+    ]
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "partition_count": n,
+        "reduce_bucket_size": ZERO_DEFAULTS["reduce_bucket_size"],
+        "allgather_bucket_size": ZERO_DEFAULTS["allgather_bucket_size"],
+        "contiguous_gradients": True,
+        "overlap_comm": stage == 3,
+        "offload_optimizer": None,
+        "offload_param": None,
+        "dtype": dtype,
+        "master_bytes": part * 4,
+        "partition_numel": part,
+    }
+    if stage == 3:
+        threshold = ZERO_DEFAULTS["stage3_param_persistence_threshold"]
+        shapes: list[tuple[int, ...]] = []
+        if plan.shape is not None:
+            seq = plan.seq or plan.shape.max_positions or 1024
+            shapes = plan.shape.tensors(seq)
+            if plan.lora_rank:
+                shapes += plan.shape.lora_tensors(plan.lora_rank, plan.lora_targets)
+        persistent = sum(_numel(s) for s in shapes if _numel(s) < threshold)
+        zero.update(
+            {
+                k: ZERO_DEFAULTS[k]
+                for k in (
+                    "stage3_prefetch_bucket_size",
+                    "stage3_max_live_parameters",
+                    "stage3_param_persistence_threshold",
+                )
+            }
+        )
+        zero.update(
+            {
+                "grad_partition_bytes": part * elt,
+                "unsharded_bytes": total * elt,
+                "partition_bytes": _ceil(total, n) * elt,
+                "persistent_bytes": persistent * elt,
+                "largest_param_bytes": max((_numel(s) for s in shapes), default=total) * elt,
+            }
+        )
+        # Each rank holds its partitions, plus the small parameters kept whole.
+        _divide(p, n, _PARAM_KEYS)
+        for g in p["groups"]:
+            _divide(g, n, ("count", "bytes"))
+        p["bytes"] += persistent * elt
+    host = 0
+    if plan.offload:
+        host = optimizer_memory(opt).state + zero["master_bytes"]
+        opt["groups"] = []
+        zero["master_bytes"] = 0
+        notes.append(
+            "ZeRO-Offload (offload_optimizer: cpu): the fp32 master partition and the"
+            " optimizer state on the host, stepped there by DeepSpeedCPUAdam"
+        )
+    facts["parallel"] = {"strategy": "zero", "rank": 0, "world_size": n, "zero": zero}
+    # Stage 1/2: reduce-scatter of the gradients and all-gather of the updated
+    # parameters, as DDP's all-reduce; stage 3 gathers the parameters in forward and
+    # again in backward (Rajbhandari et al. 2020, section 7: 1.5x DDP's volume).
+    passes = 2 * trainable if stage < 3 else 2 * total + trainable
+    return host, round(passes * elt * (n - 1) / n)
+
+
+def _tp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> int:
+    """Tensor parallel's facts; returns bytes sent per step."""
+    t, shape = plan.tp, plan.shape
+    if shape is None:
+        raise ValueError("--layout tp=N needs a shape or --config (which tensors split)")
+    kv = shape.kv_heads or shape.heads
+    for name, value in (("heads", shape.heads), ("kv heads", kv), ("vocab", shape.vocab)):
+        if value % t and not (name == "vocab" and shape.arch == "vit"):
+            raise ValueError(f"--layout tp={t}: {name} {value} is not a multiple of {t}")
+    seq = plan.seq or shape.max_positions or 1024
+    tensors = shape.tensors(seq)
+    if plan.lora_rank:
+        tensors += shape.lora_tensors(plan.lora_rank, plan.lora_targets)
+    split = sum(_numel(s) for s in tensors if len(s) >= 2)
+    kept = sum(_numel(s) for s in tensors if len(s) < 2)
+    share = (_ceil(split, t) + kept) / max(split + kept, 1)
+    p = facts["params"]
+    for d in (p, *p["groups"]):
+        for k in ("count", "bytes", "trainable_count", "trainable_bytes"):
+            if isinstance(d.get(k), int):
+                d[k] = math.ceil(d[k] * share)
+    p["frozen_count"] = p["count"] - p["trainable_count"]
+    p["frozen_bytes"] = p["bytes"] - p["trainable_bytes"]
+    for b in facts["optimizer"]["groups"]:
+        for k in _BUCKET_KEYS:
+            if isinstance(b.get(k), int):
+                b[k] = math.ceil(b[k] * share)
+    tf = facts.get("transformer")
+    if isinstance(tf, dict):
+        tf.update(
+            head_dim=shape.hidden // shape.heads,
+            heads=shape.heads // t,
+            kv_heads=kv // t,
+            intermediate=_ceil(shape.intermediate or 0, t),
+            vocab=_ceil(tf.get("vocab") or 0, t),
+        )
+    facts["parallel"] = {
+        "strategy": "tp",
+        "rank": 0,
+        "world_size": plan.world,
+        "dtensor": {"mesh_sizes": [t]},
+    }
+    if plan.world > t:
+        notes.append(
+            f"tp={t} on {plan.world} GPUs: the other {plan.world // t}-way data parallel's"
+            " gradient buckets are not counted"
+        )
+    # Megatron: two all-reduces of the layer's output in forward, two in backward.
+    elt = 2 if plan.precision != "fp32" else 4
+    act = plan.batch * seq * shape.hidden * elt
+    return round(4 * shape.layers * 2 * act * (t - 1) / t)
+
+
+EXCESS = "recorded_excess"
+"""The category of what a recorded run needed beyond its prediction."""
+
+
+def _add_excess(plan: Plan, pred: Prediction) -> None:
+    """Carry a recorded run's unexplained demand into its phase, scaled by activations."""
+    from ._predict import total
+
+    for first in (True, False):
+        pm = pred.phases.get((plan.excess_phase, first))
+        if pm is None:
+            continue
+        act = pm.peak.get("activations", 0)
+        share = act / plan.excess_per if plan.excess_per else 1.0
+        pm.peak[EXCESS] = round(plan.excess * share)
+    key = max(pred.phases, key=lambda k: total(pred.phases[k].peak))
+    pred.peak_phase, pred.peak_bytes = key, total(pred.phases[key].peak)
+
+
+def rank_estimate(plan: Plan) -> RankEstimate:
+    """Rank 0's facts under ``plan.layout``, predicted by the live predictor.
+
+    Raises:
+        ValueError: A plan the layout cannot take; the message is one line for the user.
+    """
+    notes: list[str] = []
+    layout, n = plan.layout, plan.world
+    if layout != "none" and n < 2 and not layout.startswith("tp="):
+        notes.append(f"--layout {layout} on one GPU: nothing is divided")
+    if plan.offload and layout not in ("fsdp", "fsdp-no-reshard", "zero1", "zero2", "zero3"):
+        raise ValueError("--offload needs --layout fsdp, fsdp-no-reshard or zero1/2/3")
+    if layout.startswith("tp=") and plan.tp > n:
+        raise ValueError(f"--layout {layout} needs at least {plan.tp} GPUs (--gpus)")
+    host = traffic = 0
+    if plan.quant:
+        if layout not in ("none", "ddp"):
+            raise ValueError("--qlora is planned on one GPU or under --layout ddp")
+        plan = replace(plan, precision="bf16")  # bnb's compute dtype; adapters in bf16
+    if layout in ("zero1", "zero2", "zero3"):
+        precision = _ZERO_PRECISION.get(plan.precision, plan.precision)
+        facts = _build(plan, plan.shape, precision)
+        host, traffic = _zero(plan, facts, SHARDING[layout], notes)
+    elif layout == "device-map":
+        if plan.shape is None:
+            raise ValueError("--layout device-map needs a shape or --config (layers to cut)")
+        per = _ceil(plan.shape.layers, n)
+        facts = _build(plan, replace(plan.shape, layers=per), plan.precision)
+        notes.append(
+            f"device map: {per} of {plan.shape.layers} layers on the GPU planned, with the"
+            " embeddings and the head (an upper bound: a real map puts them at the ends)"
+        )
+    else:
+        facts = _build(plan, plan.shape, plan.precision)
+        if plan.quant:
+            _quantise(plan, facts, notes)
+        if layout in ("fsdp", "fsdp-no-reshard"):
+            host, traffic = _fsdp(plan, facts, notes)
+        elif layout == "ddp":
+            facts["parallel"] = {
+                "strategy": "ddp",
+                "rank": 0,
+                "world_size": n,
+                "ddp": {
+                    "bucket_cap_bytes": DDP_BUCKET_BYTES,
+                    "gradient_as_bucket_view": False,
+                    "world_size": n,
+                },
+            }
+            grads = facts["params"]["trainable_bytes"]
+            traffic = round(2 * grads * (n - 1) / n)
+        elif layout.startswith("tp="):
+            traffic = _tp(plan, facts, notes)
+    pred = predict(facts)  # type: ignore[arg-type]
+    if plan.excess > 0:
+        _add_excess(plan, pred)
+    traffic *= plan.accumulation if layout in ("fsdp", "fsdp-no-reshard", "zero3") else 1
+    return RankEstimate(facts, pred, host, traffic, notes)  # type: ignore[arg-type]
+
+
+_PRECISION_OF = {
+    ("float32", "bfloat16"): "bf16-mixed",
+    ("float32", "float16"): "fp16-mixed",
+    ("float32", None): "fp32",
+    ("bfloat16", None): "bf16",
+    ("float16", None): "fp16",
+}
+_STRATEGY_LAYOUT = {"ddp": "ddp", "fsdp2": "fsdp", "tp": "tp", "device_map": "device-map"}
+
+
+def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
+    """The :class:`Plan` of a recorded run, from the facts it sent (a recording's facts are
+    hostile: every field is checked), and what could not be carried over.
+
+    Raises:
+        ValueError: Facts with neither a decoder's shape nor a parameter count.
+    """
+    from ..facts import fact_int
+    from ._optim import ESTIMATE_OPTIMIZERS, kind_of
+
+    lost: list[str] = []
+    tf = facts.get("transformer") if isinstance(facts.get("transformer"), dict) else {}
+    batch = facts.get("batch") if isinstance(facts.get("batch"), dict) else {}
+    params = facts.get("params") if isinstance(facts.get("params"), dict) else {}
+    groups = [g for g in params.get("groups") or [] if isinstance(g, dict)]
+    big = max(groups, key=lambda g: fact_int(g.get("bytes")), default={})
+    amp = facts.get("amp") if isinstance(facts.get("amp"), dict) else {}
+    autocast = amp.get("dtype") or batch.get("autocast")
+    dtype = str(big.get("dtype") or "float32")
+    precision = _PRECISION_OF.get((dtype, str(autocast) if autocast else None), "bf16-mixed")
+    opt = facts.get("optimizer") if isinstance(facts.get("optimizer"), dict) else {}
+    kind = kind_of(opt) if opt else "adamw"
+    optimizer = kind if kind in ESTIMATE_OPTIMIZERS else "adamw"
+    if kind == "sgd":
+        momentum = (opt.get("options") or {}).get("momentum")
+        optimizer = "sgd-momentum" if momentum else "sgd"
+    if opt and optimizer != kind and kind != "sgd":
+        lost.append(f"optimizer {str(opt.get('class'))[:40]} planned as {optimizer}")
+    impl = str(opt.get("impl") or "foreach")
+    impl = impl if impl in ("foreach", "fused", "for-loop") else "foreach"
+    shape = None
+    dims = {k: fact_int(tf.get(k)) for k in ("layers", "hidden", "heads", "vocab")}
+    if all(v > 0 for v in dims.values()) and tf.get("head", "lm") == "lm":
+        if tf.get("mlp") in ("gated", "swiglu", "geglu"):
+            arch = "llama"
+        elif tf.get("parallel_residual"):
+            arch = "neox"
+        elif tf.get("fused_qkv", True):
+            arch = "gpt"
+        else:
+            arch = ""
+        if arch:
+            shape = ModelShape(
+                arch=arch,
+                kv_heads=fact_int(tf.get("kv_heads")) or None,
+                head_dim=fact_int(tf.get("head_dim")) or None,
+                intermediate=fact_int(tf.get("intermediate")) or None,
+                tied=bool(tf.get("tied_embeddings", arch == "gpt")),
+                max_positions=fact_int(tf.get("max_positions")) or None,
+                **dims,
+            )
+    count = fact_int(params.get("count"))
+    if shape is None:
+        if count <= 0:
+            raise ValueError("the recording's facts have neither a shape nor a parameter count")
+        lost.append("no decoder shape in the facts: parameters only, activations unknown")
+    lora = tf.get("lora") if isinstance(tf.get("lora"), dict) else {}
+    targets = tuple(str(t)[:8] for t in (lora.get("targets") or ("q", "v")))[:8]
+    par = facts.get("parallel") if isinstance(facts.get("parallel"), dict) else {}
+    strategy = str(par.get("strategy") or "none")
+    world = max(fact_int(par.get("world_size")), 1)
+    layout = _STRATEGY_LAYOUT.get(strategy, "none")
+    if strategy == "zero":
+        zero = par.get("zero") if isinstance(par.get("zero"), dict) else {}
+        layout = f"zero{fact_int(zero.get('stage'))}" if fact_int(zero.get("stage")) else "none"
+    if layout == "tp":
+        layout, world = "none", 1
+        lost.append("tensor parallel's degree is not in the facts: planned as one GPU")
+    if layout == "fsdp":
+        fsdp = par.get("fsdp") if isinstance(par.get("fsdp"), dict) else {}
+        layout = "fsdp" if fsdp.get("reshard_after_forward") is not False else "fsdp-no-reshard"
+    ckpt = facts.get("checkpointing") if isinstance(facts.get("checkpointing"), dict) else {}
+    drop = tf.get("dropout") if isinstance(tf.get("dropout"), dict) else {}
+    plan = Plan(
+        shape=shape,
+        params=count if shape is None else None,
+        batch=max(fact_int(batch.get("batch")), 1),
+        seq=fact_int(batch.get("seq")) or None,
+        precision=precision,
+        optimizer=optimizer,
+        impl=impl,
+        attention=str(tf.get("attention") or "sdpa")[:24],
+        checkpointing=bool(ckpt.get("enabled")),
+        lora_rank=fact_int(lora.get("rank")),
+        lora_targets=targets,
+        dropout={k: float(v) for k, v in drop.items() if isinstance(v, (int, float))},
+        layout=layout if world > 1 or layout == "device-map" else "none",
+        world=world,
+    )
+    return plan, lost

@@ -22,7 +22,17 @@ GPU_COLUMNS = (
     ("clock_sm", "f4"),  # MHz
     ("clock_mem", "f4"),
 )
-HOST_COLUMNS = (("t", "i8"), ("total", "i8"), ("used", "i8"), ("available", "i8"))
+HOST_COLUMNS = (
+    ("t", "i8"),
+    ("total", "i8"),
+    ("used", "i8"),
+    ("available", "i8"),
+    # The overview's host row (absent from older recordings: unknown):
+    ("cpu", "f4"),  # CPU busy, % of all cores since the previous sample
+    ("load1", "f4"),  # the 1-minute load average
+    ("swap_used", "i8"),
+    ("swap_total", "i8"),
+)
 TORCH_COLUMNS = (
     ("t", "i8"),
     ("dev", "i8"),  # torch device index inside the process

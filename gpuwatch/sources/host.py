@@ -6,6 +6,7 @@ script gets (the script itself sends none on the CPU).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -65,6 +66,20 @@ class HostSampler:
                 delay = 0
             self._stop.wait(delay)
 
+    def _load(self) -> dict[str, float | int | None]:
+        """CPU busy since the last call, the load average and swap (None: unknown here)."""
+        out: dict[str, float | int | None] = {"cpu": psutil.cpu_percent(None)}
+        try:
+            out["load1"] = os.getloadavg()[0]
+        except OSError:  # no load average on this system
+            out["load1"] = None
+        try:
+            swap = psutil.swap_memory()
+            out["swap_used"], out["swap_total"] = int(swap.used), int(swap.total)
+        except (OSError, RuntimeError):  # psutil raises these where /proc hides swap
+            pass
+        return out
+
     def sample_once(self) -> None:
         """Take one host sample and one RSS sample per live instrumented process."""
         t = time.monotonic_ns()
@@ -75,6 +90,7 @@ class HostSampler:
                 "total": int(vm.total),
                 "used": int(vm.total - vm.available),
                 "available": int(vm.available),
+                **self._load(),
             }
         )
         # Only the processes that may still run: a sweep of thousands of short scripts

@@ -34,6 +34,8 @@ from ._text import Fitted, markup_safe, plain_lines
 from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
+from .overview import CSS_PATH as OVERVIEW_CSS
+from .overview import GpuOverview, gpu_devices
 from .panel import DevicePanel
 from .ranks import RanksView
 from .tables import PeaksTable, ProcessTable
@@ -54,6 +56,11 @@ Key presses redraw at once; new data in a paused view shows at once too, then at
 once per this interval (at 20 a second, every sample redrawing all panels, a paused 8-GPU
 dashboard took over half a core)."""
 TABLE_HZ = 2
+
+PANEL_ROWS = 12
+"""The rows a device panel needs (DevicePanel's min-height; a host panel's own height)."""
+CHROME_ROWS = 5
+"""Rows around the panels: status bar, tab strip, a line of notes and the key bar."""
 
 
 class ChildLike(Protocol):
@@ -166,9 +173,17 @@ ACTIONS: tuple[Action, ...] = (
         "tab",
         "next_panel(1)",
         "Next panel",
-        "Focus the next device (a short terminal shows one panel at a time)",
+        "Focus the next device (a short terminal shows one panel at a time); "
+        "on the overview, open the selected GPU's panel (as enter does)",
     ),
     Action("shift+tab", "next_panel(-1)", "Previous panel", "Focus the previous device"),
+    Action(
+        "o",
+        "overview",
+        "Overview",
+        "Back to the overview, every GPU at a glance (up / down select, enter opens); "
+        "the first screen when the panels do not all fit",
+    ),
     Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
     Action("q", "quit", "Quit", "Quit gpuwatch", True),
 )
@@ -282,6 +297,7 @@ class GpuwatchApp(App[int]):
     }
     """
 
+    CSS_PATH = [OVERVIEW_CSS]
     ACTION_TABLE: tuple[Action, ...] = ACTIONS
     BINDINGS = bindings(ACTIONS)
     TAB_AFTER = "zoom(2.0)"
@@ -317,6 +333,10 @@ class GpuwatchApp(App[int]):
         self._shown_at = -FOLLOW_FRAME_NS  # when it last moved (monotonic ns)
         self._tables_version: object = -1
         self.redraws = 0
+        # The overview: None follows the layout (shown when the panels do not all fit),
+        # True / False is the user's choice (o / enter).
+        self._overview_choice: bool | None = None
+        self.overview_shown = False
 
     # ------------------------------------------------------------------ setup
 
@@ -327,6 +347,9 @@ class GpuwatchApp(App[int]):
         self.notes_bar.display = False
         self.tabs = TabbedContent(initial="timelines")
         self.panel_list = PanelList(id="panels")
+        self.overview = GpuOverview(self.session, self.predicted, id="overview")
+        self.overview_scroll = VerticalScroll(self.overview, id="overview-scroll")
+        self.overview_scroll.display = False
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted
         self.process_table = ProcessTable(self.session, id="process-table")
@@ -337,6 +360,7 @@ class GpuwatchApp(App[int]):
         yield self.notes_bar
         with self.tabs:
             with TabPane("Timelines", id="timelines"):
+                yield self.overview_scroll
                 yield self.panel_list
             with TabPane("Peaks", id="peaks"):
                 yield self.peaks_table
@@ -362,6 +386,7 @@ class GpuwatchApp(App[int]):
         self._sync_panels()
         if self.panels:
             self.panels[0].focus()
+        self._place_overview()
         # A closed terminal (SIGHUP) or a kill (SIGTERM) quits cleanly: the recording is
         # flushed, the socket removed, and `gpuwatch run` stops its command.
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -452,9 +477,13 @@ class GpuwatchApp(App[int]):
         # Live and following: the newest lists; else (a cursor, a replay) those at ``at``.
         self.process_table.at = None if self.session.live and self.view.following else at
         with self.batch_update():
-            self._place_panels()
-            for panel in self._panels.values():
-                panel.update_view(window, self.view.cursor, version, at)
+            self._place_overview()
+            if self.overview_shown:  # the panels are hidden: not drawn (the cost of 8)
+                self.overview.update_view(at, version)
+            else:
+                self._place_panels()
+                for panel in self._panels.values():
+                    panel.update_view(window, self.view.cursor, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
         self.redraws += 1
@@ -478,6 +507,74 @@ class GpuwatchApp(App[int]):
         """One panel at a time (a short terminal) and more than one panel to step through."""
         return self.short and len(self._panels) > 1
 
+    # ------------------------------------------------------------------ overview
+
+    def panels_fit(self) -> bool:
+        """Do the GPU panels all fit on the screen at once (else the overview shows)?
+
+        One GPU always does; on a short terminal (one panel at a time) two do not; else
+        each needs :data:`PANEL_ROWS`, and the host's strip as much.
+        """
+        gpus = sum(d.kind == "gpu" for d in list(self.session.devices.values()))
+        if gpus < 2:
+            return True
+        if self.short:
+            return False
+        host = any(p.is_host for p in self._panels.values())
+        return (gpus + host) * PANEL_ROWS <= self.size.height - CHROME_ROWS
+
+    def _place_overview(self) -> None:
+        """Show the overview or the panels, as chosen (else as the layout says)."""
+        choice = self._overview_choice
+        shown = (not self.panels_fit()) if choice is None else choice
+        if shown == self.overview_shown and self.overview_scroll.display == shown:
+            return
+        self.overview_shown = shown
+        self.overview_scroll.display = shown
+        self.panel_list.display = not shown
+        if self.tabs.active != "timelines":
+            return
+        if shown:
+            panel = self.focused_panel()
+            if panel is not None:
+                self.overview.select_key(panel.key)
+            self.overview.focus()
+        elif self.overview.has_focus:
+            self._focus_panel(self.overview.selected_key)
+
+    def _focus_panel(self, key: str | None) -> None:
+        target = self._panels.get(key) if key is not None else None
+        if target is None:
+            panels = self.panels
+            target = panels[0] if panels else None
+        if target is not None:
+            target.focus(scroll_visible=False)
+            self.panel_list.scroll_to_widget(target, animate=False, top=True)
+
+    def open_panel(self, key: str) -> None:
+        """Leave the overview for the panel of device ``key``."""
+        self._overview_choice = False
+        self._place_overview()
+        self.call_after_refresh(self._focus_panel, key)
+        self._focus_panel(key)
+        self.redraw()
+
+    def action_overview(self) -> None:
+        """Show the overview, every GPU at a glance (the selection on the panel's GPU)."""
+        if self.tabs.active != "timelines":
+            self.action_show_tab("timelines")
+        panel = self.focused_panel()
+        self._overview_choice = True
+        self._place_overview()
+        if panel is not None:
+            self.overview.select_key(panel.key)
+        self.overview.focus()
+        self.redraw()
+
+    @on(GpuOverview.Opened)
+    def _overview_opened(self, event: GpuOverview.Opened) -> None:
+        self.open_panel(event.key)
+
     def _place_panels(self) -> None:
         """Tell each panel where it is among the others, and the layout, when stepping."""
         panels = self.panels
@@ -493,9 +590,13 @@ class GpuwatchApp(App[int]):
             for a in self.ACTION_TABLE
             if a.footer
         ]
-        if self.stepping:
-            at = next((i + 1 for i, k in enumerate(keys) if k.action == self.TAB_AFTER), 1)
+        at = next((i + 1 for i, k in enumerate(keys) if k.action == self.TAB_AFTER), 1)
+        if self.overview_shown:
+            keys.insert(at, Key("enter", "Open GPU", "next_panel(1)"))
+        elif self.stepping:
             keys.insert(at, Key("tab", "Next panel", "next_panel(1)"))
+        if not self.overview_shown and len(gpu_devices(self.session)) > 1:
+            keys.insert(at + self.stepping, Key("o", "Overview", "overview"))
         keys.append(Key("^p", "palette", "command_palette"))
         return keys
 
@@ -642,7 +743,9 @@ class GpuwatchApp(App[int]):
     # ------------------------------------------------------------------ helpers
 
     def focused_panel(self) -> DevicePanel | None:
-        """The panel holding focus, else the first one."""
+        """The panel holding focus (on the overview: the selected GPU's), else the first."""
+        if self.overview_shown and self.overview.selected_key in self._panels:
+            return self._panels[self.overview.selected_key]  # type: ignore[index]
         node = self.focused
         while node is not None:
             if isinstance(node, DevicePanel):
@@ -754,6 +857,11 @@ class GpuwatchApp(App[int]):
             return
         if self.tabs.active != "timelines":
             self.action_show_tab("timelines")
+        if self.overview_shown:
+            key = self.overview.selected_key
+            if key is not None:
+                self.open_panel(key)
+                return
         current = self.focused_panel()
         i = panels.index(current) if current in panels else -step
         target = panels[(i + step) % len(panels)]
@@ -782,6 +890,8 @@ class GpuwatchApp(App[int]):
         target = targets.get(tab)
         if target is not None:
             target.focus()
+        elif self.overview_shown:
+            self.overview.focus()
         elif self.panels:
             self.panels[0].focus()
         self._tables_version = -1

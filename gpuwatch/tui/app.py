@@ -349,6 +349,7 @@ class GpuwatchApp(App[int]):
         self.panel_list = PanelList(id="panels")
         self.overview = GpuOverview(self.session, self.predicted, id="overview")
         self.overview_scroll = VerticalScroll(self.overview, id="overview-scroll")
+        self.overview_scroll.can_focus = False  # the overview itself takes the keys
         self.overview_scroll.display = False
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted

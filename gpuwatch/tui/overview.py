@@ -211,7 +211,7 @@ def memory_bar(row: GpuRow | HostRow, width: int, colors: Mapping[str, str]) -> 
     total = row.total
     used = row.used
     if not total or used is None or width <= 0:
-        return Content("·" * max(0, width), "dim")
+        return Content.styled("·" * max(0, width), "dim")
     alloc = getattr(row, "allocated", None)
     reserved = getattr(row, "reserved", None)
 
@@ -245,7 +245,7 @@ class GpuOverview(Widget, can_focus=True):
         Binding("down,j", "select(1)", "Next GPU", show=False),
         Binding("pageup", "select(-10)", "Ten GPUs up", show=False),
         Binding("pagedown", "select(10)", "Ten GPUs down", show=False),
-        Binding("enter", "open", "Open GPU", show=False),
+        Binding("enter,tab", "open", "Open GPU", show=False),
     ]
 
     COMPONENT_CLASSES = {
@@ -332,16 +332,16 @@ class GpuOverview(Widget, can_focus=True):
         self.refresh()
 
     def _render_lines(self, width: int, colors: Mapping[str, str]) -> list[Content]:
-        label_w = max([len(r.label) for r in self.rows] + [4]) + 3
-        name_w = max(10, min(22, width // 6))
+        label_w = max([len(r.label) for r in self.rows] + [3]) + 3
+        name_w = max(10, min(22, width // 8 if width < 120 else width // 6))
         bar_w = max(10, min(40, int(width * self.bar_share)))
-        # used/total, util, temp, power and the spaces between: 9 + 5 + 5 + 6 + 2.
-        rest = max(0, width - (label_w + name_w + bar_w + 27))
+        # used/total, util, temp, power and the spaces between: 9 + 5 + 4 + 5 + 2.
+        rest = max(0, width - (label_w + name_w + bar_w + 25))
         key = "█ alloc ▓ reserved ▒ used"
         memory = f"memory {key}" if bar_w >= len(key) + 7 else "memory"
         head = (
             f"{'GPU':<{label_w}}{'name':<{name_w}}{memory:<{bar_w}} {'used/tot':>9}"
-            f"{'util':>5}{'temp':>5}{'power':>6} {'top process · phase'}"
+            f"{'util':>5}{'temp':>5}{'power':>5} {'top process · phase'}"
         )
         head_style = _style(self.get_component_rich_style("gpu-overview--head", partial=True))
         muted = _style(self.get_component_rich_style("gpu-overview--muted", partial=True))
@@ -353,7 +353,7 @@ class GpuOverview(Widget, can_focus=True):
                 top = row.state.upper()
             else:
                 top = " · ".join(x for x in (row.top, row.phase) if x)
-            figures = f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 5)}{_num(row.power, 'W', 6)}"
+            figures = f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 4)}{_num(row.power, 'W', 5)}"
             line = Content.assemble(
                 f"{mark}{row.label:<{label_w - 2}}",
                 ellipsis(row.name, name_w - 1).ljust(name_w),

@@ -332,16 +332,16 @@ class GpuOverview(Widget, can_focus=True):
         self.refresh()
 
     def _render_lines(self, width: int, colors: Mapping[str, str]) -> list[Content]:
-        label_w = max([len(r.label) for r in self.rows] + [3]) + 3
-        name_w = max(10, min(22, width // 8 if width < 120 else width // 6))
+        label_w = max([len(r.label) for r in self.rows] + [4]) + 3
+        name_w = max(9, min(22, width // 8 if width < 120 else width // 6))
         bar_w = max(10, min(40, int(width * self.bar_share)))
-        # used/total, util, temp, power and the spaces between: 9 + 5 + 4 + 5 + 2.
-        rest = max(0, width - (label_w + name_w + bar_w + 25))
+        # used/total, util, temp, power and the spaces between: 9 + 5 + 5 + 5 + 2.
+        rest = max(0, width - (label_w + name_w + bar_w + 26))
         key = "█ alloc ▓ reserved ▒ used"
         memory = f"memory {key}" if bar_w >= len(key) + 7 else "memory"
         head = (
             f"{'GPU':<{label_w}}{'name':<{name_w}}{memory:<{bar_w}} {'used/tot':>9}"
-            f"{'util':>5}{'temp':>5}{'power':>5} {'top process · phase'}"
+            f"{'util':>5}{'temp':>5}{'W':>5} {'top process · phase'}"
         )
         head_style = _style(self.get_component_rich_style("gpu-overview--head", partial=True))
         muted = _style(self.get_component_rich_style("gpu-overview--muted", partial=True))
@@ -353,7 +353,7 @@ class GpuOverview(Widget, can_focus=True):
                 top = row.state.upper()
             else:
                 top = " · ".join(x for x in (row.top, row.phase) if x)
-            figures = f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 4)}{_num(row.power, 'W', 5)}"
+            figures = f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 5)}{_num(row.power, 'W', 5)}"
             line = Content.assemble(
                 f"{mark}{row.label:<{label_w - 2}}",
                 ellipsis(row.name, name_w - 1).ljust(name_w),

@@ -130,7 +130,7 @@ def _train(s: Session, pid: int, i: int, world: int) -> None:
         for name, a, b in (("forward", 0, 600), ("backward", 600, 950)):
             n = next(sid)
             for event, ms in (("begin", step * 1000 + a), ("end", step * 1000 + b)):
-                alloc = (4 + i + (2 if name == "backward" else 0)) * GIB
+                alloc = (4 + (2 if name == "backward" else 0)) * GIB  # every rank alike
                 msg(
                     "phase",
                     ms,

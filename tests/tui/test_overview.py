@@ -189,7 +189,9 @@ async def test_mig_instances_are_rows_with_their_own_memory() -> None:
         await pilot.pause()
         panel = app.focused_panel()
         assert panel.device.mig == (gpu_devices(session)[1].key, 1)
-        assert f"{5.0:.2f} GiB / {20.0:.2f} GiB" in panel.header.text
+        row = session.gpu[panel.key].at(END)
+        assert f"{row['used'] / GIB:.2f} GiB / {row['total'] / GIB:.2f} GiB" in panel.header.text
+        assert panel.border_title.startswith("GPU 1.1 · ")
 
 
 def test_mig_instances_are_sampled_with_their_own_memory() -> None:

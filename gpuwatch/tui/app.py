@@ -178,11 +178,13 @@ ACTIONS: tuple[Action, ...] = (
     ),
     Action("shift+tab", "next_panel(-1)", "Previous panel", "Focus the previous device"),
     Action(
-        "o",
+        "g,backspace",
         "overview",
         "Overview",
-        "Back to the overview, every GPU at a glance (up / down select, enter opens); "
-        "the first screen when the panels do not all fit",
+        "Back to the overview, every GPU at a glance (up / down select, enter or tab "
+        "opens); the first screen when the panels do not all fit",
+        False,
+        "g",
     ),
     Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
     Action("q", "quit", "Quit", "Quit gpuwatch", True),
@@ -334,7 +336,7 @@ class GpuwatchApp(App[int]):
         self._tables_version: object = -1
         self.redraws = 0
         # The overview: None follows the layout (shown when the panels do not all fit),
-        # True / False is the user's choice (o / enter).
+        # True / False is the user's choice (g / enter).
         self._overview_choice: bool | None = None
         self.overview_shown = False
 
@@ -592,12 +594,13 @@ class GpuwatchApp(App[int]):
             if a.footer
         ]
         at = next((i + 1 for i, k in enumerate(keys) if k.action == self.TAB_AFTER), 1)
-        if self.overview_shown:
+        timelines = self.tabs.active == "timelines"
+        if self.overview_shown and timelines:
             keys.insert(at, Key("enter", "Open GPU", "next_panel(1)"))
         elif self.stepping:
             keys.insert(at, Key("tab", "Next panel", "next_panel(1)"))
-        if not self.overview_shown and len(gpu_devices(self.session)) > 1:
-            keys.insert(at + self.stepping, Key("o", "Overview", "overview"))
+        if timelines and not self.overview_shown and len(gpu_devices(self.session)) > 1:
+            keys.insert(at + self.stepping, Key("g", "Overview", "overview"))
         keys.append(Key("^p", "palette", "command_palette"))
         return keys
 
@@ -897,6 +900,7 @@ class GpuwatchApp(App[int]):
             self.panels[0].focus()
         self._tables_version = -1
         self._refresh_tables()
+        self.redraw()  # the key bar: the overview's keys only on its tab
 
     async def action_quit(self) -> None:
         """Quit; while a command started by ``gpuwatch run`` still runs, ask first."""

@@ -348,7 +348,7 @@ class GpuOverview(Widget, can_focus=True):
         selected = _style(self.get_component_rich_style("gpu-overview--selected", partial=True))
         lines = [Content(ellipsis(head, width)).stylize(head_style)]
         for i, row in enumerate(self.rows):
-            mark = "▸ " if i == self.selected and self.has_focus else "  "
+            mark = "▸ " if i == self.selected else "  "
             if row.state != "ok":
                 top = row.state.upper()
             else:

@@ -1,5 +1,5 @@
 """Issue 38's overview on the real CLI in tmux: 8 fake GPUs (GPU 1 in MIG mode with three
-instances) at 80x24 and 200x50 open on the overview; enter opens a GPU's panel, o comes
+instances) at 80x24 and 200x50 open on the overview; enter opens a GPU's panel, g comes
 back; each MIG instance is a row with its own memory, as the fake NVML reports it; the
 recording keeps the instances as devices."""
 
@@ -57,7 +57,7 @@ def test_eight_gpus_open_on_the_overview(tmp_path, sub_env, size) -> None:
         tmux.keys("Down", "Down", "Enter")  # GPU 1's first instance
         assert tmux.wait_for_text("GPU 1.0 · "), tmux.screen()
         assert tmux.wait_for_gone("top process"), tmux.screen()
-        tmux.keys("o")
+        tmux.keys("g")
         assert tmux.wait_for_text("top process"), tmux.screen()
         assert "▸" in _line(tmux.screen(), "1.0"), tmux.screen()  # back where it was
         tmux.keys("q")

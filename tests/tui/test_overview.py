@@ -1,8 +1,9 @@
 """Issue 38, items 2 and 3: every GPU at a glance, and MIG instances as devices.
 
 The overview is the first screen when the device panels do not all fit (8 GPUs, or 2 at
-80x24); ``enter`` or ``tab`` opens a GPU's panel and ``o`` comes back. Its figures are
-checked against the session's own tables at the moment shown, live and in a replay.
+80x24); ``enter`` or ``tab`` opens a GPU's panel and ``g`` (or ``backspace``) comes back.
+Its figures are checked against the session's own tables at the moment shown, live and in
+a replay.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import many_gpus
 import pytest
+from conftest import ROOT
 from fake_nvml import FakeNvml, mig_instances
 
 from gpuwatch.session import Session
@@ -19,12 +21,13 @@ from gpuwatch.sources.nvml import Nvml
 from gpuwatch.store import save_session
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.app import GpuwatchApp
-from gpuwatch.tui.overview import gpu_devices
+from gpuwatch.tui.overview import gpu_devices, host_row
 from gpuwatch.tui.replay import ReplayApp
 
 GIB = 1 << 30
 END = many_gpus.END_MS * many_gpus.MS
 SIZES = {"80x24": (80, 24), "200x50": (200, 50)}
+SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
 
 
 def app_of(session: Session) -> GpuwatchApp:
@@ -112,7 +115,7 @@ async def test_one_gpu_at_80x24_keeps_its_panel() -> None:
 
 
 @pytest.mark.parametrize("size", SIZES)
-async def test_enter_opens_a_gpus_panel_and_o_comes_back(size: str) -> None:
+async def test_enter_opens_a_gpus_panel_and_g_comes_back(size: str) -> None:
     session = many_gpus.build(8)
     app = app_of(session)
     keys = [d.key for d in gpu_devices(session)]
@@ -123,7 +126,7 @@ async def test_enter_opens_a_gpus_panel_and_o_comes_back(size: str) -> None:
         assert not app.overview_shown and app.panel_list.display
         assert app.focused_panel().key == keys[2]
         assert app.focused_panel().region.height > 0  # in view
-        await pilot.press("o")
+        await pilot.press("g")
         await pilot.pause()
         assert app.overview_shown and app.focused is app.overview
         assert app.overview.selected_key == keys[2]  # back on the GPU it came from
@@ -134,7 +137,7 @@ async def test_enter_opens_a_gpus_panel_and_o_comes_back(size: str) -> None:
         await pilot.press("tab")
         await pilot.pause()
         assert app.focused_panel().key == keys[2]
-        await pilot.press("o", "end", "3", "1")  # another tab and back: still the overview
+        await pilot.press("g", "end", "3", "1")  # another tab and back: still the overview
         await pilot.pause()
         assert app.overview_shown and app.focused is app.overview
 
@@ -169,6 +172,35 @@ async def test_the_overview_follows_the_cursor_in_a_replay(tmp_path: Path) -> No
             assert app.overview.at == app.view.cursor != cursor
             assert_figures(app, player.session, app.view.cursor)
             assert lines(app) != before  # used memory rises through the recording
+            # Replay binds o to OOMs: g (and backspace) come back from a panel there too.
+            await pilot.press("enter")
+            await pilot.pause()
+            assert not app.overview_shown
+            await pilot.press("backspace")
+            await pilot.pause()
+            assert app.overview_shown
+            await pilot.press("enter", "g")
+            await pilot.pause()
+            assert app.overview_shown
+    finally:
+        player.close()
+
+
+async def test_an_older_recording_has_no_host_cpu_and_no_mig() -> None:
+    # A sample recorded before issue 38: its host rows lack cpu, load and swap.
+    player = open_replay(SPIKE)
+    try:
+        session = player.session
+        assert all(d.mig is None for d in session.devices.values())
+        host = host_row(session, session.time_range()[1])
+        assert host is not None and host.used is not None
+        assert host.cpu is None and host.load1 is None and host.swap_total is None
+        app = ReplayApp(player, subtitle="replay spike")
+        async with app.run_test(size=(200, 50)) as pilot:
+            await pilot.press("g")
+            await pilot.pause()
+            assert app.overview_shown  # asked for: one GPU shows a row too
+            assert "CPU –" in lines(app)[-1]
     finally:
         player.close()
 

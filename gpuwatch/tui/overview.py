@@ -333,7 +333,7 @@ class GpuOverview(Widget, can_focus=True):
 
     def _render_lines(self, width: int, colors: Mapping[str, str]) -> list[Content]:
         label_w = max([len(r.label) for r in self.rows] + [4]) + 3
-        name_w = max(9, min(22, width // 8 if width < 120 else width // 6))
+        name_w = max(9, min(22, width // 8 if width < 100 else width // 6))
         bar_w = max(10, min(40, int(width * self.bar_share)))
         # used/total, util, temp, power and the spaces between: 9 + 5 + 5 + 5 + 2.
         rest = max(0, width - (label_w + name_w + bar_w + 26))

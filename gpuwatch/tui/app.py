@@ -531,6 +531,8 @@ class GpuwatchApp(App[int]):
         choice = self._overview_choice
         shown = (not self.panels_fit()) if choice is None else choice
         if shown == self.overview_shown and self.overview_scroll.display == shown:
+            if shown and isinstance(self.focused, DevicePanel):  # hidden: it cannot keep it
+                self.overview.focus()
             return
         self.overview_shown = shown
         self.overview_scroll.display = shown

@@ -21,16 +21,17 @@ from pathlib import Path
 from rich.style import Style as RichStyle
 from textual.binding import Binding
 from textual.content import Content
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.style import Style
-from textual.widget import Widget
 
 from ..analysis.moment import moment
 from ..analysis.predicted import PredictedLine
 from ..fmt import ellipsis, printable
 from ..session import Device, Session
+from ._strips import CachedStrips
 
 CSS_PATH = Path(__file__).with_name("overview.tcss")
 """The overview's styles (the app loads them: a widget has no CSS_PATH of its own)."""
@@ -202,27 +203,33 @@ def _num(v: float | None, unit: str, width: int) -> str:
     return text.rjust(width)
 
 
-def memory_bar(row: GpuRow | HostRow, width: int, colors: Mapping[str, str]) -> Content:
-    """``width`` cells: allocated, then reserved, then the rest of NVML's used, then free.
+def bar_cells(row: GpuRow | HostRow, width: int) -> tuple[int, int, int] | None:
+    """Cells of the memory bar up to allocated, reserved and NVML's used; None: unknown.
 
-    Each part is drawn in its line's colour (and its own character, so it reads without
-    colour); a part too small for a cell still shows in one when it is known and nonzero.
+    A part too small for a cell still takes one when it is known and nonzero.
     """
-    total = row.total
-    used = row.used
+    total, used = row.total, row.used
     if not total or used is None or width <= 0:
-        return Content.styled("·" * max(0, width), "dim")
-    alloc = getattr(row, "allocated", None)
-    reserved = getattr(row, "reserved", None)
+        return None
 
     def cells(v: float | None, floor: int = 0) -> int:
         if v is None or v <= 0:
             return floor
         return max(floor, min(width, max(1, round(v / total * width))))
 
-    a = cells(alloc)
-    r = cells(reserved, a)
-    u = cells(used, r)
+    a = cells(getattr(row, "allocated", None))
+    r = cells(getattr(row, "reserved", None), a)
+    return a, r, cells(used, r)
+
+
+def memory_bar(
+    cells: tuple[int, int, int] | None, width: int, colors: Mapping[str, str]
+) -> Content:
+    """``width`` cells: allocated, then reserved, then the rest of NVML's used, then free,
+    each in its line's colour and with its own character (it reads without colour)."""
+    if cells is None:
+        return Content.styled("·" * max(0, width), "dim")
+    a, r, u = cells
     parts = [
         ("█" * a, colors.get("gw-allocated", "")),
         ("▓" * (r - a), colors.get("gw-reserved", "")),
@@ -232,8 +239,64 @@ def memory_bar(row: GpuRow | HostRow, width: int, colors: Mapping[str, str]) -> 
     return Content.assemble(*((text, style) for text, style in parts if text))
 
 
-class GpuOverview(Widget, can_focus=True):
+@dataclass(frozen=True)
+class Layout:
+    """Column widths of the overview at one terminal width."""
+
+    label: int
+    name: int
+    bar: int
+    rest: int
+
+    @classmethod
+    def of(cls, width: int, rows: list[GpuRow], bar_share: float) -> Layout:
+        label = max([len(r.label) for r in rows] + [4]) + 3
+        name = max(9, min(22, width // 8 if width < 100 else width // 6))
+        bar = max(10, min(40, int(width * bar_share)))
+        # used/total, util, temp, power and the spaces between: 9 + 5 + 5 + 5 + 2.
+        return cls(label, name, bar, max(0, width - (label + name + bar + 26)))
+
+
+def gpu_texts(row: GpuRow, lay: Layout) -> tuple[str, ...]:
+    """A GPU row's text, column by column (the bar as its cells): what a frame draws."""
+    if row.state != "ok":
+        top = row.state.upper()
+    else:
+        top = " · ".join(x for x in (row.top, row.phase) if x)
+    return (
+        f"{row.label:<{lay.label - 2}}",
+        ellipsis(row.name, lay.name - 1).ljust(lay.name),
+        repr(bar_cells(row, lay.bar)),
+        f"{_gib(row.used)}/{_gib(row.total, 0)}G".rjust(9),
+        f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 5)}{_num(row.power, 'W', 5)}",
+        ellipsis(top, lay.rest),
+    )
+
+
+def host_texts(host: HostRow, lay: Layout, width: int) -> tuple[str, ...]:
+    """The host row's text, column by column."""
+    cpu = "CPU –" if host.cpu is None else f"CPU {host.cpu:.0f}%"
+    load = "" if host.load1 is None else f" load {host.load1:.2f}"
+    if host.swap_total:
+        swap = f" swap {_gib(host.swap_used)}/{_gib(host.swap_total, 0)}G"
+    elif host.swap_total == 0:
+        swap = " no swap"
+    else:
+        swap = ""
+    return (
+        f"{'host':<{lay.label - 2}}",
+        ellipsis(printable(host.name), lay.name - 1).ljust(lay.name),
+        repr(bar_cells(host, lay.bar)),
+        f"{_gib(host.used)}/{_gib(host.total, 0)}G".rjust(9),
+        ellipsis(f"{cpu}{load}{swap}", max(0, width - lay.label - lay.name - lay.bar - 11)),
+    )
+
+
+class GpuOverview(CachedStrips, can_focus=True):
     """Every GPU on one screen, a row each, and the host; ``enter`` opens a GPU's panel.
+
+    Drawn line by line from a strip cache (as the band and the chart are): a frame whose
+    text is the frame before's (the figures change below what is shown) draws nothing.
 
     Args:
         session: What to show.
@@ -283,8 +346,7 @@ class GpuOverview(Widget, can_focus=True):
         self.host: HostRow | None = None
         self.at: int | None = None
         self._read_key: object = None
-        self._lines: list[Content] = []
-        self._drawn_key: object = None
+        self._texts: tuple[object, ...] = ()  # what the lines say: they are built from it
 
     # ------------------------------------------------------------------ data
 
@@ -303,7 +365,8 @@ class GpuOverview(Widget, can_focus=True):
                 return
 
     def update_view(self, at: int, version: object) -> None:
-        """Read every device at ``at`` (once per moment and data version) and redraw."""
+        """Read every device at ``at`` (once per moment and data version) and redraw
+        where what is shown changed."""
         devices = gpu_devices(self.session)
         key = (at, version, len(devices))
         if key != self._read_key:
@@ -317,30 +380,44 @@ class GpuOverview(Widget, can_focus=True):
 
     # ------------------------------------------------------------------ drawing
 
+    def _width(self) -> int:
+        return self.size.width or 80
+
     def _draw(self) -> None:
-        """Refresh when the rows, the width, the selection or the settings changed (the
-        lines themselves are made in :meth:`render`, once styles are known)."""
-        width = self.content_region.width or self.size.width or 80
-        key = (self._read_key, width, self.selected, self.bar_share, self.show_host, self.app.theme)
-        if key == self._drawn_key:
+        """Refresh when the text, the selection or the settings changed (the strips are
+        made in :meth:`build_strips`, once styles are known)."""
+        width = self._width()
+        lay = Layout.of(width, self.rows, self.bar_share)
+        texts = (
+            width,
+            self.selected,
+            self.show_host,
+            tuple(gpu_texts(r, lay) for r in self.rows),
+            host_texts(self.host, lay, width) if self.show_host and self.host else None,
+        )
+        if texts == self._texts:
             return
-        self._drawn_key = key
-        self._lines = []
+        self._texts = texts
         height = 1 + len(self.rows) + (self.show_host and self.host is not None)
         if self.styles.height is None or self.styles.height.value != height:
             self.styles.height = height
         self.refresh()
 
+    def strips_key(self, size: Size) -> object:
+        return (self._texts, size.width, self.app.theme, self.has_focus)
+
+    def build_strips(self, size: Size) -> list[Strip]:
+        base = self.visual_style
+        rich = self.rich_style
+        return [
+            Strip(line.render_segments(base)).adjust_cell_length(size.width, rich)
+            for line in self._render_lines(size.width, self.app.theme_variables)
+        ]
+
     def _render_lines(self, width: int, colors: Mapping[str, str]) -> list[Content]:
-        label_w = max([len(r.label) for r in self.rows] + [4]) + 3
-        name_w = max(9, min(22, width // 8 if width < 100 else width // 6))
-        bar_w = max(10, min(40, int(width * self.bar_share)))
-        # used/total, util, temp, power and the spaces between: 9 + 5 + 5 + 5 + 2.
-        rest = max(0, width - (label_w + name_w + bar_w + 26))
-        key = "█ alloc ▓ reserved ▒ used"
-        memory = f"memory {key}" if bar_w >= len(key) + 7 else "memory"
+        lay = Layout.of(width, self.rows, self.bar_share)
         head = (
-            f"{'GPU':<{label_w}}{'name':<{name_w}}{memory:<{bar_w}} {'used/tot':>9}"
+            f"{'GPU':<{lay.label}}{'name':<{lay.name}}{'memory':<{lay.bar}} {'used/tot':>9}"
             f"{'util':>5}{'temp':>5}{'W':>5} {'top process · phase'}"
         )
         head_style = _style(self.get_component_rich_style("gpu-overview--head", partial=True))
@@ -348,64 +425,33 @@ class GpuOverview(Widget, can_focus=True):
         selected = _style(self.get_component_rich_style("gpu-overview--selected", partial=True))
         lines = [Content(ellipsis(head, width)).stylize(head_style)]
         for i, row in enumerate(self.rows):
-            mark = "▸ " if i == self.selected else "  "
-            if row.state != "ok":
-                top = row.state.upper()
-            else:
-                top = " · ".join(x for x in (row.top, row.phase) if x)
-            figures = f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 5)}{_num(row.power, 'W', 5)}"
+            label, name, _, memory, figures, top = gpu_texts(row, lay)
             line = Content.assemble(
-                f"{mark}{row.label:<{label_w - 2}}",
-                ellipsis(row.name, name_w - 1).ljust(name_w),
-                memory_bar(row, bar_w, colors),
+                "▸ " if i == self.selected else "  ",
+                label,
+                name,
+                memory_bar(bar_cells(row, lay.bar), lay.bar, colors),
                 " ",
-                f"{_gib(row.used)}/{_gib(row.total, 0)}G".rjust(9),
+                memory,
                 (figures, muted) if row.util is None else figures,
                 " ",
-                ellipsis(top, rest),
+                top,
             )
             if i == self.selected:
                 line = line.stylize(selected)
             lines.append(line)
         if self.show_host and self.host is not None:
-            lines.append(self._host_line(self.host, width, label_w, name_w, bar_w, colors))
+            label, name, _, memory, rest = host_texts(self.host, lay, width)
+            style = _style(self.get_component_rich_style("gpu-overview--host", partial=True))
+            bar = memory_bar(bar_cells(self.host, lay.bar), lay.bar, colors)
+            lines.append(
+                Content.assemble("  ", label, name, bar, " ", memory, " ", rest).stylize(style)
+            )
         return lines
 
-    def _host_line(
-        self,
-        host: HostRow,
-        width: int,
-        label_w: int,
-        name_w: int,
-        bar_w: int,
-        colors: Mapping[str, str],
-    ) -> Content:
-        cpu = "CPU –" if host.cpu is None else f"CPU {host.cpu:.0f}%"
-        load = "" if host.load1 is None else f" load {host.load1:.2f}"
-        if host.swap_total:
-            swap = f" swap {_gib(host.swap_used)}/{_gib(host.swap_total, 0)}G"
-        elif host.swap_total == 0:
-            swap = " no swap"
-        else:
-            swap = ""
-        memory = f"{_gib(host.used)}/{_gib(host.total, 0)}G"
-        style = self.get_component_rich_style("gpu-overview--host", partial=True)
-        line = Content.assemble(
-            f"  {'host':<{label_w - 2}}",
-            ellipsis(printable(host.name), name_w - 1).ljust(name_w),
-            memory_bar(host, bar_w, colors),
-            " ",
-            memory.rjust(9),
-            " ",
-            ellipsis(f"{cpu}{load}{swap}", max(0, width - label_w - name_w - bar_w - 11)),
-        )
-        return line.stylize(_style(style))
-
-    def render(self) -> Content:
-        if not self._lines:
-            width = self.content_region.width or self.size.width or 80
-            self._lines = self._render_lines(width, self.app.theme_variables)
-        return Content("\n").join(self._lines)
+    def render_plain(self) -> list[str]:
+        """The lines as the screen shows them, without styles (tests, the help)."""
+        return [line.plain for line in self._render_lines(self._width(), {})]
 
     # ------------------------------------------------------------------ keys
 
@@ -418,12 +464,7 @@ class GpuOverview(Widget, can_focus=True):
     def watch_show_host(self) -> None:
         self._draw()
 
-    def on_focus(self) -> None:
-        self._drawn_key = None
-        self._draw()
-
-    def on_blur(self) -> None:
-        self._drawn_key = None
+    def on_resize(self) -> None:
         self._draw()
 
     def action_select(self, step: int) -> None:

@@ -36,7 +36,7 @@ def app_of(session: Session) -> GpuwatchApp:
 
 def lines(app: GpuwatchApp) -> list[str]:
     """The overview's lines as the screen shows them (no styles)."""
-    return [line.plain for line in app.overview.render().split("\n")]
+    return app.overview.render_plain()
 
 
 def expected_row(session: Session, key: str, t: int) -> dict[str, str]:

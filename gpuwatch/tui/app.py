@@ -409,7 +409,7 @@ class GpuwatchApp(App[int]):
         # Runs on sampler threads, hundreds of times a second: post at most one message
         # until the UI has seen it, and at most one per frame interval, so the samplers
         # never wake the UI more often than it can draw.
-        if self._pending:
+        if self._pending or self.view.following:  # following, the frame timer draws it
             return
         now = time.monotonic()
         if now - self._posted < 1 / REDRAW_HZ:

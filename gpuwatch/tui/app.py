@@ -339,6 +339,7 @@ class GpuwatchApp(App[int]):
         # True / False is the user's choice (g / enter).
         self._overview_choice: bool | None = None
         self.overview_shown = False
+        self._plot_width_at: tuple[object, int] | None = None  # (size, width) of the charts
 
     # ------------------------------------------------------------------ setup
 
@@ -489,6 +490,7 @@ class GpuwatchApp(App[int]):
                     panel.update_view(window, self.view.cursor, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
+        self._plot_width_at = None  # the panels' axes may have moved
         self.redraws += 1
 
     def figures_time(self, window: tuple[int, int]) -> int:
@@ -761,10 +763,16 @@ class GpuwatchApp(App[int]):
         return panels[0] if panels else None
 
     def _plot_width(self) -> int:
-        for panel in self._panels.values():
-            if panel.chart.plot_width > 0:
-                return panel.chart.plot_width
-        return 100
+        # Asked at every tick (20 a second) to key the frame: kept until a frame is drawn
+        # or the terminal's size changes, as asking each panel's chart costs more.
+        size = self.size
+        if self._plot_width_at is not None and self._plot_width_at[0] == size:
+            return self._plot_width_at[1]
+        width = next(
+            (p.chart.plot_width for p in self._panels.values() if p.chart.plot_width > 0), 100
+        )
+        self._plot_width_at = (size, width)
+        return width
 
     def _reference_time(self, direction: int) -> int:
         """Where jumps start from: the cursor; without one, the window's left edge when

@@ -60,6 +60,9 @@ class FakeGpu:
         compute: Compute processes as (pid, used bytes or None).
         graphics: Graphics processes as (pid, used bytes or None).
         lost: Every call on it raises GPU_IS_LOST (it fell off the bus).
+        mig: Its MIG instances (MIG mode on), or None: MIG not supported (see
+            :func:`mig_instances`).
+        mig_of: For a MIG instance, the GPU it is carved from.
     """
 
     uuid: str
@@ -77,6 +80,9 @@ class FakeGpu:
     compute: list[tuple[int, int | None]] = field(default_factory=list)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
     lost: bool = False
+    # MIG (issue 38): a GPU in MIG mode lists its instances; an instance names its parent.
+    mig: list[FakeGpu] | None = None
+    mig_of: FakeGpu | None = None
     _step: int = 0
 
     def used_now(self) -> int:
@@ -234,10 +240,14 @@ class FakeNvml:
             raise NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         if self._rules:
             self._scripted(call, gpu)
+        if gpu is not None and gpu.mig_of is not None:
+            _mig_enter(call, gpu)
         if gpu is not None and gpu.lost:
             raise NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
 
     def _scripted(self, call: str, gpu: FakeGpu | None) -> None:
+        if gpu is not None and gpu.mig_of is not None:
+            gpu = gpu.mig_of  # a rule on a GPU applies to its MIG instances too
         index = None if gpu is None else self.gpus.index(gpu)
         with self._lock:
             rules = [
@@ -401,6 +411,31 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu) -> list[Any]:
         return self._procs("nvmlDeviceGetGraphicsRunningProcesses", h, h.graphics)
 
+    # ------------------------------------------------------------------ MIG (issue 38)
+
+    def nvmlDeviceGetMigMode(self, h: FakeGpu) -> list[int]:
+        self._enter("nvmlDeviceGetMigMode", h)
+        if h.mig is None:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if h.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", h)
+        if h.mig is None:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return MIG_SLOTS
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, slot: int) -> FakeGpu:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", h)
+        if h.mig is None:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= slot < MIG_SLOTS:
+            raise NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if slot >= len(h.mig):  # as on a GPU: an empty slot is not found
+            raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return h.mig[slot]
+
     # ------------------------------------------------------------------ from a spec
 
     @classmethod
@@ -411,7 +446,8 @@ class FakeNvml:
         Keys: ``gpus`` (count), ``trace`` (``flat``, ``ramp`` or ``training``),
         ``init_error`` (an NVML_ERROR_ name without the prefix, e.g. ``LIBRARY_NOT_FOUND``),
         ``processes`` ([pid, used bytes, NVML index] compute processes), ``processes_file``
-        (a JSON file of such rows, read anew at each process-list call), ``lose``
+        (a JSON file of such rows, read anew at each process-list call), ``mig``
+        ([NVML index, instances] GPUs in MIG mode, see :func:`mig_instances`), ``lose``
         ([NVML index, seconds after start]), ``missing_symbols`` (list).
         """
         if isinstance(spec, str):
@@ -420,6 +456,8 @@ class FakeNvml:
         gpus = [default_gpu(i, used=trace(i)) for i in range(int(spec.get("gpus", 1)))]
         for pid, used, index in spec.get("processes", ()):
             gpus[index].compute.append((int(pid), used))
+        for index, count in spec.get("mig", ()):
+            mig_instances(gpus[int(index)], int(count))
         init_error = spec.get("init_error")
         fake = cls(
             gpus,
@@ -440,6 +478,66 @@ def _absent(name: str) -> Callable[[Any], Any]:
         raise AttributeError(name)
 
     return get
+
+
+# ---------------------------------------------------------------------- MIG (issue 38)
+
+MIG_SLOTS = 7
+"""What nvmlDeviceGetMaxMigDeviceCount answers (an A100's or H100's seven slices)."""
+
+_MIG_NOT_SUPPORTED = frozenset(
+    {
+        # NVML gives these per GPU, not per MIG instance.
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+    }
+)
+
+
+def _mig_enter(call: str, instance: FakeGpu) -> None:
+    """A MIG handle: lost with its GPU, and without the per-GPU readings."""
+    parent = instance.mig_of
+    assert parent is not None
+    if parent.lost:
+        raise NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+    if call in _MIG_NOT_SUPPORTED:
+        raise NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+def mig_instances(gpu: FakeGpu, count: int) -> list[FakeGpu]:
+    """Put ``gpu`` in MIG mode with ``count`` equal instances (0: MIG on, none made).
+
+    Each instance has a quarter of the GPU's memory at most (as the 2g.20gb profile of an
+    80 GB card), its own UUID (``MIG-…``) and a distinct flat used figure (2 GiB + 3 GiB
+    per slot) that tests compare with what is shown. The GPU's own used memory becomes
+    the instances' sum.
+    """
+    size = gpu.total // max(4, count + 1)
+    gib = size // GiB
+    stem = gpu.uuid.removeprefix("GPU-")[:8]
+    gpu.mig = [
+        FakeGpu(
+            uuid=f"MIG-{stem}-{slot:04x}-4d1e-8c0a-{0xB000 + slot:012x}",
+            name=f"{gpu.name} MIG 2g.{gib}gb",
+            bus_id=gpu.bus_id,
+            total=size,
+            used=2 * GiB + 3 * GiB * slot,
+            reserved=0,
+            mig_of=gpu,
+        )
+        for slot in range(count)
+    ]
+    instances = gpu.mig
+    gpu.used = lambda t_ns: sum(i.used_now() for i in instances)
+    return gpu.mig
 
 
 def default_gpu(index: int, **kw: Any) -> FakeGpu:

@@ -22,7 +22,17 @@ GPU_COLUMNS = (
     ("clock_sm", "f4"),  # MHz
     ("clock_mem", "f4"),
 )
-HOST_COLUMNS = (("t", "i8"), ("total", "i8"), ("used", "i8"), ("available", "i8"))
+HOST_COLUMNS = (
+    ("t", "i8"),
+    ("total", "i8"),
+    ("used", "i8"),
+    ("available", "i8"),
+    # The overview's host row (absent from older recordings: unknown):
+    ("cpu", "f4"),  # CPU busy, % of all cores since the previous sample
+    ("load1", "f4"),  # the 1-minute load average
+    ("swap_used", "i8"),
+    ("swap_total", "i8"),
+)
 TORCH_COLUMNS = (
     ("t", "i8"),
     ("dev", "i8"),  # torch device index inside the process
@@ -115,6 +125,8 @@ class Device:
         note: Why the state is not ok, or what is not available here.
         source: ``"nvml"``, ``"torch"`` (known only from a script's hello) or ``"host"``.
         origin: In a merged replay, the recording it came from (its host name); else "".
+        extra: What else is known: ``driver``; for a MIG instance ``mig_parent`` (its
+            GPU's key) and ``mig_slot`` (see :attr:`mig`).
     """
 
     key: str
@@ -129,6 +141,15 @@ class Device:
     source: str = "nvml"
     extra: dict[str, Any] = field(default_factory=dict)
     origin: str = ""
+
+    @property
+    def mig(self) -> tuple[str, int] | None:
+        """For a MIG instance, its GPU's key and its slot (``extra``'s ``mig_parent`` and
+        ``mig_slot``, checked: a recording's are hostile); None for a whole GPU."""
+        parent, slot = self.extra.get("mig_parent"), self.extra.get("mig_slot")
+        if not isinstance(parent, str) or type(slot) is not int or not 0 <= slot < 64:
+            return None
+        return (origin_key(self.origin, parent) if self.origin else parent), slot
 
 
 @dataclass

@@ -214,6 +214,9 @@ class GpuSampler:
             # Stagger process lists so that no single tick reads all of them.
             gpu.procs_due = start + i * self.process_interval / count
             self.gpus.append(gpu)
+            for instance in self._discover_mig(gpu, driver):
+                instance.procs_due = gpu.procs_due
+                self.gpus.append(instance)
         self._ok = True
         self._opened.set()
         return True
@@ -264,6 +267,43 @@ class GpuSampler:
         if not gpu.active:
             self.session.sampler_rate[key] = 0.0
         return gpu
+
+    def _discover_mig(self, parent: _Gpu, driver: str | None) -> list[_Gpu]:
+        """Register each MIG instance of ``parent`` as a device with its own memory.
+
+        The GPU stays a device too: utilisation, temperature and power are NVML's per GPU.
+        A failure here leaves the GPU as it is (its instances unseen), never the sampler.
+        """
+        if parent.dev is None or not parent.active:
+            return []
+        try:
+            instances = parent.dev.mig_devices()
+        except NvmlError:
+            return []
+        out = []
+        for dev in instances:
+            try:
+                uuid = _v(dev.uuid())
+                name = _v(dev.name())
+                mem = dev.memory()
+            except NvmlError:
+                continue
+            slot = dev.mig_slot if dev.mig_slot is not None else len(out)
+            key = gpu_key(uuid) if uuid else f"{parent.key}/mig{slot}"
+            self.session.add_device(
+                Device(
+                    key,
+                    "gpu",
+                    index=parent.index,
+                    name=name or f"MIG {slot}",
+                    uuid=uuid,
+                    total=None if mem is NA else mem.total,
+                    source="nvml",
+                    extra={"driver": driver, "mig_parent": parent.key, "mig_slot": slot},
+                )
+            )
+            out.append(_Gpu(key, parent.index, dev))
+        return out
 
     # ------------------------------------------------------------------ sampling
 

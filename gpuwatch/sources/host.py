@@ -6,6 +6,7 @@ script gets (the script itself sends none on the CPU).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -14,6 +15,9 @@ import psutil
 
 from ..session import Session
 from .gpu import describe_pid
+
+LOAD_INTERVAL = 1.0
+"""Seconds between reads of the CPU, load and swap figures of the host's samples."""
 
 
 class HostSampler:
@@ -31,6 +35,8 @@ class HostSampler:
         self._denied: set[int] = set()  # pids whose RSS cannot be read (another user's)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._load_row: dict[str, float | int | None] | None = None
+        self._load_at = 0.0
 
     def start(self) -> None:
         """Register the host device and start sampling."""
@@ -65,6 +71,30 @@ class HostSampler:
                 delay = 0
             self._stop.wait(delay)
 
+    def _load(self) -> dict[str, float | int | None]:
+        """CPU busy, the load average and swap (None: unknown here), read anew once a
+        second (:data:`LOAD_INTERVAL`) and held in between: they move slowly, and reading
+        them costs more than the memory figure the tick is for."""
+        now = time.monotonic()
+        if self._load_row is not None and now - self._load_at < LOAD_INTERVAL:
+            return self._load_row
+        # The first call only starts psutil's count: busy since then is known a second on.
+        first = self._load_row is None
+        self._load_at = now
+        cpu = psutil.cpu_percent(None)
+        out: dict[str, float | int | None] = {"cpu": None if first else cpu}
+        try:
+            out["load1"] = os.getloadavg()[0]
+        except OSError:  # no load average on this system
+            out["load1"] = None
+        try:
+            swap = psutil.swap_memory()
+            out["swap_used"], out["swap_total"] = int(swap.used), int(swap.total)
+        except (OSError, RuntimeError):  # psutil raises these where /proc hides swap
+            pass
+        self._load_row = out
+        return out
+
     def sample_once(self) -> None:
         """Take one host sample and one RSS sample per live instrumented process."""
         t = time.monotonic_ns()
@@ -75,6 +105,7 @@ class HostSampler:
                 "total": int(vm.total),
                 "used": int(vm.total - vm.available),
                 "available": int(vm.available),
+                **self._load(),
             }
         )
         # Only the processes that may still run: a sweep of thousands of short scripts

@@ -315,14 +315,17 @@ class NvmlDevice:
     :class:`NvmlNoPermission`. Instances are used from one thread at a time.
 
     Attributes:
-        index: NVML's index.
-        handle: The backend's device handle.
+        index: NVML's index (a MIG instance's is its parent's).
+        handle: The backend's device handle (a MIG handle for an instance: its own memory;
+            utilisation, temperature and power are n/a there, NVML gives them per GPU).
     """
 
-    def __init__(self, nvml: Nvml, index: int, handle: Any) -> None:
+    def __init__(self, nvml: Nvml, index: int, handle: Any, mig_slot: int | None = None) -> None:
         self.nvml = nvml
         self.index = index
         self.handle = handle
+        self.mig_slot = mig_slot
+        """Its slot among its parent's MIG instances; None for a whole GPU."""
         self._b = nvml.backend
         self._err = nvml.error_class
         self._never: set[str] = set()  # fields not supported here: never asked again
@@ -474,6 +477,45 @@ class NvmlDevice:
                     return self._fail(exc, "procs_" + kind, calls[0])
                 calls.pop(0)  # this version is missing here: the next one from now on
         return NA
+
+    # ------------------------------------------------------------------ MIG (issue 38)
+
+    def mig_enabled(self) -> bool:
+        """Whether MIG mode is on now (False where the GPU, driver or binding has no MIG)."""
+        if not hasattr(self._b, "nvmlDeviceGetMigMode"):
+            return False
+        mode = self._read("mig_mode", "nvmlDeviceGetMigMode")
+        if mode is NA:
+            return False
+        return int(mode[0]) == getattr(self._b, "NVML_DEVICE_MIG_ENABLE", 1)
+
+    def mig_devices(self) -> list[NvmlDevice]:
+        """The MIG instances of this GPU, each with its own memory; empty without MIG.
+
+        NVML numbers MIG slots up to ``nvmlDeviceGetMaxMigDeviceCount``; a slot with no
+        instance answers NOT_FOUND and is skipped. An instance keeps its parent's index.
+
+        Raises:
+            GpuLost, NvmlUnavailable, NvmlCallFailed: As the other reads.
+        """
+        if not self.mig_enabled():
+            return []
+        count = self._read("mig_count", "nvmlDeviceGetMaxMigDeviceCount")
+        if count is NA:
+            return []
+        out: list[NvmlDevice] = []
+        for slot in range(int(count)):
+            try:
+                handle = self._b.nvmlDeviceGetMigDeviceHandleByIndex(self.handle, slot)
+            except self._err as exc:
+                kind = self.nvml.classify(exc)
+                if kind == "not now":  # an empty slot
+                    continue
+                if kind == "never":
+                    break
+                raise self.nvml._error(exc, "nvmlDeviceGetMigDeviceHandleByIndex")
+            out.append(NvmlDevice(self.nvml, self.index, handle, mig_slot=slot))
+        return out
 
 
 _PROC_TYPE = {1: 0, 2: 1, 3: 2}

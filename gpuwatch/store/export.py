@@ -21,7 +21,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..session import MISSING_INT, Process, Session, Table
-from ..session.model import GPU_COLUMNS, PHASE_COLUMNS
+from ..session.model import GPU_COLUMNS, HOST_COLUMNS, PHASE_COLUMNS
 from ._schema import SERIES
 from .multi import Opened
 
@@ -74,7 +74,12 @@ def _meta(src: Opened, s: Session) -> Columns:
 
 def _devices(src: Opened, s: Session) -> Columns:
     names = ("key", "kind", "index", "name", "uuid", "bus_id", "total", "state", "note", "source")
-    return {n: [getattr(d, n) for d in s.devices.values()] for n in names}
+    devices = list(s.devices.values())
+    out: Columns = {n: [getattr(d, n) for d in devices] for n in names}
+    migs = [d.mig for d in devices]  # a MIG instance: its GPU's key and its slot
+    out["mig_parent"] = [m[0] if m else None for m in migs]
+    out["mig_slot"] = [m[1] if m else None for m in migs]
+    return out
 
 
 def _per_device(kind: str, build: Callable[[Session, dict[str, np.ndarray]], Columns]):
@@ -115,7 +120,7 @@ def _host(src: Opened, s: Session) -> Stream:
         # Merged files have a host each: say which, as the GPU tables do.
         out: Columns = {"device": [key] * len(c["t"])} if src.merged else {}
         out.update({"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)})
-        out.update({n: _list(c[n]) for n in ("total", "used", "available")})
+        out.update({n: _list(c[n]) for n, _ in HOST_COLUMNS[1:]})
         return out
 
     def pieces() -> Iterator[Columns]:

@@ -37,6 +37,8 @@ from ._text import Fitted, markup_safe, plain_lines
 from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
+from .overview import CSS_PATH as OVERVIEW_CSS
+from .overview import GpuOverview, gpu_devices
 from .panel import DevicePanel
 from .ranks import RanksView
 from .tables import PeaksTable, ProcessTable
@@ -60,6 +62,11 @@ TABLE_HZ = 2
 MARK_CELLS = 48
 """The most of a mark's text the status bar shows at the cursor (the Peaks tab lists it
 whole): the window and the counts still fit on 120 columns."""
+
+PANEL_ROWS = 12
+"""The rows a device panel needs (DevicePanel's min-height; a host panel's own height)."""
+CHROME_ROWS = 5
+"""Rows around the panels: status bar, tab strip, a line of notes and the key bar."""
 
 
 class ChildLike(Protocol):
@@ -182,9 +189,19 @@ ACTIONS: tuple[Action, ...] = (
         "tab",
         "next_panel(1)",
         "Next panel",
-        "Focus the next device (a short terminal shows one panel at a time)",
+        "Focus the next device (a short terminal shows one panel at a time); "
+        "on the overview, open the selected GPU's panel (as enter does)",
     ),
     Action("shift+tab", "next_panel(-1)", "Previous panel", "Focus the previous device"),
+    Action(
+        "g,backspace",
+        "overview",
+        "Overview",
+        "Back to the overview, every GPU at a glance (up / down select, enter or tab "
+        "opens); the first screen when the panels do not all fit",
+        False,
+        "g",
+    ),
     Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
     Action("q", "quit", "Quit", "Quit gpuwatch", True),
 )
@@ -298,6 +315,7 @@ class GpuwatchApp(App[int]):
     }
     """
 
+    CSS_PATH = [OVERVIEW_CSS]
     ACTION_TABLE: tuple[Action, ...] = ACTIONS
     BINDINGS = bindings(ACTIONS)
     TAB_AFTER = "zoom(2.0)"
@@ -334,6 +352,11 @@ class GpuwatchApp(App[int]):
         self._shown_at = -FOLLOW_FRAME_NS  # when it last moved (monotonic ns)
         self._tables_version: object = -1
         self.redraws = 0
+        # The overview: None follows the layout (shown when the panels do not all fit),
+        # True / False is the user's choice (g / enter).
+        self._overview_choice: bool | None = None
+        self.overview_shown = False
+        self._plot_width_at: tuple[object, int] | None = None  # (size, width) of the charts
 
     # ------------------------------------------------------------------ setup
 
@@ -349,6 +372,10 @@ class GpuwatchApp(App[int]):
         self.notes_bar.display = False
         self.tabs = TabbedContent(initial="timelines")
         self.panel_list = PanelList(id="panels")
+        self.overview = GpuOverview(self.session, self.predicted, id="overview")
+        self.overview_scroll = VerticalScroll(self.overview, id="overview-scroll")
+        self.overview_scroll.can_focus = False  # the overview itself takes the keys
+        self.overview_scroll.display = False
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted
         self.marks_table = marks.MarksTable(self.session, id="marks-table")
@@ -360,6 +387,7 @@ class GpuwatchApp(App[int]):
         yield self.notes_bar
         with self.tabs:
             with TabPane("Timelines", id="timelines"):
+                yield self.overview_scroll
                 yield self.panel_list
             with TabPane("Peaks", id="peaks"):
                 yield self.peaks_table
@@ -386,6 +414,7 @@ class GpuwatchApp(App[int]):
         self._sync_panels()
         if self.panels:
             self.panels[0].focus()
+        self._place_overview()
         # A closed terminal (SIGHUP) or a kill (SIGTERM) quits cleanly: the recording is
         # flushed, the socket removed, and `gpuwatch run` stops its command.
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -405,7 +434,7 @@ class GpuwatchApp(App[int]):
         # Runs on sampler threads, hundreds of times a second: post at most one message
         # until the UI has seen it, and at most one per frame interval, so the samplers
         # never wake the UI more often than it can draw.
-        if self._pending:
+        if self._pending or self.view.following:  # following, the frame timer draws it
             return
         now = time.monotonic()
         if now - self._posted < 1 / REDRAW_HZ:
@@ -501,11 +530,16 @@ class GpuwatchApp(App[int]):
         # Live and following: the newest lists; else (a cursor, a replay) those at ``at``.
         self.process_table.at = None if self.session.live and self.view.following else at
         with self.batch_update():
-            self._place_panels()
-            for panel in self._panels.values():
-                panel.update_view(window, self.view.cursor, version, at)
+            self._place_overview()
+            if self.overview_shown:  # the panels are hidden: not drawn (the cost of 8)
+                self.overview.update_view(at, version)
+            else:
+                self._place_panels()
+                for panel in self._panels.values():
+                    panel.update_view(window, self.view.cursor, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
+        self._plot_width_at = None  # the panels' axes may have moved
         self._follow_tables()
         self.redraws += 1
 
@@ -534,6 +568,76 @@ class GpuwatchApp(App[int]):
         """One panel at a time (a short terminal) and more than one panel to step through."""
         return self.short and len(self._panels) > 1
 
+    # ------------------------------------------------------------------ overview
+
+    def panels_fit(self) -> bool:
+        """Do the GPU panels all fit on the screen at once (else the overview shows)?
+
+        One GPU always does; on a short terminal (one panel at a time) two do not; else
+        each needs :data:`PANEL_ROWS`, and the host's strip as much.
+        """
+        gpus = sum(d.kind == "gpu" for d in list(self.session.devices.values()))
+        if gpus < 2:
+            return True
+        if self.short:
+            return False
+        host = any(p.is_host for p in self._panels.values())
+        return (gpus + host) * PANEL_ROWS <= self.size.height - CHROME_ROWS
+
+    def _place_overview(self) -> None:
+        """Show the overview or the panels, as chosen (else as the layout says)."""
+        choice = self._overview_choice
+        shown = (not self.panels_fit()) if choice is None else choice
+        if shown == self.overview_shown and self.overview_scroll.display == shown:
+            if shown and isinstance(self.focused, DevicePanel):  # hidden: it cannot keep it
+                self.overview.focus()
+            return
+        self.overview_shown = shown
+        self.overview_scroll.display = shown
+        self.panel_list.display = not shown
+        if self.tabs.active != "timelines":
+            return
+        if shown:
+            panel = self.focused_panel()
+            if panel is not None:
+                self.overview.select_key(panel.key)
+            self.overview.focus()
+        elif self.overview.has_focus:
+            self._focus_panel(self.overview.selected_key)
+
+    def _focus_panel(self, key: str | None) -> None:
+        target = self._panels.get(key) if key is not None else None
+        if target is None:
+            panels = self.panels
+            target = panels[0] if panels else None
+        if target is not None:
+            target.focus(scroll_visible=False)
+            self.panel_list.scroll_to_widget(target, animate=False, top=True)
+
+    def open_panel(self, key: str) -> None:
+        """Leave the overview for the panel of device ``key``."""
+        self._overview_choice = False
+        self._place_overview()
+        self.call_after_refresh(self._focus_panel, key)
+        self._focus_panel(key)
+        self.redraw()
+
+    def action_overview(self) -> None:
+        """Show the overview, every GPU at a glance (the selection on the panel's GPU)."""
+        if self.tabs.active != "timelines":
+            self.action_show_tab("timelines")
+        panel = self.focused_panel()
+        self._overview_choice = True
+        self._place_overview()
+        if panel is not None:
+            self.overview.select_key(panel.key)
+        self.overview.focus()
+        self.redraw()
+
+    @on(GpuOverview.Opened)
+    def _overview_opened(self, event: GpuOverview.Opened) -> None:
+        self.open_panel(event.key)
+
     def _place_panels(self) -> None:
         """Tell each panel where it is among the others, and the layout, when stepping."""
         panels = self.panels
@@ -549,9 +653,14 @@ class GpuwatchApp(App[int]):
             for a in self.ACTION_TABLE
             if a.footer
         ]
-        if self.stepping:
-            at = next((i + 1 for i, k in enumerate(keys) if k.action == self.TAB_AFTER), 1)
+        at = next((i + 1 for i, k in enumerate(keys) if k.action == self.TAB_AFTER), 1)
+        timelines = self.tabs.active == "timelines"
+        if self.overview_shown and timelines:
+            keys.insert(at, Key("enter", "Open GPU", "next_panel(1)"))
+        elif self.stepping:
             keys.insert(at, Key("tab", "Next panel", "next_panel(1)"))
+        if timelines and not self.overview_shown and len(gpu_devices(self.session)) > 1:
+            keys.insert(at + self.stepping, Key("g", "Overview", "overview"))
         keys.append(Key("^p", "palette", "command_palette"))
         return keys
 
@@ -707,7 +816,9 @@ class GpuwatchApp(App[int]):
     # ------------------------------------------------------------------ helpers
 
     def focused_panel(self) -> DevicePanel | None:
-        """The panel holding focus, else the first one."""
+        """The panel holding focus (on the overview: the selected GPU's), else the first."""
+        if self.overview_shown and self.overview.selected_key in self._panels:
+            return self._panels[self.overview.selected_key]  # type: ignore[index]
         node = self.focused
         while node is not None:
             if isinstance(node, DevicePanel):
@@ -717,10 +828,16 @@ class GpuwatchApp(App[int]):
         return panels[0] if panels else None
 
     def _plot_width(self) -> int:
-        for panel in self._panels.values():
-            if panel.chart.plot_width > 0:
-                return panel.chart.plot_width
-        return 100
+        # Asked at every tick (20 a second) to key the frame: kept until a frame is drawn
+        # or the terminal's size changes, as asking each panel's chart costs more.
+        size = self.size
+        if self._plot_width_at is not None and self._plot_width_at[0] == size:
+            return self._plot_width_at[1]
+        width = next(
+            (p.chart.plot_width for p in self._panels.values() if p.chart.plot_width > 0), 100
+        )
+        self._plot_width_at = (size, width)
+        return width
 
     def _reference_time(self, direction: int) -> int:
         """Where jumps start from: the cursor; without one, the window's left edge when
@@ -858,6 +975,11 @@ class GpuwatchApp(App[int]):
             return
         if self.tabs.active != "timelines":
             self.action_show_tab("timelines")
+        if self.overview_shown:
+            key = self.overview.selected_key
+            if key is not None:
+                self.open_panel(key)
+                return
         current = self.focused_panel()
         i = panels.index(current) if current in panels else -step
         target = panels[(i + step) % len(panels)]
@@ -886,10 +1008,13 @@ class GpuwatchApp(App[int]):
         target = targets.get(tab)
         if target is not None:
             target.focus()
+        elif self.overview_shown:
+            self.overview.focus()
         elif self.panels:
             self.panels[0].focus()
         self._tables_version = -1
         self._refresh_tables()
+        self.redraw()  # the key bar: the overview's keys only on its tab
 
     async def action_quit(self) -> None:
         """Quit; while a command started by ``gpuwatch run`` still runs, ask first."""

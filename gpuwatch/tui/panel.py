@@ -148,6 +148,8 @@ class DevicePanel(Vertical):
             place = f" · {self.place}" if self.place else ""
             return f"{where}host · {dev.name}{place}"
         index = f"GPU {dev.index}" if dev.index is not None else "GPU"
+        if dev.mig is not None and dev.index is not None:  # a MIG instance: as the overview
+            index = f"GPU {dev.index}.{dev.mig[1]}"
         state = "" if dev.state == "ok" else f" · {dev.state.upper()}"
         place = f" · {self.place}" if self.place else ""
         return f"{where}{index} · {dev.name}{state}{place}"

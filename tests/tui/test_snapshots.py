@@ -6,6 +6,7 @@ Regenerate after an intended change with ``python -m pytest tests/tui/test_snaps
 
 from __future__ import annotations
 
+import many_gpus
 import pytest
 import rank_session
 import synthetic
@@ -83,3 +84,12 @@ def test_ranks_tab_at_80x24(snap_compare) -> None:
     session = rank_session.build()
     ranks = GpuwatchApp(session, clock=lambda: session.time_range()[1])
     assert snap_compare(ranks, press=("5",), terminal_size=SIZES["80x24"])
+
+
+@pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])
+def test_overview_of_eight_gpus_at_80x24(snap_compare, theme: str) -> None:
+    # Issue 38: 8 GPUs do not fit as panels, so the first screen is the overview; the
+    # clock inside a forward, so the instrumented GPUs name their phase.
+    session = many_gpus.build(8, mig=True)
+    overview = GpuwatchApp(session, theme_name=theme, clock=lambda: 3300 * many_gpus.MS)
+    assert snap_compare(overview, terminal_size=SIZES["80x24"])

@@ -60,6 +60,10 @@ class FakeGpu:
         compute: Compute processes as (pid, used bytes or None).
         graphics: Graphics processes as (pid, used bytes or None).
         lost: Every call on it raises GPU_IS_LOST (it fell off the bus).
+        proc_util: Per-process utilisation: pid -> (SM %, memory %) (see the
+            "per-process utilisation" section of :class:`FakeNvml`).
+        hidden: Used bytes of processes NVML does not list (another container, no
+            permission): added to ``used``, attributed to no listed process.
     """
 
     uuid: str
@@ -77,18 +81,21 @@ class FakeGpu:
     compute: list[tuple[int, int | None]] = field(default_factory=list)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
     lost: bool = False
+    proc_util: dict[int, tuple[int, int]] = field(default_factory=dict)
+    hidden: int = 0
     _step: int = 0
+    _util_samples: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     def used_now(self) -> int:
         """The trace's next value (advances a sequence trace by one)."""
         u = self.used
         if isinstance(u, int):
-            return u
+            return u + self.hidden
         if callable(u):
-            return int(u(time.monotonic_ns()))
+            return int(u(time.monotonic_ns())) + self.hidden
         v = u[min(self._step, len(u) - 1)]
         self._step += 1
-        return v
+        return v + self.hidden
 
 
 @dataclass
@@ -401,6 +408,47 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu) -> list[Any]:
         return self._procs("nvmlDeviceGetGraphicsRunningProcesses", h, h.graphics)
 
+    # ------------------------------------------------------------------ per-process utilisation
+    # (issue 38: processes, nvitop-complete) NVML keeps a buffer of per-process samples per
+    # GPU and returns those newer than the caller's timestamp (CPU µs since the epoch), or
+    # NOT_FOUND when there is none. Each call here adds one sample per pid of
+    # ``proc_util`` to the buffer first, as a busy GPU would have since the last call.
+
+    def set_process(
+        self,
+        index: int,
+        pid: int,
+        used: int | None,
+        sm: int | None = None,
+        mem: int = 0,
+    ) -> None:
+        """List ``pid`` as a compute process on GPU ``index`` using ``used`` bytes, and,
+        when ``sm`` is given, give it per-process utilisation samples of (sm %, mem %).
+
+        The process's user is whoever owns ``pid`` on this machine (pid 1: root), as with
+        the real driver: NVML reports pids, psutil says whose they are.
+        """
+        gpu = self.gpus[index]
+        gpu.compute = [r for r in gpu.compute if r[0] != pid] + [(pid, used)]
+        if sm is not None:
+            gpu.proc_util[pid] = (sm, mem)
+
+    def nvmlDeviceGetProcessUtilization(self, h: FakeGpu, timeStamp: int) -> list[Any]:
+        self._enter("nvmlDeviceGetProcessUtilization", h)
+        now_us = time.time_ns() // 1000
+        for pid, (sm, mem) in h.proc_util.items():
+            h._util_samples.append((pid, now_us, sm, mem))
+        del h._util_samples[: max(0, len(h._util_samples) - 4096)]  # the driver's buffer
+        out = []
+        for pid, ts, sm, mem in h._util_samples:
+            if ts > timeStamp:
+                s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s.pid, s.timeStamp, s.smUtil, s.memUtil = pid, ts, sm, mem
+                out.append(s)
+        if not out:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return out
+
     # ------------------------------------------------------------------ from a spec
 
     @classmethod
@@ -412,7 +460,9 @@ class FakeNvml:
         ``init_error`` (an NVML_ERROR_ name without the prefix, e.g. ``LIBRARY_NOT_FOUND``),
         ``processes`` ([pid, used bytes, NVML index] compute processes), ``processes_file``
         (a JSON file of such rows, read anew at each process-list call), ``lose``
-        ([NVML index, seconds after start]), ``missing_symbols`` (list).
+        ([NVML index, seconds after start]), ``missing_symbols`` (list), ``proc_util``
+        ([pid, SM %, memory %, NVML index] per-process utilisation), ``hidden``
+        ([NVML index, bytes] used by processes NVML does not list).
         """
         if isinstance(spec, str):
             spec = json.loads(spec) if spec.strip() else {}
@@ -427,6 +477,10 @@ class FakeNvml:
             missing_symbols=spec.get("missing_symbols", ()),
         )
         fake.processes_file = spec.get("processes_file")
+        for pid, sm, mem, index in spec.get("proc_util", ()):
+            gpus[index].proc_util[int(pid)] = (int(sm), int(mem))
+        for index, hidden in spec.get("hidden", ()):
+            gpus[index].hidden = int(hidden)
         if "lose" in spec:
             index, after = spec["lose"]
             timer = threading.Timer(float(after), fake.lose, args=(int(index),))

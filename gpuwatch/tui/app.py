@@ -35,8 +35,10 @@ from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
 from .panel import DevicePanel
+from .process_screen import ProcessScreen
+from .processes import ProcessesView, ProcessTable
 from .ranks import RanksView
-from .tables import PeaksTable, ProcessTable
+from .tables import PeaksTable
 from .theme import DEFAULT_THEME, builtin_themes
 from .view import View
 
@@ -330,6 +332,7 @@ class GpuwatchApp(App[int]):
         self.peaks_table = PeaksTable(self.session, id="peaks-table")
         self.peaks_table.predicted = self.predicted
         self.process_table = ProcessTable(self.session, id="process-table")
+        self.process_table.opener = self.open_process
         # The Ranks tab appears once the session has a job of two or more ranks.
         self.ranks_view = RanksView(self.session, id="ranks-view")
         self._ranks_added = False
@@ -342,7 +345,7 @@ class GpuwatchApp(App[int]):
                 yield self.peaks_table
                 yield self.peaks_table.detail
             with TabPane("Processes", id="processes"):
-                yield self.process_table
+                yield ProcessesView(self.process_table, id="processes-view")
             if self.child is not None:
                 from .log import LogView  # only `gpuwatch run` has a log: replay skips it
 
@@ -457,6 +460,9 @@ class GpuwatchApp(App[int]):
                 panel.update_view(window, self.view.cursor, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
+            screen = self.screen
+            if isinstance(screen, ProcessScreen):
+                screen.update_view(window, self.view.cursor, version, at)
         self.redraws += 1
 
     def figures_time(self, window: tuple[int, int]) -> int:
@@ -786,6 +792,10 @@ class GpuwatchApp(App[int]):
             self.panels[0].focus()
         self._tables_version = -1
         self._refresh_tables()
+
+    def open_process(self, row: Any) -> None:
+        """Open a process's own timelines (``enter`` on the Processes tab)."""
+        self.push_screen(ProcessScreen(self.session, row))
 
     async def action_quit(self) -> None:
         """Quit; while a command started by ``gpuwatch run`` still runs, ask first."""

@@ -69,7 +69,7 @@ class ProcessScreen(Screen[None]):
         self.percent = TimelineChart(self._fetch_percent, session.t_origin, id="process-percent")
         self.percent.unit = "%"
         self.band = PhaseBand(self._fetch_band)
-        self.legend = Line("", classes="process-line", markup=False)
+        self.legend = Line("", classes="process-line")  # gpuwatch's own text: markup
         self.keys = KeyBar()
 
     def compose(self) -> ComposeResult:
@@ -143,7 +143,7 @@ class ProcessScreen(Screen[None]):
                 out["rss"] = float(last["rss"])
                 cpu = last.get("cpu")
                 if cpu is not None and np.isfinite(cpu):
-                    out["cpu"] = float(cpu)
+                    out["cpu"] = float(cpu)  # ten a second: newer than the lists' figure
         return out
 
     def _header(self, f: dict[str, float | None]) -> str:
@@ -163,7 +163,17 @@ class ProcessScreen(Screen[None]):
         return " · ".join(parts)
 
     def _legend(self, f: dict[str, float | None]) -> str:
-        return "lines: GPU memory (NVML) · host RSS   |   SM % · CPU % (below; 100% = one core)"
+        def swatch(role: str, what: str) -> str:
+            return f"[$gw-{role}]━━[/] {what}"
+
+        return "   ".join(
+            [
+                swatch(MEMORY_ROLES["gpu"], "GPU memory (NVML)"),
+                swatch(MEMORY_ROLES["rss"], "host RSS"),
+                swatch(PERCENT_ROLES["sm"], "SM %"),
+                swatch(PERCENT_ROLES["cpu"], "CPU % (100%: one core)"),
+            ]
+        )
 
     def _gpu_tables(self) -> list:
         return [t for _, t in sorted(self.session.gpu_procs.items())]
@@ -197,7 +207,9 @@ class ProcessScreen(Screen[None]):
         those of the GPU process lists."""
         proc = self.session.processes.get(self.pid)
         if proc is not None and len(proc.rss):
-            return proc.rss.minmax(column, t0, t1, n)
+            lo, hi = proc.rss.minmax(column, t0, t1, n)
+            if np.isfinite(hi).any():
+                return lo, hi
         lines = self._gpu_lines(column, t0, t1, n)
         if lines:
             return lines[0]

@@ -133,9 +133,9 @@ class ProcessTable(DataTable):
             _right(
                 fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "" if not r.listed else "n/a"
             ),
-            _right(_pct(r.sm)),
-            _right(_pct(r.cpu)),
-            _right(_bytes(r.rss, True)),
+            _right(_pct(r.sm) if r.listed else ""),  # a launcher in the tree: not sampled
+            _right(_pct(r.cpu) if r.listed else ""),
+            _right(_bytes(r.rss, r.listed)),
             _right(fmt_duration(int(r.elapsed * 1e9)) if r.elapsed is not None else ""),
             _right("" if r.rank is None else str(r.rank)),
             plain(r.phase or ""),

@@ -14,8 +14,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from ..session import Session, is_host
 from ..session.table import MISSING_INT
 from .session_ranks import rank_of
@@ -261,7 +259,15 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
             by_pid[parent] = launcher
     children: dict[int, list[ProcRow]] = {}
     roots: list[ProcRow] = []
-    order = [*items, *(r for r in by_pid.values() if not r.listed)]
+    # A launcher takes the place of its first child in the sorted order.
+    order: list[ProcRow] = []
+    placed: set[int] = set()
+    for r in items:
+        parent = by_pid.get(r.ppid) if r.ppid is not None else None
+        if parent is not None and not parent.listed and parent.pid not in placed:
+            placed.add(parent.pid)
+            order.append(parent)
+        order.append(r)
     for r in order:
         if by_pid.get(r.pid) is not r:  # a second GPU's row: beside the first, no children
             roots.append(r)
@@ -302,4 +308,4 @@ def _float(v: Any) -> float | None:
     if v is None:
         return None
     v = float(v)
-    return None if not np.isfinite(v) else v
+    return v if math.isfinite(v) else None

@@ -460,7 +460,7 @@ class GpuwatchApp(App[int]):
                 panel.update_view(window, self.view.cursor, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
-            screen = self.screen
+            screen = self.screen_stack[-1] if self.screen_stack else None  # none: closing
             if isinstance(screen, ProcessScreen):
                 screen.update_view(window, self.view.cursor, version, at)
         self.redraws += 1

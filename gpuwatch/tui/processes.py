@@ -13,17 +13,20 @@ import signal
 from collections.abc import Callable
 
 import psutil
-from rich.text import Text
-from textual import on
+from rich.segment import Segment
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Input, Static
+from textual.geometry import Size
+from textual.strip import Strip
+from textual.widgets import Input, Static
 
 from ..analysis import processes as pr
-from ..fmt import fmt_bytes, fmt_duration
+from ..fmt import fmt_bytes, fmt_duration, printable
 from ..session import Session
-from ._text import plain, plain_lines
+from ._strips import CachedStrips
+from ._text import plain_lines
 from .confirm import Confirm
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
@@ -43,8 +46,39 @@ KEYS: tuple[tuple[str, str, str], ...] = (
 KEY_DISPLAY = {"slash": "/"}
 
 
-class ProcessTable(DataTable):
+WIDTHS = {
+    "pid": 8,
+    "user": 9,
+    "device": 7,
+    "gpu_mem": 10,
+    "sm": 5,
+    "cpu": 6,
+    "rss": 10,
+    "elapsed": 9,
+    "rank": 5,
+    "phase": 14,
+    "command": 0,  # the rest of the line
+}
+"""Cells of each column (a fixed layout: no pass over the rows to measure them)."""
+RIGHT = {"pid", "gpu_mem", "sm", "cpu", "rss", "elapsed", "rank"}
+NARROW = ((120, {"rss", "elapsed", "rank"}), (100, {"phase"}))
+"""Below each width (cells), these columns give way so the command keeps some room."""
+
+
+def shown_columns(width: int) -> list[str]:
+    """The column keys shown at ``width`` cells."""
+    hidden: set[str] = set()
+    for below, keys in NARROW:
+        if width < below:
+            hidden |= keys
+    return [k for k, _ in pr.COLUMNS if k not in hidden]
+
+
+class ProcessTable(CachedStrips, can_focus=True):
     """Every process on every GPU (NVML) plus every instrumented process.
+
+    Only the rows in view are formatted and drawn: a refresh of hundreds of processes
+    costs the rows' gathering and one screenful, not a table widget's rebuild.
 
     Attributes:
         at: The figures' time (the cursor); None: the newest.
@@ -54,15 +88,52 @@ class ProcessTable(DataTable):
         as_tree: Shown as a tree by parent pid.
         uid: The user whose processes may be signalled; None: this process's effective
             uid (root may signal any). Tests set it to check a refusal as a non-root user.
+        cursor_row: The selected row.
     """
 
+    DEFAULT_CSS = """
+    ProcessTable {
+        height: 1fr;
+        background: $surface;
+    }
+    ProcessTable > .process-table--header {
+        background: $panel;
+        color: $text;
+        text-style: bold;
+    }
+    ProcessTable > .process-table--odd {
+        background: $surface-lighten-1;
+    }
+    ProcessTable > .process-table--cursor {
+        background: $panel-lighten-2;
+        color: $text;
+    }
+    ProcessTable:focus > .process-table--cursor {
+        background: $primary;
+        color: $text;
+        text-style: bold;
+    }
+    """
+
+    COMPONENT_CLASSES = {
+        "process-table--header",
+        "process-table--odd",
+        "process-table--cursor",
+    }
+
     BINDINGS = [
-        Binding(k, a, h.split(" (")[0], show=False, key_display=KEY_DISPLAY.get(k))
-        for k, a, h in KEYS
+        Binding("up", "move(-1)", "Up", show=False),
+        Binding("down", "move(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        *(
+            Binding(k, a, h.split(" (")[0], show=False, key_display=KEY_DISPLAY.get(k))
+            for k, a, h in KEYS
+        ),
     ]
 
     def __init__(self, session: Session, *, id: str | None = None) -> None:
-        super().__init__(id=id, zebra_stripes=True, cursor_type="row")
+        super().__init__(id=id)
         self.session = session
         self.at: int | None = None
         self.sort_key = "device"
@@ -71,16 +142,11 @@ class ProcessTable(DataTable):
         self.as_tree = False
         self.uid: int | None = None
         self.shown: list[pr.ProcRow] = []
+        self.cursor_row = 0
+        self.top = 0  # the first row in view
         self.opener: Callable[[pr.ProcRow], None] | None = None  # enter: the app's
         self._last: object = None
-
-    def on_mount(self) -> None:
-        self._columns()
-
-    def _columns(self) -> None:
-        for key, label in pr.COLUMNS:
-            arrow = ("▼" if self.reverse else "▲") if key == self.sort_key else ""
-            self.add_column(label + arrow, key=key)
+        self._version = 0
 
     # ------------------------------------------------------------------ rows
 
@@ -92,21 +158,91 @@ class ProcessTable(DataTable):
             items = pr.matching(items, self.filter_text)
         if self.as_tree:
             items = pr.tree(self.session, items)
-        cells = [self._cells(r) for r in items]
-        signature = (self.sort_key, self.reverse, [c[:-1] for c in cells], [r.pid for r in items])
         parent = self.parent
         if isinstance(parent, ProcessesView):
             parent.show_note(self._note(items))
+        signature = (self.sort_key, self.reverse, [_figures(r) for r in items])
         if signature == self._last:
             return
         self._last = signature
+        selected = self.selected()
         self.shown = items
-        row = self.cursor_row
-        self.clear(columns=True)
-        self._columns()
-        self.add_rows(cells)
-        if cells:
-            self.move_cursor(row=min(row, len(cells) - 1), animate=False)
+        if selected is not None:  # the cursor stays on its process when the order changes
+            same = [i for i, r in enumerate(items) if r.pid == selected.pid]
+            if same:
+                self.cursor_row = same[0]
+        self._place(self.cursor_row)
+
+    @property
+    def row_count(self) -> int:
+        """Rows shown."""
+        return len(self.shown)
+
+    def get_row_at(self, index: int) -> list[str]:
+        """The cells of row ``index`` as shown (untrimmed)."""
+        return list(self._cells(self.shown[index]))
+
+    def move_cursor(self, *, row: int, animate: bool = False) -> None:
+        """Select row ``row`` (scrolled into view)."""
+        self._place(row)
+
+    def _place(self, row: int) -> None:
+        n = len(self.shown)
+        self.cursor_row = max(0, min(row, n - 1))
+        rows = max(1, self.size.height - 1)
+        if self.cursor_row < self.top:
+            self.top = self.cursor_row
+        elif self.cursor_row >= self.top + rows:
+            self.top = self.cursor_row - rows + 1
+        self.top = max(0, min(self.top, max(0, n - rows)))
+        self._version += 1
+        self.refresh()
+
+    def action_move(self, step: int) -> None:
+        """Cursor one row up or down."""
+        self._place(self.cursor_row + step)
+
+    def action_page(self, step: int) -> None:
+        """Cursor a screenful up or down."""
+        self._place(self.cursor_row + step * max(1, self.size.height - 2))
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y >= 1:
+            self._place(self.top + event.y - 1)
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self._place(self.cursor_row + 3)
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()
+        self._place(self.cursor_row - 3)
+
+    def on_resize(self) -> None:
+        self._place(self.cursor_row)
+
+    # ------------------------------------------------------------------ drawing
+
+    def strips_key(self, size: Size) -> object:
+        return (self._version, self.top, self.cursor_row, size, self.has_focus, self.app.theme)
+
+    def build_strips(self, size: Size) -> list[Strip]:
+        width = size.width
+        base = self.rich_style
+        header = base + self.get_component_rich_style("process-table--header")
+        odd = base + self.get_component_rich_style("process-table--odd")
+        cursor = base + self.get_component_rich_style("process-table--cursor")
+        heads = []
+        keys = shown_columns(width)
+        for key, label in pr.COLUMNS:
+            arrow = ("▼" if self.reverse else "▲") if key == self.sort_key else ""
+            heads.append(label + arrow)
+        strips = [Strip([Segment(_line(heads, width, keys), header)], width)]
+        for i in range(self.top, min(len(self.shown), self.top + size.height - 1)):
+            style = cursor if i == self.cursor_row else odd if i % 2 else base
+            text = _line(self._cells(self.shown[i]), width, keys)
+            strips.append(Strip([Segment(text, style)], width))
+        return strips
 
     def _note(self, items: list[pr.ProcRow]) -> str:
         lines = [
@@ -114,32 +250,37 @@ class ProcessTable(DataTable):
             "(another container's, or no permission to list them)"
             for where, rest in pr.unattributed(self.session, self.at)
         ]
-        how = [f"sorted by {dict(pr.COLUMNS)[self.sort_key]}" + " ▼" * self.reverse]
+        how = [f"{len(items)} processes, sorted by {dict(pr.COLUMNS)[self.sort_key]}"]
+        how[0] += " ▼" * self.reverse
         if self.filter_text:
-            how.append(f"filter “{self.filter_text}”: {len(items)} shown")
+            how.append(f"filter “{self.filter_text}”")
         if self.as_tree:
             how.append("tree")
+        hidden = [
+            dict(pr.COLUMNS)[k] for k, _ in pr.COLUMNS if k not in shown_columns(self.size.width)
+        ]
+        if hidden:
+            how.append("wider: " + ", ".join(hidden))
+        how.append("o/O sort · / filter · t tree · I/T/K signal · enter timelines")
         return "\n".join([*lines, " · ".join(how)])
 
-    def _cells(self, r: pr.ProcRow) -> tuple[object, ...]:
+    def _cells(self, r: pr.ProcRow) -> tuple[str, ...]:
         pid = str(r.shown_pid) + (f" ({r.container_pid})" if r.container_pid else "")
         command = r.command or r.name or ""
         if not r.visible:
             command = f"{command} (not visible from here)".strip()
         return (
-            plain(pid, justify="right"),
-            plain(r.user or ""),
-            plain(r.device),
-            _right(
-                fmt_bytes(r.gpu_mem) if r.gpu_mem is not None else "" if not r.listed else "n/a"
-            ),
-            _right(_pct(r.sm) if r.listed else ""),  # a launcher in the tree: not sampled
-            _right(_pct(r.cpu) if r.listed else ""),
-            _right(_bytes(r.rss, r.listed)),
-            _right(fmt_duration(int(r.elapsed * 1e9)) if r.elapsed is not None else ""),
-            _right("" if r.rank is None else str(r.rank)),
-            plain(r.phase or ""),
-            plain(r.branch + command[:200]),
+            pid,
+            r.user or "",
+            r.device,
+            _bytes(r.gpu_mem, r.listed),
+            _pct(r.sm) if r.listed else "",  # a launcher in the tree: not sampled
+            _pct(r.cpu) if r.listed else "",
+            _bytes(r.rss, r.listed),
+            fmt_duration(int(r.elapsed * 1e9)) if r.elapsed is not None else "",
+            "" if r.rank is None else str(r.rank),
+            r.phase or "",
+            r.branch + command[:300],
         )
 
     def selected(self) -> pr.ProcRow | None:
@@ -177,9 +318,6 @@ class ProcessTable(DataTable):
         row = self.selected()
         if row is not None and row.listed and self.opener is not None:
             self.opener(row)
-
-    def action_select_cursor(self) -> None:  # DataTable's enter
-        self.action_open()
 
     def action_signal(self, name: str) -> None:
         """Ask, then send SIG``name`` to the selected process (or say in one line why not)."""
@@ -306,8 +444,23 @@ class ProcessesView(Vertical):
         self.table.refresh_rows()
 
 
-def _right(text: str) -> Text:
-    return Text(text, justify="right")
+def _figures(r: pr.ProcRow) -> tuple[object, ...]:
+    """What a row shows, to tell whether a refresh changed anything."""
+    return (r.pid, r.device, r.gpu_mem, r.sm, r.cpu, r.rss, r.phase, r.rank, r.depth)
+
+
+def _line(cells: list[str] | tuple[str, ...], width: int, keys: list[str]) -> str:
+    """One row's cells of the columns ``keys``, cut or padded to ``width`` (printable)."""
+    parts = []
+    for (key, _), text in zip(pr.COLUMNS, cells, strict=True):
+        if key not in keys:
+            continue
+        text = printable(text)
+        w = WIDTHS[key]
+        if w:
+            text = text[:w].rjust(w) if key in RIGHT else text[:w].ljust(w)
+        parts.append(text)
+    return " " + " ".join(parts)[: max(0, width - 1)].ljust(max(0, width - 1))
 
 
 def _bytes(v: int | None, listed: bool) -> str:

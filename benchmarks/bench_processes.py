@@ -8,7 +8,9 @@ fake NVML (tests/fake_nvml.py), the host sampler at 10 Hz, and 200 real processe
 an open phase given to the session (no socket traffic: the measured cost is the
 dashboard's and the samplers'). Its CPU time over wall time (every thread) is measured
 for ``--seconds``, first on the Timelines tab (idle), then with the Processes tab open;
-then one Processes refresh (rows rebuilt and drawn into the table) is timed.
+then one Processes refresh (rows rebuilt, and the rows in view drawn) is timed, in CPU
+time of the thread (other work on a shared machine does not count; wall time is printed
+beside it).
 
 The anchor is the same script run on the tree of commit ``--anchor`` (main before issue
 38), checked out with ``git worktree add`` under /tmp and removed afterwards; the runs
@@ -90,18 +92,20 @@ async def main():
         await pilot.pause(1.0)
         tab = await share(pilot, SECONDS)
         table = app.process_table
-        times = []
+        times, walls = [], []
         for _ in range(20):
             table._last = None  # rebuild, as when a list changed
-            t0 = time.perf_counter()
+            w0, t0 = time.perf_counter(), time.thread_time()
             table.refresh_rows()
             for y in range(table.size.height):  # and draw what is in view
                 table.render_line(y)
-            times.append(time.perf_counter() - t0)
+            times.append(time.thread_time() - t0)
+            walls.append(time.perf_counter() - w0)
         times.sort()
+        walls.sort()
         rows = table.row_count
-    ms = 1000 * times[len(times) // 2]
-    print(json.dumps({"idle": idle, "tab": tab, "refresh_ms": ms, "rows": rows}))
+    ms, wall = 1000 * times[len(times) // 2], 1000 * walls[len(walls) // 2]
+    print(json.dumps({"idle": idle, "tab": tab, "refresh_ms": ms, "wall_ms": wall, "rows": rows}))
 
 asyncio.run(main())
 host.stop()
@@ -174,9 +178,13 @@ def main() -> int:
     good = r_new <= TARGET_REFRESH_MS
     ok &= good
     print(
-        f"one Processes refresh now {r_new:.2f} ms ({new[0]['rows']} rows) | before "
-        f"{r_old:.2f} ms ({old[0]['rows']} rows) | target <= {TARGET_REFRESH_MS:g} ms: "
-        f"{'PASS' if good else 'FAIL'}"
+        f"one Processes refresh (CPU time) now {r_new:.2f} ms ({new[0]['rows']} rows) | "
+        f"before {r_old:.2f} ms ({old[0]['rows']} rows) | ratio {r_new / r_old:.3f}x | "
+        f"target <= {TARGET_REFRESH_MS:g} ms: {'PASS' if good else 'FAIL'}"
+    )
+    print(
+        f"  (wall clock on this machine: now {med(new, 'wall_ms'):.2f} ms, before "
+        f"{med(old, 'wall_ms'):.2f} ms)"
     )
     return 0 if ok else 1
 

@@ -38,7 +38,7 @@ UNATTRIBUTED_MIN = 1 << 30
 driver's and contexts' own memory, rounding)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class ProcRow:
     """One process as the tab shows it (None: unknown or not applicable)."""
 
@@ -98,21 +98,20 @@ def rows(session: Session, at: int | None = None) -> list[ProcRow]:
         dev = s.devices.get(key)
         if dev is None:
             continue
-        where = f"{dev.origin} GPU {dev.index}" if dev.origin else f"GPU {dev.index}"
+        where = _where(dev)
         cols = {k: v.tolist() for k, v in snap.items()}
-        n = len(cols["pid"])
-        for i in range(n):
-            pid = int(cols["pid"][i])
+        for pid, used, sm, cpu, rss in zip(
+            cols["pid"], cols["used"], cols["sm"], cols["cpu"], cols["rss"], strict=True
+        ):
             if pid == 0:  # an empty snapshot
                 continue
             seen.add(pid)
             row = _describe(s, pid, wall)
             row.device, row.device_key = where, key
-            row.gpu_mem = _int(cols["used"][i])
-            row.sm = _float(cols.get("sm", [math.nan] * n)[i])
-            row.cpu = _float(cols.get("cpu", [math.nan] * n)[i])
-            rss = _int(cols.get("rss", [MISSING_INT] * n)[i])
-            row.rss = rss if rss is not None else row.rss
+            row.gpu_mem = _int(used)
+            row.sm = _float(sm)
+            row.cpu = _float(cpu)
+            row.rss = _int(rss)
             _instrumented(s, row, at)
             out.append(row)
     for pid, proc in list(s.processes.items()):
@@ -184,11 +183,22 @@ def _instrumented(s: Session, row: ProcRow, at: int | None) -> None:
             row.rss = _int(last.get("rss"))
 
 
-def unattributed(session: Session, at: int | None = None) -> list[tuple[str, int]]:
+def unattributed(
+    session: Session, at: int | None = None, listed_rows: Sequence[ProcRow] | None = None
+) -> list[tuple[str, int]]:
     """(GPU label, bytes) for each GPU whose used memory exceeds what NVML attributes to
-    its listed processes by :data:`UNATTRIBUTED_MIN` or more, at ``at`` (newest: None)."""
+    its listed processes by :data:`UNATTRIBUTED_MIN` or more, at ``at`` (newest: None).
+
+    ``listed_rows``: :func:`rows` of the same time, when the caller has them (the lists
+    are then not read again)."""
     s = session
     out = []
+    sums: dict[str, int] | None = None
+    if listed_rows is not None:
+        sums = {}
+        for r in listed_rows:
+            if r.device_key is not None and r.gpu_mem is not None:
+                sums[r.device_key] = sums.get(r.device_key, 0) + r.gpu_mem
     for key, table in sorted(s.gpu.items()):
         dev = s.devices.get(key)
         if dev is None or is_host(key):
@@ -198,6 +208,11 @@ def unattributed(session: Session, at: int | None = None) -> list[tuple[str, int
             continue
         used = _int(sample.get("used"))
         if used is None:
+            continue
+        if sums is not None:
+            rest = used - sums.get(key, 0)
+            if rest >= UNATTRIBUTED_MIN:
+                out.append((_where(dev), rest))
             continue
         procs = s.gpu_procs.get(key)
         newest = procs.span() if procs is not None else None
@@ -210,8 +225,7 @@ def unattributed(session: Session, at: int | None = None) -> list[tuple[str, int
             listed = int(known[known != MISSING_INT].sum())
         rest = used - listed
         if rest >= UNATTRIBUTED_MIN:
-            where = f"{dev.origin} GPU {dev.index}" if dev.origin else f"GPU {dev.index}"
-            out.append((where, rest))
+            out.append((_where(dev), rest))
     return out
 
 
@@ -295,6 +309,10 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
         if id(r) not in done:
             walk(r, 0, "", True)
     return out
+
+
+def _where(dev: Any) -> str:
+    return f"{dev.origin} GPU {dev.index}" if dev.origin else f"GPU {dev.index}"
 
 
 def _int(v: Any) -> int | None:

@@ -152,15 +152,15 @@ class ProcessTable(CachedStrips, can_focus=True):
 
     def refresh_rows(self) -> None:
         """Rebuild from the session at :attr:`at` (sorted, filtered, as a tree)."""
-        items = pr.rows(self.session, self.at)
-        items = pr.sort(items, self.sort_key, self.reverse)
+        listed = pr.rows(self.session, self.at)
+        items = pr.sort(listed, self.sort_key, self.reverse)
         if self.filter_text:
             items = pr.matching(items, self.filter_text)
         if self.as_tree:
             items = pr.tree(self.session, items)
         parent = self.parent
         if isinstance(parent, ProcessesView):
-            parent.show_note(self._note(items))
+            parent.show_note(self._note(items, listed))
         signature = (self.sort_key, self.reverse, [_figures(r) for r in items])
         if signature == self._last:
             return
@@ -244,11 +244,11 @@ class ProcessTable(CachedStrips, can_focus=True):
             strips.append(Strip([Segment(text, style)], width))
         return strips
 
-    def _note(self, items: list[pr.ProcRow]) -> str:
+    def _note(self, items: list[pr.ProcRow], listed: list[pr.ProcRow]) -> str:
         lines = [
             f"{where}: {fmt_bytes(rest)} used that NVML attributes to no listed process "
             "(another container's, or no permission to list them)"
-            for where, rest in pr.unattributed(self.session, self.at)
+            for where, rest in pr.unattributed(self.session, self.at, listed)
         ]
         how = [f"{len(items)} processes, sorted by {dict(pr.COLUMNS)[self.sort_key]}"]
         how[0] += " ▼" * self.reverse
@@ -339,12 +339,12 @@ class ProcessTable(CachedStrips, can_focus=True):
 
     def refusal(self, row: pr.ProcRow | None) -> str | None:
         """Why a signal may not go to ``row``, in one line; None when it may."""
-        if row is None:
-            return "no process selected"
         if not self.session.live:
             return "this is a replay: its processes are a recording's, no signal is sent"
         if self.app.is_web:
             return "a served page sends no signal: use the dashboard on the machine"
+        if row is None:
+            return "no process selected"
         if not row.visible or row.shown_pid != row.pid:
             return f"pid {row.shown_pid} is not visible from here (another PID namespace)"
         me = os.geteuid() if self.uid is None else self.uid
@@ -452,10 +452,13 @@ def _figures(r: pr.ProcRow) -> tuple[object, ...]:
 def _line(cells: list[str] | tuple[str, ...], width: int, keys: list[str]) -> str:
     """One row's cells of the columns ``keys``, cut or padded to ``width`` (printable)."""
     parts = []
+    raw = "".join(cells)
+    safe = printable(raw) is raw  # one look at the whole row: escapes are rare
     for (key, _), text in zip(pr.COLUMNS, cells, strict=True):
         if key not in keys:
             continue
-        text = printable(text)
+        if not safe:
+            text = printable(text)
         w = WIDTHS[key]
         if w:
             text = text[:w].rjust(w) if key in RIGHT else text[:w].ljust(w)

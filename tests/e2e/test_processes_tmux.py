@@ -53,7 +53,7 @@ def test_sort_filter_tree_and_a_signal_in_the_terminal(sub_env: dict[str, str], 
         keep = ("PYTHONPATH", "GPUWATCH_SOCKET", "GPUWATCH_NVML_BACKEND", "GPUWATCH_FAKE_NVML")
         w, h = SIZES[size]
         term = Tmux(
-            f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m gpuwatch --no-record",
+            f"{shlex.quote(sys.executable)} -m gpuwatch --no-record",
             {k: env[k] for k in keep},
             width=w,
             height=h,

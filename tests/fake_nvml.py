@@ -438,7 +438,10 @@ class FakeNvml:
         now_us = time.time_ns() // 1000
         for pid, (sm, mem) in h.proc_util.items():
             h._util_samples.append((pid, now_us, sm, mem))
-        del h._util_samples[: max(0, len(h._util_samples) - 4096)]  # the driver's buffer
+        # The driver's buffer holds the last samples (a few per process here: enough for
+        # a caller that reads every second, and a short scan for a fake serving hundreds).
+        keep = 4 * max(1, len(h.proc_util))
+        del h._util_samples[: max(0, len(h._util_samples) - keep)]
         out = []
         for pid, ts, sm, mem in h._util_samples:
             if ts > timeStamp:

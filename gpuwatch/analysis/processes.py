@@ -136,14 +136,23 @@ def rows(session: Session, at: int | None = None) -> list[ProcRow]:
     return out
 
 
+_COMMANDS: dict[int, tuple[object, object, str, str]] = {}
+"""pid -> (its description, its hello, command, name): a refresh of hundreds of rows joins
+no command line again while neither changed (a changed description is a new dict)."""
+
+
 def _describe(s: Session, pid: int, wall: float) -> ProcRow:
     info = s.proc_info.get(pid, {})
     proc = s.processes.get(pid)
-    argv = (proc.hello.get("argv") if proc else None) or []
-    command = info.get("cmdline") or argv
-    if isinstance(command, list):
-        command = " ".join(str(c) for c in command)
-    name = info.get("name") or (str(argv[0]).rsplit("/", 1)[-1] if argv else "")
+    hello = proc.hello if proc is not None else None
+    cached = _COMMANDS.get(pid)
+    if cached is not None and cached[0] is info and cached[1] is hello:
+        command, name = cached[2], cached[3]
+    else:
+        command, name = _command(info, hello)
+        if len(_COMMANDS) >= 65536:  # a bound, not a history
+            _COMMANDS.clear()
+        _COMMANDS[pid] = (info, hello, command, name)
     started = info.get("started")
     container = info.get("container_pid")
     if proc is not None and proc.container_pid is not None:
@@ -155,12 +164,22 @@ def _describe(s: Session, pid: int, wall: float) -> ProcRow:
         uid=info.get("uid"),
         started=started,
         elapsed=max(0.0, wall - started) if isinstance(started, float) else None,
-        command=str(command),
-        name=str(name),
+        command=command,
+        name=name,
         container_pid=container,
         ppid=info.get("ppid"),
         visible=bool(info.get("visible", proc is not None)),
     )
+
+
+def _command(info: dict[str, Any], hello: dict[str, Any] | None) -> tuple[str, str]:
+    """The command line and name of a process, from psutil's description or its hello."""
+    argv = (hello.get("argv") if hello else None) or []
+    command = info.get("cmdline") or argv
+    if isinstance(command, list):
+        command = " ".join(str(c) for c in command)
+    name = info.get("name") or (str(argv[0]).rsplit("/", 1)[-1] if argv else "")
+    return str(command), str(name)
 
 
 def _instrumented(s: Session, row: ProcRow, at: int | None) -> None:

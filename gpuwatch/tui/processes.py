@@ -257,12 +257,16 @@ class ProcessTable(CachedStrips, can_focus=True):
         if self.as_tree:
             how.append("tree")
         hidden = [
-            dict(pr.COLUMNS)[k] for k, _ in pr.COLUMNS if k not in shown_columns(self.size.width)
+            dict(pr.COLUMNS)[k] for k, _ in pr.COLUMNS if k not in shown_columns(self._width())
         ]
         if hidden:
             how.append("wider: " + ", ".join(hidden))
         how.append("o/O sort · / filter · t tree · I/T/K signal · enter timelines")
         return "\n".join([*lines, " · ".join(how)])
+
+    def _width(self) -> int:
+        """The table's width; before its first layout, the screen's."""
+        return self.size.width or self.app.size.width
 
     def _cells(self, r: pr.ProcRow) -> tuple[str, ...]:
         pid = str(r.shown_pid) + (f" ({r.container_pid})" if r.container_pid else "")
@@ -273,8 +277,9 @@ class ProcessTable(CachedStrips, can_focus=True):
             pid,
             r.user or "",
             r.device,
-            _bytes(r.gpu_mem, r.listed),
-            _pct(r.sm) if r.listed else "",  # a launcher in the tree: not sampled
+            _bytes(r.gpu_mem, r.listed and r.device_key != "host"),  # host: on no GPU
+            # A launcher in the tree was not sampled; a process on the host has no SM %.
+            _pct(r.sm) if r.listed and r.device_key != "host" else "",
             _pct(r.cpu) if r.listed else "",
             _bytes(r.rss, r.listed),
             fmt_duration(int(r.elapsed * 1e9)) if r.elapsed is not None else "",

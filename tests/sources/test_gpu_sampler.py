@@ -358,11 +358,12 @@ def test_processes_are_joined_with_psutil_and_invisible_ones_kept() -> None:
 def test_per_process_utilisation_cpu_and_rss_are_sampled() -> None:
     """NVML's per-process samples give each listed process its SM %; one with no sample
     since the last list was idle (0 %); the host's CPU % and RSS come from /proc."""
-    busy = subprocess.Popen(  # a real process spending CPU: its CPU % is well above 0
+    busy = subprocess.Popen(  # a real process spending CPU: its CPU % is above 0
         [sys.executable, "-c", "while True: pass"]
     )
+    idle = subprocess.Popen(["sleep", "600"])  # one spending none: exactly 0
     try:
-        me = os.getpid()
+        me = idle.pid
         fake = FakeNvml(1)
         fake.set_process(0, busy.pid, 2 * GiB, sm=73, mem=21)
         fake.set_process(0, me, GiB)  # listed, never sampled: idle
@@ -381,12 +382,15 @@ def test_per_process_utilisation_cpu_and_rss_are_sampled() -> None:
         b, m = by_pid[busy.pid], by_pid[me]
         assert (rows["sm"][b], rows["mem_util"][b]) == (73, 21)
         assert rows["sm"][m] == 0
-        assert rows["cpu"][b] > 30, rows["cpu"][b]
+        # Above 0 and at most a core (how much above depends on the shared machine's load).
+        assert 0 < rows["cpu"][b] <= 110, rows["cpu"][b]
+        assert rows["cpu"][m] == 0
         assert 0 < rows["rss"][b] < 1 << 30
-        assert abs(rows["rss"][m] - psutil.Process(me).memory_info().rss) < 256 * MiB
+        assert abs(rows["rss"][m] - psutil.Process(me).memory_info().rss) < 64 * MiB
     finally:
-        busy.kill()
-        busy.wait()
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
 
 
 def test_per_process_utilisation_is_unknown_where_nvml_lacks_it() -> None:

@@ -3,8 +3,10 @@ a SIGTERM that a real worker receives after the confirmation; a replay refuses s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -40,9 +42,11 @@ def _alive(pid: int) -> bool:
 def test_sort_filter_tree_and_a_signal_in_the_terminal(sub_env: dict[str, str], size: str) -> None:
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
     term = None
+    workers: list[int] = []
     try:
         assert launcher.stdout is not None
-        a, b = (int(p) for p in launcher.stdout.readline().split())
+        workers = [int(p) for p in launcher.stdout.readline().split()]
+        a, b = workers
         spec = {
             "gpus": 2,
             "trace": "flat",
@@ -84,8 +88,11 @@ def test_sort_filter_tree_and_a_signal_in_the_terminal(sub_env: dict[str, str], 
     finally:
         if term is not None:
             term.close()
-        launcher.kill()
+        launcher.kill()  # SIGKILL: the launcher cannot stop its workers, so they go too
         launcher.wait()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_replay_refuses_signals_in_one_line(sub_env: dict[str, str]) -> None:

@@ -4,6 +4,7 @@ is refused) and a process's own timelines, at 80x24 and 200x50."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -67,8 +68,11 @@ def world() -> Iterator[World]:
         yield World(launcher, workers, other, fake)
     finally:
         for p in (launcher, other):
-            p.kill()
+            p.kill()  # SIGKILL: the launcher cannot stop its workers, so they go too
             p.wait()
+        for pid in workers if "workers" in locals() else ():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager

@@ -38,6 +38,8 @@ JOB = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch
 """The scheduler's identity of a process (its hello's ``scheduler``), on every
 per-process series: empty where the process did not say (Prometheus drops empty labels)."""
 PROC = ("pid", "rank", "host", *JOB)
+GPU_PROC = ("pid", "gpu", "user", "host")
+"""Labels of every process on a GPU (instrumented or not), as the Processes tab lists them."""
 PROC_GPU = ("pid", "rank", "gpu", "host", *JOB)
 RANK_INFO = (
     "pid",
@@ -133,6 +135,37 @@ METRICS = (
         "gauge",
         PROC,
         "Resident set size of the instrumented process, sampled by gpuwatch.",
+    ),
+    Spec(
+        "gpuwatch_process_cpu_ratio",
+        "gauge",
+        PROC,
+        "Host CPU of the instrumented process over the last second or more (1: one core).",
+    ),
+    Spec(
+        "gpuwatch_gpu_process_memory_bytes",
+        "gauge",
+        GPU_PROC,
+        "GPU memory NVML attributes to the process (every process on a GPU), newest list.",
+    ),
+    Spec(
+        "gpuwatch_gpu_process_sm_utilization_ratio",
+        "gauge",
+        GPU_PROC,
+        "The process's share of SM time from NVML's per-process samples, 0 to 1; absent "
+        "where NVML does not offer them.",
+    ),
+    Spec(
+        "gpuwatch_gpu_process_cpu_ratio",
+        "gauge",
+        GPU_PROC,
+        "Host CPU of the process between the last two process lists (1: one core).",
+    ),
+    Spec(
+        "gpuwatch_gpu_process_host_rss_bytes",
+        "gauge",
+        GPU_PROC,
+        "Resident set size of the process on the host, at the newest process list.",
     ),
     Spec(
         "gpuwatch_process_phase_info",
@@ -284,6 +317,7 @@ class SessionCollector:
                 families = _families()
                 self._gpus(families)
                 self._processes(families)
+                self._gpu_processes(families)
                 self._receiver(families)
             yield from families.values()
         finally:
@@ -313,6 +347,39 @@ class SessionCollector:
             _add(f["gpuwatch_gpu_utilization_ratio"], labels, None if util is None else util / 100)
             _add(f["gpuwatch_gpu_power_watts"], labels, row["power"])
             _add(f["gpuwatch_gpu_temperature_celsius"], labels, row["temp"])
+
+    # ------------------------------------------------------------------ GPU processes
+
+    def _gpu_processes(self, f: dict[str, Metric]) -> None:
+        """Every process of each GPU's newest NVML list, with its SM %, CPU % and RSS."""
+        s = self.session
+        for key, table in list(s.gpu_procs.items()):
+            dev = s.devices.get(key)
+            span = table.span()
+            if dev is None or span is None or dev.state != "ok":
+                continue
+            snap = table.group_at(span[1])
+            if snap is None:
+                continue
+            gpu = _index(dev.index)
+            cols = {k: v.tolist() for k, v in snap.items()}
+            for i, pid in enumerate(cols["pid"]):
+                if pid == 0:  # an empty list
+                    continue
+                user = s.proc_info.get(pid, {}).get("user") or ""
+                labels = [str(pid), gpu, label_text(str(user)), self.host]
+                _add(f["gpuwatch_gpu_process_memory_bytes"], labels, cols["used"][i])
+                sm = _number(cols["sm"][i])
+                cpu = _number(cols["cpu"][i])
+                _add(
+                    f["gpuwatch_gpu_process_sm_utilization_ratio"],
+                    labels,
+                    None if sm is None else sm / 100,
+                )
+                _add(
+                    f["gpuwatch_gpu_process_cpu_ratio"], labels, None if cpu is None else cpu / 100
+                )
+                _add(f["gpuwatch_gpu_process_host_rss_bytes"], labels, cols["rss"][i])
 
     # ------------------------------------------------------------------ processes
 
@@ -353,6 +420,8 @@ class SessionCollector:
         per_proc = [*ids, host, *job]
         rss = proc.rss.last()
         _add(f["gpuwatch_process_rss_bytes"], per_proc, rss["rss"] if rss else None)
+        cpu = _number(rss.get("cpu")) if rss else None
+        _add(f["gpuwatch_process_cpu_ratio"], per_proc, None if cpu is None else cpu / 100)
         # The process's main GPU: where it last reported figures, else the first it named.
         main_dev = next(reversed(torch), None) if torch else folded.last_dev
         if (main_dev is None or main_dev == MISSING_INT) and proc.devices:

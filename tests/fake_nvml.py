@@ -63,6 +63,10 @@ class FakeGpu:
         mig: Its MIG instances (MIG mode on), or None: MIG not supported (see
             :func:`mig_instances`).
         mig_of: For a MIG instance, the GPU it is carved from.
+        proc_util: Per-process utilisation: pid -> (SM %, memory %) (see the
+            "per-process utilisation" section of :class:`FakeNvml`).
+        hidden: Used bytes of processes NVML does not list (another container, no
+            permission): added to ``used``, attributed to no listed process.
     """
 
     uuid: str
@@ -83,18 +87,21 @@ class FakeGpu:
     # MIG (issue 38): a GPU in MIG mode lists its instances; an instance names its parent.
     mig: list[FakeGpu] | None = None
     mig_of: FakeGpu | None = None
+    proc_util: dict[int, tuple[int, int]] = field(default_factory=dict)
+    hidden: int = 0
     _step: int = 0
+    _util_samples: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     def used_now(self) -> int:
         """The trace's next value (advances a sequence trace by one)."""
         u = self.used
         if isinstance(u, int):
-            return u
+            return u + self.hidden
         if callable(u):
-            return int(u(time.monotonic_ns()))
+            return int(u(time.monotonic_ns())) + self.hidden
         v = u[min(self._step, len(u) - 1)]
         self._step += 1
-        return v
+        return v + self.hidden
 
 
 @dataclass
@@ -436,6 +443,50 @@ class FakeNvml:
             raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return h.mig[slot]
 
+    # ------------------------------------------------------------------ per-process utilisation
+    # (issue 38: processes, nvitop-complete) NVML keeps a buffer of per-process samples per
+    # GPU and returns those newer than the caller's timestamp (CPU µs since the epoch), or
+    # NOT_FOUND when there is none. Each call here adds one sample per pid of
+    # ``proc_util`` to the buffer first, as a busy GPU would have since the last call.
+
+    def set_process(
+        self,
+        index: int,
+        pid: int,
+        used: int | None,
+        sm: int | None = None,
+        mem: int = 0,
+    ) -> None:
+        """List ``pid`` as a compute process on GPU ``index`` using ``used`` bytes, and,
+        when ``sm`` is given, give it per-process utilisation samples of (sm %, mem %).
+
+        The process's user is whoever owns ``pid`` on this machine (pid 1: root), as with
+        the real driver: NVML reports pids, psutil says whose they are.
+        """
+        gpu = self.gpus[index]
+        gpu.compute = [r for r in gpu.compute if r[0] != pid] + [(pid, used)]
+        if sm is not None:
+            gpu.proc_util[pid] = (sm, mem)
+
+    def nvmlDeviceGetProcessUtilization(self, h: FakeGpu, timeStamp: int) -> list[Any]:
+        self._enter("nvmlDeviceGetProcessUtilization", h)
+        now_us = time.time_ns() // 1000
+        for pid, (sm, mem) in h.proc_util.items():
+            h._util_samples.append((pid, now_us, sm, mem))
+        # The driver's buffer holds the last samples (a few per process here: enough for
+        # a caller that reads every second, and a short scan for a fake serving hundreds).
+        keep = 4 * max(1, len(h.proc_util))
+        del h._util_samples[: max(0, len(h._util_samples) - keep)]
+        out = []
+        for pid, ts, sm, mem in h._util_samples:
+            if ts > timeStamp:
+                s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s.pid, s.timeStamp, s.smUtil, s.memUtil = pid, ts, sm, mem
+                out.append(s)
+        if not out:
+            raise NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return out
+
     # ------------------------------------------------------------------ from a spec
 
     @classmethod
@@ -448,7 +499,9 @@ class FakeNvml:
         ``processes`` ([pid, used bytes, NVML index] compute processes), ``processes_file``
         (a JSON file of such rows, read anew at each process-list call), ``mig``
         ([NVML index, instances] GPUs in MIG mode, see :func:`mig_instances`), ``lose``
-        ([NVML index, seconds after start]), ``missing_symbols`` (list).
+        ([NVML index, seconds after start]), ``missing_symbols`` (list), ``proc_util``
+        ([pid, SM %, memory %, NVML index] per-process utilisation), ``hidden``
+        ([NVML index, bytes] used by processes NVML does not list).
         """
         if isinstance(spec, str):
             spec = json.loads(spec) if spec.strip() else {}
@@ -465,6 +518,10 @@ class FakeNvml:
             missing_symbols=spec.get("missing_symbols", ()),
         )
         fake.processes_file = spec.get("processes_file")
+        for pid, sm, mem, index in spec.get("proc_util", ()):
+            gpus[index].proc_util[int(pid)] = (int(sm), int(mem))
+        for index, hidden in spec.get("hidden", ()):
+            gpus[index].hidden = int(hidden)
         if "lose" in spec:
             index, after = spec["lose"]
             timer = threading.Timer(float(after), fake.lose, args=(int(index),))

@@ -50,7 +50,12 @@ PEAK_COLUMNS = (
     ("peak_allocated", "i8"),
     ("peak_reserved", "i8"),
 )
-RSS_COLUMNS = (("t", "i8"), ("rss", "i8"))
+RSS_COLUMNS = (
+    ("t", "i8"),
+    ("rss", "i8"),
+    # CPU % (100: one core) over the last second or more; unknown in older recordings.
+    ("cpu", "f4"),
+)
 
 
 class PhaseRow(NamedTuple):
@@ -83,9 +88,25 @@ PHASE_COLUMNS = tuple(
         strict=True,
     )
 )
-GPU_PROC_COLUMNS = (("t", "i8"), ("pid", "i8"), ("used", "i8"), ("type", "i1"))
-"""NVML's process list per GPU; ``type`` 0 compute, 1 graphics, 2 both (one row per PID).
-One snapshot = one ``t``."""
+GPU_PROC_COLUMNS = (
+    ("t", "i8"),
+    ("pid", "i8"),
+    ("used", "i8"),
+    ("type", "i1"),
+    # Unknown in recordings made before they were added, and where not offered:
+    ("sm", "f4"),  # SM % of this process (NVML's per-process utilisation samples)
+    ("mem_util", "f4"),  # memory-controller % of this process (same samples)
+    ("cpu", "f4"),  # host CPU % (100: one core) since the previous snapshot
+    ("rss", "i8"),  # host resident memory, bytes
+)
+"""NVML's process list per GPU; ``type`` 0 compute, 1 graphics, 2 both (one row per PID),
+with each process's utilisation and host figures. One snapshot = one ``t``."""
+
+GpuProcRow = (
+    tuple[int, int | None, int]
+    | tuple[int, int | None, int, float | None, float | None, float | None, int | None]
+)
+"""One process of a snapshot: (pid, used, type[, sm, mem_util, cpu, rss]); None: unknown."""
 
 
 def norm_uuid(uuid: str | None) -> str:

@@ -24,6 +24,7 @@ from .model import (
     HOST,
     HOST_COLUMNS,
     Device,
+    GpuProcRow,
     Mark,
     Oom,
     OpenSpan,
@@ -430,21 +431,24 @@ class Session:
         self.gpu[key].append(row)
         self._emit("gpu", (key, row))
 
-    def add_gpu_processes(
-        self, key: str, t: int, rows: Iterable[tuple[int, int | None, int]]
-    ) -> None:
-        """A snapshot of NVML's process list on a GPU: (pid, used bytes, type)."""
+    def add_gpu_processes(self, key: str, t: int, rows: Iterable[GpuProcRow]) -> None:
+        """A snapshot of NVML's process list on a GPU: (pid, used bytes, type), optionally
+        followed by (SM %, memory %, host CPU %, host RSS); None for unknown."""
         rows = list(rows)
         table = self.gpu_procs[key]
         if rows:
-            table.extend(
-                {
-                    "t": [t] * len(rows),
-                    "pid": [r[0] for r in rows],
-                    "used": [_opt(r[1]) for r in rows],
-                    "type": [r[2] for r in rows],
-                }
-            )
+            cols: dict[str, list[Any]] = {
+                "t": [t] * len(rows),
+                "pid": [r[0] for r in rows],
+                "used": [_opt(r[1]) for r in rows],
+                "type": [r[2] for r in rows],
+            }
+            full = [r if len(r) > 3 else (*r, None, None, None, None) for r in rows]
+            nan = float("nan")
+            for i, name in ((3, "sm"), (4, "mem_util"), (5, "cpu")):
+                cols[name] = [nan if r[i] is None else r[i] for r in full]
+            cols["rss"] = [_opt(r[6]) for r in full]
+            table.extend(cols)
         else:  # an empty snapshot still says "no processes from now on"
             table.append({"t": t, "pid": 0, "used": 0, "type": -1})
         self._emit("gpu_procs", (key, t, rows))
@@ -454,12 +458,13 @@ class Session:
         self.host.append(row)
         self._emit("host", (row,))
 
-    def add_rss(self, pid: int, t: int, rss: int) -> None:
-        """The RSS of an instrumented process, sampled by the gpuwatch process."""
+    def add_rss(self, pid: int, t: int, rss: int, cpu: float | None = None) -> None:
+        """The RSS (and CPU %, None: unknown) of an instrumented process, sampled by the
+        gpuwatch process."""
         proc = self.processes.get(pid)
         if proc is None:
             return
-        proc.rss.append((t, rss))
+        proc.rss.append((t, rss, cpu))
         proc.rev += 1
         self._emit("rss", (pid, t, rss))
 

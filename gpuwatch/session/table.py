@@ -204,9 +204,15 @@ class Table:
             self._maybe_trim()
 
     def extend(self, columns: Mapping[str, np.ndarray | Iterable[float | int]]) -> None:
-        """Append many rows given column-wise (all columns the same length)."""
-        arrays = {n: np.asarray(columns[n], dtype=self.dtypes[n]) for n in self.names}
-        k = len(arrays[self.time])
+        """Append many rows given column-wise (all columns the same length); a column not
+        given is unknown in them (as :meth:`append` stores a missing name)."""
+        k = len(columns[self.time])
+        arrays = {
+            n: np.asarray(columns[n], dtype=self.dtypes[n])
+            if n in columns
+            else unknown_column(k, self.dtypes[n])
+            for n in self.names
+        }
         if k == 0:
             return
         with self._lock:

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from ..session import Device, Session, gpu_key
+from . import procstat
 from .nvml import (
     NA,
     GpuLost,
@@ -56,8 +57,9 @@ class _Gpu:
     errors: int = 0  # consecutive failed memory reads
     procs_due: float = 0.0
     procs_denied: bool = False
-    last_procs: list[tuple[int, int | None, int]] | None = None
+    last_procs: list[tuple[Any, ...]] | None = None
     last_pids: frozenset[int] = field(default_factory=frozenset)
+    util_since: int = 0  # NVML's time (µs) of the newest per-process sample seen
 
 
 class _Worker:
@@ -73,7 +75,8 @@ class _Worker:
 
 
 def describe_pid(pid: int) -> dict[str, Any]:
-    """Name, user and command line of ``pid`` as psutil sees it from here.
+    """Name, user (and uid), command line, parent, start (wall seconds) and container pid
+    of ``pid`` as psutil sees it from here.
 
     A PID NVML reports that this process cannot see (another PID namespace, e.g. a
     container) is described as ``visible: False``, never dropped.
@@ -81,14 +84,22 @@ def describe_pid(pid: int) -> dict[str, Any]:
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            return {
+            uids = _maybe(proc.uids)
+            info = {
                 "name": _maybe(proc.name),
                 "user": _maybe(proc.username),
                 "cmdline": _maybe(proc.cmdline),
                 "visible": True,
+                "uid": None if uids is None else uids.real,
+                "ppid": _maybe(proc.ppid),
+                "started": _maybe(proc.create_time),
             }
     except psutil.NoSuchProcess:
         return {"name": None, "user": None, "cmdline": None, "visible": False}
+    inner = procstat.container_pid(pid)
+    if inner is not None:
+        info["container_pid"] = inner
+    return info
 
 
 def _maybe(read: Any) -> Any:
@@ -139,6 +150,10 @@ class GpuSampler:
         self._opened = threading.Event()
         self._ok = False
         self._info: dict[int, dict[str, Any]] = {}  # pid -> what psutil said
+        self._cpu = procstat.CpuMeter(every=0.5)
+        self._parents: set[int] = (
+            set()
+        )  # parents described for the tree view  # a pid on two GPUs is read twice a tick
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -433,10 +448,15 @@ class GpuSampler:
             return
         except NvmlCallFailed:
             return  # try again at the next process interval
-        t = time.monotonic_ns()
         if procs is NA or worker is not self._worker:
             return
-        rows = sorted((p.pid, p.used, p.type) for p in procs)
+        util = gpu.dev.process_utilization(gpu.util_since)
+        t = time.monotonic_ns()
+        if worker is not self._worker:
+            return
+        rows = sorted(self._row(p.pid, p.used, p.type, util) for p in procs)
+        if util is not NA and util:
+            gpu.util_since = max(ts for ts, _, _ in util.values())
         if rows != gpu.last_procs:
             gpu.last_procs = rows
             self.session.add_gpu_processes(gpu.key, t, rows)
@@ -444,6 +464,21 @@ class GpuSampler:
         if pids != gpu.last_pids:
             gpu.last_pids = pids
             self._join(pids)
+
+    def _row(
+        self, pid: int, used: int | None, kind: int, util: dict[int, tuple[int, int, int]] | Any
+    ) -> tuple[int, int | None, int, float | None, float | None, float | None, int | None]:
+        """One process of a snapshot: NVML's figures, then the host's (CPU %, RSS).
+
+        A process without a sample since the last snapshot did not use the SMs: 0 %, where
+        NVML offers the samples at all (n/a where it does not).
+        """
+        sm = mem = None
+        if util is not NA:
+            _, sm, mem = util.get(pid, (0, 0, 0))
+        st = procstat.read(pid)  # a pid in another PID namespace is not found: unknown
+        cpu = None if st is None else self._cpu.update(pid, st.cpu)
+        return (pid, used, kind, sm, mem, cpu, None if st is None else st.rss)
 
     def _join(self, new: frozenset[int]) -> None:
         """Describe PIDs not seen before; forget those no GPU lists any more (PID reuse)."""
@@ -454,6 +489,16 @@ class GpuSampler:
         listed = set().union(*(g.last_pids for g in self.gpus))
         for pid in [p for p in self._info if p not in listed]:
             del self._info[pid]
+        self._cpu.keep(listed)
+        # The launchers of what runs (torchrun, accelerate, a shell): the tree view shows
+        # a process under its parent, which need not use a GPU itself.
+        for pid in new:
+            parent = self._info.get(pid, {}).get("ppid")
+            if parent and parent > 1 and parent not in listed and parent not in self._parents:
+                if len(self._parents) >= 4096:  # a bound, not a history
+                    self._parents.clear()
+                self._parents.add(parent)
+                self.session.set_proc_info(parent, describe_pid(parent))
 
     # ------------------------------------------------------------------ faults
 

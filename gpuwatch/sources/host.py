@@ -15,6 +15,11 @@ import psutil
 
 from ..session import Session
 from .gpu import describe_pid
+from .procstat import CpuMeter
+
+CPU_EVERY = 1.0
+"""Seconds between reads of an instrumented process's CPU time (its CPU % is held between:
+over 0.1 s a CPU time in 10 ms ticks would jump by 10 points)."""
 
 LOAD_INTERVAL = 1.0
 """Seconds between reads of the CPU, load and swap figures of the host's samples."""
@@ -37,6 +42,9 @@ class HostSampler:
         self._stop = threading.Event()
         self._load_row: dict[str, float | int | None] | None = None
         self._load_at = 0.0
+        self._cpu = CpuMeter()
+        self._cpu_at = 0.0  # when CPU times were last read
+        self._cpu_shown: dict[int, float | None] = {}  # pid -> its CPU % now
 
     def start(self) -> None:
         """Register the host device and start sampling."""
@@ -114,6 +122,10 @@ class HostSampler:
         if self._denied:  # those that ended are forgotten here too
             self._denied &= {p.pid for p in running}
         looked = set()
+        now = time.monotonic()
+        cpu_due = now - self._cpu_at >= CPU_EVERY
+        if cpu_due:
+            self._cpu_at = now
         for proc in running:
             pid = proc.pid
             if pid in self._denied:
@@ -129,6 +141,9 @@ class HostSampler:
                         # on its device).
                         self.session.set_proc_info(pid, describe_pid(pid))
                 rss = handle.memory_info().rss
+                if cpu_due:
+                    times = handle.cpu_times()
+                    self._cpu_shown[pid] = self._cpu.update(pid, times.user + times.system, now)
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 # Ended without a bye (killed, or its bye lost): the session settles it.
                 self._procs.pop(pid, None)
@@ -138,7 +153,11 @@ class HostSampler:
                 self._denied.add(pid)
                 self._procs.pop(pid, None)
                 continue
-            self.session.add_rss(pid, time.monotonic_ns(), int(rss))
+            self.session.add_rss(pid, time.monotonic_ns(), int(rss), self._cpu_shown.get(pid))
         if len(self._procs) > len(looked):  # those that said bye: no handle kept for them
             for pid in [pid for pid in self._procs if pid not in looked]:
                 del self._procs[pid]
+        if cpu_due and len(self._cpu_shown) > len(looked):
+            for pid in [pid for pid in self._cpu_shown if pid not in looked]:
+                del self._cpu_shown[pid]
+            self._cpu.keep(looked)

@@ -517,5 +517,31 @@ class NvmlDevice:
             out.append(NvmlDevice(self.nvml, self.index, handle, mig_slot=slot))
         return out
 
+    # ------------------------------------------------------------------ per-process utilisation
+
+    def process_utilization(self, since: int) -> dict[int, tuple[int, int, int]] | NotAvailable:
+        """Per-process SM and memory utilisation from the samples NVML took after ``since``
+        (CPU µs since the epoch; 0: every sample it still holds).
+
+        Returns:
+            pid -> (newest sample's time in µs, SM %, memory %); an empty dict when NVML
+            has no sample newer than ``since`` (no process used the GPU since); n/a where
+            the GPU or driver does not offer it (never asked again).
+        """
+        if "proc_util" in self._never or not hasattr(self._b, "nvmlDeviceGetProcessUtilization"):
+            return NA
+        try:
+            samples = self._b.nvmlDeviceGetProcessUtilization(self.handle, since)
+        except self._err as exc:
+            if self.nvml.classify(exc) == "not now":  # NOT_FOUND: no sample since
+                return {}
+            return self._fail(exc, "proc_util", "nvmlDeviceGetProcessUtilization")
+        out: dict[int, tuple[int, int, int]] = {}
+        for s in samples:
+            pid, ts = int(s.pid), int(s.timeStamp)
+            if pid not in out or ts >= out[pid][0]:
+                out[pid] = (ts, int(s.smUtil), int(s.memUtil))
+        return out
+
 
 _PROC_TYPE = {1: 0, 2: 1, 3: 2}

@@ -9,6 +9,7 @@ a number goes, a hello that is not an object) is dropped field by field, never t
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -125,7 +126,8 @@ def open_span(body: Any) -> OpenSpan | None:
 
 
 def proc_info(body: Any) -> dict[str, Any]:
-    """What psutil said of a pid: ``name``, ``user``, ``cmdline`` (text), ``visible``."""
+    """What psutil said of a pid: ``name``, ``user``, ``cmdline`` (text), ``visible``, and
+    where known ``uid``, ``ppid``, ``started`` (wall seconds) and ``container_pid``."""
     body = body if isinstance(body, dict) else {}
     out: dict[str, Any] = {}
     for name in ("name", "user"):
@@ -135,9 +137,13 @@ def proc_info(body: Any) -> dict[str, Any]:
         cmdline = [str(c) for c in cmdline]
     out["cmdline"] = cmdline if isinstance(cmdline, (str, list)) else None
     out["visible"] = body.get("visible") is not False
-    os_pid = _int(body.get("os_pid"))
-    if os_pid is not None:
-        out["os_pid"] = os_pid
+    for name in ("os_pid", "uid", "ppid", "container_pid"):
+        value = _int(body.get(name))
+        if value is not None:
+            out[name] = value
+    started = body.get("started")
+    if type(started) in (int, float) and math.isfinite(started) and started > 0:
+        out["started"] = float(started)
     return out
 
 

@@ -109,7 +109,7 @@ def _gpu(s: Session, c: dict[str, np.ndarray]) -> Columns:
 
 def _gpu_processes(s: Session, c: dict[str, np.ndarray]) -> Columns:
     out = {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)}
-    out.update({n: _list(c[n]) for n in ("pid", "used", "type")})
+    out.update({n: _list(c[n]) for n in ("pid", "used", "type", "sm", "mem_util", "cpu", "rss")})
     return out
 
 
@@ -183,7 +183,8 @@ def _peaks(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
 
 
 def _rss(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:
-    return {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin), "rss": _list(c["rss"])}
+    out = {"t": _list(c["t"]), "time_s": _seconds(c["t"], s.t_origin)}
+    return out | {"rss": _list(c["rss"]), "cpu": _list(c["cpu"])}
 
 
 def _phases(s: Session, p: Process, c: dict[str, np.ndarray]) -> Columns:

@@ -40,8 +40,10 @@ from .keys import Key, KeyBar
 from .overview import CSS_PATH as OVERVIEW_CSS
 from .overview import GpuOverview, gpu_devices
 from .panel import DevicePanel
+from .process_screen import ProcessScreen
+from .processes import ProcessesView, ProcessTable
 from .ranks import RanksView
-from .tables import PeaksTable, ProcessTable
+from .tables import PeaksTable
 from .theme import DEFAULT_THEME, VARIABLE_DEFAULTS, builtin_themes
 from .view import View
 
@@ -380,6 +382,7 @@ class GpuwatchApp(App[int]):
         self.peaks_table.predicted = self.predicted
         self.marks_table = marks.MarksTable(self.session, id="marks-table")
         self.process_table = ProcessTable(self.session, id="process-table")
+        self.process_table.opener = self.open_process
         # The Ranks tab appears once the session has a job of two or more ranks.
         self.ranks_view = RanksView(self.session, id="ranks-view")
         self._ranks_added = False
@@ -394,7 +397,7 @@ class GpuwatchApp(App[int]):
                 yield self.marks_table
                 yield self.peaks_table.detail
             with TabPane("Processes", id="processes"):
-                yield self.process_table
+                yield ProcessesView(self.process_table, id="processes-view")
             if self.child is not None:
                 from .log import LogView  # only `gpuwatch run` has a log: replay skips it
 
@@ -539,6 +542,9 @@ class GpuwatchApp(App[int]):
                     panel.update_view(window, self.view.cursor, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
+            screen = self.screen_stack[-1] if self.screen_stack else None  # none: closing
+            if isinstance(screen, ProcessScreen):
+                screen.update_view(window, self.view.cursor, version, at)
         self._plot_width_at = None  # the panels' axes may have moved
         self._follow_tables()
         self.redraws += 1
@@ -1015,6 +1021,10 @@ class GpuwatchApp(App[int]):
         self._tables_version = -1
         self._refresh_tables()
         self.redraw()  # the key bar: the overview's keys only on its tab
+
+    def open_process(self, row: Any) -> None:
+        """Open a process's own timelines (``enter`` on the Processes tab)."""
+        self.push_screen(ProcessScreen(self.session, row))
 
     async def action_quit(self) -> None:
         """Quit; while a command started by ``gpuwatch run`` still runs, ask first."""

@@ -102,6 +102,7 @@ class TimelineChart(CachedStrips):
         self.last_frame: ChartFrame | None = None
         self.build_count = 0  # how often strips were rebuilt (tests check the cache)
         self.axis_width = AXIS_WIDTH
+        self.unit = "bytes"  # or "%": how the y axis is labelled
 
     # ------------------------------------------------------------------ updates
 
@@ -203,7 +204,7 @@ class TimelineChart(CachedStrips):
             _mark_lines(codes, owner, [s.role for s in frame.series])
         styles.append(base)
         rows = _runs(codes_text(codes), owner, styles)
-        labels = _y_labels(ymax, plot_h)
+        labels = _y_labels(ymax, plot_h) if self.unit == "bytes" else _pct_labels(ymax, plot_h)
         strips = []
         for row in range(plot_h):
             label = labels.get(row)
@@ -267,6 +268,19 @@ def _y_labels(ymax: float, rows: int) -> dict[int, str]:
         row = round((1 - v / gib) * (rows - 1)) if gib > 0 else rows - 1
         if all(abs(row - r) > 1 for r in labels):
             labels[row] = f"{v:.{digits}f}G"
+        v += step
+    return labels
+
+
+def _pct_labels(ymax: float, rows: int) -> dict[int, str]:
+    """Row -> percentage label at 1-2-5 steps (a process's SM % and CPU %)."""
+    step = nice_step(ymax, max(4, rows // 3))
+    labels: dict[int, str] = {}
+    v = 0.0
+    while v <= ymax * 1.0001:
+        row = round((1 - v / ymax) * (rows - 1)) if ymax > 0 else rows - 1
+        if all(abs(row - r) > 1 for r in labels):
+            labels[row] = f"{v:g}%"
         v += step
     return labels
 

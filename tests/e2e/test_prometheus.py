@@ -247,6 +247,11 @@ def test_every_exported_name_is_declared_and_follows_the_conventions(session: Se
         "phase", END + MS, event="begin", name="eval", id=999, depth=0, dev=0, **frag
     )
     session.count_reject("size")
+    # Every process on the GPU, with NVML's per-process samples and the host's figures.
+    session.add_gpu_processes(
+        gpu_key(synthetic.UUID), END + MS, [(PID, GIB, 0, 50.0, 9.0, 99.0, GIB)]
+    )
+    session.add_rss(PID, END + MS, GIB, 99.0)
     declared = {m.name for m in METRICS}
     exported = {s[0] for s in scrape(SessionCollector(session, host="h"))}
     assert exported == declared  # this session has every metric
@@ -446,3 +451,27 @@ def test_live_dashboard_serves_metrics_and_shows_where(sock_path: str) -> None:
             get(url)
     finally:
         tmux.close()
+
+
+def test_every_gpu_process_is_exported_with_its_utilisation_and_host_figures(
+    session: Session,
+) -> None:
+    key = gpu_key(synthetic.UUID)
+    session.set_proc_info(4321, {"name": "python", "user": "alice", "visible": True})
+    session.add_gpu_processes(
+        key,
+        END + MS,
+        [(4321, 3 * GIB, 0, 87.0, 30.0, 150.0, 2 * GIB), (4322, GIB, 0, None, None, None, None)],
+    )
+    session.add_rss(PID, END + MS, 5 * GIB, 42.0)
+    samples = scrape(SessionCollector(session, host="h"))
+    labels = {"pid": "4321", "gpu": "0", "user": "alice", "host": "h"}
+    assert value(samples, "gpuwatch_gpu_process_memory_bytes", **labels) == 3 * GIB
+    assert value(samples, "gpuwatch_gpu_process_sm_utilization_ratio", **labels) == 0.87
+    assert value(samples, "gpuwatch_gpu_process_cpu_ratio", **labels) == 1.5
+    assert value(samples, "gpuwatch_gpu_process_host_rss_bytes", **labels) == 2 * GIB
+    # Unknown figures (another PID namespace, no NVML samples): no series, not a 0.
+    assert value(samples, "gpuwatch_gpu_process_memory_bytes", pid="4322") == GIB
+    assert find(samples, "gpuwatch_gpu_process_sm_utilization_ratio", pid="4322") == []
+    assert find(samples, "gpuwatch_gpu_process_cpu_ratio", pid="4322") == []
+    assert value(samples, "gpuwatch_process_cpu_ratio", pid=str(PID)) == pytest.approx(0.42)

@@ -396,3 +396,26 @@ def test_the_ranks_of_a_replay_are_found_by_a_look_at_each(tmp_path: Path) -> No
     replay = load(save_session(s, tmp_path / "ranks.gpuwatch"))
     assert not replay.live
     assert [[p.pid for p in job] for job in jobs(replay)] == [[7000, 7001]]
+
+
+def test_an_instrumented_process_gets_its_cpu_beside_its_rss() -> None:
+    """The host sampler reads an instrumented process's CPU time once a second and keeps
+    its CPU % in the rss table beside each RSS sample (unknown for the first second)."""
+    import math
+    import time
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        s = Session()
+        s.ingest(Message(kind="hello", pid=busy.pid, seq=1, t=1_000, body={"argv": ["x"]}))
+        sampler = HostSampler(s)
+        sampler.sample_once()
+        time.sleep(1.2)
+        sampler.sample_once()
+        sampler.sample_once()
+        rows = s.processes[busy.pid].rss.snapshot()
+        assert math.isnan(rows["cpu"][0])
+        assert rows["cpu"][1] == rows["cpu"][2] > 30  # held between two reads of it
+    finally:
+        busy.kill()
+        busy.wait()

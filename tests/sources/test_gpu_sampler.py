@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -344,10 +346,62 @@ def test_processes_are_joined_with_psutil_and_invisible_ones_kept() -> None:
         "user": mine.username(),
         "cmdline": mine.cmdline(),
         "visible": True,
+        "uid": mine.uids().real,
+        "ppid": mine.ppid(),
+        "started": mine.create_time(),
     }
     assert s.proc_info[ghost]["visible"] is False
     # The idle GPU's empty list is recorded too ("no processes from here on").
     assert s.gpu_procs[key_of(s, 1)].last()["type"] == -1
+
+
+def test_per_process_utilisation_cpu_and_rss_are_sampled() -> None:
+    """NVML's per-process samples give each listed process its SM %; one with no sample
+    since the last list was idle (0 %); the host's CPU % and RSS come from /proc."""
+    busy = subprocess.Popen(  # a real process spending CPU: its CPU % is above 0
+        [sys.executable, "-c", "while True: pass"]
+    )
+    idle = subprocess.Popen(["sleep", "600"])  # one spending none: exactly 0
+    try:
+        me = idle.pid
+        fake = FakeNvml(1)
+        fake.set_process(0, busy.pid, 2 * GiB, sm=73, mem=21)
+        fake.set_process(0, me, GiB)  # listed, never sampled: idle
+        s = Session()
+        with sampling(fake, s, process_interval=0.3):
+
+            def cpu_known() -> bool:
+                rows = s.gpu_procs[key_of(s, 0)].snapshot()
+                mine = rows["pid"] == busy.pid
+                return bool(mine.any() and np.isfinite(rows["cpu"][mine]).any())
+
+            assert wait_for(cpu_known, timeout=10)
+        rows = s.gpu_procs[key_of(s, 0)].snapshot()
+        last = rows["t"] == rows["t"][-1]
+        by_pid = {int(p): i for i, p in enumerate(rows["pid"]) if last[i]}
+        b, m = by_pid[busy.pid], by_pid[me]
+        assert (rows["sm"][b], rows["mem_util"][b]) == (73, 21)
+        assert rows["sm"][m] == 0
+        # Above 0 and at most a core (how much above depends on the shared machine's load).
+        assert 0 < rows["cpu"][b] <= 110, rows["cpu"][b]
+        assert rows["cpu"][m] == 0
+        assert 0 < rows["rss"][b] < 1 << 30
+        assert abs(rows["rss"][m] - psutil.Process(me).memory_info().rss) < 64 * MiB
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+
+
+def test_per_process_utilisation_is_unknown_where_nvml_lacks_it() -> None:
+    fake = FakeNvml(1, missing_symbols=["nvmlDeviceGetProcessUtilization"])
+    fake.set_process(0, os.getpid(), GiB, sm=50)
+    s = Session()
+    with sampling(fake, s, process_interval=0.05):
+        assert wait_for(lambda: len(s.gpu_procs[key_of(s, 0)]) >= 2)
+    rows = s.gpu_procs[key_of(s, 0)].snapshot()
+    assert np.isnan(rows["sm"]).all()
+    assert fake.calls["nvmlDeviceGetProcessUtilization"] == 1  # never asked again
 
 
 def test_process_lists_are_read_less_often_than_memory() -> None:

@@ -122,11 +122,11 @@ async def test_the_processes_tab_shows_the_lists_at_the_cursor(replay) -> None:
         table = app.process_table
         rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
         # At 20 s NVML listed the training process with 22.66 GiB (by 35.6 s it was gone).
-        assert any(r[0] == "444" and r[4] == "22.66 GiB" for r in rows), rows
+        assert any(r[0] == "444" and r[3] == "22.66 GiB" for r in rows), rows
         await put_cursor(app, pilot, 10.0)
         await pilot.pause(0.6)
         rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
-        assert any(r[0] == "444" and r[4] == "1.02 GiB" for r in rows), rows
+        assert any(r[0] == "444" and r[3] == "1.02 GiB" for r in rows), rows
 
 
 async def test_o_tells_what_the_oom_asked_for(replay) -> None:

@@ -14,7 +14,8 @@ from gpuwatch.session.navigate import boundaries
 from gpuwatch.tui.app import FOLLOW_FRAME_NS, GpuwatchApp
 from gpuwatch.tui.chart import AXIS_WIDTH, TimelineChart
 from gpuwatch.tui.help import HelpScreen
-from gpuwatch.tui.tables import PeaksTable, ProcessTable
+from gpuwatch.tui.processes import ProcessTable
+from gpuwatch.tui.tables import PeaksTable
 
 SIZE = (140, 45)
 END = synthetic.end_time()

@@ -1,0 +1,193 @@
+"""The dashboard's own CPU with 8 fake GPUs and 200 processes (40 instrumented), idle and
+with the Processes tab open, against the dashboard before issue 38 in the same run.
+
+Each measurement is a child process running the real app headless (``App.run_test`` at
+200x50) over a live session: the NVML sampler on its thread at the default 10 Hz over the
+fake NVML (tests/fake_nvml.py), the host sampler at 10 Hz, and 200 real processes
+(``sleep``) listed on the GPUs, 25 a GPU; 40 of them are made instrumented by a hello and
+an open phase given to the session (no socket traffic: the measured cost is the
+dashboard's and the samplers'). Its CPU time over wall time (every thread) is measured
+for ``--seconds``, first on the Timelines tab (idle), then with the Processes tab open;
+then one Processes refresh (rows rebuilt, and the rows in view drawn) is timed, in CPU
+time of the thread (other work on a shared machine does not count; wall time is printed
+beside it).
+
+The anchor is the same script run on the tree of commit ``--anchor`` (main before issue
+38), checked out with ``git worktree add`` under /tmp and removed afterwards; the runs
+alternate, ``--repeats`` times each, and the medians are compared.
+
+Targets (issue 38): at most 2% of one core at 10 Hz, at most 1.2x the anchor, and one
+Processes refresh at most 5 ms.
+
+Run: python benchmarks/bench_processes.py [--seconds 10] [--repeats 2] [--anchor dbe6553]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TARGET_CORE = 2.0  # % of one core
+TARGET_RATIO = 1.2
+TARGET_REFRESH_MS = 5.0
+
+# Runs in a child, in the tree under test (the anchor's has no per-process samples: the
+# script uses only what both trees have, and the new fields where they exist).
+CHILD = r"""
+import asyncio, json, os, subprocess, sys, time
+sys.path.insert(0, os.getcwd())
+from gpuwatch.protocol import Message
+from gpuwatch.session import Session
+from gpuwatch.sources.gpu import GpuSampler
+from gpuwatch.sources.host import HostSampler
+from gpuwatch.sources.nvml import Nvml
+from gpuwatch.tui.app import GpuwatchApp
+from tests.fake_nvml import FakeNvml, GiB
+
+SECONDS = float(sys.argv[1])
+pids = [int(p) for p in sys.argv[2].split(",")]
+fake = FakeNvml(8)
+for i, pid in enumerate(pids):
+    gpu = fake.gpus[i % 8]
+    gpu.compute.append((pid, (1 + i % 7) * GiB))
+    if hasattr(gpu, "proc_util"):
+        gpu.proc_util[pid] = (i % 100, i % 30)
+s = Session()
+seq = iter(range(10**9))
+for rank, pid in enumerate(pids[:40]):
+    def msg(kind, **body):
+        t = time.monotonic_ns()
+        s.ingest(Message(kind=kind, pid=pid, seq=next(seq), t=t, dropped=0, body=body))
+    msg("hello", argv=["python", "train.py"], rank=rank, world_size=40, local_rank=rank % 8)
+    msg("phase", event="begin", name="forward", id=1, depth=0)
+sampler = GpuSampler(s, interval=0.1, process_interval=1.0)
+sampler.nvml = Nvml(fake)
+host = HostSampler(s, interval=0.1)
+assert sampler.start()
+host.start()
+
+def cpu():
+    t = os.times()
+    return t.user + t.system
+
+async def share(pilot, seconds):
+    c0, w0 = cpu(), time.monotonic()
+    await pilot.pause(seconds)
+    return 100 * (cpu() - c0) / (time.monotonic() - w0)
+
+async def main():
+    app = GpuwatchApp(s)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause(3.0)  # every process list read twice: CPU % known
+        idle = await share(pilot, SECONDS)
+        await pilot.press("3")
+        await pilot.pause(1.0)
+        tab = await share(pilot, SECONDS)
+        table = app.process_table
+        times, walls = [], []
+        for _ in range(20):
+            table._last = None  # rebuild, as when a list changed
+            w0, t0 = time.perf_counter(), time.thread_time()
+            table.refresh_rows()
+            for y in range(table.size.height):  # and draw what is in view
+                table.render_line(y)
+            times.append(time.thread_time() - t0)
+            walls.append(time.perf_counter() - w0)
+        times.sort()
+        walls.sort()
+        rows = table.row_count
+    ms, wall = 1000 * times[len(times) // 2], 1000 * walls[len(walls) // 2]
+    print(json.dumps({"idle": idle, "tab": tab, "refresh_ms": ms, "wall_ms": wall, "rows": rows}))
+
+asyncio.run(main())
+host.stop()
+sampler.stop()
+"""
+
+
+def run(tree: Path, pids: list[int], seconds: float) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(seconds), ",".join(map(str, pids))],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=seconds * 2 + 120,
+        env={"PATH": "/usr/bin:/bin", "HOME": tempfile.gettempdir(), "PYTHONPATH": str(tree)},
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the dashboard at {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="seconds each share is measured"
+    )
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each tree, alternating")
+    parser.add_argument("--anchor", default="dbe6553", help="commit of the dashboard before")
+    args = parser.parse_args()
+    sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(200)]
+    anchor = Path(tempfile.mkdtemp(prefix="gpuwatch-anchor-"))
+    shutil.rmtree(anchor)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(anchor), args.anchor],
+        check=True,
+    )
+    try:
+        pids = [p.pid for p in sleepers]
+        new: list[dict] = []
+        old: list[dict] = []
+        for _ in range(args.repeats):
+            old.append(run(anchor, pids, args.seconds))
+            new.append(run(ROOT, pids, args.seconds))
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(anchor)], check=False
+        )
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+    def med(runs: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    print(
+        f"8 fake GPUs, 200 processes (40 instrumented), 10 Hz, {args.seconds:g} s a share, "
+        f"{args.repeats} runs a tree, medians (CPU time over wall time, every thread)"
+    )
+    ok = True
+    for key, what in (("idle", "idle (Timelines)"), ("tab", "Processes tab open")):
+        n, o = med(new, key), med(old, key)
+        ratio = n / o if o > 0 else float("inf")
+        good = n <= TARGET_CORE and ratio <= TARGET_RATIO
+        ok &= good
+        print(
+            f"{what:20s} now {n:5.2f}% of a core | before {o:5.2f}% | ratio {ratio:4.2f}x | "
+            f"target <= {TARGET_CORE:g}% and <= {TARGET_RATIO:g}x: {'PASS' if good else 'FAIL'}"
+        )
+    r_new, r_old = med(new, "refresh_ms"), med(old, "refresh_ms")
+    good = r_new <= TARGET_REFRESH_MS
+    ok &= good
+    print(
+        f"one Processes refresh (CPU time) now {r_new:.2f} ms ({new[0]['rows']} rows) | "
+        f"before {r_old:.2f} ms ({old[0]['rows']} rows) | ratio {r_new / r_old:.3f}x | "
+        f"target <= {TARGET_REFRESH_MS:g} ms: {'PASS' if good else 'FAIL'}"
+    )
+    print(
+        f"  (wall clock on this machine: now {med(new, 'wall_ms'):.2f} ms, before "
+        f"{med(old, 'wall_ms'):.2f} ms)"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

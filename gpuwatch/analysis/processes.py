@@ -1,0 +1,348 @@
+"""The Processes tab's rows: every process on each GPU and every instrumented one, at a time.
+
+A row joins what NVML listed (GPU memory, SM %), what the host said of the process (CPU %,
+RSS, user, command, parent, start) and, for an instrumented process, its rank and phase.
+Sorting, filtering and the tree (a launcher above its workers, by parent pid) are here
+too, so the dashboard only draws them. :func:`unattributed` says how much used memory NVML
+attributes to no listed process (other containers, or no permission to list them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..session import Session, is_host
+from ..session.table import MISSING_INT
+from .session_ranks import rank_of
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("pid", "pid"),
+    ("user", "user"),
+    ("device", "GPU"),
+    ("gpu_mem", "GPU mem"),
+    ("sm", "SM%"),
+    ("cpu", "CPU%"),
+    ("rss", "host RSS"),
+    ("elapsed", "elapsed"),
+    ("rank", "rank"),
+    ("phase", "phase"),
+    ("command", "command"),
+)
+"""Column key -> heading, in display order; every key is a sort key."""
+
+UNATTRIBUTED_MIN = 1 << 30
+"""Used bytes NVML attributes to no listed process before the tab says so (below it: the
+driver's and contexts' own memory, rounding)."""
+
+
+@dataclass(slots=True)
+class ProcRow:
+    """One process as the tab shows it (None: unknown or not applicable)."""
+
+    pid: int
+    shown_pid: int  # the pid on its host (a merged replay renumbers clashing ones)
+    user: str | None = None
+    uid: int | None = None
+    device: str = ""  # "GPU 0", "host"
+    device_key: str | None = None
+    gpu_mem: int | None = None
+    sm: float | None = None
+    cpu: float | None = None
+    rss: int | None = None
+    elapsed: float | None = None  # seconds
+    started: float | None = None  # wall seconds
+    command: str = ""
+    name: str = ""
+    rank: int | None = None
+    phase: str | None = None
+    container_pid: int | None = None
+    ppid: int | None = None
+    visible: bool = True
+    instrumented: bool = False
+    listed: bool = True  # False: a launcher shown only in the tree
+    depth: int = 0  # in the tree
+    branch: str = ""  # the tree's drawing before the command ("├─ ")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def text(self) -> str:
+        """Everything the filter matches, lower case."""
+        parts = [
+            str(self.shown_pid),
+            self.user or "",
+            self.device,
+            self.command,
+            self.name,
+            self.phase or "",
+            "" if self.rank is None else f"rank {self.rank}",
+        ]
+        return " ".join(parts).lower()
+
+
+def rows(session: Session, at: int | None = None) -> list[ProcRow]:
+    """Every process on each GPU at ``at`` (the newest lists when None), then every
+    instrumented process not on a GPU that runs then."""
+    s = session
+    out: list[ProcRow] = []
+    seen: set[int] = set()
+    now = s.now() if at is None else at
+    wall = (now + s.wall_offset) / 1e9
+    for key, table in sorted(s.gpu_procs.items()):
+        newest = table.span()
+        t = newest[1] if newest is not None and at is None else at
+        snap = table.group_at(t) if t is not None else None
+        if snap is None:
+            continue
+        dev = s.devices.get(key)
+        if dev is None:
+            continue
+        where = _where(dev)
+        cols = {k: v.tolist() for k, v in snap.items()}
+        for pid, used, sm, cpu, rss in zip(
+            cols["pid"], cols["used"], cols["sm"], cols["cpu"], cols["rss"], strict=True
+        ):
+            if pid == 0:  # an empty snapshot
+                continue
+            seen.add(pid)
+            row = _describe(s, pid, wall)
+            row.device, row.device_key = where, key
+            row.gpu_mem = _int(used)
+            row.sm = _float(sm)
+            row.cpu = _float(cpu)
+            row.rss = _int(rss)
+            _instrumented(s, row, at)
+            out.append(row)
+    for pid, proc in list(s.processes.items()):
+        if pid in seen:
+            continue
+        if at is None:
+            if proc.ended is not None or proc.gone is not None:
+                continue
+            last = proc.rss.last()
+        elif s.runs_at(proc, at):
+            last = proc.rss.at(at)
+        else:
+            continue
+        row = _describe(s, pid, wall)
+        row.device = f"{proc.origin} host" if proc.origin else "host"
+        row.device_key = "host"
+        if last:
+            row.rss = _int(last.get("rss"))
+            row.cpu = _float(last.get("cpu", math.nan))
+        _instrumented(s, row, at)
+        out.append(row)
+    return out
+
+
+_COMMANDS: dict[int, tuple[object, object, str, str]] = {}
+"""pid -> (its description, its hello, command, name): a refresh of hundreds of rows joins
+no command line again while neither changed (a changed description is a new dict)."""
+
+
+def _describe(s: Session, pid: int, wall: float) -> ProcRow:
+    info = s.proc_info.get(pid, {})
+    proc = s.processes.get(pid)
+    hello = proc.hello if proc is not None else None
+    cached = _COMMANDS.get(pid)
+    if cached is not None and cached[0] is info and cached[1] is hello:
+        command, name = cached[2], cached[3]
+    else:
+        command, name = _command(info, hello)
+        if len(_COMMANDS) >= 65536:  # a bound, not a history
+            _COMMANDS.clear()
+        _COMMANDS[pid] = (info, hello, command, name)
+    started = info.get("started")
+    container = info.get("container_pid")
+    if proc is not None and proc.container_pid is not None:
+        container = proc.container_pid
+    return ProcRow(
+        pid=pid,
+        shown_pid=int(info.get("os_pid", pid)),
+        user=info.get("user"),
+        uid=info.get("uid"),
+        started=started,
+        elapsed=max(0.0, wall - started) if isinstance(started, float) else None,
+        command=command,
+        name=name,
+        container_pid=container,
+        ppid=info.get("ppid"),
+        visible=bool(info.get("visible", proc is not None)),
+    )
+
+
+def _command(info: dict[str, Any], hello: dict[str, Any] | None) -> tuple[str, str]:
+    """The command line and name of a process, from psutil's description or its hello."""
+    argv = (hello.get("argv") if hello else None) or []
+    command = info.get("cmdline") or argv
+    if isinstance(command, list):
+        command = " ".join(str(c) for c in command)
+    name = info.get("name") or (str(argv[0]).rsplit("/", 1)[-1] if argv else "")
+    return str(command), str(name)
+
+
+def _instrumented(s: Session, row: ProcRow, at: int | None) -> None:
+    proc = s.processes.get(row.pid)
+    if proc is None:
+        return
+    row.instrumented = True
+    ranked = rank_of(proc)
+    if ranked is None and type(proc.hello.get("rank")) is int:
+        ranked = (proc.hello["rank"], 1)
+    row.rank = None if ranked is None else ranked[0]
+    if at is None:  # live: the innermost open phase (reading no table)
+        spans = list(proc.open.values())
+        row.phase = max(spans, key=lambda o: o.depth).name if spans else None
+    else:
+        row.phase = s.phase_at(proc, at)
+    if row.rss is None:
+        last = proc.rss.last() if at is None else proc.rss.at(at)
+        if last:
+            row.rss = _int(last.get("rss"))
+
+
+def unattributed(
+    session: Session, at: int | None = None, listed_rows: Sequence[ProcRow] | None = None
+) -> list[tuple[str, int]]:
+    """(GPU label, bytes) for each GPU whose used memory exceeds what NVML attributes to
+    its listed processes by :data:`UNATTRIBUTED_MIN` or more, at ``at`` (newest: None).
+
+    ``listed_rows``: :func:`rows` of the same time, when the caller has them (the lists
+    are then not read again)."""
+    s = session
+    out = []
+    sums: dict[str, int] | None = None
+    if listed_rows is not None:
+        sums = {}
+        for r in listed_rows:
+            if r.device_key is not None and r.gpu_mem is not None:
+                sums[r.device_key] = sums.get(r.device_key, 0) + r.gpu_mem
+    for key, table in sorted(s.gpu.items()):
+        dev = s.devices.get(key)
+        if dev is None or is_host(key):
+            continue
+        sample = table.last() if at is None else table.at(at)
+        if not sample:
+            continue
+        used = _int(sample.get("used"))
+        if used is None:
+            continue
+        if sums is not None:
+            rest = used - sums.get(key, 0)
+            if rest >= UNATTRIBUTED_MIN:
+                out.append((_where(dev), rest))
+            continue
+        procs = s.gpu_procs.get(key)
+        newest = procs.span() if procs is not None else None
+        t = newest[1] if newest is not None and at is None else at
+        snap = procs.group_at(t) if procs is not None and t is not None else None
+        listed = 0
+        if snap is not None:
+            mine = snap["pid"] != 0
+            known = snap["used"][mine]
+            listed = int(known[known != MISSING_INT].sum())
+        rest = used - listed
+        if rest >= UNATTRIBUTED_MIN:
+            out.append((_where(dev), rest))
+    return out
+
+
+def sort(items: Sequence[ProcRow], key: str, reverse: bool = False) -> list[ProcRow]:
+    """Rows sorted by column ``key``; unknown values last whichever the direction."""
+    known = [r for r in items if _key(r, key) is not None]
+    unknown = [r for r in items if _key(r, key) is None]
+    known.sort(key=lambda r: (_key(r, key), r.pid), reverse=reverse)
+    return known + unknown
+
+
+def _key(row: ProcRow, key: str) -> Any:
+    if key == "pid":
+        return row.shown_pid
+    if key == "device":
+        return (row.device_key in (None, "host"), row.device)
+    value = getattr(row, key)
+    if isinstance(value, str):
+        return value.lower() if value else None
+    return value
+
+
+def matching(items: Iterable[ProcRow], text: str) -> list[ProcRow]:
+    """Rows whose text holds every word of ``text`` (case-insensitive)."""
+    words = text.lower().split()
+    return [r for r in items if all(w in r.text() for w in words)]
+
+
+def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
+    """``items`` (in their order) as a tree by parent pid: each process under its parent,
+    with the parents NVML does not list (a launcher: torchrun, accelerate) added from what
+    the samplers described. A process on two GPUs keeps a row for each, the first one
+    carrying its children."""
+    by_pid: dict[int, ProcRow] = {}
+    for r in items:
+        by_pid.setdefault(r.pid, r)
+    wall = (session.now() + session.wall_offset) / 1e9
+    # Parents described but not listed (one level up; a launcher's own parent is a shell).
+    for r in list(by_pid.values()):
+        parent = r.ppid
+        if parent and parent not in by_pid and parent in session.proc_info:
+            launcher = _describe(session, parent, wall)
+            launcher.listed = False
+            launcher.device = ""
+            by_pid[parent] = launcher
+    children: dict[int, list[ProcRow]] = {}
+    roots: list[ProcRow] = []
+    # A launcher takes the place of its first child in the sorted order.
+    order: list[ProcRow] = []
+    placed: set[int] = set()
+    for r in items:
+        parent = by_pid.get(r.ppid) if r.ppid is not None else None
+        if parent is not None and not parent.listed and parent.pid not in placed:
+            placed.add(parent.pid)
+            order.append(parent)
+        order.append(r)
+    for r in order:
+        if by_pid.get(r.pid) is not r:  # a second GPU's row: beside the first, no children
+            roots.append(r)
+            continue
+        if r.ppid in by_pid and r.ppid != r.pid:
+            children.setdefault(r.ppid, []).append(r)
+        else:
+            roots.append(r)
+    out: list[ProcRow] = []
+    done: set[int] = set()
+
+    def walk(row: ProcRow, depth: int, lead: str, last: bool) -> None:
+        done.add(id(row))
+        branch = "" if depth == 0 else lead + ("└─ " if last else "├─ ")
+        out.append(replace(row, depth=depth, branch=branch))
+        kids = children.get(row.pid, []) if by_pid.get(row.pid) is row else []
+        below = "" if depth == 0 else lead + ("   " if last else "│  ")
+        kids = [k for k in kids if id(k) not in done]
+        for i, kid in enumerate(kids):
+            walk(kid, depth + 1, below, i == len(kids) - 1)
+
+    for root in roots:
+        walk(root, 0, "", True)
+    for r in order:  # parents in a loop (a hostile recording): shown, flat
+        if id(r) not in done:
+            walk(r, 0, "", True)
+    return out
+
+
+def _where(dev: Any) -> str:
+    return f"{dev.origin} GPU {dev.index}" if dev.origin else f"GPU {dev.index}"
+
+
+def _int(v: Any) -> int | None:
+    if v is None:
+        return None
+    v = int(v)
+    return None if v == MISSING_INT or v < 0 else v
+
+
+def _float(v: Any) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None

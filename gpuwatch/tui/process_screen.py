@@ -1,0 +1,266 @@
+"""One process's own timelines: GPU memory and host RSS, SM % and CPU %, and its phases.
+
+Opened by ``enter`` on a row of the Processes tab. It draws with the panel's widgets (the
+timeline chart, the phase band) over the dashboard's window: the cursor, zoom, pan and
+follow keys are the dashboard's own and move this screen as they move the panels.
+``escape`` clears the cursor, then closes; ``backspace`` closes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+
+from ..analysis.processes import ProcRow
+from ..fmt import fmt_bytes, fmt_duration, printable
+from ..session import Session
+from ._text import Line
+from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
+from .chart import ChartFrame, Series, TimelineChart
+from .keys import Key, KeyBar
+
+Lines = tuple[np.ndarray, np.ndarray]
+
+MEMORY_ROLES = {"gpu": "nvml", "rss": "allocated"}
+PERCENT_ROLES = {"sm": "reserved", "cpu": "predicted"}
+"""Theme roles (colours) of this screen's lines."""
+
+
+class ProcessScreen(Screen[None]):
+    """The timelines of process ``row.pid``.
+
+    Args:
+        session: The session.
+        row: The process's row as the Processes tab showed it.
+    """
+
+    DEFAULT_CSS = """
+    ProcessScreen > Vertical {
+        border: round $primary;
+        padding: 0 1 0 0;
+    }
+    ProcessScreen .process-line {
+        height: 1;
+        color: $text-muted;
+    }
+    ProcessScreen #process-memory {
+        height: 2fr;
+    }
+    ProcessScreen #process-percent {
+        height: 1fr;
+    }
+    """
+
+    BINDINGS = [
+        Binding("escape", "escape", "Back", show=False),
+        Binding("backspace", "close", "Back", show=False),
+    ]
+
+    def __init__(self, session: Session, row: ProcRow) -> None:
+        super().__init__()
+        self.session = session
+        self.row = row
+        self.pid = row.pid
+        self.header = Line("", classes="process-line", markup=False)
+        self.memory = TimelineChart(self._fetch_memory, session.t_origin, id="process-memory")
+        self.percent = TimelineChart(self._fetch_percent, session.t_origin, id="process-percent")
+        self.percent.unit = "%"
+        self.band = PhaseBand(self._fetch_band)
+        self.legend = Line("", classes="process-line")  # gpuwatch's own text: markup
+        self.keys = KeyBar()
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = printable(self._title())
+            yield self.header
+            yield self.memory
+            yield self.percent
+            yield self.band
+            yield self.legend
+        yield self.keys
+
+    def on_mount(self) -> None:
+        self.keys.set_keys(
+            [
+                Key("esc", "Back", "escape"),
+                Key("←→", "Cursor", "cursor(1)"),
+                Key("+", "Zoom in", "zoom(0.5)"),
+                Key("-", "Zoom out", "zoom(2.0)"),
+                Key("f", "Follow / pause", "toggle_follow"),
+                Key("q", "Quit", "quit"),
+            ]
+        )
+        redraw = getattr(self.app, "redraw", None)
+        if redraw is not None:
+            redraw()
+
+    def _title(self) -> str:
+        r = self.row
+        who = f"pid {r.shown_pid}" + (
+            f" ({r.container_pid} in its container)" * bool(r.container_pid)
+        )
+        rank = "" if r.rank is None else f" · rank {r.rank}"
+        return f"{who} · {r.user or '?'}{rank} · {(r.command or r.name)[:120]}"
+
+    # ------------------------------------------------------------------ drawing
+
+    def update_view(
+        self, window: tuple[int, int], cursor: int | None, version: int, at: int
+    ) -> None:
+        """Show ``window`` with the figures at ``at`` (as a panel's update_view)."""
+        self.band.update_view(window, cursor, version)
+        width = label_width(self.band.rows)
+        self.band.axis_width = width
+        for chart in (self.memory, self.percent):
+            chart.set_axis_width(width)
+            chart.update_view(window, cursor, version)
+        self.band.display = bool(self.session.processes.get(self.pid))
+        figures = self.figures_at(at)
+        self.header.set(printable(self._header(figures)))
+        self.legend.set(self._legend(figures))
+
+    def figures_at(self, t: int) -> dict[str, float | None]:
+        """GPU memory, SM %, CPU % and RSS of the process at ``t`` (None: unknown)."""
+        out: dict[str, float | None] = {"gpu": None, "sm": None, "cpu": None, "rss": None}
+        for table in self._gpu_tables():
+            snap = table.group_at(t)
+            if snap is None:
+                continue
+            mine = snap["pid"] == self.pid
+            if not mine.any():
+                continue
+            for col, key in (("used", "gpu"), ("sm", "sm"), ("cpu", "cpu"), ("rss", "rss")):
+                v = float(snap[col][mine][0]) if col in snap else float("nan")
+                if np.isfinite(v) and v > -(1 << 62):
+                    out[key] = (out[key] or 0) + v if key in ("gpu", "sm") else v
+        proc = self.session.processes.get(self.pid)
+        if proc is not None:
+            last = proc.rss.at(t)
+            if last:
+                out["rss"] = float(last["rss"])
+                cpu = last.get("cpu")
+                if cpu is not None and np.isfinite(cpu):
+                    out["cpu"] = float(cpu)  # ten a second: newer than the lists' figure
+        return out
+
+    def _header(self, f: dict[str, float | None]) -> str:
+        parts = [
+            "GPU memory " + (fmt_bytes(int(f["gpu"])) if f["gpu"] is not None else "n/a"),
+            "SM " + ("n/a" if f["sm"] is None else f"{f['sm']:.0f}%"),
+            "CPU " + ("n/a" if f["cpu"] is None else f"{f['cpu']:.0f}%"),
+            "host RSS " + (fmt_bytes(int(f["rss"])) if f["rss"] is not None else "n/a"),
+        ]
+        proc = self.session.processes.get(self.pid)
+        if proc is not None:
+            at = self.app.view.cursor if self.app.view.cursor is not None else self.session.now()
+            phase = self.session.phase_at(proc, at)
+            parts.append(f"phase {phase}" if phase else "no phase")
+        if self.row.elapsed is not None:
+            parts.append(f"running {fmt_duration(int(self.row.elapsed * 1e9))}")
+        return " · ".join(parts)
+
+    def _legend(self, f: dict[str, float | None]) -> str:
+        def swatch(role: str, what: str) -> str:
+            return f"[$gw-{role}]━━[/] {what}"
+
+        return "   ".join(
+            [
+                swatch(MEMORY_ROLES["gpu"], "GPU memory (NVML)"),
+                swatch(MEMORY_ROLES["rss"], "host RSS"),
+                swatch(PERCENT_ROLES["sm"], "SM %"),
+                swatch(PERCENT_ROLES["cpu"], "CPU % (100%: one core)"),
+            ]
+        )
+
+    def _gpu_tables(self) -> list:
+        return [t for _, t in sorted(self.session.gpu_procs.items())]
+
+    def _fetch_memory(self, t0: int, t1: int, n: int) -> ChartFrame:
+        series = [Series(MEMORY_ROLES["gpu"], *lohi) for lohi in self._gpu_lines("used", t0, t1, n)]
+        series.append(Series(MEMORY_ROLES["rss"], *self._rss_line("rss", t0, t1, n)))
+        return ChartFrame(series, _ceiling(series))
+
+    def _fetch_percent(self, t0: int, t1: int, n: int) -> ChartFrame:
+        series = [Series(PERCENT_ROLES["sm"], *lohi) for lohi in self._gpu_lines("sm", t0, t1, n)]
+        series.append(Series(PERCENT_ROLES["cpu"], *self._rss_line("cpu", t0, t1, n)))
+        top = max(100.0, _ceiling(series))
+        return ChartFrame(series, top)
+
+    def _gpu_lines(
+        self, column: str, t0: int, t1: int, n: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One line per GPU the process was listed on, from the GPU's process lists."""
+        out = []
+        for table in self._gpu_tables():
+            if column not in table.names:
+                continue
+            lo, hi = table.minmax(column, t0, t1, n, where=("pid", [self.pid]))
+            if np.isfinite(hi).any():
+                out.append((lo, hi))
+        return out
+
+    def _rss_line(self, column: str, t0: int, t1: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host RSS or CPU %: an instrumented process's own samples (ten a second), else
+        those of the GPU process lists."""
+        proc = self.session.processes.get(self.pid)
+        if proc is not None and len(proc.rss):
+            lo, hi = proc.rss.minmax(column, t0, t1, n)
+            if np.isfinite(hi).any():
+                return lo, hi
+        lines = self._gpu_lines(column, t0, t1, n)
+        if lines:
+            return lines[0]
+        empty = np.full(n, np.nan)
+        return empty, empty
+
+    def _fetch_band(self, t0: int, t1: int, cells: int) -> list[BandRow]:
+        proc = self.session.processes.get(self.pid)
+        if proc is None:
+            return []
+        names = self.session.names
+        cols = proc.band_spans(t0, t1, cells)
+        spans = [
+            BandSpan(names[n], a, b, d)
+            for n, a, b, d in zip(
+                cols["name"].tolist(),
+                cols["t0"].tolist(),
+                cols["t1"].tolist(),
+                cols["depth"].tolist(),
+                strict=True,
+            )
+        ]
+        now = self.session.now()
+        spans += [
+            BandSpan(o.name, o.t0, max(o.t0, now), o.depth)
+            for o in list(proc.open.values())
+            if o.t0 <= t1
+        ]
+        marks, ooms = self.session.events_between(t0, t1)
+        markers = [BandMarker(m.t, m.level) for m in marks if m.pid == self.pid]
+        markers += [BandMarker(o.t, "oom") for o in ooms if o.pid == self.pid]
+        return [BandRow(proc.short_label, spans, markers)]
+
+    # ------------------------------------------------------------------ keys
+
+    async def action_escape(self) -> None:
+        """Clear the cursor; without one, go back to the Processes tab."""
+        view = getattr(self.app, "view", None)
+        if view is not None and view.cursor is not None:
+            await self.app.run_action("clear_cursor")
+            return
+        self.dismiss()
+
+    def action_close(self) -> None:
+        """Back to the Processes tab."""
+        self.dismiss()
+
+
+def _ceiling(series: list[Series]) -> float:
+    peak = 0.0
+    for s in series:
+        if np.isfinite(s.hi).any():
+            peak = max(peak, float(np.nanmax(s.hi)))
+    return peak * 1.1 if peak > 0 else 1.0

@@ -1,0 +1,497 @@
+"""The Processes tab: every process on each GPU, sortable, filterable, as a tree, and
+signals to the selected one; ``enter`` opens its own timelines (:mod:`.process_screen`).
+
+The rows are :mod:`gpuwatch.analysis.processes`'; this module draws them and handles the
+keys. A signal goes only to a process of the user running gpuwatch (root: any), never from
+a replay or a served page, and only after a confirmation that names the process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+import psutil
+from rich.segment import Segment
+from textual import events, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.geometry import Size
+from textual.strip import Strip
+from textual.widgets import Input, Static
+
+from ..analysis import processes as pr
+from ..fmt import fmt_bytes, fmt_duration, printable
+from ..session import Session
+from ._strips import CachedStrips
+from ._text import plain_lines
+from .confirm import Confirm
+
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+
+KEYS: tuple[tuple[str, str, str], ...] = (
+    ("o", "sort_next", "Sort by the next column"),
+    ("O", "sort_reverse", "Reverse the sort order"),
+    ("slash", "filter", "Filter the rows by text (enter keeps it, escape clears it)"),
+    ("t", "toggle_tree", "Tree view: each process under its launcher (parent pid)"),
+    ("I", "signal('INT')", "Send SIGINT to the selected process (after a confirmation)"),
+    ("T", "signal('TERM')", "Send SIGTERM to the selected process (after a confirmation)"),
+    ("K", "signal('KILL')", "Send SIGKILL to the selected process (after a confirmation)"),
+    ("enter", "open", "Open the selected process's timelines"),
+)
+"""The Processes tab's own keys: (key, action, help), bound while its table has focus."""
+
+KEY_DISPLAY = {"slash": "/"}
+
+
+WIDTHS = {
+    "pid": 8,
+    "user": 9,
+    "device": 7,
+    "gpu_mem": 10,
+    "sm": 5,
+    "cpu": 6,
+    "rss": 10,
+    "elapsed": 9,
+    "rank": 5,
+    "phase": 14,
+    "command": 0,  # the rest of the line
+}
+"""Cells of each column (a fixed layout: no pass over the rows to measure them)."""
+RIGHT = {"pid", "gpu_mem", "sm", "cpu", "rss", "elapsed", "rank"}
+NARROW = ((120, {"rss", "elapsed", "rank"}), (100, {"phase"}))
+"""Below each width (cells), these columns give way so the command keeps some room."""
+
+
+def shown_columns(width: int) -> list[str]:
+    """The column keys shown at ``width`` cells."""
+    hidden: set[str] = set()
+    for below, keys in NARROW:
+        if width < below:
+            hidden |= keys
+    return [k for k, _ in pr.COLUMNS if k not in hidden]
+
+
+class ProcessTable(CachedStrips, can_focus=True):
+    """Every process on every GPU (NVML) plus every instrumented process.
+
+    Only the rows in view are formatted and drawn: a refresh of hundreds of processes
+    costs the rows' gathering and one screenful, not a table widget's rebuild.
+
+    Attributes:
+        at: The figures' time (the cursor); None: the newest.
+        sort_key: The column sorted on (a key of :data:`~gpuwatch.analysis.processes.COLUMNS`).
+        reverse: Sorted high to low.
+        filter_text: The filter's text ("" shows all).
+        as_tree: Shown as a tree by parent pid.
+        uid: The user whose processes may be signalled; None: this process's effective
+            uid (root may signal any). Tests set it to check a refusal as a non-root user.
+        cursor_row: The selected row.
+    """
+
+    DEFAULT_CSS = """
+    ProcessTable {
+        height: 1fr;
+        background: $surface;
+    }
+    ProcessTable > .process-table--header {
+        background: $panel;
+        color: $text;
+        text-style: bold;
+    }
+    ProcessTable > .process-table--odd {
+        background: $surface-lighten-1;
+    }
+    ProcessTable > .process-table--cursor {
+        background: $panel-lighten-2;
+        color: $text;
+    }
+    ProcessTable:focus > .process-table--cursor {
+        background: $primary;
+        color: $text;
+        text-style: bold;
+    }
+    """
+
+    COMPONENT_CLASSES = {
+        "process-table--header",
+        "process-table--odd",
+        "process-table--cursor",
+    }
+
+    BINDINGS = [
+        Binding("up", "move(-1)", "Up", show=False),
+        Binding("down", "move(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        *(
+            Binding(k, a, h.split(" (")[0], show=False, key_display=KEY_DISPLAY.get(k))
+            for k, a, h in KEYS
+        ),
+    ]
+
+    def __init__(self, session: Session, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.session = session
+        self.at: int | None = None
+        self.sort_key = "device"
+        self.reverse = False
+        self.filter_text = ""
+        self.as_tree = False
+        self.uid: int | None = None
+        self.shown: list[pr.ProcRow] = []
+        self.cursor_row = 0
+        self.top = 0  # the first row in view
+        self.opener: Callable[[pr.ProcRow], None] | None = None  # enter: the app's
+        self._last: object = None
+        self._version = 0
+
+    # ------------------------------------------------------------------ rows
+
+    def refresh_rows(self) -> None:
+        """Rebuild from the session at :attr:`at` (sorted, filtered, as a tree)."""
+        listed = pr.rows(self.session, self.at)
+        items = pr.sort(listed, self.sort_key, self.reverse)
+        if self.filter_text:
+            items = pr.matching(items, self.filter_text)
+        if self.as_tree:
+            items = pr.tree(self.session, items)
+        parent = self.parent
+        if isinstance(parent, ProcessesView):
+            parent.show_note(self._note(items, listed))
+        signature = (self.sort_key, self.reverse, [_figures(r) for r in items])
+        if signature == self._last:
+            return
+        self._last = signature
+        selected = self.selected()
+        self.shown = items
+        if selected is not None:  # the cursor stays on its process when the order changes
+            same = [i for i, r in enumerate(items) if r.pid == selected.pid]
+            if same:
+                self.cursor_row = same[0]
+        self._place(self.cursor_row)
+
+    @property
+    def row_count(self) -> int:
+        """Rows shown."""
+        return len(self.shown)
+
+    def get_row_at(self, index: int) -> list[str]:
+        """The cells of row ``index`` as shown (untrimmed)."""
+        return list(self._cells(self.shown[index]))
+
+    def move_cursor(self, *, row: int, animate: bool = False) -> None:
+        """Select row ``row`` (scrolled into view)."""
+        self._place(row)
+
+    def _place(self, row: int) -> None:
+        n = len(self.shown)
+        self.cursor_row = max(0, min(row, n - 1))
+        rows = max(1, self.size.height - 1)
+        if self.cursor_row < self.top:
+            self.top = self.cursor_row
+        elif self.cursor_row >= self.top + rows:
+            self.top = self.cursor_row - rows + 1
+        self.top = max(0, min(self.top, max(0, n - rows)))
+        self._version += 1
+        self.refresh()
+
+    def action_move(self, step: int) -> None:
+        """Cursor one row up or down."""
+        self._place(self.cursor_row + step)
+
+    def action_page(self, step: int) -> None:
+        """Cursor a screenful up or down."""
+        self._place(self.cursor_row + step * max(1, self.size.height - 2))
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y >= 1:
+            self._place(self.top + event.y - 1)
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        event.stop()
+        self._place(self.cursor_row + 3)
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        event.stop()
+        self._place(self.cursor_row - 3)
+
+    def on_resize(self) -> None:
+        self._place(self.cursor_row)
+
+    # ------------------------------------------------------------------ drawing
+
+    def strips_key(self, size: Size) -> object:
+        return (self._version, self.top, self.cursor_row, size, self.has_focus, self.app.theme)
+
+    def build_strips(self, size: Size) -> list[Strip]:
+        width = size.width
+        base = self.rich_style
+        header = base + self.get_component_rich_style("process-table--header")
+        odd = base + self.get_component_rich_style("process-table--odd")
+        cursor = base + self.get_component_rich_style("process-table--cursor")
+        heads = []
+        keys = shown_columns(width)
+        for key, label in pr.COLUMNS:
+            arrow = ("▼" if self.reverse else "▲") if key == self.sort_key else ""
+            heads.append(label + arrow)
+        strips = [Strip([Segment(_line(heads, width, keys), header)], width)]
+        for i in range(self.top, min(len(self.shown), self.top + size.height - 1)):
+            style = cursor if i == self.cursor_row else odd if i % 2 else base
+            text = _line(self._cells(self.shown[i]), width, keys)
+            strips.append(Strip([Segment(text, style)], width))
+        return strips
+
+    def _note(self, items: list[pr.ProcRow], listed: list[pr.ProcRow]) -> str:
+        lines = [
+            f"{where}: {fmt_bytes(rest)} used that NVML attributes to no listed process "
+            "(another container's, or no permission to list them)"
+            for where, rest in pr.unattributed(self.session, self.at, listed)
+        ]
+        how = [f"{len(items)} processes, sorted by {dict(pr.COLUMNS)[self.sort_key]}"]
+        how[0] += " ▼" * self.reverse
+        if self.filter_text:
+            how.append(f"filter “{self.filter_text}”")
+        if self.as_tree:
+            how.append("tree")
+        hidden = [
+            dict(pr.COLUMNS)[k] for k, _ in pr.COLUMNS if k not in shown_columns(self._width())
+        ]
+        if hidden:
+            how.append("wider: " + ", ".join(hidden))
+        how.append("o/O sort · / filter · t tree · I/T/K signal · enter timelines")
+        return "\n".join([*lines, " · ".join(how)])
+
+    def _width(self) -> int:
+        """The table's width; before its first layout, the screen's."""
+        return self.size.width or self.app.size.width
+
+    def _cells(self, r: pr.ProcRow) -> tuple[str, ...]:
+        pid = str(r.shown_pid) + (f" ({r.container_pid})" if r.container_pid else "")
+        command = r.command or r.name or ""
+        if not r.visible:
+            command = f"{command} (not visible from here)".strip()
+        return (
+            pid,
+            r.user or "",
+            r.device,
+            _bytes(r.gpu_mem, r.listed and r.device_key != "host"),  # host: on no GPU
+            # A launcher in the tree was not sampled; a process on the host has no SM %.
+            _pct(r.sm) if r.listed and r.device_key != "host" else "",
+            _pct(r.cpu) if r.listed else "",
+            _bytes(r.rss, r.listed),
+            fmt_duration(int(r.elapsed * 1e9)) if r.elapsed is not None else "",
+            "" if r.rank is None else str(r.rank),
+            r.phase or "",
+            r.branch + command[:300],
+        )
+
+    def selected(self) -> pr.ProcRow | None:
+        """The row under the cursor, if any."""
+        if not self.shown or not 0 <= self.cursor_row < len(self.shown):
+            return None
+        return self.shown[self.cursor_row]
+
+    # ------------------------------------------------------------------ keys
+
+    def action_sort_next(self) -> None:
+        """Sort by the next column."""
+        keys = [k for k, _ in pr.COLUMNS]
+        self.sort_key = keys[(keys.index(self.sort_key) + 1) % len(keys)]
+        self.refresh_rows()
+
+    def action_sort_reverse(self) -> None:
+        """Reverse the order."""
+        self.reverse = not self.reverse
+        self.refresh_rows()
+
+    def action_toggle_tree(self) -> None:
+        """Show / leave the tree by parent pid."""
+        self.as_tree = not self.as_tree
+        self.refresh_rows()
+
+    def action_filter(self) -> None:
+        """Open the filter line."""
+        parent = self.parent
+        if isinstance(parent, ProcessesView):
+            parent.open_filter()
+
+    def action_open(self) -> None:
+        """Open the selected process's timelines."""
+        row = self.selected()
+        if row is not None and row.listed and self.opener is not None:
+            self.opener(row)
+
+    def action_signal(self, name: str) -> None:
+        """Ask, then send SIG``name`` to the selected process (or say in one line why not)."""
+        row = self.selected()
+        sig = SIGNALS[name]
+        why = self.refusal(row)
+        if why is not None or row is None:
+            self.app.notify(why or "no process selected", severity="warning", timeout=4)
+            return
+        what = f"pid {row.shown_pid} ({row.user or '?'}): {row.command or row.name}"
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._send(row, sig)
+
+        self.app.push_screen(
+            Confirm(what[:200], f"Send SIG{name} to pid {row.shown_pid}?"), answered
+        )
+
+    def refusal(self, row: pr.ProcRow | None) -> str | None:
+        """Why a signal may not go to ``row``, in one line; None when it may."""
+        if not self.session.live:
+            return "this is a replay: its processes are a recording's, no signal is sent"
+        if self.app.is_web:
+            return "a served page sends no signal: use the dashboard on the machine"
+        if row is None:
+            return "no process selected"
+        if not row.visible or row.shown_pid != row.pid:
+            return f"pid {row.shown_pid} is not visible from here (another PID namespace)"
+        me = os.geteuid() if self.uid is None else self.uid
+        owner = _owner(row.pid)
+        if owner is None:
+            return f"pid {row.pid} has ended"
+        if me != 0 and owner != me:
+            who = row.user or f"uid {owner}"
+            return f"pid {row.pid} belongs to {who}: only your own processes (root: any)"
+        return None
+
+    def _send(self, row: pr.ProcRow, sig: int) -> None:
+        name = signal.Signals(sig).name
+        why = self.refusal(row)  # asked again: the answer took a while
+        if why is None and row.started is not None and not _same_process(row.pid, row.started):
+            why = f"pid {row.pid} is now another process: not sent"
+        if why is not None:
+            self.app.notify(why, severity="warning", timeout=4)
+            return
+        try:
+            os.kill(row.pid, sig)
+        except OSError as exc:
+            self.app.notify(f"{name} to pid {row.pid} failed: {exc.strerror}", severity="error")
+            return
+        self.app.notify(f"sent {name} to pid {row.pid}", timeout=3)
+
+
+class ProcessesView(Vertical):
+    """The tab: what NVML cannot attribute and how the rows are shown, the table, and the
+    filter line (``/``)."""
+
+    DEFAULT_CSS = """
+    ProcessesView #process-note {
+        height: auto;
+        color: $text-muted;
+        padding: 0 1;
+    }
+    ProcessesView #process-filter {
+        display: none;
+        height: 1;
+        border: none;
+        padding: 0 1;
+    }
+    ProcessesView #process-filter.-open {
+        display: block;
+    }
+    ProcessesView ProcessTable {
+        height: 1fr;
+    }
+    """
+
+    BINDINGS = [Binding("escape", "escape", "Close the filter", show=False)]
+
+    def __init__(self, table: ProcessTable, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.table = table
+        self.note = Static("", id="process-note")
+        self.filter = Input(
+            placeholder="filter: words of pid, user, GPU, command, phase", id="process-filter"
+        )
+        self._note = ""
+
+    def compose(self) -> ComposeResult:
+        yield self.note
+        yield self.table
+        yield self.filter
+
+    def show_note(self, text: str) -> None:
+        if text != self._note:
+            self._note = text
+            self.note.update(plain_lines(text.split("\n")))
+
+    def open_filter(self) -> None:
+        self.filter.value = self.table.filter_text
+        self.filter.add_class("-open")
+        self.filter.focus()
+
+    @on(Input.Changed, "#process-filter")
+    def _typed(self, event: Input.Changed) -> None:
+        self.table.filter_text = event.value.strip()
+        self.table.refresh_rows()
+
+    @on(Input.Submitted, "#process-filter")
+    def _kept(self) -> None:
+        self.filter.remove_class("-open")
+        self.table.focus()
+
+    async def action_escape(self) -> None:
+        """Clear and close the filter line when it is open; else the dashboard's escape."""
+        if not self.filter.has_class("-open"):
+            await self.app.run_action("clear_cursor")
+            return
+        self.filter.value = ""
+        self.table.filter_text = ""
+        self.filter.remove_class("-open")
+        self.table.focus()
+        self.table.refresh_rows()
+
+
+def _figures(r: pr.ProcRow) -> tuple[object, ...]:
+    """What a row shows, to tell whether a refresh changed anything."""
+    return (r.pid, r.device, r.gpu_mem, r.sm, r.cpu, r.rss, r.phase, r.rank, r.depth)
+
+
+def _line(cells: list[str] | tuple[str, ...], width: int, keys: list[str]) -> str:
+    """One row's cells of the columns ``keys``, cut or padded to ``width`` (printable)."""
+    parts = []
+    raw = "".join(cells)
+    safe = printable(raw) is raw  # one look at the whole row: escapes are rare
+    for (key, _), text in zip(pr.COLUMNS, cells, strict=True):
+        if key not in keys:
+            continue
+        if not safe:
+            text = printable(text)
+        w = WIDTHS[key]
+        if w:
+            text = text[:w].rjust(w) if key in RIGHT else text[:w].ljust(w)
+        parts.append(text)
+    return " " + " ".join(parts)[: max(0, width - 1)].ljust(max(0, width - 1))
+
+
+def _bytes(v: int | None, listed: bool) -> str:
+    return fmt_bytes(v) if v is not None else "n/a" if listed else ""
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}%"
+
+
+def _owner(pid: int) -> int | None:
+    """The real uid owning ``pid`` now; None when it has ended."""
+    try:
+        return psutil.Process(pid).uids().real
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        return -1  # not ours to read: not ours to signal either
+
+
+def _same_process(pid: int, started: float) -> bool:
+    """``pid`` is still the process that started at ``started`` (not a reused pid)."""
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 0.5
+    except psutil.Error:
+        return False

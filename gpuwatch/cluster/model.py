@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
-from ..fmt import fmt_bytes
+from ..fmt import ellipsis, fmt_bytes, printable
+from ..protocol import job_id
 from .client import PromClient, PromError, Series, selector
 
 OK, LOST, STALE = "ok", "lost", "stale"
@@ -48,7 +49,15 @@ FAMILIES = (
 layout) is read when the exporter has it; ``up`` tells which scrape targets answer."""
 
 
-JOB_LABELS = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch_run")
+JOB_LABELS = (
+    "slurm_job",
+    "slurm_step",
+    "k8s_namespace",
+    "k8s_pod",
+    "job_name",
+    "torch_run",
+    "job_id",
+)
 """The scheduler's labels, which the exporter puts on process series only
 (docs/prometheus.md): a ``--match`` on one selects the job's processes, and the view shows
 the GPUs of the hosts they run on."""
@@ -63,6 +72,9 @@ def family_matchers(
         return list(matchers)
     return [m for m in matchers if m[0] not in JOB_LABELS]
 
+
+PHASE_WIDTH = 24
+"""Widest phase name in the ranks tables (a column each): longer ones are cut with ``…``."""
 
 QUERY_THREADS = 4
 """Queries of one refresh in flight at once (Prometheus answers each on its own thread)."""
@@ -172,11 +184,22 @@ def fetch(
     return answers
 
 
+@dataclass(frozen=True)
+class Worst:
+    """The rank that stands out most: its job, rank and host, and why."""
+
+    job: str
+    rank: int
+    host: str
+    why: str
+
+
 @dataclass
 class _Process:
     host: str
     pid: int
     gpu: str | None
+    job: str = ""
     rank: int | None = None
     step: int | None = None
     phase: str | None = None
@@ -193,7 +216,7 @@ class Cluster:
         gpus: Cells by ``host:index``.
         error: One line about the newest refresh (None: it read everything).
         refreshed: Wall time of the newest refresh that read something.
-        ranks: The ranks side by side (empty when no process has a rank).
+        jobs: The ranks side by side, one table per job (``job_id``), by job.
         down: Scrape targets (``instance``) whose newest ``up`` is 0.
     """
 
@@ -201,7 +224,7 @@ class Cluster:
         self.gpus: dict[str, Gpu] = {}
         self.error: str | None = None
         self.refreshed: float | None = None
-        self.ranks: Ranks = compare([])
+        self.jobs: dict[str, Ranks] = {}
         self.down: set[str] = set()
         self._procs: dict[tuple[str, int], _Process] = {}
         self._clock = clock
@@ -315,7 +338,8 @@ class Cluster:
                 if len(procs) >= MAX_GPUS * 8:
                     return None
                 old = self._procs.get(key)
-                p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None)
+                job = labels.get("job_id") or job_id(labels, key[0])  # an older exporter's
+                p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None, job)
                 if old is not None:  # a family not read this time keeps its figures
                     p.step, p.predicted, p.peaks = old.step, old.predicted, dict(old.peaks)
                     p.strategy, p.world_size = old.strategy, old.world_size
@@ -351,7 +375,10 @@ class Cluster:
                 p.world_size = _int(series.labels.get("world_size")) or p.world_size
         self._procs = procs
         self._cells_from(procs.values())
-        self.ranks = compare(self._rank_rows(procs.values()))
+        by_job: dict[str, list[RankRow]] = defaultdict(list)
+        for job, row in self._rank_rows(procs.values()):
+            by_job[job].append(row)
+        self.jobs = {job: compare(by_job[job]) for job in sorted(by_job)}
 
     def _cells_from(self, procs: Iterable[_Process]) -> None:
         by_gpu: dict[str, list[_Process]] = defaultdict(list)
@@ -370,25 +397,29 @@ class Cluster:
             predicted = [p.predicted for p in on if p.predicted is not None]
             cell.predicted = sum(predicted) if predicted else None
 
-    def _rank_rows(self, procs: Iterable[_Process]) -> list[RankRow]:
+    def _rank_rows(self, procs: Iterable[_Process]) -> list[tuple[str, RankRow]]:
         rows = []
         for p in procs:
             if p.rank is None:
                 continue
             cell = self.gpus.get(f"{p.host}:{p.gpu}") if p.gpu is not None else None
-            rows.append(
-                RankRow(
-                    rank=p.rank,
-                    host=p.host,
-                    gpu=f"{p.host}:{p.gpu}" if p.gpu is not None else None,
-                    pid=p.pid,
-                    step=p.step,
-                    used=cell.used if cell is not None else None,
-                    phases={name: RankPhase(peak=v) for name, v in p.peaks.items()},
-                    strategy=p.strategy,
-                    world_size=p.world_size,
-                )
+            phases: dict[str, RankPhase] = {}
+            for name, peak in p.peaks.items():  # a column each: long names cut
+                short = ellipsis(printable(name), PHASE_WIDTH)
+                if short not in phases or (phases[short].peak or 0) < peak:
+                    phases[short] = RankPhase(peak=peak)
+            row = RankRow(
+                rank=p.rank,
+                host=p.host,
+                gpu=f"{p.host}:{p.gpu}" if p.gpu is not None else None,
+                pid=p.pid,
+                step=p.step,
+                used=cell.used if cell is not None else None,
+                phases=phases,
+                strategy=p.strategy,
+                world_size=p.world_size,
             )
+            rows.append((p.job, row))
         return rows
 
     # ------------------------------------------------------------------ the view's questions
@@ -414,16 +445,25 @@ class Cluster:
         known = [g for g in self.gpus.values() if g.used is not None and g.total]
         return max(known, key=lambda g: (g.fill, g.key)) if known else None
 
-    def worst_rank(self) -> tuple[int, str] | None:
-        """The rank that stands out most, and why: the largest excess a flag names, else the
-        highest peak of any phase."""
-        flags = sorted(self.ranks.flags, key=lambda f: (-(f.kind == "above_median"), -f.bytes))
-        if flags:
-            return flags[0].rank, flags[0].text
-        if not self.ranks.spreads:
+    @property
+    def rank_count(self) -> int:
+        return sum(len(r.rows) for r in self.jobs.values())
+
+    def worst_rank(self) -> Worst | None:
+        """The rank that stands out most over every job: the largest excess over its job's
+        median a flag names (then any other flag), else the highest peak of any phase."""
+        flagged = [(job, f) for job, r in self.jobs.items() for f in r.flags]
+        if flagged:
+            job, flag = min(
+                flagged, key=lambda jf: (jf[1].kind != "above_median", -jf[1].bytes, jf[0])
+            )
+            return Worst(job, flag.rank, _host(self.jobs[job], flag.rank), flag.text)
+        spreads = [(job, s) for job, r in self.jobs.items() for s in r.spreads]
+        if not spreads:
             return None
-        top = max(self.ranks.spreads, key=lambda s: s.max_bytes)
-        return top.max_rank, f"{top.phase} peak {fmt_bytes(top.max_bytes)}"
+        job, top = max(spreads, key=lambda js: (js[1].max_bytes, js[0]))
+        why = f"{top.phase} peak {fmt_bytes(top.max_bytes)}"
+        return Worst(job, top.max_rank, _host(self.jobs[job], top.max_rank), why)
 
     def summary(self) -> str:
         """One line: GPUs, hosts, ranks, the fullest GPU, the worst rank."""
@@ -437,7 +477,7 @@ class Cluster:
         parts = [
             f"{len(self.gpus)} GPUs",
             f"{len(self.hosts())} hosts",
-            f"{len(self.ranks.rows)} ranks",
+            f"{self.rank_count} ranks",
         ]
         odd = [f"{n} {state}" for state, n in sorted(states.items()) if state != OK]
         if odd:
@@ -448,8 +488,12 @@ class Cluster:
                 f"({full.fill:.0%})"
             )
         if (worst := self.worst_rank()) is not None:
-            parts.append(f"worst rank {worst[0]}")
+            parts.append(f"worst rank {worst.rank} on {worst.host} ({worst.job})")
         return parts
+
+
+def _host(ranks: Ranks, rank: int) -> str:
+    return next((r.host for r in ranks.rows if r.rank == rank), "?")
 
 
 def _index_key(index: str) -> tuple[int, str]:

@@ -88,7 +88,19 @@ def report(cluster: Cluster, now: float, sort: str = "host", text: str = "") -> 
     if cluster.error:
         lines.append(f"! {printable(cluster.error)}")
     lines += grid_lines(cluster, now, sort, text)
-    ranks = format_ranks(cluster.ranks)
+    ranks = ranks_lines(cluster)
     if ranks:
-        lines += ["", *(printable(line) for line in ranks)]
+        lines += ["", *ranks]
     return lines
+
+
+def ranks_lines(cluster: Cluster) -> list[str]:
+    """One ranks table per job (``job_id``), each under its job's name; [] when no
+    process reports a rank."""
+    out: list[str] = []
+    for job, ranks in cluster.jobs.items():
+        if out:
+            out.append("")
+        out.append(f"job {label(job, 80)}")
+        out += [printable(line) for line in format_ranks(ranks)]
+    return out

@@ -30,10 +30,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
 
-from ..analysis.ranks import format_ranks
 from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
 from ..cluster.history import HostHistory, load
-from ..cluster.text import HEAD, cell_columns, label
+from ..cluster.text import HEAD, cell_columns, label, ranks_lines
 from ..fmt import fmt_duration, printable
 from ._text import Fitted, Line, markup_safe, plain, plain_lines
 from .band import BandRow, BandSpan, PhaseBand
@@ -403,7 +402,7 @@ class ClusterApp(App[int]):
         """The ranks table, while its tab shows (laying it out costs what the grid does)."""
         if self.query_one(TabbedContent).active != "ranks-tab":
             return
-        lines = format_ranks(self.cluster.ranks) or ["No process reports a rank."]
+        lines = ranks_lines(self.cluster) or ["No process reports a rank."]
         if lines != self._ranks_shown:
             self._ranks_shown = lines
             self.ranks_view.update(plain_lines(lines))

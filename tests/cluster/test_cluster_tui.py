@@ -15,6 +15,7 @@ from gpuwatch.tui.cluster import ClusterApp, GpuBlock, HostScreen
 
 SIZE = (140, 45)
 TOKEN = "tok-7d1e0c55aa"
+JOB = {"job_id": "torchrun:node-a:29500"}
 
 
 @pytest.fixture
@@ -23,8 +24,8 @@ def served() -> Iterator[tuple[Stub, PromStub]]:
         families=merge(
             gpu_series("node-a", 2, used_gib=70),
             gpu_series("node-b", 2, used_gib=10),
-            rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB, "backward": 3 * GiB}),
-            rank_series("node-b", 1, 1, 202, {"forward": 2 * GiB, "backward": 9 * GiB}),
+            rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB, "backward": 3 * GiB}, **JOB),
+            rank_series("node-b", 1, 1, 202, {"forward": 2 * GiB, "backward": 9 * GiB}, **JOB),
         )
     )
     server = PromStub(s)
@@ -56,7 +57,7 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         await pilot.pause()
         text = screen_text(app)
         assert "4 GPUs · 2 hosts · 2 ranks" in text
-        assert "fullest node-a:1" in text and "worst rank 1" in text
+        assert "fullest node-a:1" in text and "worst rank 1 on node-b" in text
         for line in ("node-a", "node-b", "70.0G/80.0G", "forward @10"):
             assert line in text, text
         # One query per family and refresh, whatever the number of GPUs.
@@ -80,6 +81,7 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         await pilot.pause()
         text = screen_text(app)
         assert "ranks: 2" in text and "9.0G (rank 1)" in text and "above the" in text, text
+        assert "job torchrun:node-a:29500" in text
         await pilot.press("1")
         # Enter on a row: its host's panels, from range queries.
         await pilot.press("end")  # node-b:0, the last row of the memory sort

@@ -52,10 +52,17 @@ def gpu_series(
 
 
 def rank_series(
-    host: str, gpu: int, rank: int, pid: int, peaks: dict[str, float], step: int = 10
+    host: str,
+    gpu: int,
+    rank: int,
+    pid: int,
+    peaks: dict[str, float],
+    step: int = 10,
+    **job: str,
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """One rank's process families: its step, current phase and per-phase peaks (bytes)."""
-    base = {"pid": str(pid), "rank": str(rank), "gpu": str(gpu), "host": host}
+    """One rank's process families: its step, current phase and per-phase peaks (bytes);
+    ``job``: its job labels (``job_id=...``, ``slurm_job=...``)."""
+    base = {"pid": str(pid), "rank": str(rank), "gpu": str(gpu), "host": host, **job}
     out: dict[str, list[tuple[dict[str, str], float]]] = {
         "gpuwatch_process_step": [(base, step)],
         "gpuwatch_process_phase_info": [({**base, "phase": "forward"}, 1)],

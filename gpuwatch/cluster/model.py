@@ -11,6 +11,7 @@ rows, so the ranks table is the one ``gpuwatch info`` prints.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
 from ..fmt import ellipsis, fmt_bytes, printable
 from ..protocol import job_id
-from .client import PromClient, PromError, Series, selector
+from .client import PromClient, PromError, Series, quote, selector
 
 OK, LOST, STALE = "ok", "lost", "stale"
 
@@ -75,6 +76,18 @@ def family_matchers(
 
 PHASE_WIDTH = 24
 """Widest phase name in the ranks tables (a column each): longer ones are cut with ``…``."""
+
+LAST_KNOWN = (
+    "gpuwatch_gpu_memory_total_bytes",
+    "gpuwatch_gpu_memory_used_bytes",
+    "gpuwatch_gpu_up",
+)
+"""Families asked again over the last :data:`FORGET_S` for the targets Prometheus reports
+down (``up == 0``), so that a host whose exporter was gone before the view started shows
+with its last known figures."""
+
+MAX_DOWN_ASKED = 256
+"""Most down targets whose last figures one refresh asks for."""
 
 QUERY_THREADS = 4
 """Queries of one refresh in flight at once (Prometheus answers each on its own thread)."""
@@ -151,6 +164,8 @@ class Answers:
     errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     by_job: bool = False  # a matcher named a job label: only the job's hosts are shown
+    last: dict[str, list[Series]] = field(default_factory=dict)
+    """Per family of :data:`LAST_KNOWN`, the newest point of the down targets' series."""
 
 
 def fetch(
@@ -174,12 +189,32 @@ def fetch(
                 gone.append(exc)
             return family, exc
 
+    down: list[str] = []  # the targets up == 0 names, once ``up`` is read
+
+    def ask_last(family: str) -> tuple[str, list[Series] | PromError]:
+        if gone:
+            return family, gone[0]
+        regex = "|".join(re.escape(i) for i in down)
+        m = [*family_matchers(family, matchers), ("instance", "=~", quote(regex))]
+        try:
+            promql = f"last_over_time({selector(family, m)}[{int(FORGET_S)}s])"
+            return family, client.query(promql, at=at)
+        except PromError as exc:
+            return family, exc
+
     with ThreadPoolExecutor(max_workers=QUERY_THREADS, thread_name_prefix="gw-query") as pool:
         for family, got in pool.map(ask, FAMILIES):
             if isinstance(got, PromError):
                 answers.errors[family] = str(got)
             else:
                 answers.series[family] = got
+        up = answers.series.get("up", [])
+        down = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {""})
+        down = down[:MAX_DOWN_ASKED]
+        if down:  # a second round, only while a target is down
+            for family, got in pool.map(ask_last, LAST_KNOWN):
+                if not isinstance(got, PromError):  # best effort: the host shows as lost
+                    answers.last[family] = got
     answers.seconds = time.perf_counter() - start
     return answers
 
@@ -217,7 +252,7 @@ class Cluster:
         error: One line about the newest refresh (None: it read everything).
         refreshed: Wall time of the newest refresh that read something.
         jobs: The ranks side by side, one table per job (``job_id``), by job.
-        down: Scrape targets (``instance``) whose newest ``up`` is 0.
+        down: Scrape targets (``instance``) whose newest ``up`` is 0, and their host.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
@@ -225,7 +260,7 @@ class Cluster:
         self.error: str | None = None
         self.refreshed: float | None = None
         self.jobs: dict[str, Ranks] = {}
-        self.down: set[str] = set()
+        self.down: dict[str, str] = {}
         self._procs: dict[tuple[str, int], _Process] = {}
         self._clock = clock
 
@@ -251,7 +286,10 @@ class Cluster:
             more = f" (and {len(answers.errors) - 1} more)" if len(answers.errors) > 1 else ""
             self.error = f"{family}: {why}{more}"
         if "up" in s:
-            self.down = {x.labels.get("instance", "") for x in s["up"] if x.value == 0}
+            self.down = {
+                x.labels.get("instance", ""): host_of(x.labels) for x in s["up"] if x.value == 0
+            }
+            self.down.pop("", None)
         seen: set[str] = set()
         gpu_families = (
             "gpuwatch_gpu_memory_total_bytes",
@@ -264,6 +302,21 @@ class Cluster:
                 if cell is None:
                     continue
                 seen.add(cell.key)
+                if family.endswith("total_bytes"):
+                    cell.total = _bytes(series.value)
+                elif family.endswith("used_bytes"):
+                    cell.used = _bytes(series.value)
+                else:
+                    cell.up = series.value == 1
+        kept: set[str] = set()  # GPUs of down targets, from their last figures
+        for family in LAST_KNOWN:
+            for series in answers.last.get(family, []):
+                cell = self._cell(series)
+                if cell is None or cell.key in seen:
+                    continue
+                kept.add(cell.key)
+                if cell.seen:  # this view had it live: its own last figures stand
+                    continue
                 if family.endswith("total_bytes"):
                     cell.total = _bytes(series.value)
                 elif family.endswith("used_bytes"):
@@ -283,7 +336,9 @@ class Cluster:
             seen = {k for k in seen if k in self.gpus}
         failed_core = any(f in answers.errors for f in (*core, "gpuwatch_gpu_up"))
         for key in [
-            k for k, g in self.gpus.items() if k not in seen and answers.at - g.seen > FORGET_S
+            k
+            for k, g in self.gpus.items()
+            if k not in seen and k not in kept and answers.at - g.seen > FORGET_S
         ]:
             del self.gpus[key]
         for key, cell in self.gpus.items():
@@ -427,6 +482,32 @@ class Cluster:
     def hosts(self) -> list[str]:
         return sorted({g.host for g in self.gpus.values()})
 
+    def lost_hosts(self) -> dict[str, str]:
+        """Down targets of which no GPU is known (gone before the view started, more than
+        :data:`FORGET_S` ago, or never exporting a GPU): their host name (the ``host``
+        target label, else the target) -> target."""
+        held = {g.instance for g in self.gpus.values()}
+        return {host: inst for inst, host in sorted(self.down.items()) if inst not in held}
+
+    def host_note(self, gpus: Sequence[Gpu]) -> str:
+        """A host line's note: its GPUs, how many are not ok, whether its target is down."""
+        odd = sum(g.state != OK for g in gpus)
+        note = f"{len(gpus)} GPUs" + (f", {odd} not ok" if odd else "")
+        down = sorted({g.instance for g in gpus if g.instance in self.down})
+        if down:
+            note += f" · lost: target {', '.join(down)} down, last known figures"
+        return note
+
+    def lost_lines(self, text: str = "") -> list[tuple[str, str]]:
+        """(host, note) of the lost hosts with no figures whose line holds ``text``."""
+        needle = " ".join(text.lower().split())
+        out = []
+        for host, inst in self.lost_hosts().items():
+            note = f"lost: target {inst} down, no figures seen"
+            if needle in f"{host} {note}".lower():
+                out.append((host, note))
+        return out
+
     def cells(self, sort: str = "host", text: str = "") -> list[tuple[str, list[Gpu]]]:
         """The GPUs grouped by host, in the order ``sort`` asks, those whose text (key, name,
         ranks, phase, state) holds ``text`` (case and runs of spaces aside).
@@ -474,12 +555,15 @@ class Cluster:
         states = defaultdict(int)
         for g in self.gpus.values():
             states[g.state] += 1
+        lost = self.lost_hosts()
         parts = [
             f"{len(self.gpus)} GPUs",
-            f"{len(self.hosts())} hosts",
+            f"{len(self.hosts()) + len(lost)} hosts",
             f"{self.rank_count} ranks",
         ]
         odd = [f"{n} {state}" for state, n in sorted(states.items()) if state != OK]
+        if self.down:
+            odd.append(f"{len(self.down)} down")
         if odd:
             parts.append(", ".join(odd))
         if (full := self.fullest()) is not None:

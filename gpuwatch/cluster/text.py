@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..analysis.ranks import format_ranks
 from ..fmt import ellipsis, fmt_duration, fmt_short, printable
-from .model import OK, STALE, Cluster, Gpu
+from .model import STALE, Cluster, Gpu
 
 BAR = 12
 """Cells of a GPU's used/total bar."""
@@ -68,10 +68,7 @@ def grid_lines(cluster: Cluster, now: float, sort: str = "host", text: str = "")
     rows: list[list[str]] = [HEAD]
     hosts: dict[int, str] = {}
     for host, gpus in groups:
-        odd = sum(g.state != OK for g in gpus)
-        hosts[len(rows)] = f"{label(host, 60)}  ({len(gpus)} GPUs" + (
-            f", {odd} not ok)" if odd else ")"
-        )
+        hosts[len(rows)] = f"{label(host, 60)}  ({printable(cluster.host_note(gpus))})"
         rows += [cell_columns(g, now) for g in gpus]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD))]
     out = []
@@ -79,6 +76,8 @@ def grid_lines(cluster: Cluster, now: float, sort: str = "host", text: str = "")
         if i in hosts:
             out.append(hosts[i])
         out.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for host, note in cluster.lost_lines(text):
+        out.append(f"{label(host, 60)}  ({printable(note)})")
     return out
 
 

@@ -412,9 +412,9 @@ class ClusterApp(App[int]):
         now = time.time()
         rows: list[tuple[str, list[tuple[str, str]]]] = []
         for host, gpus in self.cluster.cells(self.sort, self.text):
-            odd = sum(g.state != "ok" for g in gpus)
-            note = f"{len(gpus)} GPUs" + (f", {odd} not ok" if odd else "")
-            rows.append((f"host\x00{host}", [(label(host, 40), "bold"), (note, "dim")]))
+            note = printable(self.cluster.host_note(gpus))
+            style = "bold red" if "lost:" in note else "dim"
+            rows.append((f"host\x00{host}", [(label(host, 40), "bold"), (note, style)]))
             for g in gpus:
                 cols = cell_columns(g, now)
                 bar_style = "red" if g.fill > 0.95 else "yellow" if g.fill > 0.85 else "green"
@@ -424,6 +424,10 @@ class ClusterApp(App[int]):
                 styles = ["", bar_style, "", "", "", "", state]
                 cols[0] = "  " + cols[0]
                 rows.append((f"gpu\x00{g.key}", list(zip(cols, styles, strict=True))))
+        for host, note in self.cluster.lost_lines(self.text):
+            rows.append(
+                (f"host\x00{host}", [(label(host, 40), "bold"), (printable(note), "bold red")])
+            )
         widths = [len(h) for h in HEAD]
         for key, cells in rows:
             if key.startswith("gpu"):

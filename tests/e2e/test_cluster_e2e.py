@@ -30,6 +30,7 @@ from conftest import ROOT, wait_for
 from test_prometheus_server import Lines, free_port, start_prometheus, stop_all
 from tmuxhelp import Tmux
 
+from gpuwatch.cluster import PromClient, PromError
 from gpuwatch.protocol import label_text
 
 PROMETHEUS = shutil.which("prometheus")
@@ -233,3 +234,69 @@ def test_a_real_prometheus_over_https(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_host_down_before_the_view_starts_is_listed_as_lost(
+    tmp_path: Path, sock_dir: Path, prometheus
+) -> None:
+    """node-b's exporter is killed (-9) before the view starts and node-c's never answered:
+    the view lists node-b with its last known figures and node-c as lost, from its first
+    refresh (before, it said "2 GPUs · 1 hosts" and nothing else)."""
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        addresses = {}
+        for host in ("node-a", "node-b"):
+            command = [
+                sys.executable, "-m", "gpuwatch", "record",
+                "--out", str(tmp_path / f"{host}.gpuwatch"),
+                "--socket", str(sock_dir / f"{host}.sock"),
+                "--prometheus", "127.0.0.1:0", "--interval", "250",
+            ]  # fmt: skip
+            procs[host] = subprocess.Popen(
+                command, env=_env(2), cwd=ROOT, stderr=subprocess.PIPE, text=True
+            )
+            found = Lines(procs[host])
+            assert wait_for(lambda f=found: f.find(r"metrics on http://(\S+)/metrics"), 60)
+            addresses[host] = found.find(r"metrics on http://(\S+)/metrics").group(1)
+        addresses["node-c"] = f"127.0.0.1:{free_port()}"  # nobody listens
+        client = PromClient(prometheus(addresses))
+
+        def up(host: str) -> float | None:
+            try:
+                got = client.query(f'up{{host="{host}"}}')
+            except PromError:
+                return None
+            return got[0].value if got else None
+
+        assert wait_for(lambda: up("node-b") == 1 and up("node-c") == 0, 60)
+        assert wait_for(lambda: client.query('gpuwatch_gpu_memory_used_bytes{host="node-b"}'), 30)
+        procs["node-b"].kill()
+        procs["node-b"].wait(30)
+        assert wait_for(lambda: up("node-b") == 0, 30)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("GPUWATCH_PROMETHEUS_TOKEN", None)
+        out = subprocess.run(
+            [sys.executable, "-m", "gpuwatch", "cluster", "--prometheus", client.base, "--once"],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        lines = out.stdout.splitlines()
+        assert "4 GPUs · 3 hosts" in lines[0] and "2 down" in lines[0], lines
+        (b,) = [line for line in lines if line.startswith("node-b ")]
+        assert "2 GPUs, 2 not ok" in b and f"lost: target {addresses['node-b']} down" in b, lines
+        i = lines.index(b)
+        cells = lines[i + 1 : i + 3]
+        assert all("G/80.0G" in c and "stale" in c for c in cells), lines  # its last figures
+        (c,) = [line for line in lines if line.startswith("node-c ")]
+        assert f"lost: target {addresses['node-c']} down, no figures seen" in c, lines
+        (a,) = [line for line in lines if line.startswith("node-a ")]
+        assert "not ok" not in a and "lost" not in a, lines
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

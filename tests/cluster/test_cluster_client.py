@@ -206,6 +206,12 @@ def _raw(status: int, body: bytes):
         (502, b"bad gateway", "HTTP 502"),
         (200, b"[" * 100_000 + b"]" * 100_000, "not Prometheus' JSON"),
         (200, b'{"status": "success", "data": 5}', "has no data"),
+        # JSON of another API (a proxy's, a service's) said as such, never "HTTP 200".
+        (200, b'{"message": "ok", "items": []}', "JSON of another shape"),
+        (200, b'{"status": "ok"}', "JSON of another shape"),
+        (200, b'{"status": {"a": 1}, "data": {}}', "JSON of another shape"),
+        (500, b'{"detail": "boom"}', "HTTP 500, JSON of another shape"),
+        (200, b'{"status": "error"}', "HTTP 200"),  # Prometheus' error without a reason
         (
             200,
             b'{"status": "success", "data": {"resultType": "vector", "result": 3}}',
@@ -225,6 +231,8 @@ def test_hostile_answers_are_one_line(stub, status: int, body: bytes, said: str)
         PromClient(server.url).query("up")
     text = str(caught.value)
     assert said in text and "\n" not in text and "\x1b" not in text
+    if "shape" in said:
+        assert "HTTP 200" not in text
 
 
 def test_an_answer_over_the_size_cap_is_refused(stub, monkeypatch) -> None:

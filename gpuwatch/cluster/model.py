@@ -15,12 +15,12 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
 from ..fmt import ellipsis, fmt_bytes, printable
 from ..protocol import job_id
+from .background import each, never
 from .client import PromClient, PromError, Series, quote, selector
 
 OK, LOST, STALE = "ok", "lost", "stale"
@@ -169,10 +169,18 @@ class Answers:
 
 
 def fetch(
-    client: PromClient, matchers: Sequence[tuple[str, str, str]] = (), at: float | None = None
+    client: PromClient,
+    matchers: Sequence[tuple[str, str, str]] = (),
+    at: float | None = None,
+    cancelled: Callable[[], bool] = never,
 ) -> Answers:
     """Ask every family once, all at the same instant and side by side (a refresh takes
-    about as long as its slowest query); a failure is kept per family."""
+    about as long as its slowest query); a failure is kept per family.
+
+    Raises:
+        Cancelled: ``cancelled()`` became true while queries were in flight (they end on
+            their own threads, which nobody waits for; see :mod:`.background`).
+    """
     at = time.time() if at is None else at
     start = time.perf_counter()
     answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers))
@@ -202,19 +210,18 @@ def fetch(
         except PromError as exc:
             return family, exc
 
-    with ThreadPoolExecutor(max_workers=QUERY_THREADS, thread_name_prefix="gw-query") as pool:
-        for family, got in pool.map(ask, FAMILIES):
-            if isinstance(got, PromError):
-                answers.errors[family] = str(got)
-            else:
-                answers.series[family] = got
-        up = answers.series.get("up", [])
-        down = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {""})
-        down = down[:MAX_DOWN_ASKED]
-        if down:  # a second round, only while a target is down
-            for family, got in pool.map(ask_last, LAST_KNOWN):
-                if not isinstance(got, PromError):  # best effort: the host shows as lost
-                    answers.last[family] = got
+    for family, got in each(ask, FAMILIES, QUERY_THREADS, cancelled):
+        if isinstance(got, PromError):
+            answers.errors[family] = str(got)
+        else:
+            answers.series[family] = got
+    up = answers.series.get("up", [])
+    down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {""})
+    del down[MAX_DOWN_ASKED:]
+    if down:  # a second round, only while a target is down
+        for family, got in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
+            if not isinstance(got, PromError):  # best effort: the host shows as lost
+                answers.last[family] = got
     answers.seconds = time.perf_counter() - start
     return answers
 

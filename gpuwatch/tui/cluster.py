@@ -1,24 +1,24 @@
 """``gpuwatch cluster``: every GPU Prometheus knows, a host's timelines on enter, the ranks.
 
-A thread asks Prometheus (one instant query per metric family, :func:`gpuwatch.cluster.fetch`)
-at the scrape interval Prometheus reports, never faster than once a second, and hands the
-answers to the app, which folds them into one :class:`~gpuwatch.cluster.Cluster` and
-redraws. Nothing here waits on the network: a slow or gone Prometheus costs a stale mark
-and one line, never a frozen screen. Every label is Prometheus' word and shown as plain
+A thread worker asks Prometheus (one instant query per metric family,
+:func:`gpuwatch.cluster.fetch`) at the scrape interval Prometheus reports, never faster
+than once a second; the app folds its answers into one :class:`~gpuwatch.cluster.Cluster`
+when the worker ends and redraws. Nothing here waits on the network: a slow or gone
+Prometheus costs a stale mark and one line, never a frozen screen, and quitting cancels
+the worker, which leaves the query in flight to a thread nobody waits for
+(:mod:`gpuwatch.cluster.background`). Every label is Prometheus' word and shown as plain
 text (never markup).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from rich.segment import Segment
 from rich.style import Style
-from textual import events
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -28,9 +28,12 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.timer import Timer
 from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
+from textual.worker import Worker, WorkerState, get_current_worker
 
 from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
+from ..cluster.background import Cancelled, call
 from ..cluster.history import HostHistory, load
 from ..cluster.text import HEAD, cell_columns, label, ranks_lines
 from ..fmt import fmt_duration, printable
@@ -41,6 +44,8 @@ from .chart import Series as ChartSeries
 from .keys import Key, KeyBar
 from .theme import DEFAULT_THEME, builtin_themes
 
+CORE = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
+"""A refresh that could read neither of these read nothing (the view marks every GPU stale)."""
 MIN_INTERVAL = 1.0
 """Fastest refresh, whatever Prometheus' scrape interval (the issue: no faster than 1 s)."""
 UNKNOWN_INTERVAL = 5.0
@@ -77,68 +82,6 @@ read from Prometheus at its scrape resolution. See docs/cluster.md.
 def refresh_interval(scrape: float | None) -> float:
     """Seconds between refreshes for a scrape interval (None: not known yet)."""
     return max(MIN_INTERVAL, scrape if scrape is not None else UNKNOWN_INTERVAL)
-
-
-class Poller:
-    """Asks Prometheus on its own thread and hands each answer to ``deliver``.
-
-    Args:
-        client: Prometheus.
-        matchers: Added to every query.
-        deliver: Called (on the poller's thread) with each refresh's answers and the
-            interval until the next.
-    """
-
-    def __init__(
-        self,
-        client: PromClient,
-        matchers: Sequence[tuple[str, str, str]],
-        deliver: Callable[[Answers, float], None],
-    ) -> None:
-        self.client = client
-        self.matchers = list(matchers)
-        self.deliver = deliver
-        self.scrape: float | None = None
-        self._asked = 0.0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-cluster", daemon=True)
-
-    @property
-    def interval(self) -> float:
-        return refresh_interval(self.scrape)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-    def now(self) -> None:
-        """Refresh at once (``r``)."""
-        self._wake.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.monotonic()
-            if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
-                # Best effort: a server that will not say keeps the interval it had. Asked
-                # again now and then: a reloaded configuration may change it.
-                self._asked = began
-                with contextlib.suppress(Exception):
-                    self.scrape = self.client.scrape_interval() or self.scrape
-            try:
-                answers = fetch(self.client, self.matchers)
-            except Exception as exc:  # never a traceback on the screen: one line
-                answers = Answers(time.time(), errors={"all": f"{type(exc).__name__}: {exc}"})
-                answers.errors["gpuwatch_gpu_memory_total_bytes"] = answers.errors["all"]
-                answers.errors["gpuwatch_gpu_memory_used_bytes"] = answers.errors["all"]
-            if self._stop.is_set():
-                return
-            self.deliver(answers, self.interval)
-            self._wake.wait(max(0.0, self.interval - (time.monotonic() - began)))
-            self._wake.clear()
 
 
 Row = list[tuple[str, "Style | None"]]
@@ -303,7 +246,12 @@ class ClusterApp(App[int]):
         self.sort = sort if sort in SORTS else "host"
         self.text = ""
         self._theme_name = theme or DEFAULT_THEME
-        self.poller = Poller(client, self.matchers, self._delivered)
+        self.scrape: float | None = None
+        """Prometheus' scrape interval (s), None until it has said."""
+        self._asked = 0.0  # monotonic time the scrape interval was last asked
+        self._next: Timer | None = None  # the next refresh, while none is in flight
+        self._asking = False
+        self._again = False  # `r` while a refresh was in flight: another at once after it
         self._rows: list[tuple[str, Row]] = []
         self._error_shown = ""
         self._ranks_shown: list[str] = []
@@ -350,18 +298,68 @@ class ClusterApp(App[int]):
         )
         self.summary.set([Content(f"asking {printable(self.client.base)} …")])
         self.grid.focus()
-        self.poller.start()
+        self.refresh_cluster()
         self.set_interval(1.0, self._age)
-
-    def on_unmount(self) -> None:
-        self.poller.stop()
 
     # ------------------------------------------------------------------ refreshes
 
-    def _delivered(self, answers: Answers, interval: float) -> None:
-        """On the poller's thread: hand the answers to the app's thread."""
-        with contextlib.suppress(RuntimeError):  # the app is closing
-            self.call_from_thread(self.apply, answers)
+    @property
+    def interval(self) -> float:
+        """Seconds between two refreshes."""
+        return refresh_interval(self.scrape)
+
+    def refresh_cluster(self) -> None:
+        """Ask Prometheus now (after the refresh in flight, if one is)."""
+        if self._next is not None:
+            self._next.stop()
+            self._next = None
+        if self._asking:
+            self._again = True
+            return
+        self._asking = True
+        self._ask()
+
+    @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
+    def _ask(self) -> tuple[Answers, float]:
+        """On a worker thread: one refresh's answers, and when it began (monotonic)."""
+        worker = get_current_worker()
+        began = time.monotonic()
+        if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
+            # Best effort: a server that will not say keeps the interval it had. Asked
+            # again now and then: a reloaded configuration may change it.
+            self._asked = began
+            try:
+                self.scrape = call(self.client.scrape_interval, lambda: worker.is_cancelled)
+            except Cancelled:
+                raise
+            except Exception:
+                pass
+        try:
+            answers = fetch(self.client, self.matchers, cancelled=lambda: worker.is_cancelled)
+        except Cancelled:
+            raise
+        except Exception as exc:  # never a traceback on the screen: one line
+            why = f"{type(exc).__name__}: {exc}"
+            answers = Answers(time.time(), errors=dict.fromkeys(CORE, why))
+        return answers, began
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "refresh" or event.state not in (
+            WorkerState.SUCCESS,
+            WorkerState.ERROR,
+        ):
+            return
+        self._asking = False
+        began = time.monotonic()
+        if event.state == WorkerState.SUCCESS and event.worker.result is not None:
+            answers, began = event.worker.result
+            self.apply(answers)
+        if self._again:
+            self._again = False
+            self.refresh_cluster()
+        else:
+            wait = max(0.0, self.interval - (time.monotonic() - began))
+            self._next = self.set_timer(wait, self.refresh_cluster)
 
     def apply(self, answers: Answers) -> None:
         """Fold a refresh's answers in and redraw."""
@@ -378,7 +376,7 @@ class ClusterApp(App[int]):
 
     def redraw(self) -> None:
         c = self.cluster
-        interval = self.poller.interval
+        interval = self.interval
         parts = [*c.summary_parts(), f"every {interval:g} s", f"sort {self.sort}"]
         if self.text:
             parts.append(f"filter {self.text}")
@@ -475,7 +473,7 @@ class ClusterApp(App[int]):
         self.grid.focus()
 
     def action_refresh_now(self) -> None:
-        self.poller.now()
+        self.refresh_cluster()
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = "gpus" if tab == "gpus" else "ranks-tab"
@@ -526,7 +524,7 @@ class ClusterApp(App[int]):
         )
 
     async def action_quit(self) -> None:
-        self.poller.stop()
+        self.workers.cancel_all()  # a query in flight is left to a thread nobody waits for
         self.exit(0)
 
 
@@ -600,8 +598,9 @@ class HostScreen(Screen):
         self.window_s = DEFAULT_WINDOW
         self.version = 0
         self._blocks: dict[str, GpuBlock] = {}
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._next: Timer | None = None
+        self._asking = False
+        self._again = False
 
     def compose(self) -> ComposeResult:
         self.title_line = Line("", markup=False, id="host-title")
@@ -614,36 +613,59 @@ class HostScreen(Screen):
 
     def on_mount(self) -> None:
         self.title_line.set(f"{label(self.host, 60)} · asking Prometheus …")
-        threading.Thread(target=self._run, name="gpuwatch-host", daemon=True).start()
+        self.reload()
 
-    def on_unmount(self) -> None:
-        self._stop.set()
-        self._wake.set()
+    def reload(self) -> None:
+        """Ask for the timelines now (after the queries in flight, if any are)."""
+        if self._next is not None:
+            self._next.stop()
+            self._next = None
+        if self._asking:
+            self._again = True
+            return
+        self._asking = True
+        self._load(self.window_s)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.monotonic()
-            interval = self.owner.poller.interval
-            step = self.owner.poller.scrape or interval
-            try:
-                history = load(
-                    self.owner.client,
-                    self.host,
-                    self.owner.matchers,
-                    seconds=self.window_s,
-                    step=step,
-                )
-            except Exception as exc:  # one line, the last good timelines kept
-                history = None
-                error = f"{type(exc).__name__}: {exc}"
-            else:
-                error = history.error
-            if self._stop.is_set():
-                return
-            with contextlib.suppress(RuntimeError):
-                self.app.call_from_thread(self._loaded, history, error)
-            self._wake.wait(max(0.0, interval - (time.monotonic() - began)))
-            self._wake.clear()
+    @work(thread=True, exclusive=True, group="host", exit_on_error=False)
+    def _load(self, window_s: float) -> tuple[HostHistory | None, str | None, float]:
+        """On a worker thread (cancelled when the screen goes): the host's timelines, why
+        they could not be read, and when the load began (monotonic)."""
+        worker = get_current_worker()
+        began = time.monotonic()
+        owner = self.owner
+        try:
+            history = load(
+                owner.client,
+                self.host,
+                owner.matchers,
+                seconds=window_s,
+                step=owner.scrape or owner.interval,
+                cancelled=lambda: worker.is_cancelled,
+            )
+        except Cancelled:
+            raise
+        except Exception as exc:  # one line, the last good timelines kept
+            return None, f"{type(exc).__name__}: {exc}", began
+        return history, history.error, began
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "host" or event.state not in (
+            WorkerState.SUCCESS,
+            WorkerState.ERROR,
+        ):
+            return
+        event.stop()  # the app's handler is for its own refreshes
+        self._asking = False
+        began = time.monotonic()
+        if event.state == WorkerState.SUCCESS and event.worker.result is not None:
+            history, error, began = event.worker.result
+            self._loaded(history, error)
+        if self._again:
+            self._again = False
+            self.reload()
+        else:
+            wait = max(0.0, self.owner.interval - (time.monotonic() - began))
+            self._next = self.set_timer(wait, self.reload)
 
     def _loaded(self, history: HostHistory | None, error: str | None) -> None:
         if history is not None and (history.lines or history.lanes or self.history is None):
@@ -673,7 +695,7 @@ class HostScreen(Screen):
     def action_window(self, direction: int) -> None:
         i = WINDOWS.index(self.window_s) if self.window_s in WINDOWS else 1
         self.window_s = WINDOWS[max(0, min(len(WINDOWS) - 1, i + direction))]
-        self._wake.set()
+        self.reload()
 
 
 def first(text: str, limit: int = 120) -> str:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import ROOT, wait_for
 from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
+from tmuxhelp import Tmux
 
 from gpuwatch.cluster import Auth, PromClient
 from gpuwatch.tui.cluster import ClusterApp, GpuBlock, HostScreen
@@ -113,7 +118,7 @@ async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:
     async with app.run_test(size=SIZE) as pilot:
         assert await until(pilot, lambda: app.refreshes >= 1)
         server.close()
-        app.poller.now()
+        app.refresh_cluster()
         assert await until(pilot, lambda: app.cluster.error is not None, timeout=15)
         await pilot.pause()
         text = screen_text(app)
@@ -152,14 +157,56 @@ async def test_hostile_labels_show_as_typed(served) -> None:
         assert "[red]evil[/red]\\x1b[2J" in text and "\x1b" not in text
 
 
-def test_the_poller_stops(served) -> None:
-    _s, server = served
-    got = []
-    from gpuwatch.tui.cluster import Poller
+def quit_seconds(stub: Stub, url: str, folder: Path, delay: float) -> float:
+    """The real CLI in tmux: seconds from ``q`` to the end of the process, pressed while
+    a refresh to a Prometheus that answers after ``delay`` seconds is in flight."""
+    stamp = folder / f"ended-{delay}"
+    env = {"PYTHONPATH": str(ROOT), "GPUWATCH_PROMETHEUS_TOKEN": ""}
+    command = (
+        f"{shlex.quote(sys.executable)} -m gpuwatch cluster --prometheus {url} "
+        f"--timeout 8; date +%s.%N > {shlex.quote(str(stamp))}"
+    )
+    tmux = Tmux(command, env)
+    try:
+        assert tmux.wait_for_text("4 GPUs · 2 hosts", timeout=60), tmux.screen()
+        stub.delay = delay
+        asked = len(stub.requests)
+        tmux.keys("r")
+        assert wait_for(lambda: len(stub.requests) > asked, timeout=10)  # a query in flight
+        time.sleep(0.3)
+        pressed = time.time()
+        tmux.keys("q")
+        assert wait_for(stamp.exists, timeout=15) and tmux.wait_for_text("EXIT=0", timeout=5)
+        assert "Traceback" not in tmux.screen()
+        return float(stamp.read_text()) - pressed
+    finally:
+        tmux.close()
+        stub.delay = 0.0
 
-    poller = Poller(PromClient(server.url), [], lambda a, i: got.append(a))
-    poller.start()
-    assert wait_for(lambda: got, timeout=10)
-    poller.stop()
-    poller._thread.join(5)
-    assert not poller._thread.is_alive()
+
+@pytest.mark.tmux
+def test_quitting_never_waits_for_a_slow_prometheus(served, tmp_path: Path) -> None:
+    # q while a query to a Prometheus that takes 6 s to answer is in flight (its timeout is
+    # 8 s) ends the process as fast as q on a healthy one, measured in the same run (the
+    # machine is shared). It waited for the answer (an executor's thread is joined when
+    # the interpreter exits): 4.9 s at the default timeout, 9.7 s with --timeout 8.
+    s, server = served
+    healthy = quit_seconds(s, server.url, tmp_path, 0.0)
+    slow = quit_seconds(s, server.url, tmp_path, 6.0)
+    print(f"q: {healthy:.2f} s healthy, {slow:.2f} s with a query in flight")
+    assert slow < healthy + 0.5 and slow < 3.0, (healthy, slow)
+
+
+def test_a_cancelled_wait_leaves_the_call_behind() -> None:
+    # The helper under it: a call that hangs is left on a daemon thread.
+    from gpuwatch.cluster.background import Cancelled, call, each
+
+    cancel = []
+    began = time.monotonic()
+    with pytest.raises(Cancelled):
+        threading.Timer(0.2, lambda: cancel.append(1)).start()
+        call(lambda: time.sleep(30), lambda: bool(cancel))
+    assert time.monotonic() - began < 1.0
+    assert each(lambda x: x * 2, [1, 2, 3, 4, 5], 2) == [2, 4, 6, 8, 10]
+    with pytest.raises(ValueError):
+        each(lambda x: int(x), ["1", "x"], 2)

@@ -83,9 +83,9 @@ def view(url: str, match: str, seconds: float, out: str) -> None:
             result = {
                 "gpus": len(app.cluster.gpus),
                 "hosts": len(app.cluster.hosts()),
-                "ranks": len(app.cluster.ranks.rows),
+                "ranks": app.cluster.rank_count,
                 "refreshes": app.refreshes - n0,
-                "interval": app.poller.interval,
+                "interval": app.interval,
                 "latencies_ms": [(q + d) * 1000 for q, d in list(app.latencies)[lat0:]],
                 "query_ms": [q * 1000 for q, _ in list(app.latencies)[lat0:]],
                 "draw_ms": [d * 1000 for _, d in list(app.latencies)[lat0:]],

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
-from ..fmt import ellipsis, fmt_bytes, printable
+from ..fmt import ellipsis, fmt_bytes, fmt_short, printable
 from ..protocol import job_id
 from .background import each, never
 from .client import PromClient, PromError, Series, quote, selector
@@ -39,6 +39,9 @@ FAMILIES = (
     "gpuwatch_gpu_memory_total_bytes",
     "gpuwatch_gpu_memory_used_bytes",
     "gpuwatch_gpu_up",
+    "gpuwatch_gpu_utilization_ratio",
+    "gpuwatch_gpu_temperature_celsius",
+    "gpuwatch_gpu_power_watts",
     "gpuwatch_process_phase_info",
     "gpuwatch_process_step",
     "gpuwatch_process_phase_peak_allocated_bytes",
@@ -62,6 +65,14 @@ JOB_LABELS = (
 """The scheduler's labels, which the exporter puts on process series only
 (docs/prometheus.md): a ``--match`` on one selects the job's processes, and the view shows
 the GPUs of the hosts they run on."""
+
+
+SENSORS = {
+    "gpuwatch_gpu_utilization_ratio": "util",
+    "gpuwatch_gpu_temperature_celsius": "temp",
+    "gpuwatch_gpu_power_watts": "power",
+}
+"""NVML's other figures of a GPU, the cell's attribute each fills."""
 
 
 def family_matchers(
@@ -122,6 +133,12 @@ class Gpu:
     instance: str = ""
     used: int | None = None
     total: int | None = None
+    util: float | None = None
+    """NVML utilisation, 0 to 1."""
+    temp: float | None = None
+    """Core temperature, °C."""
+    power: float | None = None
+    """Power draw, watts."""
     up: bool = True
     ranks: tuple[int, ...] = ()
     phase: str | None = None
@@ -330,6 +347,16 @@ class Cluster:
                     cell.used = _bytes(series.value)
                 else:
                     cell.up = series.value == 1
+        for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
+            if family not in s:
+                continue
+            got: dict[str, float] = {}
+            for series in s[family]:
+                v = series.value
+                if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
+                    got[self._key(series.labels)] = v
+            for key in seen:
+                setattr(self.gpus[key], attr, got.get(key))
         # Used is absent for a lost GPU (its last values are not its values now).
         if "gpuwatch_gpu_memory_used_bytes" in s:
             have = {self._key(x.labels) for x in s["gpuwatch_gpu_memory_used_bytes"]}
@@ -554,12 +581,13 @@ class Cluster:
         return Worst(job, top.max_rank, _host(self.jobs[job], top.max_rank), why)
 
     def summary(self) -> str:
-        """One line: GPUs, hosts, ranks, the fullest GPU, the worst rank."""
+        """One line: GPUs, hosts, ranks, the states not ok, the worst rank, the fullest GPU."""
         return " · ".join(self.summary_parts())
 
-    def summary_parts(self) -> list[str]:
-        """The summary's parts, most important first."""
-        states = defaultdict(int)
+    def summary_parts(self, view: Sequence[str] = ()) -> list[str]:
+        """The summary's parts, most important first; ``view`` (the view's own: interval,
+        sort, filter) goes after the worst rank and before the fullest GPU."""
+        states: dict[str, int] = defaultdict(int)
         for g in self.gpus.values():
             states[g.state] += 1
         lost = self.lost_hosts()
@@ -573,13 +601,15 @@ class Cluster:
             odd.append(f"{len(self.down)} down")
         if odd:
             parts.append(", ".join(odd))
+        if (worst := self.worst_rank()) is not None:
+            host, job = ellipsis(printable(worst.host), 24), ellipsis(printable(worst.job), 24)
+            parts.append(f"worst rank {worst.rank} on {host} ({job})")
+        parts += view
         if (full := self.fullest()) is not None:
             parts.append(
-                f"fullest {full.key} {fmt_bytes(full.used)}/{fmt_bytes(full.total)} "
-                f"({full.fill:.0%})"
+                f"fullest {ellipsis(printable(full.key), 24)} "
+                f"{fmt_short(full.used)}/{fmt_short(full.total)} ({full.fill:.0%})"
             )
-        if (worst := self.worst_rank()) is not None:
-            parts.append(f"worst rank {worst.rank} on {worst.host} ({worst.job})")
         return parts
 
 

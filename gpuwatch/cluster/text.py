@@ -35,7 +35,7 @@ def state_text(gpu: Gpu, now: float) -> str:
 
 
 def cell_columns(gpu: Gpu, now: float) -> list[str]:
-    """One GPU's columns: gpu, bar, used/total, rank, phase, peak/predicted, state."""
+    """One GPU's columns, as :data:`HEAD` names them."""
     used = f"{fmt_short(gpu.used)}/{fmt_short(gpu.total)}"
     ranks = ",".join(str(r) for r in gpu.ranks[:4]) + ("…" if len(gpu.ranks) > 4 else "")
     peak = ""
@@ -52,6 +52,9 @@ def cell_columns(gpu: Gpu, now: float) -> list[str]:
         label(gpu.index, 6),
         bar(gpu.fill) if gpu.used is not None else "?" * BAR,
         used,
+        "-" if gpu.util is None else f"{gpu.util:.0%}",
+        "-" if gpu.temp is None else f"{gpu.temp:.0f}°C",
+        "-" if gpu.power is None else f"{gpu.power:.0f}W",
         ranks or "-",
         step,
         peak or "-",
@@ -59,34 +62,80 @@ def cell_columns(gpu: Gpu, now: float) -> list[str]:
     ]
 
 
-HEAD = ["gpu", "memory", "used/total", "rank", "phase @step", "peak/pred", "state"]
+HEAD = [
+    "gpu",
+    "memory",
+    "used/total",
+    "util",
+    "temp",
+    "power",
+    "rank",
+    "phase @step",
+    "peak/pred",
+    "state",
+]
+
+DROP_ORDER = ("memory", "power", "temp", "util", "peak/pred", "rank")
+"""Columns a narrow screen drops, the first first (``docs/cluster.md``): the bar says what
+used/total says in figures. gpu, used/total, phase @step and state always show; the phase
+is cut when even they do not fit."""
+
+GAP = 2
+"""Cells between two columns."""
 
 
-def grid_lines(cluster: Cluster, now: float, sort: str = "host", text: str = "") -> list[str]:
-    """The grid: a host line, then a line per GPU, columns aligned over the whole grid."""
+def fit_columns(widths: list[int], room: int) -> tuple[list[int], list[int]]:
+    """The columns (indices into :data:`HEAD`) that fit in ``room`` cells, dropping by
+    :data:`DROP_ORDER`, and their widths (the phase column narrowed where even the kept
+    columns do not fit, to no less than 5 cells)."""
+    keep = list(range(len(HEAD)))
+    widths = list(widths)
+
+    def total() -> int:
+        return sum(widths[i] for i in keep) + GAP * (len(keep) - 1)
+
+    for name in DROP_ORDER:
+        if total() <= room:
+            break
+        keep.remove(HEAD.index(name))
+    phase = HEAD.index("phase @step")
+    if total() > room:
+        widths[phase] = max(5, widths[phase] - (total() - room))
+    return keep, [widths[i] for i in keep]
+
+
+def grid_lines(
+    cluster: Cluster, now: float, sort: str = "host", text: str = "", width: int = 1000
+) -> list[str]:
+    """The grid: a host line, then a line per GPU, columns aligned over the whole grid and
+    dropped to fit ``width`` (:data:`DROP_ORDER`)."""
     groups = cluster.cells(sort, text)
     rows: list[list[str]] = [HEAD]
     hosts: dict[int, str] = {}
     for host, gpus in groups:
         hosts[len(rows)] = f"{label(host, 60)}  ({printable(cluster.host_note(gpus))})"
         rows += [cell_columns(g, now) for g in gpus]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD))]
+    keep, widths = fit_columns([max(len(r[i]) for r in rows) for i in range(len(HEAD))], width - 2)
     out = []
     for i, row in enumerate(rows):
         if i in hosts:
             out.append(hosts[i])
-        out.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        cells = [ellipsis(row[k], w).ljust(w) for k, w in zip(keep, widths, strict=True)]
+        out.append("  " + "  ".join(cells).rstrip())
     for host, note in cluster.lost_lines(text):
         out.append(f"{label(host, 60)}  ({printable(note)})")
     return out
 
 
-def report(cluster: Cluster, now: float, sort: str = "host", text: str = "") -> list[str]:
-    """Everything ``--once`` prints: the summary, the error, the grid, the ranks."""
+def report(
+    cluster: Cluster, now: float, sort: str = "host", text: str = "", width: int = 1000
+) -> list[str]:
+    """Everything ``--once`` prints: the summary, the error, the grid (its columns fitted
+    to ``width``), the ranks."""
     lines = [printable(cluster.summary())]
     if cluster.error:
         lines.append(f"! {printable(cluster.error)}")
-    lines += grid_lines(cluster, now, sort, text)
+    lines += grid_lines(cluster, now, sort, text, width)
     ranks = ranks_lines(cluster)
     if ranks:
         lines += ["", *ranks]

@@ -35,8 +35,8 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
 from ..cluster.background import Cancelled, call
 from ..cluster.history import HostHistory, load
-from ..cluster.text import HEAD, cell_columns, label, ranks_lines
-from ..fmt import fmt_duration, printable
+from ..cluster.text import HEAD, cell_columns, fit_columns, label, ranks_lines
+from ..fmt import ellipsis, fmt_duration, printable
 from ._text import Fitted, Line, markup_safe, plain, plain_lines
 from .band import BandRow, BandSpan, PhaseBand
 from .chart import ChartFrame, TimelineChart
@@ -86,6 +86,8 @@ def refresh_interval(scrape: float | None) -> float:
 
 Row = list[tuple[str, "Style | None"]]
 """A grid row: its text in styled runs (plain strings, already printable and padded)."""
+
+MEMORY, STATE = HEAD.index("memory"), HEAD.index("state")
 
 CURSOR = Style(reverse=True)
 CURSOR_BLURRED = Style(underline=True)
@@ -211,7 +213,7 @@ class ClusterApp(App[int]):
 
     TITLE = "gpuwatch cluster"
     CSS = """
-    #summary { height: 1; background: $panel; color: $text; padding: 0 1; }
+    #summary { height: auto; max-height: 2; background: $panel; color: $text; padding: 0 1; }
     #error { height: auto; color: $warning; padding: 0 1; }
     #filter { height: 3; }
     TabbedContent { height: 1fr; }
@@ -260,7 +262,7 @@ class ClusterApp(App[int]):
         """Seconds of each refresh: its queries, and folding them in and redrawing."""
 
     def compose(self) -> ComposeResult:
-        self.summary = Fitted(id="summary")
+        self.summary = Fitted(id="summary", max_lines=2)
         self.error_line = Static("", id="error", markup=False)
         self.error_line.display = False
         self.filter_input = Input(placeholder="filter: host, gpu, rank, phase, state", id="filter")
@@ -369,6 +371,9 @@ class ClusterApp(App[int]):
         self.redraw()
         self.latencies.append((answers.seconds, time.perf_counter() - began))
 
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_after_refresh(self.redraw)  # the grid's new width drops or restores columns
+
     def _age(self) -> None:
         """Once a second: stale cells say for how long."""
         if any(g.state != "ok" for g in self.cluster.gpus.values()):
@@ -377,9 +382,10 @@ class ClusterApp(App[int]):
     def redraw(self) -> None:
         c = self.cluster
         interval = self.interval
-        parts = [*c.summary_parts(), f"every {interval:g} s", f"sort {self.sort}"]
+        view = [f"every {interval:g} s", f"sort {self.sort}"]
         if self.text:
-            parts.append(f"filter {self.text}")
+            view.append(f"filter {label(self.text, 30)}")
+        parts = c.summary_parts(view)
         # Host names are Prometheus' word: plain text, never markup; what does not fit goes.
         self.summary.set([Content(printable(p)) for p in parts])
         error = ""
@@ -419,7 +425,8 @@ class ClusterApp(App[int]):
                 if g.state != "ok":
                     bar_style = "dim"
                 state = {"ok": "", "lost": "bold red", "stale": "yellow"}.get(g.state, "")
-                styles = ["", bar_style, "", "", "", "", state]
+                styles = [""] * len(HEAD)
+                styles[MEMORY], styles[STATE] = bar_style, state
                 cols[0] = "  " + cols[0]
                 rows.append((f"gpu\x00{g.key}", list(zip(cols, styles, strict=True))))
         for host, note in self.cluster.lost_lines(self.text):
@@ -430,7 +437,12 @@ class ClusterApp(App[int]):
         for key, cells in rows:
             if key.startswith("gpu"):
                 widths = [max(w, len(c)) for w, (c, _) in zip(widths, cells, strict=True)]
-        self.grid_head.set(" " + "  ".join(h.ljust(w) for h, w in zip(HEAD, widths, strict=True)))
+        # The grid's width less its scrollbar and the row's leading space: columns past it
+        # are dropped by DROP_ORDER, never cut at the edge.
+        room = (self.grid.size.width or self.size.width or 80) - 3
+        keep, widths = fit_columns(widths, room)
+        head = [HEAD[k].ljust(w)[:w] for k, w in zip(keep, widths, strict=True)]
+        self.grid_head.set(" " + "  ".join(head))
         out: list[tuple[str, Row]] = []
         for key, cells in rows:
             if key.startswith("host"):
@@ -438,8 +450,9 @@ class ClusterApp(App[int]):
                 runs = [(" " + name, STYLES[style]), ("  ", None), (note, STYLES[nstyle])]
             else:
                 runs = [(" ", None)]
-                for (cell, style), w in zip(cells, widths, strict=True):
-                    runs += [(cell.ljust(w), STYLES[style]), ("  ", None)]
+                for k, w in zip(keep, widths, strict=True):
+                    cell, style = cells[k]
+                    runs += [(ellipsis(cell, w).ljust(w), STYLES[style]), ("  ", None)]
                 runs.pop()
             out.append((key, runs))
         self.grid.set_rows(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import threading
@@ -16,6 +17,7 @@ from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
 from tmuxhelp import Tmux
 
 from gpuwatch.cluster import Auth, PromClient
+from gpuwatch.cluster.model import FAMILIES
 from gpuwatch.tui.cluster import ClusterApp, GpuBlock, HostScreen
 
 SIZE = (140, 45)
@@ -67,7 +69,7 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
             assert line in text, text
         # One query per family and refresh, whatever the number of GPUs.
         per_refresh = [r for r in s.requests if r.path == "/api/v1/query"]
-        assert len(per_refresh) == 9 * app.refreshes
+        assert len(per_refresh) == len(FAMILIES) * app.refreshes
         # Sort: memory puts the fullest host first.
         await pilot.press("s")
         assert app.sort == "rank"
@@ -112,6 +114,57 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         assert await until(pilot, lambda: not isinstance(app.screen, HostScreen))
 
 
+async def test_80x24_keeps_state_phase_and_used_and_the_summary_whole(served) -> None:
+    # Sixteen GPUs at 80x24: every row shows its used/total, phase and state (the state
+    # column was past the edge), the summary its worst rank, interval and sort; a
+    # 128-character phase name leaves the ranks table narrower than the screen.
+    s, server = served
+    job = {"job_id": "slurm:912345678.0"}
+    s.families = merge(
+        *(gpu_series(f"gpu-node-{i:02d}", 4, used_gib=60 + i) for i in range(4)),
+        *(
+            rank_series(f"gpu-node-{i:02d}", g, 4 * i + g, 100 + 4 * i + g, peaks, **job)
+            for i in range(4)
+            for g in range(4)
+            for peaks in [{"backward": (3 + (i == 2 and g == 1) * 2) * GiB, "p" * 128: GiB}]
+        ),
+    )
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 1)
+        await pilot.pause(0.2)
+        text = screen_text(app)
+        lines = text.splitlines()
+        assert all(len(line) <= 80 for line in lines)
+        summary = " ".join(lines[:2])
+        for part in ("16 GPUs", "worst rank 9 on gpu-node-02 (slurm:912345678.0)", "every 1 s"):
+            assert part in summary, summary
+        assert "sort host" in summary, summary
+        rows = [line for line in lines[2:] if "G/80.0G" in line]
+        assert len(rows) >= 10, text
+        for row in rows:
+            assert re.search(r"  ok\b", row) and "forward @10" in row, text
+        head = next(line for line in lines if "used/total" in line)
+        assert "state" in head and "phase @step" in head and "memory" not in head, head
+        # Wider, the dropped columns come back.
+        await pilot.resize_terminal(200, 50)
+
+        def head() -> str:
+            return next(line for line in screen_text(app).splitlines() if "used/total" in line)
+
+        assert await until(pilot, lambda: "memory" in head()), head()
+        assert "util" in head() and "peak/pred" in head(), head()
+        await pilot.resize_terminal(80, 24)
+        assert await until(pilot, lambda: "memory" not in head()), head()
+        await pilot.press("2")
+        assert await until(pilot, lambda: "ranks: 16" in screen_text(app))
+        text = screen_text(app)
+        assert "ranks: 16" in text and "ppppppp…" in text, text
+        table = [line for line in text.splitlines() if "gpu-node-0" in line]
+        assert table and all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+        assert app.ranks_view.size.width <= 80
+
+
 async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:
     _s, server = served
     app = ClusterApp(PromClient(server.url, timeout=0.5), [])
@@ -151,10 +204,8 @@ async def test_hostile_labels_show_as_typed(served) -> None:
     s.families = gpu_series("[red]evil[/red]\x1b[2J", 1)
     app = ClusterApp(PromClient(server.url), [])
     async with app.run_test(size=SIZE) as pilot:
-        assert await until(pilot, lambda: app.refreshes >= 1)
-        await pilot.pause()
-        text = screen_text(app)
-        assert "[red]evil[/red]\\x1b[2J" in text and "\x1b" not in text
+        assert await until(pilot, lambda: "[red]evil[/red]\\x1b[2J" in screen_text(app))
+        assert "\x1b" not in screen_text(app)
 
 
 def quit_seconds(stub: Stub, url: str, folder: Path, delay: float) -> float:
@@ -164,7 +215,7 @@ def quit_seconds(stub: Stub, url: str, folder: Path, delay: float) -> float:
     env = {"PYTHONPATH": str(ROOT), "GPUWATCH_PROMETHEUS_TOKEN": ""}
     command = (
         f"{shlex.quote(sys.executable)} -m gpuwatch cluster --prometheus {url} "
-        f"--timeout 8; date +%s.%N > {shlex.quote(str(stamp))}"
+        f"--timeout 10; date +%s.%N > {shlex.quote(str(stamp))}"
     )
     tmux = Tmux(command, env)
     try:
@@ -176,7 +227,8 @@ def quit_seconds(stub: Stub, url: str, folder: Path, delay: float) -> float:
         time.sleep(0.3)
         pressed = time.time()
         tmux.keys("q")
-        assert wait_for(stamp.exists, timeout=15) and tmux.wait_for_text("EXIT=0", timeout=5)
+        assert wait_for(stamp.exists, timeout=20), tmux.screen()
+        assert tmux.wait_for_text("EXIT=0", timeout=5), tmux.screen()
         assert "Traceback" not in tmux.screen()
         return float(stamp.read_text()) - pressed
     finally:
@@ -186,15 +238,16 @@ def quit_seconds(stub: Stub, url: str, folder: Path, delay: float) -> float:
 
 @pytest.mark.tmux
 def test_quitting_never_waits_for_a_slow_prometheus(served, tmp_path: Path) -> None:
-    # q while a query to a Prometheus that takes 6 s to answer is in flight (its timeout is
-    # 8 s) ends the process as fast as q on a healthy one, measured in the same run (the
-    # machine is shared). It waited for the answer (an executor's thread is joined when
+    # q while a query to a Prometheus that takes 8 s to answer is in flight (its timeout is
+    # 10 s) ends the process about as fast as q on a healthy one, measured in the same run
+    # (the machine is shared: 1.1-2.1 s both under a load of 15 on 2 cores). It waited for
+    # the answer (an executor's thread is joined when
     # the interpreter exits): 4.9 s at the default timeout, 9.7 s with --timeout 8.
     s, server = served
     healthy = quit_seconds(s, server.url, tmp_path, 0.0)
-    slow = quit_seconds(s, server.url, tmp_path, 6.0)
+    slow = quit_seconds(s, server.url, tmp_path, 8.0)
     print(f"q: {healthy:.2f} s healthy, {slow:.2f} s with a query in flight")
-    assert slow < healthy + 0.5 and slow < 3.0, (healthy, slow)
+    assert slow < healthy + 1.5 and slow < 5.0, (healthy, slow)
 
 
 def test_a_cancelled_wait_leaves_the_call_behind() -> None:

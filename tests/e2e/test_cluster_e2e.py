@@ -173,7 +173,7 @@ def test_the_cluster_live_in_tmux(exporters, prometheus) -> None:
         procs["node-c"].kill()
         assert tmux.wait_for_text("1 stale", timeout=30), tmux.screen()
         screen = tmux.screen()
-        cells = [line for line in screen.splitlines() if "G/80.0G" in line]
+        cells = [line for line in screen.splitlines() if "G/80.0G  " in line]
         assert len(cells) == 6 and len([c for c in cells if "stale" in c]) == 1, screen
         (host_line,) = [line for line in screen.splitlines() if line.startswith(" node-c ")]
         assert "1 GPUs, 1 not ok" in host_line, screen

@@ -39,7 +39,8 @@ def vector(series: list[tuple[dict[str, str], float]], t: float | None = None) -
 def gpu_series(
     host: str, gpus: int, used_gib: float = 10, total_gib: float = 80, name: str = "H100"
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The GPU families of one host's exporter, ``used_gib`` + index GiB on GPU index."""
+    """The GPU families of one host's exporter, ``used_gib`` + index GiB on GPU index (its
+    utilisation 50% + index, its temperature 60 °C + index, its power 300 W + index)."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for i in range(gpus):
         labels = {"gpu": str(i), "uuid": f"GPU-{i}", "name": name, "host": host}
@@ -47,6 +48,9 @@ def gpu_series(
         out.setdefault("gpuwatch_gpu_up", []).append((labels, 1))
         out.setdefault("gpuwatch_gpu_memory_used_bytes", []).append((labels, (used_gib + i) * GiB))
         out.setdefault("gpuwatch_gpu_memory_total_bytes", []).append((labels, total_gib * GiB))
+        out.setdefault("gpuwatch_gpu_utilization_ratio", []).append((labels, 0.5 + i / 100))
+        out.setdefault("gpuwatch_gpu_temperature_celsius", []).append((labels, 60 + i))
+        out.setdefault("gpuwatch_gpu_power_watts", []).append((labels, 300 + i))
     out.setdefault("up", []).append(({"instance": f"{host}:9400", "job": "gpuwatch"}, 1))
     return out
 

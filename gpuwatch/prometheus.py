@@ -102,6 +102,13 @@ METRICS = (
     Spec("gpuwatch_gpu_power_watts", "gauge", GPU, "Power draw."),
     Spec("gpuwatch_gpu_temperature_celsius", "gauge", GPU, "GPU core temperature."),
     Spec(
+        "gpuwatch_gpu_process_memory_bytes",
+        "gauge",
+        (*GPU, "pid", "user", "command", "instrumented"),
+        "Memory NVML says a process holds on the GPU, every process on it (newest process "
+        "list); instrumented is 1 for a process gpuwatch instruments.",
+    ),
+    Spec(
         "gpuwatch_process_torch_allocated_bytes",
         "gauge",
         PROC_GPU,
@@ -317,6 +324,27 @@ class SessionCollector:
             _add(f["gpuwatch_gpu_utilization_ratio"], labels, None if util is None else util / 100)
             _add(f["gpuwatch_gpu_power_watts"], labels, row["power"])
             _add(f["gpuwatch_gpu_temperature_celsius"], labels, row["temp"])
+            self._gpu_processes(f, labels, dev.key)
+
+    def _gpu_processes(self, f: dict[str, Metric], labels: list[str], key: str) -> None:
+        """The GPU's newest NVML process list: who else holds memory on it."""
+        s = self.session
+        table = s.gpu_procs.get(key)
+        last = table.last() if table is not None else None
+        if table is None or last is None or last["type"] == -1:
+            return  # no list yet, or an empty one
+        t = int(last["t"])
+        rows = table.rows(table.search(t, "left"), table.search(t, "right"), ("pid", "used"))
+        held: dict[int, int] = {}  # one series a PID, whatever the list repeats
+        for pid, used in zip(rows["pid"].tolist(), rows["used"].tolist(), strict=True):
+            if used != MISSING_INT:
+                held[pid] = max(used, held.get(pid, 0))
+        for pid, used in held.items():
+            info = s.proc_info.get(pid) or {}
+            user, name = info.get("user"), info.get("name")
+            mine = "1" if pid in s.processes else "0"
+            who = [str(pid), user if isinstance(user, str) else "", _command(name), mine]
+            _add(f["gpuwatch_gpu_process_memory_bytes"], [*labels, *who], used)
 
     # ------------------------------------------------------------------ processes
 
@@ -522,6 +550,12 @@ class _Who:
             self.k8s_job,
             self.torch_master,
         ]
+
+
+def _command(name: Any) -> str:
+    """A process's command name as a label: its name (not its arguments, which may hold
+    secrets and make a series per run), at most 64 characters."""
+    return name[:64] if isinstance(name, str) else ""
 
 
 def _count(v: Any) -> str:

@@ -241,6 +241,32 @@ def test_phase_names_beyond_the_cap_share_one_label() -> None:
     assert info[1]["phase"] == "other"
 
 
+def test_every_process_on_a_gpu_is_exported_instrumented_or_not(session: Session) -> None:
+    key = gpu_key(synthetic.UUID)
+    session.set_proc_info(PID, {"name": "python", "user": "alice", "cmdline": ["python"]})
+    session.set_proc_info(
+        5151, {"name": "ollama", "user": "bob", "cmdline": ["ollama", "-k=s3cr3t"]}
+    )
+    session.set_proc_info(77, {"name": None, "user": None, "cmdline": None, "visible": False})
+    session.add_gpu_processes(key, END, [(PID, 20 * GIB, 0), (5151, 3 * GIB, 0), (77, GIB, 0)])
+    session.add_gpu_processes(key, END + MS, [(PID, 21 * GIB, 0), (5151, 4 * GIB, 0), (77, GIB, 0)])
+    session.add_gpu_sample(key, {"t": END + MS, "used": 30 * GIB, "total": 80 * GIB})
+    samples = scrape(SessionCollector(session, host="h"))
+    got = {
+        (x[1]["pid"], x[1]["user"], x[1]["command"], x[1]["instrumented"]): x[2]
+        for x in find(samples, "gpuwatch_gpu_process_memory_bytes", gpu="0", host="h")
+    }
+    assert got == {  # the newest list only; arguments never exported
+        (str(PID), "alice", "python", "1"): 21 * GIB,
+        ("5151", "bob", "ollama", "0"): 4 * GIB,
+        ("77", "", "", "0"): GIB,
+    }
+    session.add_gpu_processes(key, END + 2 * MS, [])  # the GPU emptied
+    assert (
+        find(scrape(SessionCollector(session, host="h")), "gpuwatch_gpu_process_memory_bytes") == []
+    )
+
+
 def test_every_label_value_is_printable_and_names_stay_apart() -> None:
     # Phase names are the script's word, the GPU's name the driver's: an ESC]0;..BEL would
     # set the terminal title of whoever reads the label (curl, promtool, the cluster view).
@@ -274,6 +300,7 @@ def test_every_exported_name_is_declared_and_follows_the_conventions(session: Se
         "phase", END + MS, event="begin", name="eval", id=999, depth=0, dev=0, **frag
     )
     session.count_reject("size")
+    session.add_gpu_processes(gpu_key(synthetic.UUID), END + MS, [(PID, GIB, 0)])
     declared = {m.name for m in METRICS}
     exported = {s[0] for s in scrape(SessionCollector(session, host="h"))}
     assert exported == declared  # this session has every metric

@@ -42,6 +42,7 @@ FAMILIES = (
     "gpuwatch_gpu_utilization_ratio",
     "gpuwatch_gpu_temperature_celsius",
     "gpuwatch_gpu_power_watts",
+    "gpuwatch_gpu_process_memory_bytes",
     "gpuwatch_process_phase_info",
     "gpuwatch_process_step",
     "gpuwatch_process_phase_peak_allocated_bytes",
@@ -123,6 +124,25 @@ def _bytes(value: float) -> int | None:
     return int(min(value, 2**62))
 
 
+@dataclass(frozen=True)
+class Other:
+    """A process on a GPU that gpuwatch does not instrument, as NVML lists it."""
+
+    pid: int
+    user: str
+    command: str
+    used: int
+
+    def text(self) -> str:
+        """``bob ollama 4.0G`` (``pid 77`` where its host could not see who it is)."""
+        who = " ".join(x for x in (self.user, self.command) if x) or f"pid {self.pid}"
+        return f"{who} {fmt_short(self.used)}"
+
+
+MAX_OTHERS = 16
+"""Non-instrumented processes kept per GPU."""
+
+
 @dataclass
 class Gpu:
     """One GPU cell: the newest figures Prometheus had for it."""
@@ -139,6 +159,8 @@ class Gpu:
     """Core temperature, °C."""
     power: float | None = None
     """Power draw, watts."""
+    others: tuple[Other, ...] = ()
+    """Processes on it that gpuwatch does not instrument, the most memory first."""
     up: bool = True
     ranks: tuple[int, ...] = ()
     phase: str | None = None
@@ -357,6 +379,18 @@ class Cluster:
                     got[self._key(series.labels)] = v
             for key in seen:
                 setattr(self.gpus[key], attr, got.get(key))
+        if "gpuwatch_gpu_process_memory_bytes" in s:
+            others: dict[str, list[Other]] = defaultdict(list)
+            for series in s["gpuwatch_gpu_process_memory_bytes"]:
+                labels = series.labels
+                pid, used = _int(labels.get("pid")), _bytes(series.value)
+                if labels.get("instrumented") == "1" or pid is None or used is None:
+                    continue
+                user, command = labels.get("user", ""), labels.get("command", "")
+                others[self._key(labels)].append(Other(pid, user, command, used))
+            for key in seen:
+                found = sorted(others.get(key, []), key=lambda o: (-o.used, o.pid))
+                self.gpus[key].others = tuple(found[:MAX_OTHERS])
         # Used is absent for a lost GPU (its last values are not its values now).
         if "gpuwatch_gpu_memory_used_bytes" in s:
             have = {self._key(x.labels) for x in s["gpuwatch_gpu_memory_used_bytes"]}

@@ -34,6 +34,33 @@ def state_text(gpu: Gpu, now: float) -> str:
     return gpu.state
 
 
+def others_text(gpu: Gpu, width: int = 24) -> str:
+    """The processes gpuwatch does not instrument on ``gpu``: the one holding the most
+    memory, and how many more (``bob ollama 4.0G +1``); ``-`` when none."""
+    if not gpu.others:
+        return "-"
+    more = f" +{len(gpu.others) - 1}" if len(gpu.others) > 1 else ""
+    return label(gpu.others[0].text(), width - len(more)) + more
+
+
+def panel_title(index: str, gpu: Gpu | None) -> str:
+    """A host panel's title: the GPU, its sensors and the processes gpuwatch does not
+    instrument on it (up to three, then how many more)."""
+    parts = [f"GPU {label(index, 6)}"]
+    if gpu is not None:
+        if gpu.util is not None:
+            parts.append(f"util {gpu.util:.0%}")
+        if gpu.temp is not None:
+            parts.append(f"{gpu.temp:.0f}°C")
+        if gpu.power is not None:
+            parts.append(f"{gpu.power:.0f}W")
+        if gpu.others:
+            shown = ", ".join(label(o.text(), 32) for o in gpu.others[:3])
+            more = f" +{len(gpu.others) - 3}" if len(gpu.others) > 3 else ""
+            parts.append(f"not instrumented: {shown}{more}")
+    return " · ".join(parts)
+
+
 def cell_columns(gpu: Gpu, now: float) -> list[str]:
     """One GPU's columns, as :data:`HEAD` names them."""
     used = f"{fmt_short(gpu.used)}/{fmt_short(gpu.total)}"
@@ -55,6 +82,7 @@ def cell_columns(gpu: Gpu, now: float) -> list[str]:
         "-" if gpu.util is None else f"{gpu.util:.0%}",
         "-" if gpu.temp is None else f"{gpu.temp:.0f}°C",
         "-" if gpu.power is None else f"{gpu.power:.0f}W",
+        others_text(gpu),
         ranks or "-",
         step,
         peak or "-",
@@ -69,16 +97,18 @@ HEAD = [
     "util",
     "temp",
     "power",
+    "others",
     "rank",
     "phase @step",
     "peak/pred",
     "state",
 ]
 
-DROP_ORDER = ("memory", "power", "temp", "util", "peak/pred", "rank")
+DROP_ORDER = ("memory", "power", "temp", "others", "util", "peak/pred", "rank")
 """Columns a narrow screen drops, the first first (``docs/cluster.md``): the bar says what
-used/total says in figures. gpu, used/total, phase @step and state always show; the phase
-is cut when even they do not fit."""
+used/total says in figures; a host's panels show the sensors and the other processes.
+gpu, used/total, phase @step and state always show; the phase is cut when even they do
+not fit."""
 
 GAP = 2
 """Cells between two columns."""

@@ -35,7 +35,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
 from ..cluster.background import Cancelled, call
 from ..cluster.history import HostHistory, load
-from ..cluster.text import HEAD, cell_columns, fit_columns, label, ranks_lines
+from ..cluster.text import HEAD, cell_columns, fit_columns, label, panel_title, ranks_lines
 from ..fmt import ellipsis, fmt_duration, printable
 from ._text import Fitted, Line, markup_safe, plain, plain_lines
 from .band import BandRow, BandSpan, PhaseBand
@@ -697,7 +697,11 @@ class HostScreen(Screen):
                 block = self._blocks[gpu] = GpuBlock(self, gpu)
                 self.scroll.mount(block)
         self.version += 1
-        for block in self._blocks.values():
+        for gpu, block in self._blocks.items():
+            cell = self.owner.cluster.gpus.get(f"{self.host}:{gpu}")
+            title = markup_safe(panel_title(gpu, cell))  # a title is markup; labels are not
+            if block.border_title != title:
+                block.border_title = title
             block.chart.origin = h.start
             block.chart.update_view((h.start, h.end), None, self.version)
             block.band.update_view((h.start, h.end), None, self.version)

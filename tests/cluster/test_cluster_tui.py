@@ -23,6 +23,9 @@ from gpuwatch.tui.cluster import ClusterApp, GpuBlock, HostScreen
 SIZE = (140, 45)
 TOKEN = "tok-7d1e0c55aa"
 JOB = {"job_id": "torchrun:node-a:29500"}
+ON_B1 = {"gpu": "1", "uuid": "GPU-1", "name": "H100", "host": "node-b", "instance": "node-b:9400"}
+OTHER = {**ON_B1, "pid": "5151", "user": "bob", "command": "ollama", "instrumented": "0"}
+MINE = {**ON_B1, "pid": "202", "user": "alice", "command": "python", "instrumented": "1"}
 
 
 @pytest.fixture
@@ -33,6 +36,7 @@ def served() -> Iterator[tuple[Stub, PromStub]]:
             gpu_series("node-b", 2, used_gib=10),
             rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB, "backward": 3 * GiB}, **JOB),
             rank_series("node-b", 1, 1, 202, {"forward": 2 * GiB, "backward": 9 * GiB}, **JOB),
+            {"gpuwatch_gpu_process_memory_bytes": [(OTHER, 4 * GiB), (MINE, 9 * GiB)]},
         )
     )
     server = PromStub(s)
@@ -65,8 +69,11 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         text = screen_text(app)
         assert "4 GPUs · 2 hosts · 2 ranks" in text
         assert "fullest node-a:1" in text and "worst rank 1 on node-b" in text
-        for line in ("node-a", "node-b", "70.0G/80.0G", "forward @10"):
+        for line in ("node-a", "node-b", "70.0G/80.0G", "forward @10", "50%", "61°C", "301W"):
             assert line in text, text
+        # The process gpuwatch does not instrument, on its GPU's row; the rank is not one.
+        (b1,) = [line for line in text.splitlines() if "11.0G/80.0G" in line]
+        assert "bob ollama 4.0G" in b1 and "alice" not in text, b1
         # One query per family and refresh, whatever the number of GPUs.
         per_refresh = [r for r in s.requests if r.path == "/api/v1/query"]
         assert len(per_refresh) == len(FAMILIES) * app.refreshes
@@ -85,7 +92,7 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         assert len(app._rows) == 6
         # The ranks tab: the ranks model's table.
         await pilot.press("2")
-        await pilot.pause()
+        assert await until(pilot, lambda: "ranks: 2" in screen_text(app))
         text = screen_text(app)
         assert "ranks: 2" in text and "9.0G (rank 1)" in text and "above the" in text, text
         assert "job torchrun:node-a:29500" in text
@@ -109,7 +116,8 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
             x.role for x in block.chart.fetch(screen.history.start, screen.history.end, 20).series
         ]
         assert roles == ["predicted", "nvml", "reserved", "allocated", "peak"]
-        assert "node-b" in screen_text(app)
+        title = "GPU 1 · util 51% · 61°C · 301W · not instrumented: bob ollama 4.0G"
+        assert await until(pilot, lambda: title in screen_text(app)), screen_text(app)
         await pilot.press("escape")
         assert await until(pilot, lambda: not isinstance(app.screen, HostScreen))
 

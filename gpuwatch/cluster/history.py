@@ -100,15 +100,20 @@ class HostHistory:
             return lo, hi
         t, v = line
         width = (t1 - t0) / n
-        # Each sample covers [t, t + step): the columns it overlaps show it.
+        # Each sample covers [t, t + step): the columns it overlaps show it. Vectorised
+        # over the samples (every panel asks each role at each paint), one pass per column
+        # a sample can span.
         first = np.clip(((t - t0) // width).astype(np.int64), -1, n)
         last = np.clip(((t + self.step - 1 - t0) // width).astype(np.int64), -1, n)
-        for a, b, value in zip(first.tolist(), last.tolist(), v.tolist(), strict=True):
-            if b < 0 or a >= n or value != value:
-                continue
-            a, b = max(a, 0), min(b, n - 1)
-            lo[a : b + 1] = np.fmin(lo[a : b + 1], value)
-            hi[a : b + 1] = np.fmax(hi[a : b + 1], value)
+        keep = (last >= 0) & (first < n) & ~np.isnan(v)
+        first, last, v = np.maximum(first[keep], 0), np.minimum(last[keep], n - 1), v[keep]
+        if not len(v):
+            return lo, hi
+        for k in range(int((last - first).max()) + 1):
+            at = first + k
+            inside = at <= last
+            np.fmin.at(lo, at[inside], v[inside])
+            np.fmax.at(hi, at[inside], v[inside])
         return lo, hi
 
 

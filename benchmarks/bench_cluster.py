@@ -99,7 +99,7 @@ def view(url: str, match: str, seconds: float, out: str) -> None:
             elif len(self.marks) == 1 and now - self.marks[0][1] >= seconds / 2:
                 self.marks.append(mark)
                 self.open_host("node-00")
-            elif len(self.marks) == 2 and now - self.marks[0][1] >= seconds:
+            elif len(self.marks) == 2 and now - self.marks[0][1] >= seconds and self._loads():
                 self.marks.append(mark)
                 self._write()
                 self.exit(0)
@@ -126,10 +126,29 @@ def view(url: str, match: str, seconds: float, out: str) -> None:
 
 
 def stand_ins(real: list[str], count: int) -> None:
-    """The child serving stand-in exporters: ``count`` ports, each answering with the live
-    ``/metrics`` of real exporter ``k % len(real)``; writes its ports to stdout."""
+    """The child serving stand-in exporters: ``count`` ports, each answering with the
+    ``/metrics`` of real exporter ``k % len(real)`` as it was at most a second ago (one
+    fetch a second for all the stand-ins of one real exporter); writes its ports to
+    stdout."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    cache: dict[str, tuple[float, bytes]] = {}
+    lock = threading.Lock()
+
+    def body_of(url: str) -> bytes | None:
+        with lock:
+            got = cache.get(url)
+            if got is not None and time.monotonic() - got[0] < 1.0:
+                return got[1]
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                body = r.read()
+        except OSError:
+            return None
+        with lock:
+            cache[url] = (time.monotonic(), body)
+        return body
 
     servers = []
     for k in range(count):
@@ -139,16 +158,15 @@ def stand_ins(real: list[str], count: int) -> None:
             url = source
 
             def do_GET(self) -> None:
+                body = body_of(self.url)
                 try:
-                    with urllib.request.urlopen(self.url, timeout=2) as r:
-                        body, status = r.read(), 200
+                    self.send_response(200 if body is not None else 503)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body or b"")))
+                    self.end_headers()
+                    self.wfile.write(body or b"")
                 except OSError:
-                    body, status = b"", 503
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                    pass  # Prometheus gave up on the scrape (its timeout)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -337,7 +355,9 @@ def main() -> int:
         anchor = results[sizes[0]]
 
         def per(part: dict) -> tuple[float, float]:
-            refreshes = max(1, part["refreshes"])
+            # With a host open, a refresh is the grid's and the panels' (each once an
+            # interval): the CPU over the more of the two counts.
+            refreshes = max(1, part["refreshes"], part.get("loads", 0))
             return 1000 * part["cpu_s"] / refreshes, 100 * part["cpu_s"] / part["wall_s"]
 
         for n, r in results.items():

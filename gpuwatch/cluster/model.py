@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
@@ -212,9 +212,13 @@ def fetch(
     matchers: Sequence[tuple[str, str, str]] = (),
     at: float | None = None,
     cancelled: Callable[[], bool] = never,
+    live: Collection[str] = (),
 ) -> Answers:
     """Ask every family once, all at the same instant and side by side (a refresh takes
     about as long as its slowest query); a failure is kept per family.
+
+    ``live``: targets whose figures the caller already had live (:meth:`Cluster.live`):
+    when one goes down its last figures are the caller's own, and are not asked again.
 
     Raises:
         Cancelled: ``cancelled()`` became true while queries were in flight (they end on
@@ -255,7 +259,7 @@ def fetch(
         else:
             answers.series[family] = got
     up = answers.series.get("up", [])
-    down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {""})
+    down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {"", *live})
     del down[MAX_DOWN_ASKED:]
     if down:  # a second round, only while a target is down
         for family, got in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
@@ -549,6 +553,10 @@ class Cluster:
 
     def hosts(self) -> list[str]:
         return sorted({g.host for g in self.gpus.values()})
+
+    def live(self) -> set[str]:
+        """Targets of which some GPU was read live (not only from its last figures)."""
+        return {g.instance for g in self.gpus.values() if g.seen}
 
     def lost_hosts(self) -> dict[str, str]:
         """Down targets of which no GPU is known (gone before the view started, more than

@@ -319,10 +319,10 @@ class ClusterApp(App[int]):
             self._again = True
             return
         self._asking = True
-        self._ask()
+        self._ask(self.cluster.live())
 
     @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
-    def _ask(self) -> tuple[Answers, float]:
+    def _ask(self, live: set[str]) -> tuple[Answers, float]:
         """On a worker thread: one refresh's answers, and when it began (monotonic)."""
         worker = get_current_worker()
         began = time.monotonic()
@@ -337,7 +337,9 @@ class ClusterApp(App[int]):
             except Exception:
                 pass
         try:
-            answers = fetch(self.client, self.matchers, cancelled=lambda: worker.is_cancelled)
+            answers = fetch(
+                self.client, self.matchers, cancelled=lambda: worker.is_cancelled, live=live
+            )
         except Cancelled:
             raise
         except Exception as exc:  # never a traceback on the screen: one line

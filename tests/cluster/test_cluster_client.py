@@ -367,3 +367,26 @@ def test_ranks_are_compared_within_their_job(stub) -> None:
     b_table = lines[lines.index("job torchrun:node-b:29500") :]
     assert not [line for line in b_table if line.lstrip().startswith("!")], b_table
     assert max(len(line) for line in lines) < 120, lines
+
+
+def test_last_figures_are_asked_only_for_down_targets_never_read_live(stub) -> None:
+    s, server = stub
+    s.families = merge(gpu_series("node-a", 1), gpu_series("node-b", 1))
+    s.families["up"] = [
+        ({"instance": "node-a:9400", "job": "gpuwatch"}, 1),
+        ({"instance": "node-b:9400", "job": "gpuwatch"}, 0),
+    ]
+    client = PromClient(server.url)
+
+    def last_queries() -> list[str]:
+        return [r.params["query"] for r in s.requests if "last_over_time" in r.params["query"]]
+
+    fetch(client)  # node-b is down: its last figures are asked, for it alone
+    asked = last_queries()
+    assert len(asked) == 3 and all("b:9400" in q and "node-a" not in q for q in asked), asked
+    s.requests.clear()
+    fetch(client, live={"node-b:9400"})  # the view had it live: its own figures stand
+    assert last_queries() == []
+    s.families["up"][1] = ({"instance": "node-b:9400", "job": "gpuwatch"}, 1)
+    fetch(client)
+    assert last_queries() == []  # nothing down, nothing more asked

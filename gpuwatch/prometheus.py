@@ -29,14 +29,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from ._version import __version__
 from .analysis.predicted import predictions
 from .predict import CATEGORIES
-from .protocol import MAX_RANK, label_text
+from .protocol import MAX_RANK, job_id, label_text
 from .scrape_server import ScrapeServer
 from .session import MISSING_INT, Process, Session
 
 GPU = ("gpu", "uuid", "name", "host")
-JOB = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch_run")
+JOB = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch_run", "job_id")
 """The scheduler's identity of a process (its hello's ``scheduler``), on every
-per-process series: empty where the process did not say (Prometheus drops empty labels)."""
+per-process series: empty where the process did not say (Prometheus drops empty labels);
+``job_id`` is the job its ranks are compared within (:func:`gpuwatch.protocol.job_id`),
+never empty."""
 PROC = ("pid", "rank", "host", *JOB)
 GPU_PROC = ("pid", "gpu", "user", "host")
 """Labels of every process on a GPU (instrumented or not), as the Processes tab lists them."""
@@ -53,6 +55,8 @@ RANK_INFO = (
     *JOB,
     "slurm_procid",
     "slurm_nodelist",
+    "k8s_job",
+    "torch_master",
 )
 
 STRATEGIES = ("ddp", "fsdp2", "fsdp1", "zero", "tp", "device_map", "none")
@@ -99,6 +103,13 @@ METRICS = (
     ),
     Spec("gpuwatch_gpu_power_watts", "gauge", GPU, "Power draw."),
     Spec("gpuwatch_gpu_temperature_celsius", "gauge", GPU, "GPU core temperature."),
+    Spec(
+        "gpuwatch_gpu_process_memory_bytes",
+        "gauge",
+        (*GPU, "pid", "user", "command", "instrumented"),
+        "Memory NVML says a process holds on the GPU, every process on it (newest process "
+        "list); instrumented is 1 for a process gpuwatch instruments.",
+    ),
     Spec(
         "gpuwatch_process_torch_allocated_bytes",
         "gauge",
@@ -347,6 +358,27 @@ class SessionCollector:
             _add(f["gpuwatch_gpu_utilization_ratio"], labels, None if util is None else util / 100)
             _add(f["gpuwatch_gpu_power_watts"], labels, row["power"])
             _add(f["gpuwatch_gpu_temperature_celsius"], labels, row["temp"])
+            self._gpu_processes(f, labels, dev.key)
+
+    def _gpu_processes(self, f: dict[str, Metric], labels: list[str], key: str) -> None:
+        """The GPU's newest NVML process list: who else holds memory on it."""
+        s = self.session
+        table = s.gpu_procs.get(key)
+        last = table.last() if table is not None else None
+        if table is None or last is None or last["type"] == -1:
+            return  # no list yet, or an empty one
+        t = int(last["t"])
+        rows = table.rows(table.search(t, "left"), table.search(t, "right"), ("pid", "used"))
+        held: dict[int, int] = {}  # one series a PID, whatever the list repeats
+        for pid, used in zip(rows["pid"].tolist(), rows["used"].tolist(), strict=True):
+            if used != MISSING_INT:
+                held[pid] = max(used, held.get(pid, 0))
+        for pid, used in held.items():
+            info = s.proc_info.get(pid) or {}
+            user, name = info.get("user"), info.get("name")
+            mine = "1" if pid in s.processes else "0"
+            who = [str(pid), user if isinstance(user, str) else "", _command(name), mine]
+            _add(f["gpuwatch_gpu_process_memory_bytes"], [*labels, *who], used)
 
     # ------------------------------------------------------------------ GPU processes
 
@@ -394,7 +426,7 @@ class SessionCollector:
             shown.add(pid)
             folded = self._folded.setdefault(pid, _Folded())
             self._fold(proc, folded)
-            who = _Who.of(proc)
+            who = _Who.of(proc, self.host)
             self._process(f, proc, folded, who, ooms[pid])
             f["gpuwatch_rank_info"].add_metric(who.info(self.host), 1)
         for pid in set(self._folded) - shown:  # ended: forget, so the state stays bounded
@@ -533,9 +565,11 @@ class _Who:
     job: tuple[str, ...]  # JOB's values
     slurm_procid: str
     slurm_nodelist: str
+    k8s_job: str
+    torch_master: str
 
     @classmethod
-    def of(cls, proc: Process) -> _Who:
+    def of(cls, proc: Process, host: str) -> _Who:
         hello = proc.hello
         facts = proc.facts if isinstance(proc.facts, dict) else None
         layout = facts.get("parallel") if facts is not None else None
@@ -561,9 +595,11 @@ class _Who:
             # ZeRO divides the states by its partition count: its shard size.
             shard_size=_count(fsdp.get("mesh_size")) or _count(zero.get("partition_count")),
             replicate_size=_count(fsdp.get("replicate_size")),
-            job=tuple(label_text(sched.get(k)) for k in JOB),
+            job=(*(label_text(sched.get(k)) for k in JOB[:-1]), job_id(sched, host)),
             slurm_procid=label_text(sched.get("slurm_procid")),
             slurm_nodelist=label_text(sched.get("slurm_nodelist")),
+            k8s_job=label_text(sched.get("k8s_job")),
+            torch_master=label_text(sched.get("torch_master")),
         )
 
     def info(self, host: str) -> list[str]:
@@ -580,7 +616,15 @@ class _Who:
             *self.job,
             self.slurm_procid,
             self.slurm_nodelist,
+            self.k8s_job,
+            self.torch_master,
         ]
+
+
+def _command(name: Any) -> str:
+    """A process's command name as a label: its name (not its arguments, which may hold
+    secrets and make a series per run), at most 64 characters."""
+    return name[:64] if isinstance(name, str) else ""
 
 
 def _count(v: Any) -> str:
@@ -588,10 +632,47 @@ def _count(v: Any) -> str:
     return str(v) if type(v) is int and 0 <= v <= MAX_RANK else ""
 
 
+def label_value(value: str) -> str:
+    """A label value safe to show wherever it is read: each character that is not
+    printable (ESC, BEL, newlines, C1 controls, bidirectional overrides) becomes a visible
+    escape (``\\x1b``, ``\\u202e``) and a backslash ``\\\\``, so two names that differ
+    only there stay two series (Prometheus rejects a scrape that names one series twice).
+    Phase names, GPU names and the like are the script's or the driver's word; job labels
+    are cleaned further (:func:`~gpuwatch.protocol.label_text`)."""
+    if value.isprintable() and "\\" not in value:
+        return value
+    return "".join(_escaped(c) for c in value)
+
+
+def _escaped(c: str) -> str:
+    if c == "\\":
+        return "\\\\"
+    if c.isprintable():
+        return c
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+class _Gauge(GaugeMetricFamily):
+    """A gauge whose every label value goes through :func:`label_value`."""
+
+    def add_metric(self, labels: Any, value: float, timestamp: Any = None) -> None:
+        super().add_metric([label_value(v) for v in labels], value, timestamp)
+
+
+class _Counter(CounterMetricFamily):
+    """A counter whose every label value goes through :func:`label_value`."""
+
+    def add_metric(
+        self, labels: Any, value: float, created: Any = None, timestamp: Any = None
+    ) -> None:
+        super().add_metric([label_value(v) for v in labels], value, created, timestamp)
+
+
 def _families() -> dict[str, Metric]:
     out: dict[str, Metric] = {}
     for spec in METRICS:
-        cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+        cls = _Counter if spec.kind == "counter" else _Gauge
         out[spec.name] = cls(spec.name, spec.help, labels=spec.labels)
     return out
 

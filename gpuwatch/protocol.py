@@ -13,7 +13,7 @@ import json
 import math
 import os
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,8 +312,10 @@ SCHEDULER_KEYS = (
     "slurm_nodelist",
     "k8s_namespace",
     "k8s_pod",
+    "k8s_job",
     "job_name",
     "torch_run",
+    "torch_master",
 )
 """The scheduler identity a ``hello`` may carry (``docs/protocol.md``, ``scheduler``); the
 exporter turns them into labels (``docs/prometheus.md``)."""
@@ -335,6 +337,34 @@ def label_text(value: object) -> str:
     if all(c in _LABEL_CHARS for c in value):
         return value
     return "".join(c if c in _LABEL_CHARS else "_" for c in value)
+
+
+def job_id(scheduler: Mapping[str, object], host: str) -> str:
+    """The job a process is part of, as one label value (``docs/prometheus.md``, ``job_id``).
+
+    The first the scheduler identity names: ``slurm:JOB.STEP`` (``slurm:JOB`` without a
+    step), ``k8s:NAMESPACE/JOB``, ``name:GPUWATCH_JOB_NAME``, ``torchrun:RUN_ID`` (torchrun's
+    default run id ``none`` names no run), ``torchrun:MASTER_ADDR:MASTER_PORT`` (the
+    rendezvous of a plain torchrun or ``init_process_group``); else ``host:HOST``, so the
+    ranks of unlabelled runs are compared only with those of the same host. Each part is
+    cleaned by :func:`label_text` first. Never raises.
+    """
+    part = {k: label_text(scheduler.get(k)) for k in SCHEDULER_KEYS}
+    if part["slurm_job"]:
+        step = f".{part['slurm_step']}" if part["slurm_step"] else ""
+        found = f"slurm:{part['slurm_job']}{step}"
+    elif part["k8s_job"]:
+        space = f"{part['k8s_namespace']}/" if part["k8s_namespace"] else ""
+        found = f"k8s:{space}{part['k8s_job']}"
+    elif part["job_name"]:
+        found = f"name:{part['job_name']}"
+    elif part["torch_run"] and part["torch_run"] != "none":
+        found = f"torchrun:{part['torch_run']}"
+    elif part["torch_master"]:
+        found = f"torchrun:{part['torch_master']}"
+    else:
+        found = f"host:{label_text(host)}"
+    return label_text(found)
 
 
 def _scheduler(v: Any) -> str | None:

@@ -92,7 +92,7 @@ ALLOWED: dict[str, set[str]] = {
     "predict": {"facts"},
     "session": {"protocol", "fmt"},
     "analysis": {"session", "predict", "fmt"},
-    "cluster": {"analysis", "fmt"},
+    "cluster": {"analysis", "fmt", "protocol"},  # protocol: job_id, the ranks' key
     "sources": {"protocol", "session", "fmt"},
     "store": {"_version", "protocol", "session", "analysis", "fmt", "predict"},
     "scrape_server": set(),

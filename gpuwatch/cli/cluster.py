@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -192,7 +193,9 @@ def _once(client: Any, matchers: list[tuple[str, str, str]], sort: str) -> int:
     cluster = Cluster()
     answers = fetch(client, matchers)
     cluster.apply(answers)
-    for line in report(cluster, time.time(), sort):
+    # On a terminal the grid's columns fit its width; piped, every column is printed.
+    width = shutil.get_terminal_size((1000, 24)).columns if sys.stdout.isatty() else 1000
+    for line in report(cluster, time.time(), sort, width=width):
         print(line)
     sys.stdout.flush()
     return EXIT_ERROR if cluster.refreshed is None else EXIT_OK

@@ -285,6 +285,14 @@ class PromClient:
             if status != 200:
                 raise PromError(f"{self.base}: HTTP {status}")
             raise PromError(f"{self.base}: the answer is not Prometheus' JSON")
+        if answer.get("status") not in ("success", "error"):  # JSON of another API
+            if status in (401, 403):
+                raise PromError(f"{self.base}: HTTP {status}: credentials refused")
+            why = f"HTTP {status}, " if status != 200 else ""
+            raise PromError(
+                f"{self.base}: {why}JSON of another shape, not Prometheus' API answer "
+                '(no "status")'
+            )
         if answer.get("status") != "success":
             error = answer.get("error")
             kind = answer.get("errorType")

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .background import each, never
 from .client import PromClient, PromError, Series, quote, selector
 
 NS = 1_000_000_000
@@ -32,6 +33,9 @@ ROLES = {
 """The families one drill-down refresh asks, ``{M}`` being the host's matchers. The
 chart's roles are the dashboard's (``nvml``, ``reserved``, ``allocated``, ``predicted``,
 ``peak``); ``total`` sets its ceiling, ``phase`` feeds the band."""
+
+QUERY_THREADS = 4
+"""Range queries of one drill-down refresh in flight at once."""
 
 MAX_POINTS = 10_000
 """Points per series asked at most (Prometheus refuses more than 11,000)."""
@@ -96,15 +100,20 @@ class HostHistory:
             return lo, hi
         t, v = line
         width = (t1 - t0) / n
-        # Each sample covers [t, t + step): the columns it overlaps show it.
+        # Each sample covers [t, t + step): the columns it overlaps show it. Vectorised
+        # over the samples (every panel asks each role at each paint), one pass per column
+        # a sample can span.
         first = np.clip(((t - t0) // width).astype(np.int64), -1, n)
         last = np.clip(((t + self.step - 1 - t0) // width).astype(np.int64), -1, n)
-        for a, b, value in zip(first.tolist(), last.tolist(), v.tolist(), strict=True):
-            if b < 0 or a >= n or value != value:
-                continue
-            a, b = max(a, 0), min(b, n - 1)
-            lo[a : b + 1] = np.fmin(lo[a : b + 1], value)
-            hi[a : b + 1] = np.fmax(hi[a : b + 1], value)
+        keep = (last >= 0) & (first < n) & ~np.isnan(v)
+        first, last, v = np.maximum(first[keep], 0), np.minimum(last[keep], n - 1), v[keep]
+        if not len(v):
+            return lo, hi
+        for k in range(int((last - first).max()) + 1):
+            at = first + k
+            inside = at <= last
+            np.fmin.at(lo, at[inside], v[inside])
+            np.fmax.at(hi, at[inside], v[inside])
         return lo, hi
 
 
@@ -123,8 +132,14 @@ def load(
     seconds: float,
     step: float,
     end: float | None = None,
+    cancelled: Callable[[], bool] = never,
 ) -> HostHistory:
-    """The host's timelines over the last ``seconds``, ``step`` seconds apart."""
+    """The host's timelines over the last ``seconds``, ``step`` seconds apart, the range
+    queries side by side.
+
+    Raises:
+        Cancelled: ``cancelled()`` became true while queries were in flight.
+    """
     end = time.time() if end is None else end
     step = max(step, seconds / MAX_POINTS, 0.001)
     start = end - seconds
@@ -132,14 +147,23 @@ def load(
     inner = selector("", host_matchers(host, matchers))
     history = HostHistory(host, int(start * NS), int(end * NS), int(step * NS))
     errors = []
-    for role, template in ROLES.items():
-        promql = template.replace("{M}", inner)
+    gone: list[PromError] = []  # the server did not answer: the rest would wait as long
+
+    def ask(role: str) -> list[Series] | PromError:
+        if gone:
+            return gone[0]
         try:
-            answer = client.query_range(promql, start, end, step)
+            return client.query_range(ROLES[role].replace("{M}", inner), start, end, step)
         except PromError as exc:
-            errors.append(f"{role}: {exc}")
             if exc.gone:
-                break
+                gone.append(exc)
+            return exc
+
+    roles = list(ROLES)
+    for role, answer in zip(roles, each(ask, roles, QUERY_THREADS, cancelled), strict=True):
+        if isinstance(answer, PromError):
+            if not errors or not answer.gone:
+                errors.append(f"{role}: {answer}")
             continue
         if role == "phase":
             history.lanes = _lanes(answer, history.step)

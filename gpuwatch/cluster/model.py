@@ -11,15 +11,17 @@ rows, so the ranks table is the one ``gpuwatch info`` prints.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
-from ..fmt import fmt_bytes
-from .client import PromClient, PromError, Series, selector
+from ..fmt import ellipsis, fmt_bytes, fmt_short, printable
+from ..protocol import job_id
+from .background import each, never
+from .client import PromClient, PromError, Series, quote, selector
 
 OK, LOST, STALE = "ok", "lost", "stale"
 
@@ -37,6 +39,10 @@ FAMILIES = (
     "gpuwatch_gpu_memory_total_bytes",
     "gpuwatch_gpu_memory_used_bytes",
     "gpuwatch_gpu_up",
+    "gpuwatch_gpu_utilization_ratio",
+    "gpuwatch_gpu_temperature_celsius",
+    "gpuwatch_gpu_power_watts",
+    "gpuwatch_gpu_process_memory_bytes",
     "gpuwatch_process_phase_info",
     "gpuwatch_process_step",
     "gpuwatch_process_phase_peak_allocated_bytes",
@@ -48,10 +54,26 @@ FAMILIES = (
 layout) is read when the exporter has it; ``up`` tells which scrape targets answer."""
 
 
-JOB_LABELS = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch_run")
+JOB_LABELS = (
+    "slurm_job",
+    "slurm_step",
+    "k8s_namespace",
+    "k8s_pod",
+    "job_name",
+    "torch_run",
+    "job_id",
+)
 """The scheduler's labels, which the exporter puts on process series only
 (docs/prometheus.md): a ``--match`` on one selects the job's processes, and the view shows
 the GPUs of the hosts they run on."""
+
+
+SENSORS = {
+    "gpuwatch_gpu_utilization_ratio": "util",
+    "gpuwatch_gpu_temperature_celsius": "temp",
+    "gpuwatch_gpu_power_watts": "power",
+}
+"""NVML's other figures of a GPU, the cell's attribute each fills."""
 
 
 def family_matchers(
@@ -63,6 +85,21 @@ def family_matchers(
         return list(matchers)
     return [m for m in matchers if m[0] not in JOB_LABELS]
 
+
+PHASE_WIDTH = 24
+"""Widest phase name in the ranks tables (a column each): longer ones are cut with ``…``."""
+
+LAST_KNOWN = (
+    "gpuwatch_gpu_memory_total_bytes",
+    "gpuwatch_gpu_memory_used_bytes",
+    "gpuwatch_gpu_up",
+)
+"""Families asked again over the last :data:`FORGET_S` for the targets Prometheus reports
+down (``up == 0``), so that a host whose exporter was gone before the view started shows
+with its last known figures."""
+
+MAX_DOWN_ASKED = 256
+"""Most down targets whose last figures one refresh asks for."""
 
 QUERY_THREADS = 4
 """Queries of one refresh in flight at once (Prometheus answers each on its own thread)."""
@@ -87,6 +124,25 @@ def _bytes(value: float) -> int | None:
     return int(min(value, 2**62))
 
 
+@dataclass(frozen=True)
+class Other:
+    """A process on a GPU that gpuwatch does not instrument, as NVML lists it."""
+
+    pid: int
+    user: str
+    command: str
+    used: int
+
+    def text(self) -> str:
+        """``bob ollama 4.0G`` (``pid 77`` where its host could not see who it is)."""
+        who = " ".join(x for x in (self.user, self.command) if x) or f"pid {self.pid}"
+        return f"{who} {fmt_short(self.used)}"
+
+
+MAX_OTHERS = 16
+"""Non-instrumented processes kept per GPU."""
+
+
 @dataclass
 class Gpu:
     """One GPU cell: the newest figures Prometheus had for it."""
@@ -97,6 +153,14 @@ class Gpu:
     instance: str = ""
     used: int | None = None
     total: int | None = None
+    util: float | None = None
+    """NVML utilisation, 0 to 1."""
+    temp: float | None = None
+    """Core temperature, °C."""
+    power: float | None = None
+    """Power draw, watts."""
+    others: tuple[Other, ...] = ()
+    """Processes on it that gpuwatch does not instrument, the most memory first."""
     up: bool = True
     ranks: tuple[int, ...] = ()
     phase: str | None = None
@@ -139,13 +203,27 @@ class Answers:
     errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     by_job: bool = False  # a matcher named a job label: only the job's hosts are shown
+    last: dict[str, list[Series]] = field(default_factory=dict)
+    """Per family of :data:`LAST_KNOWN`, the newest point of the down targets' series."""
 
 
 def fetch(
-    client: PromClient, matchers: Sequence[tuple[str, str, str]] = (), at: float | None = None
+    client: PromClient,
+    matchers: Sequence[tuple[str, str, str]] = (),
+    at: float | None = None,
+    cancelled: Callable[[], bool] = never,
+    live: Collection[str] = (),
 ) -> Answers:
     """Ask every family once, all at the same instant and side by side (a refresh takes
-    about as long as its slowest query); a failure is kept per family."""
+    about as long as its slowest query); a failure is kept per family.
+
+    ``live``: targets whose figures the caller already had live (:meth:`Cluster.live`):
+    when one goes down its last figures are the caller's own, and are not asked again.
+
+    Raises:
+        Cancelled: ``cancelled()`` became true while queries were in flight (they end on
+            their own threads, which nobody waits for; see :mod:`.background`).
+    """
     at = time.time() if at is None else at
     start = time.perf_counter()
     answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers))
@@ -162,14 +240,43 @@ def fetch(
                 gone.append(exc)
             return family, exc
 
-    with ThreadPoolExecutor(max_workers=QUERY_THREADS, thread_name_prefix="gw-query") as pool:
-        for family, got in pool.map(ask, FAMILIES):
-            if isinstance(got, PromError):
-                answers.errors[family] = str(got)
-            else:
-                answers.series[family] = got
+    down: list[str] = []  # the targets up == 0 names, once ``up`` is read
+
+    def ask_last(family: str) -> tuple[str, list[Series] | PromError]:
+        if gone:
+            return family, gone[0]
+        regex = "|".join(re.escape(i) for i in down)
+        m = [*family_matchers(family, matchers), ("instance", "=~", quote(regex))]
+        try:
+            promql = f"last_over_time({selector(family, m)}[{int(FORGET_S)}s])"
+            return family, client.query(promql, at=at)
+        except PromError as exc:
+            return family, exc
+
+    for family, got in each(ask, FAMILIES, QUERY_THREADS, cancelled):
+        if isinstance(got, PromError):
+            answers.errors[family] = str(got)
+        else:
+            answers.series[family] = got
+    up = answers.series.get("up", [])
+    down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {"", *live})
+    del down[MAX_DOWN_ASKED:]
+    if down:  # a second round, only while a target is down
+        for family, got in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
+            if not isinstance(got, PromError):  # best effort: the host shows as lost
+                answers.last[family] = got
     answers.seconds = time.perf_counter() - start
     return answers
+
+
+@dataclass(frozen=True)
+class Worst:
+    """The rank that stands out most: its job, rank and host, and why."""
+
+    job: str
+    rank: int
+    host: str
+    why: str
 
 
 @dataclass
@@ -177,6 +284,7 @@ class _Process:
     host: str
     pid: int
     gpu: str | None
+    job: str = ""
     rank: int | None = None
     step: int | None = None
     phase: str | None = None
@@ -193,16 +301,16 @@ class Cluster:
         gpus: Cells by ``host:index``.
         error: One line about the newest refresh (None: it read everything).
         refreshed: Wall time of the newest refresh that read something.
-        ranks: The ranks side by side (empty when no process has a rank).
-        down: Scrape targets (``instance``) whose newest ``up`` is 0.
+        jobs: The ranks side by side, one table per job (``job_id``), by job.
+        down: Scrape targets (``instance``) whose newest ``up`` is 0, and their host.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.gpus: dict[str, Gpu] = {}
         self.error: str | None = None
         self.refreshed: float | None = None
-        self.ranks: Ranks = compare([])
-        self.down: set[str] = set()
+        self.jobs: dict[str, Ranks] = {}
+        self.down: dict[str, str] = {}
         self._procs: dict[tuple[str, int], _Process] = {}
         self._clock = clock
 
@@ -228,7 +336,10 @@ class Cluster:
             more = f" (and {len(answers.errors) - 1} more)" if len(answers.errors) > 1 else ""
             self.error = f"{family}: {why}{more}"
         if "up" in s:
-            self.down = {x.labels.get("instance", "") for x in s["up"] if x.value == 0}
+            self.down = {
+                x.labels.get("instance", ""): host_of(x.labels) for x in s["up"] if x.value == 0
+            }
+            self.down.pop("", None)
         seen: set[str] = set()
         gpu_families = (
             "gpuwatch_gpu_memory_total_bytes",
@@ -247,6 +358,43 @@ class Cluster:
                     cell.used = _bytes(series.value)
                 else:
                     cell.up = series.value == 1
+        kept: set[str] = set()  # GPUs of down targets, from their last figures
+        for family in LAST_KNOWN:
+            for series in answers.last.get(family, []):
+                cell = self._cell(series)
+                if cell is None or cell.key in seen:
+                    continue
+                kept.add(cell.key)
+                if cell.seen:  # this view had it live: its own last figures stand
+                    continue
+                if family.endswith("total_bytes"):
+                    cell.total = _bytes(series.value)
+                elif family.endswith("used_bytes"):
+                    cell.used = _bytes(series.value)
+                else:
+                    cell.up = series.value == 1
+        for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
+            if family not in s:
+                continue
+            got: dict[str, float] = {}
+            for series in s[family]:
+                v = series.value
+                if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
+                    got[self._key(series.labels)] = v
+            for key in seen:
+                setattr(self.gpus[key], attr, got.get(key))
+        if "gpuwatch_gpu_process_memory_bytes" in s:
+            others: dict[str, list[Other]] = defaultdict(list)
+            for series in s["gpuwatch_gpu_process_memory_bytes"]:
+                labels = series.labels
+                pid, used = _int(labels.get("pid")), _bytes(series.value)
+                if labels.get("instrumented") == "1" or pid is None or used is None:
+                    continue
+                user, command = labels.get("user", ""), labels.get("command", "")
+                others[self._key(labels)].append(Other(pid, user, command, used))
+            for key in seen:
+                found = sorted(others.get(key, []), key=lambda o: (-o.used, o.pid))
+                self.gpus[key].others = tuple(found[:MAX_OTHERS])
         # Used is absent for a lost GPU (its last values are not its values now).
         if "gpuwatch_gpu_memory_used_bytes" in s:
             have = {self._key(x.labels) for x in s["gpuwatch_gpu_memory_used_bytes"]}
@@ -260,7 +408,9 @@ class Cluster:
             seen = {k for k in seen if k in self.gpus}
         failed_core = any(f in answers.errors for f in (*core, "gpuwatch_gpu_up"))
         for key in [
-            k for k, g in self.gpus.items() if k not in seen and answers.at - g.seen > FORGET_S
+            k
+            for k, g in self.gpus.items()
+            if k not in seen and k not in kept and answers.at - g.seen > FORGET_S
         ]:
             del self.gpus[key]
         for key, cell in self.gpus.items():
@@ -315,7 +465,8 @@ class Cluster:
                 if len(procs) >= MAX_GPUS * 8:
                     return None
                 old = self._procs.get(key)
-                p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None)
+                job = labels.get("job_id") or job_id(labels, key[0])  # an older exporter's
+                p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None, job)
                 if old is not None:  # a family not read this time keeps its figures
                     p.step, p.predicted, p.peaks = old.step, old.predicted, dict(old.peaks)
                     p.strategy, p.world_size = old.strategy, old.world_size
@@ -351,7 +502,10 @@ class Cluster:
                 p.world_size = _int(series.labels.get("world_size")) or p.world_size
         self._procs = procs
         self._cells_from(procs.values())
-        self.ranks = compare(self._rank_rows(procs.values()))
+        by_job: dict[str, list[RankRow]] = defaultdict(list)
+        for job, row in self._rank_rows(procs.values()):
+            by_job[job].append(row)
+        self.jobs = {job: compare(by_job[job]) for job in sorted(by_job)}
 
     def _cells_from(self, procs: Iterable[_Process]) -> None:
         by_gpu: dict[str, list[_Process]] = defaultdict(list)
@@ -370,31 +524,65 @@ class Cluster:
             predicted = [p.predicted for p in on if p.predicted is not None]
             cell.predicted = sum(predicted) if predicted else None
 
-    def _rank_rows(self, procs: Iterable[_Process]) -> list[RankRow]:
+    def _rank_rows(self, procs: Iterable[_Process]) -> list[tuple[str, RankRow]]:
         rows = []
         for p in procs:
             if p.rank is None:
                 continue
             cell = self.gpus.get(f"{p.host}:{p.gpu}") if p.gpu is not None else None
-            rows.append(
-                RankRow(
-                    rank=p.rank,
-                    host=p.host,
-                    gpu=f"{p.host}:{p.gpu}" if p.gpu is not None else None,
-                    pid=p.pid,
-                    step=p.step,
-                    used=cell.used if cell is not None else None,
-                    phases={name: RankPhase(peak=v) for name, v in p.peaks.items()},
-                    strategy=p.strategy,
-                    world_size=p.world_size,
-                )
+            phases: dict[str, RankPhase] = {}
+            for name, peak in p.peaks.items():  # a column each: long names cut
+                short = ellipsis(printable(name), PHASE_WIDTH)
+                if short not in phases or (phases[short].peak or 0) < peak:
+                    phases[short] = RankPhase(peak=peak)
+            row = RankRow(
+                rank=p.rank,
+                host=p.host,
+                gpu=f"{p.host}:{p.gpu}" if p.gpu is not None else None,
+                pid=p.pid,
+                step=p.step,
+                used=cell.used if cell is not None else None,
+                phases=phases,
+                strategy=p.strategy,
+                world_size=p.world_size,
             )
+            rows.append((p.job, row))
         return rows
 
     # ------------------------------------------------------------------ the view's questions
 
     def hosts(self) -> list[str]:
         return sorted({g.host for g in self.gpus.values()})
+
+    def live(self) -> set[str]:
+        """Targets of which some GPU was read live (not only from its last figures)."""
+        return {g.instance for g in self.gpus.values() if g.seen}
+
+    def lost_hosts(self) -> dict[str, str]:
+        """Down targets of which no GPU is known (gone before the view started, more than
+        :data:`FORGET_S` ago, or never exporting a GPU): their host name (the ``host``
+        target label, else the target) -> target."""
+        held = {g.instance for g in self.gpus.values()}
+        return {host: inst for inst, host in sorted(self.down.items()) if inst not in held}
+
+    def host_note(self, gpus: Sequence[Gpu]) -> str:
+        """A host line's note: its GPUs, how many are not ok, whether its target is down."""
+        odd = sum(g.state != OK for g in gpus)
+        note = f"{len(gpus)} GPUs" + (f", {odd} not ok" if odd else "")
+        down = sorted({g.instance for g in gpus if g.instance in self.down})
+        if down:
+            note += f" · lost: target {', '.join(down)} down, last known figures"
+        return note
+
+    def lost_lines(self, text: str = "") -> list[tuple[str, str]]:
+        """(host, note) of the lost hosts with no figures whose line holds ``text``."""
+        needle = " ".join(text.lower().split())
+        out = []
+        for host, inst in self.lost_hosts().items():
+            note = f"lost: target {inst} down, no figures seen"
+            if needle in f"{host} {note}".lower():
+                out.append((host, note))
+        return out
 
     def cells(self, sort: str = "host", text: str = "") -> list[tuple[str, list[Gpu]]]:
         """The GPUs grouped by host, in the order ``sort`` asks, those whose text (key, name,
@@ -414,42 +602,61 @@ class Cluster:
         known = [g for g in self.gpus.values() if g.used is not None and g.total]
         return max(known, key=lambda g: (g.fill, g.key)) if known else None
 
-    def worst_rank(self) -> tuple[int, str] | None:
-        """The rank that stands out most, and why: the largest excess a flag names, else the
-        highest peak of any phase."""
-        flags = sorted(self.ranks.flags, key=lambda f: (-(f.kind == "above_median"), -f.bytes))
-        if flags:
-            return flags[0].rank, flags[0].text
-        if not self.ranks.spreads:
+    @property
+    def rank_count(self) -> int:
+        return sum(len(r.rows) for r in self.jobs.values())
+
+    def worst_rank(self) -> Worst | None:
+        """The rank that stands out most over every job: the largest excess over its job's
+        median a flag names (then any other flag), else the highest peak of any phase."""
+        flagged = [(job, f) for job, r in self.jobs.items() for f in r.flags]
+        if flagged:
+            job, flag = min(
+                flagged, key=lambda jf: (jf[1].kind != "above_median", -jf[1].bytes, jf[0])
+            )
+            return Worst(job, flag.rank, _host(self.jobs[job], flag.rank), flag.text)
+        spreads = [(job, s) for job, r in self.jobs.items() for s in r.spreads]
+        if not spreads:
             return None
-        top = max(self.ranks.spreads, key=lambda s: s.max_bytes)
-        return top.max_rank, f"{top.phase} peak {fmt_bytes(top.max_bytes)}"
+        job, top = max(spreads, key=lambda js: (js[1].max_bytes, js[0]))
+        why = f"{top.phase} peak {fmt_bytes(top.max_bytes)}"
+        return Worst(job, top.max_rank, _host(self.jobs[job], top.max_rank), why)
 
     def summary(self) -> str:
-        """One line: GPUs, hosts, ranks, the fullest GPU, the worst rank."""
+        """One line: GPUs, hosts, ranks, the states not ok, the worst rank, the fullest GPU."""
         return " · ".join(self.summary_parts())
 
-    def summary_parts(self) -> list[str]:
-        """The summary's parts, most important first."""
-        states = defaultdict(int)
+    def summary_parts(self, view: Sequence[str] = ()) -> list[str]:
+        """The summary's parts, most important first; ``view`` (the view's own: interval,
+        sort, filter) goes after the worst rank and before the fullest GPU."""
+        states: dict[str, int] = defaultdict(int)
         for g in self.gpus.values():
             states[g.state] += 1
+        lost = self.lost_hosts()
         parts = [
             f"{len(self.gpus)} GPUs",
-            f"{len(self.hosts())} hosts",
-            f"{len(self.ranks.rows)} ranks",
+            f"{len(self.hosts()) + len(lost)} hosts",
+            f"{self.rank_count} ranks",
         ]
         odd = [f"{n} {state}" for state, n in sorted(states.items()) if state != OK]
+        if self.down:
+            odd.append(f"{len(self.down)} down")
         if odd:
             parts.append(", ".join(odd))
+        if (worst := self.worst_rank()) is not None:
+            host, job = ellipsis(printable(worst.host), 24), ellipsis(printable(worst.job), 24)
+            parts.append(f"worst rank {worst.rank} on {host} ({job})")
+        parts += view
         if (full := self.fullest()) is not None:
             parts.append(
-                f"fullest {full.key} {fmt_bytes(full.used)}/{fmt_bytes(full.total)} "
-                f"({full.fill:.0%})"
+                f"fullest {ellipsis(printable(full.key), 24)} "
+                f"{fmt_short(full.used)}/{fmt_short(full.total)} ({full.fill:.0%})"
             )
-        if (worst := self.worst_rank()) is not None:
-            parts.append(f"worst rank {worst[0]}")
         return parts
+
+
+def _host(ranks: Ranks, rank: int) -> str:
+    return next((r.host for r in ranks.rows if r.rank == rank), "?")
 
 
 def _index_key(index: str) -> tuple[int, str]:

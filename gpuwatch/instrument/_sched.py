@@ -1,4 +1,5 @@
-"""The scheduler's identity of this process: Slurm's job and step, Kubernetes' pod.
+"""The scheduler's identity of this process: Slurm's job and step, Kubernetes' pod and
+job, torchrun's run.
 
 Read once from the environment (and, in a Kubernetes pod without the downward API's
 variables, from the service account's namespace file) and sent in every ``hello`` under
@@ -25,6 +26,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
     # POD_NAME is the common name, MY_POD_NAME the Kubernetes documentation's example.
     "k8s_namespace": ("POD_NAMESPACE", "MY_POD_NAMESPACE"),
     "k8s_pod": ("POD_NAME", "MY_POD_NAME"),
+    # The Job that owns the pod: the downward API's ``metadata.labels['job-name']`` as the
+    # pod spec names it (docs/prometheus.md); else derived from an Indexed Job's pod name.
+    "k8s_job": ("K8S_JOB_NAME",),
     "job_name": ("GPUWATCH_JOB_NAME",),
     "torch_run": ("TORCHELASTIC_RUN_ID",),
 }
@@ -41,7 +45,11 @@ def scheduler_identity(
 
     In a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` is set) without ``POD_NAME``, the pod
     is the host name (a pod's host name is its name unless the spec sets another), and the
-    namespace the service account's, when its file can be read.
+    namespace the service account's, when its file can be read. In an Indexed Job's pod
+    (``JOB_COMPLETION_INDEX`` is set) without ``K8S_JOB_NAME``, the Job is the pod's name
+    less its ``-INDEX-SUFFIX``. ``torch_master`` is the rendezvous ``MASTER_ADDR:MASTER_PORT``
+    (a loopback address named by this host's name: another host's loopback rendezvous is
+    another job), the identity of a torchrun run that sets no run id.
     """
     try:
         env = os.environ if env is None else env
@@ -57,9 +65,40 @@ def scheduler_identity(
                 namespace = _read_small(namespace_file)
                 if namespace:
                     out["k8s_namespace"] = label_text(namespace)
+            if "k8s_job" not in out and out.get("k8s_pod"):
+                out["k8s_job"] = label_text(_indexed_job(out["k8s_pod"], env))
+        master = _master(env)
+        if master:
+            out["torch_master"] = label_text(master)
         return {k: v for k, v in out.items() if v}
     except Exception:  # a broken environment costs the labels, never the run
         return {}
+
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::")
+
+
+def _master(env: Mapping[str, str]) -> str:
+    """``MASTER_ADDR:MASTER_PORT``, a loopback address as this host's name; "" if unset."""
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if not addr or not port:
+        return ""
+    if addr.lower() in LOOPBACK or addr.startswith("127."):
+        addr = socket.gethostname()
+    return f"{addr}:{port}"
+
+
+def _indexed_job(pod: str, env: Mapping[str, str]) -> str:
+    """The Job of an Indexed Job's pod ``JOB-INDEX-SUFFIX`` (its host name ``JOB-INDEX``);
+    "" when the pod is not one or its name does not have that form."""
+    index = env.get("JOB_COMPLETION_INDEX", "")
+    if not index.isdigit():
+        return ""
+    for tail in (f"-{index}-", f"-{index}"):
+        head, found, rest = pod.rpartition(tail)
+        if found and head and ("-" not in rest if tail.endswith("-") else not rest):
+            return head
+    return ""
 
 
 def _read_small(path: str) -> str:

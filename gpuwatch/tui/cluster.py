@@ -1,24 +1,24 @@
 """``gpuwatch cluster``: every GPU Prometheus knows, a host's timelines on enter, the ranks.
 
-A thread asks Prometheus (one instant query per metric family, :func:`gpuwatch.cluster.fetch`)
-at the scrape interval Prometheus reports, never faster than once a second, and hands the
-answers to the app, which folds them into one :class:`~gpuwatch.cluster.Cluster` and
-redraws. Nothing here waits on the network: a slow or gone Prometheus costs a stale mark
-and one line, never a frozen screen. Every label is Prometheus' word and shown as plain
+A thread worker asks Prometheus (one instant query per metric family,
+:func:`gpuwatch.cluster.fetch`) at the scrape interval Prometheus reports, never faster
+than once a second; the app folds its answers into one :class:`~gpuwatch.cluster.Cluster`
+when the worker ends and redraws. Nothing here waits on the network: a slow or gone
+Prometheus costs a stale mark and one line, never a frozen screen, and quitting cancels
+the worker, which leaves the query in flight to a thread nobody waits for
+(:mod:`gpuwatch.cluster.background`). Every label is Prometheus' word and shown as plain
 text (never markup).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from rich.segment import Segment
 from rich.style import Style
-from textual import events
+from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
@@ -28,13 +28,15 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.timer import Timer
 from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
+from textual.worker import Worker, WorkerState, get_current_worker
 
-from ..analysis.ranks import format_ranks
 from ..cluster import SORTS, Answers, Cluster, PromClient, fetch
+from ..cluster.background import Cancelled, call
 from ..cluster.history import HostHistory, load
-from ..cluster.text import HEAD, cell_columns, label
-from ..fmt import fmt_duration, printable
+from ..cluster.text import HEAD, cell_columns, fit_columns, label, panel_title, ranks_lines
+from ..fmt import ellipsis, fmt_duration, printable
 from ._text import Fitted, Line, markup_safe, plain, plain_lines
 from .band import BandRow, BandSpan, PhaseBand
 from .chart import ChartFrame, TimelineChart
@@ -42,6 +44,8 @@ from .chart import Series as ChartSeries
 from .keys import Key, KeyBar
 from .theme import DEFAULT_THEME, builtin_themes
 
+CORE = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
+"""A refresh that could read neither of these read nothing (the view marks every GPU stale)."""
 MIN_INTERVAL = 1.0
 """Fastest refresh, whatever Prometheus' scrape interval (the issue: no faster than 1 s)."""
 UNKNOWN_INTERVAL = 5.0
@@ -80,70 +84,10 @@ def refresh_interval(scrape: float | None) -> float:
     return max(MIN_INTERVAL, scrape if scrape is not None else UNKNOWN_INTERVAL)
 
 
-class Poller:
-    """Asks Prometheus on its own thread and hands each answer to ``deliver``.
-
-    Args:
-        client: Prometheus.
-        matchers: Added to every query.
-        deliver: Called (on the poller's thread) with each refresh's answers and the
-            interval until the next.
-    """
-
-    def __init__(
-        self,
-        client: PromClient,
-        matchers: Sequence[tuple[str, str, str]],
-        deliver: Callable[[Answers, float], None],
-    ) -> None:
-        self.client = client
-        self.matchers = list(matchers)
-        self.deliver = deliver
-        self.scrape: float | None = None
-        self._asked = 0.0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpuwatch-cluster", daemon=True)
-
-    @property
-    def interval(self) -> float:
-        return refresh_interval(self.scrape)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-    def now(self) -> None:
-        """Refresh at once (``r``)."""
-        self._wake.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.monotonic()
-            if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
-                # Best effort: a server that will not say keeps the interval it had. Asked
-                # again now and then: a reloaded configuration may change it.
-                self._asked = began
-                with contextlib.suppress(Exception):
-                    self.scrape = self.client.scrape_interval() or self.scrape
-            try:
-                answers = fetch(self.client, self.matchers)
-            except Exception as exc:  # never a traceback on the screen: one line
-                answers = Answers(time.time(), errors={"all": f"{type(exc).__name__}: {exc}"})
-                answers.errors["gpuwatch_gpu_memory_total_bytes"] = answers.errors["all"]
-                answers.errors["gpuwatch_gpu_memory_used_bytes"] = answers.errors["all"]
-            if self._stop.is_set():
-                return
-            self.deliver(answers, self.interval)
-            self._wake.wait(max(0.0, self.interval - (time.monotonic() - began)))
-            self._wake.clear()
-
-
 Row = list[tuple[str, "Style | None"]]
 """A grid row: its text in styled runs (plain strings, already printable and padded)."""
+
+MEMORY, STATE = HEAD.index("memory"), HEAD.index("state")
 
 CURSOR = Style(reverse=True)
 CURSOR_BLURRED = Style(underline=True)
@@ -269,7 +213,7 @@ class ClusterApp(App[int]):
 
     TITLE = "gpuwatch cluster"
     CSS = """
-    #summary { height: 1; background: $panel; color: $text; padding: 0 1; }
+    #summary { height: auto; max-height: 2; background: $panel; color: $text; padding: 0 1; }
     #error { height: auto; color: $warning; padding: 0 1; }
     #filter { height: 3; }
     TabbedContent { height: 1fr; }
@@ -304,7 +248,12 @@ class ClusterApp(App[int]):
         self.sort = sort if sort in SORTS else "host"
         self.text = ""
         self._theme_name = theme or DEFAULT_THEME
-        self.poller = Poller(client, self.matchers, self._delivered)
+        self.scrape: float | None = None
+        """Prometheus' scrape interval (s), None until it has said."""
+        self._asked = 0.0  # monotonic time the scrape interval was last asked
+        self._next: Timer | None = None  # the next refresh, while none is in flight
+        self._asking = False
+        self._again = False  # `r` while a refresh was in flight: another at once after it
         self._rows: list[tuple[str, Row]] = []
         self._error_shown = ""
         self._ranks_shown: list[str] = []
@@ -313,7 +262,7 @@ class ClusterApp(App[int]):
         """Seconds of each refresh: its queries, and folding them in and redrawing."""
 
     def compose(self) -> ComposeResult:
-        self.summary = Fitted(id="summary")
+        self.summary = Fitted(id="summary", max_lines=2)
         self.error_line = Static("", id="error", markup=False)
         self.error_line.display = False
         self.filter_input = Input(placeholder="filter: host, gpu, rank, phase, state", id="filter")
@@ -351,18 +300,70 @@ class ClusterApp(App[int]):
         )
         self.summary.set([Content(f"asking {printable(self.client.base)} …")])
         self.grid.focus()
-        self.poller.start()
+        self.refresh_cluster()
         self.set_interval(1.0, self._age)
-
-    def on_unmount(self) -> None:
-        self.poller.stop()
 
     # ------------------------------------------------------------------ refreshes
 
-    def _delivered(self, answers: Answers, interval: float) -> None:
-        """On the poller's thread: hand the answers to the app's thread."""
-        with contextlib.suppress(RuntimeError):  # the app is closing
-            self.call_from_thread(self.apply, answers)
+    @property
+    def interval(self) -> float:
+        """Seconds between two refreshes."""
+        return refresh_interval(self.scrape)
+
+    def refresh_cluster(self) -> None:
+        """Ask Prometheus now (after the refresh in flight, if one is)."""
+        if self._next is not None:
+            self._next.stop()
+            self._next = None
+        if self._asking:
+            self._again = True
+            return
+        self._asking = True
+        self._ask(self.cluster.live())
+
+    @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
+    def _ask(self, live: set[str]) -> tuple[Answers, float]:
+        """On a worker thread: one refresh's answers, and when it began (monotonic)."""
+        worker = get_current_worker()
+        began = time.monotonic()
+        if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
+            # Best effort: a server that will not say keeps the interval it had. Asked
+            # again now and then: a reloaded configuration may change it.
+            self._asked = began
+            try:
+                self.scrape = call(self.client.scrape_interval, lambda: worker.is_cancelled)
+            except Cancelled:
+                raise
+            except Exception:
+                pass
+        try:
+            answers = fetch(
+                self.client, self.matchers, cancelled=lambda: worker.is_cancelled, live=live
+            )
+        except Cancelled:
+            raise
+        except Exception as exc:  # never a traceback on the screen: one line
+            why = f"{type(exc).__name__}: {exc}"
+            answers = Answers(time.time(), errors=dict.fromkeys(CORE, why))
+        return answers, began
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "refresh" or event.state not in (
+            WorkerState.SUCCESS,
+            WorkerState.ERROR,
+        ):
+            return
+        self._asking = False
+        began = time.monotonic()
+        if event.state == WorkerState.SUCCESS and event.worker.result is not None:
+            answers, began = event.worker.result
+            self.apply(answers)
+        if self._again:
+            self._again = False
+            self.refresh_cluster()
+        else:
+            wait = max(0.0, self.interval - (time.monotonic() - began))
+            self._next = self.set_timer(wait, self.refresh_cluster)
 
     def apply(self, answers: Answers) -> None:
         """Fold a refresh's answers in and redraw."""
@@ -372,6 +373,9 @@ class ClusterApp(App[int]):
         self.redraw()
         self.latencies.append((answers.seconds, time.perf_counter() - began))
 
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_after_refresh(self.redraw)  # the grid's new width drops or restores columns
+
     def _age(self) -> None:
         """Once a second: stale cells say for how long."""
         if any(g.state != "ok" for g in self.cluster.gpus.values()):
@@ -379,10 +383,11 @@ class ClusterApp(App[int]):
 
     def redraw(self) -> None:
         c = self.cluster
-        interval = self.poller.interval
-        parts = [*c.summary_parts(), f"every {interval:g} s", f"sort {self.sort}"]
+        interval = self.interval
+        view = [f"every {interval:g} s", f"sort {self.sort}"]
         if self.text:
-            parts.append(f"filter {self.text}")
+            view.append(f"filter {label(self.text, 30)}")
+        parts = c.summary_parts(view)
         # Host names are Prometheus' word: plain text, never markup; what does not fit goes.
         self.summary.set([Content(printable(p)) for p in parts])
         error = ""
@@ -403,7 +408,7 @@ class ClusterApp(App[int]):
         """The ranks table, while its tab shows (laying it out costs what the grid does)."""
         if self.query_one(TabbedContent).active != "ranks-tab":
             return
-        lines = format_ranks(self.cluster.ranks) or ["No process reports a rank."]
+        lines = ranks_lines(self.cluster) or ["No process reports a rank."]
         if lines != self._ranks_shown:
             self._ranks_shown = lines
             self.ranks_view.update(plain_lines(lines))
@@ -413,23 +418,33 @@ class ClusterApp(App[int]):
         now = time.time()
         rows: list[tuple[str, list[tuple[str, str]]]] = []
         for host, gpus in self.cluster.cells(self.sort, self.text):
-            odd = sum(g.state != "ok" for g in gpus)
-            note = f"{len(gpus)} GPUs" + (f", {odd} not ok" if odd else "")
-            rows.append((f"host\x00{host}", [(label(host, 40), "bold"), (note, "dim")]))
+            note = printable(self.cluster.host_note(gpus))
+            style = "bold red" if "lost:" in note else "dim"
+            rows.append((f"host\x00{host}", [(label(host, 40), "bold"), (note, style)]))
             for g in gpus:
                 cols = cell_columns(g, now)
                 bar_style = "red" if g.fill > 0.95 else "yellow" if g.fill > 0.85 else "green"
                 if g.state != "ok":
                     bar_style = "dim"
                 state = {"ok": "", "lost": "bold red", "stale": "yellow"}.get(g.state, "")
-                styles = ["", bar_style, "", "", "", "", state]
+                styles = [""] * len(HEAD)
+                styles[MEMORY], styles[STATE] = bar_style, state
                 cols[0] = "  " + cols[0]
                 rows.append((f"gpu\x00{g.key}", list(zip(cols, styles, strict=True))))
+        for host, note in self.cluster.lost_lines(self.text):
+            rows.append(
+                (f"host\x00{host}", [(label(host, 40), "bold"), (printable(note), "bold red")])
+            )
         widths = [len(h) for h in HEAD]
         for key, cells in rows:
             if key.startswith("gpu"):
                 widths = [max(w, len(c)) for w, (c, _) in zip(widths, cells, strict=True)]
-        self.grid_head.set(" " + "  ".join(h.ljust(w) for h, w in zip(HEAD, widths, strict=True)))
+        # The grid's width less its scrollbar and the row's leading space: columns past it
+        # are dropped by DROP_ORDER, never cut at the edge.
+        room = (self.grid.size.width or self.size.width or 80) - 3
+        keep, widths = fit_columns(widths, room)
+        head = [HEAD[k].ljust(w)[:w] for k, w in zip(keep, widths, strict=True)]
+        self.grid_head.set(" " + "  ".join(head))
         out: list[tuple[str, Row]] = []
         for key, cells in rows:
             if key.startswith("host"):
@@ -437,8 +452,9 @@ class ClusterApp(App[int]):
                 runs = [(" " + name, STYLES[style]), ("  ", None), (note, STYLES[nstyle])]
             else:
                 runs = [(" ", None)]
-                for (cell, style), w in zip(cells, widths, strict=True):
-                    runs += [(cell.ljust(w), STYLES[style]), ("  ", None)]
+                for k, w in zip(keep, widths, strict=True):
+                    cell, style = cells[k]
+                    runs += [(ellipsis(cell, w).ljust(w), STYLES[style]), ("  ", None)]
                 runs.pop()
             out.append((key, runs))
         self.grid.set_rows(out)
@@ -472,7 +488,7 @@ class ClusterApp(App[int]):
         self.grid.focus()
 
     def action_refresh_now(self) -> None:
-        self.poller.now()
+        self.refresh_cluster()
 
     def action_show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = "gpus" if tab == "gpus" else "ranks-tab"
@@ -523,7 +539,7 @@ class ClusterApp(App[int]):
         )
 
     async def action_quit(self) -> None:
-        self.poller.stop()
+        self.workers.cancel_all()  # a query in flight is left to a thread nobody waits for
         self.exit(0)
 
 
@@ -597,8 +613,9 @@ class HostScreen(Screen):
         self.window_s = DEFAULT_WINDOW
         self.version = 0
         self._blocks: dict[str, GpuBlock] = {}
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._next: Timer | None = None
+        self._asking = False
+        self._again = False
 
     def compose(self) -> ComposeResult:
         self.title_line = Line("", markup=False, id="host-title")
@@ -611,36 +628,59 @@ class HostScreen(Screen):
 
     def on_mount(self) -> None:
         self.title_line.set(f"{label(self.host, 60)} · asking Prometheus …")
-        threading.Thread(target=self._run, name="gpuwatch-host", daemon=True).start()
+        self.reload()
 
-    def on_unmount(self) -> None:
-        self._stop.set()
-        self._wake.set()
+    def reload(self) -> None:
+        """Ask for the timelines now (after the queries in flight, if any are)."""
+        if self._next is not None:
+            self._next.stop()
+            self._next = None
+        if self._asking:
+            self._again = True
+            return
+        self._asking = True
+        self._load(self.window_s)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.monotonic()
-            interval = self.owner.poller.interval
-            step = self.owner.poller.scrape or interval
-            try:
-                history = load(
-                    self.owner.client,
-                    self.host,
-                    self.owner.matchers,
-                    seconds=self.window_s,
-                    step=step,
-                )
-            except Exception as exc:  # one line, the last good timelines kept
-                history = None
-                error = f"{type(exc).__name__}: {exc}"
-            else:
-                error = history.error
-            if self._stop.is_set():
-                return
-            with contextlib.suppress(RuntimeError):
-                self.app.call_from_thread(self._loaded, history, error)
-            self._wake.wait(max(0.0, interval - (time.monotonic() - began)))
-            self._wake.clear()
+    @work(thread=True, exclusive=True, group="host", exit_on_error=False)
+    def _load(self, window_s: float) -> tuple[HostHistory | None, str | None, float]:
+        """On a worker thread (cancelled when the screen goes): the host's timelines, why
+        they could not be read, and when the load began (monotonic)."""
+        worker = get_current_worker()
+        began = time.monotonic()
+        owner = self.owner
+        try:
+            history = load(
+                owner.client,
+                self.host,
+                owner.matchers,
+                seconds=window_s,
+                step=owner.scrape or owner.interval,
+                cancelled=lambda: worker.is_cancelled,
+            )
+        except Cancelled:
+            raise
+        except Exception as exc:  # one line, the last good timelines kept
+            return None, f"{type(exc).__name__}: {exc}", began
+        return history, history.error, began
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.group != "host" or event.state not in (
+            WorkerState.SUCCESS,
+            WorkerState.ERROR,
+        ):
+            return
+        event.stop()  # the app's handler is for its own refreshes
+        self._asking = False
+        began = time.monotonic()
+        if event.state == WorkerState.SUCCESS and event.worker.result is not None:
+            history, error, began = event.worker.result
+            self._loaded(history, error)
+        if self._again:
+            self._again = False
+            self.reload()
+        else:
+            wait = max(0.0, self.owner.interval - (time.monotonic() - began))
+            self._next = self.set_timer(wait, self.reload)
 
     def _loaded(self, history: HostHistory | None, error: str | None) -> None:
         if history is not None and (history.lines or history.lanes or self.history is None):
@@ -659,7 +699,11 @@ class HostScreen(Screen):
                 block = self._blocks[gpu] = GpuBlock(self, gpu)
                 self.scroll.mount(block)
         self.version += 1
-        for block in self._blocks.values():
+        for gpu, block in self._blocks.items():
+            cell = self.owner.cluster.gpus.get(f"{self.host}:{gpu}")
+            title = markup_safe(panel_title(gpu, cell))  # a title is markup; labels are not
+            if block.border_title != title:
+                block.border_title = title
             block.chart.origin = h.start
             block.chart.update_view((h.start, h.end), None, self.version)
             block.band.update_view((h.start, h.end), None, self.version)
@@ -670,7 +714,7 @@ class HostScreen(Screen):
     def action_window(self, direction: int) -> None:
         i = WINDOWS.index(self.window_s) if self.window_s in WINDOWS else 1
         self.window_s = WINDOWS[max(0, min(len(WINDOWS) - 1, i + direction))]
-        self._wake.set()
+        self.reload()
 
 
 def first(text: str, limit: int = 120) -> str:

@@ -19,7 +19,8 @@ from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series, self_s
 
 from gpuwatch.cluster import Auth, Cluster, PromClient, PromError, fetch, parse_matchers
 from gpuwatch.cluster import client as client_mod
-from gpuwatch.cluster.model import FAMILIES, QUERY_THREADS
+from gpuwatch.cluster.model import FAMILIES, QUERY_THREADS, Worst
+from gpuwatch.cluster.text import ranks_lines
 
 TOKEN = "s3cr3t-t0ken-4f9a2c"
 
@@ -205,6 +206,12 @@ def _raw(status: int, body: bytes):
         (502, b"bad gateway", "HTTP 502"),
         (200, b"[" * 100_000 + b"]" * 100_000, "not Prometheus' JSON"),
         (200, b'{"status": "success", "data": 5}', "has no data"),
+        # JSON of another API (a proxy's, a service's) said as such, never "HTTP 200".
+        (200, b'{"message": "ok", "items": []}', "JSON of another shape"),
+        (200, b'{"status": "ok"}', "JSON of another shape"),
+        (200, b'{"status": {"a": 1}, "data": {}}', "JSON of another shape"),
+        (500, b'{"detail": "boom"}', "HTTP 500, JSON of another shape"),
+        (200, b'{"status": "error"}', "HTTP 200"),  # Prometheus' error without a reason
         (
             200,
             b'{"status": "success", "data": {"resultType": "vector", "result": 3}}',
@@ -224,6 +231,8 @@ def test_hostile_answers_are_one_line(stub, status: int, body: bytes, said: str)
         PromClient(server.url).query("up")
     text = str(caught.value)
     assert said in text and "\n" not in text and "\x1b" not in text
+    if "shape" in said:
+        assert "HTTP 200" not in text
 
 
 def test_an_answer_over_the_size_cap_is_refused(stub, monkeypatch) -> None:
@@ -308,11 +317,76 @@ def test_ranks_come_from_the_ranks_model(stub) -> None:
     )
     cluster = Cluster()
     cluster.apply(fetch(PromClient(server.url)))
-    ranks = cluster.ranks
+    # No job labels (an exporter older than job_id): the host's ranks are one job.
+    assert list(cluster.jobs) == ["host:node-a"]
+    ranks = cluster.jobs["host:node-a"]
     assert [r.rank for r in ranks.rows] == [0, 1, 2]
     back = ranks.spread("backward")
     assert back is not None and back.max_rank == 1 and back.max_bytes == 6 * GiB
     assert [f.rank for f in ranks.flags] == [1]
     assert cluster.gpus["node-a:1"].ranks == (1, 2)
-    assert cluster.worst_rank()[0] == 1
-    assert "3 ranks" in cluster.summary() and "worst rank 1" in cluster.summary()
+    assert cluster.worst_rank() == Worst("host:node-a", 1, "node-a", ranks.flags[0].text)
+    assert "3 ranks" in cluster.summary()
+    assert "worst rank 1 on node-a (host:node-a)" in cluster.summary()
+
+
+def test_ranks_are_compared_within_their_job(stub) -> None:
+    # Job A (Slurm, on two hosts) has a real outlier, rank 2; job B (a plain torchrun) is
+    # balanced at a higher peak. Folded into one table, B's ranks were flagged, not A's.
+    s, server = stub
+    a = {"job_id": "slurm:4242.0", "slurm_job": "4242", "slurm_step": "0"}
+    b = {"job_id": "torchrun:node-b:29500", "torch_run": "none"}
+    s.families = merge(
+        gpu_series("node-a", 2),
+        gpu_series("node-b", 3),
+        rank_series("node-a", 0, 0, 101, {"backward": 1 * GiB}, **a),
+        rank_series("node-a", 1, 1, 102, {"backward": 1 * GiB}, **a),
+        rank_series("node-b", 0, 2, 201, {"backward": 1.6 * GiB}, **a),
+        rank_series("node-b", 1, 0, 202, {"backward": 2.6 * GiB}, **b),
+        rank_series("node-b", 2, 1, 203, {"backward": 2.6 * GiB}, **b),
+        # A 128-character phase name is cut, so the table keeps its width.
+        rank_series("node-b", 2, 1, 203, {"p" * 128: 1 * GiB}, **b),
+    )
+    cluster = Cluster()
+    cluster.apply(fetch(PromClient(server.url)))
+    assert list(cluster.jobs) == ["slurm:4242.0", "torchrun:node-b:29500"]
+    job_a, job_b = cluster.jobs.values()
+    assert [(r.rank, r.host) for r in job_a.rows] == [(0, "node-a"), (1, "node-a"), (2, "node-b")]
+    assert [f.rank for f in job_a.flags if f.kind == "above_median"] == [2]
+    assert [r.rank for r in job_b.rows] == [0, 1] and job_b.flags == ()
+    worst = cluster.worst_rank()
+    assert worst is not None and (worst.job, worst.rank, worst.host) == (
+        "slurm:4242.0",
+        2,
+        "node-b",
+    )
+    assert "5 ranks" in cluster.summary()
+    assert "worst rank 2 on node-b (slurm:4242.0)" in cluster.summary()
+    lines = ranks_lines(cluster)
+    assert lines[0] == "job slurm:4242.0" and "job torchrun:node-b:29500" in lines
+    b_table = lines[lines.index("job torchrun:node-b:29500") :]
+    assert not [line for line in b_table if line.lstrip().startswith("!")], b_table
+    assert max(len(line) for line in lines) < 120, lines
+
+
+def test_last_figures_are_asked_only_for_down_targets_never_read_live(stub) -> None:
+    s, server = stub
+    s.families = merge(gpu_series("node-a", 1), gpu_series("node-b", 1))
+    s.families["up"] = [
+        ({"instance": "node-a:9400", "job": "gpuwatch"}, 1),
+        ({"instance": "node-b:9400", "job": "gpuwatch"}, 0),
+    ]
+    client = PromClient(server.url)
+
+    def last_queries() -> list[str]:
+        return [r.params["query"] for r in s.requests if "last_over_time" in r.params["query"]]
+
+    fetch(client)  # node-b is down: its last figures are asked, for it alone
+    asked = last_queries()
+    assert len(asked) == 3 and all("b:9400" in q and "node-a" not in q for q in asked), asked
+    s.requests.clear()
+    fetch(client, live={"node-b:9400"})  # the view had it live: its own figures stand
+    assert last_queries() == []
+    s.families["up"][1] = ({"instance": "node-b:9400", "job": "gpuwatch"}, 1)
+    fetch(client)
+    assert last_queries() == []  # nothing down, nothing more asked

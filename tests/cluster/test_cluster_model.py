@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from promstub import GiB, gpu_series, merge, rank_series
 
 from gpuwatch.cluster import LOST, OK, STALE, Answers, Cluster, Series
@@ -192,3 +194,41 @@ def test_a_job_label_match_shows_the_gpus_of_the_jobs_hosts() -> None:
     c.apply(got)
     assert sorted(c.gpus) == ["node-b:0", "node-b:1"]
     assert all(g.state == OK for g in c.gpus.values())
+
+
+def _window_by_sample(h: HostHistory, t, v, t0: int, t1: int, n: int):
+    """The drill-down's columns worked out one sample at a time (the plain definition)."""
+    import numpy as np
+
+    lo, hi = np.full(n, np.nan), np.full(n, np.nan)
+    width = (t1 - t0) / n
+    for ts, value in zip(t.tolist(), v.tolist(), strict=True):
+        a, b = int((ts - t0) // width), int((ts + h.step - 1 - t0) // width)
+        if b < 0 or a >= n or value != value:
+            continue
+        for c in range(max(a, 0), min(b, n - 1) + 1):
+            lo[c] = value if lo[c] != lo[c] else min(lo[c], value)
+            hi[c] = value if hi[c] != hi[c] else max(hi[c], value)
+    return lo, hi
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0, 1e12) | st.just(float("nan")), min_size=0, max_size=60),
+    st.integers(1, 400),
+    st.integers(1, 5),
+    st.integers(-3, 3),
+)
+def test_history_window_is_the_plain_definition(values, n, step_s, shift) -> None:
+    import numpy as np
+
+    ns = 1_000_000_000
+    h = HostHistory("n", 0, 60 * ns, step_s * ns)
+    t = np.arange(len(values), dtype=np.int64) * step_s * ns
+    v = np.array(values, dtype=np.float64)
+    h.lines["0"] = {"nvml": (t, v)}
+    t0, t1 = shift * 7 * ns, (shift * 7 + 61) * ns
+    got = h.window("0", "nvml", t0, t1, n)
+    want = _window_by_sample(h, t, v, t0, t1, n)
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a, b, equal_nan=True)

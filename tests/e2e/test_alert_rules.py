@@ -67,8 +67,10 @@ def test_the_rules_name_only_metrics_gpuwatch_exports() -> None:
     [
         ("> 0.95", "> 0.97"),  # a threshold moved
         ("for: 30s", "for: 45s"),
-        ("1.2 * quantile", "1.25 * quantile"),
+        ("1.2 * (", "1.25 * ("),
         ('world_size!~"|0|1"', 'world_size!~"|0"'),  # lone processes compared
+        (") > 2\n", ") > 1\n"),  # a 2-rank job against the mean of its two
+        ("min by (job_id)", "min by (slurm_job)"),  # 2-rank jobs folded into one
         ("unless gpuwatch_process_ooms_total offset 5m", "unless gpuwatch_process_ooms_total"),
         ('up{job="gpuwatch"} == 0', 'up{job="gpuwatch"} < 0'),
         ("for: 5m", "for: 1m"),

@@ -29,7 +29,7 @@ from gpuwatch import predict
 from gpuwatch.analysis.predicted import PredictedLine
 from gpuwatch.prometheus import JOB, MAX_PHASE_NAMES, METRICS, MetricsServer, SessionCollector
 from gpuwatch.protocol import Message
-from gpuwatch.session import Session, gpu_key
+from gpuwatch.session import Device, Session, gpu_key
 
 GIB = synthetic.GIB
 MS = synthetic.MS
@@ -38,7 +38,8 @@ STEPS = 3
 END = synthetic.end_time(STEPS)
 
 Sample = tuple[str, dict[str, str], float]
-NO_JOB = dict.fromkeys(JOB, "")  # a process that named no scheduler
+# A process that named no scheduler (on the collector host "h"): compared within its host.
+NO_JOB = {**dict.fromkeys(JOB, ""), "job_id": "host:h"}
 
 
 def scrape(collector: SessionCollector) -> list[Sample]:
@@ -238,6 +239,58 @@ def test_phase_names_beyond_the_cap_share_one_label() -> None:
     assert value(samples, "gpuwatch_process_phase_peak_allocated_bytes", phase="other") == last
     (info,) = find(samples, "gpuwatch_process_phase_info")
     assert info[1]["phase"] == "other"
+
+
+def test_every_process_on_a_gpu_is_exported_instrumented_or_not(session: Session) -> None:
+    key = gpu_key(synthetic.UUID)
+    session.set_proc_info(PID, {"name": "python", "user": "alice", "cmdline": ["python"]})
+    session.set_proc_info(
+        5151, {"name": "ollama", "user": "bob", "cmdline": ["ollama", "-k=s3cr3t"]}
+    )
+    session.set_proc_info(77, {"name": None, "user": None, "cmdline": None, "visible": False})
+    session.add_gpu_processes(key, END, [(PID, 20 * GIB, 0), (5151, 3 * GIB, 0), (77, GIB, 0)])
+    session.add_gpu_processes(key, END + MS, [(PID, 21 * GIB, 0), (5151, 4 * GIB, 0), (77, GIB, 0)])
+    session.add_gpu_sample(key, {"t": END + MS, "used": 30 * GIB, "total": 80 * GIB})
+    samples = scrape(SessionCollector(session, host="h"))
+    got = {
+        (x[1]["pid"], x[1]["user"], x[1]["command"], x[1]["instrumented"]): x[2]
+        for x in find(samples, "gpuwatch_gpu_process_memory_bytes", gpu="0", host="h")
+    }
+    assert got == {  # the newest list only; arguments never exported
+        (str(PID), "alice", "python", "1"): 21 * GIB,
+        ("5151", "bob", "ollama", "0"): 4 * GIB,
+        ("77", "", "", "0"): GIB,
+    }
+    session.add_gpu_processes(key, END + 2 * MS, [])  # the GPU emptied
+    assert (
+        find(scrape(SessionCollector(session, host="h")), "gpuwatch_gpu_process_memory_bytes") == []
+    )
+
+
+def test_every_label_value_is_printable_and_names_stay_apart() -> None:
+    # Phase names are the script's word, the GPU's name the driver's: an ESC]0;..BEL would
+    # set the terminal title of whoever reads the label (curl, promtool, the cluster view).
+    s = Session(t_origin=0)
+    hostile_gpu = "H100\x1b]0;pwned\x07\u202e"
+    s.add_device(Device("gpu-x", "gpu", index=0, name=hostile_gpu, uuid="GPU-\x1b[2J", total=GIB))
+    s.add_gpu_sample("gpu-x", {"t": MS, "used": GIB // 2, "total": GIB})
+    send = Sender(s, 1, seq=0)
+    names = ["fwd\x1b[2J", "fwd\x07", "fwd\\x07", "bwd\u0085\u200f", "opt\n# HELP x"]
+    for i, name in enumerate(names):
+        figures = {"allocated": i, "reserved": i, "peak_allocated": i, "peak_reserved": i}
+        send("phase", (2 * i + 2) * MS, event="begin", name=name, id=i + 1, depth=0, dev=0)
+        send("phase", (2 * i + 3) * MS, event="end", name=name, id=i + 1, **figures)
+    send("phase", 50 * MS, event="begin", name="open\x1b[31m", id=99, depth=0)
+    samples = scrape(SessionCollector(s, host="h"))  # every series once (scrape() checks)
+    values = [v for _, labels, _ in samples for v in labels.values()]
+    assert values and [v for v in values if not v.isprintable()] == []
+    phases = {x[1]["phase"] for x in find(samples, "gpuwatch_process_phases_total")}
+    assert len(phases) == len(names)  # ESC and BEL, or BEL and a written \x07, stay apart
+    assert {"fwd\\x1b[2J", "fwd\\x07", "fwd\\\\x07"} <= phases
+    (info,) = find(samples, "gpuwatch_process_phase_info")
+    assert info[1]["phase"] == "open\\x1b[31m"
+    (gpu,) = find(samples, "gpuwatch_gpu_up")
+    assert gpu[1]["name"] == "H100\\x1b]0;pwned\\x07\\u202e"
 
 
 def test_every_exported_name_is_declared_and_follows_the_conventions(session: Session) -> None:

@@ -66,7 +66,7 @@ def test_slurm_variables_become_the_scheduler_identity() -> None:
         "slurm_nodelist": "n1",
     }
     assert scheduler_identity({"PATH": "/usr/bin"}, "/nonexistent") == {}
-    assert set(SOURCES) == set(protocol.SCHEDULER_KEYS)
+    assert {*SOURCES, "torch_master"} == set(protocol.SCHEDULER_KEYS)
 
 
 def test_kubernetes_downward_api_else_the_pod_itself(tmp_path: Path) -> None:
@@ -90,6 +90,61 @@ def test_kubernetes_downward_api_else_the_pod_itself(tmp_path: Path) -> None:
     }
     # Outside Kubernetes the namespace file is never read.
     assert scheduler_identity({}, str(ns_file)) == {}
+
+
+def test_a_plain_torchrun_is_named_by_its_rendezvous() -> None:
+    # torchrun without --rdzv-id says "none"; its master address and port name the run.
+    env = {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500"}
+    got = scheduler_identity(env, "/nonexistent")
+    assert got == {"torch_run": "none", "torch_master": "10.1.2.3:29500"}
+    assert protocol.job_id(got, "n1") == "torchrun:10.1.2.3:29500"
+    # A loopback rendezvous is this host's alone: two hosts' 127.0.0.1:29500 are two jobs.
+    for addr in ("127.0.0.1", "localhost", "::1"):
+        local = scheduler_identity({"MASTER_ADDR": addr, "MASTER_PORT": "29500"}, "/nonexistent")
+        assert local == {"torch_master": f"{label_text(socket.gethostname())}:29500"}
+    # A run id of its own wins over the rendezvous.
+    named = scheduler_identity({**env, "TORCHELASTIC_RUN_ID": "exp-7"}, "/nonexistent")
+    assert protocol.job_id(named, "n1") == "torchrun:exp-7"
+    assert scheduler_identity({"MASTER_ADDR": "10.1.2.3"}, "/nonexistent") == {}  # no port
+    hostile = scheduler_identity({"MASTER_ADDR": HOSTILE, "MASTER_PORT": "1"}, "/nonexistent")
+    assert clean(hostile["torch_master"]) and clean(protocol.job_id(hostile, "n1"))
+
+
+def test_an_indexed_jobs_pod_names_its_job() -> None:
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "POD_NAMESPACE": "ml"}
+    indexed = {**pod, "POD_NAME": "bert-ft-3-x7k2p", "JOB_COMPLETION_INDEX": "3"}
+    assert scheduler_identity(indexed, "/nonexistent")["k8s_job"] == "bert-ft"
+    # Its host name is JOB-INDEX.
+    host_named = {**pod, "POD_NAME": "bert-ft-12", "JOB_COMPLETION_INDEX": "12"}
+    assert scheduler_identity(host_named, "/nonexistent")["k8s_job"] == "bert-ft"
+    assert protocol.job_id(scheduler_identity(indexed, "/nonexistent"), "n1") == "k8s:ml/bert-ft"
+    # The downward API's label wins; a pod of no Indexed Job names none.
+    named = {**indexed, "K8S_JOB_NAME": "bert-ft-v2"}
+    assert scheduler_identity(named, "/nonexistent")["k8s_job"] == "bert-ft-v2"
+    plain = {**pod, "POD_NAME": "trainer-0"}
+    assert "k8s_job" not in scheduler_identity(plain, "/nonexistent")
+    odd = {**pod, "POD_NAME": "trainer-0", "JOB_COMPLETION_INDEX": "3"}
+    assert "k8s_job" not in scheduler_identity(odd, "/nonexistent")
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "expected"),
+    [
+        ({"slurm_job": "912", "slurm_step": "0", "torch_master": "n1:29500"}, "slurm:912.0"),
+        ({"slurm_job": "912"}, "slurm:912"),
+        ({"k8s_namespace": "ml", "k8s_job": "bert", "k8s_pod": "bert-0-abcde"}, "k8s:ml/bert"),
+        ({"k8s_pod": "trainer-0", "job_name": "llama"}, "name:llama"),
+        ({"torch_run": "none", "torch_master": "n1:29500"}, "torchrun:n1:29500"),
+        ({"torch_run": "none"}, "host:node-7"),
+        ({"k8s_pod": "trainer-0"}, "host:node-7"),  # a pod alone is one process, not a job
+        ({}, "host:node-7"),
+        ({"slurm_job": 5, "job_name": ["x"]}, "host:node-7"),  # not strings: not said
+        ({"slurm_job": HOSTILE}, label_text("slurm:" + HOSTILE)),
+    ],
+)
+def test_job_id_is_the_first_identity_named(scheduler: dict, expected: str) -> None:
+    got = protocol.job_id(scheduler, "node-7")
+    assert got == expected and clean(got)
 
 
 def test_hostile_environment_values_are_cut_and_cleaned() -> None:
@@ -223,6 +278,7 @@ def test_rank_info_of_a_ddp_rank(session_with_proc: Session) -> None:
         "host": "h",
         "strategy": "ddp",
         "slurm_job": "77",
+        "job_id": "slurm:77",
     }
 
 
@@ -284,9 +340,9 @@ def test_before_its_facts_a_process_is_unknown_and_hostile_sizes_are_dropped() -
 
 def test_every_per_process_series_carries_the_job_labels(session_with_proc: Session) -> None:
     job = {"slurm_job": "5", "slurm_step": "1", "k8s_namespace": "ns", "k8s_pod": "p-0"}
-    job |= {"job_name": "j", "torch_run": "r"}
+    job |= {"job_name": "j", "torch_run": "r", "job_id": "slurm:5.1"}
     assert set(job) == set(JOB)
-    Sender(session_with_proc, PID)("hello", END, scheduler=job)
+    Sender(session_with_proc, PID)("hello", END, scheduler={**job, "job_id": "spoofed"})
     Sender(session_with_proc, 99, seq=0)("hello", END, argv=["other.py"])
     samples = scrape(SessionCollector(session_with_proc, host="h"))
     per_process = [s for s in samples if "pid" in s[1]]

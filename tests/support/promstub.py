@@ -39,7 +39,8 @@ def vector(series: list[tuple[dict[str, str], float]], t: float | None = None) -
 def gpu_series(
     host: str, gpus: int, used_gib: float = 10, total_gib: float = 80, name: str = "H100"
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The GPU families of one host's exporter, ``used_gib`` + index GiB on GPU index."""
+    """The GPU families of one host's exporter, ``used_gib`` + index GiB on GPU index (its
+    utilisation 50% + index, its temperature 60 °C + index, its power 300 W + index)."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for i in range(gpus):
         labels = {"gpu": str(i), "uuid": f"GPU-{i}", "name": name, "host": host}
@@ -47,15 +48,25 @@ def gpu_series(
         out.setdefault("gpuwatch_gpu_up", []).append((labels, 1))
         out.setdefault("gpuwatch_gpu_memory_used_bytes", []).append((labels, (used_gib + i) * GiB))
         out.setdefault("gpuwatch_gpu_memory_total_bytes", []).append((labels, total_gib * GiB))
+        out.setdefault("gpuwatch_gpu_utilization_ratio", []).append((labels, 0.5 + i / 100))
+        out.setdefault("gpuwatch_gpu_temperature_celsius", []).append((labels, 60 + i))
+        out.setdefault("gpuwatch_gpu_power_watts", []).append((labels, 300 + i))
     out.setdefault("up", []).append(({"instance": f"{host}:9400", "job": "gpuwatch"}, 1))
     return out
 
 
 def rank_series(
-    host: str, gpu: int, rank: int, pid: int, peaks: dict[str, float], step: int = 10
+    host: str,
+    gpu: int,
+    rank: int,
+    pid: int,
+    peaks: dict[str, float],
+    step: int = 10,
+    **job: str,
 ) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """One rank's process families: its step, current phase and per-phase peaks (bytes)."""
-    base = {"pid": str(pid), "rank": str(rank), "gpu": str(gpu), "host": host}
+    """One rank's process families: its step, current phase and per-phase peaks (bytes);
+    ``job``: its job labels (``job_id=...``, ``slurm_job=...``)."""
+    base = {"pid": str(pid), "rank": str(rank), "gpu": str(gpu), "host": host, **job}
     out: dict[str, list[tuple[dict[str, str], float]]] = {
         "gpuwatch_process_step": [(base, step)],
         "gpuwatch_process_phase_info": [({**base, "phase": "forward"}, 1)],

@@ -40,8 +40,9 @@ per-process series: empty where the process did not say (Prometheus drops empty 
 ``job_id`` is the job its ranks are compared within (:func:`gpuwatch.protocol.job_id`),
 never empty."""
 PROC = ("pid", "rank", "host", *JOB)
-GPU_PROC = ("pid", "gpu", "user", "host")
-"""Labels of every process on a GPU (instrumented or not), as the Processes tab lists them."""
+GPU_PROC = (*GPU, "pid", "user", "command", "instrumented")
+"""Labels of every process on a GPU (instrumented or not), as the Processes tab lists them:
+its command name, never its arguments (they may hold secrets and make a series per run)."""
 PROC_GPU = ("pid", "rank", "gpu", "host", *JOB)
 RANK_INFO = (
     "pid",
@@ -106,7 +107,7 @@ METRICS = (
     Spec(
         "gpuwatch_gpu_process_memory_bytes",
         "gauge",
-        (*GPU, "pid", "user", "command", "instrumented"),
+        GPU_PROC,
         "Memory NVML says a process holds on the GPU, every process on it (newest process "
         "list); instrumented is 1 for a process gpuwatch instruments.",
     ),
@@ -152,12 +153,6 @@ METRICS = (
         "gauge",
         PROC,
         "Host CPU of the instrumented process over the last second or more (1: one core).",
-    ),
-    Spec(
-        "gpuwatch_gpu_process_memory_bytes",
-        "gauge",
-        GPU_PROC,
-        "GPU memory NVML attributes to the process (every process on a GPU), newest list.",
     ),
     Spec(
         "gpuwatch_gpu_process_sm_utilization_ratio",
@@ -328,7 +323,6 @@ class SessionCollector:
                 families = _families()
                 self._gpus(families)
                 self._processes(families)
-                self._gpu_processes(families)
                 self._receiver(families)
             yield from families.values()
         finally:
@@ -368,50 +362,29 @@ class SessionCollector:
         if table is None or last is None or last["type"] == -1:
             return  # no list yet, or an empty one
         t = int(last["t"])
-        rows = table.rows(table.search(t, "left"), table.search(t, "right"), ("pid", "used"))
-        held: dict[int, int] = {}  # one series a PID, whatever the list repeats
-        for pid, used in zip(rows["pid"].tolist(), rows["used"].tolist(), strict=True):
-            if used != MISSING_INT:
-                held[pid] = max(used, held.get(pid, 0))
-        for pid, used in held.items():
+        names = ("pid", "used", "sm", "cpu", "rss")
+        rows = table.rows(table.search(t, "left"), table.search(t, "right"), names)
+        cols = {k: rows[k].tolist() for k in names}
+        held: dict[int, int] = {}  # one series a PID, whatever the list repeats: its largest row
+        for i, (pid, used) in enumerate(zip(cols["pid"], cols["used"], strict=True)):
+            if used != MISSING_INT and (pid not in held or used > cols["used"][held[pid]]):
+                held[pid] = i
+        for pid, i in held.items():
             info = s.proc_info.get(pid) or {}
             user, name = info.get("user"), info.get("name")
             mine = "1" if pid in s.processes else "0"
             who = [str(pid), user if isinstance(user, str) else "", _command(name), mine]
-            _add(f["gpuwatch_gpu_process_memory_bytes"], [*labels, *who], used)
-
-    # ------------------------------------------------------------------ GPU processes
-
-    def _gpu_processes(self, f: dict[str, Metric]) -> None:
-        """Every process of each GPU's newest NVML list, with its SM %, CPU % and RSS."""
-        s = self.session
-        for key, table in list(s.gpu_procs.items()):
-            dev = s.devices.get(key)
-            span = table.span()
-            if dev is None or span is None or dev.state != "ok":
-                continue
-            snap = table.group_at(span[1])
-            if snap is None:
-                continue
-            gpu = _index(dev.index)
-            cols = {k: v.tolist() for k, v in snap.items()}
-            for i, pid in enumerate(cols["pid"]):
-                if pid == 0:  # an empty list
-                    continue
-                user = s.proc_info.get(pid, {}).get("user") or ""
-                labels = [str(pid), gpu, label_text(str(user)), self.host]
-                _add(f["gpuwatch_gpu_process_memory_bytes"], labels, cols["used"][i])
-                sm = _number(cols["sm"][i])
-                cpu = _number(cols["cpu"][i])
-                _add(
-                    f["gpuwatch_gpu_process_sm_utilization_ratio"],
-                    labels,
-                    None if sm is None else sm / 100,
-                )
-                _add(
-                    f["gpuwatch_gpu_process_cpu_ratio"], labels, None if cpu is None else cpu / 100
-                )
-                _add(f["gpuwatch_gpu_process_host_rss_bytes"], labels, cols["rss"][i])
+            series = [*labels, *who]
+            _add(f["gpuwatch_gpu_process_memory_bytes"], series, cols["used"][i])
+            # Unknown figures (another PID namespace, no NVML sample): no series, not a 0.
+            sm, cpu = _number(cols["sm"][i]), _number(cols["cpu"][i])
+            _add(
+                f["gpuwatch_gpu_process_sm_utilization_ratio"],
+                series,
+                None if sm is None else sm / 100,
+            )
+            _add(f["gpuwatch_gpu_process_cpu_ratio"], series, None if cpu is None else cpu / 100)
+            _add(f["gpuwatch_gpu_process_host_rss_bytes"], series, cols["rss"][i])
 
     # ------------------------------------------------------------------ processes
 

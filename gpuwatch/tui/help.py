@@ -8,6 +8,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
+from .processes import KEY_DISPLAY
+from .processes import KEYS as PROCESS_KEYS
+
 HELP = """\
 # gpuwatch
 
@@ -52,6 +55,15 @@ reserved and NVML memory line up with them; GPU utilisation does not.
 | --- | --- |
 {keys}
 
+## On the Processes tab
+
+| key | action |
+| --- | --- |
+{process_keys}
+
+Signals go only to your own processes (root: any), never from a replay or a served page;
+a refusal says why.
+
 ## Mouse
 
 | action | effect |
@@ -93,8 +105,11 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         table = "\n".join(f"| `{key}` | {desc} |" for key, desc in self.keys)
+        process_keys = "\n".join(
+            f"| `{KEY_DISPLAY.get(key, key)}` | {desc} |" for key, _, desc in PROCESS_KEYS
+        )
         with VerticalScroll():
-            yield Markdown(self.text.format(keys=table))
+            yield Markdown(self.text.format(keys=table, process_keys=process_keys))
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

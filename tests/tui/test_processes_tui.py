@@ -30,6 +30,12 @@ from tests.fake_nvml import FakeNvml, GiB, MiB
 SIZES = {"80x24": (80, 24), "200x50": (200, 50)}
 NOBODY = 65534
 
+# Every test here lists a process of another user beside the test's own: starting one
+# takes root (CI's user); elsewhere they skip rather than fail on a PermissionError.
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="starts a process as user 65534 (another user): needs root"
+)
+
 # A launcher (as torchrun is) that starts two workers and prints their pids.
 LAUNCHER = """
 import subprocess, sys, time
@@ -292,3 +298,19 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+async def test_help_lists_the_processes_keys() -> None:
+    """``?`` names every key of the Processes tab, as the key bar names only a few."""
+    from gpuwatch.tui.help import HelpScreen
+    from gpuwatch.tui.processes import KEYS
+
+    app = GpuwatchApp(Session())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = app.screen.query_one("Markdown").source
+        for _, _, desc in KEYS:
+            assert desc in text, desc
+        assert "| `/` |" in text and "| `K` |" in text

@@ -151,6 +151,36 @@ def test_measured_without_the_automatic_phases(sent: list, name: str) -> None:
             assert abs(pred - got[phase]) <= 0.10 * got[phase], (phase, step, pred, got)
 
 
+@pytest.mark.parametrize("name", ["lstm", "linear"])
+def test_measured_without_the_automatic_phases_under_record(sent: list, name: str) -> None:
+    """Under ``gpuwatch record --`` the zero-code hook runs first (discovering); a script's
+    ``watch(model, opt, phases=False)`` with its own ``gpuwatch.phase`` blocks must still
+    be measured (issue 39, item 7: the discovery's hooks were taken as the measurement's)."""
+    assert _watch.autowatch()
+    torch.manual_seed(0)
+    if name == "lstm":
+        model: nn.Module = H.TiedLSTM().train()
+        data = _tokens()
+    else:
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).train()
+        data = (torch.randn(32, 64),)
+    opt = torch.optim.AdamW(model.parameters())
+    gpuwatch.watch(model, opt, phases=False)
+    for _ in range(2):
+        with gpuwatch.phase("forward"):
+            out = model(*data)
+            loss = out if out.dim() == 0 else out.square().mean()
+        with gpuwatch.phase("backward"):
+            loss.backward()
+        with gpuwatch.phase("optimizer.step"):
+            opt.step()
+        opt.zero_grad()
+    act = _activations(sent)
+    assert act["source"] == "measured" and act["until"] == "backward" and act["bytes"] > 0
+    assert predict(sent[-1]).activations_source == "measured"
+    assert _watch._meter is None and not _watch._quiet
+
+
 def test_a_backward_through_autograd_grad_ends_it(sent: list) -> None:
     """``torch.autograd.grad`` is not the wrapped ``backward``: the first unpack of a saved
     tensor ends the count all the same, and the next event outside backward (here the next

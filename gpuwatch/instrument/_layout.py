@@ -142,6 +142,10 @@ def _fsdp2_group_unit(group: Any, name: str) -> dict[str, Any]:
     params = list(getattr(group, "fsdp_params", []) or [])
     policy = getattr(group, "mp_policy", None)
     unsharded = sharded = 0
+    # Only trainable parameters get an unsharded gradient and a reduce-scatter input
+    # (``FSDPParamGroup.post_backward``: those whose ``grad`` is set); a LoRA unit's
+    # frozen base has neither.
+    trainable_unsharded = trainable_sharded = 0
     for fp in params:
         sp = fp.sharded_param
         elt = int(local(sp).element_size())
@@ -155,12 +159,17 @@ def _fsdp2_group_unit(group: Any, name: str) -> dict[str, Any]:
             elt = int(getattr(pd, "itemsize", elt))
         unsharded += n * elt
         sharded += local_bytes(sp)
+        if getattr(sp, "requires_grad", True):
+            trainable_unsharded += n * elt
+            trainable_sharded += local_bytes(sp)
     post = getattr(group, "post_forward_mesh_info", None)
     return {
         "name": name[:128],
         "params": len(params),
         "sharded_bytes": sharded,
         "unsharded_bytes": unsharded,
+        "trainable_sharded_bytes": trainable_sharded,
+        "trainable_unsharded_bytes": trainable_unsharded,
         "reshard_after_forward": post is not None,
     }
 
@@ -180,11 +189,17 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
     mp: Any = None
     offload = False
     count = 0
+    seen: set[int] = set()
     for name, mod in model.named_modules():
         if "FSDPModule" not in _classes(mod):
             continue
         groups = _fsdp_groups(mod)
         for group in groups:
+            # ``fully_shard([norm, output])`` makes one unit of several modules: each
+            # module is an ``FSDPModule`` sharing the one state and parameter group.
+            if id(group) in seen:
+                continue
+            seen.add(id(group))
             count += 1
             if len(units) < MAX_UNITS:
                 unit = _fsdp2_group_unit(group, name or "(root)")

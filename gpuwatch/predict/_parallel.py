@@ -24,7 +24,8 @@ buffers each layout makes, each its own category. Sources, per rule:
     stay too, until each unit's backward.
   - backward, in reverse: the unit's unsharded parameters (all-gathered again after a
     reshard) and the next unit's prefetched all-gather output (backward prefetch, on by
-    default) are ``fsdp_unsharded``; the unit's unsharded gradients and the previous
+    default) are ``fsdp_unsharded``; the unit's unsharded gradients (of its trainable
+    parameters alone: a LoRA unit's frozen base is gathered, never reduced) and the previous
     unit's reduce-scatter input (the gradients flattened, ``foreach_reduce``, kept in
     ``reduce_scatter_state`` until this unit's reduce-scatter waits) are ``fsdp_reduce``,
     in the reduce dtype.
@@ -154,6 +155,13 @@ ROOT = "(root)"
 """The name ``_layout`` gives the unit of the model's root module."""
 
 
+def _trainable(unit: dict[str, Any], key: str) -> int:
+    """A unit's ``key`` bytes that get gradients: its ``trainable_`` figure (a LoRA unit's
+    frozen base is gathered but never reduced), or all of them in facts without it."""
+    own = unit.get(f"trainable_{key}")
+    return min(_n(own), _n(unit.get(key))) if own is not None else _n(unit.get(key))
+
+
 def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
     listed = fsdp.get("unit_list")
     # A recording's facts are hostile: at most MAX_UNITS units (the walk is quadratic).
@@ -168,8 +176,8 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
     reshard = [u.get("reshard_after_forward") is not False for u in units]
     pd, rd = str(fsdp.get("param_dtype")), str(fsdp.get("reduce_dtype"))
     scale = _ELT[rd] / _ELT[pd] if pd in _ELT and rd in _ELT else 1.0
-    grads = [round(s * scale) for s in sizes]
-    shards = [_n(u.get("sharded_bytes")) for u in units]
+    grads = [round(_trainable(u, "unsharded_bytes") * scale) for u in units]
+    shards = [_trainable(u, "sharded_bytes") for u in units]
     n = len(sizes)
     # The root's unit is unsharded by the root's pre-forward and stays so while its
     # forward runs: through every other unit, and through the loss where the model

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ranks_cases import BLOCKS, DIM, run_case, table  # noqa: E402
+from ranks_cases import BLOCKS, DIM, LORA_RANK, run_case, table  # noqa: E402
 
 from gpuwatch.predict import predict  # noqa: E402
 
@@ -88,6 +88,43 @@ def test_fsdp2_hugging_face_causal_lm() -> None:
     p = predict(results[0]["facts"])
     # At the loss the root's parameters (embedding, norm, LM head) are unsharded.
     assert p.phases["forward", False].peak["fsdp_unsharded"] == units[0]["unsharded_bytes"]
+
+
+def test_fsdp2_lora_reduces_only_the_adapters() -> None:
+    """A LoRA unit gathers its frozen base but reduce-scatters only the adapters' gradients
+    (issue 39, item 1: the frozen parameters were counted as gradients to reduce)."""
+    results = _check("fsdp2-lora")
+    for r in results:
+        p = predict(r["facts"])
+        trainable = r["facts"]["params"]["trainable_bytes"]
+        for first in (True, False):
+            bd = p.phases["backward", first].peak
+            assert bd.get("gradients", 0) <= trainable
+            # At most two units' unsharded adapter gradients (this one and the previous
+            # one's reduce-scatter input), never a unit's frozen base.
+            unit = r["facts"]["parallel"]["fsdp"]["unit_list"][1]
+            assert bd.get("fsdp_reduce", 0) <= 2 * unit["trainable_unsharded_bytes"]
+
+
+def test_fsdp2_lora_one_rank_of_eight() -> None:
+    (result,) = _check("fsdp2-lora-fake8")
+    units = result["facts"]["parallel"]["fsdp"]["unit_list"]
+    lora = 2 * LORA_RANK * DIM * 4  # lora_a and lora_b, fp32
+    assert all(u["trainable_unsharded_bytes"] == lora for u in units if u["name"] != "(root)")
+
+
+def test_fsdp2_one_unit_of_several_modules() -> None:
+    """``fully_shard([model.norm, model.output])`` is one unit (issue 39, item 2: it was
+    listed once per module)."""
+    results = _check("fsdp2-shared-unit")
+    for r in results:
+        fsdp = r["facts"]["parallel"]["fsdp"]
+        names = [u["name"] for u in fsdp["unit_list"]]
+        # The blocks and norm+output; the root holds no parameters of its own: no unit.
+        assert fsdp["units"] == len(names) == BLOCKS + 1
+        assert names.count("norm") == 1 and "output" not in names
+        params = BLOCKS * 2 * (DIM * DIM + DIM) + 2 * DIM + DIM * DIM + DIM
+        assert sum(u["unsharded_bytes"] for u in fsdp["unit_list"]) == 4 * params
 
 
 def test_zero2_two_ranks() -> None:

@@ -34,6 +34,12 @@ def local(t: Any) -> Any:
     return t
 
 
+def on_meta(t: Any) -> bool:
+    """Whether ``t`` lives on the ``meta`` device: a shape without storage (a model built
+    under ``torch.device("meta")`` and not yet materialised), no memory anywhere."""
+    return bool(getattr(t, "is_meta", False))
+
+
 def _numel(t: Any) -> int:
     try:
         return int(t.numel())
@@ -466,6 +472,8 @@ def _devices(model: Any) -> dict[str, int]:
     """Bytes of parameters and buffers on each device (this rank's shards)."""
     out: dict[str, int] = {}
     for t in (*sharded_parameters(model), *model.buffers()):
+        if on_meta(local(t)):
+            continue  # no memory: a model half materialised is not a device map
         dev = str(local(t).device)
         out[dev] = out.get(dev, 0) + local_bytes(t)
     return out

@@ -105,6 +105,11 @@ def param_owner(model: Any, wrapper: Any) -> Any:
     return wrapper if wrapped and "FullyShardedDataParallel" in _classes(wrapper) else model
 
 
+ROOT = "(root)"
+"""The name of the unit of the model's root module (FSDP2's root, FSDP1's outermost
+wrapper)."""
+
+
 def _dtype(d: Any) -> str | None:
     return None if d is None else str(d).replace("torch.", "")
 
@@ -208,7 +213,7 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
             seen.add(id(group))
             count += 1
             if len(units) < MAX_UNITS:
-                unit = _fsdp2_group_unit(group, name or "(root)")
+                unit = _fsdp2_group_unit(group, name or ROOT)
                 if not name and _auto_reshard(mod):
                     # The root of an automatic policy never reshards after forward: its
                     # lazy init clears the flag at the first forward, after watch().
@@ -240,8 +245,15 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
     return out
 
 
-def _fsdp1(wrappers: list[Any]) -> dict[str, Any]:
-    """FSDP1 (``FullyShardedDataParallel``): strategy and flat parameters."""
+def is_flat_param(t: Any) -> bool:
+    """Whether ``t`` is FSDP1's flat parameter: its class is ``FlatParameter`` in older
+    torch, plain ``Parameter`` marked ``_is_flat_param`` in newer (2.13)."""
+    return getattr(t, "_is_flat_param", False) is True or type(t).__name__ == "FlatParameter"
+
+
+def _fsdp1(wrappers: list[Any], names: dict[int, str]) -> dict[str, Any]:
+    """FSDP1 (``FullyShardedDataParallel``): strategy and flat parameters, one unit per
+    wrapper that holds one, outermost (the root) first, then in module order."""
     first = wrappers[0]
     strategy = getattr(first, "sharding_strategy", None)
     mp = getattr(first, "mixed_precision", None)
@@ -250,12 +262,26 @@ def _fsdp1(wrappers: list[Any]) -> dict[str, Any]:
     for w in wrappers:
         handle = getattr(w, "_handle", None)
         flat = getattr(handle, "flat_param", None) if handle is not None else None
-        if flat is None:
+        if flat is None or not is_flat_param(flat):
             continue
-        size = getattr(flat, "_unpadded_unsharded_size", None)
+        # The all-gather makes the padded size (``_full_param_padded``), in the policy's
+        # param dtype where there is one.
+        size = getattr(flat, "_padded_unsharded_size", None) or getattr(
+            flat, "_unpadded_unsharded_size", None
+        )
         n = int(size.numel()) if size is not None else int(flat.numel())
+        pd = getattr(mp, "param_dtype", None)
+        elt = int(getattr(pd, "itemsize", 0) or flat.element_size())
+        sharded = local_bytes(flat)
+        trainable = bool(getattr(flat, "requires_grad", True))
         flats.append(
-            {"sharded_bytes": local_bytes(flat), "unsharded_bytes": n * int(flat.element_size())}
+            {
+                "name": names.get(id(w), "?")[:128],
+                "sharded_bytes": sharded,
+                "unsharded_bytes": n * elt,
+                "trainable_sharded_bytes": sharded if trainable else 0,
+                "trainable_unsharded_bytes": n * elt if trainable else 0,
+            }
         )
     world = getattr(first, "world_size", None)
     return {
@@ -263,6 +289,7 @@ def _fsdp1(wrappers: list[Any]) -> dict[str, Any]:
         "strategy": getattr(strategy, "name", None),
         "mesh_size": int(world) if isinstance(world, int) else None,
         "units": len(flats),
+        "unit_list": flats[:MAX_UNITS],
         "largest_unit_bytes": max((f["unsharded_bytes"] for f in flats), default=0),
         "flat_bytes": sum(f["sharded_bytes"] for f in flats),
         "param_dtype": _dtype(getattr(mp, "param_dtype", None)),
@@ -508,6 +535,11 @@ def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> di
         outer = inner
     ddp = next((w for w in chain if "DistributedDataParallel" in _classes(w)), None)
     fsdp1: list[Any] = []
+    names: dict[int, str] = {}
+    for m in chain:
+        names.setdefault(id(m), ROOT)
+    for name, m in model.named_modules():
+        names.setdefault(id(m), name or ROOT)
     for m in (*chain, *model.modules()):
         if "FullyShardedDataParallel" in _classes(m) and all(m is not w for w in fsdp1):
             fsdp1.append(m)
@@ -531,7 +563,7 @@ def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> di
         out["fsdp"] = fsdp2
     elif fsdp1:
         out["strategy"] = "fsdp1"
-        out["fsdp"] = _fsdp1(fsdp1)
+        out["fsdp"] = _fsdp1(fsdp1, names)
     tp = _tensor_parallel(model, (fsdp2 or {}).get("mesh_size"))
     if tp is not None:
         out["dtensor"] = tp

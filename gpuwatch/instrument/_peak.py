@@ -22,6 +22,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from ._layout import is_flat_param
+
 _MODE_CLASS: dict[str, Any] = {}
 """The ``TorchDispatchMode`` subclass, made once torch is loaded."""
 
@@ -73,7 +75,7 @@ def usable(torch: Any, model: Any) -> str | None:
         return "this torch's dispatch modes stop higher-order ops or torch.compile"
     devices = set()
     for p in model.parameters():
-        if type(p).__name__ == "FlatParameter" or hasattr(p, "_local_tensor"):
+        if is_flat_param(p) or hasattr(p, "_local_tensor"):
             return "sharded parameters"
         devices.add(str(p.device))
         if len(devices) > 1:

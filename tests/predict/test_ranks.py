@@ -127,6 +127,20 @@ def test_fsdp2_one_unit_of_several_modules() -> None:
         assert sum(u["unsharded_bytes"] for u in fsdp["unit_list"]) == 4 * params
 
 
+@pytest.mark.parametrize("name", ["fsdp1", "fsdp1-grad-op"])
+def test_fsdp1_two_ranks(name: str) -> None:
+    """FSDP1's flat parameters (in torch 2.13 a plain ``Parameter`` marked
+    ``_is_flat_param``) are found, the forward's peak is not measured over them, and
+    FULL_SHARD and SHARD_GRAD_OP are predicted as units (issue 39, item 3)."""
+    results = _check(name)
+    for r in results:
+        fsdp = r["facts"]["parallel"]["fsdp"]
+        assert fsdp["version"] == 1 and fsdp["units"] == len(fsdp["unit_list"]) == BLOCKS
+        assert "forward_peak" not in r["facts"]["activations"]  # sharded: not measured
+        p = predict(r["facts"])
+        assert p.layout.modelled and not any("not modelled" in n for n in p.notes)
+
+
 def test_zero2_two_ranks() -> None:
     pytest.importorskip("deepspeed")
     results = _check("zero2", ZERO_PHASES)

@@ -47,6 +47,9 @@ CASES = {
     # projection; the units gather the frozen base but reduce only the adapters.
     "fsdp2-lora": {"layout": "fsdp2", "world": 2, "lora": LORA_RANK},
     "fsdp2-lora-fake8": {"layout": "fsdp2", "world": 8, "fake": True, "lora": LORA_RANK},
+    # FSDP1 (FullyShardedDataParallel), each block a unit (ModuleWrapPolicy).
+    "fsdp1": {"layout": "fsdp1", "world": 2, "strategy": "FULL_SHARD"},
+    "fsdp1-grad-op": {"layout": "fsdp1", "world": 2, "strategy": "SHARD_GRAD_OP"},
     # torchtitan's pattern: one unit of several modules, fully_shard([norm, output]).
     "fsdp2-shared-unit": {"layout": "fsdp2", "world": 2, "head": True},
     # DeepSpeed ZeRO through deepspeed.initialize (where deepspeed is installed): the
@@ -153,6 +156,16 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(model, gradient_as_bucket_view=case.get("gradient_as_bucket_view", False))
+    if case["layout"] == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        return FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            sharding_strategy=ShardingStrategy[case["strategy"]],
+            device_id=torch.device("cpu"),  # without it FSDP1 asks for an accelerator
+        )
     from torch.distributed.fsdp import fully_shard
 
     reshard = case.get("reshard_after_forward", True)
@@ -273,7 +286,7 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
             opt.zero_grad()
         del loss
     alive = None
-    if case["layout"] == "fsdp2":
+    if case["layout"] in ("fsdp1", "fsdp2"):
         # FSDP2's collective buffers can be freed on gloo's thread (orphans, profmem);
         # DDP's keep their buckets (rebuilt in step 2), which we cannot name, and free
         # nothing there.

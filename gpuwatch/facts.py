@@ -243,6 +243,7 @@ class ActivationFacts(TypedDict, total=False):
     held_output_bytes: int
     modules: list[ModuleActivations]
     forward_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes, at
+    loss_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes: from the return to backward
     skipped: str
     error: str
 

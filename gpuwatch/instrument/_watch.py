@@ -331,7 +331,11 @@ def _on_activations(event: str, module: Any, output: Any = None) -> None:
             _auto.activations_hook = None
             _store({"source": "measured", "skipped": reason}, model)
             return
-        meter = _activations.Meter(torch, model)
+        # The automatic phases say when backward begins, before it runs: the forward's
+        # peak may go on through the loss until then (watch(phases=False) cannot).
+        meter = _activations.Meter(
+            torch, model, loss_span=_auto.activations_hook is _on_activations
+        )
         if meter.start():
             _meter = meter
         else:

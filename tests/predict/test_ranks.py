@@ -149,8 +149,9 @@ def test_zero2_two_ranks() -> None:
         assert r["facts"]["parallel"]["strategy"] == "zero"
         assert zero["stage"] == 2 and zero["partition_count"] == 2
         assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 1 << 20
-        # This rank's fp32 master partition: half of the 12.6 M parameters (padded).
-        assert 4 * 12_595_200 // 2 <= zero["master_bytes"] < 4 * 12_595_200 // 2 + 4096
+        # This rank's fp32 master partition: half of the 25.2 M parameters (padded).
+        whole = 4 * BLOCKS * 2 * (DIM * DIM + DIM)
+        assert whole // 2 <= zero["master_bytes"] < whole // 2 + 4096
         p = predict(r["facts"])
         assert p.layout.modelled
         assert p.phases["backward", False].peak["zero_buckets"] == 4 << 20
@@ -178,7 +179,7 @@ def test_zero3_facts_are_this_ranks_partitions() -> None:
         facts = r["facts"]
         zero = facts["parallel"]["zero"]
         assert zero["stage"] == 3 and zero["partition_count"] == 2
-        whole = 4 * 12_595_200
+        whole = 4 * BLOCKS * 2 * (DIM * DIM + DIM)  # the 25.2 M parameters, fp32
         assert zero["unsharded_bytes"] == whole  # ds_numel: what an all-gather makes
         # The weights are this rank's partitions (and the persistent parameters), never
         # the global numel.

@@ -5,8 +5,10 @@ The cases of ``tests/support/ranks_cases.py``: a 12-block MLP (25.2 M parameters
 Llama-style HF causal LM trained with AdamW for three steps as two real ranks (gloo on the
 CPU, spawned processes) under DDP, DDP with ``gradient_as_bucket_view=True``, FSDP2 and
 FSDP2 without
-``reshard_after_forward``, DeepSpeed ZeRO stages 1-3 (where ``deepspeed`` is installed;
-skipped otherwise), and as rank 0 of an 8-rank FSDP2 job (torch's fake process group).
+``reshard_after_forward``, FSDP2 with LoRA adapters on frozen blocks, FSDP2 with one unit of
+two modules (``fully_shard([norm, output])``), FSDP1 FULL_SHARD and SHARD_GRAD_OP,
+DeepSpeed ZeRO stages 1-3 (where ``deepspeed`` is installed; skipped otherwise), and as
+rank 0 of an 8-rank FSDP2 job, plain or LoRA (torch's fake process group).
 The truth is torch.profiler's allocator events (``tests/support/profmem.py``), peaked inside
 each phase. Printed: rank x step x phase x (truth, predicted, ratio), and as the
 anchor, the same run predicted without the layout's buffers (the facts' ``parallel`` part

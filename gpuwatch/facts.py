@@ -100,6 +100,8 @@ class ParamFacts(TypedDict, total=False):
     frozen_bytes: int
     autocast_count: int
     groups: list[TensorGroup]
+    meta_count: int
+    meta_tensors: int
 
 
 class BufferFacts(TypedDict, total=False):
@@ -108,6 +110,8 @@ class BufferFacts(TypedDict, total=False):
     count: int
     bytes: int
     groups: list[TensorGroup]
+    meta_count: int
+    meta_tensors: int
 
 
 class OptimizerBucket(TypedDict, total=False):
@@ -239,6 +243,7 @@ class ActivationFacts(TypedDict, total=False):
     held_output_bytes: int
     modules: list[ModuleActivations]
     forward_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes, at
+    loss_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes: from the return to backward
     skipped: str
     error: str
 

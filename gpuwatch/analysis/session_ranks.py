@@ -277,9 +277,13 @@ class RankFeed:
 
     def _phases(self, session: Session, proc: Process) -> dict[str, RankPhase]:
         # No device key: device_max (NVML's used in each phase) is not read, only the peaks.
+        # The newest step of each phase with an allocator peak; where none has one (a
+        # rank on the CPU, which reports no peaks) the newest all the same: its
+        # prediction is shown without a measurement.
         newest: dict[str, Any] = {}
         for p in phase_peaks(session, proc, "", last_steps=LAST_STEPS, depth=None):
-            if p.peak_alloc is not None and p.name not in newest:
+            had = newest.get(p.name)
+            if had is None or (had.peak_alloc is None and p.peak_alloc is not None):
                 newest[p.name] = p
         if not newest:
             return {}
@@ -294,7 +298,8 @@ class RankFeed:
                 e = ex.phases.get((name, is_first)) or ex.phases.get((name, not is_first))
                 if e is not None:
                     predicted = e.predicted
-                    parts = allocated_parts(e.categories, p.peak_alloc)
+                    if p.peak_alloc is not None:
+                        parts = allocated_parts(e.categories, p.peak_alloc)
             out[name] = RankPhase(peak=p.peak_alloc, predicted=predicted, parts=parts)
         return out
 

@@ -208,9 +208,13 @@ class Meter:
         model: The model whose forward is measured (wrappers already removed).
     """
 
-    def __init__(self, torch: Any, model: Any) -> None:
+    def __init__(self, torch: Any, model: Any, loss_span: bool = False) -> None:
         self.torch = torch
         self.model_ref = weakref.ref(model)
+        # Count the forward's peak through a loss computed after the model returned, too:
+        # only where the automatic phases tell us backward begins before it runs (the
+        # mode is popped then), never into backward's engine.
+        self.loss_span = loss_span
         self.thread = threading.get_ident()
         self.active = False
         self.done = False
@@ -234,6 +238,8 @@ class Meter:
         self.peak: Any = None  # the forward's running peak (_peak.Peak) while it runs
         self.peak_hook: Any = None
         self.forward_peak: dict[str, Any] | None = None
+        self.loss_counting = False  # the peak counts the loss after the model returned
+        self.loss_peak: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -295,9 +301,23 @@ class Meter:
 
     def model_returned(self, output: Any = None) -> None:
         """The model's outermost forward returned ``output``: what is saved next is outside
-        it, and whether the caller still holds the output when backward begins is seen."""
+        it, and whether the caller still holds the output when backward begins is seen.
+
+        With :attr:`loss_span` the forward's peak goes on counting through the loss
+        computed outside the model (nanoGPT's shift ``logits[:, :-1].flatten(0, 1)``
+        copies the logits once more) until backward begins."""
         self.outside = True
-        self._stop_peak()
+        peak = self.peak
+        resumed = (
+            self.loss_span
+            and peak is not None
+            and peak.on
+            and peak.mode is None
+            and threading.get_ident() == self.thread
+            and peak.resume()
+        )
+        if not resumed:
+            self._stop_peak()
         try:
             for t in _held_tensors(output):
                 st = t.untyped_storage()
@@ -360,11 +380,23 @@ class Meter:
         if peak is not None:
             if self.forward_peak is None and peak.on and peak.error is None:
                 self.forward_peak = peak.facts()
+            elif self.loss_counting and peak.on and peak.error is None:
+                self.loss_peak = {k: v for k, v in peak.facts().items() if k != "at"}
+            self.loss_counting = False
             peak.on = False
         return peak
 
     def _peak_returned(self, module: Any, args: Any, output: Any) -> None:
         try:
+            peak = self.peak
+            if self.loss_span and peak is not None and peak.on and peak.pause():
+                # Popped, still counting: the model's own peak is kept, and the loss
+                # (model_returned resumes it) gets a peak of its own, from here.
+                if self.forward_peak is None and peak.error is None:
+                    self.forward_peak = peak.facts()
+                peak.restart_max()
+                self.loss_counting = True
+                return
             self._stop_peak()
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
@@ -680,6 +712,8 @@ class Meter:
         }
         if self.forward_peak is not None:
             out["forward_peak"] = self.forward_peak
+        if self.loss_peak is not None:
+            out["loss_peak"] = self.loss_peak
         if self.error:
             out["error"] = self.error
         return out

@@ -30,6 +30,7 @@ from ._layout import (
     ZERO_OPTIMIZERS,
     local,
     local_bytes,
+    on_meta,
     parallel_facts,
     param_owner,
     sharded_parameters,
@@ -65,11 +66,15 @@ def _nbytes(t: Any) -> int:
 def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
     """Count and bytes of tensors by (dtype, device[, trainable])."""
     out: dict[tuple[str, str, bool], list[int]] = {}
-    count = size = t_count = t_size = 0
+    count = size = t_count = t_size = meta_count = meta_tensors = 0
     for t in tensors:
         rg = bool(getattr(t, "requires_grad", False)) if trainable else False
         t = local(t)  # this rank's shard of a DTensor (FSDP2, tensor parallel)
         n, b = int(t.numel()), _nbytes(t)
+        if on_meta(t):  # no storage: not a weight (a model not yet materialised)
+            meta_count += n
+            meta_tensors += 1
+            continue
         key = (_dtype(t), _device(t), rg)
         acc = out.setdefault(key, [0, 0, 0])
         acc[0] += n
@@ -84,10 +89,11 @@ def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
         {"dtype": d, "device": dev, "trainable": rg, "count": c, "bytes": b, "tensors": k}
         for (d, dev, rg), (c, b, k) in out.items()
     ]
+    meta = {"meta_count": meta_count, "meta_tensors": meta_tensors} if meta_tensors else {}
     if not trainable:
         for g in groups:
             del g["trainable"]
-        return {"count": count, "bytes": size, "groups": groups}
+        return {"count": count, "bytes": size, "groups": groups, **meta}
     return {
         "count": count,
         "bytes": size,
@@ -96,6 +102,7 @@ def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
         "frozen_count": count - t_count,
         "frozen_bytes": size - t_size,
         "groups": groups,
+        **meta,
     }
 
 
@@ -110,7 +117,7 @@ def _params(model: Any) -> dict[str, Any]:
     for mod in model.modules():
         if isinstance(mod, cast_types):
             for p in mod.parameters(recurse=False):
-                if id(p) not in seen:
+                if id(p) not in seen and not on_meta(local(p)):
                     seen.add(id(p))
                     cast += int(local(p).numel())
     facts["autocast_count"] = cast
@@ -196,6 +203,8 @@ def _optimizer(optimizer: Any, flat: dict[int, list[Any]] | None = None) -> dict
             if flat is None and not getattr(p, "requires_grad", False):
                 frozen += 1  # no gradient: step() skips it and makes no state for it
                 continue
+            if on_meta(local(p)):
+                continue  # its state and step temporaries would be on meta too: no memory
             key = (gi, _device(p), _dtype(p))
             b = buckets.get(key)
             if b is None:

@@ -34,6 +34,12 @@ def local(t: Any) -> Any:
     return t
 
 
+def on_meta(t: Any) -> bool:
+    """Whether ``t`` lives on the ``meta`` device: a shape without storage (a model built
+    under ``torch.device("meta")`` and not yet materialised), no memory anywhere."""
+    return bool(getattr(t, "is_meta", False))
+
+
 def _numel(t: Any) -> int:
     try:
         return int(t.numel())
@@ -99,6 +105,11 @@ def param_owner(model: Any, wrapper: Any) -> Any:
     return wrapper if wrapped and "FullyShardedDataParallel" in _classes(wrapper) else model
 
 
+ROOT = "(root)"
+"""The name of the unit of the model's root module (FSDP2's root, FSDP1's outermost
+wrapper)."""
+
+
 def _dtype(d: Any) -> str | None:
     return None if d is None else str(d).replace("torch.", "")
 
@@ -142,6 +153,10 @@ def _fsdp2_group_unit(group: Any, name: str) -> dict[str, Any]:
     params = list(getattr(group, "fsdp_params", []) or [])
     policy = getattr(group, "mp_policy", None)
     unsharded = sharded = 0
+    # Only trainable parameters get an unsharded gradient and a reduce-scatter input
+    # (``FSDPParamGroup.post_backward``: those whose ``grad`` is set); a LoRA unit's
+    # frozen base has neither.
+    trainable_unsharded = trainable_sharded = 0
     for fp in params:
         sp = fp.sharded_param
         elt = int(local(sp).element_size())
@@ -155,12 +170,17 @@ def _fsdp2_group_unit(group: Any, name: str) -> dict[str, Any]:
             elt = int(getattr(pd, "itemsize", elt))
         unsharded += n * elt
         sharded += local_bytes(sp)
+        if getattr(sp, "requires_grad", True):
+            trainable_unsharded += n * elt
+            trainable_sharded += local_bytes(sp)
     post = getattr(group, "post_forward_mesh_info", None)
     return {
         "name": name[:128],
         "params": len(params),
         "sharded_bytes": sharded,
         "unsharded_bytes": unsharded,
+        "trainable_sharded_bytes": trainable_sharded,
+        "trainable_unsharded_bytes": trainable_unsharded,
         "reshard_after_forward": post is not None,
     }
 
@@ -180,14 +200,20 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
     mp: Any = None
     offload = False
     count = 0
+    seen: set[int] = set()
     for name, mod in model.named_modules():
         if "FSDPModule" not in _classes(mod):
             continue
         groups = _fsdp_groups(mod)
         for group in groups:
+            # ``fully_shard([norm, output])`` makes one unit of several modules: each
+            # module is an ``FSDPModule`` sharing the one state and parameter group.
+            if id(group) in seen:
+                continue
+            seen.add(id(group))
             count += 1
             if len(units) < MAX_UNITS:
-                unit = _fsdp2_group_unit(group, name or "(root)")
+                unit = _fsdp2_group_unit(group, name or ROOT)
                 if not name and _auto_reshard(mod):
                     # The root of an automatic policy never reshards after forward: its
                     # lazy init clears the flag at the first forward, after watch().
@@ -219,8 +245,15 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
     return out
 
 
-def _fsdp1(wrappers: list[Any]) -> dict[str, Any]:
-    """FSDP1 (``FullyShardedDataParallel``): strategy and flat parameters."""
+def is_flat_param(t: Any) -> bool:
+    """Whether ``t`` is FSDP1's flat parameter: its class is ``FlatParameter`` in older
+    torch, plain ``Parameter`` marked ``_is_flat_param`` in newer (2.13)."""
+    return getattr(t, "_is_flat_param", False) is True or type(t).__name__ == "FlatParameter"
+
+
+def _fsdp1(wrappers: list[Any], names: dict[int, str]) -> dict[str, Any]:
+    """FSDP1 (``FullyShardedDataParallel``): strategy and flat parameters, one unit per
+    wrapper that holds one, outermost (the root) first, then in module order."""
     first = wrappers[0]
     strategy = getattr(first, "sharding_strategy", None)
     mp = getattr(first, "mixed_precision", None)
@@ -229,12 +262,26 @@ def _fsdp1(wrappers: list[Any]) -> dict[str, Any]:
     for w in wrappers:
         handle = getattr(w, "_handle", None)
         flat = getattr(handle, "flat_param", None) if handle is not None else None
-        if flat is None:
+        if flat is None or not is_flat_param(flat):
             continue
-        size = getattr(flat, "_unpadded_unsharded_size", None)
+        # The all-gather makes the padded size (``_full_param_padded``), in the policy's
+        # param dtype where there is one.
+        size = getattr(flat, "_padded_unsharded_size", None) or getattr(
+            flat, "_unpadded_unsharded_size", None
+        )
         n = int(size.numel()) if size is not None else int(flat.numel())
+        pd = getattr(mp, "param_dtype", None)
+        elt = int(getattr(pd, "itemsize", 0) or flat.element_size())
+        sharded = local_bytes(flat)
+        trainable = bool(getattr(flat, "requires_grad", True))
         flats.append(
-            {"sharded_bytes": local_bytes(flat), "unsharded_bytes": n * int(flat.element_size())}
+            {
+                "name": names.get(id(w), "?")[:128],
+                "sharded_bytes": sharded,
+                "unsharded_bytes": n * elt,
+                "trainable_sharded_bytes": sharded if trainable else 0,
+                "trainable_unsharded_bytes": n * elt if trainable else 0,
+            }
         )
     world = getattr(first, "world_size", None)
     return {
@@ -242,6 +289,7 @@ def _fsdp1(wrappers: list[Any]) -> dict[str, Any]:
         "strategy": getattr(strategy, "name", None),
         "mesh_size": int(world) if isinstance(world, int) else None,
         "units": len(flats),
+        "unit_list": flats[:MAX_UNITS],
         "largest_unit_bytes": max((f["unsharded_bytes"] for f in flats), default=0),
         "flat_bytes": sum(f["sharded_bytes"] for f in flats),
         "param_dtype": _dtype(getattr(mp, "param_dtype", None)),
@@ -451,6 +499,8 @@ def _devices(model: Any) -> dict[str, int]:
     """Bytes of parameters and buffers on each device (this rank's shards)."""
     out: dict[str, int] = {}
     for t in (*sharded_parameters(model), *model.buffers()):
+        if on_meta(local(t)):
+            continue  # no memory: a model half materialised is not a device map
         dev = str(local(t).device)
         out[dev] = out.get(dev, 0) + local_bytes(t)
     return out
@@ -485,6 +535,11 @@ def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> di
         outer = inner
     ddp = next((w for w in chain if "DistributedDataParallel" in _classes(w)), None)
     fsdp1: list[Any] = []
+    names: dict[int, str] = {}
+    for m in chain:
+        names.setdefault(id(m), ROOT)
+    for name, m in model.named_modules():
+        names.setdefault(id(m), name or ROOT)
     for m in (*chain, *model.modules()):
         if "FullyShardedDataParallel" in _classes(m) and all(m is not w for w in fsdp1):
             fsdp1.append(m)
@@ -508,7 +563,7 @@ def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> di
         out["fsdp"] = fsdp2
     elif fsdp1:
         out["strategy"] = "fsdp1"
-        out["fsdp"] = _fsdp1(fsdp1)
+        out["fsdp"] = _fsdp1(fsdp1, names)
     tp = _tensor_parallel(model, (fsdp2 or {}).get("mesh_size"))
     if tp is not None:
         out["dtensor"] = tp

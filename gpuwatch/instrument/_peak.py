@@ -22,6 +22,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from ._layout import is_flat_param
+
 _MODE_CLASS: dict[str, Any] = {}
 """The ``TorchDispatchMode`` subclass, made once torch is loaded."""
 
@@ -73,7 +75,7 @@ def usable(torch: Any, model: Any) -> str | None:
         return "this torch's dispatch modes stop higher-order ops or torch.compile"
     devices = set()
     for p in model.parameters():
-        if type(p).__name__ == "FlatParameter" or hasattr(p, "_local_tensor"):
+        if is_flat_param(p) or hasattr(p, "_local_tensor"):
             return "sharded parameters"
         devices.add(str(p.device))
         if len(devices) > 1:
@@ -118,6 +120,49 @@ class Peak:
             self.mode = None
             return False
         self.on = True
+        return True
+
+    def pause(self) -> bool:
+        """Pop the mode if it is on top, still counting what is alive (see :meth:`resume`).
+
+        Returns:
+            False when another mode is on top: ours stays where it is.
+        """
+        mode = self.mode
+        if mode is None:
+            return True
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if _get_current_dispatch_mode() is not mode:
+            return False
+        self.mode = None
+        mode.__exit__(None, None, None)
+        return True
+
+    def restart_max(self) -> None:
+        """Start a new running peak from what is alive now (the storages stay counted)."""
+        self.bytes = self.now
+        self.saved_bytes, self.amp_bytes = self.saved()
+        self.peak_op = self.ops
+
+    def resume(self) -> bool:
+        """Push a mode again after :meth:`pause` (on this thread), only onto an empty mode
+        stack: a user's mode still there (``with mode: model(x)``) would pop ours with its
+        own exit. False when it was not pushed (counting stops where it could not be)."""
+        if self.mode is not None or not self.on:
+            return False
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if _get_current_dispatch_mode() is not None:
+            return False
+        try:
+            self.mode = _mode_class(self.torch)(self)
+            self.mode.__enter__()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
+            self.mode = None
+            self.on = False
+            return False
         return True
 
     def stop(self) -> bool:

@@ -247,14 +247,14 @@ def _measure_quietly(model: Any) -> None:
         return
 
     def pre(module: Any, args: Any) -> None:
-        if _auto.covers(module):
+        if _auto_measures(module):
             return  # the automatic phases (zero-code hook) already tell the measurement
         _on_activations("forward", module if torch.is_grad_enabled() else None)
         if _measured and _meter is None:
             _drop_quiet_hooks()  # skipped (compiled) or ended: nothing left to see
 
     def post(module: Any, args: Any, output: Any) -> None:
-        if not _auto.covers(module):
+        if not _auto_measures(module):
             _on_activations("returned", module, output)
 
     def step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -268,6 +268,14 @@ def _measure_quietly(model: Any) -> None:
         model.register_forward_hook(post, always_call=True),
         register_optimizer_step_pre_hook(step),
     ]
+
+
+def _auto_measures(module: Any) -> bool:
+    """Whether the automatic phases tell the measurement about ``module``'s calls: they
+    see them (hooked, or discovering under the zero-code hook of ``gpuwatch record``) and
+    were asked to. ``watch(phases=False)`` after the zero-code hook took the request back
+    (a new model), so its own hooks must tell it."""
+    return _auto.covers(module) and _auto.activations_hook is _on_activations
 
 
 def _drop_quiet_hooks() -> None:
@@ -323,7 +331,11 @@ def _on_activations(event: str, module: Any, output: Any = None) -> None:
             _auto.activations_hook = None
             _store({"source": "measured", "skipped": reason}, model)
             return
-        meter = _activations.Meter(torch, model)
+        # The automatic phases say when backward begins, before it runs: the forward's
+        # peak may go on through the loss until then (watch(phases=False) cannot).
+        meter = _activations.Meter(
+            torch, model, loss_span=_auto.activations_hook is _on_activations
+        )
         if meter.start():
             _meter = meter
         else:

@@ -123,3 +123,17 @@ def with_forward_peak(sim: Simulation, act: dict[str, Any]) -> Simulation:
     if got is None or got[0].total() <= sim.forward_peak.total():
         return sim
     return replace(sim, forward_peak=got[0], forward_peak_at=got[1])
+
+
+def measured_loss_peak(act: dict[str, Any]) -> Moment | None:
+    """The running peak from the model's return to backward (``loss_peak``: a loss computed
+    outside the model, with what the model made still alive), or None."""
+    if measured_bytes(act) is None:
+        return None
+    peak = act.get("loss_peak")
+    if not isinstance(peak, dict) or _n(peak.get("bytes")) == 0:
+        return None
+    total = _n(peak.get("bytes"))
+    saved = min(_n(peak.get("saved_bytes")), total)
+    amp = min(_n(peak.get("amp_copy_bytes")), total - saved)
+    return Moment(saved=saved, amp=amp, temp=total - saved - amp)

@@ -24,7 +24,8 @@ buffers each layout makes, each its own category. Sources, per rule:
     stay too, until each unit's backward.
   - backward, in reverse: the unit's unsharded parameters (all-gathered again after a
     reshard) and the next unit's prefetched all-gather output (backward prefetch, on by
-    default) are ``fsdp_unsharded``; the unit's unsharded gradients and the previous
+    default) are ``fsdp_unsharded``; the unit's unsharded gradients (of its trainable
+    parameters alone: a LoRA unit's frozen base is gathered, never reduced) and the previous
     unit's reduce-scatter input (the gradients flattened, ``foreach_reduce``, kept in
     ``reduce_scatter_state`` until this unit's reduce-scatter waits) are ``fsdp_reduce``,
     in the reduce dtype.
@@ -73,7 +74,10 @@ buffers each layout makes, each its own category. Sources, per rule:
   note. Offload (``offload_optimizer``/``offload_param``) is not modelled: one note says
   so.
 
-Layouts not modelled (FSDP1, tensor parallel, a device map) are named in one note; their
+- FSDP1 (``FullyShardedDataParallel``), FULL_SHARD and SHARD_GRAD_OP: each flat parameter
+  a unit, walked as FSDP2's (``_fsdp1``); its other strategies are named in one note.
+
+Layouts not modelled (tensor parallel, a device map) are named in one note; their
 states are still this rank's, their buffers are not predicted.
 """
 
@@ -154,7 +158,52 @@ ROOT = "(root)"
 """The name ``_layout`` gives the unit of the model's root module."""
 
 
-def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
+def _trainable(unit: dict[str, Any], key: str) -> int:
+    """A unit's ``key`` bytes that get gradients: its ``trainable_`` figure (a LoRA unit's
+    frozen base is gathered but never reduced), or all of them in facts without it."""
+    own = unit.get(f"trainable_{key}")
+    return min(_n(own), _n(unit.get(key))) if own is not None else _n(unit.get(key))
+
+
+FSDP1_MODELLED = ("FULL_SHARD", "SHARD_GRAD_OP")
+"""FSDP1's sharding strategies whose buffers are predicted (as FSDP2's units)."""
+
+
+def _fsdp1(fsdp: dict[str, Any], out: LayoutMemory) -> None:
+    """FSDP1 (``FullyShardedDataParallel``): each flat parameter a unit, walked as FSDP2's.
+
+    ``_runtime_utils.py``: a unit's flat parameter is all-gathered in its pre-forward and,
+    under FULL_SHARD, freed in its post-forward, except the root's
+    (``_post_forward_reshard``); SHARD_GRAD_OP keeps every unit from forward to its
+    backward. There is no all-gather output apart from the parameters
+    (``_all_gather_flat_param`` gathers into ``_full_param_padded``) and no forward
+    prefetch by default; what a unit holds at its all-gather is two of its size, as
+    measured with gloo on the CPU. Backward is FSDP2's: the unit, the next one
+    prefetched (``BACKWARD_PRE``), its unsharded gradient and the previous reduce-scatter.
+    """
+    strategy = str(fsdp.get("strategy"))[:32]
+    listed = fsdp.get("unit_list")
+    if strategy not in FSDP1_MODELLED or not isinstance(listed, list):
+        out.modelled = False
+        what = "no unit list in the facts" if strategy in FSDP1_MODELLED else strategy
+        out.notes.append(
+            f"FSDP1 ({what}) not modelled: its all-gathered flat parameters and gradient"
+            " reduce-scatter buffers are not predicted, only this rank's shards"
+        )
+        return
+    units = [
+        dict(u, reshard_after_forward=strategy == "FULL_SHARD")
+        for u in listed
+        if isinstance(u, dict)
+    ]
+    if units and units[0].get("name") == ROOT:
+        units[0]["reshard_after_forward"] = False  # the root is never resharded after forward
+    _fsdp2(dict(fsdp, unit_list=units), out, copy_out=False)
+
+
+def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory, copy_out: bool = True) -> None:
+    """FSDP2's units (see the module's docstring); ``copy_out`` False: FSDP1, whose
+    all-gather output is the parameters themselves."""
     listed = fsdp.get("unit_list")
     # A recording's facts are hostile: at most MAX_UNITS units (the walk is quadratic).
     units = [
@@ -168,8 +217,8 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
     reshard = [u.get("reshard_after_forward") is not False for u in units]
     pd, rd = str(fsdp.get("param_dtype")), str(fsdp.get("reduce_dtype"))
     scale = _ELT[rd] / _ELT[pd] if pd in _ELT and rd in _ELT else 1.0
-    grads = [round(s * scale) for s in sizes]
-    shards = [_n(u.get("sharded_bytes")) for u in units]
+    grads = [round(_trainable(u, "unsharded_bytes") * scale) for u in units]
+    shards = [_trainable(u, "sharded_bytes") for u in units]
     n = len(sizes)
     # The root's unit is unsharded by the root's pre-forward and stays so while its
     # forward runs: through every other unit, and through the loss where the model
@@ -186,7 +235,7 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory) -> None:
     # kept, the previous all-gather output and this unit's (output and parameters).
     moments = [(0.0, 2 * root)] if has_root else []
     for k, i in enumerate(inner):
-        prev = sizes[i - 1] if i else 0
+        prev = sizes[i - 1] if i and copy_out else 0
         moments.append((k / m, root + kept[i] + prev + 2 * sizes[i]))
     out.forward_units = moments
     # At the forward's own peak (the loss, at its end): the root and the units kept.
@@ -281,6 +330,8 @@ def layout_memory(facts: dict[str, Any]) -> LayoutMemory:
         _zero(par["zero"], params, out)
     elif strategy == "fsdp2" and isinstance(par.get("fsdp"), dict):
         _fsdp2(par["fsdp"], out)
+    elif strategy == "fsdp1" and isinstance(par.get("fsdp"), dict):
+        _fsdp1(par["fsdp"], out)
     elif strategy in ("fsdp1", "tp", "device_map", "fsdp2", "zero"):
         out.modelled = False
         out.notes.append(

@@ -31,7 +31,7 @@ from ._graph import (
     Simulation,
     simulate,
 )
-from ._measured import measured_bytes, simulate_measured, with_forward_peak
+from ._measured import measured_bytes, measured_loss_peak, simulate_measured, with_forward_peak
 from ._optim import OptimizerMemory, optimizer_memory
 from ._parallel import FSDP_REDUCE, FSDP_UNSHARDED, LayoutMemory, layout_memory
 from ._transformer import ROLES, Arch, record
@@ -319,6 +319,10 @@ def predict(facts: Facts) -> Prediction:
     grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
     phases: dict[tuple[str, bool], PhaseMemory] = {}
     accumulating: dict[bool, Breakdown] = {}
+    # A loss computed after the model returned (nanoGPT's label shift copies the logits
+    # once more), measured: the outputs the loop held from the step before are gone there.
+    loss_moment = measured_loss_peak(act) if sim is not None else None
+    at_loss: dict[bool, Breakdown] = {}
     for first in (True, False):
         state_now = opt.state if (opt.present or not first) else 0
         base = {c: 0 for c in CATEGORIES}
@@ -326,6 +330,8 @@ def predict(facts: Facts) -> Prediction:
         base[OPTIMIZER_STATE] = state_now
         after = dict(base, **{OPTIMIZER_STATE: opt.state})
         with_grads = dict(base, **{GRADIENTS: grads})
+        if loss_moment is not None:
+            at_loss[first] = _with(base, _moment(loss_moment, grad_scale))
         if sim is not None:
             fwd_end = _with(base, _moment(sim.forward_end, grad_scale))
             phases["forward", first] = PhaseMemory(
@@ -365,6 +371,10 @@ def predict(facts: Facts) -> Prediction:
             f"the model's outputs ({_gib(held)}) were still referenced when backward began:"
             " counted as activations through the step, until the next forward replaces them"
         )
+    for first, b in at_loss.items():
+        pm = phases["forward", first]
+        if total(b) > total(pm.peak):
+            phases["forward", first] = PhaseMemory(pm.start, b, pm.end)
     layout = layout_memory(facts)
     notes.extend(layout.notes)
     _add_layout(phases, accumulating, layout, sim.backward_peak_at if sim else 1.0)

@@ -169,12 +169,30 @@ class Process:
 
     @property
     def short_label(self) -> str:
-        """Name for a phase row under its device: ``rank N`` under torchrun, else the pid."""
+        """Name for a phase row under its device: ``rank N`` under torchrun; ``rank N of
+        W`` where only the facts' process group names it (no launcher's ``RANK``: one rank
+        of a larger job, as torch's fake process group runs it); else the pid."""
         rank = self.hello.get("rank")
         world = self.hello.get("world_size")
         if rank is not None and (world or 0) > 1:
             return f"rank {rank}"
+        grouped = self.group_rank
+        if grouped is not None:
+            return f"rank {grouped[0]} of {grouped[1]}"
         return f"pid {self.os_pid if self.os_pid is not None else self.pid}"
+
+    @property
+    def group_rank(self) -> tuple[int, int] | None:
+        """``(rank, world size)`` of the process group its facts name (``parallel``), when
+        the world holds two or more; the facts are a script's word: plain, plausible
+        integers only."""
+        par = self.facts.get("parallel") if isinstance(self.facts, dict) else None
+        if not isinstance(par, dict):
+            return None
+        rank, world = par.get("rank"), par.get("world_size")
+        if type(rank) is not int or type(world) is not int:
+            return None
+        return (rank, world) if 2 <= world <= 1 << 20 and 0 <= rank < world else None
 
     @property
     def label(self) -> str:

@@ -8,7 +8,9 @@ import rank_session as rs
 from conftest import run_gpuwatch
 from store_data import GIB, MS, T0, Script
 
+from gpuwatch.analysis.ranks import format_ranks
 from gpuwatch.analysis.session_ranks import MARK_PREFIX, RankFeed, RankMarks, jobs
+from gpuwatch.fmt import fmt_short
 from gpuwatch.session import Session
 from gpuwatch.store import load, save_session
 
@@ -32,6 +34,37 @@ def test_rows_carry_peaks_predictions_used_memory_and_the_faults() -> None:
         ("stray_context", 2, None, "0", rs.STRAY),
     }
     assert ranks.rows[2].strays == {"0": rs.STRAY}
+
+
+def test_ranks_on_the_cpu_show_their_predictions() -> None:
+    """A CPU rank reports no allocator peaks: its phases still carry the prediction, and
+    the table shows it per rank, not ``n/a`` (issue 39, item 8)."""
+    s = rs.build(cpu=True, stray=False)
+    [ranks] = RankFeed().tables(s)
+    for r in ranks.rows:
+        assert set(r.phases) == {name for name, _ in rs.PHASES}
+        assert all(p.peak is None and p.predicted for p in r.phases.values())
+        assert r.predicted
+    assert ranks.spreads == () and ranks.flags == ()  # nothing measured: nothing compared
+    lines = format_ranks(ranks)
+    for r, line in zip(ranks.rows, lines[2:], strict=False):
+        *_, predicted, used = line.split()
+        assert (predicted, used) == (fmt_short(r.predicted), "n/a")
+
+
+def test_one_rank_of_a_larger_group_is_named_by_its_facts() -> None:
+    """One rank of a world-8 job in one process (torch's fake process group, no launcher's
+    RANK): its facts name the group, its label says so."""
+    s = Session(t_origin=T0)
+    script = Script(s, 4242)
+    script.send("hello", T0, argv=["train.py"], hostname="node1")
+    facts = rs.facts()
+    facts["parallel"] = {"strategy": "fsdp2", "rank": 0, "world_size": 8}
+    script.send("facts", T0 + MS, facts=facts)
+    assert s.processes[4242].short_label == "rank 0 of 8"
+    facts["parallel"] = {"strategy": "fsdp2", "rank": 9, "world_size": 8}  # hostile
+    script.send("facts", T0 + 2 * MS, facts=facts)
+    assert s.processes[4242].short_label == "pid 4242"
 
 
 def test_no_faults_when_the_ranks_agree() -> None:

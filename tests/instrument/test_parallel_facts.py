@@ -151,11 +151,20 @@ def test_watch_reads_the_layout_from_the_wrapper_it_was_given(gloo_group: Any, s
 
 def test_a_model_split_over_devices_says_what_each_holds() -> None:
     model = MLP(64, 2)
-    model.blocks[1].to("meta")  # a second device; the CPU-only stand-in for cuda:1
-    model.hf_device_map = {"blocks.0": "cpu", "blocks.1": "meta"}
+    model.hf_device_map = {"blocks.0": "cpu", "blocks.1": "cpu"}  # accelerate's map
     par = collect_facts(model)["parallel"]
     assert par["strategy"] == "device_map"
-    assert par["devices"] == {"cpu": 2 * (64 * 64 + 64) * 4, "meta": 2 * (64 * 64 + 64) * 4}
+    assert par["devices"] == {"cpu": 4 * (64 * 64 + 64) * 4}
+
+
+def test_meta_parameters_are_no_device() -> None:
+    """Parameters on ``meta`` hold nothing: beside the CPU's they make no device map
+    (issue 39, item 5)."""
+    model = MLP(64, 2)
+    model.blocks[1].to("meta")
+    facts = collect_facts(model)
+    assert "parallel" not in facts
+    assert facts["params"]["bytes"] == 2 * (64 * 64 + 64) * 4
 
 
 def test_one_device_without_a_process_group_has_no_parallel_facts() -> None:

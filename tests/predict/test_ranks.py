@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ranks_cases import BLOCKS, DIM, run_case, table  # noqa: E402
+from ranks_cases import BLOCKS, DIM, LORA_RANK, run_case, table  # noqa: E402
 
 from gpuwatch.predict import predict  # noqa: E402
 
@@ -90,6 +90,57 @@ def test_fsdp2_hugging_face_causal_lm() -> None:
     assert p.phases["forward", False].peak["fsdp_unsharded"] == units[0]["unsharded_bytes"]
 
 
+def test_fsdp2_lora_reduces_only_the_adapters() -> None:
+    """A LoRA unit gathers its frozen base but reduce-scatters only the adapters' gradients
+    (issue 39, item 1: the frozen parameters were counted as gradients to reduce)."""
+    results = _check("fsdp2-lora")
+    for r in results:
+        p = predict(r["facts"])
+        trainable = r["facts"]["params"]["trainable_bytes"]
+        for first in (True, False):
+            bd = p.phases["backward", first].peak
+            assert bd.get("gradients", 0) <= trainable
+            # At most two units' unsharded adapter gradients (this one and the previous
+            # one's reduce-scatter input), never a unit's frozen base.
+            unit = r["facts"]["parallel"]["fsdp"]["unit_list"][1]
+            assert bd.get("fsdp_reduce", 0) <= 2 * unit["trainable_unsharded_bytes"]
+
+
+def test_fsdp2_lora_one_rank_of_eight() -> None:
+    (result,) = _check("fsdp2-lora-fake8")
+    units = result["facts"]["parallel"]["fsdp"]["unit_list"]
+    lora = 2 * LORA_RANK * DIM * 4  # lora_a and lora_b, fp32
+    assert all(u["trainable_unsharded_bytes"] == lora for u in units if u["name"] != "(root)")
+
+
+def test_fsdp2_one_unit_of_several_modules() -> None:
+    """``fully_shard([model.norm, model.output])`` is one unit (issue 39, item 2: it was
+    listed once per module)."""
+    results = _check("fsdp2-shared-unit")
+    for r in results:
+        fsdp = r["facts"]["parallel"]["fsdp"]
+        names = [u["name"] for u in fsdp["unit_list"]]
+        # The blocks and norm+output; the root holds no parameters of its own: no unit.
+        assert fsdp["units"] == len(names) == BLOCKS + 1
+        assert names.count("norm") == 1 and "output" not in names
+        params = BLOCKS * 2 * (DIM * DIM + DIM) + 2 * DIM + DIM * DIM + DIM
+        assert sum(u["unsharded_bytes"] for u in fsdp["unit_list"]) == 4 * params
+
+
+@pytest.mark.parametrize("name", ["fsdp1", "fsdp1-grad-op"])
+def test_fsdp1_two_ranks(name: str) -> None:
+    """FSDP1's flat parameters (in torch 2.13 a plain ``Parameter`` marked
+    ``_is_flat_param``) are found, the forward's peak is not measured over them, and
+    FULL_SHARD and SHARD_GRAD_OP are predicted as units (issue 39, item 3)."""
+    results = _check(name)
+    for r in results:
+        fsdp = r["facts"]["parallel"]["fsdp"]
+        assert fsdp["version"] == 1 and fsdp["units"] == len(fsdp["unit_list"]) == BLOCKS
+        assert "forward_peak" not in r["facts"]["activations"]  # sharded: not measured
+        p = predict(r["facts"])
+        assert p.layout.modelled and not any("not modelled" in n for n in p.notes)
+
+
 def test_zero2_two_ranks() -> None:
     pytest.importorskip("deepspeed")
     results = _check("zero2", ZERO_PHASES)
@@ -98,8 +149,9 @@ def test_zero2_two_ranks() -> None:
         assert r["facts"]["parallel"]["strategy"] == "zero"
         assert zero["stage"] == 2 and zero["partition_count"] == 2
         assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 1 << 20
-        # This rank's fp32 master partition: half of the 12.6 M parameters (padded).
-        assert 4 * 12_595_200 // 2 <= zero["master_bytes"] < 4 * 12_595_200 // 2 + 4096
+        # This rank's fp32 master partition: half of the 25.2 M parameters (padded).
+        whole = 4 * BLOCKS * 2 * (DIM * DIM + DIM)
+        assert whole // 2 <= zero["master_bytes"] < whole // 2 + 4096
         p = predict(r["facts"])
         assert p.layout.modelled
         assert p.phases["backward", False].peak["zero_buckets"] == 4 << 20
@@ -127,7 +179,7 @@ def test_zero3_facts_are_this_ranks_partitions() -> None:
         facts = r["facts"]
         zero = facts["parallel"]["zero"]
         assert zero["stage"] == 3 and zero["partition_count"] == 2
-        whole = 4 * 12_595_200
+        whole = 4 * BLOCKS * 2 * (DIM * DIM + DIM)  # the 25.2 M parameters, fp32
         assert zero["unsharded_bytes"] == whole  # ds_numel: what an all-gather makes
         # The weights are this rank's partitions (and the persistent parameters), never
         # the global numel.

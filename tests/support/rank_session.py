@@ -45,17 +45,20 @@ def build(
     pids: list[int] | None = None,
     hostname: str = "node1",
     start: int = 0,
+    cpu: bool = False,
 ) -> Session:
     """The job's session (``steps``: rank -> steps it ran, default :data:`STEPS` each;
-    ``start``: ns after T0 at which it starts)."""
+    ``start``: ns after T0 at which it starts; ``cpu``: the ranks train on the CPU, whose
+    phases carry no allocator figures)."""
     s = session or Session(t_origin=T0, wall_offset=1_700_000_000 * 10**9)
     s.live = False
     pids = pids or PIDS
-    keys = [add_gpu(s, uuid, i) for i, uuid in enumerate(UUIDS)]
+    keys = [] if cpu else [add_gpu(s, uuid, i) for i, uuid in enumerate(UUIDS)]
     s.ensure_host(hostname, 64 * GIB)
     devices = [
         {"index": i, "uuid": u.removeprefix("GPU-"), "name": "H100", "total": 80 * GIB}
         for i, u in enumerate(UUIDS)
+        if not cpu
     ]
     total_ms = STEPS * STEP_MS
     for rank in ranks:
@@ -72,7 +75,8 @@ def build(
             devices=devices,
         )
         # A read before torch.cuda.set_device names device 0: not what the rank works on.
-        script.send("memory", T0 + start + MS // 2, dev=0, allocated=0, reserved=0)
+        if not cpu:
+            script.send("memory", T0 + start + MS // 2, dev=0, allocated=0, reserved=0)
         script.send("facts", T0 + start + MS, facts=facts())
         sid = 0
         for step in range((steps or {}).get(rank, STEPS)):
@@ -80,7 +84,12 @@ def build(
                 peak = gib * GIB + (extra_eval if rank == 0 and name == "eval" else 0)
                 t0 = T0 + start + (step * STEP_MS + 10 + j * 200) * MS
                 sid += 1
-                common = {"name": name, "id": sid, "depth": 0, "step": step, "dev": rank}
+                common = {"name": name, "id": sid, "depth": 0, "step": step}
+                if cpu:
+                    script.send("phase", t0, event="begin", **common)
+                    script.send("phase", t0 + 150 * MS, event="end", **common)
+                    continue
+                common["dev"] = rank
                 script.send("phase", t0, event="begin", allocated=GIB, reserved=2 * GIB, **common)
                 script.send(
                     "phase",

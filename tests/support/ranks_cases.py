@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 from profmem import ProfiledMemory  # noqa: E402
 
 DIM, BLOCKS, BATCH, STEPS = 1024, 12, 64, 3
+LORA_RANK = 8
 HF_VOCAB, HF_BATCH, HF_SEQ = 8192, 4, 128
 
 CASES = {
@@ -52,6 +53,15 @@ CASES = {
         "reshard_after_forward": None,
     },
     "ddp-hf": {"layout": "ddp", "world": 2, "model": "hf"},
+    # LoRA: the blocks' Linear layers frozen, a rank-8 adapter trained beside each up
+    # projection; the units gather the frozen base but reduce only the adapters.
+    "fsdp2-lora": {"layout": "fsdp2", "world": 2, "lora": LORA_RANK},
+    "fsdp2-lora-fake8": {"layout": "fsdp2", "world": 8, "fake": True, "lora": LORA_RANK},
+    # FSDP1 (FullyShardedDataParallel), each block a unit (ModuleWrapPolicy).
+    "fsdp1": {"layout": "fsdp1", "world": 2, "strategy": "FULL_SHARD"},
+    "fsdp1-grad-op": {"layout": "fsdp1", "world": 2, "strategy": "SHARD_GRAD_OP"},
+    # torchtitan's pattern: one unit of several modules, fully_shard([norm, output]).
+    "fsdp2-shared-unit": {"layout": "fsdp2", "world": 2, "head": True},
     # DeepSpeed ZeRO through deepspeed.initialize (where deepspeed is installed): the
     # engine steps AdamW (torch's) on this rank's partition; small buckets so that they
     # are neither nothing nor the whole model.
@@ -69,13 +79,25 @@ ZERO_BUCKET = 1 << 20
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int) -> None:
+    """Two square Linear layers; with ``lora`` > 0 both frozen and a rank-``lora`` adapter
+    (``lora_a`` then ``lora_b``, trained) added to the up projection."""
+
+    def __init__(self, dim: int, lora: int = 0) -> None:
         super().__init__()
         self.up = nn.Linear(dim, dim)
         self.down = nn.Linear(dim, dim)
+        self.lora_a = self.lora_b = None
+        if lora:
+            for p in self.parameters():
+                p.requires_grad_(False)
+            self.lora_a = nn.Linear(dim, lora, bias=False)
+            self.lora_b = nn.Linear(lora, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(x)))
+        h = self.up(x)
+        if self.lora_a is not None and self.lora_b is not None:
+            h = h + self.lora_b(self.lora_a(x))
+        return x + self.down(torch.relu(h))
 
 
 class MLP(nn.Module):
@@ -85,13 +107,20 @@ class MLP(nn.Module):
     when it gets to it, so the truth of a backward moves by one unit's gradients from
     run to run; against twelve units' states that is a few percent, not ten."""
 
-    def __init__(self, dim: int = DIM, blocks: int = BLOCKS) -> None:
+    def __init__(
+        self, dim: int = DIM, blocks: int = BLOCKS, lora: int = 0, head: bool = False
+    ) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(blocks))
+        self.blocks = nn.ModuleList(Block(dim, lora) for _ in range(blocks))
+        # A final norm and output layer (``head``), as a transformer ends.
+        self.norm = nn.LayerNorm(dim) if head else None
+        self.output = nn.Linear(dim, dim) if head else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
             x = b(x)
+        if self.norm is not None and self.output is not None:
+            x = self.output(self.norm(x))
         return x
 
 
@@ -137,14 +166,32 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(model, gradient_as_bucket_view=case.get("gradient_as_bucket_view", False))
+    if case["layout"] == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        return FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            sharding_strategy=ShardingStrategy[case["strategy"]],
+            device_id=torch.device("cpu"),  # without it FSDP1 asks for an accelerator
+        )
     from torch.distributed.fsdp import fully_shard
 
     reshard = case.get("reshard_after_forward", True)
     kw = {} if reshard is None else {"reshard_after_forward": reshard}
     for unit in _units(model):
         fully_shard(unit, **kw)
+    if case.get("head"):
+        fully_shard([model.norm, model.output], **kw)
     fully_shard(model, **kw)
     return model
+
+
+def _model(case: dict[str, Any]) -> nn.Module:
+    if case.get("model") == "hf":
+        return _hf_model()
+    return MLP(lora=case.get("lora", 0), head=bool(case.get("head")))
 
 
 def _deepspeed(model: nn.Module, case: dict[str, Any]) -> tuple[Any, Any]:
@@ -232,8 +279,8 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
     mem = ProfiledMemory("cpu")
     mem.start()
     torch.manual_seed(0)
-    model = _wrap(_hf_model() if case.get("model") == "hf" else MLP(), case)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = _wrap(_model(case), case)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     gpuwatch.watch(model, opt)
     x = _batch(case, rank)
     for step in range(1, steps + 1):
@@ -249,7 +296,7 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
             opt.zero_grad()
         del loss
     alive = None
-    if case["layout"] == "fsdp2":
+    if case["layout"] in ("fsdp1", "fsdp2"):
         # FSDP2's collective buffers can be freed on gloo's thread (orphans, profmem);
         # DDP's keep their buckets (rebuilt in step 2), which we cannot name, and free
         # nothing there.

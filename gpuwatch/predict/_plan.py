@@ -341,6 +341,14 @@ def _fsdp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> tuple[int, int
         }
         for i, s in enumerate(sizes)
     ]
+    if 0 <= trainable < total:
+        # LoRA or a frozen part: a unit reduce-scatters only its trainable parameters'
+        # gradients. Where they sit is not known from a config, so each unit gets its
+        # share by size (the adapters follow the layers they wrap).
+        for u, s in zip(units, sizes, strict=True):
+            mine = round(s * trainable / total)
+            u["trainable_unsharded_bytes"] = mine * elt
+            u["trainable_sharded_bytes"] = _ceil(mine, n) * elt
     _shard_states(facts, n)
     facts["parallel"] = {
         "strategy": "fsdp2",

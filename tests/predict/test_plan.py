@@ -90,6 +90,20 @@ def test_fsdp_divides_every_state_and_gathers_one_layer_at_a_time() -> None:
     assert kept.prediction.phases["forward", False].peak["fsdp_unsharded"] > fwd["fsdp_unsharded"]
 
 
+def test_fsdp_with_lora_reduces_only_the_adapters() -> None:
+    """A LoRA unit gathers its frozen base but reduce-scatters only the adapters' gradients
+    (issue 39's live rule): the planned units carry their trainable share."""
+    plan = Plan(LLAMA, batch=2, seq=128, layout="fsdp", world=4)
+    full = rank_estimate(plan).prediction.phases["backward", False].peak
+    lora = rank_estimate(replace(plan, lora_rank=8))
+    units = lora.facts["parallel"]["fsdp"]["unit_list"]
+    trainable = lora.facts["params"]["trainable_bytes"] * 4  # unsharded, every rank's
+    assert 0 < sum(u["trainable_unsharded_bytes"] for u in units) <= trainable + len(units) * 4
+    bwd = lora.prediction.phases["backward", False].peak
+    assert bwd["fsdp_reduce"] < full["fsdp_reduce"] / 20
+    assert bwd["fsdp_unsharded"] >= full["fsdp_unsharded"]  # the base is still gathered
+
+
 def test_ddp_keeps_a_second_copy_of_the_gradients() -> None:
     r = rank_estimate(Plan(LLAMA, batch=2, seq=128, layout="ddp", world=8))
     fwd = r.prediction.phases["forward", False].peak

@@ -128,16 +128,7 @@ class Peak:
         Returns:
             False when another mode is on top: ours stays where it is.
         """
-        mode = self.mode
-        if mode is None:
-            return True
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-        if _get_current_dispatch_mode() is not mode:
-            return False
-        self.mode = None
-        mode.__exit__(None, None, None)
-        return True
+        return self._pop()
 
     def restart_max(self) -> None:
         """Start a new running peak from what is alive now (the storages stay counted)."""
@@ -174,6 +165,10 @@ class Peak:
         """
         self.on = False
         self.live.clear()  # the weak references go: their callbacks never run
+        return self._pop()
+
+    def _pop(self) -> bool:
+        """Pop our mode if it is on top of the stack; False while another one is."""
         mode = self.mode
         if mode is None:
             return True

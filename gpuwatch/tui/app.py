@@ -344,6 +344,7 @@ class GpuwatchApp(App[int]):
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
         self._arranged: tuple[str, ...] = ()  # the panels' keys in the order they stand
+        self._host_run = False  # instrumented processes train on the host, none on a GPU
         self._notes: tuple[str, bool] = ("", False)  # the notes shown, and on a short screen
         # The session's shared predicted lines (the exporter reads the same ones).
         self.predicted = predictions(session)
@@ -466,6 +467,13 @@ class GpuwatchApp(App[int]):
         """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the
         host panel first when its hello comes); the first panel keeps the focus it had."""
         panels = self.panels
+        # Training on the CPU alone, the GPUs show nothing of it: the panels, the host's
+        # first, are the first screen even where they do not all fit (see panels_fit).
+        trains = [(p.is_host, self._trains_on(p.key)) for p in panels]
+        host_run = any(h and t for h, t in trains) and not any(t and not h for h, t in trains)
+        if host_run != self._host_run:
+            self._host_run = host_run
+            self._drawn_key = None  # the next frame places the overview (or the panels)
         keys = tuple(p.key for p in panels)
         if keys == self._arranged:
             return
@@ -580,10 +588,13 @@ class GpuwatchApp(App[int]):
         """Do the GPU panels all fit on the screen at once (else the overview shows)?
 
         One GPU always does; on a short terminal (one panel at a time) two do not; else
-        each needs :data:`PANEL_ROWS`, and the host's strip as much.
+        each needs :data:`PANEL_ROWS`, and the host's strip as much. A run that trains on
+        the CPU alone (no instrumented process on a GPU) keeps the panels: its phases are
+        on the host's, which comes first (issue 37), and the overview's GPU rows hold
+        nothing of it; ``g`` still opens the overview.
         """
         gpus = sum(d.kind == "gpu" for d in list(self.session.devices.values()))
-        if gpus < 2:
+        if gpus < 2 or self._host_run:
             return True
         if self.short:
             return False
@@ -609,7 +620,8 @@ class GpuwatchApp(App[int]):
                 self.overview.select_key(panel.key)
             self.overview.focus()
         elif self.overview.has_focus:
-            self._focus_panel(self.overview.selected_key)
+            # Given way to a run on the CPU: its host panel, first; else the selected GPU's.
+            self._focus_panel(None if self._host_run else self.overview.selected_key)
 
     def _focus_panel(self, key: str | None) -> None:
         target = self._panels.get(key) if key is not None else None

@@ -259,10 +259,7 @@ class Layout:
 
 def gpu_texts(row: GpuRow, lay: Layout) -> tuple[str, ...]:
     """A GPU row's text, column by column (the bar as its cells): what a frame draws."""
-    if row.state != "ok":
-        top = row.state.upper()
-    else:
-        top = " · ".join(x for x in (row.top, row.phase) if x)
+    top = row.state.upper() if row.state != "ok" else top_text(row.top, row.phase, lay.rest)
     return (
         f"{row.label:<{lay.label - 2}}",
         ellipsis(row.name, lay.name - 1).ljust(lay.name),
@@ -271,6 +268,16 @@ def gpu_texts(row: GpuRow, lay: Layout) -> tuple[str, ...]:
         f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 5)}{_num(row.power, 'W', 5)}",
         ellipsis(top, lay.rest),
     )
+
+
+def top_text(top: str | None, phase: str | None, width: int) -> str:
+    """``pid command · phase`` in ``width`` cells; too long, the command is cut, not the
+    phase (what the process does now says more than its name, at 80 columns too)."""
+    text = " · ".join(x for x in (top, phase) if x)
+    if len(text) <= width or not top or not phase:
+        return ellipsis(text, width)
+    room = width - len(" · ") - len(phase)
+    return f"{ellipsis(top, room)} · {phase}" if room > 0 else ellipsis(phase, width)
 
 
 def host_texts(host: HostRow, lay: Layout, width: int) -> tuple[str, ...]:

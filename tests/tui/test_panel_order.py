@@ -76,6 +76,10 @@ async def test_the_host_moves_first_when_a_cpu_run_says_hello_live() -> None:
         await pilot.pause(0.8)  # the panels are rearranged at TABLE_HZ
         first, top = first_screen(app)
         assert first.is_host and top is first and first.has_focus_within
+        assert not app.overview_shown  # it gave way to the run's phases (issue 38's, by g)
+        await pilot.press("g")
+        await pilot.pause()
+        assert app.overview_shown and app.focused is app.overview
 
 
 async def test_gpu_training_keeps_its_gpu_first() -> None:

@@ -419,6 +419,9 @@ class GpuwatchApp(App[int]):
         if self.panels:
             self.panels[0].focus()
         self._place_overview()
+        # A replay (or a live session that already has a job) shows its Ranks tab from the
+        # first frame, not from the first table refresh half a second later.
+        self._add_ranks_tab()
         # A closed terminal (SIGHUP) or a kill (SIGTERM) quits cleanly: the recording is
         # flushed, the socket removed, and `gpuwatch run` stops its command.
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):

@@ -201,9 +201,17 @@ class LiveSources:
             if self.recorder is not None:
                 self.recorder.close()
 
-    def describe(self) -> str:
+    def warning(self) -> str | None:
+        """What the status bar must always show: a recording that stopped, else None."""
+        if self.recorder is not None and self.recorder.error is not None:
+            return f"NOT RECORDING ({self.recorder.cause})"
+        return None
+
+    def describe(self, *, warning: bool = True) -> str:
         """One line for the status bar: the recording first (a narrow terminal cuts the end,
-        and scripts find the socket without reading it)."""
+        and scripts find the socket without reading it). ``warning=False``: a recording
+        that stopped is left to :meth:`warning` (the dashboard shows it among its
+        warnings, which never give way)."""
         if self.recorder is not None and self.recorder.error is None:
             path = str(self.record_path)
             home = os.path.expanduser("~")
@@ -211,7 +219,7 @@ class LiveSources:
                 path = "~" + path[len(home) :]
             text = f"recording {path}"
         elif self.recorder is not None:
-            text = f"NOT RECORDING ({self.recorder.cause})"
+            text = f"NOT RECORDING ({self.recorder.cause})" if warning else "not recording"
         else:
             text = "not recording"
         if self.metrics is not None:

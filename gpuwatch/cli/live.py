@@ -213,7 +213,12 @@ def cmd_live(args: argparse.Namespace) -> int:
     try:
         from ..tui.app import GpuwatchApp
 
-        app = GpuwatchApp(sources.session, theme_name=theme, subtitle=sources.describe)
+        app = GpuwatchApp(
+            sources.session,
+            theme_name=theme,
+            subtitle=lambda: sources.describe(warning=False),
+            warning=sources.warning,
+        )
         app.run()
     finally:
         sources.stop()
@@ -243,7 +248,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 GpuwatchApp(
                     sources.session,
                     theme_name=theme,
-                    subtitle=sources.describe,
+                    subtitle=lambda: sources.describe(warning=False),
+                    warning=sources.warning,
                     child=child,
                     quit_if=lambda: unwind_requested() is not None,
                 ).run()

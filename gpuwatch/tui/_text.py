@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.content import Content
@@ -70,10 +71,33 @@ class Line(Static):
             self.update(text, layout=False)
 
 
-def _same(a: Sequence[str | Content], b: Sequence[str | Content]) -> bool:
+@dataclass(frozen=True)
+class Part:
+    """A part of a :class:`Fitted` line that gives way in its own order, not the order it
+    is shown in (see :func:`fit_ranked`).
+
+    Attributes:
+        text: Textual markup, or Content as it is.
+        keep: Parts with a lower ``keep`` give way first; None: never (only the line's
+            end is cut, when the never-parts alone are wider than the line).
+        floor: Before anything gives way, the part is cut (with an ellipsis) down to
+            this many cells, no fewer; it gets its cells back as room allows.
+    """
+
+    text: str | Content
+    keep: int | None = None
+    floor: int | None = None
+
+
+FittedPart = str | Content | Part
+
+
+def _same(a: Sequence[FittedPart], b: Sequence[FittedPart]) -> bool:
     """The same parts, styles included (Content's ``==`` compares only the text)."""
 
-    def key(part: str | Content) -> object:
+    def key(part: FittedPart) -> object:
+        if isinstance(part, Part):
+            return (key(part.text), part.keep, part.floor)
         return (part.plain, tuple(part.spans)) if isinstance(part, Content) else part
 
     return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b, strict=True))
@@ -101,7 +125,7 @@ class Fitted(Widget):
         self, *, sep: str = " · ", max_lines: int = 1, id: str | None = None, classes: str = ""
     ) -> None:
         super().__init__(id=id, classes=classes)
-        self.parts: list[str | Content] = []
+        self.parts: list[FittedPart] = []
         self.sep = sep
         self.max_lines = max_lines
         self._lines = 1
@@ -115,11 +139,16 @@ class Fitted(Widget):
 
     def _fitted(self, width: int) -> Content:
         if self._fit is None or self._fit[0] != width:
-            self._fit = (width, fit(self.parts, width, self.sep, self.max_lines))
+            if any(isinstance(p, Part) for p in self.parts):
+                fitted = fit_ranked(self.parts, width, self.sep)
+            else:
+                fitted = fit(self.parts, width, self.sep, self.max_lines)  # type: ignore[arg-type]
+            self._fit = (width, fitted)
         return self._fit[1]
 
-    def set(self, parts: Sequence[str | Content]) -> None:
-        """Show ``parts``; does nothing if they are already shown."""
+    def set(self, parts: Sequence[FittedPart]) -> None:
+        """Show ``parts``; does nothing if they are already shown. Any :class:`Part`
+        among them: fitted on one line by :func:`fit_ranked`, else by :func:`fit`."""
         if _same(parts, self.parts):
             return
         self.parts = list(parts)
@@ -137,6 +166,10 @@ class Fitted(Widget):
 
     def render(self) -> Content:
         return self._fitted(self.size.width)
+
+
+#: A part cut to fit keeps at least this many cells, else it is dropped (see :func:`fit`).
+MIN_CUT = 8
 
 
 def fit(
@@ -171,9 +204,62 @@ def fit(
                 break
             continue
         room = width - line.cell_length - gap.cell_length
-        if room >= 8:
+        if room >= MIN_CUT:
             line = line + gap + part.truncate(room, ellipsis=True)
         break
     if line is not None:
         lines.append(line)
     return Content("\n").join(lines)
+
+
+def fit_ranked(parts: Sequence[FittedPart], width: int, sep: str = " · ") -> Content:
+    """Parts joined by ``sep`` on one line of ``width``, shown in the order given but
+    giving way in their own (:class:`Part`; a plain str or Content never gives way).
+
+    Where the room is short: first the parts with a ``floor`` are cut down towards it;
+    then parts go, lowest ``keep`` first (of equal ones, the later shown first), each
+    either cut with an ellipsis to the room there is (if :data:`MIN_CUT` cells are left
+    for it) or dropped; what room is left over goes back to the floored parts. Only if
+    the parts that never give way are wider than the line is its end cut.
+    """
+    width = max(1, width)
+    gap = Content(sep).cell_length
+    ps = [p if isinstance(p, Part) else Part(p) for p in parts]
+    texts = [Content.from_markup(p.text) if isinstance(p.text, str) else p.text for p in ps]
+    full = [t.cell_length for t in texts]
+    cells: list[int | None] = list(full)  # None: dropped
+
+    def total() -> int:
+        shown = [c for c in cells if c is not None]
+        return sum(shown) + gap * max(0, len(shown) - 1)
+
+    floored = [i for i, p in enumerate(ps) if p.floor is not None]
+    if total() > width:
+        for i in floored:
+            cells[i] = min(full[i], ps[i].floor or 0)
+        order = sorted(
+            (i for i, p in enumerate(ps) if p.keep is not None),
+            key=lambda i: (ps[i].keep, -i),
+        )
+        for i in order:
+            over = total() - width
+            if over <= 0:
+                break
+            now = cells[i]
+            assert now is not None
+            if now - over >= MIN_CUT:
+                cells[i] = now - over
+                break
+            cells[i] = None
+    # Room left over: back to the floored parts, in the order shown.
+    for i in floored:
+        now = cells[i]
+        if now is not None and now < full[i]:
+            cells[i] = min(full[i], now + max(0, width - total()))
+    shown = [
+        t if c == full[i] else t.truncate(c, ellipsis=True)
+        for i, (t, c) in enumerate(zip(texts, cells, strict=True))
+        if c is not None
+    ]
+    line = Content(sep).join(shown)
+    return line.truncate(width, ellipsis=True) if line.cell_length > width else line

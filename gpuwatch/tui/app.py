@@ -33,7 +33,7 @@ from ..session import Session, is_host
 from ..session import navigate as nav
 from ..session.model import Oom
 from . import marks
-from ._text import Fitted, markup_safe, plain_lines
+from ._text import Fitted, Part, markup_safe, plain_lines
 from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
@@ -63,7 +63,15 @@ dashboard took over half a core)."""
 TABLE_HZ = 2
 MARK_CELLS = 48
 """The most of a mark's text the status bar shows at the cursor (the Peaks tab lists it
-whole): the window and the counts still fit on 120 columns."""
+whole)."""
+MARK_FLOOR = 24
+"""Where room is short, the mark's text is cut down to this many cells before anything
+else in the status bar gives way (its first 20 or so characters stay readable at 80
+columns); the rest of it goes only after the subtitle, window and count."""
+SUBTITLE_FLOOR = 24
+"""The status bar's subtitle (the file replayed, the recording and socket) is cut down to
+this many cells, like the mark, before the window and the count give way: its start says
+what is shown (a list of merged files would otherwise push them out)."""
 
 PANEL_ROWS = 12
 """The rows a device panel needs (DevicePanel's min-height; a host panel's own height)."""
@@ -329,6 +337,7 @@ class GpuwatchApp(App[int]):
         *,
         theme_name: str | None = None,
         subtitle: str | Callable[[], str] = "",
+        warning: Callable[[], str | None] | None = None,
         clock: Callable[[], int] | None = None,
         child: ChildLike | None = None,
         quit_if: Callable[[], bool] | None = None,
@@ -341,6 +350,10 @@ class GpuwatchApp(App[int]):
         self.clock = clock or session.now
         self.view = View()
         self.subtitle_text = subtitle
+        # A warning the status bar always shows (a recording that stopped), or None.
+        self.warning_text = warning
+        # What the status bar said that no frame key follows: redrawn when it changes.
+        self._status_said: tuple[str, str | None, str] | None = None
         self._theme_name = theme_name or DEFAULT_THEME
         self._panels: dict[str, DevicePanel] = {}
         self._arranged: tuple[str, ...] = ()  # the panels' keys in the order they stand
@@ -532,6 +545,8 @@ class GpuwatchApp(App[int]):
         short = self.short
         key = (key, self.size, short)
         if key == self._drawn_key:
+            if self._status_changed():
+                self._update_status()
             return
         self._drawn_key = key
         if len(self._panels) != len(self.session.devices):
@@ -773,39 +788,58 @@ class GpuwatchApp(App[int]):
         return "\n".join(self.session.notes)
 
     def _update_status(self, window: tuple[int, int] | None = None) -> None:
+        """The status bar, one line, fitted to the terminal's width.
+
+        Shown in this order: ``gpuwatch`` and the mode, the warnings (rank faults,
+        rejected or dropped messages, a recording that stopped), the cursor's time, the
+        mark or OOM nearest the cursor, the window, the instrumented count, the command,
+        and the subtitle (the file replayed, or the recording and socket).
+
+        Where the room is short they give way in another order (:func:`fit_ranked`): the
+        mark's text is cut first, down to :data:`MARK_FLOOR` cells (its symbol, time and
+        the start of what it says), and the subtitle to :data:`SUBTITLE_FLOOR`; then the
+        count goes, then the window, then the rest of the subtitle (cut with an ellipsis
+        while 8 cells are left for it), the command, the rest of the mark and the cursor.
+        So what the cursor reads stays readable at 80 columns, and the file's name before
+        the counts. The mode and the warnings never give way: a safety message must show.
+        """
         s = self.session
         window = window or self.view.window(self.now())
         # The processes the bands show: those alive in the window.
         procs = len(s.active(*window))
         rejects = sum(s.rejects.values())
         dropped = sum(p.dropped for p in s.processes.values())
-        parts = [f"[b]gpuwatch[/b] · {self.mode_text()}"]
+        parts: list[Part] = [Part(f"[b]gpuwatch[/b] · {self.mode_text()}")]
         faults = self.ranks_view.faults
         if faults:  # the job's ranks disagree: the Ranks tab says how
-            parts.append(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]")
+            parts.append(Part(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]"))
         if rejects:
-            parts.append(f"[$warning]{rejects} rejected[/]")
+            parts.append(Part(f"[$warning]{rejects} rejected[/]"))
         if dropped:
-            parts.append(f"[$warning]{dropped} dropped[/]")
+            parts.append(Part(f"[$warning]{dropped} dropped[/]"))
+        warning = self.warning_text() if self.warning_text is not None else None
+        if warning:
+            parts.append(Part(f"[$warning]{markup_safe(warning)}[/]"))
         if self.view.cursor is not None:
-            # What the cursor reads comes before the window and the counts: the time, and
-            # the mark or OOM nearest to it in the window with what it says.
-            parts.append(f"cursor {fmt_clock(self.view.cursor - s.t_origin)}")
+            # What the cursor reads: the time, and the mark or OOM nearest to it in the
+            # window with what it says.
+            parts.append(Part(f"cursor {fmt_clock(self.view.cursor - s.t_origin)}", keep=6))
             near = marks.nearest(s, self.view.cursor, *window)
             if near is not None:
-                at = fmt_clock(near.t - s.t_origin)
+                at = f"{marks.symbol(near)} {fmt_clock(near.t - s.t_origin)} "
                 said = ellipsis(marks.describe(near), MARK_CELLS)
-                parts.append(markup_safe(f"{marks.symbol(near)} {at} {said}"))
-        parts += [f"window {fmt_duration(self.view.span)}", f"{procs} instrumented"]
+                text = markup_safe(at + said)
+                parts.append(Part(text, keep=5, floor=len(at) + MARK_FLOOR))
+        parts.append(Part(f"window {fmt_duration(self.view.span)}", keep=2))
+        parts.append(Part(f"{procs} instrumented", keep=1))
         if self.child is not None:
-            parts.append(self._child_text())
-        subtitle = self.subtitle_text() if callable(self.subtitle_text) else self.subtitle_text
+            parts.append(Part(self._child_text(), keep=4))
+        subtitle = self._subtitle()
         if subtitle:
-            parts.append(markup_safe(subtitle))
-        # Fitted, most important first: the subtitle (socket, file) gives way, with an
-        # ellipsis, before the mode, window or counts are cut.
+            parts.append(Part(markup_safe(subtitle), keep=3, floor=SUBTITLE_FLOOR))
         self.status_bar.set(parts)
         notes = self.notes_text()
+        self._status_said = (subtitle, warning, notes)
         short = self.short
         if (notes, short) != self._notes:  # height auto: a new note needs a layout pass
             self._notes = (notes, short)
@@ -813,6 +847,16 @@ class GpuwatchApp(App[int]):
             # A short screen has one line for them: joined, and cut with an ellipsis (CSS).
             self.notes_bar.update(plain_lines([" · ".join(lines)] if short else lines))
             self.notes_bar.display = bool(notes)
+
+    def _subtitle(self) -> str:
+        return self.subtitle_text() if callable(self.subtitle_text) else self.subtitle_text
+
+    def _status_changed(self) -> bool:
+        """Has what the status bar shows from outside the frame (the subtitle, the warning,
+        the notes) changed since it was drawn? A recording can stop while the frame stays
+        the same (paused, or a clock that stands still)."""
+        warning = self.warning_text() if self.warning_text is not None else None
+        return self._status_said != (self._subtitle(), warning, self.notes_text())
 
     def _child_text(self) -> str:
         assert self.child is not None

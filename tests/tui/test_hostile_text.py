@@ -169,6 +169,26 @@ async def test_a_recording_that_stops_says_so_in_the_header(tmp_path: Path) -> N
     recorder.close()
 
 
+async def test_a_recording_that_stops_after_the_first_frame_shows_at_once() -> None:
+    # The clock stands still (a paused view's frame stays the same too): the status bar is
+    # redrawn because what it says changed, not because a frame did. The warning comes
+    # first and stays whole on 80 columns, where the subtitle gives way.
+    said: dict[str, str | None] = {"warning": None, "subtitle": "recording ~/a · socket /s"}
+    app = GpuwatchApp(
+        synthetic.build(),
+        clock=lambda: synthetic.end_time(),
+        subtitle=lambda: str(said["subtitle"]),
+        warning=lambda: said["warning"],
+    )
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        assert "recording ~/a" in app.status_bar.text
+        said["warning"], said["subtitle"] = "NOT RECORDING (disk full)", "not recording " * 9
+        await pilot.pause(0.3)
+        status = app.status_bar.text
+        assert status.startswith("gpuwatch · LIVE · NOT RECORDING (disk full) · "), status
+
+
 @pytest.mark.tmux
 def test_replay_in_a_real_terminal_keeps_its_title_and_rows(tmp_path: Path) -> None:
     # The reproduction: a shared recording whose phase names and notes carry an

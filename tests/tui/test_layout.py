@@ -13,7 +13,7 @@ from gpuwatch.protocol import Message
 from gpuwatch.session import HOST, Session, gpu_key
 from gpuwatch.store import Player, open_recording, open_session, save_session
 from gpuwatch.store.player import open_replay
-from gpuwatch.tui._text import fit
+from gpuwatch.tui._text import Part, fit, fit_ranked
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.band import BandMarker, BandRow, fold_rows, label_width, span_cells
 from gpuwatch.tui.keys import Key, KeyBar
@@ -284,6 +284,32 @@ def test_fit_keeps_the_first_parts_whole() -> None:
     assert fit(parts, 50).plain == "gpuwatch · LIVE · window 1:00 · 2 instrumented"
     two = fit(["aaaa", "bbbb", "cccc"], 10, "  ", max_lines=2).plain
     assert two == "aaaa  bbbb\ncccc"
+
+
+def test_fit_ranked_gives_way_in_its_own_order() -> None:
+    # Shown in order, given way by rank: the mark is cut to its floor first, then the
+    # count and the window go, then the subtitle is cut; the warning never goes.
+    mark = "◆ 0:17 step 10: loss 10.956, eval 10.948 and more text"
+    parts = [
+        Part("gpuwatch · LIVE"),
+        Part("NOT RECORDING (disk full)"),
+        Part("cursor 0:17", keep=6),
+        Part(mark, keep=5, floor=24),
+        Part("window 1:00", keep=2),
+        Part("2 instrumented", keep=1),
+        Part("replay a-long-file-name.gpuwatch", keep=3, floor=16),
+    ]
+    full = fit_ranked(parts, 400).plain
+    assert full == " · ".join(str(p.text) for p in parts)
+    line = fit_ranked(parts, 140).plain  # the mark and subtitle cut, the rest whole
+    assert len(line) == 140 and "window 1:00 · 2 instrumented · replay a-long-f…" in line
+    assert mark[:20] in line and mark not in line
+    line = fit_ranked(parts, 100).plain
+    assert "window" not in line and "instrumented" not in line and len(line) <= 100
+    assert "NOT RECORDING (disk full) · cursor 0:17" in line
+    assert mark[:20] in line and line.endswith("replay a-lon…")
+    narrow = fit_ranked(parts, 40).plain
+    assert narrow.startswith("gpuwatch · LIVE · NOT RECORDING (disk") and len(narrow) <= 40
 
 
 @pytest.mark.parametrize("width", [30, 60, 200])

@@ -13,29 +13,13 @@ import sys
 import pytest
 from conftest import ROOT, fake_nvml_env, wait_for
 from tmuxhelp import Tmux
+from workers import LAUNCHER
+from workers import alive as _alive
 
 pytestmark = pytest.mark.tmux
 
 SIZES = {"80x24": (80, 24), "200x50": (200, 50)}
 GIB = 1 << 30
-LAUNCHER = """
-import subprocess, sys, time
-kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
-print(" ".join(str(k.pid) for k in kids), flush=True)
-try:
-    time.sleep(600)
-finally:
-    for k in kids:
-        k.kill()
-"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from conftest import wait_for
+from workers import LAUNCHER
+from workers import alive as _alive
 
 from gpuwatch.session import Session
 from gpuwatch.sources.gpu import GpuSampler
@@ -35,18 +37,6 @@ NOBODY = 65534
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="starts a process as user 65534 (another user): needs root"
 )
-
-# A launcher (as torchrun is) that starts two workers and prints their pids.
-LAUNCHER = """
-import subprocess, sys, time
-kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
-print(" ".join(str(k.pid) for k in kids), flush=True)
-try:
-    time.sleep(600)
-finally:
-    for k in kids:
-        k.kill()
-"""
 
 
 @dataclass
@@ -290,14 +280,6 @@ def _cpu_known(table) -> bool:
 
 def _top(series) -> float:
     return float(np.nanmax(series.hi))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 async def test_help_lists_the_processes_keys() -> None:

@@ -259,28 +259,29 @@ def _mark_lines(codes: np.ndarray, owner: np.ndarray, roles: list[str]) -> None:
 def _y_labels(ymax: float, rows: int) -> dict[int, str]:
     """Row -> GiB label at 1-2-5 steps, top row included, no two labels adjacent."""
     gib = ymax / GIB
-    # At least four steps asked for: a short chart (80x24) still gets three or four labels.
-    step = nice_step(gib, max(4, rows // 3))
+    step = _label_step(gib, rows)
     digits = 0 if step >= 1 else 1 if step >= 0.1 else 2
-    labels: dict[int, str] = {}
-    v = 0.0
-    while v <= gib * 1.0001:
-        row = round((1 - v / gib) * (rows - 1)) if gib > 0 else rows - 1
-        if all(abs(row - r) > 1 for r in labels):
-            labels[row] = f"{v:.{digits}f}G"
-        v += step
-    return labels
+    return _labels(gib, rows, step, lambda v: f"{v:.{digits}f}G")
 
 
 def _pct_labels(ymax: float, rows: int) -> dict[int, str]:
     """Row -> percentage label at 1-2-5 steps (a process's SM % and CPU %)."""
-    step = nice_step(ymax, max(4, rows // 3))
+    return _labels(ymax, rows, _label_step(ymax, rows), lambda v: f"{v:g}%")
+
+
+def _label_step(top: float, rows: int) -> float:
+    # At least four steps asked for: a short chart (80x24) still gets three or four labels.
+    return nice_step(top, max(4, rows // 3))
+
+
+def _labels(top: float, rows: int, step: float, text: Callable[[float], str]) -> dict[int, str]:
+    """Row -> ``text(v)`` for v = 0, step, 2 step … up to ``top``, no two labels adjacent."""
     labels: dict[int, str] = {}
     v = 0.0
-    while v <= ymax * 1.0001:
-        row = round((1 - v / ymax) * (rows - 1)) if ymax > 0 else rows - 1
+    while v <= top * 1.0001:
+        row = round((1 - v / top) * (rows - 1)) if top > 0 else rows - 1
         if all(abs(row - r) > 1 for r in labels):
-            labels[row] = f"{v:g}%"
+            labels[row] = text(v)
         v += step
     return labels
 

@@ -426,6 +426,10 @@ class Session:
         dev.state, dev.note = state, note
         self._emit("device", (dev,))
 
+    def set_sampler_rate(self, key: str, rate: float) -> None:
+        """The achieved samples per second on one GPU (0 while it is lost)."""
+        self.sampler_rate[key] = rate
+
     def add_gpu_sample(self, key: str, row: dict[str, float | int | None]) -> None:
         """One NVML sample (keys of :data:`GPU_COLUMNS`; None for n/a)."""
         self.gpu[key].append(row)

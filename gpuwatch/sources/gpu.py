@@ -10,7 +10,7 @@ does not support (None, drawn as n/a); no permission for process lists (a note, 
 keeps sampling); a GPU that falls off the bus (that device is marked lost, the others
 continue); an NVML call that hangs (a watchdog marks that GPU, hands the other GPUs to a
 fresh sampling thread, and takes the GPU back when the call returns). The UI never calls
-NVML; the achieved rate per GPU in :attr:`Session.sampler_rate` shows a slow NVML.
+NVML; the achieved rate per GPU in :meth:`GpuSampleSink.set_sampler_rate` shows a slow NVML.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 
 import psutil
 
-from ..session import Device, Session, gpu_key
+from ..session import Device, gpu_key
+from ..session.ports import GpuSampleSink
 from . import procstat
 from .nvml import (
     NA,
@@ -127,7 +128,7 @@ class GpuSampler:
 
     def __init__(
         self,
-        session: Session,
+        session: GpuSampleSink,
         interval: float = 0.1,
         nvml: Nvml | None = None,
         process_interval: float = 1.0,
@@ -280,7 +281,7 @@ class GpuSampler:
             )
         )
         if not gpu.active:
-            self.session.sampler_rate[key] = 0.0
+            self.session.set_sampler_rate(key, 0.0)
         return gpu
 
     def _discover_mig(self, parent: _Gpu, driver: str | None) -> list[_Gpu]:
@@ -505,7 +506,7 @@ class GpuSampler:
     def _lost(self, gpu: _Gpu, exc: GpuLost) -> None:
         gpu.active = False
         self.session.set_device_state(gpu.key, "lost", self._lost_note(exc))
-        self.session.sampler_rate[gpu.key] = 0.0
+        self.session.set_sampler_rate(gpu.key, 0.0)
 
     def _lost_note(self, exc: GpuLost) -> str:
         if exc.code == self.nvml.codes.get("RESET_REQUIRED"):
@@ -523,7 +524,7 @@ class GpuSampler:
             if gpu.active:
                 gpu.active = False
                 self.session.set_device_state(gpu.key, "error", f"NVML went away: {exc}")
-                self.session.sampler_rate[gpu.key] = 0.0
+                self.session.set_sampler_rate(gpu.key, 0.0)
         self.session.note(f"NVML went away ({exc}): GPU sampling stopped")
 
     # ------------------------------------------------------------------ watchdog
@@ -553,7 +554,7 @@ class GpuSampler:
             counts = history[-1][1]
             for g in gpus:
                 rate = (counts[g.key] - old.get(g.key, 0)) / span if g.active else 0.0
-                self.session.sampler_rate[g.key] = rate
+                self.session.set_sampler_rate(g.key, rate)
 
     def _set_aside(self, worker: _Worker, gpu: _Gpu, stuck: float) -> None:
         """Mark ``gpu`` hung and give the other GPUs to a fresh sampling thread."""

@@ -31,10 +31,11 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..session import Device, Session
+from ..session.model import GpuProcRow
 
 START_LIMIT = 20.0
 """Seconds the child may take to say whether NVML opened (a loaded machine's interpreter
@@ -56,18 +57,6 @@ _BOOT = (
 )
 
 
-class _Rates(dict):
-    """``session.sampler_rate`` in the child: each rate set is sent on."""
-
-    def __init__(self, send: Callable[..., None]) -> None:
-        super().__init__()
-        self._send = send
-
-    def __setitem__(self, key: str, rate: float) -> None:
-        super().__setitem__(key, rate)
-        self._send("rate", key, rate)
-
-
 class _Outbox:
     """The session as the child's sampler sees it: every call is sent on ``fd``.
 
@@ -82,7 +71,6 @@ class _Outbox:
         self._ready = threading.Event()
         self._closed = False
         self.dropped = 0  # calls not queued: gpuwatch has not read for minutes
-        self.sampler_rate = _Rates(self.send)
         self._writer = threading.Thread(target=self._write, name="gpuwatch-gpu-out", daemon=True)
         self._writer.start()
 
@@ -104,14 +92,17 @@ class _Outbox:
     def set_device_state(self, key: str, state: str, note: str = "") -> None:
         self.send("state", key, state, note)
 
-    def add_gpu_sample(self, key: str, row: dict[str, Any]) -> None:
+    def add_gpu_sample(self, key: str, row: dict[str, float | int | None]) -> None:
         self.send("sample", key, row)
 
-    def add_gpu_processes(self, key: str, t: int, rows: Any) -> None:
+    def add_gpu_processes(self, key: str, t: int, rows: Iterable[GpuProcRow]) -> None:
         self.send("procs", key, t, list(rows))
 
     def set_proc_info(self, pid: int, info: dict[str, Any]) -> None:
         self.send("info", pid, info)
+
+    def set_sampler_rate(self, key: str, rate: float) -> None:
+        self.send("rate", key, rate)
 
     def _write(self) -> None:
         while True:
@@ -150,7 +141,7 @@ def child(argv: list[str]) -> int:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     out = _Outbox(fd)
     sampler = GpuSampler(
-        out,  # type: ignore[arg-type]  # the calls GpuSampler makes, see _Outbox
+        out,
         interval=float(argv[0]),
         process_interval=float(argv[1]),
     )
@@ -193,7 +184,7 @@ class GpuProcess:
             "sample": session.add_gpu_sample,
             "procs": lambda key, t, rows: session.add_gpu_processes(key, t, map(tuple, rows)),
             "info": session.set_proc_info,
-            "rate": session.sampler_rate.__setitem__,
+            "rate": session.set_sampler_rate,
             "opened": self._on_opened,
         }
 

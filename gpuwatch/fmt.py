@@ -26,8 +26,12 @@ def fmt_bytes(n: float | None, digits: int = 2) -> str:
     return f"{sign}{int(n)} B"
 
 
-OOM_SIZES = (("requested", "requested"), ("free", "free"))
-OOM_SIZES += (("allocated", "allocated"), ("reserved", "reserved"))
+OOM_SIZES: tuple[tuple[str, str], ...] = (
+    ("requested", "requested"),
+    ("free", "free"),
+    ("allocated", "allocated"),
+    ("reserved", "reserved"),
+)
 """An out-of-memory error's byte counts, in the order they are told: key, word."""
 
 

@@ -28,8 +28,10 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import Any, overload
 
 from . import protocol
 
@@ -72,6 +74,10 @@ def default_log_path() -> Path:
     return directory / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
 
 
+@overload
+def exit_status(returncode: int) -> int: ...
+@overload
+def exit_status(returncode: None) -> None: ...
 def exit_status(returncode: int | None) -> int | None:
     """A shell's view of a return code: ``128 + N`` for a child killed by signal N."""
     if returncode is None:
@@ -313,7 +319,7 @@ def supervise(
         The child's exit status (``128 + N`` when killed by signal N).
     """
     forward = SignalForwarder(child)
-    previous: dict[int, object] = {}
+    previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in signals:
             previous[sig] = signal.signal(sig, forward)
@@ -321,5 +327,5 @@ def supervise(
         code = child.wait()
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            signal.signal(sig, handler)
     return exit_status(code)

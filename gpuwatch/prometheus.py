@@ -19,9 +19,9 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,6 +32,9 @@ from .predict import CATEGORIES
 from .protocol import MAX_RANK, job_id, label_text
 from .scrape_server import ScrapeServer
 from .session import MISSING_INT, Process, Session
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Exemplar, Timestamp
 
 GPU = ("gpu", "uuid", "name", "host")
 JOB = ("slurm_job", "slurm_step", "k8s_namespace", "k8s_pod", "job_name", "torch_run", "job_id")
@@ -332,7 +335,7 @@ class SessionCollector:
 
     # ------------------------------------------------------------------ GPUs
 
-    def _gpus(self, f: dict[str, Metric]) -> None:
+    def _gpus(self, f: dict[str, _Family]) -> None:
         s = self.session
         f["gpuwatch_build_info"].add_metric([__version__, self.host], 1)
         for dev in list(s.devices.values()):
@@ -354,7 +357,7 @@ class SessionCollector:
             _add(f["gpuwatch_gpu_temperature_celsius"], labels, row["temp"])
             self._gpu_processes(f, labels, dev.key)
 
-    def _gpu_processes(self, f: dict[str, Metric], labels: list[str], key: str) -> None:
+    def _gpu_processes(self, f: dict[str, _Family], labels: list[str], key: str) -> None:
         """The GPU's newest NVML process list: who else holds memory on it."""
         s = self.session
         table = s.gpu_procs.get(key)
@@ -388,7 +391,7 @@ class SessionCollector:
 
     # ------------------------------------------------------------------ processes
 
-    def _processes(self, f: dict[str, Metric]) -> None:
+    def _processes(self, f: dict[str, _Family]) -> None:
         s = self.session
         ooms = Counter(o.pid for o in list(s.ooms))
         shown: set[int] = set()
@@ -406,7 +409,7 @@ class SessionCollector:
             del self._folded[pid]
 
     def _process(
-        self, f: dict[str, Metric], proc: Process, folded: _Folded, who: _Who, ooms: int
+        self, f: dict[str, _Family], proc: Process, folded: _Folded, who: _Who, ooms: int
     ) -> None:
         host = self.host
         ids, job = [who.pid, who.rank], who.job
@@ -454,7 +457,7 @@ class SessionCollector:
         f["gpuwatch_process_dropped_events_total"].add_metric(per_proc, proc.dropped)
         f["gpuwatch_process_lost_events_total"].add_metric(per_proc, proc.gaps)
 
-    def _predicted(self, f: dict[str, Metric], proc: Process, labels: list[str]) -> None:
+    def _predicted(self, f: dict[str, _Family], proc: Process, labels: list[str]) -> None:
         if not proc.facts:
             return
         try:
@@ -518,7 +521,7 @@ class SessionCollector:
     def _phase_of(self, nid: int) -> str:
         return self.session.names[nid] if nid < MAX_PHASE_NAMES else OTHER_PHASE
 
-    def _receiver(self, f: dict[str, Metric]) -> None:
+    def _receiver(self, f: dict[str, _Family]) -> None:
         for reason, n in sorted(dict(self.session.rejects).items()):
             f["gpuwatch_receiver_rejected_datagrams_total"].add_metric([reason, self.host], n)
 
@@ -545,17 +548,17 @@ class _Who:
     def of(cls, proc: Process, host: str) -> _Who:
         hello = proc.hello
         facts = proc.facts if isinstance(proc.facts, dict) else None
-        layout = facts.get("parallel") if facts is not None else None
-        layout = layout if isinstance(layout, dict) else {}
-        fsdp = layout.get("fsdp") if isinstance(layout.get("fsdp"), dict) else {}
-        zero = layout.get("zero") if isinstance(layout.get("zero"), dict) else {}
+        given = facts.get("parallel") if facts is not None else None
+        layout: dict[str, Any] = given if isinstance(given, dict) else {}
+        fsdp = part if isinstance(part := layout.get("fsdp"), dict) else {}
+        zero = part if isinstance(part := layout.get("zero"), dict) else {}
         if facts is None:
             strategy = "unknown"  # no facts yet: the layout is not known
         else:
             named = layout.get("strategy", "none")
             strategy = named if named in STRATEGIES else "other"
-        sched = hello.get("scheduler")
-        sched = sched if isinstance(sched, dict) else {}
+        told = hello.get("scheduler")
+        sched: dict[str, Any] = told if isinstance(told, dict) else {}
         # torchrun's RANK, else the process group's (mp.spawn sets no RANK).
         rank = _count(hello.get("rank")) or _count(layout.get("rank"))
         world = _count(hello.get("world_size")) or _count(layout.get("world_size"))
@@ -629,7 +632,9 @@ def _escaped(c: str) -> str:
 class _Gauge(GaugeMetricFamily):
     """A gauge whose every label value goes through :func:`label_value`."""
 
-    def add_metric(self, labels: Any, value: float, timestamp: Any = None) -> None:
+    def add_metric(
+        self, labels: Sequence[str], value: float, timestamp: Timestamp | float | None = None
+    ) -> None:
         super().add_metric([label_value(v) for v in labels], value, timestamp)
 
 
@@ -637,13 +642,22 @@ class _Counter(CounterMetricFamily):
     """A counter whose every label value goes through :func:`label_value`."""
 
     def add_metric(
-        self, labels: Any, value: float, created: Any = None, timestamp: Any = None
+        self,
+        labels: Sequence[str],
+        value: float,
+        created: float | None = None,
+        timestamp: Timestamp | float | None = None,
+        exemplar: Exemplar | None = None,
     ) -> None:
-        super().add_metric([label_value(v) for v in labels], value, created, timestamp)
+        super().add_metric([label_value(v) for v in labels], value, created, timestamp, exemplar)
 
 
-def _families() -> dict[str, Metric]:
-    out: dict[str, Metric] = {}
+_Family = _Gauge | _Counter
+"""A metric family gpuwatch fills: every label value made safe to show."""
+
+
+def _families() -> dict[str, _Family]:
+    out: dict[str, _Family] = {}
     for spec in METRICS:
         cls = _Counter if spec.kind == "counter" else _Gauge
         out[spec.name] = cls(spec.name, spec.help, labels=spec.labels)
@@ -657,7 +671,7 @@ def _number(v: Any) -> float | None:
     return float(v)
 
 
-def _add(family: Metric, labels: list[str], value: Any) -> None:
+def _add(family: _Family, labels: list[str], value: Any) -> None:
     v = _number(value)
     if v is not None:
         family.add_metric(labels, v)

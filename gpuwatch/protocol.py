@@ -83,9 +83,10 @@ class Message:
 # --------------------------------------------------------------------------- socket path
 
 
-def socket_path(env: dict[str, str] | None = None) -> str:
+def socket_path(env: Mapping[str, str] | None = None) -> str:
     """The socket path: ``$GPUWATCH_SOCKET`` if set, else the per-user default."""
-    env = os.environ if env is None else env
+    if env is None:
+        env = os.environ
     explicit = env.get(SOCKET_ENV)
     if explicit:
         return os.path.abspath(explicit)
@@ -463,7 +464,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
     },
 }
 
-_DEFAULTS = {"mark": {"level": "info"}, "phase": {"depth": 0}}
+_DEFAULTS: dict[str, dict[str, object]] = {"mark": {"level": "info"}, "phase": {"depth": 0}}
 _COMMON: tuple[tuple[str, Check], ...] = (
     ("seq", _count),
     ("pid", _int(1, MAX_PID)),
@@ -514,9 +515,9 @@ def _validate(obj: dict[str, Any], now: int | None) -> Message:
     if obj.get("v") != VERSION or type(obj.get("v")) is not int:
         raise ProtocolError("version", repr(obj.get("v"))[:20])
     kind = obj.get("kind")
-    spec = SCHEMA.get(kind) if isinstance(kind, str) else None
-    if spec is None:
+    if not isinstance(kind, str) or kind not in SCHEMA:
         raise ProtocolError("kind", repr(kind)[:40])
+    spec = SCHEMA[kind]
     obj.setdefault("dropped", 0)
     for name, check in _COMMON:
         reason = check(obj.get(name))

@@ -91,7 +91,7 @@ ALLOWED: dict[str, set[str]] = {
     "integrations": {"instrument"},
     "predict": {"facts"},
     "session": {"protocol", "fmt"},
-    "analysis": {"session", "predict", "fmt"},
+    "analysis": {"session", "predict", "fmt", "facts"},  # facts: the type predict() takes
     "cluster": {"analysis", "fmt", "protocol"},  # protocol: job_id, the ranks' key
     "sources": {"protocol", "session", "fmt"},
     "store": {"_version", "protocol", "session", "analysis", "fmt", "predict"},

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .. import predict as pr
+from ..facts import Facts
 from ..fmt import GIB, fmt_bytes
 from ..session import MISSING_INT, Process, Session
 from ..session.peaks import table_range_max
@@ -260,7 +261,8 @@ def explain_process(
     """
     if not proc.facts:
         return None
-    prediction = pr.predict(proc.facts)
+    # The script's word, unchecked: the predictor checks each field it reads.
+    prediction = pr.predict(cast(Facts, proc.facts))
     found, _ = first_optimizer_step(session, proc)
     first_step = None if found is None else found[0]
     table = proc.phases
@@ -284,7 +286,7 @@ def explain_process(
     out: dict[tuple[str, bool], Explained] = {}
     for (name, first), members in groups.items():
         measured = [(_opt(cols["peak_alloc"][i]), sp, i) for sp, i in members]
-        known = [m for m in measured if m[0] is not None]
+        known = [(a, sp, i) for a, sp, i in measured if a is not None]
         if known:
             top, sp, i = max(known, key=lambda m: m[0])
         else:

@@ -73,15 +73,15 @@ def moment(
 ) -> Moment:
     """Read device ``key`` at ``t`` once (with the bar's breakdown when asked, GPUs only)."""
     if is_host(key):
-        table = session.host_table(key)
+        host = session.host_table(key)
         procs = session.processes_of_host(key)
-        out = Moment(key, t, table.at(t) if len(table) else None, [])
+        out = Moment(key, t, host.at(t) if len(host) else None, [])
         out.readings = read_processes(session, procs, t)
         out.values["nvml"] = _known(out.row, "used")
         # Only those alive at ``t``: an ended process's memory is freed (its last RSS
         # would make the figure grow under churn, above the host's own used memory).
-        rss = [r.proc.rss.value_at("rss", t) for r in out.readings if r.running]
-        rss = [v for v in rss if v is not None]
+        alive = [r.proc.rss.value_at("rss", t) for r in out.readings if r.running]
+        rss = [v for v in alive if v is not None]
         if rss:
             out.values["allocated"] = float(sum(rss))
         return out

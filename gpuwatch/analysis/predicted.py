@@ -14,11 +14,12 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 
 from .. import predict as pr
+from ..facts import Facts
 from ..session import MISSING_INT, Process, Session
 from ..session.decimate import column_edges
 
@@ -60,18 +61,21 @@ def first_optimizer_step(
     return None, checked
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _locked(method: F) -> F:
+def _locked(
+    method: Callable[Concatenate[PredictedLine, P], R],
+) -> Callable[Concatenate[PredictedLine, P], R]:
     """One thread at a time in a line: the dashboard and the exporter's scrapes share it."""
 
     @functools.wraps(method)
-    def call(self: PredictedLine, *args: Any, **kwargs: Any) -> Any:
+    def call(self: PredictedLine, *args: P.args, **kwargs: P.kwargs) -> R:
         with self._lock:
             return method(self, *args, **kwargs)
 
-    return call  # type: ignore[return-value]
+    return call
 
 
 class PredictedLine:
@@ -107,7 +111,8 @@ class PredictedLine:
             self._facts = facts
             self.first_step, self._checked = None, 0
             try:
-                self.prediction = pr.predict(facts)
+                # The script's word, unchecked: the predictor checks each field it reads.
+                self.prediction = pr.predict(cast(Facts, facts))
                 for phase, first in self.prediction.phases:  # every figure computes
                     pr.total(pr.breakdown(self.prediction, phase, first_step=first))
             except Exception as exc:
@@ -232,7 +237,7 @@ class PredictedLine:
             if found is not None:
                 ranges[c] = found
         later = np.array(sorted(c for c in ranges if c != first), dtype=np.int64)
-        for c in ran:
+        for c in ran.tolist():
             if c == first and c in ranges:
                 lo[c], hi[c] = ranges[c]
             elif len(later):

@@ -284,12 +284,12 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
     wall = (session.now() + session.wall_offset) / 1e9
     # Parents described but not listed (one level up; a launcher's own parent is a shell).
     for r in list(by_pid.values()):
-        parent = r.ppid
-        if parent and parent not in by_pid and parent in session.proc_info:
-            launcher = _describe(session, parent, wall)
+        ppid = r.ppid
+        if ppid and ppid not in by_pid and ppid in session.proc_info:
+            launcher = _describe(session, ppid, wall)
             launcher.listed = False
             launcher.device = ""
-            by_pid[parent] = launcher
+            by_pid[ppid] = launcher
     children: dict[int, list[ProcRow]] = {}
     roots: list[ProcRow] = []
     # A launcher takes the place of its first child in the sorted order.

@@ -54,6 +54,7 @@ def say(text: str, *, end: str = "\n", overwrite: bool = False) -> None:
 def isatty(stream: object) -> bool:
     """Whether ``stream`` is a terminal (False for a closed or replaced one)."""
     try:
+        # Any object may stand in for a stream: one without isatty() is not a terminal.
         return bool(stream.isatty())  # type: ignore[attr-defined]
     except (AttributeError, OSError, ValueError):
         return False

@@ -20,7 +20,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._child import handling, hung_up, launched
+from ._child import Handler, handling, hung_up, launched
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -114,7 +114,11 @@ def cmd_record(args: argparse.Namespace) -> int:
         # The job decides when to stop; recording goes on until it has.
         forward(signum)
 
-    handlers = {signal.SIGINT: on_signal, signal.SIGTERM: on_signal, signal.SIGHUP: hung_up}
+    handlers: dict[int, Handler] = {
+        signal.SIGINT: on_signal,
+        signal.SIGTERM: on_signal,
+        signal.SIGHUP: hung_up,
+    }
     child: Child | None = None
     stopped = False  # the command stopped by gpuwatch at the end of --duration
     with handling(handlers):

@@ -37,7 +37,10 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 MAX_MODULES = 256
 """Module entries kept in the facts; later ones are folded into ``(other)``."""
@@ -169,8 +172,9 @@ def _under_dynamo(limit: int = 64) -> bool:
     stores a snapshot of the frame's locals on the frame, and the training loop's frame
     would keep its first batch alive until the loop returned.
     """
-    frame = sys._getframe(1)
-    inner = frame.f_code.co_filename
+    caller = sys._getframe(1)
+    inner = caller.f_code.co_filename
+    frame: FrameType | None = caller
     for _ in range(limit):
         if frame is None:
             return False
@@ -234,7 +238,7 @@ class Meter:
         self.error: str | None = None
         self.outputs: list[tuple[Any, int, tuple[int, str]]] = []  # (weak storage, bytes, key)
         self.held = 0
-        self.chains: list[tuple[str, Any]] = []  # counting packs pushed over a checkpoint's
+        self.chains: list[tuple[int, Any]] = []  # counting packs pushed over a checkpoint's
         self.peak: Any = None  # the forward's running peak (_peak.Peak) while it runs
         self.peak_hook: Any = None
         self.forward_peak: dict[str, Any] | None = None
@@ -524,6 +528,7 @@ class Meter:
                     pass
             return their_pack(t)
 
+        # A mark on the function object (functions declare no attributes to mypy).
         pack._gpuwatch_chain = True  # type: ignore[attr-defined]
         self.torch._C._autograd._push_saved_tensors_default_hooks(pack, their_unpack)
         self.chains.append((id(module), pack))

@@ -13,13 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from itertools import count
-from typing import Any, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from .. import protocol
 from ._client import Client
 from ._torchmem import TorchMemory
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _monotonic_ns = time.monotonic_ns
 
@@ -187,7 +188,7 @@ class phase:
             pass
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         st = _state
         if not st.enabled:
             return False
@@ -220,15 +221,15 @@ class phase:
             pass
         return False
 
-    def __call__(self, fn: F) -> F:
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         """Use the phase as a decorator: each call of ``fn`` is one phase."""
 
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             with self:
                 return fn(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
 
 _READ: Any = object()

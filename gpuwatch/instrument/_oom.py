@@ -125,6 +125,7 @@ def report(exc: BaseException, phase: str | None) -> None:
         if getattr(exc, "_gpuwatch_seen", False):
             return  # an enclosing phase; the innermost one reported it
         try:
+            # A mark on the user's exception object, which declares no such attribute.
             exc._gpuwatch_seen = True  # type: ignore[attr-defined]
         except Exception:
             pass

@@ -19,16 +19,21 @@ torch is imported by the caller; this module imports nothing heavy.
 
 from __future__ import annotations
 
+import functools
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ._layout import is_flat_param
+
+if TYPE_CHECKING:
+    from torch.utils._python_dispatch import TorchDispatchMode
 
 _MODE_CLASS: dict[str, Any] = {}
 """The ``TorchDispatchMode`` subclass, made once torch is loaded."""
 
 
-def _mode_class(torch: Any) -> Any:
+def _mode_class(torch: Any) -> Callable[[Peak], TorchDispatchMode]:
     cls = _MODE_CLASS.get("cls")
     if cls is not None:
         return cls
@@ -49,7 +54,13 @@ def _mode_class(torch: Any) -> Any:
             # skips frames under other user modes); its fused ops are not seen.
             return True
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
             out = func(*args, **(kwargs or {}))
             peak = self.peak
             if peak.on:
@@ -100,7 +111,7 @@ class Peak:
         self.flag = {"cuda": "is_cuda", "cpu": "is_cpu", "xpu": "is_xpu"}.get(device_type)
         self.saved = saved
         self.on = False
-        self.mode: Any = None
+        self.mode: TorchDispatchMode | None = None
         self.error: str | None = None
         self.now = 0
         self.bytes = 0  # the peak
@@ -113,8 +124,8 @@ class Peak:
     def start(self) -> bool:
         """Push the mode (on this thread); False when it could not be."""
         try:
-            self.mode = _mode_class(self.torch)(self)
-            self.mode.__enter__()
+            self.mode = mode = _mode_class(self.torch)(self)
+            mode.__enter__()
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
             self.mode = None
@@ -147,8 +158,8 @@ class Peak:
         if _get_current_dispatch_mode() is not None:
             return False
         try:
-            self.mode = _mode_class(self.torch)(self)
-            self.mode.__enter__()
+            self.mode = mode = _mode_class(self.torch)(self)
+            mode.__enter__()
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
             self.mode = None
@@ -226,7 +237,7 @@ class Peak:
         n = st.nbytes()
         if n == 0:
             return
-        self.live[key] = weakref.ref(st, lambda ref, key=key, n=n: self._gone(ref, key, n))
+        self.live[key] = weakref.ref(st, functools.partial(self._gone, key=key, n=n))
         self.now += n
 
     def _gone(self, ref: Any, key: int, n: int) -> None:

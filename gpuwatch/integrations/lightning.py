@@ -77,7 +77,7 @@ class _Hooks:
         report_exception(exception)
 
 
-class GpuwatchCallback(_Hooks, _Base):  # type: ignore[valid-type,misc]
+class GpuwatchCallback(_Hooks, _Base):
     """Reports a ``lightning.pytorch`` Trainer run to gpuwatch.
 
     Raises:
@@ -89,7 +89,7 @@ class GpuwatchCallback(_Hooks, _Base):  # type: ignore[valid-type,misc]
         super().__init__()
 
 
-class PytorchLightningCallback(_Hooks, _PLBase):  # type: ignore[valid-type,misc]
+class PytorchLightningCallback(_Hooks, _PLBase):
     """The same for the ``pytorch_lightning`` package (its Trainer wants its own Callback).
 
     Raises:

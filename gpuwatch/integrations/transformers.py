@@ -23,7 +23,7 @@ except ImportError:  # optional: the error comes when the callback is made
     _Base = object  # type: ignore[assignment,misc]
 
 
-class GpuwatchCallback(_Base):  # type: ignore[valid-type,misc]
+class GpuwatchCallback(_Base):
     """Reports a transformers ``Trainer`` run to gpuwatch.
 
     Raises:

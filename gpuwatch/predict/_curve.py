@@ -41,7 +41,7 @@ MISSING = -(2**63)
 """The session's missing-integer marker (``gpuwatch.session.table.MISSING_INT``)."""
 
 
-def spans_from_columns(cols: Mapping[str, Sequence[Any]], names: Sequence[str]) -> list[Span]:
+def spans_from_columns(cols: Mapping[str, Iterable[Any]], names: Sequence[str]) -> list[Span]:
     """Spans from :meth:`Session.spans` columns and :attr:`Session.names`."""
     # Whole columns to Python ints at once: an element at a time from numpy arrays cost
     # most of a redraw's predicted line (750 spans a 5-minute window).
@@ -52,7 +52,7 @@ def spans_from_columns(cols: Mapping[str, Sequence[Any]], names: Sequence[str]) 
     ]
 
 
-def _as_list(col: Sequence[Any]) -> list[Any]:
+def _as_list(col: Iterable[Any]) -> list[Any]:
     tolist = getattr(col, "tolist", None)  # numpy arrays, without importing numpy here
     return tolist() if tolist is not None else list(col)
 

@@ -65,3 +65,22 @@ def test_the_estimated_facts_use_only_typed_fields(optimizer: str) -> None:
 def test_the_check_finds_an_undeclared_field() -> None:
     facts = {"params": {"count": 1, "sizes": []}, "optimizer": {"groups": [{"oops": 1}]}}
     assert _undeclared(facts, F.Facts, "f") == ["f.params.sizes", "f.optimizer.groups[].oops"]
+
+
+def test_the_collected_facts_use_only_typed_fields() -> None:
+    # collect_facts assembles plain dicts and returns them as Facts: this holds the two to
+    # each other, for a model read from its modules and one read from its config.
+    torch = pytest.importorskip("torch")
+    from _models import GPT, Llama, lora
+
+    from gpuwatch.instrument._facts import batch_facts, collect_facts
+
+    gpt = GPT(512, 64, 2, 64, 4, "eager", dropout=0.1)
+    facts = collect_facts(gpt, torch.optim.AdamW(gpt.parameters(), weight_decay=0.05))
+    facts["batch"] = batch_facts((torch.zeros(2, 16, dtype=torch.long),), {})
+    assert _undeclared(facts, F.Facts, "gpt") == []
+    llama = lora(Llama(512, 2, 64, 4, 2, 176, "sdpa"), 4)
+    trainable = [p for p in llama.parameters() if p.requires_grad]
+    facts = collect_facts(llama, torch.optim.SGD(trainable, momentum=0.9), amp_dtype=torch.bfloat16)
+    assert "errors" not in facts
+    assert _undeclared(facts, F.Facts, "llama") == []

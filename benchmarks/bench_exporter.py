@@ -140,7 +140,7 @@ class Trainer(threading.Thread):
 
 class ExporterCpu:
     """CPU time of the exporter: its one thread reads, collects, formats, compresses and
-    writes every request (:mod:`gpuwatch.scrape_server`), read from its CPU clock."""
+    writes every request (:mod:`gpuwatch.prometheus.http_server`), read from its CPU clock."""
 
     def __init__(self, server: MetricsServer) -> None:
         assert server._thread is not None

@@ -95,14 +95,12 @@ ALLOWED: dict[str, set[str]] = {
     "cluster": {"analysis", "fmt", "protocol"},  # protocol: job_id, the ranks' key
     "sources": {"protocol", "session", "fmt"},
     "store": {"_version", "protocol", "session", "analysis", "fmt", "predict"},
-    "scrape_server": set(),
     "prometheus": {
         "_version",
         "session",
         "analysis",
         "predict",
         "fmt",
-        "scrape_server",
         "protocol",
     },
     "launch": {"protocol"},

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..session import MISSING_INT, Oom, Process, Session
 from .predicted import PredictedLine
-from .reading import Reading, read_processes
+from .process_reading import ProcessReading, read_processes
 
 _READ: Any = object()
 """Default of :func:`breakdown`'s ``row``: read NVML's sample itself."""
@@ -224,7 +224,7 @@ def breakdown(
     key: str,
     t: int,
     predicted: Mapping[int, PredictedLine] | None = None,
-    readings: list[Reading] | None = None,
+    readings: list[ProcessReading] | None = None,
     row: dict[str, float | int] | None = _READ,
     phase_predicted: Mapping[int, Mapping[str, float]] | None = None,
     oom: Oom | None = None,
@@ -424,7 +424,7 @@ def _known(row: dict[str, float | int] | None, column: str) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _ceiling(running: list[Reading], allocated: float, held: Mapping[int, float]) -> float:
+def _ceiling(running: list[ProcessReading], allocated: float, held: Mapping[int, float]) -> float:
     """The most that can have been allocated at the moment: each process's held figure
     (``held``, by pid; ``allocated`` is their sum), or the exact peak of the innermost
     phase it is in then when that is higher."""

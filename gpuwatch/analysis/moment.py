@@ -19,7 +19,7 @@ from ..session.peaks import table_range_max
 from .breakdown import Breakdown, _known, breakdown
 from .explain import Explained, explain_span
 from .predicted import PredictedLine
-from .reading import Reading, read_processes
+from .process_reading import ProcessReading, read_processes
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Moment:
     key: str
     t: int
     row: dict[str, float | int] | None
-    readings: list[Reading]
+    readings: list[ProcessReading]
     values: dict[str, float | None] = field(default_factory=dict)
     breakdown: Breakdown | None = None
     explained: dict[int, Explained] = field(default_factory=dict)
@@ -56,7 +56,7 @@ class Moment:
         return reading.span if reading is not None else None
 
     @property
-    def span_reading(self) -> Reading | None:
+    def span_reading(self) -> ProcessReading | None:
         """The reading of the first process running a phase at ``t``."""
         for reading in self.readings:
             if reading.span:
@@ -114,7 +114,7 @@ MEMO_SIZE = 64
 """Explanations kept per predicted line (one per phase the cursor visits: every frame asks)."""
 
 
-def _explain(session: Session, key: str, readings: list[Reading]) -> dict[int, Explained]:
+def _explain(session: Session, key: str, readings: list[ProcessReading]) -> dict[int, Explained]:
     """Each running process's phase at the moment, explained (see :class:`Moment`)."""
     out: dict[int, Explained] = {}
     for reading in readings:
@@ -149,7 +149,7 @@ def _explain(session: Session, key: str, readings: list[Reading]) -> dict[int, E
     return out
 
 
-def _oom_at(session: Session, readings: list[Reading], t: int) -> Oom | None:
+def _oom_at(session: Session, readings: list[ProcessReading], t: int) -> Oom | None:
     """The newest OOM of a process in the phase it ran at ``t``, from its start to ``t``:
     the phase it broke tells the error's story until the phase ends."""
     found: Oom | None = None

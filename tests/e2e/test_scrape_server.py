@@ -12,8 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwatch import scrape_server
-from gpuwatch.prometheus import MetricsServer
+from gpuwatch.prometheus import MetricsServer, http_server
 from gpuwatch.session import Session
 
 IDLE = 2000
@@ -22,7 +21,7 @@ IDLE = 2000
 
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[MetricsServer]:
-    monkeypatch.setattr(scrape_server, "HEAD_SECONDS", 1.0)
+    monkeypatch.setattr(http_server, "HEAD_SECONDS", 1.0)
     served = MetricsServer(Session(), "127.0.0.1", 0)
     served.start()
     yield served
@@ -59,7 +58,7 @@ def test_idle_connections_hold_no_threads_and_a_scrape_is_answered(
         text = _scrape(server.url)  # answered while they all hang on
         assert "gpuwatch_build_info{" in text
         assert server._server is not None
-        assert server._server.connections() <= scrape_server.MAX_CONNECTIONS
+        assert server._server.connections() <= http_server.MAX_CONNECTIONS
         assert threading.active_count() <= before + 1
     finally:
         for sock in socks:

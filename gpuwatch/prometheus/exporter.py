@@ -1,15 +1,12 @@
-"""A Prometheus exporter of a live session: ``--prometheus [HOST:]PORT``.
+"""The metrics of a live session and the server Prometheus scrapes them from.
 
 :class:`SessionCollector` reads the newest values from the session when Prometheus
 scrapes (``Table.last()`` and snapshots, each under its table's short lock), so nothing
 runs on the sampling threads and a slow scrape cannot delay a sample.
 :class:`MetricsServer` serves it from one thread whatever its clients do
-(:mod:`gpuwatch.scrape_server`: idle connections time out, their number is capped). The
+(:mod:`gpuwatch.prometheus.http_server`: idle connections time out, their number is capped). The
 metrics, their labels and units are listed in :data:`METRICS` and documented in
 ``docs/prometheus.md``.
-
-Imported only when ``--prometheus`` is given: ``gpuwatch --help`` never loads
-prometheus_client.
 """
 
 from __future__ import annotations
@@ -26,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ._version import __version__
-from .analysis.predicted import predictions
-from .predict import CATEGORIES
-from .protocol import MAX_RANK, job_id, label_text
-from .scrape_server import ScrapeServer
-from .session import MISSING_INT, Process, Session
+from .._version import __version__
+from ..analysis.predicted import predictions
+from ..predict import CATEGORIES
+from ..protocol import MAX_RANK, job_id, label_text
+from ..session import MISSING_INT, Process, Session
+from .http_server import ScrapeServer
 
 if TYPE_CHECKING:
     from prometheus_client.samples import Exemplar, Timestamp

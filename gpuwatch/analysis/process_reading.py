@@ -2,7 +2,7 @@
 
 The panel's legend and its breakdown bar describe the same moment: both read the
 processes' allocator figures, their phase and their predicted lines from one list of
-:class:`Reading`.
+:class:`ProcessReading`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .predicted import PredictedLine
 
 
 @dataclass
-class Reading:
+class ProcessReading:
     """One process at time ``t``.
 
     Attributes:
@@ -46,12 +46,12 @@ def read_processes(
     procs: list[Process],
     t: int,
     predicted: Mapping[int, PredictedLine] | None = None,
-) -> list[Reading]:
+) -> list[ProcessReading]:
     """A reading of each of ``procs`` at ``t``, in their order."""
     lines = predicted or {}
     out = []
     for proc in procs:
         running = session.runs_at(proc, t)
         row = proc.torch.at(t) if running else None
-        out.append(Reading(proc, t, running, row, lines.get(proc.pid), session))
+        out.append(ProcessReading(proc, t, running, row, lines.get(proc.pid), session))
     return out

@@ -478,7 +478,7 @@ def _no_constant(name: str) -> Any:
 
 
 # One decoder for every datagram: json.loads(..., parse_constant=...) would build a new
-# one per call, a third of the cost of decoding a phase boundary.
+# one per call, a large share of what decoding a phase boundary costs.
 _JSON = json.JSONDecoder(parse_constant=_no_constant)
 
 

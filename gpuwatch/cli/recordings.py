@@ -94,8 +94,8 @@ def _speed(text: str) -> float:
 # --------------------------------------------------------------------------- commands
 
 # store.export's table names and formats, written out: importing it (numpy, the session
-# model) to build the parser cost every command, --help and a refusal included, ~0.5 s.
-# tests/cli/test_export_cli.py holds the two in step.
+# model) only to build the parser would slow every command, --help and a refusal
+# included. tests/cli/test_export_cli.py holds the two in step.
 EXPORT_TABLES = (
     "meta",
     "devices",

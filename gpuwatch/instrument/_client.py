@@ -144,8 +144,8 @@ class Client:
         """Queue a phase boundary (a :class:`PhaseEvent`); never blocks, never raises.
 
         The one place a phase event is made. It is queued as a plain tuple in
-        :class:`PhaseEvent`'s field order: a tuple literal costs a tenth of a NamedTuple's
-        constructor, and this runs twice per phase on the training thread.
+        :class:`PhaseEvent`'s field order: a tuple literal is far cheaper than a
+        NamedTuple's constructor, and this runs twice per phase on the training thread.
         """
         q = self.queue
         if len(q) >= self.queue_max:

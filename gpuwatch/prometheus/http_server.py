@@ -1,8 +1,8 @@
 """The HTTP server behind ``--prometheus``: one thread, whatever its clients do.
 
 prometheus_client's own server starts a thread per connection and never times one out:
-2000 idle connections held 2000 threads, and their exit starved the samplers of the CPU
-for seconds. :class:`ScrapeServer` serves a WSGI app (prometheus_client's
+each idle connection would hold a thread, and many of them would starve the samplers of
+the CPU. :class:`ScrapeServer` serves a WSGI app (prometheus_client's
 ``make_wsgi_app``: content negotiation and gzip stay its own) from one thread over a
 selector. A connection has :data:`HEAD_SECONDS` to send its request and
 :data:`WRITE_SECONDS` to take the answer; at most :data:`MAX_CONNECTIONS` are open, and

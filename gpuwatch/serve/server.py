@@ -34,7 +34,8 @@ from .pages import SECURITY_HEADERS, app_page, index_page, message_page, static_
 from .visitor import DRIVER_ENV, Visitor, clamp_size, replay_argv
 
 DEFAULT_VISITORS = 4
-"""Visitors at once by default: each runs a dashboard process (~100 MB, a share of a core)."""
+"""Visitors at once by default: each runs a dashboard process of its own (its memory and a
+share of a core)."""
 WS_MESSAGE_MAX = 1 << 17
 
 

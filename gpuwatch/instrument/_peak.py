@@ -19,7 +19,6 @@ torch is imported by the caller; this module imports nothing heavy.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -237,7 +236,13 @@ class Peak:
         n = st.nbytes()
         if n == 0:
             return
-        self.live[key] = weakref.ref(st, functools.partial(self._gone, key=key, n=n))
+
+        # A closure, not a partial of the bound method (which costs more to make): this
+        # runs for every new storage the forward makes.
+        def gone(ref: weakref.ref[Any], key: int = key, n: int = n) -> None:
+            self._gone(ref, key, n)
+
+        self.live[key] = weakref.ref(st, gone)
         self.now += n
 
     def _gone(self, ref: Any, key: int, n: int) -> None:

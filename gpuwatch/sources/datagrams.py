@@ -134,7 +134,8 @@ class BatchReceiver:
         if level != socket.SOL_SOCKET or kind != socket.SCM_CREDENTIALS:
             return None
         offset = socket.CMSG_LEN(0)  # the data follows the aligned header
-        return CREDS.unpack_from(control, offset)[0]
+        pid: int = CREDS.unpack_from(control, offset)[0]
+        return pid
 
 
 def _recvmmsg() -> _RecvMmsg | None:

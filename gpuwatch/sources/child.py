@@ -146,9 +146,9 @@ class Child:
     def read(self, on_frame: Callable[[int, bytes], None], limit: int, size: int) -> bool:
         """Hand every frame to ``on_frame(tag, payload)`` until the pipe ends.
 
-        Frames are read many at a time into one buffer made once: a fresh buffer per read
+        Frames are read many at a time into one buffer, made once: a fresh buffer per read
         (and joining what was left over) grows the reading thread's malloc arena and keeps
-        it grown.
+        it grown. Only a frame longer than the buffer makes it larger, for that frame.
 
         Args:
             on_frame: Called in order, on this thread.
@@ -162,7 +162,7 @@ class Child:
         fd = self.frames
         assert fd is not None
         header = FRAME.size
-        buf = bytearray(size + header + limit)  # a read's worth on top of a partial frame
+        buf = bytearray(size)
         view = memoryview(buf)
         have = 0
         while True:
@@ -174,18 +174,25 @@ class Child:
                 return True
             have += got
             at = 0
+            need = 0  # bytes of the frame still coming, its header included
             while have - at >= header:
                 length, tag = FRAME.unpack_from(buf, at)
                 if length > limit:
                     return False
                 end = at + header + length
                 if end > have:
+                    need = header + length
                     break
                 on_frame(tag, bytes(view[at + header : end]))
                 at = end
             if at:
                 buf[: have - at] = bytes(view[at:have])  # the part of a frame still coming
                 have -= at
+            if need > len(buf) or (not have and len(buf) > size):  # grow for it, or back
+                grown = bytearray(max(need, size))
+                grown[:have] = view[:have]
+                view.release()
+                buf, view = grown, memoryview(grown)
 
     def close_lifeline(self, drain: bool) -> None:
         """Tell the child to stop: after delivering what it holds (``drain``), or at once."""

@@ -139,3 +139,37 @@ def test_frame_is_the_documented_header() -> None:
         child.frame(-1, b"ab")
         == (2).to_bytes(4, "little") + (-1).to_bytes(4, "little", signed=True) + b"ab"
     )
+
+
+def test_a_frame_longer_than_a_read_arrives_whole_and_the_limit_costs_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sampler's limit is 64 MiB: a buffer that size made up front cost gpuwatch as
+    # much memory for nothing. The buffer grows only for a frame that needs it.
+    import tracemalloc
+
+    writer = (
+        "import os, struct\n"
+        f"os.write(1, {READY!r})\n"
+        "for n in (10, 300_000, 20):\n"
+        "    os.write(1, struct.pack('<Ii', n, n) + bytes([n % 251]) * n)\n"
+    )
+    monkeypatch.setattr(child, "_BOOT", writer)
+    big = Child.start("gpuwatch.sources.relay")
+    assert big is not None
+    frames: list[tuple[int, bytes]] = []
+    tracemalloc.start()
+    try:
+        assert big.wait_ready(30)
+        assert big.read(lambda tag, data: frames.append((tag, data)), 64 << 20, 4096)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        big.reap(10)
+        big.close_frames()
+    assert [(tag, len(data), data[:1]) for tag, data in frames] == [
+        (10, 10, b"\x0a"),
+        (300_000, 300_000, bytes([300_000 % 251])),
+        (20, 20, b"\x14"),
+    ]
+    assert peak < 2 * 300_000 + (1 << 20), peak  # the frames' own size, not the limit's

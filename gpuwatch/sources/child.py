@@ -109,7 +109,12 @@ class Child:
             pass_fds: Descriptors the child inherits (a socket it reads).
             pipe_size: Bytes the frame pipe holds, where the system lets us choose.
         """
-        spec = {"module": module, "bare": bare, "package": _PACKAGE, "path": sys.path}
+        spec = {
+            "module": module,
+            "bare": bare,
+            "package": _PACKAGE,
+            "path": [] if bare else sys.path,
+        }
         flags = ["-I", "-S"] if bare else ["-I"]
         life_r, life_w = os.pipe()
         data_r, data_w = os.pipe()

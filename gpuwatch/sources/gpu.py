@@ -296,7 +296,7 @@ class GpuSampler:
             instances = parent.dev.mig_devices()
         except NvmlError:
             return []
-        out = []
+        out: list[_Gpu] = []
         for dev in instances:
             try:
                 uuid = _v(dev.uuid())
@@ -537,7 +537,7 @@ class GpuSampler:
         while not self._stop.wait(period):
             worker = self._worker
             busy = worker.busy if worker is not None else None
-            if busy is not None:
+            if worker is not None and busy is not None:
                 gpu, since = busy
                 stuck = (time.monotonic_ns() - since) / 1e9
                 if stuck > self.hang_after and not gpu.hung:

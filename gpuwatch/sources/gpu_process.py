@@ -2,40 +2,37 @@
 
 The sampler wakes every 100 ms for a fraction of a millisecond of NVML calls; in the
 gpuwatch process it must first take the interpreter lock from the receiver and the
-recorder. On a loaded machine (a fork storm of short instrumented scripts on 2 cores, see
+recorder. On a loaded machine (a fork storm of short instrumented scripts, see
 ``benchmarks/bench_floods.py``) the thread holding the lock is itself waiting for a core,
-and wake-ups came 25 ms late at the median and 340-540 ms at the 99th percentile: one
-sample in ten was never taken. In a process of its own the sampler waits for nothing but
-the kernel's scheduler, which serves a short sleeper at once.
+and the sampler's wake-ups come late enough to miss samples. In a process of its own the
+sampler waits for nothing but the kernel's scheduler, which serves a short sleeper at once.
 
-:class:`GpuProcess` (the gpuwatch side) starts a Python that runs :func:`child`: the
-same :class:`~gpuwatch.sources.gpu.GpuSampler` against an :class:`_Outbox`, where
-each call the sampler makes on its session is queued, and a writer thread sends what is
-queued as one frame (``marshal``: this interpreter's own format, from a child of ours on a
-private pipe, several times cheaper than JSON) on the child's stdout; a thread here makes
-the calls on the real session. Samples carry their own ``t`` (one monotonic clock for every
-process), so a late frame places nothing late. The child's stdin
-is its lifeline: closed (gpuwatch stopping, or gone), the child stops sampling and exits.
-Where the child cannot start, the sampler runs in this process as before.
+:class:`GpuProcess` (the gpuwatch side) starts a child (``child.py``) that runs
+:func:`main`: the same :class:`~gpuwatch.sources.gpu.GpuSampler` against an
+:class:`_Outbox`, where each call the sampler makes on its sink is queued, and a writer
+thread sends what is queued as one frame (tag 0; the payload a list of calls in
+``marshal``, this interpreter's own format: the child is ours, on a private pipe, and it
+is cheaper to write and read than JSON); a thread here makes the calls on the real
+session. Samples carry their own ``t`` (one monotonic clock for every process), so a late
+frame places nothing late. Where the child cannot start, the sampler runs in this process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import marshal
 import os
-import struct
-import subprocess
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..session import Device, Session
+from ..session import Device
 from ..session.model import GpuProcRow
+from ..session.ports import GpuSampleSink
+from .child import READY, Child, frame, frames_out, lifeline_said
+from .gpu import GpuSampler
 
 START_LIMIT = 20.0
 """Seconds the child may take to say whether NVML opened (a loaded machine's interpreter
@@ -46,19 +43,15 @@ STOP_LIMIT = 2.0
 
 _PIPE = 1 << 20  # bytes the pipe holds: a minute of samples while this process is paused
 _QUEUED = 200_000  # calls the child holds beyond that (about 60 MB), then counts
-_FRAME = struct.Struct("<I")  # a frame's length; a marshalled list of calls follows
-_MAX_FRAME = 64 << 20
+_BATCH = 256  # calls per frame at most: a frame stays far below the reader's limit
+_MAX_FRAME = 64 << 20  # longer is not a frame our child wrote
 
-# The child imports what this process imports (this gpuwatch, the same NVML backend),
-# from this process's sys.path, and nothing from its own environment (-I).
-_BOOT = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from gpuwatch.sources.gpu_process import child; sys.exit(child(sys.argv[2:]))"
-)
+Call = tuple[Any, ...]
+"""One call of the sampler on its sink: its kind (a key of the handlers), its arguments."""
 
 
 class _Outbox:
-    """The session as the child's sampler sees it: every call is sent on ``fd``.
+    """The sink as the child's sampler sees it: every call is sent on ``fd``.
 
     Calls are queued and written in frames by a thread of their own, so that a full pipe
     (gpuwatch paused) never holds a sampling thread inside what the watchdog would take for
@@ -67,7 +60,7 @@ class _Outbox:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._calls: deque[tuple[Any, ...]] = deque()
+        self._calls: deque[Call] = deque()
         self._ready = threading.Event()
         self._closed = False
         self.dropped = 0  # calls not queued: gpuwatch has not read for minutes
@@ -75,13 +68,14 @@ class _Outbox:
         self._writer.start()
 
     def send(self, kind: str, *args: Any) -> None:
+        """Queue one call for the parent."""
         if len(self._calls) >= _QUEUED:
             self.dropped += 1
             return
         self._calls.append((kind, *args))
         self._ready.set()
 
-    # What GpuSampler calls on its session.
+    # What GpuSampler calls on its sink (GpuSampleSink).
     def note(self, text: str) -> None:
         self.send("note", text)
 
@@ -109,12 +103,12 @@ class _Outbox:
             self._ready.wait()
             self._ready.clear()
             while self._calls:
-                calls = [self._calls.popleft() for _ in range(min(len(self._calls), 256))]
+                calls = [self._calls.popleft() for _ in range(min(len(self._calls), _BATCH))]
                 try:
                     payload = marshal.dumps(calls)
-                except ValueError:  # a value marshal cannot take (never seen): as JSON has it
+                except ValueError:  # a type marshal does not know: sent as JSON would have it
                     payload = marshal.dumps(json.loads(json.dumps(calls, default=str)))
-                data = _FRAME.pack(len(payload)) + payload
+                data = frame(0, payload)
                 try:
                     while data:
                         data = data[os.write(self._fd, data) :]
@@ -133,31 +127,30 @@ class _Outbox:
         self._writer.join(timeout)
 
 
-def child(argv: list[str]) -> int:
-    """The child: sample until stdin closes. ``argv``: interval, process interval (s)."""
-    from .gpu import GpuSampler
-
-    fd = os.dup(1)  # ours alone: a stray print of any module cannot corrupt the stream
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+def main(argv: list[str]) -> int:
+    """The child: sample until the lifeline says. ``argv``: interval, process interval (s)."""
+    fd = frames_out()
+    os.write(fd, READY)
     out = _Outbox(fd)
-    sampler = GpuSampler(
-        out,
-        interval=float(argv[0]),
-        process_interval=float(argv[1]),
-    )
+    sink: GpuSampleSink = out
+    sampler = GpuSampler(sink, interval=float(argv[0]), process_interval=float(argv[1]))
     ok = sampler.start()
     out.send("opened", ok)
+    drain = True
     if ok:
-        with contextlib.suppress(OSError):
-            while os.read(0, 64):
-                pass
+        drain = lifeline_said()
         sampler.stop()
-    out.close()
+    if drain:  # else gpuwatch is gone, or does not wait: nobody reads the rest
+        out.close()
     return 0
 
 
 class GpuProcess:
     """Samples every GPU into ``session`` from a child process (a thread where it cannot).
+
+    A frame or a call from the child that cannot be applied is counted
+    (:attr:`rejected`) and said in a note: the first when it comes, the total when the
+    child ends if more followed.
 
     Args:
         session: Where devices, samples, process lists and notes go.
@@ -165,19 +158,21 @@ class GpuProcess:
         process_interval: Seconds between process lists of each GPU.
     """
 
-    def __init__(self, session: Session, interval: float = 0.1, process_interval: float = 1.0):
+    def __init__(
+        self, session: GpuSampleSink, interval: float = 0.1, process_interval: float = 1.0
+    ) -> None:
         self.session = session
         self.interval = interval
         self.process_interval = process_interval
-        self.child: subprocess.Popen | None = None
-        self.fallback: Any = None  # a GpuSampler in this process, where the child failed
-        self._lifeline: int | None = None
+        self.child: Child | None = None
+        self.fallback: GpuSampler | None = None  # sampling in this process: the child failed
+        self.rejected = 0  # frames and calls from the child that could not be applied
         self._reader: threading.Thread | None = None
         self._opened = threading.Event()
         self._said = False  # the child said whether NVML opened
         self._ok = False
         self._stopping = False
-        self._handlers: dict[str, Callable[..., None]] = {
+        self._handlers: dict[str, Callable[..., object]] = {
             "note": session.note,
             "device": lambda d: session.add_device(Device(**d)),
             "state": session.set_device_state,
@@ -197,44 +192,22 @@ class GpuProcess:
                     self._stop_child()  # it exits on its own: reap it, leave no zombie
                 return self._ok
             self._stop_child()  # it died, or hangs before NVML: sample in this process
-        return self._start_fallback()
-
-    def _start_fallback(self) -> bool:
-        from .gpu import GpuSampler
-
         self.fallback = GpuSampler(
             self.session, interval=self.interval, process_interval=self.process_interval
         )
         return self.fallback.start()
 
     def _spawn(self) -> bool:
-        life_r, life_w = os.pipe()
-        data_r, data_w = os.pipe()
-        with contextlib.suppress(OSError, AttributeError):
-            import fcntl
-
-            fcntl.fcntl(data_r, fcntl.F_SETPIPE_SZ, _PIPE)
-        args = [json.dumps(sys.path), str(self.interval), str(self.process_interval)]
-        try:
-            self.child = subprocess.Popen(
-                [sys.executable, "-I", "-c", _BOOT, *args],
-                stdin=life_r,
-                stdout=data_w,
-                stderr=subprocess.DEVNULL,
-                # Not in the terminal's process group: Ctrl-C goes to gpuwatch, which stops
-                # the child through its lifeline once it has finished the recording.
-                start_new_session=True,
-            )
-        except OSError:
-            for fd in (life_r, life_w, data_r, data_w):
-                os.close(fd)
-            return False
-        os.close(life_r)
-        os.close(data_w)
-        self._lifeline = life_w
-        self._reader = threading.Thread(
-            target=self._read, args=(data_r,), name="gpuwatch-gpu-in", daemon=True
+        child = Child.start(
+            __name__, [str(self.interval), str(self.process_interval)], pipe_size=_PIPE
         )
+        if child is None:
+            return False
+        self.child = child
+        if not child.wait_ready(START_LIMIT):  # it died, or is not ours
+            self._stop_child()
+            return False
+        self._reader = threading.Thread(target=self._read, name="gpuwatch-gpu-in", daemon=True)
         self._reader.start()
         return True
 
@@ -242,44 +215,47 @@ class GpuProcess:
         self._ok, self._said = bool(ok), True
         self._opened.set()
 
-    def _read(self, fd: int) -> None:
+    def _read(self) -> None:
         """Make the child's calls on the session until it exits."""
-        pending = b""
-        header = _FRAME.size
+        child = self.child
+        assert child is not None
         try:
-            while True:
-                chunk = os.read(fd, _PIPE)
-                if not chunk:
-                    break
-                pending += chunk
-                at = 0
-                while len(pending) - at >= header:
-                    (length,) = _FRAME.unpack_from(pending, at)
-                    if length > _MAX_FRAME:
-                        return  # not our child's: stop reading (the finally notes it)
-                    if len(pending) - at - header < length:
-                        break
-                    self._apply(pending[at + header : at + header + length])
-                    at += header + length
-                pending = pending[at:]
-        except OSError:
-            pass
+            if not child.read(self._apply, limit=_MAX_FRAME, size=_PIPE):
+                self._reject("a frame longer than any the sampler writes; reading stops")
         finally:
-            os.close(fd)
+            child.close_frames()
             self._opened.set()  # a child that died before it said: start() stops waiting
+            if self.rejected > 1:
+                self.session.note(
+                    f"{self.rejected} frames or calls from the GPU sampling process could "
+                    "not be applied in all"
+                )
             if not self._stopping and self._ok:
                 self.session.note("the GPU sampling process ended: GPU samples stop here")
 
-    def _apply(self, frame: bytes) -> None:
+    def _apply(self, tag: int, payload: bytes) -> None:
         try:
-            calls = marshal.loads(frame)
-        except Exception:
+            calls = marshal.loads(payload)
+            if tag != 0 or not isinstance(calls, list):
+                raise ValueError(f"tag {tag}, a {type(calls).__name__}")
+        except Exception as exc:  # marshal raises several kinds on damaged input
+            self._reject(f"a damaged frame ({exc})")
             return
-        for kind, *args in calls:
+        for call in calls:
             try:
+                kind, *args = call
                 self._handlers[kind](*args)
-            except Exception:  # one call the session refused: the others still count
-                pass
+            except Exception as exc:  # one call refused: the others still count
+                self._reject(f"a call the session refused ({type(exc).__name__}: {exc})")
+
+    def _reject(self, what: str) -> None:
+        """Count one thing from the child that could not be applied; say the first."""
+        self.rejected += 1
+        if self.rejected == 1:
+            self.session.note(
+                f"the GPU sampling process sent {what[:200]}; "
+                "GPU samples may be missing (counted, the total said at stop)"
+            )
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop sampling within about ``timeout`` seconds (plus the child's exit)."""
@@ -290,15 +266,12 @@ class GpuProcess:
 
     def _stop_child(self, timeout: float = STOP_LIMIT) -> None:
         self._stopping = True
-        if self._lifeline is not None:
-            os.close(self._lifeline)  # the child stops sampling, writes the rest, exits
-            self._lifeline = None
         child, self.child = self.child, None
-        if child is not None:
-            try:
-                child.wait(timeout)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        if child is None:
+            return
+        child.close_lifeline(drain=True)  # the child stops sampling, writes the rest, exits
+        child.reap(timeout)
         if self._reader is not None:
             self._reader.join(timeout=1.0)
+        else:
+            child.close_frames()

@@ -28,6 +28,9 @@ LOAD_INTERVAL = 1.0
 class HostSampler:
     """Samples host memory and instrumented processes' RSS on a background thread.
 
+    A tick that fails is counted (:attr:`failed`) and said in a note: the first when it
+    happens, the total at stop if more followed. The next tick tries again.
+
     Args:
         session: Where samples go.
         interval: Seconds between samples.
@@ -45,6 +48,7 @@ class HostSampler:
         self._cpu = CpuMeter()
         self._cpu_at = 0.0  # when CPU times were last read
         self._cpu_shown: dict[int, float | None] = {}  # pid -> its CPU % now
+        self.failed = 0  # ticks that raised
 
     def start(self) -> None:
         """Register the host device and start sampling."""
@@ -58,6 +62,8 @@ class HostSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        if self.failed > 1:
+            self.session.note(f"{self.failed} host samples failed in all")
 
     def gone(self, pid: int) -> bool:
         """True once instrumented process ``pid`` was found to have exited (or its RSS
@@ -70,8 +76,13 @@ class HostSampler:
         while not self._stop.is_set():
             try:
                 self.sample_once()
-            except Exception:
-                pass
+            except Exception as exc:  # one bad tick: the next one tries again
+                self.failed += 1
+                if self.failed == 1:
+                    self.session.note(
+                        f"a host sample failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                        "later failures are counted, the total said at stop"
+                    )
             next_t += self.interval
             delay = next_t - time.monotonic()
             if delay < 0:  # fell behind: do not try to catch up in a burst
@@ -113,11 +124,12 @@ class HostSampler:
                 "total": int(vm.total),
                 "used": int(vm.total - vm.available),
                 "available": int(vm.available),
-                **self._load(),
+                # The session's row type says int; a figure unknown here is None.
+                **self._load(),  # type: ignore[dict-item]
             }
         )
         # Only the processes that may still run: a sweep of thousands of short scripts
-        # that ended costs no tick anything (before: a look at each, ten times a second).
+        # leaves thousands that ended, and a look at each would cost every tick.
         running = self.session.running()
         if self._denied:  # those that ended are forgotten here too
             self._denied &= {p.pid for p in running}

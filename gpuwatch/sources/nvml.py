@@ -25,9 +25,10 @@ GPUs are not this machine's.
 
 from __future__ import annotations
 
+import enum
 import importlib
 import os
-from typing import Any, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 BACKEND_ENV = "GPUWATCH_NVML_BACKEND"
 """Environment variable naming the module to use instead of ``pynvml``."""
@@ -67,17 +68,16 @@ _UNAVAILABLE = (
 _LOST = ("GPU_IS_LOST", "RESET_REQUIRED")
 
 
-class NotAvailable:
-    """The type of :data:`NA`: a field NVML cannot give on this GPU (falsy, prints n/a)."""
+class NotAvailable(enum.Enum):
+    """The type of :data:`NA`: a field NVML cannot give on this GPU (falsy, prints n/a).
 
-    _instance: NotAvailable | None = None
+    An enum of one member, so that ``value is NA`` narrows ``T | NotAvailable`` to ``T``
+    for the type checker as it does at run time.
+    """
 
-    def __new__(cls) -> NotAvailable:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    NA = "n/a"
 
-    def __bool__(self) -> bool:
+    def __bool__(self) -> Literal[False]:
         return False
 
     def __repr__(self) -> str:
@@ -86,7 +86,7 @@ class NotAvailable:
     __str__ = __repr__
 
 
-NA = NotAvailable()
+NA: Final = NotAvailable.NA
 """The one "n/a" value: compare with ``is NA``."""
 
 
@@ -288,7 +288,8 @@ class Nvml:
 
     def classify(self, exc: BaseException) -> str:
         """``never``, ``not now``, ``unavailable``, ``lost``, ``denied`` or ``failed``."""
-        return self._kind.get(getattr(exc, "value", None), "failed")
+        code = getattr(exc, "value", None)
+        return self._kind.get(code, "failed") if isinstance(code, int) else "failed"
 
     def _error(
         self, exc: BaseException, call: str, default: type[NvmlError] = NvmlCallFailed
@@ -394,7 +395,7 @@ class NvmlDevice:
             if call in self._never or not hasattr(self._b, call):
                 continue
             try:
-                return getattr(self._b, call)(self.handle) / 1000.0
+                return float(getattr(self._b, call)(self.handle)) / 1000.0
             except self._err as exc:
                 if self.nvml.classify(exc) != "never":
                     return self._fail(exc, "power_limit", call)
@@ -428,21 +429,23 @@ class NvmlDevice:
         """GPU core temperature in °C."""
         if self._temp_v:
             try:
-                return self._b.nvmlDeviceGetTemperatureV(self.handle, self._t_gpu)
+                return int(self._b.nvmlDeviceGetTemperatureV(self.handle, self._t_gpu))
             except self._err as exc:
                 if self.nvml.classify(exc) != "never":
                     return self._fail(exc, "temp", "nvmlDeviceGetTemperatureV")
                 self._temp_v = False  # fall back to the legacy call
-        return self._read("temp", "nvmlDeviceGetTemperature", self._t_gpu)
+        t = self._read("temp", "nvmlDeviceGetTemperature", self._t_gpu)
+        return NA if t is NA else int(t)
 
     def power(self) -> float | NotAvailable:
         """Power draw in watts."""
         mw = self._read("power", "nvmlDeviceGetPowerUsage")
-        return NA if mw is NA else mw / 1000.0
+        return NA if mw is NA else float(mw) / 1000.0
 
     def clock(self, which: str) -> int | NotAvailable:
         """Current ``"sm"`` or ``"mem"`` clock in MHz."""
-        return self._read("clock_" + which, "nvmlDeviceGetClockInfo", self._clk[which])
+        mhz = self._read("clock_" + which, "nvmlDeviceGetClockInfo", self._clk[which])
+        return NA if mhz is NA else int(mhz)
 
     def processes(self) -> list[GpuProcess] | NotAvailable:
         """Compute and graphics processes on this GPU, one entry per PID.
@@ -471,14 +474,14 @@ class NvmlDevice:
         calls = self._proc_calls[kind]
         while calls:
             try:
-                return getattr(self._b, calls[0])(self.handle)
+                return list(getattr(self._b, calls[0])(self.handle))
             except self._err as exc:
                 if self.nvml.classify(exc) != "never":
                     return self._fail(exc, "procs_" + kind, calls[0])
                 calls.pop(0)  # this version is missing here: the next one from now on
         return NA
 
-    # ------------------------------------------------------------------ MIG (issue 38)
+    # ------------------------------------------------------------------ MIG
 
     def mig_enabled(self) -> bool:
         """Whether MIG mode is on now (False where the GPU, driver or binding has no MIG)."""

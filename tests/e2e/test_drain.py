@@ -54,7 +54,7 @@ def _relay(gpuwatch_pid: int) -> psutil.Process:
     (relay,) = [
         p
         for p in psutil.Process(gpuwatch_pid).children()
-        if any(a.endswith("_batch.py") for a in p.cmdline())
+        if "gpuwatch.sources.relay" in " ".join(p.cmdline())
     ]
     return relay
 

@@ -6,7 +6,6 @@ what it sends reaches a real :class:`Session` here.
 
 from __future__ import annotations
 
-import json
 import marshal
 import os
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 from conftest import ROOT, fake_nvml_env, wait_for
 
 from gpuwatch.session import Session
-from gpuwatch.sources import gpu_process
+from gpuwatch.sources import child
 from gpuwatch.sources.gpu_process import GpuProcess
 
 
@@ -149,7 +148,7 @@ def test_the_child_exits_when_gpuwatch_dies(tmp_path) -> None:
 def test_a_child_that_cannot_run_leaves_sampling_to_a_thread(
     fake_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(gpu_process, "_BOOT", "import sys; sys.exit(3)")
+    monkeypatch.setattr(child, "_BOOT", "import sys; sys.exit(3)")
     s = Session()
     with sampling(s, interval=0.02) as gpus:
         assert gpus.start() is True
@@ -159,32 +158,63 @@ def test_a_child_that_cannot_run_leaves_sampling_to_a_thread(
 
 
 def test_frames_are_what_the_session_applies(fake_env: None) -> None:
-    """What the child writes, read raw: length-prefixed frames of marshalled calls, one of
-    which says NVML opened; stdin closed, it exits cleanly."""
-    boot = gpu_process._BOOT
-    child = subprocess.Popen(
-        [sys.executable, "-I", "-c", boot, json.dumps(sys.path), "0.05", "1.0"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
+    """What the child writes, read raw: READY, then frames of marshalled calls (tag 0), one
+    of which says NVML opened; told to drain, it exits cleanly."""
+    sampler = child.Child.start("gpuwatch.sources.gpu_process", ["0.05", "1.0"])
+    assert sampler is not None
+    frames: list[tuple[int, bytes]] = []
     try:
+        assert sampler.wait_ready(30)
         time.sleep(1.0)
-        child.stdin.close()  # the lifeline: the child stops and exits
-        out = child.stdout.read()
-        child.wait(timeout=10)
+        sampler.close_lifeline(drain=True)  # the child stops, writes what it holds, exits
+        assert sampler.read(lambda tag, payload: frames.append((tag, payload)), 1 << 26, 1 << 16)
+        assert sampler.reap(10)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    calls, at = [], 0
-    while at < len(out):
-        (length,) = gpu_process._FRAME.unpack_from(out, at)
-        calls += marshal.loads(out[at + 4 : at + 4 + length])
-        at += 4 + length
-    assert at == len(out)  # whole frames only
+        sampler.reap(0)
+        sampler.close_frames()
+    assert {tag for tag, _ in frames} == {0}
+    calls = [call for _, payload in frames for call in marshal.loads(payload)]
     kinds = [call[0] for call in calls]
     assert kinds.count("device") == 2 and "opened" in kinds and kinds.count("sample") >= 10
     assert calls[kinds.index("opened")][1] is True
     sample = calls[kinds.index("sample")]
     assert sample[1].startswith("gpu:") and {"t", "used", "total"} <= sample[2].keys()
-    assert child.returncode == 0
+    assert sampler.proc.returncode == 0
+
+
+# A child that speaks the frame protocol but sends what no sampler sends: a damaged frame,
+# a call of no known kind, a call the session refuses; good calls between them still count.
+_BAD_CHILD = """
+import marshal, os, struct, sys
+F = struct.Struct("<Ii")
+def frame(payload, tag=0):
+    os.write(1, F.pack(len(payload), tag) + payload)
+os.write(1, F.pack(0, 0))
+frame(marshal.dumps([("opened", True), ("note", "first")]))
+frame(b"not marshal at all")
+frame(marshal.dumps([("nonsense", 1), ("note", "second")]))
+frame(marshal.dumps([("state",)]))
+frame(marshal.dumps([("note", "third")]), tag=7)
+frame(marshal.dumps([("note", "fourth")]))
+sys.stdin.buffer.read()
+"""
+
+
+def test_what_cannot_be_applied_is_counted_and_said(
+    fake_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(child, "_BOOT", _BAD_CHILD)
+    s = Session()
+    with sampling(s) as gpus:
+        assert gpus.start() is True
+        assert gpus.fallback is None
+        assert wait_for(lambda: "fourth" in s.notes)
+        assert gpus.rejected == 4
+        said = [n for n in s.notes if "GPU sampling process sent" in n]
+        assert len(said) == 1 and "damaged frame" in said[0]
+    assert [n for n in s.notes if n in ("first", "second", "fourth")] == [
+        "first",
+        "second",
+        "fourth",
+    ]
+    assert any("4 frames or calls" in n for n in s.notes)  # the total, once, at the end

@@ -42,3 +42,35 @@ def test_cpu_load_and_swap_are_read_once_a_second(monkeypatch) -> None:
     assert len(calls) == 1  # held between reads: the tick's memory figure is the point
     assert len(session.host) == 5
     assert len(set(session.host.snapshot()["load1"].tolist())) == 1
+
+
+def test_a_failing_tick_is_counted_and_said_once(monkeypatch) -> None:
+    # /proc unreadable for a while (a container's mount, a kernel hiccup): the thread goes
+    # on, and the failures show in the session instead of vanishing.
+    import time
+
+    real = psutil.virtual_memory
+    fails = [5]
+
+    def flaky():
+        if fails[0]:
+            fails[0] -= 1
+            raise OSError(5, "Input/output error")
+        return real()
+
+    session = Session()
+    sampler = HostSampler(session, interval=0.01)
+    sampler.start()
+    monkeypatch.setattr(psutil, "virtual_memory", flaky)
+    try:
+        deadline = time.monotonic() + 30
+        while (fails[0] or not len(session.host)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        sampler.stop()
+    assert sampler.failed == 5
+    assert len(session.host) > 0  # it kept sampling
+    said = [n for n in session.notes if "host sample" in n]
+    assert len(said) == 2
+    assert "OSError" in said[0] and "Input/output error" in said[0]
+    assert said[1] == "5 host samples failed in all"

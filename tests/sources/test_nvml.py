@@ -55,7 +55,7 @@ def test_reads_every_field() -> None:
 def test_na_is_one_falsy_value() -> None:
     assert not NA
     assert repr(NA) == "n/a" == str(NA)
-    assert nv.NotAvailable() is NA
+    assert nv.NotAvailable("n/a") is NA
 
 
 def test_memory_falls_back_to_v1_when_the_driver_lacks_v2() -> None:

@@ -365,9 +365,9 @@ def test_the_relay_goes_when_the_receiver_stops(sock_path: str) -> None:
     relay = rx._relay
     if relay is None:
         pytest.skip("no recvmmsg here: the receiver reads in a thread")
-    assert relay.poll() is None
+    assert relay.proc.poll() is None
     rx.stop()
-    assert relay.poll() is not None
+    assert relay.proc.poll() is not None
 
 
 def test_the_relay_goes_when_gpuwatch_is_killed(sock_path: str) -> None:
@@ -409,22 +409,26 @@ def test_the_relay_goes_when_gpuwatch_is_killed(sock_path: str) -> None:
 def test_relayed_frames_split_across_reads_arrive_whole(sock_path: str) -> None:
     # The pipe gives frames in pieces: a read may end inside a header or a datagram, and
     # what is left must join the next read in the buffer made once for all of them.
-    from gpuwatch.sources import _batch
+    import threading
+
+    from gpuwatch.sources.child import FRAME, Child
 
     session = Session()
     rx = AnnotationReceiver(session, sock_path)
     r, w = os.pipe()
-    rx._relay_in = r
+    life_r, life_w = os.pipe()
+    # A process that waits on its lifeline, standing in for the relay: this test writes.
+    idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=life_r)
+    os.close(life_r)
+    rx._relay = Child(idle, r, life_w)
     now = time.monotonic_ns()
     frames = b"".join(
-        _batch.FRAME.pack(len(d), os.getpid()) + d
+        FRAME.pack(len(d), os.getpid()) + d
         for d in (
             protocol.encode("mark", os.getpid(), i, now, 0, {"text": f"m{i}" + "x" * (i % 97)})
             for i in range(3000)
         )
     )
-    import threading
-
     reader = threading.Thread(target=rx._run_relayed, daemon=True)
     reader.start()
     try:
@@ -436,14 +440,14 @@ def test_relayed_frames_split_across_reads_arrive_whole(sock_path: str) -> None:
         assert [m.text[:5] for m in session.marks[:3]] == ["m0", "m1x", "m2xx"]
         assert rx.rejected == 0
         # A frame no datagram can be (longer than the buffer) ends reading, with a note.
-        os.write(w, _batch.FRAME.pack(1 << 30, os.getpid()) + b"x" * (1 << 16))
-        threading.Thread(target=lambda: os.write(w, b"y" * (3 << 20)), daemon=True).start()
+        os.write(w, FRAME.pack(1 << 30, os.getpid()) + b"x" * (1 << 16))
         reader.join(timeout=30)
         assert not reader.is_alive()
         assert any("damaged frame" in n for n in session.notes)
     finally:
         os.close(w)
-        os.close(r)
+        assert rx._relay.reap(5)
+        rx._relay.close_frames()
 
 
 def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> None:
@@ -452,30 +456,29 @@ def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> No
     # what it counted, not what it took. Everything still comes out whole and in order.
     import select
 
-    from gpuwatch.sources import _batch
+    from gpuwatch.sources.child import FRAME, Child
+    from gpuwatch.sources.datagrams import available
 
-    if not _batch.available():
+    if not available():
         pytest.skip("no recvmmsg here: the receiver reads in a thread")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     sock.bind(sock_path)
-    data_r, data_w = os.pipe()
-    life_r, life_w = os.pipe()
-    fds = (sock.fileno(), data_w, life_r)
-    relay = subprocess.Popen(
-        [sys.executable, "-I", "-S", _batch.__file__, *map(str, fds),
-         str(protocol.MAX_DATAGRAM + 1)],
-        pass_fds=fds,
+    fd = sock.fileno()
+    relay = Child.start(
+        "gpuwatch.sources.relay", [str(fd), str(protocol.MAX_DATAGRAM + 1)], bare=True,
+        pass_fds=[fd],
     )  # fmt: skip
-    os.close(data_w)
-    os.close(life_r)
+    assert relay is not None
+    data_r = relay.frames
+    assert data_r is not None
 
     def rss() -> int:
         with open(f"/proc/{relay.pid}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     try:
-        assert os.read(data_r, _batch.FRAME.size) == _batch.READY
+        assert relay.wait_ready(30)
         before = rss()
         n = 15_000
         datagram = protocol.encode("mark", os.getpid(), 0, 1, 0, {"text": "m"})
@@ -491,7 +494,7 @@ def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> No
                 time.sleep(0.0001)  # a trickle: the relay takes them one or two at a time
         # Taken from the socket (our copy of it is never read here), into the relay.
         assert wait_for(lambda: not select.select([sock], [], [], 0)[0], timeout=30)
-        framed = n * (_batch.FRAME.size + len(datagram))
+        framed = n * (FRAME.size + len(datagram))
         grown = rss() - before
         assert grown < 2 * framed + (1 << 20), (grown, framed)
         got = bytearray()
@@ -499,12 +502,12 @@ def test_a_trickled_backlog_costs_the_relay_about_its_size(sock_path: str) -> No
             chunk = os.read(data_r, 1 << 20)
             assert chunk
             got += chunk
-        frame = _batch.FRAME.pack(len(datagram), os.getpid()) + datagram
+        frame = FRAME.pack(len(datagram), os.getpid()) + datagram
         assert bytes(got) == frame * n
     finally:
-        os.close(life_w)
-        relay.wait(timeout=10)
-        os.close(data_r)
+        relay.close_lifeline(drain=False)
+        assert relay.reap(10)
+        relay.close_frames()
         sock.close()
 
 
@@ -604,7 +607,7 @@ def test_what_cannot_be_recorded_in_time_at_stop_is_counted_as_lost(
     # for its sender, once, and stop says so in one line.
     import threading
 
-    from gpuwatch.sources import _batch
+    from gpuwatch.sources import relay
 
     session = Session()
     rx = AnnotationReceiver(session, sock_path)
@@ -613,7 +616,7 @@ def test_what_cannot_be_recorded_in_time_at_stop_is_counted_as_lost(
         rx.stop()
         pytest.skip("no recvmmsg here: the receiver reads in a thread")
     # This process's side only: the relay's own limit stays 5 s.
-    monkeypatch.setattr(_batch, "DRAIN_LIMIT", 0.3, raising=False)
+    monkeypatch.setattr(relay, "DRAIN_LIMIT", 0.3)
     me, now, n = os.getpid(), time.monotonic_ns(), 3000
     busy, release = threading.Event(), threading.Event()
 

@@ -11,7 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .model import is_host
-from .session import Process, Session
+from .process import Process
+from .session import Session
 from .table import MISSING_INT
 
 

@@ -8,8 +8,10 @@ O(log open) through :class:`SuffixMax` instead of a loop over them.
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left
 from collections import OrderedDict
+from typing import Any
 
 from .model import OpenSpan
 
@@ -160,6 +162,13 @@ class OpenBook:
 
 
 _NONE: set[int] = frozenset()  # type: ignore[assignment]  # shared, never added to
+
+
+def stored_open(book: OpenBook, span: OpenSpan) -> dict[str, Any]:
+    """An open span as a recording stores it, with the peaks reported inside it so far."""
+    body = dataclasses.asdict(span)
+    body["peak_alloc"], body["peak_reserved"] = book.peak_of(span)
+    return body
 
 
 def _max(a: int | None, b: int | None) -> int | None:

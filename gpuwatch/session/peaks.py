@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import is_host
-from .session import Process, Session
+from .process import Process
+from .session import Session
 from .table import MISSING_INT, Table
 
 SCAN_ROWS = 65_536

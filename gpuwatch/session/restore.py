@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .model import GPU_COLUMNS, GPU_PROC_COLUMNS, HOST_COLUMNS, Device, Mark, Oom, OpenSpan
+from .ports import DeviceChanged
 from .process import PROCESS_TABLES, Process
 from .session import Session
 from .table import Table
@@ -35,7 +36,7 @@ def device(session: Session, stored: Device) -> Device:
     with session._lock:
         for f in dataclasses.fields(Device):
             setattr(old, f.name, getattr(stored, f.name))
-    session._emit("device", (old,))
+    session._emit(DeviceChanged(old))
     return old
 
 
@@ -84,18 +85,17 @@ def events(
     """Point events as stored, appended in order (a note already shown is not repeated).
 
     Args:
-        filed: The marks are read from the recording that :attr:`Session.mark_source` reads:
-            memory may let go of them.
+        filed: The marks are read back from the recording (see
+            :meth:`~gpuwatch.session.retention.Retention.read_marks_from`): memory may let
+            go of them.
     """
     with session._lock:
         session.marks.extend(marks)
-        if filed:
-            session.marks_written = session.mark_count()
         session.ooms.extend(ooms)
         for text in notes:
             if text not in session.notes:
                 session.notes.append(text)
-        session._let_marks_go()
+        session.retention.marks_restored(filed)
     session.touch()
 
 

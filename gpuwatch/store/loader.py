@@ -231,9 +231,9 @@ class Loader:
         marks: list[Mark] = []
         ooms, notes = [], []
         filed = self.source is not None
-        if filed and s.mark_source is None:
+        if self.source is not None:
             # Windowed: the session keeps the newest marks, the file gives back the rest.
-            s.mark_source = FileMarks(self.source)
+            s.retention.read_marks_from(FileMarks(self.source))
         for seq, t, kind, pid, body in db.execute(
             "SELECT seq, t, kind, pid, body FROM events WHERE seq > ? ORDER BY seq",
             (self._event_seq,),

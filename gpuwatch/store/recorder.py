@@ -15,9 +15,9 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from ..session import Session
+from ..session.ports import DeviceChanged, MessageIngested, SessionEvent
 from . import _heap
 from .writer import FileRemoved, SessionWriter
 
@@ -139,12 +139,12 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
         self._thread.start()
 
-    def _listen(self, kind: str, args: tuple[Any, ...]) -> None:
+    def _listen(self, event: SessionEvent) -> None:
         # Called on sampler and receiver threads for every fact: stay cheap.
         if not self._active:
             return
-        if kind == "message":
-            msg = args[0]
+        if type(event) is MessageIngested:
+            msg = event.msg
             if msg.kind in _LOGGED:
                 self.writer.add_event(msg.t, msg.kind, msg.pid, msg.body)
             limit = _WAKE_AFTER.get(msg.kind)
@@ -154,8 +154,8 @@ class Recorder:
                     count = 0
                     self._wake.set()
                 self._since_wake[msg.kind] = count
-        elif kind == "device":
-            body = dataclasses.asdict(args[0])
+        elif type(event) is DeviceChanged:
+            body = dataclasses.asdict(event.device)
             self.writer.add_event(time.monotonic_ns(), "device", None, body)
 
     def _run(self) -> None:

@@ -11,7 +11,7 @@ from gpuwatch import protocol
 from gpuwatch.protocol import Message
 from gpuwatch.session import MISSING_INT, Device, Session, Table, gpu_key, norm_uuid
 from gpuwatch.session.decimate import column_edges, minmax, segment_max, value_at
-from gpuwatch.session.session import _HANDLERS
+from gpuwatch.session.messages import HANDLERS
 
 
 def test_table_grows_and_slices() -> None:
@@ -303,4 +303,4 @@ def test_phase_peaks_run_newest_first_within_a_step_too() -> None:
 
 
 def test_every_message_kind_has_a_handler_and_every_handler_a_kind() -> None:
-    assert sorted(_HANDLERS) == sorted(protocol.KINDS)
+    assert sorted(HANDLERS) == sorted(protocol.KINDS)

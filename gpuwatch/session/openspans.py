@@ -56,7 +56,8 @@ class SuffixMax:
     def keep(self, positions: list[int]) -> None:
         """Forget every entry no ``since(p)`` of these sorted positions can return (the
         answers for them, now and after later pushes, stay the same)."""
-        at, val = [], []
+        at: list[int] = []
+        val: list[int] = []
         for p in positions:
             k = bisect_left(self.at, p)
             if k < len(self.at) and (not at or at[-1] != self.at[k]):

@@ -103,6 +103,7 @@ def phase_peaks(
     if depth is not None:
         keep &= cols["depth"] == depth
     idx = np.flatnonzero(keep)
+    ref: Table | None
     if is_host(key):
         ref, column = proc.rss, "rss"
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,8 @@ _RESTORABLE = frozenset(
     if f.name not in PROCESS_TABLES and f.name not in ("pid", "open", "tally", "book", "rev")
 )
 """What :func:`process` sets: a process's scalar state, hello and facts."""
+
+_E = TypeVar("_E", Mark, Oom)
 
 
 def device(session: Session, stored: Device) -> Device:
@@ -102,13 +104,17 @@ def events(
 def retain_events(session: Session, t0: int, t1: int) -> int:
     """Keep only the marks and OOMs timed within ``[t0, t1]``; returns how many went."""
     with session._lock:
-        gone = 0
-        for events in (session.marks, session.ooms):
-            keep = [e for e in events if t0 <= e.t <= t1]
-            gone += len(events) - len(keep)
-            events[:] = keep
+        gone = _keep_within(session.marks, t0, t1) + _keep_within(session.ooms, t0, t1)
     if gone:
         session.touch()
+    return gone
+
+
+def _keep_within(events: list[_E], t0: int, t1: int) -> int:
+    """Keep only the events of ``events`` timed within ``[t0, t1]``; how many went."""
+    keep = [e for e in events if t0 <= e.t <= t1]
+    gone = len(events) - len(keep)
+    events[:] = keep
     return gone
 
 

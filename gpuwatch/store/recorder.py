@@ -172,9 +172,9 @@ class Recorder:
         try:
             self.writer.sync(final=final)
         except Exception as exc:  # disk full, file removed...: say so, never crash the app
-            self._failed(exc)
+            error = self._failed(exc)
             self._active = False
-            self.session.note(self.error)
+            self.session.note(error)
             # Rows wait in memory for the file no more: they go into the session's
             # summaries instead, so memory stays bounded.
             self.writer.freeze()
@@ -199,10 +199,11 @@ class Recorder:
         notice, self.notice = self.notice, None
         return notice
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException) -> str:
         why = write_failure(exc)
         self.cause = why.split(":", 1)[0]
         self.error = f"recording stopped: {why} ({self.path})"
+        return self.error
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Commit now (on the recorder thread) and wait for it; False on timeout."""

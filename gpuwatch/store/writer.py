@@ -73,10 +73,14 @@ def process_body(proc: Process) -> dict[str, Any]:
     return body
 
 
+_Entry = tuple[tuple[int, ...], "sm.Blocks | None"]
+"""A sealed chunk's index entry and its own summary, as an archive takes them."""
+
+
 @dataclass
 class _Series:
     id: int
-    layout: list
+    layout: list[tuple[str, np.dtype]]
     primary: str
     spec: sm.Spec | None
     table: Table
@@ -135,8 +139,10 @@ class SessionWriter:
         self._closed = False
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], SeriesArchive] = {}
-        self._sealed: list[tuple[_Series, list]] = []  # published to archives after COMMIT
+        # Published to the archives after COMMIT.
+        self._sealed: list[tuple[_Series, list[_Entry]]] = []
         self._summaries = False  # the summaries table exists
+        self._label: str | None = None  # a new label, written at the next sync
         self.source: ChunkSource | None = None
         if self.path.exists() or self.path.is_symlink():
             if not overwrite:
@@ -227,7 +233,7 @@ class SessionWriter:
 
     def set_label(self, label: str) -> None:
         """Replace ``meta.label`` (written at the next sync)."""
-        self._cache["label"] = label
+        self._label = label
 
     def sync(self, final: bool = False) -> None:
         """Write everything new in the session in one transaction.
@@ -425,8 +431,8 @@ class SessionWriter:
         sid, rows = int(row[0]), int(row[1])
         archive = table.archive if isinstance(table.archive, SeriesArchive) else None
         if archive is None and self.source is not None:  # made before it was settled
-            layout = layout_dtypes(SERIES[kind][0])
-            archive = SeriesArchive(self.source, sid, kind, layout, table.dtypes, live=True)
+            stored = layout_dtypes(SERIES[kind][0])
+            archive = SeriesArchive(self.source, sid, kind, stored, table.dtypes, live=True)
             table.set_archive(archive)
         if archive is not None:
             archive.sid = sid
@@ -517,8 +523,14 @@ class SessionWriter:
         st.written = n
 
     def _insert(
-        self, st: _Series, cols: dict, off: int, i: int, j: int, sealed: bool = False
-    ) -> tuple[tuple[int, ...], sm.Blocks | None]:
+        self,
+        st: _Series,
+        cols: dict[str, np.ndarray],
+        off: int,
+        i: int,
+        j: int,
+        sealed: bool = False,
+    ) -> _Entry:
         """Write rows ``[i, j)`` (``cols`` holds rows from ``off`` on) as one chunk (a
         sealed one with its summaries); returns its index entry and its own summary."""
         a, b = i - off, j - off
@@ -660,7 +672,7 @@ class SessionWriter:
         rates = dumps(dict(s.sampler_rate))
         if self._changed(("meta", "sampler_rate"), rates):
             meta["sampler_rate"] = rates
-        label = self._cache.get("label")
+        label = self._label
         if label is not None and self._changed(("meta", "label"), label):
             meta["label"] = label
         if meta:

@@ -28,13 +28,13 @@ pages to the system (see :mod:`._heap`)."""
 WAKE_MARKS = 2048
 """Marks that wake the writer before its interval is up: a flood of marks (10k of 1 KiB a
 second) otherwise waits a whole interval in memory, twice (the session's list and the
-rows of one sync), and took the recording's peak 21 MB up."""
+rows of one sync), which sets the recording's peak memory."""
 
 WAKE_BYES = 128
 """Processes ending that wake the writer before its interval is up: a gpuwatch catching
 up on a backlog ingests hundreds of short-lived processes a second, and each keeps its
-whole tables until written and settled; freed in batches of 800, their memory stayed
-fragmented (12 MB more RSS at 4,000 processes than in batches of 80)."""
+whole tables until written and settled; memory freed in large batches stays fragmented,
+so they are freed in small ones."""
 
 _WAKE_AFTER = {"mark": WAKE_MARKS, "bye": WAKE_BYES}
 """Messages of a kind, counted since the writer was last woken for them, that wake it."""

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
 import numpy as np
 
+from ..protocol import Message
 from .model import Device, GpuProcRow, Mark
 
 if TYPE_CHECKING:
-    from ..protocol import Message
     from .table import Archive
 
 
@@ -135,12 +135,6 @@ class ProcessGone(NamedTuple):
     t: int
 
 
-class MessageIngested(NamedTuple):
-    """A validated message from an instrumented process was applied."""
-
-    msg: Message
-
-
 class MarkAdded(NamedTuple):
     """A mark from gpuwatch itself (a fault it found)."""
 
@@ -167,12 +161,14 @@ SessionEvent: TypeAlias = (
     | RssSampled
     | ProcessDescribed
     | ProcessGone
-    | MessageIngested
+    | Message
     | MarkAdded
     | Rejected
     | Noted
 )
-"""Every fact a session passes to its listeners, one class per kind."""
+"""Every fact a session passes to its listeners, one class per kind. A message from an
+instrumented process, applied, is its own event: the validated :class:`Message` (the
+hot path, thousands a second, makes no wrapper for it)."""
 
 Listener = Callable[[SessionEvent], None]
 """Called with every event, on the thread that added the fact: it must stay cheap."""

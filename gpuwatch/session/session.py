@@ -39,7 +39,6 @@ from .ports import (
     HostSampled,
     Listener,
     MarkAdded,
-    MessageIngested,
     Noted,
     ProcessDescribed,
     ProcessGone,
@@ -449,7 +448,7 @@ class Session(SessionQueries):
             proc.last_t = max(proc.last_t, msg.t)
             proc.rev += 1
             HANDLERS[msg.kind](self, proc, msg)
-        self._emit(MessageIngested(msg))
+        self._emit(msg)  # the message is its own event
 
     def add_mark(self, mark: Mark) -> None:
         """A mark from gpuwatch itself (a fault it found): kept and recorded as a script's."""

@@ -16,8 +16,9 @@ import threading
 import time
 from pathlib import Path
 
+from ..protocol import Message
 from ..session import Session
-from ..session.ports import DeviceChanged, MessageIngested, SessionEvent
+from ..session.ports import DeviceChanged, SessionEvent
 from . import _heap
 from .writer import FileRemoved, SessionWriter
 
@@ -143,8 +144,8 @@ class Recorder:
         # Called on sampler and receiver threads for every fact: stay cheap.
         if not self._active:
             return
-        if type(event) is MessageIngested:
-            msg = event.msg
+        if type(event) is Message:
+            msg = event
             if msg.kind in _LOGGED:
                 self.writer.add_event(msg.t, msg.kind, msg.pid, msg.body)
             limit = _WAKE_AFTER.get(msg.kind)

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .model import HOST, Mark, Oom, origin_key
-from .session import Process, Session
+from .process import Process
+from .session import Session
 from .table import Table
 
 ALIGNS = ("wall", "start")

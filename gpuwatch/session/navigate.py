@@ -11,7 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .model import is_host
-from .session import Process, Session
+from .process import Process
+from .session import Session
 from .table import MISSING_INT
 
 
@@ -176,8 +177,8 @@ def spike(session: Session, key: str | None = None) -> Spike | None:
     peaks, the host's RSS).
 
     Exact peaks first: a phase's peak that stays inside reserved memory never reaches
-    NVML, whose highest reading is then a plateau, not the spike (the 2.7B sample: NVML
-    56.99 GiB at a step boundary; the optimizer step's allocator peak 53.61 GiB).
+    NVML, whose highest reading is then a plateau of reserved memory (often at a step
+    boundary), not the spike the allocator saw inside the step.
     """
     best: tuple[int, int, int] | None = None  # (value, t1, pid)
     procs = list(session.processes.values()) if key is None else _processes(session, key)

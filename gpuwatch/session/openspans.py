@@ -8,8 +8,10 @@ O(log open) through :class:`SuffixMax` instead of a loop over them.
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left
 from collections import OrderedDict
+from typing import Any
 
 from .model import OpenSpan
 
@@ -54,7 +56,8 @@ class SuffixMax:
     def keep(self, positions: list[int]) -> None:
         """Forget every entry no ``since(p)`` of these sorted positions can return (the
         answers for them, now and after later pushes, stay the same)."""
-        at, val = [], []
+        at: list[int] = []
+        val: list[int] = []
         for p in positions:
             k = bisect_left(self.at, p)
             if k < len(self.at) and (not at or at[-1] != self.at[k]):
@@ -160,6 +163,13 @@ class OpenBook:
 
 
 _NONE: set[int] = frozenset()  # type: ignore[assignment]  # shared, never added to
+
+
+def stored_open(book: OpenBook, span: OpenSpan) -> dict[str, Any]:
+    """An open span as a recording stores it, with the peaks reported inside it so far."""
+    body = dataclasses.asdict(span)
+    body["peak_alloc"], body["peak_reserved"] = book.peak_of(span)
+    return body
 
 
 def _max(a: int | None, b: int | None) -> int | None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import is_host
-from .session import Process, Session
+from .process import Process
+from .session import Session
 from .table import MISSING_INT, Table
 
 SCAN_ROWS = 65_536
@@ -102,6 +103,7 @@ def phase_peaks(
     if depth is not None:
         keep &= cols["depth"] == depth
     idx = np.flatnonzero(keep)
+    ref: Table | None
     if is_host(key):
         ref, column = proc.rss, "rss"
     else:

@@ -282,7 +282,7 @@ EMPTY_SET: frozenset[int] = frozenset()
 
 
 def compact(proc: Process) -> None:
-    """Keep what an ended process did, not room to do more (issue 23, item 6).
+    """Keep what an ended process did, not room to do more.
 
     A sweep of thousands of short scripts keeps every one: its empty containers become
     shared read-only ones and, with no span open, its book of open spans goes. A message

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .model import GPU_COLUMNS, GPU_PROC_COLUMNS, HOST_COLUMNS, Device, Mark, Oom, OpenSpan
+from .ports import DeviceChanged
 from .process import PROCESS_TABLES, Process
 from .session import Session
 from .table import Table
@@ -26,6 +27,8 @@ _RESTORABLE = frozenset(
 )
 """What :func:`process` sets: a process's scalar state, hello and facts."""
 
+_E = TypeVar("_E", Mark, Oom)
+
 
 def device(session: Session, stored: Device) -> Device:
     """A device as stored: added, or the known one's fields replaced by the stored ones."""
@@ -35,7 +38,7 @@ def device(session: Session, stored: Device) -> Device:
     with session._lock:
         for f in dataclasses.fields(Device):
             setattr(old, f.name, getattr(stored, f.name))
-    session._emit("device", (old,))
+    session._emit(DeviceChanged(old))
     return old
 
 
@@ -84,31 +87,34 @@ def events(
     """Point events as stored, appended in order (a note already shown is not repeated).
 
     Args:
-        filed: The marks are read from the recording that :attr:`Session.mark_source` reads:
-            memory may let go of them.
+        filed: The marks are read back from the recording (see
+            :meth:`~gpuwatch.session.retention.Retention.read_marks_from`): memory may let
+            go of them.
     """
     with session._lock:
         session.marks.extend(marks)
-        if filed:
-            session.marks_written = session.mark_count()
         session.ooms.extend(ooms)
         for text in notes:
             if text not in session.notes:
                 session.notes.append(text)
-        session._let_marks_go()
+        session.retention.marks_restored(filed)
     session.touch()
 
 
 def retain_events(session: Session, t0: int, t1: int) -> int:
     """Keep only the marks and OOMs timed within ``[t0, t1]``; returns how many went."""
     with session._lock:
-        gone = 0
-        for events in (session.marks, session.ooms):
-            keep = [e for e in events if t0 <= e.t <= t1]
-            gone += len(events) - len(keep)
-            events[:] = keep
+        gone = _keep_within(session.marks, t0, t1) + _keep_within(session.ooms, t0, t1)
     if gone:
         session.touch()
+    return gone
+
+
+def _keep_within(events: list[_E], t0: int, t1: int) -> int:
+    """Keep only the events of ``events`` timed within ``[t0, t1]``; how many went."""
+    keep = [e for e in events if t0 <= e.t <= t1]
+    gone = len(events) - len(keep)
+    events[:] = keep
     return gone
 
 

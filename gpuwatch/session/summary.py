@@ -311,7 +311,8 @@ def _ramp(counts: np.ndarray) -> np.ndarray:
     """0, 1, ..., counts[0]-1, 0, 1, ..., counts[1]-1, ..."""
     total = int(counts.sum())
     ends = np.cumsum(counts)
-    return np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts)
+    out: np.ndarray = np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts)
+    return out
 
 
 def _as_float(v: np.ndarray) -> np.ndarray:
@@ -339,7 +340,7 @@ def _last_argmax(key: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
     return np.maximum.reduceat(idx, starts)
 
 
-def _range_reduce(v: np.ndarray, a: np.ndarray, b: np.ndarray, how) -> np.ndarray:
+def _range_reduce(v: np.ndarray, a: np.ndarray, b: np.ndarray, how: np.ufunc) -> np.ndarray:
     """``how``-reduce of ``v[a[i]:b[i]]`` for each i, NaN where the range is empty."""
     out = np.full(len(a), np.nan)
     nonempty = b > a

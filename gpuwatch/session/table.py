@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -40,13 +40,17 @@ HISTORY_BLOCKS = 4096
 neighbours merge (older history gets coarser, never lost)."""
 
 
+Side = Literal["left", "right"]
+"""Which end of a run of equal times a search finds (as ``np.searchsorted``)."""
+
+
 class Archive(Protocol):
     """Where a table's older rows live (a recording): rows ``[0, rows)``, read on demand."""
 
     rows: int
     live: bool  # more rows may still come (a recording being written)
 
-    def search(self, t: int, side: str) -> int:
+    def search(self, t: int, side: Side) -> int:
         """Like ``np.searchsorted`` over the archived time column."""
 
     def read(self, i0: int, i1: int, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -181,7 +185,7 @@ class Table:
             self._cols[name] = new
         self._cap = cap
 
-    def append(self, row: Mapping[str, float | int] | Sequence[float | int]) -> None:
+    def append(self, row: Mapping[str, float | int | None] | Sequence[float | int | None]) -> None:
         """Append one row, given as a mapping by name or a sequence in column order.
 
         Missing names in a mapping are stored as NaN (floats) or :data:`MISSING_INT`.
@@ -203,7 +207,7 @@ class Table:
         if self.keep is not None and self._n > 2 * self.keep:
             self._maybe_trim()
 
-    def extend(self, columns: Mapping[str, np.ndarray | Iterable[float | int]]) -> None:
+    def extend(self, columns: Mapping[str, np.ndarray | Sequence[float | int]]) -> None:
         """Append many rows given column-wise (all columns the same length); a column not
         given is unknown in them (as :meth:`append` stores a missing name)."""
         k = len(columns[self.time])
@@ -315,7 +319,7 @@ class Table:
         """
         return self.rows(self.first, len(self))
 
-    def search(self, t: int, side: str = "left") -> int:
+    def search(self, t: int, side: Side = "left") -> int:
         """The row number where ``t`` would go (``np.searchsorted`` over all rows)."""
         base, n, mem = self._memory()
         if n:
@@ -542,9 +546,9 @@ class Table:
         if archive is not None:
             a1 = min(hi, mem0, archive.rows)
             if a1 > lo:
-                found = archive.max_rows(column, lo, a1)
-                if found is not None:
-                    best = (found[0], float(found[1]))
+                stored = archive.max_rows(column, lo, a1)
+                if stored is not None:
+                    best = (stored[0], float(stored[1]))
         m0 = max(lo, mem0)
         if hi > m0:
             cols = self.rows(m0, hi, (self.time, column))

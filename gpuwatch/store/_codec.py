@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..session.table import MISSING_INT
+from ..session.table import MISSING_INT, Side
 
 CODEC = 2
 """``chunks.codec`` of what gpuwatch writes: blocks of rows, each its own stream."""
@@ -342,7 +342,7 @@ class Inflater:
             for name in names
         }
 
-    def search(self, t: int, side: str, lo: int = 0, hi: int | None = None) -> int:
+    def search(self, t: int, side: Side, lo: int = 0, hi: int | None = None) -> int:
         """``np.searchsorted`` of ``t`` in the time column (the first), kept to
         ``[lo, hi]``: one block's times are inflated, found from the block table."""
         hi = self.n if hi is None else hi

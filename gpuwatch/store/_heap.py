@@ -2,9 +2,9 @@
 
 A sweep of thousands of short scripts makes tables, archives and SQLite pages for each
 process while it runs and lets go of them once the recording holds its rows; glibc keeps
-the freed pages (a burst of processes left 18 MB free in the heap of ``gpuwatch record``,
-never used again). ``malloc_trim`` returns them: it is the gpuwatch process's own heap,
-never the watched run's, and it costs about a millisecond.
+the freed pages, free in the heap of ``gpuwatch record`` and never used again.
+``malloc_trim`` returns them: it is the gpuwatch process's own heap, never the watched
+run's, and it is called once per batch of settled processes, not per process.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """A recording's chunk index, read when it is opened: from the memo a finished file keeps,
 else from the ``chunks`` and ``summaries`` tables.
 
-A week of 8 GPUs holds ~50k chunks. Reading their index a row at a time costs ~100 ms at
-every open (Python builds a tuple and seven ints per chunk); the memo holds the same
+A long recording holds tens of thousands of chunks. Reading their index a row at a time
+makes Python build a tuple and seven ints per chunk at every open; the memo holds the same
 figures as one array per series, written once when the recorder closes the file. The
 memo is a copy, never the truth: it is used only where it agrees with the tables on each
-series' chunk count, rows and first and last ``row0`` (a few ms to ask), and ``validate``
-compares it to them in full.
+series' chunk count, rows and first and last ``row0`` (one aggregate query, cheap beside
+the read it saves), and ``validate`` compares it to them in full.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class _Cursor(sqlite3.Cursor):
     caller's own work between rows (an honest file with a million events) never counts.
     Batches, not a limit a row: a Python call per row would double the cost of a walk."""
 
-    def __iter__(self) -> Iterator[Any]:
+    # typeshed types a cursor as its own iterator; this one yields from batches instead.
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         connection = self.connection
         while True:
             connection.arm()  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..session import summary as sm
-from ..session.table import MISSING_INT, TIME_COLUMNS, remap, unknown_column
+from ..session.table import MISSING_INT, TIME_COLUMNS, Side, remap, unknown_column
 from . import _codec, _untrusted
 from ._schema import SERIES
 
@@ -172,7 +172,9 @@ Recall = Callable[[], "tuple[np.ndarray, sm.Blocks | None, np.ndarray | None] | 
 """Gives a sleeping archive its index back: ``(index, own summaries, their row0)`` as
 :meth:`SeriesArchive.set_index` takes them, or None (it reads the file)."""
 
-_LAYOUTS: dict[tuple[tuple[str, np.dtype], ...], tuple[list, dict[str, int]]] = {}
+_LAYOUTS: dict[
+    tuple[tuple[str, np.dtype], ...], tuple[list[tuple[str, np.dtype]], dict[str, int]]
+] = {}
 
 
 def _stored_layout(
@@ -664,16 +666,16 @@ class SeriesArchive:
             out[name] = col
         return out
 
-    def search(self, t: int, side: str) -> int:
+    def search(self, t: int, side: Side) -> int:
         raw = t - self.shift
         gen = self._gen
-        found = self._recall(("search", raw, side))
+        found: int | None = self._recall(("search", raw, side))
         if found is None:
             found = self._search(raw, side)
             self._keep(gen, ("search", raw, side), found)
         return found
 
-    def _search(self, raw: int, side: str) -> int:
+    def _search(self, raw: int, side: Side) -> int:
         _, _, _, last = self._index()
         k = int(np.searchsorted(last, raw, side))
         if k >= len(last):
@@ -682,7 +684,7 @@ class SeriesArchive:
         if not isinstance(inflater, dict):
             before = inflater.inflated, inflater.nbytes
             try:
-                i = inflater.search(raw, side, a, a + cn) - a
+                i: int = inflater.search(raw, side, a, a + cn) - a
                 self._inflated(key, a, inflater, before)
                 return r0 + i
             except _codec.ChunkError as exc:

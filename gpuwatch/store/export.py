@@ -39,13 +39,14 @@ class Stream:
 def _list(col: np.ndarray) -> list[Any]:
     """A column as Python values, unknowns (missing ints, NaN) as None."""
     if col.dtype.kind == "i":
-        values = col.tolist()
+        values: list[Any] = col.tolist()
         if (col == MISSING_INT).any():
             return [None if v == MISSING_INT else v for v in values]
         return values
     if col.dtype.kind == "f":
         return [None if math.isnan(v) else v for v in col.tolist()]
-    return col.tolist()
+    out: list[Any] = col.tolist()
+    return out
 
 
 def _seconds(t: np.ndarray, origin: int) -> list[float | None]:
@@ -53,7 +54,8 @@ def _seconds(t: np.ndarray, origin: int) -> list[float | None]:
     if t.dtype.kind == "i" and (t == MISSING_INT).any():
         missing = (t == MISSING_INT).tolist()
         return [None if m else v for v, m in zip(s.tolist(), missing, strict=True)]
-    return s.tolist()
+    seconds: list[float | None] = s.tolist()
+    return seconds
 
 
 def _meta(src: Opened, s: Session) -> Columns:
@@ -82,7 +84,9 @@ def _devices(src: Opened, s: Session) -> Columns:
     return out
 
 
-def _per_device(kind: str, build: Callable[[Session, dict[str, np.ndarray]], Columns]):
+def _per_device(
+    kind: str, build: Callable[[Session, dict[str, np.ndarray]], Columns]
+) -> Callable[[Opened, Session], Stream]:
     """A table of every GPU's rows of one kind, with a ``device`` column first."""
 
     def table(src: Opened, s: Session) -> Stream:
@@ -131,7 +135,9 @@ def _host(src: Opened, s: Session) -> Stream:
     return Stream(list(build("", Table(SERIES["host"][0]).snapshot())), pieces())
 
 
-def _per_process(kind: str, build: Callable[[Session, Process, dict[str, np.ndarray]], Columns]):
+def _per_process(
+    kind: str, build: Callable[[Session, Process, dict[str, np.ndarray]], Columns]
+) -> Callable[[Opened, Session], Stream]:
     """A table of every process's rows of one kind, with a ``pid`` column first."""
 
     def table(src: Opened, s: Session) -> Stream:
@@ -344,6 +350,7 @@ def _rows(cols: Columns) -> Iterator[tuple[Any, ...]]:
 def write(data: Columns | Stream, fmt: str, out: IO[str]) -> int:
     """Write one table as CSV (with a header) or JSON lines; returns the number of rows."""
     n = 0
+    pieces: Iterable[Columns]
     if isinstance(data, dict):
         names, pieces = list(data), [data]
     else:

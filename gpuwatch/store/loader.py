@@ -231,9 +231,9 @@ class Loader:
         marks: list[Mark] = []
         ooms, notes = [], []
         filed = self.source is not None
-        if filed and s.mark_source is None:
+        if self.source is not None:
             # Windowed: the session keeps the newest marks, the file gives back the rest.
-            s.mark_source = FileMarks(self.source)
+            s.retention.read_marks_from(FileMarks(self.source))
         for seq, t, kind, pid, body in db.execute(
             "SELECT seq, t, kind, pid, body FROM events WHERE seq > ? ORDER BY seq",
             (self._event_seq,),
@@ -287,8 +287,10 @@ class Loader:
             archive = feed.archive
             if archive is not None:
                 grew = archive.rows != feed.limit
-                own, own_row0 = self._stats(sid, kind, summaries)
-                archive.set_index(part[:, 1:], own, own_row0, stored_summaries=own is not None)
+                stats, stats_row0 = self._stats(sid, kind, summaries)
+                archive.set_index(
+                    part[:, 1:], stats, stats_row0, stored_summaries=stats is not None
+                )
                 feed.loaded = feed.limit  # nothing to load: rows are read when shown
                 if grew:
                     feed.table.archive_grew()
@@ -450,9 +452,9 @@ class Loader:
         s = self.session
         firsts = [f.first for f in self._feeds.values() if f.first is not None]
         lasts = [f.last for f in self._feeds.values() if f.last is not None]
-        for e in (*s.marks, *s.ooms):
-            firsts.append(e.t)
-            lasts.append(e.t)
+        times = [m.t for m in s.marks] + [o.t for o in s.ooms]
+        firsts += times
+        lasts += times
         for p in s.processes.values():
             # A span still open (or cut off by a crash) began before the end.
             lasts += [o.t0 for o in p.open.values()]

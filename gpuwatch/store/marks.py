@@ -1,6 +1,6 @@
 """Marks read back from a recording: those a bounded session let go of.
 
-A session keeps only its newest marks in memory (see ``Session.marks``); the recording
+A session keeps only its newest marks in memory (see ``Retention``); the recording
 holds every one, and views that reach further back read them from it through
 :class:`FileMarks`, found by time through the file's ``events_by_time`` index.
 """
@@ -35,7 +35,8 @@ def _mark(t: object, pid: object, body: object) -> Mark | None:
 
 
 class FileMarks:
-    """The marks a recording holds, read on demand (a session's ``mark_source``).
+    """The marks a recording holds, read on demand (what a session reads back those it let
+    go of from: a :class:`~gpuwatch.session.ports.MarkSource`).
 
     Args:
         source: The file's reading connection.

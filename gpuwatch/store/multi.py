@@ -8,6 +8,7 @@ unchanged.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -80,8 +81,8 @@ def load_many(
         RecordingError: A file is not a readable recording, or a file is given twice.
     """
     resolved = [Path(p).resolve() for p in paths]
-    for i, path in enumerate(resolved):
-        if path in resolved[:i]:
+    for i, where in enumerate(resolved):
+        if where in resolved[:i]:
             raise RecordingError(f"{paths[i]} is given twice")
     recordings: list[Recording] = []
     sessions: list[Session] = []
@@ -93,9 +94,7 @@ def load_many(
             rec = open_recording(path)
             recordings.append(rec)
             if strict:
-                rec.validate(
-                    None if checked is None else lambda i, n, p=Path(path): checked(p, i, n)
-                )
+                rec.validate(None if checked is None else functools.partial(checked, Path(path)))
             session, loader = open_session(rec, windowed=True)
             if not loader.done:  # a file written before summaries: make them meanwhile
                 loader.start(follow=False)

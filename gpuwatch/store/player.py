@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..session import Session
+from ..session import Session, Table
 from ..session import navigate as nav
 from .loader import Loader, open_session
 from .recording import open_recording
@@ -391,7 +391,7 @@ def open_replay(path: str | os.PathLike[str], *, speed: float = 1.0) -> Player:
     return player
 
 
-def _tables(session: Session, kind: str) -> list:
+def _tables(session: Session, kind: str) -> list[tuple[str, Table]]:
     if kind == "gpu":
         return list(session.gpu.items())
     if kind == "host":

@@ -15,9 +15,10 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
+from ..protocol import Message
 from ..session import Session
+from ..session.ports import DeviceChanged, SessionEvent
 from . import _heap
 from .writer import FileRemoved, SessionWriter
 
@@ -28,13 +29,13 @@ pages to the system (see :mod:`._heap`)."""
 WAKE_MARKS = 2048
 """Marks that wake the writer before its interval is up: a flood of marks (10k of 1 KiB a
 second) otherwise waits a whole interval in memory, twice (the session's list and the
-rows of one sync), and took the recording's peak 21 MB up."""
+rows of one sync), which sets the recording's peak memory."""
 
 WAKE_BYES = 128
 """Processes ending that wake the writer before its interval is up: a gpuwatch catching
 up on a backlog ingests hundreds of short-lived processes a second, and each keeps its
-whole tables until written and settled; freed in batches of 800, their memory stayed
-fragmented (12 MB more RSS at 4,000 processes than in batches of 80)."""
+whole tables until written and settled; memory freed in large batches stays fragmented,
+so they are freed in small ones."""
 
 _WAKE_AFTER = {"mark": WAKE_MARKS, "bye": WAKE_BYES}
 """Messages of a kind, counted since the writer was last woken for them, that wake it."""
@@ -139,12 +140,12 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="gpuwatch-recorder", daemon=True)
         self._thread.start()
 
-    def _listen(self, kind: str, args: tuple[Any, ...]) -> None:
+    def _listen(self, event: SessionEvent) -> None:
         # Called on sampler and receiver threads for every fact: stay cheap.
         if not self._active:
             return
-        if kind == "message":
-            msg = args[0]
+        if type(event) is Message:
+            msg = event
             if msg.kind in _LOGGED:
                 self.writer.add_event(msg.t, msg.kind, msg.pid, msg.body)
             limit = _WAKE_AFTER.get(msg.kind)
@@ -154,8 +155,8 @@ class Recorder:
                     count = 0
                     self._wake.set()
                 self._since_wake[msg.kind] = count
-        elif kind == "device":
-            body = dataclasses.asdict(args[0])
+        elif type(event) is DeviceChanged:
+            body = dataclasses.asdict(event.device)
             self.writer.add_event(time.monotonic_ns(), "device", None, body)
 
     def _run(self) -> None:
@@ -172,9 +173,9 @@ class Recorder:
         try:
             self.writer.sync(final=final)
         except Exception as exc:  # disk full, file removed...: say so, never crash the app
-            self._failed(exc)
+            error = self._failed(exc)
             self._active = False
-            self.session.note(self.error)
+            self.session.note(error)
             # Rows wait in memory for the file no more: they go into the session's
             # summaries instead, so memory stays bounded.
             self.writer.freeze()
@@ -199,10 +200,11 @@ class Recorder:
         notice, self.notice = self.notice, None
         return notice
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException) -> str:
         why = write_failure(exc)
         self.cause = why.split(":", 1)[0]
         self.error = f"recording stopped: {why} ({self.path})"
+        return self.error
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Commit now (on the recorder thread) and wait for it; False on timeout."""

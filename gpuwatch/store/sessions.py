@@ -26,7 +26,8 @@ from pathlib import Path
 SUFFIX = ".gpuwatch"
 SESSIONS_MAX_ENV = "GPUWATCH_SESSIONS_MAX"
 DEFAULT_CAP = 1 << 30
-"""1 GiB: about 5 days of an 8-GPU machine at the default 10 Hz (177 MB a day)."""
+"""1 GiB: days of an 8-GPU machine at the default rate (README's ``--interval`` row gives
+the size of a day)."""
 
 NAME = re.compile(r"^\d{8}-\d{6}-[A-Za-z0-9._-]+\.gpuwatch$")
 """How :func:`default_recording_path` names a session (``20261123-060331-host[-2].gpuwatch``)."""

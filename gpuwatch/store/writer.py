@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..session import OpenSpan, Process, Session, Table
+from ..session import Process, Session, Table
 from ..session import summary as sm
 from . import _codec, _index
 from ._schema import (
@@ -43,7 +43,7 @@ from ._schema import (
     layout_dtypes,
 )
 from .archive import ChunkSource, SeriesArchive, chunk_summary
-from .marks import FileMarks
+from .readback import FileReadback
 
 PAGE_SIZE = 8192
 
@@ -73,10 +73,14 @@ def process_body(proc: Process) -> dict[str, Any]:
     return body
 
 
+_Entry = tuple[tuple[int, ...], "sm.Blocks | None"]
+"""A sealed chunk's index entry and its own summary, as an archive takes them."""
+
+
 @dataclass
 class _Series:
     id: int
-    layout: list
+    layout: list[tuple[str, np.dtype]]
     primary: str
     spec: sm.Spec | None
     table: Table
@@ -135,8 +139,10 @@ class SessionWriter:
         self._closed = False
         self._lock = threading.Lock()
         self._archives: dict[tuple[str, str], SeriesArchive] = {}
-        self._sealed: list[tuple[_Series, list]] = []  # published to archives after COMMIT
+        # Published to the archives after COMMIT.
+        self._sealed: list[tuple[_Series, list[_Entry]]] = []
         self._summaries = False  # the summaries table exists
+        self._label: str | None = None  # a new label, written at the next sync
         self.source: ChunkSource | None = None
         if self.path.exists() or self.path.is_symlink():
             if not overwrite:
@@ -192,11 +198,8 @@ class SessionWriter:
             # The session lets rows go: the file holds them, and reads them back for views.
             self.source = ChunkSource(self.path, on_error=session.note)
             session.on_table(self._attach)
-            session.reopen = self._reopen
-            with session._lock:  # marks go too, once written
-                session.marks_written = session.marks_gone
-                session.marks_wait = True
-                session.mark_source = FileMarks(self.source)
+            # Settled series are read back through it; marks go too, once written.
+            session.retention.attach(FileReadback(self.source, self._wake))
             self._cursors["marks"] = session.marks_gone
 
     def _attach(self, kind: str, key: str, table: Table) -> None:
@@ -209,22 +212,10 @@ class SessionWriter:
         self._archives[(kind, key)] = archive
         table.set_archive(archive)
 
-    def _reopen(
-        self, kind: str, key: str, rows: int, span: tuple[int, int] | None
-    ) -> SeriesArchive | None:
-        """The archive of a settled process's series, read back (the session's
-        :attr:`~gpuwatch.session.Session.reopen`; called from any thread)."""
-        self._woken.add(int(key))
-        if not rows or span is None or self.source is None:
-            return None
-        found = self.source.query("SELECT id FROM series WHERE kind = ? AND key = ?", (kind, key))
-        if not found:
-            return None
-        layout = layout_dtypes(SERIES[kind][0])
-        table_dtypes = dict(layout)
-        return SeriesArchive.dormant(
-            self.source, int(found[0][0]), kind, layout, table_dtypes, rows, span
-        )
+    def _wake(self, pid: int) -> None:
+        """A view read a settled process's series back (from any thread): settle it
+        again after the next commit."""
+        self._woken.add(pid)
 
     def freeze(self) -> None:
         """No more rows will be written (a failure): tables stop waiting for the file."""
@@ -232,8 +223,7 @@ class SessionWriter:
             archive.live = False
         for _, _, table in self.session.tables():
             table.archive_grew()
-        with self.session._lock:
-            self.session.marks_wait = False  # marks stop waiting for the file too
+        self.session.retention.recording_stopped()  # marks stop waiting for the file too
 
     # ------------------------------------------------------------------ public
 
@@ -243,7 +233,7 @@ class SessionWriter:
 
     def set_label(self, label: str) -> None:
         """Replace ``meta.label`` (written at the next sync)."""
-        self._cache["label"] = label
+        self._label = label
 
     def sync(self, final: bool = False) -> None:
         """Write everything new in the session in one transaction.
@@ -280,16 +270,14 @@ class SessionWriter:
             self._revive.discard(pid)
             if self.source is not None:  # the file reads their rows back: memory lets go
                 self._forget(pid)
-                self.session.settle(pid)
+                self.session.retention.settle(pid)
         # A view that read a settled process's rows made its tables again: they go again.
         woken, self._woken = self._woken, set()
         for pid in woken:
             if pid in self._settled:
-                self.session.settle(pid)
-        s = self.session
-        with s._lock:
-            if s.marks_wait:  # the file holds these now: memory may let go of them
-                s.marks_written = max(s.marks_written, self._cursors["marks"])
+                self.session.retention.settle(pid)
+        # The file holds these now: memory may let go of them.
+        self.session.retention.marks_recorded(self._cursors["marks"])
 
     def _publish(self) -> None:
         """Hand the chunks sealed by the last commit to the tables' archives: from now on
@@ -443,8 +431,8 @@ class SessionWriter:
         sid, rows = int(row[0]), int(row[1])
         archive = table.archive if isinstance(table.archive, SeriesArchive) else None
         if archive is None and self.source is not None:  # made before it was settled
-            layout = layout_dtypes(SERIES[kind][0])
-            archive = SeriesArchive(self.source, sid, kind, layout, table.dtypes, live=True)
+            stored = layout_dtypes(SERIES[kind][0])
+            archive = SeriesArchive(self.source, sid, kind, stored, table.dtypes, live=True)
             table.set_archive(archive)
         if archive is not None:
             archive.sid = sid
@@ -535,8 +523,14 @@ class SessionWriter:
         st.written = n
 
     def _insert(
-        self, st: _Series, cols: dict, off: int, i: int, j: int, sealed: bool = False
-    ) -> tuple[tuple[int, ...], sm.Blocks | None]:
+        self,
+        st: _Series,
+        cols: dict[str, np.ndarray],
+        off: int,
+        i: int,
+        j: int,
+        sealed: bool = False,
+    ) -> _Entry:
         """Write rows ``[i, j)`` (``cols`` holds rows from ``off`` on) as one chunk (a
         sealed one with its summaries); returns its index entry and its own summary."""
         a, b = i - off, j - off
@@ -624,13 +618,9 @@ class SessionWriter:
         A sync costs what changed, not what is open: a script that leaks spans keeps up
         to :data:`~gpuwatch.session.openspans.MAX_OPEN` of them open at every commit.
         """
-        with self.session._lock:  # the receiver begins and ends spans under it
-            book = proc.book  # None: compacted, nothing open (a late count revived it)
-            reset, changed = book.take_changes() if book is not None else (False, set())
-            reset = reset or final or pid not in self._open_known
-            ids = list(proc.open) if reset else sorted(changed)
-            spans = [(sid, proc.open.get(sid)) for sid in ids]
-            bodies = [(sid, None if o is None else dumps(_open_body(proc, o))) for sid, o in spans]
+        everything = final or pid not in self._open_known
+        reset, spans = self.session.open_changes(proc, everything)
+        bodies = [(sid, None if o is None else dumps(o)) for sid, o in spans]
         self._open_known.add(pid)
         db = self._db
         if reset:
@@ -650,8 +640,7 @@ class SessionWriter:
             t, kind, pid, body = self._events.popleft()
             rows.append((t, kind, pid, dumps(body)))
         c = self._cursors
-        with s._lock:  # marks_gone and the list change together
-            gone, marks = s.marks_gone, s.marks
+        gone, marks = s.retention.held_marks()  # they change together
         c["marks"] = max(c["marks"], gone)  # let go of before this file held them: lost
         for m in marks[c["marks"] - gone :]:
             rows.append(
@@ -683,7 +672,7 @@ class SessionWriter:
         rates = dumps(dict(s.sampler_rate))
         if self._changed(("meta", "sampler_rate"), rates):
             meta["sampler_rate"] = rates
-        label = self._cache.get("label")
+        label = self._label
         if label is not None and self._changed(("meta", "label"), label):
             meta["label"] = label
         if meta:
@@ -707,13 +696,6 @@ def _anchor(path: Path, identity: tuple[int, int]) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def _open_body(proc: Process, span: OpenSpan) -> dict[str, Any]:
-    """An open span as stored, with the peaks reported inside it so far."""
-    body = dataclasses.asdict(span)
-    body["peak_alloc"], body["peak_reserved"] = proc.book.peak_of(span)
-    return body
 
 
 def _rollback(db: sqlite3.Connection) -> None:

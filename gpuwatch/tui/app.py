@@ -32,6 +32,7 @@ from ..fmt import ellipsis, fmt_bytes, fmt_clock, fmt_duration, printable
 from ..session import Session, is_host
 from ..session import navigate as nav
 from ..session.model import Oom
+from ..session.ports import SessionEvent
 from . import marks
 from ._text import Fitted, Part, markup_safe, plain_lines
 from .chart import TimelineChart
@@ -450,7 +451,7 @@ class GpuwatchApp(App[int]):
         self.set_interval(1 / TABLE_HZ, self._refresh_tables)
         self._tick()
 
-    def _on_session_change(self, kind: str, args: tuple[Any, ...]) -> None:
+    def _on_session_change(self, event: SessionEvent) -> None:
         # Runs on sampler threads, hundreds of times a second: post at most one message
         # until the UI has seen it, and at most one per frame interval, so the samplers
         # never wake the UI more often than it can draw.

@@ -10,7 +10,7 @@ from conftest import wait_for
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
 from gpuwatch.session.navigate import events
-from gpuwatch.session.session import KEEP_MARKS
+from gpuwatch.session.retention import KEEP_MARKS
 from gpuwatch.store.info import summarize_opened
 from gpuwatch.store.multi import load_many
 from gpuwatch.store.recorder import WAKE_MARKS, Recorder

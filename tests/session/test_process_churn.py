@@ -12,7 +12,7 @@ import pytest
 import gpuwatch.store.writer as writer_module
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
-from gpuwatch.session.filed import FiledTable
+from gpuwatch.session.settled_table import SettledTable
 from gpuwatch.sources.host import HostSampler
 from gpuwatch.store.writer import SessionWriter
 
@@ -44,7 +44,7 @@ def _held(s: Session) -> int:
     tables = [
         getattr(p, k) for p in s.processes.values() for k in ("torch", "peaks", "rss", "phases")
     ]
-    return sum(0 if isinstance(t, FiledTable) else t._cap for t in tables)
+    return sum(0 if isinstance(t, SettledTable) else t._cap for t in tables)
 
 
 def test_ended_processes_keep_a_summary_only(
@@ -72,9 +72,9 @@ def test_ended_processes_keep_a_summary_only(
         proc.phases.rows(0, PHASES)["t1"].tolist()
     )
     assert s.span_at(proc, int(proc.phases.rows(3, 4)["t0"][0])) is not None
-    assert not isinstance(proc.phases, FiledTable)  # reading its rows read it back...
+    assert not isinstance(proc.phases, SettledTable)  # reading its rows read it back...
     writer.sync()
-    assert isinstance(proc.phases, FiledTable)  # ...until the next commit
+    assert isinstance(proc.phases, SettledTable)  # ...until the next commit
     assert len(proc.phases) == PHASES and proc.phases.span() is not None
 
     # A commit looks at none of them again: no body made (the sampling rates are one),
@@ -192,7 +192,7 @@ def test_an_ended_recorded_process_keeps_a_few_kilobytes(tmp_path: Path) -> None
 
 
 def test_an_unrecorded_session_keeps_summaries_of_older_ended_processes() -> None:
-    from gpuwatch.session.session import KEEP_ENDED
+    from gpuwatch.session.retention import KEEP_ENDED
 
     s = Session()
     s.bound()  # live, not recording
@@ -201,7 +201,7 @@ def test_an_unrecorded_session_keeps_summaries_of_older_ended_processes() -> Non
     assert per <= ENDED_BYTES, f"{per:.0f} bytes per ended process"
     newest, oldest = s.processes[1000 + 599], s.processes[1000]
     assert len(newest.phases) == PHASES  # the newest ended keep their rows
-    assert isinstance(oldest.phases, FiledTable) and sum(oldest.tally.count.values()) == PHASES
+    assert isinstance(oldest.phases, SettledTable) and sum(oldest.tally.count.values()) == PHASES
     assert len(oldest.phases.snapshot()["t0"]) == 0  # nothing to read back: said so
     assert any(f"newest {KEEP_ENDED}" in n for n in s.notes)
 

@@ -11,7 +11,8 @@ from gpuwatch import protocol
 from gpuwatch.protocol import Message
 from gpuwatch.session import MISSING_INT, Device, Session, Table, gpu_key, norm_uuid
 from gpuwatch.session.decimate import column_edges, minmax, segment_max, value_at
-from gpuwatch.session.session import _HANDLERS
+from gpuwatch.session.messages import HANDLERS
+from gpuwatch.session.ports import HostSampled, Noted
 
 
 def test_table_grows_and_slices() -> None:
@@ -247,16 +248,44 @@ def test_uuid_mapping_and_torch_only_devices() -> None:
     assert s.processes_on("gpu:aaa") == [proc]
 
 
-@pytest.mark.parametrize("bad", [RuntimeError("listener broke")])
-def test_a_failing_subscriber_does_not_stop_the_data_path(bad: Exception) -> None:
+@pytest.mark.parametrize("bad", [RuntimeError("listener broke"), KeyError("x")])
+def test_a_failing_listener_is_counted_and_noted_once_never_raised(bad: Exception) -> None:
     s = Session()
+    seen: list[object] = []
 
-    def listener(kind, args):
+    def broken(event: object) -> None:
         raise bad
 
-    s.subscribe(listener)
-    s.add_host_sample({"t": 1, "total": 2, "used": 1, "available": 1})
-    assert len(s.host) == 1
+    s.subscribe(broken)
+    s.subscribe(seen.append)  # a listener after the broken one still hears every fact
+    for t in range(3):  # the producer's thread (here: this one) never sees the error
+        s.add_host_sample({"t": t, "total": 2, "used": 1, "available": 1})
+    assert len(s.host) == 3
+    # Three samples and the note that reports the failure: each failed once.
+    assert s.listener_failures == 4
+    notes = [n for n in s.notes if "listener failed" in n]
+    assert notes == [
+        f"a session listener failed (test_a_failing_listener_is_counted_and_"
+        f"noted_once_never_raised.<locals>.broken: {type(bad).__name__}); "
+        "its further failures are counted, not shown"
+    ]
+    # The note goes out while the first sample's fan-out is under way.
+    assert [type(e) for e in seen] == [Noted, HostSampled, HostSampled, HostSampled]
+    assert seen[0] == Noted(notes[0])
+
+
+def test_each_failing_listener_is_noted_once() -> None:
+    s = Session()
+
+    class Sink:
+        def __call__(self, event: object) -> None:
+            raise ValueError("no")
+
+    s.subscribe(Sink())
+    s.subscribe(Sink())
+    s.note("first")
+    assert s.listener_failures >= 2
+    assert len([n for n in s.notes if "Sink: ValueError" in n]) == 1  # equal lines: one
 
 
 def test_minmax_on_int_columns_skips_the_missing_marker() -> None:
@@ -303,4 +332,4 @@ def test_phase_peaks_run_newest_first_within_a_step_too() -> None:
 
 
 def test_every_message_kind_has_a_handler_and_every_handler_a_kind() -> None:
-    assert sorted(_HANDLERS) == sorted(protocol.KINDS)
+    assert sorted(HANDLERS) == sorted(protocol.KINDS)

@@ -19,6 +19,7 @@ from conftest import wait_for
 
 from gpuwatch import protocol
 from gpuwatch.session import Session, gpu_key
+from gpuwatch.session.ports import DeviceChanged
 from gpuwatch.sources.annotations import AnnotationReceiver
 from gpuwatch.sources.gpu import GpuSampler, describe_pid
 from gpuwatch.sources.nvml import BACKEND_ENV, Nvml
@@ -291,7 +292,7 @@ def test_repeated_failures_become_a_state_that_clears() -> None:
     fake = FakeNvml(2)
     s = Session()
     states: list[str] = []
-    s.subscribe(lambda kind, args: kind == "device" and states.append(args[0].state))
+    s.subscribe(lambda e: isinstance(e, DeviceChanged) and states.append(e.device.state))
     with sampling(fake, s):
         assert wait_for(lambda: count(s, 0) >= 5)
         fake.fail("nvmlDeviceGetMemoryInfo_v2", pynvml.NVML_ERROR_TIMEOUT, index=0, times=5)

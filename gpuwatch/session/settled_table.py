@@ -1,8 +1,8 @@
-"""A settled process's table, held as its size and time span only (issue 23, item 6).
+"""A settled process's table, held as its size and time span only.
 
 A process that ended and whose rows its recording holds keeps no table in memory: a sweep
 of thousands of short scripts would otherwise keep a table, an archive and their indexes
-for each of the four series of every process ever seen. :class:`FiledTable` stands in
+for each of the four series of every process ever seen. :class:`SettledTable` stands in
 for such a table; it answers what every view asks of every process (how many rows, over
 what time) and is replaced by the real table, read back from the file, the first time
 anything else is asked.
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 Reopen = Callable[["Process", str], "Table"]
 
 
-class FiledTable:
+class SettledTable:
     """Stands in for ``proc.<kind>`` while all its rows are in the recording.
 
     Args:
@@ -45,7 +45,8 @@ class FiledTable:
         self._kind = kind
         self._rows = rows
         # Two slots, not a tuple: thousands of these are kept.
-        self._t0, self._t1 = span if span is not None else (None, None)
+        self._t0: int | None = span[0] if span is not None else None
+        self._t1: int | None = span[1] if span is not None else None
         self._reopen = reopen
 
     def __len__(self) -> int:

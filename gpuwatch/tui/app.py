@@ -20,8 +20,9 @@ from typing import Any, Protocol
 
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.dom import NoScreen
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
@@ -227,7 +228,7 @@ class PanelList(VerticalScroll, inherit_bindings=False):
     BINDINGS = [b for b in VerticalScroll.BINDINGS if b.key not in ("home", "end")]  # type: ignore[union-attr]
 
 
-def bindings(actions: Iterable[Action]) -> list[Binding]:
+def bindings(actions: Iterable[Action]) -> list[BindingType]:
     """Key bindings for ``actions``."""
     return [
         Binding(a.keys, a.action, a.title, show=a.footer, key_display=a.key_display)
@@ -274,58 +275,7 @@ class GpuwatchApp(App[int]):
     # a one-line tab strip and notes; a narrow one fits the status bar and keys to its width.
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
-    CSS = """
-    Screen {
-        layout: vertical;
-    }
-    Screen.-short #notes {
-        height: 1;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
-    }
-    Screen.-short Tabs {
-        height: 1;
-    }
-    Screen.-short Tabs Underline {
-        display: none;
-    }
-    Screen.-short #panels {
-        scrollbar-size-vertical: 0;
-    }
-    /* One device panel fills the view; tab steps to the next. The bottom border goes. */
-    Screen.-short DevicePanel, Screen.-short DevicePanel.-secondary {
-        height: 100%;
-        min-height: 0;
-        border: none;
-        border-top: round $panel-lighten-2;
-    }
-    Screen.-short DevicePanel:focus-within {
-        border: none;
-        border-top: round $primary;
-    }
-    #status {
-        height: 1;
-        background: $panel;
-        color: $text;
-        padding: 0 1;
-    }
-    #notes {
-        height: auto;
-        color: $warning;
-        padding: 0 1;
-    }
-    TabbedContent {
-        height: 1fr;
-    }
-    TabbedContent > ContentSwitcher {
-        height: 1fr;
-    }
-    #panels {
-        height: 1fr;
-    }
-    """
-
-    CSS_PATH = [OVERVIEW_CSS]
+    CSS_PATH = [OVERVIEW_CSS, "app.tcss"]
     ACTION_TABLE: tuple[Action, ...] = ACTIONS
     BINDINGS = bindings(ACTIONS)
     TAB_AFTER = "zoom(2.0)"
@@ -591,9 +541,10 @@ class GpuwatchApp(App[int]):
     def short(self) -> bool:
         """The terminal is short (see :data:`SHORT_BELOW`): one panel at a time."""
         try:
-            return self.panel_list.screen.has_class("-short")
-        except Exception:  # not mounted yet, or the app is closing
+            screen = self.panel_list.screen
+        except NoScreen:  # not mounted yet, or the app is closing
             return False
+        return screen.has_class("-short")
 
     @property
     def stepping(self) -> bool:
@@ -883,7 +834,7 @@ class GpuwatchApp(App[int]):
     def focused_panel(self) -> DevicePanel | None:
         """The panel holding focus (on the overview: the selected GPU's), else the first."""
         if self.overview_shown and self.overview.selected_key in self._panels:
-            return self._panels[self.overview.selected_key]  # type: ignore[index]
+            return self._panels[self.overview.selected_key]
         node = self.focused
         while node is not None:
             if isinstance(node, DevicePanel):

@@ -159,13 +159,13 @@ class DevicePanel(Vertical):
         dev = self.device
         t, row = now.t, now.row
         if dev.kind == "host":
-            table = self.session.host_table(self.key)
+            host = self.session.host_table(self.key)
             # Every instrumented process on this host adds to the RSS line (GPU ones have
             # their band rows on their GPU's panel).
             procs = [p for p in self.session.active(*window) if p.host == self.key]
             count = f"RSS of {len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
             if row is None:
-                return f"{'no sample at this time' if len(table) else 'waiting'} · {count}"
+                return f"{'no sample at this time' if len(host) else 'waiting'} · {count}"
             used, total = _figure(row, "used"), _figure(row, "total")
             return f"RAM {fmt_bytes(used)} / {fmt_bytes(total)} used · {count}"
         parts = []
@@ -180,7 +180,7 @@ class DevicePanel(Vertical):
             else:
                 parts.append("waiting for the first sample")
         else:
-            if dev.state == "lost" and t >= (table.span() or (0, 0))[1]:
+            if dev.state == "lost" and table is not None and t >= (table.span() or (0, 0))[1]:
                 parts.append("last seen")
             used, total = _figure(row, "used"), _figure(row, "total")
             parts.append(f"{fmt_bytes(used)} / {fmt_bytes(total)}")
@@ -305,9 +305,9 @@ class DevicePanel(Vertical):
             # Drawing order: where lines share a cell, the later one's colour shows.
             procs = s.processes_on(self.key)
             for proc in procs:
-                line = self.predicted.get(proc.pid)
-                if line is not None:
-                    lo, hi = line.window(t0, t1, n)
+                predicted = self.predicted.get(proc.pid)
+                if predicted is not None:
+                    lo, hi = predicted.window(t0, t1, n)
                     series.append(Series("predicted", lo, hi))
             if self.key in s.gpu and len(s.gpu[self.key]):
                 lo, hi = s.gpu_window(self.key, "used", t0, t1, n)

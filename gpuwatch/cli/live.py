@@ -28,7 +28,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..live import LiveSources
+    from ..live_sources import LiveSources
 
 SUFFIX = ".gpuwatch"  # the same as store._schema.SUFFIX, which --help must not import
 SESSIONS_MAX_ENV = "GPUWATCH_SESSIONS_MAX"  # store.sessions.SESSIONS_MAX_ENV
@@ -178,7 +178,7 @@ def _report_recording(sources: LiveSources) -> None:
 
 
 def _sources(args: argparse.Namespace) -> LiveSources:
-    from ..live import LiveSources
+    from ..live_sources import LiveSources
 
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     configure_recording(sources, args)
@@ -192,7 +192,7 @@ def start_sources(sources: LiveSources) -> None:
     Raises:
         CliError: The sources could not start.
     """
-    from ..live import SourcesError
+    from ..live_sources import SourcesError
 
     try:
         sources.start()

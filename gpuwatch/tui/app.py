@@ -46,7 +46,7 @@ from .processes import ProcessesView, ProcessTable
 from .ranks import RanksView
 from .tables import PeaksTable
 from .theme import DEFAULT_THEME, VARIABLE_DEFAULTS, builtin_themes
-from .view import View
+from .time_window import TimeWindow
 
 SHORT_BELOW = 36
 """Terminal rows below which panels are shown one at a time (80x24 gets ~12 chart rows)."""
@@ -298,7 +298,7 @@ class GpuwatchApp(App[int]):
         self._quit_if = quit_if
         self._child_status: int | None = None
         self.clock = clock or session.now
-        self.view = View()
+        self.view = TimeWindow()
         self.subtitle_text = subtitle
         # A warning the status bar always shows (a recording that stopped), or None.
         self.warning_text = warning

@@ -19,7 +19,7 @@ from textual.widget import Widget
 from ..fmt import fmt_clock
 from ..store.player import Player
 from .app import ACTIONS, Action, GpuwatchApp, bindings, kept_actions
-from .view import MIN_SPAN
+from .time_window import MIN_SPAN
 
 REPLAY_ACTIONS: tuple[Action, ...] = (
     Action("space", "toggle_play", "Play / pause", "Play or pause the recording", True, "space"),
@@ -284,7 +284,7 @@ class ReplayApp(GpuwatchApp):
     def action_cursor(self, cells: int) -> None:
         """Move by chart columns: the cursor and the position together (paused), the
         position (playing)."""
-        # A column's time as the live cursor steps it (View.move_cursor).
+        # A column's time as the live cursor steps it (TimeWindow.move_cursor).
         self._seek_by(cells * max(1, self.view.span // max(self._plot_width(), 1)))
 
     def action_seek(self, fraction: float) -> None:

@@ -200,6 +200,20 @@ def start_sources(sources: LiveSources) -> None:
         raise CliError(str(exc))
 
 
+def user_keymap() -> dict[str, str]:
+    """The user's keymap (``keymap.toml``, see :mod:`gpuwatch.tui.keymap`).
+
+    Raises:
+        CliError: The file cannot be used (one line: which file, and why).
+    """
+    from ..tui.keymap import KeymapError, load_keymap
+
+    try:
+        return load_keymap()
+    except KeymapError as exc:
+        raise CliError(str(exc)) from None
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -207,17 +221,16 @@ def cmd_live(args: argparse.Namespace) -> int:
     """The live dashboard of every GPU and the host."""
     theme = theme_name(args)
     check_theme(theme)
+    keymap = user_keymap()
     need_terminal("gpuwatch record --out FILE (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     start_sources(sources)
     try:
         from ..tui.app import GpuwatchApp
+        from ..tui.transport import Transport
 
         app = GpuwatchApp(
-            sources.session,
-            theme_name=theme,
-            subtitle=lambda: sources.describe(warning=False),
-            warning=sources.warning,
+            sources.session, theme_name=theme, transport=Transport.of(sources), keymap=keymap
         )
         app.run()
     finally:
@@ -233,6 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("gpuwatch run needs a command, e.g. gpuwatch run -- python train.py")
     theme = theme_name(args)
     check_theme(theme)
+    keymap = user_keymap()
     need_terminal("gpuwatch record --out FILE -- COMMAND (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     # Until the dashboard takes SIGTERM and SIGHUP over, they unwind gpuwatch, which stops
@@ -242,14 +256,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             with launched(command, socket_path=sources.socket_path, log_path=args.log) as child:
                 from ..tui.app import GpuwatchApp
+                from ..tui.transport import Transport
 
                 if (sig := unwind_requested()) is not None:  # swallowed during the import
                     raise SystemExit(128 + sig)
                 GpuwatchApp(
                     sources.session,
                     theme_name=theme,
-                    subtitle=lambda: sources.describe(warning=False),
-                    warning=sources.warning,
+                    transport=Transport.of(sources),
+                    keymap=keymap,
                     child=child,
                     quit_if=lambda: unwind_requested() is not None,
                 ).run()

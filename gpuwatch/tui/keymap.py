@@ -16,8 +16,6 @@ import os
 import sys
 from pathlib import Path
 
-from textual.binding import Keymap
-
 from ..fmt import ellipsis, printable
 from .actions import KEY_IDS
 
@@ -44,7 +42,7 @@ def keymap_path() -> Path:
     return Path(config) / "gpuwatch" / "keymap.toml"
 
 
-def load_keymap(path: Path | None = None) -> Keymap:
+def load_keymap(path: Path | None = None) -> dict[str, str]:
     """The keymap in ``path`` (default :func:`keymap_path`); none there: an empty one.
 
     Raises:
@@ -63,7 +61,7 @@ def load_keymap(path: Path | None = None) -> Keymap:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise KeymapError(f"the keymap {shown} is not TOML: {exc}") from None
-    keymap: Keymap = {}
+    keymap: dict[str, str] = {}
     for binding_id, value in data.items():
         if binding_id not in KEY_IDS.values():
             known = ", ".join(sorted(set(KEY_IDS.values())))

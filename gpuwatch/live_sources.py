@@ -51,6 +51,7 @@ class LiveSources:
         self._metrics_at: tuple[str, int] | None = None
         self._ranks_stop = threading.Event()
         self._ranks: threading.Thread | None = None
+        self.rank_check_failures = 0  # looks at the ranks that raised (the first is noted)
 
     def record_to(
         self,
@@ -117,8 +118,13 @@ class LiveSources:
         while not self._ranks_stop.wait(RANKS_EVERY):
             try:
                 marks.check(self.session)
-            except Exception:  # a look that failed is tried again; the sources go on
-                pass
+            except Exception as exc:  # tried again next time; the sources go on
+                self.rank_check_failures += 1
+                if self.rank_check_failures == 1:  # said once, not each second
+                    self.session.note(
+                        f"cannot look at the ranks for faults ({type(exc).__name__}): "
+                        "their marks may be missing"
+                    )
 
     def _start_metrics(self) -> None:
         if self._metrics_at is None:

@@ -22,6 +22,7 @@ from textual.binding import Keymap
 from textual.containers import VerticalScroll
 from textual.dom import NoScreen
 from textual.message import Message
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
@@ -148,6 +149,9 @@ class GpuwatchApp(App[int]):
     # transport turns the other off (check_action).
     BINDINGS = bindings(REPLAY_ACTIONS, LIVE_ACTIONS)
 
+    overview_shown: var[bool] = var(False)
+    """The Timelines tab shows the overview (every GPU at a glance), not the panels."""
+
     def __init__(
         self,
         session: Session,
@@ -190,7 +194,6 @@ class GpuwatchApp(App[int]):
         # The overview: None follows the layout (shown when the panels do not all fit),
         # True / False is the user's choice (g / enter).
         self._overview_choice: bool | None = None
-        self.overview_shown = False
         self._plot_width_at: tuple[object, int] | None = None  # (size, width) of the charts
 
     # ------------------------------------------------------------------ setup
@@ -439,13 +442,11 @@ class GpuwatchApp(App[int]):
         """Show the overview or the panels, as chosen (else as the layout says)."""
         choice = self._overview_choice
         shown = (not self.panels_fit()) if choice is None else choice
-        if shown == self.overview_shown and self.overview_scroll.display == shown:
+        if shown == self.overview_shown:
             if shown and isinstance(self.focused, DevicePanel):  # hidden: it cannot keep it
                 self.overview.focus()
             return
         self.overview_shown = shown
-        self.overview_scroll.display = shown
-        self.panel_list.display = not shown
         if self.tabs.active != "timelines":
             return
         if shown:
@@ -456,6 +457,10 @@ class GpuwatchApp(App[int]):
         elif self.overview.has_focus:
             # Given way to a run on the CPU: its host panel, first; else the selected GPU's.
             self._focus_panel(None if self._host_run else self.overview.selected_key)
+
+    def watch_overview_shown(self, shown: bool) -> None:
+        self.overview_scroll.display = shown
+        self.panel_list.display = not shown
 
     def _focus_panel(self, key: str | None) -> None:
         target = self._panels.get(key) if key is not None else None
@@ -802,7 +807,6 @@ class GpuwatchApp(App[int]):
         fit = not gpus[0].fit  # one state for all: a mixed set is made even
         for panel in gpus:
             panel.fit = fit
-            panel.chart.invalidate()
         what = "fitted to the data" if fit else "the device's total"
         self.notify(f"y axis: {what}", timeout=2)
         self.redraw()

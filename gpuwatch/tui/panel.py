@@ -9,6 +9,7 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
+from textual.reactive import var
 
 from ..analysis.breakdown import SAME
 from ..analysis.moment import Moment, moment
@@ -65,6 +66,9 @@ class DevicePanel(Vertical):
 
     can_focus = True
 
+    fit: var[bool] = var(False)
+    """The y axis fits the data (True) or reaches the device's total (False)."""
+
     def __init__(
         self, session: Session, key: str, predicted: Mapping[int, PredictedLine] | None = None
     ) -> None:
@@ -74,15 +78,18 @@ class DevicePanel(Vertical):
         # Predicted lines by pid, shared with the app (which keeps them up to date).
         self.predicted = predicted if predicted is not None else {}
         self.is_host = is_host(key)
-        self.fit = self.is_host  # the host's total dwarfs a process's RSS
         self.header = Line("", classes="panel-header", markup=False)
         self.chart = TimelineChart(self._fetch_chart, session.t_origin)
         self.band = PhaseBand(self._fetch_band)
         self.bar = BreakdownBar() if not self.is_host else None
         self.legend = Fitted(sep="  ", max_lines=2, classes="panel-legend")
+        self.set_reactive(DevicePanel.fit, self.is_host)  # the host's total dwarfs an RSS
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
         self.short = False  # the app's short layout: fewer band rows
         self._title_shown: str | None = None  # the border title last set
+
+    def watch_fit(self) -> None:
+        self.chart.invalidate()  # the y scale is not part of the chart's cache key
 
     @property
     def device(self):

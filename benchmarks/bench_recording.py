@@ -107,7 +107,7 @@ async def main():
             t = time.perf_counter()
             player.seek(target)
             app.view.span = span
-            app.view.jump(target, app._replay_now())
+            app.view.jump(target, app.now())
             app.redraw()  # every panel reads its new window: header, legend, band, bar
             data.append(time.perf_counter() - t)
             c = time.perf_counter()

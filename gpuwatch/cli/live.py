@@ -29,6 +29,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ..live_sources import LiveSources
+    from ..tui.transport import Transport
 
 SUFFIX = ".gpuwatch"  # the same as store._schema.SUFFIX, which --help must not import
 SESSIONS_MAX_ENV = "GPUWATCH_SESSIONS_MAX"  # store.sessions.SESSIONS_MAX_ENV
@@ -200,6 +201,13 @@ def start_sources(sources: LiveSources) -> None:
         raise CliError(str(exc))
 
 
+def _transport(sources: LiveSources) -> Transport:
+    """What drives a live dashboard: the session's clock, the recording in the status bar."""
+    from ..tui.transport import Transport
+
+    return Transport(sources.session.now, lambda: sources.describe(warning=False), sources.warning)
+
+
 def user_keymap() -> dict[str, str]:
     """The user's keymap (``keymap.toml``, see :mod:`gpuwatch.tui.keymap`).
 
@@ -227,10 +235,9 @@ def cmd_live(args: argparse.Namespace) -> int:
     start_sources(sources)
     try:
         from ..tui.app import GpuwatchApp
-        from ..tui.transport import Transport
 
         app = GpuwatchApp(
-            sources.session, theme_name=theme, transport=Transport.of(sources), keymap=keymap
+            sources.session, theme_name=theme, transport=_transport(sources), keymap=keymap
         )
         app.run()
     finally:
@@ -256,14 +263,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             with launched(command, socket_path=sources.socket_path, log_path=args.log) as child:
                 from ..tui.app import GpuwatchApp
-                from ..tui.transport import Transport
 
                 if (sig := unwind_requested()) is not None:  # swallowed during the import
                     raise SystemExit(128 + sig)
                 GpuwatchApp(
                     sources.session,
                     theme_name=theme,
-                    transport=Transport.of(sources),
+                    transport=_transport(sources),
                     keymap=keymap,
                     child=child,
                     quit_if=lambda: unwind_requested() is not None,

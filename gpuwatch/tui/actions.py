@@ -3,7 +3,7 @@
 Each mode has its own table (what its transport can do); the app binds the keys of both, the
 replay's first, and :meth:`GpuwatchApp.check_action` turns off what the mode's transport
 cannot do, so a key that means two things (``space``: follow live, play a replay) finds the
-one its mode has. Every binding on a key carries that key's id (:data:`KEY_IDS`): a keymap
+one its mode has. Every binding on a key carries that key's id (:data:`~.keymap.KEY_IDS`): a keymap
 moves the key with all it does, in both modes.
 """
 
@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from textual.binding import Binding, BindingType
+
+from .keymap import KEY_IDS
 
 
 @dataclass(frozen=True)
@@ -26,47 +28,6 @@ class Action:
     footer: bool = False
     key_display: str | None = None
 
-
-KEY_IDS: dict[str, str] = {
-    "f": "follow",
-    "space": "play",
-    "plus": "zoom-in",
-    "equals_sign": "zoom-in",
-    "minus": "zoom-out",
-    "left": "cursor-left",
-    "right": "cursor-right",
-    "ctrl+left": "cursor-far-left",
-    "ctrl+right": "cursor-far-right",
-    "shift+left": "pan-back",
-    "shift+right": "pan-forward",
-    "less_than_sign": "slower",
-    "greater_than_sign": "faster",
-    "left_square_bracket": "previous-boundary",
-    "right_square_bracket": "next-boundary",
-    "m": "next-mark",
-    "M": "previous-mark",
-    "o": "next-oom",
-    "O": "previous-oom",
-    "s": "spike",
-    "w": "whole",
-    "home": "start",
-    "end": "end",
-    "escape": "clear-cursor",
-    "y": "fit",
-    "1": "timelines",
-    "2": "peaks",
-    "3": "processes",
-    "4": "log",
-    "5": "ranks",
-    "tab": "next-panel",
-    "shift+tab": "previous-panel",
-    "g": "overview",
-    "backspace": "overview",
-    "question_mark": "help",
-    "q": "quit",
-}
-"""The id of each key's bindings: what a keymap (``keymap.toml``) names to move the key.
-Live, ``space`` follows and ``<`` / ``>`` pan (their ids name what they do in a replay)."""
 
 # Shared by both modes: the same keys, the same text.
 _ZOOM = (

@@ -131,7 +131,7 @@ class GpuwatchApp(App[int]):
         clock: Returns the newest time to show (default :meth:`Session.now`).
         transport: What drives the dashboard (default: live, from ``clock``, ``subtitle``
             and ``warning``); :class:`~gpuwatch.tui.replay.ReplayTransport` replays.
-        keymap: Binding ids to keys (see :data:`~gpuwatch.tui.actions.KEY_IDS`), over the
+        keymap: Binding ids to keys (see :data:`~gpuwatch.tui.keymap.KEY_IDS`), over the
             defaults.
         child: The command started by ``gpuwatch run``: its output gets a tab, its state
             the status bar, and quitting while it runs asks first.

@@ -1,13 +1,14 @@
 """The user's keymap: ``$XDG_CONFIG_HOME/gpuwatch/keymap.toml`` (else ``~/.config/...``).
 
-Each line gives a binding id (:data:`~gpuwatch.tui.actions.KEY_IDS`) its keys, over the
+Each line gives a binding id (:data:`KEY_IDS`) its keys, over the
 defaults, in live and replay alike::
 
     play = "p"                 # space no longer plays or follows; p does
     zoom-in = ["plus", "i"]    # several keys: a list, or "plus,i"
 
 Keys are Textual's names (``ctrl+left``, ``question_mark`` or ``?``). A key the keymap gives
-to a new id loses what it did.
+to a new id loses what it did. Nothing here imports textual: the command line reads the
+file before it knows it has a terminal.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 from ..fmt import ellipsis, printable
-from .actions import KEY_IDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,6 +28,48 @@ KEYMAP_ENV = "GPUWATCH_KEYMAP"
 """A keymap file to read instead of the one in the config directory."""
 MAX_KEY = 40
 """The longest key name taken (Textual's longest are ``ctrl+shift+...`` forms)."""
+
+
+KEY_IDS: dict[str, str] = {
+    "f": "follow",
+    "space": "play",
+    "plus": "zoom-in",
+    "equals_sign": "zoom-in",
+    "minus": "zoom-out",
+    "left": "cursor-left",
+    "right": "cursor-right",
+    "ctrl+left": "cursor-far-left",
+    "ctrl+right": "cursor-far-right",
+    "shift+left": "pan-back",
+    "shift+right": "pan-forward",
+    "less_than_sign": "slower",
+    "greater_than_sign": "faster",
+    "left_square_bracket": "previous-boundary",
+    "right_square_bracket": "next-boundary",
+    "m": "next-mark",
+    "M": "previous-mark",
+    "o": "next-oom",
+    "O": "previous-oom",
+    "s": "spike",
+    "w": "whole",
+    "home": "start",
+    "end": "end",
+    "escape": "clear-cursor",
+    "y": "fit",
+    "1": "timelines",
+    "2": "peaks",
+    "3": "processes",
+    "4": "log",
+    "5": "ranks",
+    "tab": "next-panel",
+    "shift+tab": "previous-panel",
+    "g": "overview",
+    "backspace": "overview",
+    "question_mark": "help",
+    "q": "quit",
+}
+"""The id of each key's bindings: what a keymap (``keymap.toml``) names to move the key.
+Live, ``space`` follows and ``<`` / ``>`` pan (their ids name what they do in a replay)."""
 
 
 class KeymapError(ValueError):

@@ -8,7 +8,6 @@ jumped through) and playing again resumes from the position.
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING
 
 from rich.style import Style
 from rich.text import Text
@@ -19,11 +18,9 @@ from textual.widget import Widget
 from ..fmt import fmt_clock
 from ..store.player import Player
 from .actions import REPLAY_ACTIONS
+from .app import GpuwatchApp
 from .time_window import MIN_SPAN
-from .transport import Seek, Transport
-
-if TYPE_CHECKING:
-    from .app import GpuwatchApp
+from .transport import Dashboard, Seek, Transport
 
 
 class Scrubber(Widget):
@@ -118,7 +115,7 @@ class ReplayTransport(Transport):
         self._recorded_on = loader.recording.meta.get("host", "") if loader is not None else ""
         self._frozen = False
 
-    def attach(self, app: GpuwatchApp) -> None:
+    def attach(self, app: Dashboard) -> None:
         super().attach(app)
         # Modules, the file's index and the session opened so far live as long as the
         # app: out of the collector's view, its full passes while the screen is built
@@ -314,8 +311,6 @@ def replay_app(
     keymap: Keymap | None = None,
 ) -> GpuwatchApp:
     """The dashboard over ``player``'s recording."""
-    from .app import GpuwatchApp
-
     return GpuwatchApp(
         player.session,
         transport=ReplayTransport(player, subtitle),

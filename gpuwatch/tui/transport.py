@@ -9,17 +9,58 @@ whose action the transport lacks is off (:meth:`GpuwatchApp.check_action`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from textual.message import Message
+from textual.notifications import SeverityLevel
+from textual.timer import Timer
 from textual.widget import Widget
 
+from ..session import Session
 from ..session import navigate as nav
 from .actions import LIVE_ACTIONS, Action
+from .panel import DevicePanel
+from .time_window import TimeWindow
 
-if TYPE_CHECKING:
-    from ..live_sources import LiveSources
-    from .app import GpuwatchApp
+
+class Dashboard(Protocol):
+    """What a transport needs of the app it drives (:class:`GpuwatchApp`)."""
+
+    session: Session
+    view: TimeWindow
+
+    def redraw(self) -> None:
+        """Redraw now."""
+
+    def plot_width(self) -> int:
+        """The charts' plot width in columns."""
+
+    def focused_panel(self) -> DevicePanel | None:
+        """The device panel the keys are about."""
+
+    def reference_time(self, direction: int) -> int:
+        """Where a jump in ``direction`` starts from."""
+
+    def jump(self, t: int | None, what: str) -> None:
+        """Cursor to ``t`` (None: say there is no ``what`` there)."""
+
+    def tell_events(self, t: int) -> None:
+        """Say what the marks and OOMs at ``t`` say."""
+
+    def tell_spike(self, found: nav.Spike) -> None:
+        """Say which spike a jump landed on."""
+
+    def notify(
+        self,
+        message: str,
+        *,
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+    ) -> None:
+        """A toast."""
+
+    def set_interval(self, interval: float, callback: Callable[[], Any] | None = None) -> Timer:
+        """Call ``callback`` every ``interval`` seconds."""
 
 
 class Seek(Message):
@@ -56,20 +97,15 @@ class Transport:
         self.clock = clock
         self._subtitle = subtitle
         self._warning = warning
-        self._app: GpuwatchApp | None = None
-
-    @classmethod
-    def of(cls, sources: LiveSources) -> Transport:
-        """The transport of the live sources: their session's clock, their recording."""
-        return cls(sources.session.now, lambda: sources.describe(warning=False), sources.warning)
+        self._app: Dashboard | None = None
 
     @property
-    def app(self) -> GpuwatchApp:
+    def app(self) -> Dashboard:
         """The app this transport drives (set when the app is made)."""
         assert self._app is not None, "attach() first"
         return self._app
 
-    def attach(self, app: GpuwatchApp) -> None:
+    def attach(self, app: Dashboard) -> None:
         """Drive ``app``."""
         self._app = app
 

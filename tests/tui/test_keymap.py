@@ -10,9 +10,9 @@ import synthetic
 from conftest import ROOT, run_gpuwatch
 
 from gpuwatch.store.player import open_replay
-from gpuwatch.tui.actions import KEY_IDS, LIVE_ACTIONS, REPLAY_ACTIONS
+from gpuwatch.tui.actions import LIVE_ACTIONS, REPLAY_ACTIONS
 from gpuwatch.tui.app import GpuwatchApp
-from gpuwatch.tui.keymap import KeymapError, keymap_path, load_keymap
+from gpuwatch.tui.keymap import KEY_IDS, KeymapError, keymap_path, load_keymap
 from gpuwatch.tui.replay import replay_app
 
 SIZE = (140, 45)

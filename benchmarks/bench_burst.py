@@ -54,7 +54,7 @@ print(json.dumps({"pairs": pairs, "dropped": client.dropped, "sent": client.sent
 
 HOST = """
 import asyncio, json, os, subprocess, sys, tempfile, time
-from gpuwatch.live import LiveSources
+from gpuwatch.live_sources import LiveSources
 
 mode, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 d = tempfile.mkdtemp(prefix="gw-", dir="/tmp"); os.chmod(d, 0o700)

@@ -184,7 +184,7 @@ def dashboard_cpu_share(seconds: float) -> tuple[float, float] | None:
     }
     code = (
         "import asyncio, os, resource, time, tempfile\n"
-        "from gpuwatch.live import LiveSources\n"
+        "from gpuwatch.live_sources import LiveSources\n"
         "from gpuwatch.tui.app import GpuwatchApp\n"
         "d = tempfile.mkdtemp(); os.chmod(d, 0o700)\n"
         "src = LiveSources(socket=d + '/gw.sock', interval=0.01); src.start()\n"

@@ -41,7 +41,7 @@ CHILD = r"""
 import asyncio, json, os, random, sys, time
 from gpuwatch.store.multi import load_many
 from gpuwatch.store.player import Player
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 def peak_mb():
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child would report
@@ -58,7 +58,7 @@ async def main():
     out = {"load": time.perf_counter() - t}
     s = opened.session
     player = Player(s, playing=False)
-    app = ReplayApp(player, subtitle="bench")
+    app = replay_app(player, subtitle="bench")
     t = time.perf_counter()
     async with app.run_test(size=(200, 60)) as pilot:
         while app.redraws < 1:

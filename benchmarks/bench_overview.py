@@ -35,7 +35,7 @@ SIZES = ((80, 24), (200, 50))
 
 CHILD = """
 import asyncio, json, os, resource, sys, tempfile, time
-from gpuwatch.live import LiveSources
+from gpuwatch.live_sources import LiveSources
 from gpuwatch.tui.app import GpuwatchApp
 seconds, width, height = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 alone = width == 0  # the sources without the dashboard

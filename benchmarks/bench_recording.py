@@ -12,7 +12,7 @@ Targets (issue 16; the file size and the recorder's CPU from issue 5):
 
 - file size at most 300 MB a day;
 - ``gpuwatch replay`` start to first frame within 1 s: a fresh interpreter runs what
-  ``gpuwatch replay`` runs (``open_replay`` and ``ReplayApp``, headless) and reports when
+  ``gpuwatch replay`` runs (``open_replay`` and ``replay_app``, headless) and reports when
   the app has drawn its first frame (the whole recording, as replay opens on it); the time
   is taken in this process, from before the child is started, so interpreter start and
   imports count;
@@ -70,7 +70,7 @@ import asyncio, json, os, random, statistics, sys
 sys.path.insert(0, {root!r})
 from gpuwatch.store.player import open_replay
 from gpuwatch.store.archive import CACHE
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 def rss_mb():
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child would report
@@ -84,7 +84,7 @@ async def main():
     t = time.perf_counter()
     player = open_replay({path!r})
     out["open"] = time.perf_counter() - t
-    app = ReplayApp(player, subtitle="bench")
+    app = replay_app(player, subtitle="bench")
     async with app.run_test(size=(160, 60)) as pilot:
         while app.redraws < 1:
             await pilot.pause()
@@ -107,7 +107,7 @@ async def main():
             t = time.perf_counter()
             player.seek(target)
             app.view.span = span
-            app.view.jump(target, app._replay_now())
+            app.view.jump(target, app.now())
             app.redraw()  # every panel reads its new window: header, legend, band, bar
             data.append(time.perf_counter() - t)
             c = time.perf_counter()

@@ -8,7 +8,7 @@ messages (tests/support/sweep.py: a hello, a mark, 20 phases with peaks, 20 RSS 
 a bye), then read by fresh interpreters:
 
 - ``gpuwatch info FILE`` and ``gpuwatch info --json FILE``: seconds and peak RSS (VmHWM);
-- replay: ``open_replay`` and the real ``ReplayApp`` headless, until its first frame is
+- replay: ``open_replay`` and the real ``replay_app`` headless, until its first frame is
   drawn: seconds from the interpreter's start and from the open, peak RSS, chunks read.
 
 The anchor, measured in the same run: the same on a sweep of 50 processes. Reported per
@@ -66,7 +66,7 @@ START = time.perf_counter()
 import asyncio, json, os, sys
 sys.path.insert(0, {root!r})
 from gpuwatch.store.player import open_replay
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 def mb():
     for line in open("/proc/self/status"):
@@ -77,7 +77,7 @@ async def main():
     t = time.perf_counter()
     player = open_replay({path!r})
     out = {{"open": time.perf_counter() - t}}
-    app = ReplayApp(player, subtitle="bench")
+    app = replay_app(player, subtitle="bench")
     async with app.run_test(size=(160, 50)) as pilot:
         while app.redraws < 1:
             await pilot.pause()

@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from gpuwatch.store.player import open_replay  # noqa: E402
 from gpuwatch.tui.app import GpuwatchApp  # noqa: E402
-from gpuwatch.tui.replay import ReplayApp  # noqa: E402
+from gpuwatch.tui.replay import replay_app  # noqa: E402
 
 OUT = ROOT / "docs" / "img"
 SAMPLES = ROOT / "samples"
@@ -33,7 +33,7 @@ SIZE = (150, 44)
 async def shoot(sample: str, keys: tuple[str, ...], name: str, size: tuple[int, int]) -> None:
     player = open_replay(SAMPLES / sample)
     try:
-        app = ReplayApp(player, subtitle=f"replay {sample}")
+        app = replay_app(player, subtitle=f"replay {sample}")
         async with app.run_test(size=size) as pilot:
             await pilot.pause(0.5)
             for key in keys:

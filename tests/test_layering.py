@@ -104,7 +104,7 @@ ALLOWED: dict[str, set[str]] = {
         "protocol",
     },
     "launch": {"protocol"},
-    "live": {"session", "sources", "store", "prometheus", "protocol", "fmt", "analysis"},
+    "live_sources": {"session", "sources", "store", "prometheus", "protocol", "fmt", "analysis"},
     "tui": {
         "session",
         "store",
@@ -123,7 +123,7 @@ ALLOWED: dict[str, set[str]] = {
         "cluster",
         "fmt",
         "launch",
-        "live",
+        "live_sources",
         "predict",
         "session",
         "store",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from ..live import LiveSources
+    from ..live_sources import LiveSources
 
 EXIT_OK = 0
 EXIT_ERROR = 1

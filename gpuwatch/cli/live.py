@@ -28,7 +28,8 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..live import LiveSources
+    from ..live_sources import LiveSources
+    from ..tui.transport import Transport
 
 SUFFIX = ".gpuwatch"  # the same as store._schema.SUFFIX, which --help must not import
 SESSIONS_MAX_ENV = "GPUWATCH_SESSIONS_MAX"  # store.sessions.SESSIONS_MAX_ENV
@@ -178,7 +179,7 @@ def _report_recording(sources: LiveSources) -> None:
 
 
 def _sources(args: argparse.Namespace) -> LiveSources:
-    from ..live import LiveSources
+    from ..live_sources import LiveSources
 
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     configure_recording(sources, args)
@@ -192,12 +193,33 @@ def start_sources(sources: LiveSources) -> None:
     Raises:
         CliError: The sources could not start.
     """
-    from ..live import SourcesError
+    from ..live_sources import SourcesError
 
     try:
         sources.start()
     except SourcesError as exc:
         raise CliError(str(exc))
+
+
+def _transport(sources: LiveSources) -> Transport:
+    """What drives a live dashboard: the session's clock, the recording in the status bar."""
+    from ..tui.transport import Transport
+
+    return Transport(sources.session.now, lambda: sources.describe(warning=False), sources.warning)
+
+
+def user_keymap() -> dict[str, str]:
+    """The user's keymap (``keymap.toml``, see :mod:`gpuwatch.tui.keymap`).
+
+    Raises:
+        CliError: The file cannot be used (one line: which file, and why).
+    """
+    from ..tui.keymap import KeymapError, load_keymap
+
+    try:
+        return load_keymap()
+    except KeymapError as exc:
+        raise CliError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- commands
@@ -207,6 +229,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     """The live dashboard of every GPU and the host."""
     theme = theme_name(args)
     check_theme(theme)
+    keymap = user_keymap()
     need_terminal("gpuwatch record --out FILE (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     start_sources(sources)
@@ -214,10 +237,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         from ..tui.app import GpuwatchApp
 
         app = GpuwatchApp(
-            sources.session,
-            theme_name=theme,
-            subtitle=lambda: sources.describe(warning=False),
-            warning=sources.warning,
+            sources.session, theme_name=theme, transport=_transport(sources), keymap=keymap
         )
         app.run()
     finally:
@@ -233,6 +253,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("gpuwatch run needs a command, e.g. gpuwatch run -- python train.py")
     theme = theme_name(args)
     check_theme(theme)
+    keymap = user_keymap()
     need_terminal("gpuwatch record --out FILE -- COMMAND (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     # Until the dashboard takes SIGTERM and SIGHUP over, they unwind gpuwatch, which stops
@@ -248,8 +269,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 GpuwatchApp(
                     sources.session,
                     theme_name=theme,
-                    subtitle=lambda: sources.describe(warning=False),
-                    warning=sources.warning,
+                    transport=_transport(sources),
+                    keymap=keymap,
                     child=child,
                     quit_if=lambda: unwind_requested() is not None,
                 ).run()

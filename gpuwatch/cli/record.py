@@ -34,7 +34,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ..launch import Child
-    from ..live import LiveSources
+    from ..live_sources import LiveSources
     from ..session import Session
 
 
@@ -92,7 +92,7 @@ def register(sub: Any) -> None:
 def cmd_record(args: argparse.Namespace) -> int:
     """Record until SIGINT/SIGTERM or ``--duration``, with a status line on stderr."""
     from ..launch import SignalForwarder, describe_returncode
-    from ..live import LiveSources
+    from ..live_sources import LiveSources
     from .live import start_sources
 
     out = Path(args.out)

@@ -176,6 +176,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """Open the dashboard on a recording (or several merged), playing from its start."""
     theme = theme_name(args)
     check_theme(theme)
+    from .live import user_keymap
+
+    keymap = user_keymap()
     need_terminal("gpuwatch info FILE (a summary) or gpuwatch export FILE (tables)")
     from ..store.player import Player, open_replay
     from ..store.recording import RecordingError
@@ -196,9 +199,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         names = ", ".join(p.origin for p in opened.parts)
         subtitle = f"replay of {len(files)} recordings merged ({args.align} clock): {names}"
     try:
-        from ..tui.replay import ReplayApp
+        from ..tui.replay import replay_app
 
-        ReplayApp(player, theme_name=theme, subtitle=subtitle).run()
+        replay_app(player, theme_name=theme, subtitle=subtitle, keymap=keymap).run()
     finally:
         player.close()
     return EXIT_OK

@@ -7,6 +7,8 @@ and every dot between low and high is set: a spike one sample wide still lights 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 # Bit of each dot, indexed [row within the cell 0..3][column within the cell 0..1].
@@ -64,7 +66,7 @@ def rasterise(
     bottom[~ok] = -1
     # Per cell row k: the column's lit dot rows inside the cell, [a, b) with 0 <= a, b <= 4
     # (small ints, clipped in place: these arrays are lines x height x 2 * width).
-    small = np.int16 if rows < 2**15 - 1 else np.int32
+    small: type[np.signedinteger[Any]] = np.int16 if rows < 2**15 - 1 else np.int32
     first = 4 * np.arange(height, dtype=small)[None, :, None]
     span = top.astype(small)[:, None, :] - first
     np.clip(span, 0, 4, out=span)

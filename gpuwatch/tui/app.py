@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import shlex
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.binding import Keymap
 from textual.containers import VerticalScroll
+from textual.dom import NoScreen
 from textual.message import Message
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
@@ -35,6 +35,7 @@ from ..session.model import Oom
 from ..session.ports import SessionEvent
 from . import marks
 from ._text import Fitted, Part, markup_safe, plain_lines
+from .actions import LIVE_ACTIONS, REPLAY_ACTIONS, bindings, help_keys
 from .chart import TimelineChart
 from .confirm import Confirm
 from .keys import Key, KeyBar
@@ -46,7 +47,8 @@ from .processes import ProcessesView, ProcessTable
 from .ranks import RanksView
 from .tables import PeaksTable
 from .theme import DEFAULT_THEME, VARIABLE_DEFAULTS, builtin_themes
-from .view import View
+from .time_window import TimeWindow
+from .transport import Seek, Transport
 
 SHORT_BELOW = 36
 """Terminal rows below which panels are shown one at a time (80x24 gets ~12 chart rows)."""
@@ -108,116 +110,6 @@ class NewData(Message):
         return isinstance(message, NewData)
 
 
-@dataclass(frozen=True)
-class Action:
-    """One user action: its keys, its action string, and how to describe it."""
-
-    keys: str
-    action: str
-    title: str
-    help: str
-    footer: bool = False
-    key_display: str | None = None
-
-
-ACTIONS: tuple[Action, ...] = (
-    Action(
-        "f,space",
-        "toggle_follow",
-        "Follow / pause",
-        "Follow the newest data, or freeze the window where it is",
-        True,
-        "f",
-    ),
-    Action("plus,equals_sign", "zoom(0.5)", "Zoom in", "Halve the time window", True, "+"),
-    Action("minus", "zoom(2.0)", "Zoom out", "Double the time window", True, "-"),
-    Action("left", "cursor(-1)", "Cursor left", "Move the cursor one column back"),
-    Action("right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
-    Action(
-        "ctrl+left",
-        "cursor_window(-0.1)",
-        "Cursor far left",
-        "Move the cursor a tenth of the window back",
-    ),
-    Action(
-        "ctrl+right",
-        "cursor_window(0.1)",
-        "Cursor far right",
-        "Move the cursor a tenth of the window on",
-    ),
-    Action(
-        "shift+left,less_than_sign",
-        "pan(-0.25)",
-        "Pan back",
-        "Move the window a quarter back in time",
-    ),
-    Action(
-        "shift+right,greater_than_sign",
-        "pan(0.25)",
-        "Pan forward",
-        "Move the window a quarter forward in time",
-    ),
-    Action(
-        "left_square_bracket",
-        "jump_boundary(-1)",
-        "Previous phase boundary",
-        "Cursor to the previous phase start or end",
-        False,
-        "[",
-    ),
-    Action(
-        "right_square_bracket",
-        "jump_boundary(1)",
-        "Next phase boundary",
-        "Cursor to the next phase start or end",
-        False,
-        "]",
-    ),
-    Action("m", "jump_event(1)", "Next mark", "Cursor to the next mark or OOM"),
-    Action("M", "jump_event(-1)", "Previous mark", "Cursor to the previous mark or OOM"),
-    Action(
-        "s",
-        "jump_spike",
-        "Largest spike",
-        "Cursor to the highest exact phase peak of the focused device (else nvidia-smi's)",
-        True,
-    ),
-    Action("home", "home", "Start", "Show the start of the session"),
-    Action("end", "end", "Newest", "Follow the newest data"),
-    Action("escape", "clear_cursor", "Clear cursor", "Remove the cursor"),
-    Action(
-        "y",
-        "toggle_fit",
-        "Fit / total",
-        "Scale the y axis to the data or to the device's total memory",
-    ),
-    Action("1", "show_tab('timelines')", "Timelines", "Show the timelines"),
-    Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
-    Action("3", "show_tab('processes')", "Processes", "Show the process table", True, "3"),
-    Action("4", "show_tab('log')", "Log", "Show the command's output (gpuwatch run)"),
-    Action("5", "show_ranks", "Ranks", "Show the ranks of a multi-GPU job side by side"),
-    Action(
-        "tab",
-        "next_panel(1)",
-        "Next panel",
-        "Focus the next device (a short terminal shows one panel at a time); "
-        "on the overview, open the selected GPU's panel (as enter does)",
-    ),
-    Action("shift+tab", "next_panel(-1)", "Previous panel", "Focus the previous device"),
-    Action(
-        "g,backspace",
-        "overview",
-        "Overview",
-        "Back to the overview, every GPU at a glance (up / down select, enter or tab "
-        "opens); the first screen when the panels do not all fit",
-        False,
-        "g",
-    ),
-    Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?"),
-    Action("q", "quit", "Quit", "Quit gpuwatch", True),
-)
-
-
 class PanelList(VerticalScroll, inherit_bindings=False):
     """The device panels: they scroll, but ``home`` and ``end`` are the dashboard's.
 
@@ -228,32 +120,6 @@ class PanelList(VerticalScroll, inherit_bindings=False):
     BINDINGS = [b for b in VerticalScroll.BINDINGS if b.key not in ("home", "end")]  # type: ignore[union-attr]
 
 
-def bindings(actions: Iterable[Action]) -> list[Binding]:
-    """Key bindings for ``actions``."""
-    return [
-        Binding(a.keys, a.action, a.title, show=a.footer, key_display=a.key_display)
-        for a in actions
-    ]
-
-
-def kept_actions(base: Iterable[Action], over: Iterable[Action]) -> tuple[Action, ...]:
-    """The actions of ``base`` still reachable under ``over``'s keys (replay over live).
-
-    A key ``over`` binds leaves ``base``; an action left with no key goes; one that kept
-    only some of its keys follows the untouched ones (as Textual merges the bindings, the
-    keys ``over`` names change meaning and the rest stay).
-    """
-    taken = {k for a in over for k in a.keys.split(",")}
-    whole, trimmed = [], []
-    for a in base:
-        keys = [k for k in a.keys.split(",") if k not in taken]
-        if len(keys) == len(a.keys.split(",")):
-            whole.append(a)
-        elif keys:
-            trimmed.append(dataclasses.replace(a, keys=",".join(keys)))
-    return (*whole, *trimmed)
-
-
 class GpuwatchApp(App[int]):
     """The dashboard over a :class:`~gpuwatch.session.Session` (live or replayed).
 
@@ -262,8 +128,12 @@ class GpuwatchApp(App[int]):
         theme_name: A theme from ``themes/`` (default ``gpuwatch-dark``).
         subtitle: Shown in the status bar (socket path, file name...), or a function that
             says it anew at each refresh (the live sources: recording, or why not).
-        clock: Returns the newest time to show (default :meth:`Session.now`); a replay
-            passes its playback position.
+        warning: A warning the status bar always shows (a recording that stopped), or None.
+        clock: Returns the newest time to show (default :meth:`Session.now`).
+        transport: What drives the dashboard (default: live, from ``clock``, ``subtitle``
+            and ``warning``); :class:`~gpuwatch.tui.replay.ReplayTransport` replays.
+        keymap: Binding ids to keys (see :data:`~gpuwatch.tui.keymap.KEY_IDS`), over the
+            defaults.
         child: The command started by ``gpuwatch run``: its output gets a tab, its state
             the status bar, and quitting while it runs asks first.
         quit_if: Asked once the app has mounted: True quits at once (a SIGTERM that came
@@ -275,62 +145,13 @@ class GpuwatchApp(App[int]):
     # a one-line tab strip and notes; a narrow one fits the status bar and keys to its width.
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
-    CSS = """
-    Screen {
-        layout: vertical;
-    }
-    Screen.-short #notes {
-        height: 1;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
-    }
-    Screen.-short Tabs {
-        height: 1;
-    }
-    Screen.-short Tabs Underline {
-        display: none;
-    }
-    Screen.-short #panels {
-        scrollbar-size-vertical: 0;
-    }
-    /* One device panel fills the view; tab steps to the next. The bottom border goes. */
-    Screen.-short DevicePanel, Screen.-short DevicePanel.-secondary {
-        height: 100%;
-        min-height: 0;
-        border: none;
-        border-top: round $panel-lighten-2;
-    }
-    Screen.-short DevicePanel:focus-within {
-        border: none;
-        border-top: round $primary;
-    }
-    #status {
-        height: 1;
-        background: $panel;
-        color: $text;
-        padding: 0 1;
-    }
-    #notes {
-        height: auto;
-        color: $warning;
-        padding: 0 1;
-    }
-    TabbedContent {
-        height: 1fr;
-    }
-    TabbedContent > ContentSwitcher {
-        height: 1fr;
-    }
-    #panels {
-        height: 1fr;
-    }
-    """
+    CSS_PATH = [OVERVIEW_CSS, "app.tcss"]
+    # Both modes' keys, the replay's first: where a key means two things, the mode's
+    # transport turns the other off (check_action).
+    BINDINGS = bindings(REPLAY_ACTIONS, LIVE_ACTIONS)
 
-    CSS_PATH = [OVERVIEW_CSS]
-    ACTION_TABLE: tuple[Action, ...] = ACTIONS
-    BINDINGS = bindings(ACTIONS)
-    TAB_AFTER = "zoom(2.0)"
-    """The key bar's "tab Next panel" follows this action's key (when panels are stepped)."""
+    overview_shown: var[bool] = var(False)
+    """The Timelines tab shows the overview (every GPU at a glance), not the panels."""
 
     def __init__(
         self,
@@ -340,19 +161,21 @@ class GpuwatchApp(App[int]):
         subtitle: str | Callable[[], str] = "",
         warning: Callable[[], str | None] | None = None,
         clock: Callable[[], int] | None = None,
+        transport: Transport | None = None,
+        keymap: Keymap | None = None,
         child: ChildLike | None = None,
         quit_if: Callable[[], bool] | None = None,
     ) -> None:
+        self.transport = transport or Transport(clock or session.now, subtitle, warning)
+        self.transport.attach(self)
         super().__init__()
+        if keymap:
+            self.set_keymap(keymap)
         self.session = session
         self.child = child
         self._quit_if = quit_if
         self._child_status: int | None = None
-        self.clock = clock or session.now
-        self.view = View()
-        self.subtitle_text = subtitle
-        # A warning the status bar always shows (a recording that stopped), or None.
-        self.warning_text = warning
+        self.view = TimeWindow()
         # What the status bar said that no frame key follows: redrawn when it changes.
         self._status_said: tuple[str, str | None, str] | None = None
         self._theme_name = theme_name or DEFAULT_THEME
@@ -372,7 +195,6 @@ class GpuwatchApp(App[int]):
         # The overview: None follows the layout (shown when the panels do not all fit),
         # True / False is the user's choice (g / enter).
         self._overview_choice: bool | None = None
-        self.overview_shown = False
         self._plot_width_at: tuple[object, int] | None = None  # (size, width) of the charts
 
     # ------------------------------------------------------------------ setup
@@ -403,6 +225,7 @@ class GpuwatchApp(App[int]):
         self._ranks_added = False
         yield self.status_bar
         yield self.notes_bar
+        yield from self.transport.widgets()
         with self.tabs:
             with TabPane("Timelines", id="timelines"):
                 yield self.overview_scroll
@@ -422,6 +245,7 @@ class GpuwatchApp(App[int]):
         yield self.key_bar
 
     def on_mount(self) -> None:
+        self.transport.mount()
         for theme in builtin_themes():
             self.register_theme(theme)
         self.theme = self._theme_name
@@ -530,7 +354,7 @@ class GpuwatchApp(App[int]):
 
     def now(self) -> int:
         """The newest time: the clock when live, the playback position when replaying."""
-        return self.clock()
+        return self.transport.now()
 
     def _tick(self) -> None:
         """Redraw if anything visible changed.
@@ -542,7 +366,7 @@ class GpuwatchApp(App[int]):
         Paused, the frame is keyed on the session's data version.
         """
         now = self.now()
-        key, now = self.frame_key(now)
+        key, now = self.transport.frame_key(now) or self.frame_key(now)
         short = self.short
         key = (key, self.size, short)
         if key == self._drawn_key:
@@ -556,7 +380,7 @@ class GpuwatchApp(App[int]):
         self.view.first = self.session.time_range()[0]
         window = self.view.window(now)
         version = self.session.version
-        at = self.figures_time(window)
+        at = self.transport.figures_time(window)
         # Live and following: the newest lists; else (a cursor, a replay) those at ``at``.
         self.process_table.at = None if self.session.live and self.view.following else at
         with self.batch_update():
@@ -582,19 +406,14 @@ class GpuwatchApp(App[int]):
             self.peaks_table.follow(self.view.cursor)
             self.marks_table.follow(self.view.cursor)
 
-    def figures_time(self, window: tuple[int, int]) -> int:
-        """The time the headers and legends describe: the cursor, else the newest time."""
-        if self.view.cursor is not None:
-            return self.view.cursor
-        return min(window[1], self.now())
-
     @property
     def short(self) -> bool:
         """The terminal is short (see :data:`SHORT_BELOW`): one panel at a time."""
         try:
-            return self.panel_list.screen.has_class("-short")
-        except Exception:  # not mounted yet, or the app is closing
+            screen = self.panel_list.screen
+        except NoScreen:  # not mounted yet, or the app is closing
             return False
+        return screen.has_class("-short")
 
     @property
     def stepping(self) -> bool:
@@ -624,13 +443,11 @@ class GpuwatchApp(App[int]):
         """Show the overview or the panels, as chosen (else as the layout says)."""
         choice = self._overview_choice
         shown = (not self.panels_fit()) if choice is None else choice
-        if shown == self.overview_shown and self.overview_scroll.display == shown:
+        if shown == self.overview_shown:
             if shown and isinstance(self.focused, DevicePanel):  # hidden: it cannot keep it
                 self.overview.focus()
             return
         self.overview_shown = shown
-        self.overview_scroll.display = shown
-        self.panel_list.display = not shown
         if self.tabs.active != "timelines":
             return
         if shown:
@@ -641,6 +458,10 @@ class GpuwatchApp(App[int]):
         elif self.overview.has_focus:
             # Given way to a run on the CPU: its host panel, first; else the selected GPU's.
             self._focus_panel(None if self._host_run else self.overview.selected_key)
+
+    def watch_overview_shown(self, shown: bool) -> None:
+        self.overview_scroll.display = shown
+        self.panel_list.display = not shown
 
     def _focus_panel(self, key: str | None) -> None:
         target = self._panels.get(key) if key is not None else None
@@ -687,10 +508,10 @@ class GpuwatchApp(App[int]):
         """The key bar's entries, most important first (help and quit always fit)."""
         keys = [
             Key(a.key_display or a.keys.split(",")[0], a.title, a.action)
-            for a in self.ACTION_TABLE
+            for a in self.transport.actions
             if a.footer
         ]
-        at = next((i + 1 for i, k in enumerate(keys) if k.action == self.TAB_AFTER), 1)
+        at = next((i + 1 for i, k in enumerate(keys) if k.action == self.transport.tab_after), 1)
         timelines = self.tabs.active == "timelines"
         if self.overview_shown and timelines:
             keys.insert(at, Key("enter", "Open GPU", "next_panel(1)"))
@@ -704,7 +525,7 @@ class GpuwatchApp(App[int]):
     def frame_key(self, now: int) -> tuple[object, int]:
         """What identifies a frame, and the time to draw it at (see :meth:`_tick`)."""
         if self.view.following:
-            col = max(1, self.view.span // max(self._plot_width(), 1))
+            col = max(1, self.view.span // max(self.plot_width(), 1))
             # Step by whole columns, and by at least FOLLOW_FRAME_NS: a wide window moves
             # a column every few hundred ms, a narrow one would otherwise redraw at 20 Hz.
             step = col * max(1, -(-FOLLOW_FRAME_NS // col))
@@ -777,16 +598,9 @@ class GpuwatchApp(App[int]):
 
     def redraw(self) -> None:
         """Redraw now (after a key or mouse action)."""
+        self.transport.redrawing()
         self._drawn_key = None
         self._tick()
-
-    def mode_text(self) -> str:
-        """The first words of the status bar."""
-        return "LIVE" if self.view.following else "PAUSED"
-
-    def notes_text(self) -> str:
-        """The notes bar: what the session has to say (no driver, not recording...)."""
-        return "\n".join(self.session.notes)
 
     def _update_status(self, window: tuple[int, int] | None = None) -> None:
         """The status bar, one line, fitted to the terminal's width.
@@ -810,7 +624,7 @@ class GpuwatchApp(App[int]):
         procs = len(s.active(*window))
         rejects = sum(s.rejects.values())
         dropped = sum(p.dropped for p in s.processes.values())
-        parts: list[Part] = [Part(f"[b]gpuwatch[/b] · {self.mode_text()}")]
+        parts: list[Part] = [Part(f"[b]gpuwatch[/b] · {self.transport.mode_text()}")]
         faults = self.ranks_view.faults
         if faults:  # the job's ranks disagree: the Ranks tab says how
             parts.append(Part(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]"))
@@ -818,7 +632,7 @@ class GpuwatchApp(App[int]):
             parts.append(Part(f"[$warning]{rejects} rejected[/]"))
         if dropped:
             parts.append(Part(f"[$warning]{dropped} dropped[/]"))
-        warning = self.warning_text() if self.warning_text is not None else None
+        warning = self.transport.warning()
         if warning:
             parts.append(Part(f"[$warning]{markup_safe(warning)}[/]"))
         if self.view.cursor is not None:
@@ -835,11 +649,11 @@ class GpuwatchApp(App[int]):
         parts.append(Part(f"{procs} instrumented", keep=1))
         if self.child is not None:
             parts.append(Part(self._child_text(), keep=4))
-        subtitle = self._subtitle()
+        subtitle = self.transport.subtitle()
         if subtitle:
             parts.append(Part(markup_safe(subtitle), keep=3, floor=SUBTITLE_FLOOR))
         self.status_bar.set(parts)
-        notes = self.notes_text()
+        notes = self.transport.notes_text()
         self._status_said = (subtitle, warning, notes)
         short = self.short
         if (notes, short) != self._notes:  # height auto: a new note needs a layout pass
@@ -849,15 +663,12 @@ class GpuwatchApp(App[int]):
             self.notes_bar.update(plain_lines([" · ".join(lines)] if short else lines))
             self.notes_bar.display = bool(notes)
 
-    def _subtitle(self) -> str:
-        return self.subtitle_text() if callable(self.subtitle_text) else self.subtitle_text
-
     def _status_changed(self) -> bool:
         """Has what the status bar shows from outside the frame (the subtitle, the warning,
         the notes) changed since it was drawn? A recording can stop while the frame stays
         the same (paused, or a clock that stands still)."""
-        warning = self.warning_text() if self.warning_text is not None else None
-        return self._status_said != (self._subtitle(), warning, self.notes_text())
+        t = self.transport
+        return self._status_said != (t.subtitle(), t.warning(), t.notes_text())
 
     def _child_text(self) -> str:
         assert self.child is not None
@@ -884,7 +695,7 @@ class GpuwatchApp(App[int]):
     def focused_panel(self) -> DevicePanel | None:
         """The panel holding focus (on the overview: the selected GPU's), else the first."""
         if self.overview_shown and self.overview.selected_key in self._panels:
-            return self._panels[self.overview.selected_key]  # type: ignore[index]
+            return self._panels[self.overview.selected_key]
         node = self.focused
         while node is not None:
             if isinstance(node, DevicePanel):
@@ -893,7 +704,8 @@ class GpuwatchApp(App[int]):
         panels = self.panels
         return panels[0] if panels else None
 
-    def _plot_width(self) -> int:
+    def plot_width(self) -> int:
+        """The charts' plot width in columns (a chart not drawn yet: 100)."""
         # Asked at every tick (20 a second) to key the frame: kept until a frame is drawn
         # or the terminal's size changes, as asking each panel's chart costs more.
         size = self.size
@@ -905,7 +717,7 @@ class GpuwatchApp(App[int]):
         self._plot_width_at = (size, width)
         return width
 
-    def _reference_time(self, direction: int) -> int:
+    def reference_time(self, direction: int) -> int:
         """Where jumps start from: the cursor; without one, the window's left edge when
         going forward and its right edge (at most the newest time) when going back."""
         if self.view.cursor is not None:
@@ -914,7 +726,8 @@ class GpuwatchApp(App[int]):
         t0, t1 = self.view.window(now)
         return t0 - 1 if direction > 0 else min(t1, now) + 1
 
-    def _jump(self, t: int | None, what: str) -> None:
+    def jump(self, t: int | None, what: str) -> None:
+        """Cursor to ``t`` (None: say there is no ``what`` there)."""
         if t is None:
             self.notify(f"no {what} there", severity="warning", timeout=2)
             return
@@ -923,15 +736,22 @@ class GpuwatchApp(App[int]):
 
     # ------------------------------------------------------------------ actions
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A ``transport(...)`` action is on where the mode's transport has it. Off, its
+        key goes to the key's next binding (``space`` plays a replay, follows live)."""
+        if action == "transport":
+            return bool(parameters) and self.transport.can(str(parameters[0]))
+        return True
+
+    def action_transport(self, name: str, *args: object) -> None:
+        """Run the mode's own action ``name`` (:mod:`gpuwatch.tui.transport`)."""
+        getattr(self.transport, f"action_{name}")(*args)
+
     def action_toggle_follow(self) -> None:
         """Follow live data / freeze the window (and say which)."""
         self.view.toggle_follow(self.now())
-        self.notify(self.follow_text(), timeout=2)
+        self.notify(self.transport.follow_text(), timeout=2)
         self.redraw()
-
-    def follow_text(self) -> str:
-        """What ``f`` just did."""
-        return "following the newest data" if self.view.following else "paused: the window stays"
 
     def action_zoom(self, factor: float) -> None:
         """Scale the time window (around the cursor when there is one)."""
@@ -944,49 +764,18 @@ class GpuwatchApp(App[int]):
         self.redraw()
 
     def action_cursor(self, cells: int) -> None:
-        """Move the cursor by chart columns."""
-        self.view.move_cursor(cells, self._plot_width(), self.now())
-        self.redraw()
+        """Move the cursor by chart columns (a replay's position with it)."""
+        self.transport.move_cursor(cells)
 
     def action_cursor_window(self, fraction: float) -> None:
         """Move the cursor by a fraction of the window (whole columns, at least one)."""
-        cells = round(fraction * self._plot_width())
+        cells = round(fraction * self.plot_width())
         self.action_cursor(cells or (1 if fraction > 0 else -1))
 
     def action_clear_cursor(self) -> None:
         """Remove the cursor (the legend shows the newest values again)."""
         self.view.cursor = None
         self.redraw()
-
-    def action_home(self) -> None:
-        """Show the session's start."""
-        first = self.session.time_range()[0]
-        self.view.pause(self.now())
-        self.view.end = first + self.view.span
-        self.view.cursor = None
-        self.redraw()
-
-    def action_end(self) -> None:
-        """Follow the newest data."""
-        self.view.follow()
-        self.redraw()
-
-    def action_jump_boundary(self, direction: int) -> None:
-        """Cursor to the previous / next phase boundary on the focused device."""
-        panel = self.focused_panel()
-        key = panel.key if panel else None
-        if key is not None and not nav.has_phases(self.session, key):
-            key = None
-        t = nav.next_boundary(self.session, self._reference_time(direction), direction, key)
-        self._jump(t, "phase boundary")
-
-    def action_jump_event(self, direction: int) -> None:
-        """Cursor to the previous / next mark or OOM, and say what it says."""
-        times = nav.events(self.session, None)
-        t = nav.step_to(times, self._reference_time(direction), direction)
-        if t is not None:
-            self.tell_events(t)
-        self._jump(t, "mark")
 
     def tell_events(self, t: int) -> None:
         """Say what the marks and OOMs at ``t`` (where a jump landed) say."""
@@ -998,16 +787,6 @@ class GpuwatchApp(App[int]):
                 timeout=8 if oom else 5,
                 markup=False,
             )
-
-    def action_jump_spike(self) -> None:
-        """Cursor to the largest spike of the focused device (see :func:`nav.spike`)."""
-        panel = self.focused_panel()
-        if panel is None:
-            return
-        found = nav.spike(self.session, panel.key)
-        if found is not None:
-            self.tell_spike(found)
-        self._jump(found.t if found else None, "spike")
 
     def tell_spike(self, found: nav.Spike) -> None:
         """Say which spike ``s`` landed on and what measured it."""
@@ -1029,7 +808,6 @@ class GpuwatchApp(App[int]):
         fit = not gpus[0].fit  # one state for all: a mixed set is made even
         for panel in gpus:
             panel.fit = fit
-            panel.chart.invalidate()
         what = "fitted to the data" if fit else "the device's total"
         self.notify(f"y axis: {what}", timeout=2)
         self.redraw()
@@ -1056,7 +834,8 @@ class GpuwatchApp(App[int]):
     def action_show_tab(self, tab: str) -> None:
         """Switch between timelines, peaks, processes, ranks and the command's log."""
         if tab == "log" and self.child is None:
-            self.notify("no command is running under gpuwatch", timeout=2)
+            text, timeout = self.transport.no_log
+            self.notify(text, timeout=timeout)
             return
         if tab == "ranks" and not self._ranks_added:
             return  # action_show_ranks adds it first
@@ -1110,12 +889,12 @@ class GpuwatchApp(App[int]):
         """Show the help screen."""
         from .help import HelpScreen  # Markdown's imports cost a first frame ~25 ms: on demand
 
-        self.push_screen(HelpScreen(help_keys(self.ACTION_TABLE)))
+        self.push_screen(HelpScreen(help_keys(self.transport.actions)))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """Every gpuwatch action in the command palette, beside Textual's own."""
         yield from super().get_system_commands(screen)
-        for a in self.ACTION_TABLE:
+        for a in self.transport.actions:
             if a.action == "quit":
                 continue
             yield SystemCommand(a.title, a.help, _bind(self, a.action))
@@ -1132,6 +911,10 @@ class GpuwatchApp(App[int]):
         self.view.zoom(event.factor, self.now(), anchor=event.t)
         self.redraw()
 
+    @on(Seek)
+    def _seek(self, event: Seek) -> None:
+        self.transport.seek_fraction(event.fraction)
+
     @on(TimelineChart.Pan)
     def _pan(self, event: TimelineChart.Pan) -> None:
         self.action_pan(event.fraction)
@@ -1142,15 +925,3 @@ def _bind(app: App, action: str) -> Callable[[], object]:
         await app.run_action(action)
 
     return run
-
-
-def help_keys(actions: Iterable[Action] = ACTIONS) -> list[tuple[str, str]]:
-    """(keys, description) for the help screen."""
-    rows = []
-    for a in actions:
-        keys = a.keys.replace("equals_sign", "=").replace("plus", "+").replace("minus", "-")
-        keys = keys.replace("left_square_bracket", "[").replace("right_square_bracket", "]")
-        keys = keys.replace("less_than_sign", "<").replace("greater_than_sign", ">")
-        keys = keys.replace("question_mark", "?").replace(",", " / ")
-        rows.append((keys, a.help))
-    return rows

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rich.segment import Segment
 from rich.style import Style
-from textual.color import Color
+from textual.color import Color, ColorParseError
 from textual.geometry import Size
 from textual.strip import Strip
 
@@ -368,5 +368,5 @@ def _contrast(color: str, variables: dict[str, str]) -> str:
     try:
         dark_text, light_text = sorted((fg, bg), key=lambda c: Color.parse(c).brightness)
         return dark_text if Color.parse(color).brightness > 0.55 else light_text
-    except Exception:
+    except ColorParseError:  # a theme's colour that Textual cannot read
         return fg

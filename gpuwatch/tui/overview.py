@@ -485,7 +485,7 @@ class GpuOverview(CachedStrips, can_focus=True):
         parent = self.parent
         if parent is not None and hasattr(parent, "scroll_to_region"):
             region = Region(0, self.virtual_region.y + 1 + self.selected, 1, 1)
-            parent.scroll_to_region(region, animate=False, immediate=True)  # type: ignore[union-attr]
+            parent.scroll_to_region(region, animate=False, immediate=True)
 
     def action_open(self) -> None:
         """Open the selected GPU's panel."""

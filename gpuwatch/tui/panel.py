@@ -9,6 +9,7 @@ import numpy as np
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
+from textual.reactive import var
 
 from ..analysis.breakdown import SAME
 from ..analysis.moment import Moment, moment
@@ -65,6 +66,9 @@ class DevicePanel(Vertical):
 
     can_focus = True
 
+    fit: var[bool] = var(False)
+    """The y axis fits the data (True) or reaches the device's total (False)."""
+
     def __init__(
         self, session: Session, key: str, predicted: Mapping[int, PredictedLine] | None = None
     ) -> None:
@@ -74,15 +78,18 @@ class DevicePanel(Vertical):
         # Predicted lines by pid, shared with the app (which keeps them up to date).
         self.predicted = predicted if predicted is not None else {}
         self.is_host = is_host(key)
-        self.fit = self.is_host  # the host's total dwarfs a process's RSS
         self.header = Line("", classes="panel-header", markup=False)
         self.chart = TimelineChart(self._fetch_chart, session.t_origin)
         self.band = PhaseBand(self._fetch_band)
         self.bar = BreakdownBar() if not self.is_host else None
         self.legend = Fitted(sep="  ", max_lines=2, classes="panel-legend")
+        self.set_reactive(DevicePanel.fit, self.is_host)  # the host's total dwarfs an RSS
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
         self.short = False  # the app's short layout: fewer band rows
         self._title_shown: str | None = None  # the border title last set
+
+    def watch_fit(self) -> None:
+        self.chart.invalidate()  # the y scale is not part of the chart's cache key
 
     @property
     def device(self):
@@ -159,13 +166,13 @@ class DevicePanel(Vertical):
         dev = self.device
         t, row = now.t, now.row
         if dev.kind == "host":
-            table = self.session.host_table(self.key)
+            host = self.session.host_table(self.key)
             # Every instrumented process on this host adds to the RSS line (GPU ones have
             # their band rows on their GPU's panel).
             procs = [p for p in self.session.active(*window) if p.host == self.key]
             count = f"RSS of {len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
             if row is None:
-                return f"{'no sample at this time' if len(table) else 'waiting'} · {count}"
+                return f"{'no sample at this time' if len(host) else 'waiting'} · {count}"
             used, total = _figure(row, "used"), _figure(row, "total")
             return f"RAM {fmt_bytes(used)} / {fmt_bytes(total)} used · {count}"
         parts = []
@@ -180,7 +187,7 @@ class DevicePanel(Vertical):
             else:
                 parts.append("waiting for the first sample")
         else:
-            if dev.state == "lost" and t >= (table.span() or (0, 0))[1]:
+            if dev.state == "lost" and table is not None and t >= (table.span() or (0, 0))[1]:
                 parts.append("last seen")
             used, total = _figure(row, "used"), _figure(row, "total")
             parts.append(f"{fmt_bytes(used)} / {fmt_bytes(total)}")
@@ -305,9 +312,9 @@ class DevicePanel(Vertical):
             # Drawing order: where lines share a cell, the later one's colour shows.
             procs = s.processes_on(self.key)
             for proc in procs:
-                line = self.predicted.get(proc.pid)
-                if line is not None:
-                    lo, hi = line.window(t0, t1, n)
+                predicted = self.predicted.get(proc.pid)
+                if predicted is not None:
+                    lo, hi = predicted.window(t0, t1, n)
                     series.append(Series("predicted", lo, hi))
             if self.key in s.gpu and len(s.gpu[self.key]):
                 lo, hi = s.gpu_window(self.key, "used", t0, t1, n)

@@ -27,12 +27,12 @@ def warm(path: str) -> None:
     effort: a recording that cannot be drawn leaves the helper as it was. Leaves no thread.
     """
     from ..store.player import open_replay
-    from .replay import ReplayApp
+    from .replay import replay_app
 
     async def draw() -> None:
         player = open_replay(path)
         try:
-            app = ReplayApp(player, subtitle="")
+            app = replay_app(player, subtitle="")
             async with app.run_test(size=WARM_SIZE) as pilot:
                 await pilot.pause()
         finally:

@@ -119,7 +119,7 @@ class ProcessScreen(Screen[None]):
             chart.update_view(window, cursor, version)
         self.band.display = bool(self.session.processes.get(self.pid))
         figures = self.figures_at(at)
-        self.header.set(printable(self._header(figures)))
+        self.header.set(printable(self._header(figures, cursor)))
         self.legend.set(self._legend(figures))
 
     def figures_at(self, t: int) -> dict[str, float | None]:
@@ -146,7 +146,7 @@ class ProcessScreen(Screen[None]):
                     out["cpu"] = float(cpu)  # ten a second: newer than the lists' figure
         return out
 
-    def _header(self, f: dict[str, float | None]) -> str:
+    def _header(self, f: dict[str, float | None], cursor: int | None) -> str:
         parts = [
             "GPU memory " + (fmt_bytes(int(f["gpu"])) if f["gpu"] is not None else "n/a"),
             "SM " + ("n/a" if f["sm"] is None else f"{f['sm']:.0f}%"),
@@ -155,7 +155,7 @@ class ProcessScreen(Screen[None]):
         ]
         proc = self.session.processes.get(self.pid)
         if proc is not None:
-            at = self.app.view.cursor if self.app.view.cursor is not None else self.session.now()
+            at = cursor if cursor is not None else self.session.now()
             phase = self.session.phase_at(proc, at)
             parts.append(f"phase {phase}" if phase else "no phase")
         if self.row.elapsed is not None:

@@ -300,7 +300,7 @@ class ProcessTable(DataTable):
             self.clear()
             self.add_rows(rows)
 
-    def _row(self, pid: int, device: str, memory: int | None) -> tuple[object, ...]:
+    def _row(self, pid: int, device: str, memory: float | None) -> tuple[object, ...]:
         info = self.session.proc_info.get(pid, {})
         proc = self.session.processes.get(pid)
         visible = info.get("visible", proc is not None)

@@ -51,11 +51,11 @@ def test_info_and_export_open_a_file_named_in_latin1(latin1: Path, tmp_path: Pat
 
 async def test_replay_opens_a_file_named_in_latin1(latin1: Path) -> None:
     from gpuwatch.store.player import open_replay
-    from gpuwatch.tui.replay import ReplayApp
+    from gpuwatch.tui.replay import replay_app
 
     player = open_replay(latin1)
     try:
-        app = ReplayApp(player, subtitle=f"replay {latin1.name}")
+        app = replay_app(player, subtitle=f"replay {latin1.name}")
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             assert "caf\\xe9" in str(app.status_bar.render())

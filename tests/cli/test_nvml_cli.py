@@ -16,7 +16,7 @@ from conftest import FAKE_NVML, fake_nvml_env, wait_for
 def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> None:
     code = (
         "import time\n"
-        "from gpuwatch.live import LiveSources\n"
+        "from gpuwatch.live_sources import LiveSources\n"
         "ls = LiveSources(interval=0.02); ls.start(); time.sleep(1.0)\n"
         "s = ls.session\n"
         "print(sorted((d.index, d.name, d.state, len(s.gpu[k]) > 10, s.sampler_rate.get(k, 0) > 5)"
@@ -38,7 +38,7 @@ def test_live_sources_sample_the_fake_in_a_child(sub_env: dict[str, str]) -> Non
 
 def test_no_driver_in_a_child_is_one_note(sub_env: dict[str, str]) -> None:
     code = (
-        "from gpuwatch.live import LiveSources\n"
+        "from gpuwatch.live_sources import LiveSources\n"
         "import json\n"
         "ls = LiveSources(); ls.start(); print(json.dumps(ls.session.notes)); ls.stop()\n"
     )

@@ -15,7 +15,7 @@ from gpuwatch.session import HOST, gpu_key
 from gpuwatch.session.merge import PID_STRIDE, Part, merge, origins
 from gpuwatch.store import Player, save_session
 from gpuwatch.store.multi import load_many
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 SECOND = 10**9
 W = synthetic.WALL_OFFSET
@@ -178,7 +178,7 @@ async def test_merged_replay_under_pilot(two_files: list[Path]) -> None:
     opened = load_many(two_files)
     opened.close()
     player = Player(opened.session, playing=False)
-    app = ReplayApp(player, theme_name="gpuwatch-dark", subtitle="merged")
+    app = replay_app(player, theme_name="gpuwatch-dark", subtitle="merged")
     async with app.run_test(size=(160, 60)) as pilot:
         await pilot.pause(0.2)
         keys = [p.key for p in app.panels]

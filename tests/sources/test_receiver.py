@@ -538,7 +538,7 @@ def test_the_recording_is_named_in_the_lock_file_and_nothing_else_is_made(
 ) -> None:
     # A second gpuwatch learns from the first one's lock file which recording grows; no
     # other file is made (or replaced, or removed) beside the socket.
-    from gpuwatch.live import LiveSources
+    from gpuwatch.live_sources import LiveSources
     from gpuwatch.sources.annotations import lock_owner
 
     mine = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))

@@ -20,7 +20,7 @@ from store_data import T0, populated_session
 
 from gpuwatch.store import load, save_session
 from gpuwatch.store.player import open_replay
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 Edit = Callable[[sqlite3.Connection], None]
 
@@ -142,7 +142,7 @@ def test_info_export_and_load_take_it(case: str, odd_files: dict[str, Path], tmp
 async def test_replay_shows_it(case: str, odd_files: dict[str, Path]) -> None:
     player = open_replay(odd_files[case])
     try:
-        app = ReplayApp(player, subtitle=case)
+        app = replay_app(player, subtitle=case)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             for key in ("s", "m", "o", "2", "3", "1", "end"):

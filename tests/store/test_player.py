@@ -188,12 +188,12 @@ def test_growing_file_end_follows_the_tail(
 
 
 async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> None:
-    from gpuwatch.tui.replay import ReplayApp
+    from gpuwatch.tui.replay import replay_app
 
     path = save_session(session, tmp_path / "app.gpuwatch")
     player = open_replay(path)
     try:
-        app = ReplayApp(player, subtitle="replay app.gpuwatch")
+        app = replay_app(player, subtitle="replay app.gpuwatch")
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             # It opens paused on the data (Player.opening); playing, the clock is the player.

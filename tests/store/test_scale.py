@@ -242,12 +242,12 @@ def test_jumps_are_exact_across_the_whole_file(long_file: Path, full: Session) -
 
 
 async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_file) -> None:
-    from gpuwatch.tui.replay import ReplayApp
+    from gpuwatch.tui.replay import replay_app
 
     CACHE.clear()
     player = open_replay(long_file)
     try:
-        app = ReplayApp(player, subtitle="long")
+        app = replay_app(player, subtitle="long")
         async with app.run_test(size=(140, 45)) as pilot:
             await pilot.pause()
             first, last = player.bounds()
@@ -276,7 +276,7 @@ async def test_the_band_fetches_for_its_own_width_before_and_after_layout(
     """No band asks for every span in its window, not even before the first layout (it
     takes the screen's width then); a narrower terminal fetches the winners of the
     narrower band's cells."""
-    from gpuwatch.tui.replay import ReplayApp
+    from gpuwatch.tui.replay import replay_app
 
     player = open_replay(long_file)
     session = player.session
@@ -289,7 +289,7 @@ async def test_the_band_fetches_for_its_own_width_before_and_after_layout(
 
     monkeypatch.setattr(Process, "band_spans", spy)
     try:
-        app = ReplayApp(player, subtitle="long")
+        app = replay_app(player, subtitle="long")
         async with app.run_test(size=(140, 45)) as pilot:
             await pilot.pause()
             band = next(p for p in app.panels if p.key == KEY).band

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, no_gpu_env, run_gpuwatch, run_sample, start_sample, wait_for
 from store_data import populated_session
 
-from gpuwatch.live import LiveSources, SourcesError
+from gpuwatch.live_sources import LiveSources, SourcesError
 from gpuwatch.store import load, open_recording, save_session
 from gpuwatch.store.export import TABLES
 from gpuwatch.store.sessions import default_recording_path

@@ -85,12 +85,12 @@ def test_info_of_a_sweep_grows_by_a_summary_a_process(tmp_path: Path) -> None:
 
 async def test_replay_first_frame_reads_a_few_chunks(tmp_path: Path) -> None:
     from gpuwatch.store.player import open_replay
-    from gpuwatch.tui.replay import ReplayApp
+    from gpuwatch.tui.replay import replay_app
 
     path = write_sweep(tmp_path / "sweep.gpuwatch", 300)
     player = open_replay(path)
     try:
-        app = ReplayApp(player, subtitle="sweep")
+        app = replay_app(player, subtitle="sweep")
         async with app.run_test(size=(160, 50)) as pilot:
             while app.redraws < 1:
                 await pilot.pause()

@@ -14,7 +14,8 @@ import pytest
 from conftest import ROOT
 
 from gpuwatch.store.player import open_replay
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.replay import replay_app
 
 CATEGORIES = ("weights", "amp_copies", "gradients", "optimizer_state", "activations")
 CATEGORIES += ("temporaries",)  # the predicted categories that split what is allocated
@@ -30,26 +31,26 @@ OOM = ROOT / "samples" / "gpt2-small-h100-oom.gpuwatch"
 def replay():
     players = []
 
-    def make(path: Path) -> ReplayApp:
+    def make(path: Path) -> GpuwatchApp:
         player = open_replay(path)
         players.append(player)
         player.loader.load_all()
-        return ReplayApp(player, theme_name="gpuwatch-dark", subtitle=f"replay {path.name}")
+        return replay_app(player, theme_name="gpuwatch-dark", subtitle=f"replay {path.name}")
 
     yield make
     for player in players:
         player.close()
 
 
-def panel(app: ReplayApp):
+def panel(app: GpuwatchApp):
     return next(p for p in app.panels if p.bar is not None)
 
 
-def legend(app: ReplayApp) -> str:
+def legend(app: GpuwatchApp) -> str:
     return str(panel(app).legend.render())
 
 
-async def put_cursor(app: ReplayApp, pilot, seconds: float) -> None:
+async def put_cursor(app: GpuwatchApp, pilot, seconds: float) -> None:
     app.view.cursor = app.session.t_origin + int(seconds * SECOND)
     app.redraw()
     await pilot.pause()

@@ -18,7 +18,8 @@ from conftest import ROOT
 from gpuwatch.session import MISSING_INT
 from gpuwatch.store import save_session
 from gpuwatch.store.player import open_replay
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.replay import replay_app
 
 SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
 SIZES = [(80, 24), (120, 40), (220, 60)]
@@ -37,7 +38,7 @@ def damaged(tmp_path: Path) -> Path:
     return path
 
 
-def screen_text(app: ReplayApp) -> str:
+def screen_text(app: GpuwatchApp) -> str:
     headers = [str(p.header.render()) for p in app.panels]
     legends = [str(p.legend.render()) for p in app.panels]
     return "\n".join(headers + legends)
@@ -47,7 +48,7 @@ def screen_text(app: ReplayApp) -> str:
 async def test_a_damaged_chunk_reads_as_unknown_never_negative(tmp_path: Path, size) -> None:
     player = open_replay(damaged(tmp_path))
     try:
-        app = ReplayApp(player, subtitle="replay damaged.gpuwatch")
+        app = replay_app(player, subtitle="replay damaged.gpuwatch")
         async with app.run_test(size=size) as pilot:
             await pilot.pause(0.5)
             gpu = next(p for p in app.panels if not p.is_host)
@@ -79,7 +80,7 @@ async def test_a_negative_count_in_a_file_reads_as_unknown(tmp_path: Path) -> No
         assert got is not None
         assert got["used"] == MISSING_INT and got["free"] == MISSING_INT
         assert got["total"] == 80 << 30  # honest figures stay
-        app = ReplayApp(player, subtitle="replay hostile.gpuwatch")
+        app = replay_app(player, subtitle="replay hostile.gpuwatch")
         async with app.run_test(size=(120, 40)) as pilot:
             app.view.cursor = t
             app.redraw()

@@ -145,7 +145,7 @@ def test_band_labels_are_printable(kind: str) -> None:
 
 
 async def test_a_recording_that_stops_says_so_in_the_header(tmp_path: Path) -> None:
-    from gpuwatch.live import LiveSources
+    from gpuwatch.live_sources import LiveSources
 
     session = synthetic.build()
     sources = LiveSources(socket=str(tmp_path / "x.sock"))

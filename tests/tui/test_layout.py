@@ -17,7 +17,7 @@ from gpuwatch.tui._text import Part, fit, fit_ranked
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.band import BandMarker, BandRow, fold_rows, label_width, span_cells
 from gpuwatch.tui.keys import Key, KeyBar
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 MS = synthetic.MS
 END = synthetic.end_time()
@@ -88,7 +88,7 @@ def test_a_recording_without_processes_opens_whole(tmp_path: Path) -> None:
 async def test_replay_first_screen_is_the_spike() -> None:
     player = open_replay(SPIKE)
     try:
-        app = ReplayApp(player, subtitle="replay spike")
+        app = replay_app(player, subtitle="replay spike")
         async with app.run_test(size=(200, 60)) as pilot:
             await pilot.pause()
             opening = player.opening()
@@ -132,7 +132,7 @@ async def test_replay_header_follows_the_play_position(tmp_path: Path) -> None:
     clock = FakeClock(100.0)
     player = Player(session, loader, playing=False, clock=clock)
     try:
-        app = ReplayApp(player)
+        app = replay_app(player)
         async with app.run_test(size=(140, 45)) as pilot:
             await pilot.press("escape", "home")  # no cursor; play position at the start
             await pilot.pause()
@@ -162,7 +162,7 @@ async def test_the_process_count_is_the_bands() -> None:
 async def test_recorded_notes_read_as_the_recordings() -> None:
     player = open_replay(CPU)
     try:
-        app = ReplayApp(player)
+        app = replay_app(player)
         async with app.run_test(size=(140, 45)) as pilot:
             await pilot.pause()
             notes = str(app.notes_bar.render())
@@ -385,7 +385,7 @@ async def test_at_80x24_the_first_screen_shows_the_cause_free_and_the_exact_peak
 
     player = open_replay(SAMPLES / sample)
     try:
-        app = ReplayApp(player)
+        app = replay_app(player)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause()
             panel = app.panels[0]

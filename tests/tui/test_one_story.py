@@ -14,9 +14,10 @@ from conftest import ROOT, run_gpuwatch
 
 from gpuwatch.fmt import fmt_short
 from gpuwatch.store.player import open_replay
+from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.breakdown import LABELS
 from gpuwatch.tui.panel import LINE_LABELS
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 SIZES = [(80, 24), (120, 40), (220, 60)]
 SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
@@ -28,26 +29,26 @@ THEMES = ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"]
 def replay():
     players = []
 
-    def make(path: Path, theme: str = "gpuwatch-dark") -> ReplayApp:
+    def make(path: Path, theme: str = "gpuwatch-dark") -> GpuwatchApp:
         player = open_replay(path)
         players.append(player)
         player.loader.load_all()
-        return ReplayApp(player, theme_name=theme, subtitle=f"replay {path.name}")
+        return replay_app(player, theme_name=theme, subtitle=f"replay {path.name}")
 
     yield make
     for player in players:
         player.close()
 
 
-def panel(app: ReplayApp):
+def panel(app: GpuwatchApp):
     return next(p for p in app.panels if p.bar is not None)
 
 
-def bar_legend(app: ReplayApp) -> str:
+def bar_legend(app: GpuwatchApp) -> str:
     return str(panel(app).bar.render()).split("\n")[1]
 
 
-def at_the_peak(app: ReplayApp, step: int) -> int:
+def at_the_peak(app: GpuwatchApp, step: int) -> int:
     """A time in ``step``'s optimizer.step where the allocator figure is its exact peak."""
     s = app.session
     (proc,) = s.processes.values()
@@ -63,7 +64,7 @@ def at_the_peak(app: ReplayApp, step: int) -> int:
     return hits[0]
 
 
-async def goto(app: ReplayApp, pilot, t: int) -> None:
+async def goto(app: GpuwatchApp, pilot, t: int) -> None:
     app.view.cursor = t
     app.redraw()
     await pilot.pause()

@@ -22,7 +22,7 @@ from gpuwatch.store import save_session
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.overview import gpu_devices, host_row, top_text
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 GIB = 1 << 30
 END = many_gpus.END_MS * many_gpus.MS
@@ -167,7 +167,7 @@ async def test_the_overview_follows_the_cursor_in_a_replay(tmp_path: Path) -> No
     path = save_session(many_gpus.build(8), tmp_path / "eight.gpuwatch")
     player = open_replay(path)
     try:
-        app = ReplayApp(player, subtitle="replay eight")
+        app = replay_app(player, subtitle="replay eight")
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause()
             assert app.overview_shown
@@ -205,7 +205,7 @@ async def test_an_older_recording_has_no_host_cpu_and_no_mig() -> None:
         host = host_row(session, session.time_range()[1])
         assert host is not None and host.used is not None
         assert host.cpu is None and host.load1 is None and host.swap_total is None
-        app = ReplayApp(player, subtitle="replay spike")
+        app = replay_app(player, subtitle="replay spike")
         async with app.run_test(size=(200, 50)) as pilot:
             await pilot.press("g")
             await pilot.pause()

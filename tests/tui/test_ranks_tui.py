@@ -109,10 +109,10 @@ def test_a_hostile_host_name_is_shown_escaped() -> None:
 async def test_the_tab_in_a_replay(tmp_path) -> None:
     from gpuwatch.store import save_session
     from gpuwatch.store.player import open_replay
-    from gpuwatch.tui.replay import ReplayApp
+    from gpuwatch.tui.replay import replay_app
 
     path = save_session(rs.build(), tmp_path / "job.gpuwatch")
-    app = ReplayApp(open_replay(path), subtitle="replay")
+    app = replay_app(open_replay(path), subtitle="replay")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("5")
         await pilot.pause()

@@ -20,8 +20,9 @@ from conftest import ROOT
 
 from gpuwatch.fmt import fmt_clock
 from gpuwatch.store.player import open_replay
+from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.marks import describe
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 from gpuwatch.tui.tables import DROP_ORDER, PeaksTable
 
 SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
@@ -34,22 +35,22 @@ CLOCK = re.compile(r"^-?\d+:\d\d(?::\d\d)?(?:\.\d+)?$")
 def app():
     players = []
 
-    def make() -> ReplayApp:
+    def make() -> GpuwatchApp:
         player = open_replay(SPIKE)
         players.append(player)
         player.loader.load_all()
-        return ReplayApp(player, theme_name="gpuwatch-dark", subtitle=f"replay {SPIKE.name}")
+        return replay_app(player, theme_name="gpuwatch-dark", subtitle=f"replay {SPIKE.name}")
 
     yield make
     for player in players:
         player.close()
 
 
-def told(app: ReplayApp) -> list[str]:
+def told(app: GpuwatchApp) -> list[str]:
     return [n.message for n in app._notifications]
 
 
-def gpu(app: ReplayApp):
+def gpu(app: GpuwatchApp):
     return next(p for p in app.panels if not p.is_host)
 
 
@@ -130,8 +131,8 @@ async def test_one_time_format_and_the_scrubber_agrees_with_the_cursor(app, size
         # The legend's time part (at 80 columns it gives way to the figures).
         parts = [str(part) for part in gpu(a)._legend(gpu(a).moment_at(a.view.cursor))]
         assert f"@ {at}" in parts
-        assert f"  {at} / " in a.scrubber.render().plain
-        assert a.player.position() == a.view.cursor
+        assert f"  {at} / " in a.transport.scrubber.render().plain
+        assert a.transport.player.position() == a.view.cursor
         chart = gpu(a).chart
         axis = chart._time_axis(chart.plot_width)
         labels = re.findall(r"┴([^─┴ ]+)", axis)

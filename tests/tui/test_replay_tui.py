@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import synthetic
 from conftest import FakeClock
+from textual.binding import Binding
 
 from gpuwatch.session import navigate as nav
 from gpuwatch.store import Player, open_recording, open_session, save_session
-from gpuwatch.tui.replay import ReplayApp, Scrubber
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.replay import Scrubber, replay_app
 
 SIZE = (140, 45)
 SECOND = 10**9
@@ -30,8 +32,8 @@ def replay(tmp_path: Path):
     rec.close()
 
 
-def make_app(player: Player, theme: str = "gpuwatch-dark") -> ReplayApp:
-    return ReplayApp(player, theme_name=theme, subtitle="replay synthetic.gpuwatch")
+def make_app(player: Player, theme: str = "gpuwatch-dark") -> GpuwatchApp:
+    return replay_app(player, theme_name=theme, subtitle="replay synthetic.gpuwatch")
 
 
 async def test_space_plays_and_pauses_and_the_window_follows(replay) -> None:
@@ -44,7 +46,7 @@ async def test_space_plays_and_pauses_and_the_window_follows(replay) -> None:
         clock.now += 2 * SECOND
         await pilot.pause(0.2)
         # Play resumes from the cursor's time (the position the scrubber shows).
-        start = app.player.opening().position
+        start = app.transport.player.opening().position
         assert app.now() == start + 2 * SECOND
         assert "REPLAY ▶" in app.status_bar.text
         await pilot.press("space")
@@ -155,7 +157,7 @@ async def test_the_scrubber_keeps_its_total_at_the_end(replay, size) -> None:
     app = make_app(player)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
-        app.action_seek_end()
+        app.transport.action_end()
         await pilot.pause()
         bar = app.query_one(Scrubber)
         text = bar.render().plain
@@ -193,7 +195,7 @@ async def test_right_moves_the_cursor_on_and_minus_zooms_around_it(size) -> None
 
     player = open_replay(SPIKE)
     try:
-        app = ReplayApp(player)
+        app = replay_app(player)
         async with app.run_test(size=size) as pilot:
             await pilot.pause()
             window = app.view.window(app.now())
@@ -227,15 +229,40 @@ async def test_4_in_replay_says_there_is_no_log(replay) -> None:
         assert any("replay has no Log tab" in n.message for n in app._notifications)
 
 
-def test_replay_lists_each_key_once_and_keeps_the_live_keys_it_does_not_bind() -> None:
-    from gpuwatch.tui.app import ACTIONS, Action, kept_actions
-    from gpuwatch.tui.replay import REPLAY_ACTIONS, ReplayApp
+def resolved(app: GpuwatchApp) -> dict[str, str]:
+    """Each bound key and the action it runs in ``app``'s mode: the first of its
+    bindings that the mode's transport leaves on (as Textual tries them)."""
+    from textual.actions import parse
 
-    keys = [k for a in ReplayApp.ACTION_TABLE for k in a.keys.split(",")]
-    assert len(keys) == len(set(keys))
-    live = {k for a in ACTIONS for k in a.keys.split(",")}
-    own = {k for a in REPLAY_ACTIONS for k in a.keys.split(",")}
-    assert set(keys) == live | own
-    base = (Action("a,b", "x", "X", "x"), Action("c", "y", "Y", "y"), Action("d", "z", "Z", "z"))
-    kept = kept_actions(base, (Action("b,c", "w", "W", "w"),))
-    assert [(a.keys, a.action) for a in kept] == [("d", "z"), ("a", "x")]
+    out: dict[str, str] = {}
+    for binding in app.BINDINGS:
+        assert isinstance(binding, Binding)
+        _, name, params = parse(binding.action)
+        if binding.key not in out and app.check_action(name, params):
+            out[binding.key] = binding.action
+    return out
+
+
+def table(actions) -> dict[str, str]:
+    return {key: a.action for a in actions for key in a.keys.split(",")}
+
+
+def test_each_mode_runs_the_keys_of_its_own_table(replay) -> None:
+    # Before: ReplayApp subclassed the app and dropped the live keys it rebound
+    # (kept_actions); now one app class, the keys of both modes, and the transport says
+    # which are on. Each key a mode lists runs what its table says, and no other key runs.
+    from gpuwatch.session import Session
+    from gpuwatch.tui.actions import LIVE_ACTIONS, REPLAY_ACTIONS
+
+    player, _ = replay
+    played = make_app(player)
+    live = GpuwatchApp(Session(), clock=lambda: 0)
+    for app, actions in ((played, REPLAY_ACTIONS), (live, LIVE_ACTIONS)):
+        keys = [k for a in app.transport.actions for k in a.keys.split(",")]
+        assert len(keys) == len(set(keys))
+        assert resolved(app) == table(actions)
+    assert resolved(played)["space"] == "transport('toggle_play')"
+    assert resolved(live)["space"] == "toggle_follow"
+    assert resolved(played)["less_than_sign"] == "transport('speed', -1)"
+    assert resolved(live)["less_than_sign"] == "pan(-0.25)"
+    assert "o" not in resolved(live) and "w" not in resolved(live)

@@ -14,7 +14,7 @@ from conftest import ROOT
 
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.app import GpuwatchApp
-from gpuwatch.tui.replay import ReplayApp
+from gpuwatch.tui.replay import replay_app
 
 SIZE = (140, 45)
 # Zoom to the six seconds of data and put the cursor inside an optimizer.step.
@@ -62,12 +62,12 @@ def test_live_at_each_size(snap_compare, size: str) -> None:
 SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
 
 
-def replay_first_screen(theme: str) -> ReplayApp:
+def replay_first_screen(theme: str) -> GpuwatchApp:
     """``gpuwatch replay samples/gpt-2.7b-h100-adamw-spike.gpuwatch``, README's first command.
 
     The player stays open for the app's life: the snapshot plugin runs the app itself.
     """
-    return ReplayApp(open_replay(SPIKE), theme_name=theme, subtitle=f"replay {SPIKE.name}")
+    return replay_app(open_replay(SPIKE), theme_name=theme, subtitle=f"replay {SPIKE.name}")
 
 
 @pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])

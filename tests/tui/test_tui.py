@@ -279,7 +279,7 @@ async def test_command_palette_lists_every_action() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         titles = {c.title for c in app.get_system_commands(app.screen)}
-        from gpuwatch.tui.app import ACTIONS
+        from gpuwatch.tui.actions import LIVE_ACTIONS as ACTIONS
 
         assert {a.title for a in ACTIONS if a.action != "quit"} <= titles
         assert "Theme" in " ".join(titles) or any("theme" in t.lower() for t in titles)

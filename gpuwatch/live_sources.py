@@ -10,11 +10,16 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .session import Session
 from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse, lock_owner
 from .sources.host import HostSampler
+
+if TYPE_CHECKING:  # imported when started: the dashboard's first frame does not wait on them
+    from .prometheus import MetricsServer
+    from .sources.gpu_process import GpuProcess
+    from .store.recorder import Recorder
 
 RANKS_EVERY = 1.0
 """Seconds between two looks at the ranks for faults to mark (see :class:`RankMarks`)."""
@@ -37,15 +42,16 @@ class LiveSources:
         self.session.bound()  # memory stays flat: the recording is the archive
         self.receiver = AnnotationReceiver(self.session, socket)
         self.host = HostSampler(self.session, interval=max(interval, 0.1))
-        self.gpu = None
+        self.gpu: GpuProcess | None = None
         self.interval = interval
-        self.recorder: Any = None  # a gpuwatch.store.Recorder while recording
+        self.recorder: Recorder | None = None  # while recording
         self.record_path: Path | None = None
         self._record: dict[str, Any] | None = None
-        self.metrics: Any = None  # a gpuwatch.prometheus.MetricsServer while serving
+        self.metrics: MetricsServer | None = None  # while serving
         self._metrics_at: tuple[str, int] | None = None
         self._ranks_stop = threading.Event()
         self._ranks: threading.Thread | None = None
+        self.rank_check_failures = 0  # looks at the ranks that raised (the first is noted)
 
     def record_to(
         self,
@@ -112,8 +118,13 @@ class LiveSources:
         while not self._ranks_stop.wait(RANKS_EVERY):
             try:
                 marks.check(self.session)
-            except Exception:  # a look that failed is tried again; the sources go on
-                pass
+            except Exception as exc:  # tried again next time; the sources go on
+                self.rank_check_failures += 1
+                if self.rank_check_failures == 1:  # said once, not each second
+                    self.session.note(
+                        f"cannot look at the ranks for faults ({type(exc).__name__}): "
+                        "their marks may be missing"
+                    )
 
     def _start_metrics(self) -> None:
         if self._metrics_at is None:

@@ -1,4 +1,4 @@
-"""The view: which time window the panels show, whether it follows live, where the cursor is.
+"""The time window the panels show: its span, whether it follows live, where the cursor is.
 
 Pure Python, no textual: the dashboard's key and mouse actions are methods here, so their
 arithmetic is tested without a terminal.
@@ -14,7 +14,7 @@ MAX_SPAN = 7 * 24 * 3600 * SECOND
 
 
 @dataclass
-class View:
+class TimeWindow:
     """A time window ``[end - span, end]``; ``end`` None means "follow the newest data".
 
     Attributes:

@@ -1,0 +1,128 @@
+"""The user's keymap: ``$XDG_CONFIG_HOME/gpuwatch/keymap.toml`` (else ``~/.config/...``).
+
+Each line gives a binding id (:data:`KEY_IDS`) its keys, over the
+defaults, in live and replay alike::
+
+    play = "p"                 # space no longer plays or follows; p does
+    zoom-in = ["plus", "i"]    # several keys: a list, or "plus,i"
+
+Keys are Textual's names (``ctrl+left``, ``question_mark`` or ``?``). A key the keymap gives
+to a new id loses what it did. Nothing here imports textual: the command line reads the
+file before it knows it has a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..fmt import ellipsis, printable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+KEYMAP_ENV = "GPUWATCH_KEYMAP"
+"""A keymap file to read instead of the one in the config directory."""
+MAX_KEY = 40
+"""The longest key name taken (Textual's longest are ``ctrl+shift+...`` forms)."""
+
+
+KEY_IDS: dict[str, str] = {
+    "f": "follow",
+    "space": "play",
+    "plus": "zoom-in",
+    "equals_sign": "zoom-in",
+    "minus": "zoom-out",
+    "left": "cursor-left",
+    "right": "cursor-right",
+    "ctrl+left": "cursor-far-left",
+    "ctrl+right": "cursor-far-right",
+    "shift+left": "pan-back",
+    "shift+right": "pan-forward",
+    "less_than_sign": "slower",
+    "greater_than_sign": "faster",
+    "left_square_bracket": "previous-boundary",
+    "right_square_bracket": "next-boundary",
+    "m": "next-mark",
+    "M": "previous-mark",
+    "o": "next-oom",
+    "O": "previous-oom",
+    "s": "spike",
+    "w": "whole",
+    "home": "start",
+    "end": "end",
+    "escape": "clear-cursor",
+    "y": "fit",
+    "1": "timelines",
+    "2": "peaks",
+    "3": "processes",
+    "4": "log",
+    "5": "ranks",
+    "tab": "next-panel",
+    "shift+tab": "previous-panel",
+    "g": "overview",
+    "backspace": "overview",
+    "question_mark": "help",
+    "q": "quit",
+}
+"""The id of each key's bindings: what a keymap (``keymap.toml``) names to move the key.
+Live, ``space`` follows and ``<`` / ``>`` pan (their ids name what they do in a replay)."""
+
+
+class KeymapError(ValueError):
+    """The keymap file cannot be used; ``str()`` is one line that says why."""
+
+
+def keymap_path() -> Path:
+    """Where the keymap is read from (it need not exist)."""
+    if os.environ.get(KEYMAP_ENV):
+        return Path(os.environ[KEYMAP_ENV])
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "gpuwatch" / "keymap.toml"
+
+
+def load_keymap(path: Path | None = None) -> dict[str, str]:
+    """The keymap in ``path`` (default :func:`keymap_path`); none there: an empty one.
+
+    Raises:
+        KeymapError: The file cannot be read, is not TOML, names an id gpuwatch does not
+            have, or gives one something other than keys.
+    """
+    path = path or keymap_path()
+    shown = printable(str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeymapError(f"cannot read the keymap {shown}: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise KeymapError(f"the keymap {shown} is not TOML: {exc}") from None
+    keymap: dict[str, str] = {}
+    for binding_id, value in data.items():
+        if binding_id not in KEY_IDS.values():
+            known = ", ".join(sorted(set(KEY_IDS.values())))
+            name = ellipsis(printable(binding_id), 40)
+            raise KeymapError(f"the keymap {shown} names {name!r}: gpuwatch has {known}")
+        keys = value.split(",") if isinstance(value, str) else value
+        if not isinstance(keys, list) or not keys or not all(_is_key(k) for k in keys):
+            raise KeymapError(
+                f"the keymap {shown} gives {binding_id!r} something other than keys "
+                '(a key name like "p" or "ctrl+left", or a list of them)'
+            )
+        keymap[binding_id] = ",".join(k.strip() for k in keys)
+    return keymap
+
+
+def _is_key(key: object) -> bool:
+    return (
+        isinstance(key, str)
+        and 0 < len(key.strip()) <= MAX_KEY
+        and key.strip().isprintable()
+        and " " not in key.strip()
+    )

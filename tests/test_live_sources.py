@@ -1,0 +1,32 @@
+"""The live sources' rank watcher: a look that raises is counted and noted once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import gpuwatch.live_sources as live_sources
+from gpuwatch.analysis.session_ranks import RankMarks
+from gpuwatch.live_sources import LiveSources
+
+
+def test_a_failing_rank_check_is_counted_and_noted_once(monkeypatch, tmp_path: Path) -> None:
+    # Before: every failure was swallowed, with no count and nothing on the screen.
+    def broken(self, session) -> None:
+        raise KeyError("rank")
+
+    monkeypatch.setattr(RankMarks, "check", broken)
+    monkeypatch.setattr(live_sources, "RANKS_EVERY", 0.01)
+    tmp_path.chmod(0o700)
+    sources = LiveSources(socket=str(tmp_path / "gw.sock"))
+    watcher = threading.Thread(target=sources._mark_ranks, daemon=True)
+    watcher.start()
+    deadline = time.monotonic() + 10
+    while sources.rank_check_failures < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sources._ranks_stop.set()
+    watcher.join(5)
+    assert sources.rank_check_failures >= 3
+    said = [n for n in sources.session.notes if "look at the ranks" in n]
+    assert said == ["cannot look at the ranks for faults (KeyError): their marks may be missing"]

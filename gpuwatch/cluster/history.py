@@ -299,10 +299,10 @@ class Timelines:
         fresh: dict[PhaseKey, np.ndarray] = {}
         for series in answer:
             labels = series.labels
-            key = (labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", ""))
+            gpu, rank, pid = labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", "")
             name = labels.get("phase", "")
-            if key[0] and name:
-                fresh[(*key, name)] = _arrays(series)[0]
+            if gpu and name:
+                fresh[(gpu, rank, pid, name)] = _arrays(series)[0]
         joined = {}
         for key in {**self._phases, **fresh}:
             held, new = self._phases.get(key), fresh.get(key)
@@ -328,10 +328,11 @@ def _lanes(answer: list[Series], step: int) -> dict[str, list[Lane]]:
     found: dict[PhaseKey, np.ndarray] = {}
     for series in answer:
         labels = series.labels
-        key = (labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", ""))
+        gpu, rank, pid = labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", "")
         name = labels.get("phase", "")
-        if key[0] and name:
-            found[(*key, name)] = np.array([int(t * NS) for t, _ in series.points], np.int64)
+        if gpu and name:
+            times = [int(t * NS) for t, _ in series.points]
+            found[(gpu, rank, pid, name)] = np.array(times, np.int64)
     return _lanes_of(found.items(), step)
 
 

@@ -34,7 +34,7 @@ from .._text import Fitted, Line, plain, plain_lines
 from ..keys import Key, KeyBar
 from ..theme import DEFAULT_THEME, builtin_themes
 from .cadence import Cadence
-from .grid import Grid, Row, grid_rows
+from .grid import Grid, GridRows, Row
 from .host import HostScreen
 
 CORE = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
@@ -121,6 +121,7 @@ class ClusterApp(App[int]):
         self._asked = 0.0  # monotonic time the scrape interval was last asked
         self._cadence = Cadence(self, self._start, lambda: self.interval, "refresh")
         self._rows: list[tuple[str, Row]] = []
+        self._layout = GridRows()
         self._error_shown = ""
         self._ranks_shown: list[str] = []
         self.refreshes = 0
@@ -277,7 +278,7 @@ class ClusterApp(App[int]):
         # The grid's width less its scrollbar and the row's leading space: columns past it
         # are dropped by DROP_ORDER, never cut at the edge.
         room = (self.grid.size.width or self.size.width or 80) - 3
-        layout = grid_rows(self.cluster, self.sort, self.text, room, time.time())
+        layout = self._layout.layout(self.cluster, self.sort, self.text, room, time.time())
         self.grid_head.set(layout.head)
         self.grid.set_rows(layout.rows)
         self._rows = layout.rows

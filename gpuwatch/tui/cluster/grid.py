@@ -2,9 +2,11 @@
 
 :func:`grid_rows` lays the cluster out as styled runs (columns aligned over the whole
 grid, dropped by :data:`~gpuwatch.cluster.text.DROP_ORDER` to fit); :class:`Grid` shows
-them. A refresh hands the grid every row again, but only the rows whose text or style
-changed lose their painted strip and are repainted: at 64 hosts most of a screen's rows
-are the same from one refresh to the next, and a whole repaint cost a frame of every row.
+them. :class:`GridRows` formats again only the GPUs whose figures changed, and a refresh hands
+the grid every row, but only the rows whose text or style changed lose their painted
+strip and are repainted: at 64 hosts most of a screen's rows are the same from one
+refresh to the next, and laying out and painting every row each refresh cost most of the
+view's CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ...cluster import Cluster, Gpu
+from ...cluster import STALE, Cluster, Gpu
 from ...cluster.text import HEAD, cell_columns, fit_columns, label
 from ...fmt import ellipsis, printable
 
@@ -48,49 +50,103 @@ class Layout:
     rows: list[tuple[str, Row]]
 
 
-def _gpu_styles(g: Gpu) -> list[str]:
+def _gpu_styles(g: Gpu) -> tuple[str, ...]:
     bar = "red" if g.fill > 0.95 else "yellow" if g.fill > 0.85 else "green"
     styles = [""] * len(HEAD)
     styles[MEMORY] = bar if g.state == "ok" else "dim"
     styles[STATE] = STATE_STYLES.get(g.state, "")
-    return styles
+    return tuple(styles)
+
+
+def _signature(g: Gpu) -> tuple[object, ...] | None:
+    """What a GPU's row is made of (None: a stale cell, whose age moves each second)."""
+    if g.state == STALE:
+        return None
+    return (
+        g.index, g.used, g.total, g.util, g.temp, g.power, g.others, g.ranks, g.phase,
+        g.step, g.peak, g.predicted, g.state,
+    )  # fmt: skip
+
+
+@dataclass
+class _Cells:
+    """A GPU row's columns and styles, for the signature they were made from."""
+
+    signature: tuple[object, ...] | None
+    columns: list[str]
+    lengths: tuple[int, ...]
+    styles: tuple[str, ...]
+    fitted: tuple[tuple[int, ...], Row] | None = None
+    """The row's runs for the widths (per column kept, 0 for dropped) it was fitted to."""
+
+
+class GridRows:
+    """Lays the cluster out as grid rows, remembering each GPU's row between refreshes:
+    a GPU whose figures did not change is not formatted again, and keeps the very row
+    object it had (which :meth:`Grid.set_rows` sees as unchanged at once)."""
+
+    def __init__(self) -> None:
+        self._cells: dict[str, _Cells] = {}
+
+    def layout(self, cluster: Cluster, sort: str, text: str, room: int, now: float) -> Layout:
+        """The grid for ``cluster`` as ``sort`` orders it and ``text`` filters it, its
+        columns fitted to ``room`` cells; row keys are ``host\0NAME`` and
+        ``gpu\0HOST:INDEX``."""
+        hosts: list[tuple[str, Row]] = []
+        gpus: list[tuple[str, _Cells]] = []
+        order: list[tuple[bool, int]] = []  # (is a GPU, its index in hosts or gpus)
+        cells_now: dict[str, _Cells] = {}
+        for host, group in cluster.cells(sort, text):
+            note = printable(cluster.host_note(group))
+            style = "bold red" if "lost:" in note else "dim"
+            order.append((False, len(hosts)))
+            hosts.append((f"host\x00{host}", _host_row(host, note, style)))
+            for g in group:
+                key = g.key
+                sig = _signature(g)
+                cells = self._cells.get(key)
+                if cells is None or sig is None or cells.signature != sig:
+                    cols = cell_columns(g, now)
+                    cols[0] = "  " + cols[0]
+                    cells = _Cells(sig, cols, tuple(map(len, cols)), _gpu_styles(g))
+                cells_now[key] = cells
+                order.append((True, len(gpus)))
+                gpus.append((f"gpu\x00{key}", cells))
+        self._cells = cells_now  # the GPUs filtered out or gone are formatted again
+        for host, note in cluster.lost_lines(text):
+            order.append((False, len(hosts)))
+            hosts.append((f"host\x00{host}", _host_row(host, printable(note), "bold red")))
+        widths = list(map(max, zip(map(len, HEAD), *(c.lengths for _, c in gpus), strict=True)))
+        keep, widths = fit_columns(widths, room)
+        head = " " + "  ".join(HEAD[k].ljust(w)[:w] for k, w in zip(keep, widths, strict=True))
+        fit = [0] * len(HEAD)
+        for k, w in zip(keep, widths, strict=True):
+            fit[k] = w
+        fitted = tuple(fit)
+        rows: list[tuple[str, Row]] = []
+        for is_gpu, i in order:
+            if not is_gpu:
+                rows.append(hosts[i])
+                continue
+            key, cells = gpus[i]
+            if cells.fitted is None or cells.fitted[0] != fitted:
+                cells.fitted = (fitted, _fit(cells, keep, widths))
+            rows.append((key, cells.fitted[1]))
+        return Layout(head, rows)
+
+
+def _fit(cells: _Cells, keep: list[int], widths: list[int]) -> Row:
+    """A GPU row's runs: its kept columns cut or padded to their widths."""
+    runs: list[Run] = [(" ", None)]
+    for k, w in zip(keep, widths, strict=True):
+        runs += [(ellipsis(cells.columns[k], w).ljust(w), STYLES[cells.styles[k]]), ("  ", None)]
+    runs.pop()
+    return tuple(runs)
 
 
 def grid_rows(cluster: Cluster, sort: str, text: str, room: int, now: float) -> Layout:
-    """The grid for ``cluster`` as ``sort`` orders it and ``text`` filters it, its columns
-    fitted to ``room`` cells; row keys are ``host\\0NAME`` and ``gpu\\0HOST:INDEX``."""
-    hosts: list[tuple[str, Row]] = []
-    gpus: list[tuple[str, list[str], list[str]]] = []
-    order: list[tuple[bool, int]] = []  # (is a GPU, its index in hosts or gpus)
-    widths = [len(h) for h in HEAD]
-    for host, cells in cluster.cells(sort, text):
-        note = printable(cluster.host_note(cells))
-        style = "bold red" if "lost:" in note else "dim"
-        order.append((False, len(hosts)))
-        hosts.append((f"host\x00{host}", _host_row(host, note, style)))
-        for g in cells:
-            cols = cell_columns(g, now)
-            cols[0] = "  " + cols[0]
-            widths = [max(w, len(c)) for w, c in zip(widths, cols, strict=True)]
-            order.append((True, len(gpus)))
-            gpus.append((f"gpu\x00{g.key}", cols, _gpu_styles(g)))
-    for host, note in cluster.lost_lines(text):
-        order.append((False, len(hosts)))
-        hosts.append((f"host\x00{host}", _host_row(host, printable(note), "bold red")))
-    keep, widths = fit_columns(widths, room)
-    head = " " + "  ".join(HEAD[k].ljust(w)[:w] for k, w in zip(keep, widths, strict=True))
-    rows: list[tuple[str, Row]] = []
-    for is_gpu, i in order:
-        if not is_gpu:
-            rows.append(hosts[i])
-            continue
-        key, cols, styles = gpus[i]
-        runs: list[Run] = [(" ", None)]
-        for k, w in zip(keep, widths, strict=True):
-            runs += [(ellipsis(cols[k], w).ljust(w), STYLES[styles[k]]), ("  ", None)]
-        runs.pop()
-        rows.append((key, tuple(runs)))
-    return Layout(head, rows)
+    """The grid for ``cluster`` laid out once (:class:`GridRows` for a view that refreshes)."""
+    return GridRows().layout(cluster, sort, text, room, now)
 
 
 def _host_row(host: str, note: str, style: str) -> Row:

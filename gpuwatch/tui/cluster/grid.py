@@ -11,7 +11,9 @@ view's CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from rich.segment import Segment
 from rich.style import Style
@@ -28,8 +30,37 @@ from ...fmt import ellipsis, printable
 
 Run = tuple[str, "Style | None"]
 """A styled run of a row: its text (printable, already padded) and its style."""
-Row = tuple[Run, ...]
-"""A grid row: its runs, left to right."""
+Runs = tuple[Run, ...]
+"""A grid row's runs, left to right."""
+
+
+class Row:
+    """A grid row: its runs, made when first painted (a screen shows a few dozen of the
+    hundreds of rows). Two rows are equal when they are one object or their runs, both
+    made, are equal."""
+
+    __slots__ = ("_make", "_runs", "width")
+
+    def __init__(
+        self, width: int, runs: Runs | None = None, make: Callable[[], Runs] | None = None
+    ):
+        self.width = width
+        self._runs = runs
+        self._make = make
+
+    @property
+    def runs(self) -> Runs:
+        if self._runs is None:
+            self._runs = self._make() if self._make is not None else ()
+        return self._runs
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Row) or self._runs is None or other._runs is None:
+            return False
+        return self._runs == other._runs
+
 
 MEMORY, STATE = HEAD.index("memory"), HEAD.index("state")
 
@@ -123,6 +154,7 @@ class GridRows:
         for k, w in zip(keep, widths, strict=True):
             fit[k] = w
         fitted = tuple(fit)
+        row_width = 1 + sum(widths) + 2 * (len(widths) - 1)
         rows: list[tuple[str, Row]] = []
         for is_gpu, i in order:
             if not is_gpu:
@@ -130,12 +162,12 @@ class GridRows:
                 continue
             key, cells = gpus[i]
             if cells.fitted is None or cells.fitted[0] != fitted:
-                cells.fitted = (fitted, _fit(cells, keep, widths))
+                cells.fitted = (fitted, Row(row_width, make=partial(_fit, cells, keep, widths)))
             rows.append((key, cells.fitted[1]))
         return Layout(head, rows)
 
 
-def _fit(cells: _Cells, keep: list[int], widths: list[int]) -> Row:
+def _fit(cells: _Cells, keep: list[int], widths: list[int]) -> Runs:
     """A GPU row's runs: its kept columns cut or padded to their widths."""
     runs: list[Run] = [(" ", None)]
     for k, w in zip(keep, widths, strict=True):
@@ -150,7 +182,9 @@ def grid_rows(cluster: Cluster, sort: str, text: str, room: int, now: float) -> 
 
 
 def _host_row(host: str, note: str, style: str) -> Row:
-    return ((" " + label(host, 40), STYLES["bold"]), ("  ", None), (note, STYLES[style]))
+    name = " " + label(host, 40)
+    runs: Runs = ((name, STYLES["bold"]), ("  ", None), (note, STYLES[style]))
+    return Row(len(name) + 2 + len(note), runs)
 
 
 class Grid(ScrollView, can_focus=True):
@@ -200,7 +234,7 @@ class Grid(ScrollView, can_focus=True):
             keys = [k for k, _ in rows]
             self.cursor = keys.index(key) if key in keys else min(self.cursor, len(rows) - 1)
         self.cursor = max(0, self.cursor)
-        width = max((sum(len(t) for t, _ in r) for _, r in rows), default=0)
+        width = max((r.width for _, r in rows), default=0)
         size = Size(width, len(rows))
         if size != self.virtual_size:  # a new size lays the screen out again
             self.virtual_size = size
@@ -238,7 +272,8 @@ class Grid(ScrollView, can_focus=True):
             if index == self.cursor:
                 base += CURSOR if self.has_focus else CURSOR_BLURRED
             segments = [
-                Segment(t, base + st if st is not None else base) for t, st in self.rows[index][1]
+                Segment(t, base + st if st is not None else base)
+                for t, st in self.rows[index][1].runs
             ]
             strip = Strip(segments).crop_extend(0, width + scroll_x, base)
             self._strips[index] = (width + scroll_x, selected, strip)

@@ -25,9 +25,12 @@ Figures, with the issue's targets (issues 28 and 40):
 4. **RSS** of the view's process at the end. Target: at most 200 MB.
 
 The machine is shared (other engineers' jobs run on the same two cores): compare sizes
-within one run only; the load average is printed.
+within one run only; the load average is printed. ``--base DIR`` also runs the view of
+another checkout (``DIR``'s gpuwatch) over the same exporters and Prometheus, each size
+right after this tree's, and prints the ratio of the two.
 
 Run: python benchmarks/bench_cluster.py [--real 16] [--hosts 1,16,64] [--gpus 8] [--seconds 30]
+[--base DIR]
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_memory import rss_mb  # noqa: E402
 
+TREE = "GPUWATCH_BENCH_TREE"
+"""The view child's gpuwatch checkout (``--base``)."""
 TARGET_MS = 250.0
 TARGET_CPU = 10.0
 TARGET_RSS = 200.0
@@ -280,12 +285,14 @@ def _count(base: str, promql: str) -> int:
         return 0
 
 
-def _run_view(base: str, match: str, seconds: float, out: Path) -> dict:
-    """The view in a private tmux server at 200x50, until it writes its figures."""
+def _run_view(base: str, match: str, seconds: float, out: Path, tree: Path = ROOT) -> dict:
+    """The view (``tree``'s gpuwatch) in a private tmux server at 200x50, until it writes
+    its figures."""
     server = f"gw-bench-{os.getpid()}-{out.stem}"
     py = shlex.quote(sys.executable)
     command = (
-        f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(ROOT))} {py} "
+        f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(ROOT))} "
+        f"{TREE}={shlex.quote(str(tree))} {py} "
         f"{shlex.quote(__file__)} --view {shlex.quote(base)} {shlex.quote(match or '-')} "
         f"{seconds} {shlex.quote(str(out))}"
     )
@@ -306,12 +313,14 @@ def main() -> int:
     ap.add_argument("--hosts", default="1,16,64", help="view sizes, in hosts")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--base", type=Path, help="another checkout whose view runs too")
     ap.add_argument(
         "--view", nargs=4, metavar=("URL", "MATCH", "SECONDS", "OUT"), help=argparse.SUPPRESS
     )
     ap.add_argument("--stand-ins", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.view:
+        sys.path.insert(0, os.environ.get(TREE, str(ROOT)))  # whose gpuwatch the view is
         url, match, seconds, out = args.view
         view(url, "" if match == "-" else match, float(seconds), out)
         return 0
@@ -346,11 +355,15 @@ def main() -> int:
             f"in tmux at 200x50, {args.seconds / 2:g} s on the grid then {args.seconds / 2:g} s "
             "with node-00's panels open"
         )
-        results = {}
+        results: dict[int, dict] = {}
+        based: dict[int, dict] = {}
         for n in sizes:
             names = "|".join(f"node-{i:02d}" for i in range(n))
             match = "" if n == hosts else f'{{host=~"{names}"}}'
             results[n] = _run_view(base, match, args.seconds, tmp / f"view-{n}.json")
+            if args.base is not None:
+                out = tmp / f"base-{n}.json"
+                based[n] = _run_view(base, match, args.seconds, out, args.base.resolve())
         ok = True
         anchor = results[sizes[0]]
 
@@ -393,6 +406,16 @@ def main() -> int:
             )
             if r["error"]:
                 print(f"{'':>11}last refresh error: {r['error']}")
+            if n in based:
+                b = based[n]
+                b_grid, b_grid_pct = per(b["grid"])
+                b_drill, b_drill_pct = per(b["drill"])
+                print(
+                    f"{'':>11}{args.base}: {b_grid:.0f} ms / {b_drill:.0f} ms per refresh, "
+                    f"{b_grid_pct:.1f}% / {b_drill_pct:.1f}% of a core; this tree's CPU per "
+                    f"refresh x{grid_ms / b_grid:.2f} on the grid, x{drill_ms / b_drill:.2f} "
+                    "with a host open"
+                )
         load = os.getloadavg()
         print(f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores (shared)")
         print("PASS" if ok else "FAIL")

@@ -21,6 +21,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from ..fmt import first_line
 
@@ -361,19 +362,35 @@ def _point(raw: object) -> tuple[float, float] | None:
     return t, value
 
 
+_NAMES_SEEN: set[str] = set()
+"""Label names already checked (a handful repeat over every series of every answer)."""
+MAX_NAMES_SEEN = 4096
+
+
+def _labels(metric: dict[object, object]) -> TypeGuard[dict[str, str]]:
+    """Whether every label of ``metric`` is a valid name with a string value of at most
+    :data:`MAX_LABEL` characters. The dict is the JSON decoder's own: once checked it is
+    kept as it is rather than copied."""
+    for k, v in metric.items():
+        if type(v) is not str or len(v) > MAX_LABEL:
+            return False
+        if k not in _NAMES_SEEN:
+            if not isinstance(k, str) or len(k) > MAX_LABEL or not _NAME.match(k):
+                return False
+            if len(_NAMES_SEEN) < MAX_NAMES_SEEN:
+                _NAMES_SEEN.add(k)
+    return True
+
+
 def _series(item: object, kind: str) -> Series | None:
     if not isinstance(item, dict):
         return None
     metric = item.get("metric")
     if not isinstance(metric, dict):
         return None
-    labels: dict[str, str] = {}
-    for k, v in metric.items():
-        if not (isinstance(k, str) and isinstance(v, str)) or not _NAME.match(k):
-            return None
-        if len(k) > MAX_LABEL or len(v) > MAX_LABEL:
-            return None
-        labels[k] = v
+    if not _labels(metric):
+        return None
+    labels = metric
     if kind == "vector":
         point = _point(item.get("value"))
         return Series(labels, (point,)) if point is not None else None

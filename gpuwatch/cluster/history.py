@@ -5,13 +5,19 @@ resolution. The answers become per-GPU point arrays that the dashboard's chart a
 one dot column at a time (:meth:`HostHistory.window`), and phase runs for its band (from
 ``gpuwatch_process_phase_info``, one series per phase at each scrape: a run lasts from
 its first scrape to one resolution past its last).
+
+:class:`Timelines` keeps them across the drill-down's refreshes: its evaluation times
+are whole multiples of the step, so a refresh asks each family only for the steps since
+its last answer (and :data:`OVERLAP` before, which a late scrape may have changed) and
+joins them to what it holds; a new window or step asks the whole window again.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +45,10 @@ QUERY_THREADS = 4
 
 MAX_POINTS = 10_000
 """Points per series asked at most (Prometheus refuses more than 11,000)."""
+
+OVERLAP = 2
+"""Steps before the newest one held that a refresh asks again: an evaluation near the
+present may have lacked a scrape that Prometheus had not ingested yet."""
 
 
 @dataclass
@@ -135,68 +145,208 @@ def load(
     cancelled: Callable[[], bool] = never,
 ) -> HostHistory:
     """The host's timelines over the last ``seconds``, ``step`` seconds apart, the range
-    queries side by side.
+    queries side by side (once; :class:`Timelines` for a view that refreshes).
 
     Raises:
         Cancelled: ``cancelled()`` became true while queries were in flight.
     """
-    end = time.time() if end is None else end
-    step = max(step, seconds / MAX_POINTS, 0.001)
-    start = end - seconds
-    began = time.perf_counter()
-    inner = selector("", host_matchers(host, matchers))
-    history = HostHistory(host, int(start * NS), int(end * NS), int(step * NS))
-    errors = []
-    gone: list[PromError] = []  # the server did not answer: the rest would wait as long
+    timelines = Timelines(host, matchers)
+    return timelines.update(client, seconds=seconds, step=step, end=end, cancelled=cancelled)
 
-    def ask(role: str) -> list[Series] | PromError:
-        if gone:
-            return gone[0]
-        try:
-            return client.query_range(ROLES[role].replace("{M}", inner), start, end, step)
-        except PromError as exc:
-            if exc.gone:
-                gone.append(exc)
-            return exc
 
-    roles = list(ROLES)
-    for role, answer in zip(roles, each(ask, roles, QUERY_THREADS, cancelled), strict=True):
-        if isinstance(answer, PromError):
-            if not errors or not answer.gone:
-                errors.append(f"{role}: {answer}")
-            continue
-        if role == "phase":
-            history.lanes = _lanes(answer, history.step)
-        else:
-            for series in answer:
-                gpu = series.labels.get("gpu", "")
-                if not gpu:
-                    continue
-                t = np.array([p[0] for p in series.points]) * NS
-                v = np.array([p[1] for p in series.points], dtype=np.float64)
-                history.lines.setdefault(gpu, {})[role] = (t.astype(np.int64), v)
-    history.error = "; ".join(errors) or None
-    history.seconds = time.perf_counter() - began
-    return history
+PhaseKey = tuple[str, str, str, str]
+"""A phase series: its GPU, rank, pid and phase name."""
+
+
+def _join(
+    held: tuple[np.ndarray, np.ndarray] | None,
+    new: tuple[np.ndarray, np.ndarray] | None,
+    since: int,
+    start: int,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``held``'s points before ``since`` then ``new``'s, from ``start`` on (None: none)."""
+    parts_t, parts_v = [], []
+    if held is not None:
+        t, v = held
+        keep = (t >= start) & (t < since)
+        parts_t.append(t[keep])
+        parts_v.append(v[keep])
+    if new is not None:
+        t, v = new
+        keep = t >= max(since, start)
+        parts_t.append(t[keep])
+        parts_v.append(v[keep])
+    if not parts_t:
+        return None
+    t = np.concatenate(parts_t)
+    return (t, np.concatenate(parts_v)) if len(t) else None
+
+
+class Timelines:
+    """One host's range queries kept across refreshes, asked only for what is new.
+
+    Each family is asked from the step after its last answer (less :data:`OVERLAP`
+    steps) to now; its held points before that stay, those past the window go. A family
+    that fails keeps what it held and is asked its whole gap next time. A new window
+    length or step starts again from nothing.
+
+    Args:
+        host: The host's ``host`` label.
+        matchers: The view's matchers (the host's is added).
+    """
+
+    def __init__(self, host: str, matchers: Sequence[tuple[str, str, str]]) -> None:
+        self.host = host
+        self._inner = selector("", host_matchers(host, matchers))
+        self._shape: tuple[int, int] | None = None  # (window, step) in ns of what is held
+        self._asked: dict[str, int] = {}  # role -> newest evaluation time answered (ns)
+        self._lines: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}  # role -> gpu
+        self._phases: dict[PhaseKey, np.ndarray] = {}  # evaluation times (ns) in the phase
+        self.asked_points = 0
+        """Evaluation times asked over every query so far (what incremental asking saves)."""
+
+    def update(
+        self,
+        client: PromClient,
+        *,
+        seconds: float,
+        step: float,
+        end: float | None = None,
+        cancelled: Callable[[], bool] = never,
+    ) -> HostHistory:
+        """Ask what is new up to ``end`` (now) and return the last ``seconds`` at ``step``.
+
+        Raises:
+            Cancelled: ``cancelled()`` became true while queries were in flight.
+        """
+        began = time.perf_counter()
+        end = time.time() if end is None else end
+        step_ms = max(1, round(max(step, seconds / MAX_POINTS, 0.001) * 1000))
+        step_ns = step_ms * 1_000_000
+        last = int(end * 1000) // step_ms * step_ns  # evaluation times: multiples of step
+        first = last - max(1, math.ceil(seconds * NS / step_ns)) * step_ns
+        shape = (int(seconds * NS), step_ns)
+        if shape != self._shape:
+            self._shape = shape
+            self._asked.clear()
+            self._lines.clear()
+            self._phases.clear()
+        errors: list[str] = []
+        gone: list[PromError] = []  # the server did not answer: the rest would wait as long
+
+        def since(role: str) -> int:
+            asked = self._asked.get(role)
+            if asked is None or asked < first:
+                return first
+            return max(first, asked - OVERLAP * step_ns)
+
+        def ask(role: str) -> list[Series] | PromError:
+            if gone:
+                return gone[0]
+            promql = ROLES[role].replace("{M}", self._inner)
+            try:
+                return client.query_range(promql, since(role) / NS, last / NS, step_ns / NS)
+            except PromError as exc:
+                if exc.gone:
+                    gone.append(exc)
+                return exc
+
+        roles = list(ROLES)
+        starts = {role: since(role) for role in roles}
+        answers = each(ask, roles, QUERY_THREADS, cancelled)
+        for role, answer in zip(roles, answers, strict=True):
+            if isinstance(answer, PromError):
+                if not errors or not answer.gone:
+                    errors.append(f"{role}: {answer}")
+                continue
+            self.asked_points += (last - starts[role]) // step_ns + 1
+            if role == "phase":
+                self._join_phases(answer, starts[role], first)
+            else:
+                self._join_lines(role, answer, starts[role], first)
+            self._asked[role] = last
+        for role in roles:  # a failed family's points past the window go too
+            if role not in self._asked or self._asked[role] == last:
+                continue
+            if role == "phase":
+                self._join_phases([], last + 1, first)
+            else:
+                self._join_lines(role, [], last + 1, first)
+        history = HostHistory(self.host, first, last, step_ns)
+        for role, by_gpu in self._lines.items():
+            for gpu, line in by_gpu.items():
+                history.lines.setdefault(gpu, {})[role] = line
+        history.lanes = _lanes_of(self._phases.items(), step_ns)
+        history.error = "; ".join(errors) or None
+        history.seconds = time.perf_counter() - began
+        return history
+
+    def _join_lines(self, role: str, answer: list[Series], since: int, start: int) -> None:
+        fresh: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for series in answer:
+            gpu = series.labels.get("gpu", "")
+            if gpu:
+                fresh[gpu] = _arrays(series)
+        held = self._lines.get(role, {})
+        joined = {}
+        for gpu in {**held, **fresh}:
+            line = _join(held.get(gpu), fresh.get(gpu), since, start)
+            if line is not None:
+                joined[gpu] = line
+        self._lines[role] = joined
+
+    def _join_phases(self, answer: list[Series], since: int, start: int) -> None:
+        fresh: dict[PhaseKey, np.ndarray] = {}
+        for series in answer:
+            labels = series.labels
+            gpu, rank, pid = labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", "")
+            name = labels.get("phase", "")
+            if gpu and name:
+                fresh[(gpu, rank, pid, name)] = _arrays(series)[0]
+        joined = {}
+        for key in {**self._phases, **fresh}:
+            held, new = self._phases.get(key), fresh.get(key)
+            got = _join(
+                (held, held) if held is not None else None,
+                (new, new) if new is not None else None,
+                since,
+                start,
+            )
+            if got is not None:
+                joined[key] = got[0]
+        self._phases = joined
+
+
+def _arrays(series: Series) -> tuple[np.ndarray, np.ndarray]:
+    """A range series' times (unix ns, rounded to the millisecond) and values."""
+    t = np.array([round(p[0] * 1000) for p in series.points], dtype=np.int64) * 1_000_000
+    return t, np.array([p[1] for p in series.points], dtype=np.float64)
 
 
 def _lanes(answer: list[Series], step: int) -> dict[str, list[Lane]]:
     """Phase runs per GPU and process: consecutive scrapes of one phase make one run."""
-    by: dict[str, dict[tuple[str, str], Lane]] = defaultdict(dict)
+    found: dict[PhaseKey, np.ndarray] = {}
     for series in answer:
         labels = series.labels
-        gpu, pid, name = labels.get("gpu", ""), labels.get("pid", ""), labels.get("phase", "")
-        if not gpu or not name:
-            continue
-        rank = labels.get("rank", "")
+        gpu, rank, pid = labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", "")
+        name = labels.get("phase", "")
+        if gpu and name:
+            times = [int(t * NS) for t, _ in series.points]
+            found[(gpu, rank, pid, name)] = np.array(times, np.int64)
+    return _lanes_of(found.items(), step)
+
+
+def _lanes_of(phases: Iterable[tuple[PhaseKey, np.ndarray]], step: int) -> dict[str, list[Lane]]:
+    """Phase runs per GPU and process from each phase series' times (ns)."""
+    by: dict[str, dict[tuple[str, str], Lane]] = defaultdict(dict)
+    for (gpu, rank, pid, name), times in phases:
         key = (rank, pid)
         lane = by[gpu].get(key)
         if lane is None:
             label = f"rank {rank}" if rank else f"pid {pid}"
             lane = by[gpu][key] = Lane(label)
         run: PhaseRun | None = None
-        for t_s, _ in series.points:
-            t = int(t_s * NS)
+        for t in times.tolist():
             if run is not None and t - run.t1 <= step // 2:
                 run.t1 = t + step
                 continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
@@ -105,10 +105,9 @@ QUERY_THREADS = 4
 """Queries of one refresh in flight at once (Prometheus answers each on its own thread)."""
 
 
-def host_of(labels: dict[str, str] | object) -> str:
+def host_of(labels: Mapping[str, str]) -> str:
     """The host a series is from: its ``host`` label, else its scrape target."""
-    get = labels.get  # type: ignore[attr-defined]
-    return get("host") or get("instance") or "?"
+    return labels.get("host") or labels.get("instance") or "?"
 
 
 def _int(text: str | None) -> int | None:
@@ -424,11 +423,11 @@ class Cluster:
                 cell.state = OK
 
     @staticmethod
-    def _key(labels: dict[str, str]) -> str:
+    def _key(labels: Mapping[str, str]) -> str:
         return f"{host_of(labels)}:{labels.get('gpu', '')}"
 
     def _cell(self, series: Series) -> Gpu | None:
-        labels = dict(series.labels)
+        labels = series.labels
         index = labels.get("gpu", "")
         if not index:
             return None
@@ -663,7 +662,7 @@ def _index_key(index: str) -> tuple[int, str]:
     return (int(index), "") if index.isdigit() and len(index) < 10 else (1 << 30, index)
 
 
-_SORT_KEYS: dict[str, Callable[[Gpu], object]] = {
+_SORT_KEYS: dict[str, Callable[[Gpu], tuple[object, ...]]] = {
     "memory": lambda g: (-g.fill, g.host, _index_key(g.index)),
     "headroom": lambda g: (
         g.headroom is None,

@@ -173,6 +173,41 @@ async def test_80x24_keeps_state_phase_and_used_and_the_summary_whole(served) ->
         assert app.ranks_view.size.width <= 80
 
 
+async def test_refreshes_slower_than_the_interval_go_on(served) -> None:
+    # Each refresh takes longer than the 1 s interval (13 queries, 4 at a time, 0.4 s
+    # each): the next comes at once. The timer it set was of 0 s, which Textual never
+    # fires: the view stopped refreshing after the first slow answer.
+    s, server = served
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 1)
+        s.delay = 0.4
+        app.refresh_cluster()
+        assert await until(pilot, lambda: app.refreshes >= 4, timeout=30), app.refreshes
+        assert all(q > app.interval for q, _ in list(app.latencies)[2:])
+
+
+async def test_the_drill_down_asks_only_the_new_steps(served) -> None:
+    s, server = served
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 1)
+        app.open_host("node-b")
+        assert await until(pilot, lambda: isinstance(app.screen, HostScreen))
+        screen = app.screen
+        assert await until(pilot, lambda: screen.version >= 3, timeout=20)
+        spans = [
+            float(r.params["end"]) - float(r.params["start"])
+            for r in s.requests
+            if r.path == "/api/v1/query_range"
+        ]
+        # The first load asks the window (300 s); the later ones only what is new.
+        assert spans[0] == 300 and max(spans[7:]) <= 10, spans
+        assert screen.history is not None and screen.history.end - screen.history.start == 300e9
+        await pilot.press("plus")  # a longer window: asked whole
+        assert await until(pilot, lambda: screen.history.end - screen.history.start == 900e9)
+
+
 async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:
     _s, server = served
     app = ClusterApp(PromClient(server.url, timeout=0.5), [])

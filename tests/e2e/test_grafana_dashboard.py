@@ -158,10 +158,15 @@ def test_cluster_row_has_the_gpu_grid_and_the_rank_peaks() -> None:
     assert "max by (host, pid, rank) (gpuwatch_process_phase_peak_allocated_bytes" in target["expr"]
     assert "{{rank}}" in target["legendFormat"] and "{{host}}" in target["legendFormat"]
     for p in (per_phase, ranks):
-        assert all('slurm_job=~"$slurm_job"' in t["expr"] for t in p["targets"])
+        assert all('slurm_job=~"$slurm_job", job_id=~"$job_id"' in t["expr"] for t in p["targets"])
     variables = {v["name"]: v for v in d["templating"]["list"]}
     job = variables["slurm_job"]
     assert job["query"]["query"] == "label_values(gpuwatch_rank_info, slurm_job)"
     assert job["includeAll"] and job["allValue"] == ".*"  # All: non-Slurm processes too
+    # The job the cluster view compares ranks within (issue 40), among the Slurm jobs picked.
+    job = variables["job_id"]
+    picked = 'label_values(gpuwatch_rank_info{slurm_job=~"$slurm_job"}, job_id)'
+    assert job["query"]["query"] == picked
+    assert job["multi"] and job["includeAll"] and job["allValue"] == ".*"
     required = {r["id"] for r in d["__requires"] if r["type"] == "panel"}
     assert {p["type"] for p in d["panels"] if p["type"] != "row"} <= required

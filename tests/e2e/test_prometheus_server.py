@@ -38,7 +38,8 @@ pytestmark = pytest.mark.skipif(
 PHASES = {"data", "forward", "backward", "optimizer.step", "zero_grad"}
 ALERTS = ROOT / "samples" / "prometheus-alerts.yml"
 SCRIPTS = ROOT / "tests" / "scripts"
-VARIABLES = {"$slurm_job": ".*", "$__rate_interval": "1m"}  # besides $host and $gpu
+# Besides $host and $gpu.
+VARIABLES = {"$slurm_job": ".*", "$job_id": ".*", "$__rate_interval": "1m"}
 
 
 def free_port() -> int:

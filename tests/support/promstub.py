@@ -101,6 +101,8 @@ class Stub:
     token: str | None = None
     """When set, a request without ``Authorization: Bearer TOKEN`` gets a 401."""
     delay: float = 0.0
+    ramp: bool = False
+    """Range queries' values grow with time (t mod 1000 added), so joins can be checked."""
     raw: Callable[[str, dict[str, str]], tuple[int, bytes]] | None = None
     """Answers instead of the API: ``(path, params) -> (status, body)``."""
     requests: list[Request] = field(default_factory=list)
@@ -114,9 +116,17 @@ class Stub:
             name = query.split("{", 1)[0].strip()
             series = self.families.get(name, [])
             if path.endswith("range"):
-                t0, t1 = float(params["start"]), float(params["end"])
+                # One point per step, as Prometheus evaluates a range query: at start,
+                # start + step, ... up to end (its value moves with t when ramp is set).
+                t0, t1, step = float(params["start"]), float(params["end"]), float(params["step"])
+                times = [round(t0 + i * step, 3) for i in range(int((t1 - t0) / step + 1e-6) + 1)]
                 result = [
-                    {"metric": m, "values": [[t0, repr(float(v))], [t1, repr(float(v))]]}
+                    {
+                        "metric": m,
+                        "values": [
+                            [t, repr(float(v) + (t % 1000 if self.ramp else 0))] for t in times
+                        ],
+                    }
                     for m, v in series
                 ]
                 return 200, {

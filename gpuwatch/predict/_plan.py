@@ -394,8 +394,10 @@ def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tu
     trainable, total = p["trainable_count"], p["count"]
     part = _ceil(trainable, n)
     opt = facts["optimizer"]
-    if plan.optimizer in ("adam", "adamw"):
+    if plan.optimizer in ("adam", "adamw") and plan.device == "cuda":
         # DeepSpeed's own inner Adam(W): FusedAdam, one multi-tensor kernel, no temporary.
+        # (On the CPU, DeepSpeedCPUAdam needs a C++ build; a plan against a CPU run is of
+        # torch's optimizer, "torch_adam": true, in the plan's own implementation.)
         opt["impl"] = "fused"
         opt["options"].update(fused=True, foreach=False)
         notes.append("ZeRO's inner optimizer: DeepSpeed's FusedAdam (no step temporary)")
@@ -513,6 +515,7 @@ def _tp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> int:
             kv_heads=kv // t,
             intermediate=_ceil(shape.intermediate or 0, t),
             vocab=_ceil(tf.get("vocab") or 0, t),
+            loss_parallel=bool(tf.get("vocab")),
         )
     facts["parallel"] = {
         "strategy": "tp",

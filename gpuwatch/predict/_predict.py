@@ -240,6 +240,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
         checkpointing=ckpt,
         head_transform=bool(tf.get("head_transform")),
+        loss_parallel=bool(tf.get("loss_parallel")),
         parallel_residual=bool(tf.get("parallel_residual")),
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0

@@ -384,10 +384,10 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
             opt.zero_grad()
         del loss
     alive = None
-    if case["layout"] in ("fsdp1", "fsdp2"):
-        # FSDP2's collective buffers can be freed on gloo's thread (orphans, profmem);
-        # DDP's keep their buckets (rebuilt in step 2), which we cannot name, and free
-        # nothing there.
+    if case["layout"] in ("fsdp1", "fsdp2", "tp"):
+        # FSDP2's collective buffers, and the inputs of tensor parallel's all-reduces,
+        # can be freed on gloo's thread (orphans, profmem); DDP's keep their buckets
+        # (rebuilt in step 2), which we cannot name, and free nothing there.
         alive = [*model.parameters(), *(p.grad for p in model.parameters()), x]
         alive += [v for st in opt.state.values() for v in st.values()]
     truth = mem.stop(alive)

@@ -109,7 +109,7 @@ class Plan:
         params: Parameter count without a shape.
         batch, seq: The micro-batch and sequence length.
         precision, optimizer, impl, attention: As :func:`facts_from_shape` takes them.
-        checkpointing: Checkpoint every layer.
+        checkpointing: Checkpoint layers; ``checkpoint_every``: every k-th (1: all).
         lora_rank, lora_targets: LoRA adapters (rank 0: none).
         dropout: Dropout probabilities; ``activation``: the MLP's activation.
         layout: One of :data:`LAYOUTS` (``tp=N`` with its degree).
@@ -136,6 +136,7 @@ class Plan:
     impl: str = "foreach"
     attention: str = "sdpa"
     checkpointing: bool = False
+    checkpoint_every: int = 1
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q", "v")
     dropout: dict[str, float] = field(default_factory=dict)
@@ -196,6 +197,7 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
             impl=plan.impl,
             attention=plan.attention,
             checkpointing=plan.checkpointing,
+            checkpoint_every=plan.checkpoint_every,
             lora_rank=plan.lora_rank,
             lora_targets=plan.lora_targets,
             dropout=plan.dropout,
@@ -706,6 +708,7 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
         impl=impl,
         attention=str(tf.get("attention") or "sdpa")[:24],
         checkpointing=bool(ckpt.get("enabled")),
+        checkpoint_every=min(max(fact_int(ckpt.get("every")), 1), 1024),
         lora_rank=fact_int(lora.get("rank")),
         lora_targets=targets,
         dropout={k: float(v) for k, v in drop.items() if isinstance(v, (int, float))},

@@ -207,7 +207,9 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     drop = _dict(tf.get("dropout"))
     lora = _dict(tf.get("lora"))
     trainable = {r: bool(v) for r, v in _dict(tf.get("trainable")).items() if r in ROLES}
-    ckpt = bool(_dict(facts.get("checkpointing")).get("enabled"))
+    ckpt_facts = _dict(facts.get("checkpointing"))
+    ckpt = bool(ckpt_facts.get("enabled"))
+    every = min(max(fact_int(ckpt_facts.get("every")), 1), MAX_LAYERS)
     arch = Arch(
         layers=fact_int(tf["layers"]),
         hidden=fact_int(tf["hidden"]),
@@ -239,6 +241,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         lora_rank=fact_int(lora.get("rank")),
         lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
         checkpointing=ckpt,
+        checkpoint_every=every,
         head_transform=bool(tf.get("head_transform")),
         loss_parallel=bool(tf.get("loss_parallel")),
         parallel_residual=bool(tf.get("parallel_residual")),

@@ -440,6 +440,7 @@ def facts_from_shape(
     impl: str = "foreach",
     attention: str = "sdpa",
     checkpointing: bool = False,
+    checkpoint_every: int = 1,
     lora_rank: int = 0,
     lora_targets: tuple[str, ...] = ("q", "v"),
     dropout: dict[str, float] | None = None,
@@ -453,7 +454,8 @@ def facts_from_shape(
         params: Parameter count, when there is no shape.
         batch, seq: The batch shape (both needed for activations).
         precision, optimizer, impl, attention: As ``gpuwatch estimate`` takes them.
-        checkpointing: Activation checkpointing of every layer.
+        checkpointing: Activation checkpointing of every layer, or with
+            ``checkpoint_every`` k of every k-th.
         lora_rank: Freeze the model and train LoRA adapters of this rank.
         lora_targets: The roles adapted (:data:`LORA_TARGETS`), q and v by default.
         dropout: Dropout probabilities (``attn``, ``resid``, ``embd``); none by default.
@@ -529,7 +531,11 @@ def facts_from_shape(
             "state_tensors": 0,
         },
         "amp": {"dtype": amp, "source": "argument" if amp else None},
-        "checkpointing": {"enabled": checkpointing, "source": "argument"},
+        "checkpointing": {
+            "enabled": checkpointing,
+            "source": "argument",
+            **({"every": checkpoint_every} if checkpointing and checkpoint_every > 1 else {}),
+        },
     }
     if shape is not None:
         roles = ("q", "k", "v", "o", "gate", "up", "down", "norm", "embed", "head")

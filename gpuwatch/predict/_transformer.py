@@ -58,7 +58,9 @@ class Arch:
         bias: Linear layers have biases.
         trainable: Role -> whether its base weights train.
         lora_rank: LoRA rank (0: none); ``lora_targets``: the roles it adapts.
-        checkpointing: Each layer runs under activation checkpointing.
+        checkpointing: Layers run under activation checkpointing.
+        checkpoint_every: Of those, every k-th (torchtitan's ``ac_freq``: layers k, 2k,
+            ... counting from one); 1: every layer.
         upcast_logits: The loss upcasts logits to fp32 (HF ForCausalLMLoss).
         loss_parallel: The logits are sharded by vocabulary and the loss is torch's
             ``loss_parallel`` (tensor parallel): its log-softmax runs in steps.
@@ -100,6 +102,7 @@ class Arch:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     checkpointing: bool = False
+    checkpoint_every: int = 1
     upcast_logits: bool = True
     loss_parallel: bool = False
     head_transform: bool = False
@@ -417,7 +420,8 @@ class _Recorder:
             x = self.add(x, pos)
         x = self.dropout(x, a.embd_dropout)
         for layer in range(a.layers):
-            self.region = layer if a.checkpointing else None
+            ckpt = a.checkpointing and (layer + 1) % max(a.checkpoint_every, 1) == 0
+            self.region = layer if ckpt else None
             x = self.block(x, layer)
         self.region = None
         x = self.norm(x, "norm_f")

@@ -40,6 +40,7 @@ SHAPE = ModelShape(
 PLANS: dict[str, dict[str, Any]] = {
     "fsdp2-hf": {"layout": "fsdp"},
     "fsdp2-hf-fake8": {"layout": "fsdp"},
+    "fsdp2-hf-fake8-ckpt2": {"layout": "fsdp", "checkpointing": True, "checkpoint_every": 2},
     "ddp-hf": {"layout": "ddp"},
     "fsdp2-hf-lora": {"layout": "fsdp", "lora_rank": LORA_RANK, "lora_targets": ("q", "v")},
     "tp-hf": {"layout": "tp=2"},

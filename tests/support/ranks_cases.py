@@ -53,6 +53,16 @@ CASES = {
         "reshard_after_forward": None,
     },
     "ddp-hf": {"layout": "ddp", "world": 2, "model": "hf"},
+    # Activation checkpointing of every 2nd layer (torchtitan's ac_freq 2: layers 2 and
+    # 4 of 4), as `estimate --checkpoint-every 2` plans it.
+    "fsdp2-hf-fake8-ckpt2": {
+        "layout": "fsdp2",
+        "world": 8,
+        "fake": True,
+        "model": "hf",
+        "reshard_after_forward": None,
+        "checkpoint_every": 2,
+    },
     # The causal LM with LoRA on q and v (PEFT's default targets), as `estimate --layout
     # fsdp --lora-rank 8` plans it: the base frozen, the adapters in the same units.
     "fsdp2-hf-lora": {
@@ -267,7 +277,18 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
 
 def _model(case: dict[str, Any]) -> nn.Module:
     if case.get("model") == "hf":
-        return _hf_model(case.get("lora", 0))
+        model = _hf_model(case.get("lora", 0))
+        every = case.get("checkpoint_every")
+        if every:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                checkpoint_wrapper,
+            )
+
+            layers = model.model.layers
+            for i in range(len(layers)):
+                if (i + 1) % every == 0:  # torchtitan's count: the k-th, 2k-th, ...
+                    layers[i] = checkpoint_wrapper(layers[i])
+        return model
     return MLP(lora=case.get("lora", 0), head=bool(case.get("head")))
 
 

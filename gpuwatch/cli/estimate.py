@@ -434,7 +434,7 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
     oom_pids = {o.pid for o in ooms}
     pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
     try:
-        plan, lost = plan_from_facts(proc.facts)
+        plan, lost = plan_from_facts(proc.facts or {})
     except ValueError as exc:
         raise CliError(f"{args.recording}: {exc}")
     assumed.append(f"the plan of pid {pid} in {os.path.basename(args.recording)}, from its facts")

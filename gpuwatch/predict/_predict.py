@@ -270,14 +270,15 @@ def _with(base: Breakdown, extra: Breakdown) -> Breakdown:
 
 def predict(facts: Facts) -> Prediction:
     """Predict memory per phase from a facts dict (never raises on odd facts)."""
-    facts = facts if isinstance(facts, dict) else {}
-    params = _dict(facts.get("params"))
-    buffers = _dict(facts.get("buffers"))
+    # Read as a plain dict: the facts came from a socket or a file, each field is checked.
+    raw: dict[str, Any] = dict(facts) if isinstance(facts, dict) else {}
+    params = _dict(raw.get("params"))
+    buffers = _dict(raw.get("buffers"))
     weights = fact_int(params.get("bytes")) + fact_int(buffers.get("bytes"))
     grads = fact_int(params.get("trainable_bytes"))
-    opt = optimizer_memory(_dict(facts.get("optimizer")) or None)
+    opt = optimizer_memory(_dict(raw.get("optimizer")) or None)
     notes = list(opt.notes)
-    arch, arch_notes = arch_from_facts(facts)
+    arch, arch_notes = arch_from_facts(raw)
     notes.extend(arch_notes)
     sim: Simulation | None = None
     if arch is not None:
@@ -287,7 +288,7 @@ def predict(facts: Facts) -> Prediction:
         except (ValueError, ZeroDivisionError, OverflowError) as exc:  # odd shapes
             notes.append(f"activations unknown: {exc}")
             sim = None
-    act = _dict(facts.get("activations"))
+    act = _dict(raw.get("activations"))
     measured = measured_bytes(act)
     source = formula = None
     findings: list[str] = []
@@ -360,7 +361,7 @@ def predict(facts: Facts) -> Prediction:
             eval_base = after if not first else base
             phases["eval", first] = PhaseMemory(eval_base, eval_base, eval_base)
         phases[CLIP, first] = PhaseMemory(
-            with_grads, dict(with_grads, **{TEMPORARIES: _clip_norms(facts)}), with_grads
+            with_grads, dict(with_grads, **{TEMPORARIES: _clip_norms(raw)}), with_grads
         )
         step_end = dict(with_grads, **{OPTIMIZER_STATE: opt.state})
         step_peak = dict(step_end, **{TEMPORARIES: opt.temp})
@@ -379,7 +380,7 @@ def predict(facts: Facts) -> Prediction:
         pm = phases["forward", first]
         if total(b) > total(pm.peak):
             phases["forward", first] = PhaseMemory(pm.start, b, pm.end)
-    layout = layout_memory(facts)
+    layout = layout_memory(raw)
     notes.extend(layout.notes)
     _add_layout(phases, accumulating, layout, sim.backward_peak_at if sim else 1.0)
     peak_key = max(phases, key=lambda k: total(phases[k].peak))
@@ -537,9 +538,7 @@ def _set_saved(sim: Simulation, saved: int, amp: int) -> Simulation:
     fs, fa = sim.forward_end.saved, sim.forward_end.amp
     rs, ra = (saved / fs if fs else 1.0), (amp / fa if fa else 1.0)
 
-    def scaled(m: Moment | None) -> Moment | None:
-        if m is None:
-            return None
+    def scaled(m: Moment) -> Moment:
         return Moment(min(round(m.saved * rs), saved), min(round(m.amp * ra), amp), m.temp, m.grads)
 
     return replace(
@@ -549,7 +548,9 @@ def _set_saved(sim: Simulation, saved: int, amp: int) -> Simulation:
         backward_peak=scaled(sim.backward_peak),
         backward_end=scaled(sim.backward_end),
         eval_peak=scaled(sim.eval_peak),
-        accumulating_peak=scaled(sim.accumulating_peak),
+        accumulating_peak=(
+            scaled(sim.accumulating_peak) if sim.accumulating_peak is not None else None
+        ),
     )
 
 

@@ -24,6 +24,7 @@ ops are follows Hugging Face ``transformers`` (``modeling_gpt2.py``, ``modeling_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._graph import Op, Tensor
@@ -139,8 +140,8 @@ class _Recorder:
         self,
         inputs: list[Tensor],
         outputs: list[Tensor],
-        saved: list[Tensor | None] = (),  # type: ignore[assignment]
-        params: list[tuple[str, int]] = (),  # type: ignore[assignment]
+        saved: Sequence[Tensor | None] = (),
+        params: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.ops.append(
             Op(list(inputs), list(outputs), [t for t in saved if t is not None], list(params))

@@ -139,6 +139,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--checkpointing", action="store_true", help="checkpoint every layer")
     p.add_argument(
+        "--checkpoint-every",
+        type=_positive,
+        default=1,
+        metavar="K",
+        help="with --checkpointing (implied): checkpoint every K-th layer only (layers K, "
+        "2K, ... as torchtitan's ac_freq); the others keep all they save",
+    )
+    p.add_argument(
         "--lora-rank", type=_positive, default=0, metavar="R", help="train LoRA adapters of rank R"
     )
     p.add_argument(
@@ -318,11 +326,19 @@ def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> N
     assumed.append(f"the shape's {counted:,} parameters (--params {args.params:,} agrees)")
 
 
+def _checkpointed(every: int) -> str:
+    """Which layers ``--checkpoint-every`` checkpoints, in words."""
+    if every == 1:
+        return "every layer"
+    return f"every {every}{'nd' if every == 2 else 'rd' if every == 3 else 'th'} layer"
+
+
 def estimate(args: argparse.Namespace) -> dict[str, Any]:
     """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
 
     assumed: list[str] = []
     args.dropout_config, args.activation = {}, None
+    args.checkpointing = args.checkpointing or args.checkpoint_every > 1
     if args.recording:
         return _from_recording(args, assumed)
     if args.batch is None:
@@ -348,7 +364,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
     assumed.append(
         f"{args.precision}, {args.optimizer} {args.optimizer_impl}"
         + (f", {args.attention} attention" if shape is not None else "")
-        + (", every layer checkpointed" if args.checkpointing else "")
+        + (f", {_checkpointed(args.checkpoint_every)} checkpointed" if args.checkpointing else "")
     )
     plan = _plan(args, shape, dropout, assumed)
     return _result(args, plan, assumed)
@@ -418,7 +434,7 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
     oom_pids = {o.pid for o in ooms}
     pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
     try:
-        plan, lost = plan_from_facts(proc.facts)
+        plan, lost = plan_from_facts(proc.facts or {})
     except ValueError as exc:
         raise CliError(f"{args.recording}: {exc}")
     assumed.append(f"the plan of pid {pid} in {os.path.basename(args.recording)}, from its facts")
@@ -455,6 +471,7 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
         change["seq"] = args.seq
     if args.checkpointing:
         change["checkpointing"] = True
+        change["checkpoint_every"] = args.checkpoint_every
     if args.lora_rank:
         change["lora_rank"] = args.lora_rank
         try:
@@ -565,6 +582,7 @@ def _plan(
         impl=args.optimizer_impl,
         attention=args.attention,
         checkpointing=args.checkpointing,
+        checkpoint_every=args.checkpoint_every,
         lora_rank=args.lora_rank,
         lora_targets=targets,
         dropout=dropout,

@@ -299,9 +299,9 @@ def _backward(
                 if not uses[key]:  # added into the existing .grad in place, then freed
                     live.now.grads -= nbytes
         for t in op.outputs:
-            g = grads.pop(id(t), None)
-            if g is not None:
-                live.drop(g)
+            done = grads.pop(id(t), None)
+            if done is not None:
+                live.drop(done)
         for t in op.saved:
             if saved_by.get(id(t)) == i or region_saver.get(id(t)) == i:
                 live.drop(t)
@@ -311,8 +311,8 @@ def _backward(
                     live.drop(t)
     for g in grads.values():  # gradients of the graph's inputs that nothing consumes
         live.drop(g)
-    for key in list(live.alive):
-        t, kind = live.alive[key]
+    for alive_id in list(live.alive):
+        t, kind = live.alive[alive_id]
         if kind != "temp":
             live.drop(t)
     return live.peak, live.now.copy(), grad_bytes

@@ -45,7 +45,7 @@ from typing import Any
 from ..facts import MAX_UNITS, Facts
 from ._optim import optimizer_memory
 from ._parallel import ROOT
-from ._predict import Prediction, predict
+from ._predict import Prediction, _dict, predict
 from ._shape import ModelShape, _numel, facts_from_shape
 
 LAYOUTS = (
@@ -109,7 +109,7 @@ class Plan:
         params: Parameter count without a shape.
         batch, seq: The micro-batch and sequence length.
         precision, optimizer, impl, attention: As :func:`facts_from_shape` takes them.
-        checkpointing: Checkpoint every layer.
+        checkpointing: Checkpoint layers; ``checkpoint_every``: every k-th (1: all).
         lora_rank, lora_targets: LoRA adapters (rank 0: none).
         dropout: Dropout probabilities; ``activation``: the MLP's activation.
         layout: One of :data:`LAYOUTS` (``tp=N`` with its degree).
@@ -136,6 +136,7 @@ class Plan:
     impl: str = "foreach"
     attention: str = "sdpa"
     checkpointing: bool = False
+    checkpoint_every: int = 1
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q", "v")
     dropout: dict[str, float] = field(default_factory=dict)
@@ -185,7 +186,7 @@ def _ceil(n: int, d: int) -> int:
 
 
 def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, Any]:
-    facts = dict(
+    facts: dict[str, Any] = dict(
         facts_from_shape(
             shape,
             params=plan.params if shape is None else None,
@@ -196,6 +197,7 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
             impl=plan.impl,
             attention=plan.attention,
             checkpointing=plan.checkpointing,
+            checkpoint_every=plan.checkpoint_every,
             lora_rank=plan.lora_rank,
             lora_targets=plan.lora_targets,
             dropout=plan.dropout,
@@ -332,7 +334,7 @@ def _fsdp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> tuple[int, int
         sizes = [total]
         notes.append("FSDP without a shape: one unit, the whole model")
     reshard = plan.layout != "fsdp-no-reshard"
-    units = [
+    units: list[dict[str, Any]] = [
         {
             "name": ROOT if i == 0 else f"layers.{i - 1}",
             "unsharded_bytes": s * elt,
@@ -394,8 +396,10 @@ def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tu
     trainable, total = p["trainable_count"], p["count"]
     part = _ceil(trainable, n)
     opt = facts["optimizer"]
-    if plan.optimizer in ("adam", "adamw"):
+    if plan.optimizer in ("adam", "adamw") and plan.device == "cuda":
         # DeepSpeed's own inner Adam(W): FusedAdam, one multi-tensor kernel, no temporary.
+        # (On the CPU, DeepSpeedCPUAdam needs a C++ build; a plan against a CPU run is of
+        # torch's optimizer, "torch_adam": true, in the plan's own implementation.)
         opt["impl"] = "fused"
         opt["options"].update(fused=True, foreach=False)
         notes.append("ZeRO's inner optimizer: DeepSpeed's FusedAdam (no step temporary)")
@@ -513,6 +517,7 @@ def _tp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> int:
             kv_heads=kv // t,
             intermediate=_ceil(shape.intermediate or 0, t),
             vocab=_ceil(tf.get("vocab") or 0, t),
+            loss_parallel=bool(tf.get("vocab")),
         )
     facts["parallel"] = {
         "strategy": "tp",
@@ -631,16 +636,16 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
     from ._optim import ESTIMATE_OPTIMIZERS, kind_of
 
     lost: list[str] = []
-    tf = facts.get("transformer") if isinstance(facts.get("transformer"), dict) else {}
-    batch = facts.get("batch") if isinstance(facts.get("batch"), dict) else {}
-    params = facts.get("params") if isinstance(facts.get("params"), dict) else {}
+    tf = _dict(facts.get("transformer"))
+    batch = _dict(facts.get("batch"))
+    params = _dict(facts.get("params"))
     groups = [g for g in params.get("groups") or [] if isinstance(g, dict)]
     big = max(groups, key=lambda g: fact_int(g.get("bytes")), default={})
-    amp = facts.get("amp") if isinstance(facts.get("amp"), dict) else {}
+    amp = _dict(facts.get("amp"))
     autocast = amp.get("dtype") or batch.get("autocast")
     dtype = str(big.get("dtype") or "float32")
     precision = _PRECISION_OF.get((dtype, str(autocast) if autocast else None), "bf16-mixed")
-    opt = facts.get("optimizer") if isinstance(facts.get("optimizer"), dict) else {}
+    opt = _dict(facts.get("optimizer"))
     kind = kind_of(opt) if opt else "adamw"
     optimizer = kind if kind in ESTIMATE_OPTIMIZERS else "adamw"
     if kind == "sgd":
@@ -669,30 +674,33 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
                 intermediate=fact_int(tf.get("intermediate")) or None,
                 tied=bool(tf.get("tied_embeddings", arch == "gpt")),
                 max_positions=fact_int(tf.get("max_positions")) or None,
-                **dims,
+                layers=dims["layers"],
+                hidden=dims["hidden"],
+                heads=dims["heads"],
+                vocab=dims["vocab"],
             )
     count = fact_int(params.get("count"))
     if shape is None:
         if count <= 0:
             raise ValueError("the recording's facts have neither a shape nor a parameter count")
         lost.append("no decoder shape in the facts: parameters only, activations unknown")
-    lora = tf.get("lora") if isinstance(tf.get("lora"), dict) else {}
+    lora = _dict(tf.get("lora"))
     targets = tuple(str(t)[:8] for t in (lora.get("targets") or ("q", "v")))[:8]
-    par = facts.get("parallel") if isinstance(facts.get("parallel"), dict) else {}
+    par = _dict(facts.get("parallel"))
     strategy = str(par.get("strategy") or "none")
     world = max(fact_int(par.get("world_size")), 1)
     layout = _STRATEGY_LAYOUT.get(strategy, "none")
     if strategy == "zero":
-        zero = par.get("zero") if isinstance(par.get("zero"), dict) else {}
+        zero = _dict(par.get("zero"))
         layout = f"zero{fact_int(zero.get('stage'))}" if fact_int(zero.get("stage")) else "none"
     if layout == "tp":
         layout, world = "none", 1
         lost.append("tensor parallel's degree is not in the facts: planned as one GPU")
     if layout == "fsdp":
-        fsdp = par.get("fsdp") if isinstance(par.get("fsdp"), dict) else {}
+        fsdp = _dict(par.get("fsdp"))
         layout = "fsdp" if fsdp.get("reshard_after_forward") is not False else "fsdp-no-reshard"
-    ckpt = facts.get("checkpointing") if isinstance(facts.get("checkpointing"), dict) else {}
-    drop = tf.get("dropout") if isinstance(tf.get("dropout"), dict) else {}
+    ckpt = _dict(facts.get("checkpointing"))
+    drop = _dict(tf.get("dropout"))
     plan = Plan(
         shape=shape,
         params=count if shape is None else None,
@@ -703,6 +711,7 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
         impl=impl,
         attention=str(tf.get("attention") or "sdpa")[:24],
         checkpointing=bool(ckpt.get("enabled")),
+        checkpoint_every=min(max(fact_int(ckpt.get("every")), 1), 1024),
         lora_rank=fact_int(lora.get("rank")),
         lora_targets=targets,
         dropout={k: float(v) for k, v in drop.items() if isinstance(v, (int, float))},

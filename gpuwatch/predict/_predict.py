@@ -207,7 +207,9 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     drop = _dict(tf.get("dropout"))
     lora = _dict(tf.get("lora"))
     trainable = {r: bool(v) for r, v in _dict(tf.get("trainable")).items() if r in ROLES}
-    ckpt = bool(_dict(facts.get("checkpointing")).get("enabled"))
+    ckpt_facts = _dict(facts.get("checkpointing"))
+    ckpt = bool(ckpt_facts.get("enabled"))
+    every = min(max(fact_int(ckpt_facts.get("every")), 1), MAX_LAYERS)
     arch = Arch(
         layers=fact_int(tf["layers"]),
         hidden=fact_int(tf["hidden"]),
@@ -239,7 +241,9 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         lora_rank=fact_int(lora.get("rank")),
         lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
         checkpointing=ckpt,
+        checkpoint_every=every,
         head_transform=bool(tf.get("head_transform")),
+        loss_parallel=bool(tf.get("loss_parallel")),
         parallel_residual=bool(tf.get("parallel_residual")),
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
@@ -266,14 +270,15 @@ def _with(base: Breakdown, extra: Breakdown) -> Breakdown:
 
 def predict(facts: Facts) -> Prediction:
     """Predict memory per phase from a facts dict (never raises on odd facts)."""
-    facts = facts if isinstance(facts, dict) else {}
-    params = _dict(facts.get("params"))
-    buffers = _dict(facts.get("buffers"))
+    # Read as a plain dict: the facts came from a socket or a file, each field is checked.
+    raw: dict[str, Any] = dict(facts) if isinstance(facts, dict) else {}
+    params = _dict(raw.get("params"))
+    buffers = _dict(raw.get("buffers"))
     weights = fact_int(params.get("bytes")) + fact_int(buffers.get("bytes"))
     grads = fact_int(params.get("trainable_bytes"))
-    opt = optimizer_memory(_dict(facts.get("optimizer")) or None)
+    opt = optimizer_memory(_dict(raw.get("optimizer")) or None)
     notes = list(opt.notes)
-    arch, arch_notes = arch_from_facts(facts)
+    arch, arch_notes = arch_from_facts(raw)
     notes.extend(arch_notes)
     sim: Simulation | None = None
     if arch is not None:
@@ -283,7 +288,7 @@ def predict(facts: Facts) -> Prediction:
         except (ValueError, ZeroDivisionError, OverflowError) as exc:  # odd shapes
             notes.append(f"activations unknown: {exc}")
             sim = None
-    act = _dict(facts.get("activations"))
+    act = _dict(raw.get("activations"))
     measured = measured_bytes(act)
     source = formula = None
     findings: list[str] = []
@@ -356,7 +361,7 @@ def predict(facts: Facts) -> Prediction:
             eval_base = after if not first else base
             phases["eval", first] = PhaseMemory(eval_base, eval_base, eval_base)
         phases[CLIP, first] = PhaseMemory(
-            with_grads, dict(with_grads, **{TEMPORARIES: _clip_norms(facts)}), with_grads
+            with_grads, dict(with_grads, **{TEMPORARIES: _clip_norms(raw)}), with_grads
         )
         step_end = dict(with_grads, **{OPTIMIZER_STATE: opt.state})
         step_peak = dict(step_end, **{TEMPORARIES: opt.temp})
@@ -375,7 +380,7 @@ def predict(facts: Facts) -> Prediction:
         pm = phases["forward", first]
         if total(b) > total(pm.peak):
             phases["forward", first] = PhaseMemory(pm.start, b, pm.end)
-    layout = layout_memory(facts)
+    layout = layout_memory(raw)
     notes.extend(layout.notes)
     _add_layout(phases, accumulating, layout, sim.backward_peak_at if sim else 1.0)
     peak_key = max(phases, key=lambda k: total(phases[k].peak))
@@ -533,9 +538,7 @@ def _set_saved(sim: Simulation, saved: int, amp: int) -> Simulation:
     fs, fa = sim.forward_end.saved, sim.forward_end.amp
     rs, ra = (saved / fs if fs else 1.0), (amp / fa if fa else 1.0)
 
-    def scaled(m: Moment | None) -> Moment | None:
-        if m is None:
-            return None
+    def scaled(m: Moment) -> Moment:
         return Moment(min(round(m.saved * rs), saved), min(round(m.amp * ra), amp), m.temp, m.grads)
 
     return replace(
@@ -545,7 +548,9 @@ def _set_saved(sim: Simulation, saved: int, amp: int) -> Simulation:
         backward_peak=scaled(sim.backward_peak),
         backward_end=scaled(sim.backward_end),
         eval_peak=scaled(sim.eval_peak),
-        accumulating_peak=scaled(sim.accumulating_peak),
+        accumulating_peak=(
+            scaled(sim.accumulating_peak) if sim.accumulating_peak is not None else None
+        ),
     )
 
 

@@ -9,7 +9,7 @@ them, so counts, the largest tensors and Adafactor's factored sizes are exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..facts import CONFIG_NAMES, DROPOUT_NAMES, SMALL_TENSOR, Facts
 from ._optim import ESTIMATE_OPTIMIZERS, KINDS
@@ -141,10 +141,12 @@ class ModelShape:
         h, f, v = self.hidden, self.intermediate or 0, self.vocab
         d = self.head_dim or h // self.heads
         q, kv = self.heads * d, (self.kv_heads or self.heads) * d
-        lin = [(h, h), (h,)]  # a Linear(h, h) with bias
-        ln = [(h,), (h,)]
-        qkv = [(q + 2 * kv, h), (q + 2 * kv,)]  # fused, with its bias
+        lin: list[tuple[int, ...]] = [(h, h), (h,)]  # a Linear(h, h) with bias
+        ln: list[tuple[int, ...]] = [(h,), (h,)]
+        qkv: list[tuple[int, ...]] = [(q + 2 * kv, h), (q + 2 * kv,)]  # fused, with its bias
         out: list[tuple[int, ...]]
+        layer: list[tuple[int, ...]]
+        final: list[tuple[int, ...]]
         if self.arch == "gpt":
             out = [(v, h), (self.max_positions or seq, h)]
             layer = [*ln, *qkv, (h, q), (h,), *ln, (f, h), (f,), (h, f), (h,)]
@@ -313,6 +315,7 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
     if arch and model_type and MODEL_TYPES.get(model_type) != arch:
         assumed.append(f"layout {arch} (--arch) for model_type {model_type!r}")
     head = None
+    name = ""
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and isinstance(archs[0], str):
         name = archs[0]
@@ -365,7 +368,7 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
     if head is None:
         assumed.append(f"head: {shape.head} (the config names no architecture)")
     else:
-        assumed.append(f"head: {shape.head} ({archs[0]})")
+        assumed.append(f"head: {shape.head} ({name})")
     if layout == "vit":
         seq: int | None = shape.patches
         assumed.append(f"sequence {seq}: ({shape.image_size}/{shape.patch_size})² patches and CLS")
@@ -440,6 +443,7 @@ def facts_from_shape(
     impl: str = "foreach",
     attention: str = "sdpa",
     checkpointing: bool = False,
+    checkpoint_every: int = 1,
     lora_rank: int = 0,
     lora_targets: tuple[str, ...] = ("q", "v"),
     dropout: dict[str, float] | None = None,
@@ -453,7 +457,8 @@ def facts_from_shape(
         params: Parameter count, when there is no shape.
         batch, seq: The batch shape (both needed for activations).
         precision, optimizer, impl, attention: As ``gpuwatch estimate`` takes them.
-        checkpointing: Activation checkpointing of every layer.
+        checkpointing: Activation checkpointing of every layer, or with
+            ``checkpoint_every`` k of every k-th.
         lora_rank: Freeze the model and train LoRA adapters of this rank.
         lora_targets: The roles adapted (:data:`LORA_TARGETS`), q and v by default.
         dropout: Dropout probabilities (``attn``, ``resid``, ``embd``); none by default.
@@ -529,7 +534,11 @@ def facts_from_shape(
             "state_tensors": 0,
         },
         "amp": {"dtype": amp, "source": "argument" if amp else None},
-        "checkpointing": {"enabled": checkpointing, "source": "argument"},
+        "checkpointing": {
+            "enabled": checkpointing,
+            "source": "argument",
+            **({"every": checkpoint_every} if checkpointing and checkpoint_every > 1 else {}),
+        },
     }
     if shape is not None:
         roles = ("q", "k", "v", "o", "gate", "up", "down", "norm", "embed", "head")
@@ -580,4 +589,5 @@ def facts_from_shape(
         facts["transformer"] = tf
     if batch and seq:
         facts["batch"] = {"shape": [batch, seq], "batch": batch, "seq": seq, "autocast": amp}
-    return facts
+    # Built field by field as docs/facts.md has them (the nested parts are plain dicts).
+    return cast(Facts, facts)

@@ -24,6 +24,7 @@ ops are follows Hugging Face ``transformers`` (``modeling_gpt2.py``, ``modeling_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._graph import Op, Tensor
@@ -58,8 +59,12 @@ class Arch:
         bias: Linear layers have biases.
         trainable: Role -> whether its base weights train.
         lora_rank: LoRA rank (0: none); ``lora_targets``: the roles it adapts.
-        checkpointing: Each layer runs under activation checkpointing.
+        checkpointing: Layers run under activation checkpointing.
+        checkpoint_every: Of those, every k-th (torchtitan's ``ac_freq``: layers k, 2k,
+            ... counting from one); 1: every layer.
         upcast_logits: The loss upcasts logits to fp32 (HF ForCausalLMLoss).
+        loss_parallel: The logits are sharded by vocabulary and the loss is torch's
+            ``loss_parallel`` (tensor parallel): its log-softmax runs in steps.
         head_transform: BERT's MLM head: dense, GeLU and LayerNorm before the logits.
         parallel_residual: Attention and MLP read the same input (GPT-NeoX):
             ``x + attn(ln1(x)) + mlp(ln2(x))``.
@@ -98,7 +103,9 @@ class Arch:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ()
     checkpointing: bool = False
+    checkpoint_every: int = 1
     upcast_logits: bool = True
+    loss_parallel: bool = False
     head_transform: bool = False
     parallel_residual: bool = False
     image_elements: int = 0
@@ -133,8 +140,8 @@ class _Recorder:
         self,
         inputs: list[Tensor],
         outputs: list[Tensor],
-        saved: list[Tensor | None] = (),  # type: ignore[assignment]
-        params: list[tuple[str, int]] = (),  # type: ignore[assignment]
+        saved: Sequence[Tensor | None] = (),
+        params: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.ops.append(
             Op(list(inputs), list(outputs), [t for t in saved if t is not None], list(params))
@@ -414,7 +421,8 @@ class _Recorder:
             x = self.add(x, pos)
         x = self.dropout(x, a.embd_dropout)
         for layer in range(a.layers):
-            self.region = layer if a.checkpointing else None
+            ckpt = a.checkpointing and (layer + 1) % max(a.checkpoint_every, 1) == 0
+            self.region = layer if ckpt else None
             x = self.block(x, layer)
         self.region = None
         x = self.norm(x, "norm_f")
@@ -436,8 +444,29 @@ class _Recorder:
         if a.upcast_logits or a.autocast_elt:
             # HF's loss upcasts; cross_entropy is on both autocast float32 lists anyway.
             logits = self.cast(logits, 4)
+        if a.loss_parallel:
+            return self.parallel_loss(logits)
         # cross_entropy = log_softmax (keeps its fp32 output) + nll_loss (keeps the target).
         logp = self.unary(logits, save_output=True)
+        loss = self.new(1, 4, logp.rg)
+        self.op([logp], [loss])
+        return loss
+
+    def parallel_loss(self, logits: Tensor) -> Tensor:
+        """Cross-entropy on logits sharded by vocabulary (torch's ``loss_parallel``,
+        ``tensor/parallel/loss.py``): the log-softmax in steps, each a logits-sized tensor,
+        while the model's output still holds the logits."""
+        n = self.numel(logits)
+        peak = self.new(n // max(self.a.vocab, 1), logits.elt, False)
+        self.op([logits], [peak])  # amax over the shard, all-reduced
+        shifted = self.new(n, logits.elt, logits.rg)
+        self.op([logits, peak], [shifted])  # x - max
+        lse = self.new(self.numel(peak), logits.elt, False)
+        self.op([self.unary(shifted)], [lse])  # exp, summed and all-reduced, log
+        logp = self.new(n, logits.elt, logits.rg)
+        # shifted - log-sum-exp keeps its result; the logits are read here only to say
+        # that the model's output keeps them alive until the loss returns.
+        self.op([shifted, lse, logits], [logp], [logp])
         loss = self.new(1, 4, logp.rg)
         self.op([logp], [loss])
         return loss

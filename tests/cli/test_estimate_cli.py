@@ -47,6 +47,20 @@ def test_json_from_shape_options() -> None:
     assert out["peak_bytes"] == max(sum(p.values()) for p in out["phases"].values())
 
 
+def test_checkpoint_every_k_th_layer() -> None:
+    shape = ("--layers", "8", "--hidden", "512", "--heads", "8", "--vocab", "1000")
+    act = {}
+    for flags in ((), ("--checkpointing",), ("--checkpoint-every", "2")):
+        r = _run(*shape, "--seq", "256", "--batch", "4", *flags, "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        act[flags[-1] if flags else "none"] = out["phases"]["forward"]["activations"]
+    assert act["--checkpointing"] < act["2"] < act["none"]
+    assert any("every 2nd layer checkpointed" in a for a in out["assumed"])
+    bad = _run(*shape, "--checkpoint-every", "0")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_table_from_a_config(tmp_path: Path) -> None:
     cfg = tmp_path / "config.json"
     cfg.write_text(

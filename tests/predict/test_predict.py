@@ -91,6 +91,19 @@ def test_checkpointing_recomputes_one_layer_in_backward() -> None:
     assert ckpt.backward_peak.saved > ckpt.forward_end.saved
 
 
+def test_checkpointing_every_second_layer_keeps_half_of_each() -> None:
+    # Layers 2 and 4 of 4 checkpointed (torchtitan's ac_freq 2): two layers keep their
+    # input, two keep all they save; embeddings and the head are the same in all three.
+    base = dict(hidden=H, heads=A, vocab=1000, batch=B, seq=S, layers=4, **GPT16)
+    saved = [
+        simulate(*_rec(Arch(**base, **kw))).forward_end.saved
+        for kw in ({}, {"checkpointing": True}, {"checkpointing": True, "checkpoint_every": 2})
+    ]
+    plain, every, second = saved
+    assert second == (plain + every) // 2
+    assert every < second < plain
+
+
 def _rec(arch: Arch):
     ops, loss = record(arch)
     return ops, [loss]

@@ -53,6 +53,32 @@ CASES = {
         "reshard_after_forward": None,
     },
     "ddp-hf": {"layout": "ddp", "world": 2, "model": "hf"},
+    # Activation checkpointing of every 2nd layer (torchtitan's ac_freq 2: layers 2 and
+    # 4 of 4), as `estimate --checkpoint-every 2` plans it.
+    "fsdp2-hf-fake8-ckpt2": {
+        "layout": "fsdp2",
+        "world": 8,
+        "fake": True,
+        "model": "hf",
+        "reshard_after_forward": None,
+        "checkpoint_every": 2,
+    },
+    # The causal LM with LoRA on q and v (PEFT's default targets), as `estimate --layout
+    # fsdp --lora-rank 8` plans it: the base frozen, the adapters in the same units.
+    "fsdp2-hf-lora": {
+        "layout": "fsdp2",
+        "world": 2,
+        "model": "hf",
+        "lora": LORA_RANK,
+        "reshard_after_forward": None,
+    },
+    # Megatron's split of the causal LM over two ranks (torch's parallelize_module):
+    # q/k/v and gate/up by columns, o and down by rows, the embedding and the logits by
+    # vocabulary with a vocabulary-parallel loss (loss_parallel), as `--layout tp=2`.
+    "tp-hf": {"layout": "tp", "world": 2, "model": "hf"},
+    # DeepSpeed ZeRO-2 of the causal LM with DeepSpeed's own bucket defaults, as
+    # `--layout zero2` plans it.
+    "zero2-hf": {"layout": "zero", "world": 2, "stage": 2, "model": "hf", "ds_defaults": True},
     # LoRA: the blocks' Linear layers frozen, a rank-8 adapter trained beside each up
     # projection; the units gather the frozen base but reduce only the adapters.
     "fsdp2-lora": {"layout": "fsdp2", "world": 2, "lora": LORA_RANK},
@@ -124,8 +150,25 @@ class MLP(nn.Module):
         return x
 
 
-def _hf_model() -> nn.Module:
-    """A small Llama-style causal LM from Hugging Face transformers (built from a config)."""
+class LoraLinear(nn.Module):
+    """PEFT's ``lora.Linear`` written out (peft is not a dependency): the frozen base
+    layer plus ``lora_B(lora_A(x)) * scaling``, B starting at zero."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: int = 16) -> None:
+        super().__init__()
+        self.base_layer = base.requires_grad_(False)
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_B.weight)
+        self.scaling = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+
+def _hf_model(lora: int = 0) -> nn.Module:
+    """A small Llama-style causal LM from Hugging Face transformers (built from a config);
+    with ``lora`` > 0 frozen, with rank-``lora`` adapters on q and v."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -138,7 +181,14 @@ def _hf_model() -> nn.Module:
         max_position_embeddings=HF_SEQ,
         tie_word_embeddings=False,
     )
-    return LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)
+    if lora:
+        model.requires_grad_(False)
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            attn.q_proj = LoraLinear(attn.q_proj, lora)
+            attn.v_proj = LoraLinear(attn.v_proj, lora)
+    return model
 
 
 def _units(model: nn.Module) -> list[nn.Module]:
@@ -149,6 +199,15 @@ def _units(model: nn.Module) -> list[nn.Module]:
 
 
 def _loss(model: nn.Module, x: torch.Tensor, case: dict[str, Any]) -> torch.Tensor:
+    if case["layout"] == "tp":
+        # HF's ForCausalLMLoss (labels shifted by padding, -100 ignored) on logits sharded
+        # by vocabulary: the loss_parallel context is also entered around backward.
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        logits = model.lm_head(model.model(input_ids=x).last_hidden_state)
+        labels = nn.functional.pad(x, (0, 1), value=-100)[..., 1:]
+        with loss_parallel():
+            return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
     if case.get("model") == "hf":
         return model(input_ids=x, labels=x).loss
     return model(x).square().mean()
@@ -161,7 +220,38 @@ def _batch(case: dict[str, Any], rank: int) -> torch.Tensor:
     return torch.randn(BATCH, DIM, generator=gen)
 
 
+def _tensor_parallel(model: nn.Module) -> nn.Module:
+    """Megatron's split of the causal LM over the process group (one CPU mesh)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan: dict[str, Any] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+    }
+    for i in range(len(model.model.layers)):
+        for name in ("q_proj", "k_proj", "v_proj"):
+            plan[f"model.layers.{i}.self_attn.{name}"] = ColwiseParallel()
+        plan[f"model.layers.{i}.self_attn.o_proj"] = RowwiseParallel()
+        for name in ("gate_proj", "up_proj"):
+            plan[f"model.layers.{i}.mlp.{name}"] = ColwiseParallel()
+        plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
+    # src_data_rank=None: each rank cuts its shards from its own copy (the same seed made
+    # them equal). Scattering from rank 0 instead leaves the full tensors' frees to gloo's
+    # thread, which the profiler does not see: rank 0's truth then held 8 MiB more, or not.
+    return parallelize_module(model, mesh, plan, src_data_rank=None)
+
+
 def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
+    if case["layout"] == "tp":
+        return _tensor_parallel(model)
     if case["layout"] == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -190,7 +280,18 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
 
 def _model(case: dict[str, Any]) -> nn.Module:
     if case.get("model") == "hf":
-        return _hf_model()
+        model = _hf_model(case.get("lora", 0))
+        every = case.get("checkpoint_every")
+        if every:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                checkpoint_wrapper,
+            )
+
+            layers = model.model.layers
+            for i in range(len(layers)):
+                if (i + 1) % every == 0:  # torchtitan's count: the k-th, 2k-th, ...
+                    layers[i] = checkpoint_wrapper(layers[i])
+        return model
     return MLP(lora=case.get("lora", 0), head=bool(case.get("head")))
 
 
@@ -213,16 +314,19 @@ def _deepspeed(model: nn.Module, case: dict[str, Any]) -> tuple[Any, Any]:
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
-    zero = {
-        "stage": case["stage"],
-        "reduce_bucket_size": ZERO_BUCKET,
-        "allgather_bucket_size": ZERO_BUCKET,
-        "overlap_comm": bool(case.get("overlap_comm", False)),
-        "stage3_prefetch_bucket_size": ZERO_BUCKET,
-        "stage3_max_live_parameters": 4 * ZERO_BUCKET,
-    }
+    zero: dict[str, Any] = {"stage": case["stage"]}
+    if not case.get("ds_defaults"):
+        zero.update(
+            {
+                "reduce_bucket_size": ZERO_BUCKET,
+                "allgather_bucket_size": ZERO_BUCKET,
+                "overlap_comm": bool(case.get("overlap_comm", False)),
+                "stage3_prefetch_bucket_size": ZERO_BUCKET,
+                "stage3_max_live_parameters": 4 * ZERO_BUCKET,
+            }
+        )
     config = {
-        "train_micro_batch_size_per_gpu": BATCH,
+        "train_micro_batch_size_per_gpu": HF_BATCH if case.get("model") == "hf" else BATCH,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "zero_force_ds_cpu_optimizer": False,
         "gradient_clipping": 1.0,
@@ -244,7 +348,7 @@ def _run_zero(name: str, rank: int, steps: int) -> dict[str, Any]:
     mem = ProfiledMemory("cpu")
     mem.start()
     torch.manual_seed(0)
-    engine, opt = _deepspeed(MLP(), case)
+    engine, opt = _deepspeed(_model(case), case)
     gpuwatch.watch(engine, opt)
     x = _batch(case, rank)
     for step in range(1, steps + 1):
@@ -287,19 +391,27 @@ def run_rank(name: str, rank: int, steps: int = STEPS) -> dict[str, Any]:
         with mem.phase(step, "forward"):
             loss = _loss(model, x, case)
         with mem.phase(step, "backward"):
-            loss.backward()
-        with mem.phase(step, "clip"):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if case["layout"] == "tp":
+                from torch.distributed.tensor.parallel import loss_parallel
+
+                with loss_parallel():
+                    loss.backward()
+            else:
+                loss.backward()
+        if case["layout"] != "tp":
+            # (clip_grad_norm_ cannot stack the DTensor and plain norms of a TP model.)
+            with mem.phase(step, "clip"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         with mem.phase(step, "optimizer.step"):
             opt.step()
         with mem.phase(step, "zero_grad"):
             opt.zero_grad()
         del loss
     alive = None
-    if case["layout"] in ("fsdp1", "fsdp2"):
-        # FSDP2's collective buffers can be freed on gloo's thread (orphans, profmem);
-        # DDP's keep their buckets (rebuilt in step 2), which we cannot name, and free
-        # nothing there.
+    if case["layout"] in ("fsdp1", "fsdp2", "tp"):
+        # FSDP2's collective buffers, and the inputs of tensor parallel's all-reduces,
+        # can be freed on gloo's thread (orphans, profmem); DDP's keep their buckets
+        # (rebuilt in step 2), which we cannot name, and free nothing there.
         alive = [*model.parameters(), *(p.grad for p in model.parameters()), x]
         alive += [v for st in opt.state.values() for v in st.values()]
     truth = mem.stop(alive)

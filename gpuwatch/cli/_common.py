@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     from ..live_sources import LiveSources
@@ -137,15 +137,32 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
-def interval_ms(text: str) -> float:
-    """``--interval MS``: a number of milliseconds between 10 and 60000."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}")
-    if not 10 <= value <= 60_000:
-        raise argparse.ArgumentTypeError("the interval must be between 10 and 60000 ms")
-    return value
+N = TypeVar("N", int, float)
+
+
+def bounded(
+    parse: Callable[[str], N], lo: N, hi: N, *, noun: str, name: str, unit: str = ""
+) -> Callable[[str], N]:
+    """An argparse ``type`` for a number in ``[lo, hi]``: ``parse`` reads it, and a bad
+    value says ``not NOUN: 'TEXT'`` or ``the NAME must be between LO and HI UNIT``."""
+
+    def check(text: str) -> N:
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"the {name} must be between {lo:g} and {hi:g}{unit}")
+        return value
+
+    check.__name__ = name
+    return check
+
+
+interval_ms = bounded(
+    float, 10.0, 60_000.0, noun="a number of milliseconds", name="interval", unit=" ms"
+)
+"""``--interval MS``: a number of milliseconds between 10 and 60000."""
 
 
 DEFAULT_METRICS_HOST = "127.0.0.1"

@@ -13,7 +13,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_ERROR, EXIT_OK, CliError, check_theme, need_terminal, theme_name
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CliError,
+    bounded,
+    check_theme,
+    need_terminal,
+    theme_name,
+)
 
 if TYPE_CHECKING:
     from ..cluster import Auth
@@ -26,14 +34,7 @@ MAX_SECRET = 64 << 10
 """Largest token or basic-auth file read (a JWT is a few kB)."""
 
 
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
-    if not 0.1 <= value <= 300:
-        raise argparse.ArgumentTypeError("the timeout must be between 0.1 and 300 seconds")
-    return value
+_timeout = bounded(float, 0.1, 300.0, noun="a number of seconds", name="timeout", unit=" seconds")
 
 
 def register(sub: Any) -> None:

@@ -17,6 +17,7 @@ from ._common import (
     EXIT_OK,
     CliError,
     Progress,
+    bounded,
     check_theme,
     isatty,
     need_terminal,
@@ -81,14 +82,11 @@ def _add_align(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _speed(text: str) -> float:
-    try:
-        value = float(text.lower().lstrip("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a speed: {text!r}")
-    if not 0.25 <= value <= 64:
-        raise argparse.ArgumentTypeError("the speed must be between 0.25 and 64")
-    return value
+def _speed_value(text: str) -> float:
+    return float(text.lower().lstrip("x"))  # 2x, x2 and 2 alike
+
+
+_speed = bounded(_speed_value, 0.25, 64.0, noun="a speed", name="speed")
 
 
 # --------------------------------------------------------------------------- commands

@@ -12,7 +12,7 @@ import importlib.util
 import socket
 from typing import Any
 
-from ._common import EXIT_OK, CliError, check_theme, metrics_address, say, theme_name
+from ._common import EXIT_OK, CliError, bounded, check_theme, metrics_address, say, theme_name
 
 DEFAULT_BIND = "127.0.0.1:8765"
 
@@ -22,14 +22,7 @@ def _bind(text: str) -> tuple[str, int]:
     return metrics_address(text)
 
 
-def _visitors(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of visitors: {text!r}")
-    if not 1 <= value <= 256:
-        raise argparse.ArgumentTypeError("the number of visitors must be between 1 and 256")
-    return value
+_visitors = bounded(int, 1, 256, noun="a number of visitors", name="number of visitors")
 
 
 def register(sub: Any) -> None:

@@ -87,16 +87,6 @@ def _valid_recording_path(text: str | None) -> Path | None:
     return path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Live:
     """The live session of this machine, served as the replay of its growing recording.
 
@@ -119,9 +109,10 @@ class Live:
     def owner(self) -> tuple[int, Path | None] | None:
         """``(pid, recording)`` of the live gpuwatch owning the socket, or None."""
         from ..sources.annotations import lock_owner
+        from ..store.recording import pid_alive
 
         pid, recording = lock_owner(self.socket_path)
-        if pid is None or not _alive(pid):
+        if pid is None or not pid_alive(pid):
             return None
         return pid, _valid_recording_path(recording)
 

@@ -31,6 +31,17 @@ CLOCK_LIMIT = 1 << 62
 inside int64, so no sum of times overflows."""
 
 
+def pid_alive(pid: int) -> bool:
+    """True while a process of this pid exists on this host (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class RecordingError(Exception):
     """A file that cannot be read as a recording; ``str()`` is one line for the user."""
 
@@ -226,15 +237,7 @@ class Recording:
             pid = int(self.meta.get("writer_pid", "0"))
         except ValueError:
             return False
-        if pid <= 0:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid > 0 and pid_alive(pid)
 
     @contextlib.contextmanager
     def reading(self, transaction: bool = False) -> Iterator[sqlite3.Connection]:

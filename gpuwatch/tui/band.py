@@ -17,6 +17,7 @@ from textual.geometry import Size
 from textual.strip import Strip
 
 from ..fmt import printable
+from ..session import Process
 from ._strips import CachedStrips
 from .chart import AXIS_WIDTH
 
@@ -49,6 +50,30 @@ class BandSpan:
     t0: int
     t1: int
     depth: int
+
+
+def process_spans(
+    proc: Process, names: list[str], t0: int, t1: int, cells: int, now: int
+) -> list[BandSpan]:
+    """A process's phases in ``[t0, t1]`` as a band of ``cells`` shows them: the ended
+    spans its table keeps for that width, then the open ones drawn up to ``now``."""
+    cols = proc.band_spans(t0, t1, cells)
+    spans = [  # Python ints first: a window can hold a thousand spans
+        BandSpan(names[n], a, b, d)
+        for n, a, b, d in zip(
+            cols["name"].tolist(),
+            cols["t0"].tolist(),
+            cols["t1"].tolist(),
+            cols["depth"].tolist(),
+            strict=True,
+        )
+    ]
+    spans += [
+        BandSpan(o.name, o.t0, max(o.t0, now), o.depth)
+        for o in list(proc.open.values())
+        if o.t0 <= t1
+    ]
+    return spans
 
 
 @dataclass

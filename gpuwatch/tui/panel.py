@@ -17,7 +17,7 @@ from ..analysis.predicted import PredictedLine
 from ..fmt import fmt_bytes, fmt_clock, fmt_duration, printable
 from ..session import MISSING_INT, Session, is_host
 from ._text import Fitted, Line, markup_safe
-from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
+from .band import BandMarker, BandRow, PhaseBand, label_width, process_spans
 from .breakdown import BreakdownBar
 from .chart import MONO_MARK, ChartFrame, Series, TimelineChart
 
@@ -361,22 +361,7 @@ class DevicePanel(Vertical):
             if i >= shown:
                 rows.append(BandRow(proc.short_label, [], mine))
                 continue
-            cols = proc.band_spans(t0, t1, cells)
-            spans = [  # Python ints first: a window can hold a thousand spans
-                BandSpan(names[n], a, b, d)
-                for n, a, b, d in zip(
-                    cols["name"].tolist(),
-                    cols["t0"].tolist(),
-                    cols["t1"].tolist(),
-                    cols["depth"].tolist(),
-                    strict=True,
-                )
-            ]
-            spans += [
-                BandSpan(o.name, o.t0, max(o.t0, now), o.depth)
-                for o in list(proc.open.values())
-                if o.t0 <= t1
-            ]
+            spans = process_spans(proc, names, t0, t1, cells, now)
             rows.append(BandRow(proc.short_label, spans, mine))  # the title names the host
         return rows
 

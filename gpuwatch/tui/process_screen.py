@@ -18,7 +18,7 @@ from ..analysis.processes import ProcRow
 from ..fmt import fmt_bytes, fmt_duration, printable
 from ..session import Session
 from ._text import Line
-from .band import BandMarker, BandRow, BandSpan, PhaseBand, label_width
+from .band import BandMarker, BandRow, PhaseBand, label_width, process_spans
 from .chart import ChartFrame, Series, TimelineChart
 from .keys import Key, KeyBar
 
@@ -220,24 +220,7 @@ class ProcessScreen(Screen[None]):
         proc = self.session.processes.get(self.pid)
         if proc is None:
             return []
-        names = self.session.names
-        cols = proc.band_spans(t0, t1, cells)
-        spans = [
-            BandSpan(names[n], a, b, d)
-            for n, a, b, d in zip(
-                cols["name"].tolist(),
-                cols["t0"].tolist(),
-                cols["t1"].tolist(),
-                cols["depth"].tolist(),
-                strict=True,
-            )
-        ]
-        now = self.session.now()
-        spans += [
-            BandSpan(o.name, o.t0, max(o.t0, now), o.depth)
-            for o in list(proc.open.values())
-            if o.t0 <= t1
-        ]
+        spans = process_spans(proc, self.session.names, t0, t1, cells, self.session.now())
         marks, ooms = self.session.events_between(t0, t1)
         markers = [BandMarker(m.t, m.level) for m in marks if m.pid == self.pid]
         markers += [BandMarker(o.t, "oom") for o in ooms if o.pid == self.pid]

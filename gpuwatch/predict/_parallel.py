@@ -61,7 +61,12 @@ buffers each layout makes, each its own category. Sources, per rule:
     (``copy_grads_in_partition``). Stage 3 reduces into ``grad_partitions_flat_buffer``,
     made at construction and kept. So from the backward's end, and under stage 3 always,
     the gradients are the partition (``partition_numel`` elements, or the buffer's
-    bytes).
+    bytes). Stage 1 (without ``overlap_comm``) reduces after autograd
+    (``reduce_gradients``), walking the parameters in order: each gradient moves into
+    the bucket, and the reduction that holds this rank's first parameter makes the
+    partition's copy (``grads_in_partition``) while the gradients after it are still
+    whole: rank 0's backward ends nearly a partition above the whole gradients
+    (``_zero1_copy``), the later ranks' do not.
   - ``zero_gathered`` (stage 3): the parameters all-gathered for the modules running, at
     most ``stage3_max_live_parameters`` plus the prefetch bucket
     (``partitioned_param_coordinator.py``, ``fetch_sub_module``) and never more than the
@@ -125,6 +130,8 @@ class LayoutMemory:
             (ZeRO-3); else the step frees it.
         grads_reduced_early: Backward reduces the gradients into ``grad_bytes`` as it
             goes (ZeRO-2/3), so they never exceed it there.
+        grads_copy: ZeRO-1 at the backward's end: the gradients the rank's partition
+            copy adds over the model's own (whole) gradients where it is made.
         forward_units: FSDP's moments in forward, one per unit's all-gather: the share
             of forward's activations saved by then, and the unsharded bytes alive.
         backward_units: FSDP's moments in backward, one per unit: the share of the
@@ -143,6 +150,7 @@ class LayoutMemory:
     grad_bytes: int | None = None
     grads_from_start: bool = False
     grads_reduced_early: bool = False
+    grads_copy: int = 0
     forward_units: list[tuple[float, int]] = field(default_factory=list)
     backward_gathered: list[int] = field(default_factory=list)
     backward_units: list[tuple[float, int, int, int]] = field(default_factory=list)
@@ -267,7 +275,7 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory, copy_out: bool = True) -> No
         out.notes.append("FSDP2 CPU offload: states on the host; all-gathers predicted as usual")
 
 
-def _zero(zero: dict[str, Any], params: dict[str, Any], out: LayoutMemory) -> None:
+def _zero(zero: dict[str, Any], params: dict[str, Any], rank: int, out: LayoutMemory) -> None:
     stage = _n(zero.get("stage"))
     if stage not in (1, 2, 3):
         out.modelled = False
@@ -311,6 +319,28 @@ def _zero(zero: dict[str, Any], params: dict[str, Any], out: LayoutMemory) -> No
         )
     else:
         out.backward[ZERO_BUCKETS] = buckets
+        if stage == 1 and buckets and not zero.get("overlap_comm"):
+            out.grads_copy = _zero1_copy(zero, params, rank, elt)
+
+
+def _zero1_copy(zero: dict[str, Any], params: dict[str, Any], rank: int, elt: int) -> int:
+    """What ZeRO-1's gradient copy adds at the backward's end, over the whole gradients.
+
+    ``reduce_gradients`` walks the parameters in order, moving each gradient into the
+    bucket (its own tensor freed) and reducing the bucket when the next one does not fit;
+    the reduction that holds this rank's first parameter makes ``grads_in_partition``
+    (``copy_grads_in_partition``). By then the gradients before this rank's partition and
+    that bucket's (at most ``reduce_bucket_size`` elements) are gone, the others not yet:
+    on rank 0, nearly the whole partition more than the gradients (to within one
+    parameter), on the later ranks nothing.
+    """
+    whole = _n(params.get("trainable_bytes")) // elt
+    copy = _n(zero.get("grads_in_partition_numel")) or _n(zero.get("partition_numel"))
+    # Facts without it: the partitions are equal and the first group holds nearly all.
+    got = zero.get("grads_before_partition")
+    before = _n(got) if type(got) is int else rank * _n(zero.get("partition_numel"))
+    freed = min(before + min(_n(zero.get("reduce_bucket_size")), 1 << 40), whole)
+    return max(copy - freed, 0) * elt
 
 
 def layout_memory(facts: dict[str, Any]) -> LayoutMemory:
@@ -327,7 +357,7 @@ def layout_memory(facts: dict[str, Any]) -> LayoutMemory:
         out.persistent[DDP_BUCKETS] = _n(params.get("trainable_bytes"))
         out.grads_in_buckets = bool(ddp.get("gradient_as_bucket_view"))
     elif strategy == "zero" and isinstance(par.get("zero"), dict):
-        _zero(par["zero"], params, out)
+        _zero(par["zero"], params, _n(par.get("rank")), out)
     elif strategy == "fsdp2" and isinstance(par.get("fsdp"), dict):
         _fsdp2(par["fsdp"], out)
     elif strategy == "fsdp1" and isinstance(par.get("fsdp"), dict):

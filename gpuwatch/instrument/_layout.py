@@ -258,7 +258,7 @@ def _fsdp1(wrappers: list[Any], names: dict[int, str]) -> dict[str, Any]:
     strategy = getattr(first, "sharding_strategy", None)
     mp = getattr(first, "mixed_precision", None)
     offload = getattr(first, "cpu_offload", None)
-    flats = []
+    flats: list[dict[str, Any]] = []
     for w in wrappers:
         handle = getattr(w, "_handle", None)
         flat = getattr(handle, "flat_param", None) if handle is not None else None

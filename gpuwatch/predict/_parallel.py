@@ -353,7 +353,8 @@ def layout_memory(facts: dict[str, Any]) -> LayoutMemory:
     params = facts.get("params")
     params = params if isinstance(params, dict) else {}
     if strategy == "ddp":
-        ddp = par.get("ddp") if isinstance(par.get("ddp"), dict) else {}
+        ddp = par.get("ddp")
+        ddp = ddp if isinstance(ddp, dict) else {}
         out.persistent[DDP_BUCKETS] = _n(params.get("trainable_bytes"))
         out.grads_in_buckets = bool(ddp.get("gradient_as_bucket_view"))
     elif strategy == "zero" and isinstance(par.get("zero"), dict):

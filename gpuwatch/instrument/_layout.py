@@ -355,6 +355,7 @@ def _zero_options(cfg: Any, opt: Any) -> dict[str, Any]:
             "allgather_bucket_size": getattr(cfg, "allgather_bucket_size", None),
             "stage3_prefetch_bucket_size": getattr(cfg, "prefetch_bucket_size", None),
             "stage3_max_live_parameters": getattr(cfg, "max_live_parameters", None),
+            "stage3_max_reuse_distance": getattr(cfg, "max_reuse_distance", None),
             "stage3_param_persistence_threshold": getattr(cfg, "param_persistence_threshold", None),
             "contiguous_gradients": getattr(cfg, "contiguous_gradients", None),
             "overlap_comm": getattr(cfg, "overlap_comm", None),
@@ -365,6 +366,7 @@ def _zero_options(cfg: Any, opt: Any) -> dict[str, Any]:
             "allgather_bucket_size": getattr(opt, "allgather_bucket_size", None),
             "stage3_prefetch_bucket_size": getattr(off, "_prefetch_bucket_sz", None),
             "stage3_max_live_parameters": getattr(off, "_max_available_parameters_in_numel", None),
+            "stage3_max_reuse_distance": getattr(off, "_max_reuse_distance_in_numel", None),
             "stage3_param_persistence_threshold": getattr(
                 off, "param_numel_persistence_threshold", None
             ),

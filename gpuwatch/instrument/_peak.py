@@ -20,6 +20,7 @@ torch is imported by the caller; this module imports nothing heavy.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -50,7 +51,9 @@ def _mode_class(torch: Any) -> Any:
             # skips frames under other user modes); its fused ops are not seen.
             return True
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             out = func(*args, **(kwargs or {}))
             peak = self.peak
             if peak.on:
@@ -177,10 +180,11 @@ class Peak:
             return True
         from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-        if _get_current_dispatch_mode() is not mode:
+        top = _get_current_dispatch_mode()
+        if top is None or top is not mode:
             return False
         self.mode = None
-        mode.__exit__(None, None, None)
+        top.__exit__(None, None, None)
         return True
 
     def made(self, func: Any, out: Any) -> None:
@@ -229,7 +233,7 @@ class Peak:
         n = st.nbytes()
         if n == 0:
             return
-        self.live[key] = weakref.ref(st, lambda ref, key=key, n=n: self._gone(ref, key, n))
+        self.live[key] = weakref.ref(st, functools.partial(self._gone, key=key, n=n))
         self.now += n
 
     def _gone(self, ref: Any, key: int, n: int) -> None:

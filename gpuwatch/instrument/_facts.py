@@ -432,7 +432,7 @@ def _transformer(model: Any) -> dict[str, Any] | None:
     if found is None:
         return shape
     layer = found[1][0]
-    names = [type(m).__name__ for m in layer.modules()]
+    classes = [type(m).__name__ for m in layer.modules()]
     rms = [m for m in layer.modules() if "rmsnorm" in type(m).__name__.lower()]
     if rms:
         shape["norm"] = "rmsnorm"
@@ -494,7 +494,7 @@ def _transformer(model: Any) -> dict[str, Any] | None:
     if lora_rank:
         shape["lora"] = {"rank": lora_rank, "targets": sorted(lora_targets)}
     shape["rope"] = not shape.get("learned_positions", False) and (
-        gated or any("rotary" in n.lower() for n in names) or bool(_first(cfg, ("rope_theta",)))
+        gated or any("rotary" in n.lower() for n in classes) or bool(_first(cfg, ("rope_theta",)))
     )
     shape["learned_positions"] = bool(shape.get("learned_positions", False))
     if "dropout" not in shape:
@@ -598,7 +598,7 @@ def batch_facts(args: Any, kwargs: Any) -> BatchFacts:
         if not candidates:
             return {}
         t = candidates[0]
-        out: dict[str, Any] = {
+        out: BatchFacts = {
             "shape": [int(d) for d in t.shape],
             "dtype": _dtype(t),
             "device": _device(t),

@@ -112,7 +112,7 @@ class LiveSources:
 
     def _mark_ranks(self) -> None:
         """Mark a stray context or diverging step counters of a job's ranks once, when seen."""
-        from .analysis.session_ranks import RankMarks
+        from .analysis.rank_feed import RankMarks
 
         marks = RankMarks()
         while not self._ranks_stop.wait(RANKS_EVERY):

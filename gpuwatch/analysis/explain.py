@@ -23,7 +23,7 @@ from ..fmt import GIB, fmt_bytes
 from ..session import MISSING_INT, Process, Session
 from ..session.peaks import table_range_max
 from .predicted import first_optimizer_step
-from .ranks import phase_key
+from .rank_table import phase_key
 
 CATEGORY_KEYS = pr.CATEGORIES
 """The predictor's categories, in the order an explanation lists them."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..session import Session, is_host
 from ..session.table import MISSING_INT
-from .session_ranks import rank_of
+from .rank_feed import rank_of
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("pid", "pid"),

@@ -5,7 +5,7 @@
 good figures, marked stale: a refresh that failed marks every cell stale with one line
 that says why; a GPU whose series are gone (its exporter stopped answering, so Prometheus
 ended them) is stale since the refresh that last had it; a GPU NVML lost is ``lost``.
-The ranks (a process with a ``rank`` label) become :class:`~gpuwatch.analysis.ranks.RankRow`
+The ranks (a process with a ``rank`` label) become :class:`~gpuwatch.analysis.rank_table.RankRow`
 rows, so the ranks table is the one ``gpuwatch info`` prints.
 """
 
@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..analysis.ranks import RankPhase, RankRow, Ranks, compare
+from ..analysis.rank_table import RankPhase, RankRow, Ranks, compare
 from ..fmt import ellipsis, fmt_bytes, fmt_short, printable
 from ..protocol import job_id
 from .background import each, never

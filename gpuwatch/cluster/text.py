@@ -6,7 +6,7 @@ cells. Every label comes from Prometheus and is hostile: each is made printable 
 
 from __future__ import annotations
 
-from ..analysis.ranks import format_ranks
+from ..analysis.rank_table import format_ranks
 from ..fmt import ellipsis, fmt_duration, fmt_short, printable
 from .model import STALE, Cluster, Gpu
 

@@ -124,9 +124,10 @@ def _params(model: Any) -> dict[str, Any]:
     return facts
 
 
-def _impl(optimizer: Any) -> tuple[str | None, bool]:
+def _impl(optimizer: Any, stepped: list[Any] | None = None) -> tuple[str | None, bool]:
     """The implementation ``step()`` will run (foreach / fused / for-loop), and whether
-    the user chose it.
+    the user chose it; ``stepped``: the tensors it steps where its groups do not list
+    them yet (ZeRO-3's, :func:`_zero_flat`: torch picks foreach for no parameters).
 
     Mirrors ``torch.optim`` (``adam()``, ``_default_to_fused_or_foreach``): explicit
     ``fused``/``foreach`` win; else foreach when every parameter is on a device with
@@ -149,7 +150,7 @@ def _impl(optimizer: Any) -> tuple[str | None, bool]:
     try:
         from torch.optim.optimizer import _default_to_fused_or_foreach
 
-        params = [p for g in groups for p in g["params"]]
+        params = stepped if stepped is not None else [p for g in groups for p in g["params"]]
         _, auto = _default_to_fused_or_foreach(params, bool(first.get("differentiable")), False)
         lr = first.get("lr")
         if auto and hasattr(lr, "numel") and not first.get("capturable"):
@@ -189,7 +190,9 @@ def _optimizer(optimizer: Any, flat: dict[int, list[Any]] | None = None) -> dict
     defaults = getattr(optimizer, "defaults", {}) or {}
     options = {k: _scalar(v) for k, v in defaults.items() if k != "params"}
     options = {k: v for k, v in options.items() if v is not None or k in ("foreach", "fused")}
-    impl, explicit = _impl(optimizer)
+    impl, explicit = _impl(
+        optimizer, None if flat is None else [t for f in flat.values() for t in f]
+    )
     buckets: dict[tuple[int, str, str], dict[str, Any]] = {}
     truncated = False
     for gi, group in enumerate(getattr(optimizer, "param_groups", []) or []):

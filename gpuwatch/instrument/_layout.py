@@ -355,6 +355,7 @@ def _zero_options(cfg: Any, opt: Any) -> dict[str, Any]:
             "allgather_bucket_size": getattr(cfg, "allgather_bucket_size", None),
             "stage3_prefetch_bucket_size": getattr(cfg, "prefetch_bucket_size", None),
             "stage3_max_live_parameters": getattr(cfg, "max_live_parameters", None),
+            "stage3_max_reuse_distance": getattr(cfg, "max_reuse_distance", None),
             "stage3_param_persistence_threshold": getattr(cfg, "param_persistence_threshold", None),
             "contiguous_gradients": getattr(cfg, "contiguous_gradients", None),
             "overlap_comm": getattr(cfg, "overlap_comm", None),
@@ -365,6 +366,7 @@ def _zero_options(cfg: Any, opt: Any) -> dict[str, Any]:
             "allgather_bucket_size": getattr(opt, "allgather_bucket_size", None),
             "stage3_prefetch_bucket_size": getattr(off, "_prefetch_bucket_sz", None),
             "stage3_max_live_parameters": getattr(off, "_max_available_parameters_in_numel", None),
+            "stage3_max_reuse_distance": getattr(off, "_max_reuse_distance_in_numel", None),
             "stage3_param_persistence_threshold": getattr(
                 off, "param_numel_persistence_threshold", None
             ),
@@ -404,6 +406,28 @@ def _offload(cfg: Any, opt: Any, stage: int) -> tuple[str | None, str | None]:
     if par_dev is None and stage == 3 and getattr(opt, "offload_param", False) is True:
         par_dev = "cpu"
     return opt_dev, par_dev
+
+
+def _grads_in_partition(opt: Any) -> dict[str, int]:
+    """Stage 1/2's gradient copy (``copy_grads_in_partition``: ``grads_in_partition``, the
+    whole numel of every parameter in this rank's partition) and the gradients the
+    reduction walks before this rank's first parameter (``reduce_gradients`` walks each
+    group's parameters in order and moves each gradient into a bucket, freeing it): under
+    stage 1 the copy is made there, while the gradients after it are still whole."""
+    try:
+        groups = getattr(opt, "bit16_groups", None) or []
+        mine = getattr(opt, "params_in_partition", None) or []
+        copy = sum(_numel(p) for group in mine for p in group)
+        first = next((group[0] for group in mine if group), None)
+        before = 0
+        for group in groups:
+            for p in group:
+                if p is first:
+                    return {"grads_in_partition_numel": copy, "grads_before_partition": before}
+                before += _numel(p)
+        return {"grads_in_partition_numel": copy} if copy else {}
+    except Exception:
+        return {}  # DeepSpeed's internals moved: the facts go without
 
 
 def _zero(engine: Any, opt: Any, model: Any) -> dict[str, Any] | None:
@@ -462,6 +486,7 @@ def _zero(engine: Any, opt: Any, model: Any) -> dict[str, Any] | None:
         out["master_bytes"] = _sum_bytes(getattr(opt, "single_partition_of_fp32_groups", None))
         sizes = getattr(opt, "partition_size", None) or []
         out["partition_numel"] = sum(_int(n) or 0 for n in sizes)
+        out.update(_grads_in_partition(opt))
     elif opt is not None:
         # Stage 3's fp32 partitions are the bit16 ones themselves where the dtypes agree
         # (``_create_fp32_partitions``): only a separate copy counts.

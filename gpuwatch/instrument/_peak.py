@@ -12,7 +12,8 @@ no tensor and changes nothing the ops compute; it is popped when the forward ret
 Where it does not run (``Peak.usable``): torch without the mode hooks that let
 higher-order ops and ``torch.compile`` through untouched, a model whose parameters are
 sharded (DTensor, FSDP's flat parameters: their all-gathered storages are resized in
-place, which no op output shows) or spread over several devices (a device map).
+place, which no op output shows; ZeRO-3's, gathered into buffers that outlive the ops)
+or spread over several devices (a device map).
 
 torch is imported by the caller; this module imports nothing heavy.
 """
@@ -85,7 +86,9 @@ def usable(torch: Any, model: Any) -> str | None:
         return "this torch's dispatch modes stop higher-order ops or torch.compile"
     devices = set()
     for p in model.parameters():
-        if is_flat_param(p) or hasattr(p, "_local_tensor"):
+        # ZeRO-3's partitioned parameters (``ds_tensor``) are gathered into flat buffers
+        # that outlive the ops: their bytes would read as the forward's temporaries.
+        if is_flat_param(p) or hasattr(p, "_local_tensor") or hasattr(p, "ds_tensor"):
             return "sharded parameters"
         devices.add(str(p.device))
         if len(devices) > 1:
@@ -184,10 +187,11 @@ class Peak:
             return True
         from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-        if _get_current_dispatch_mode() is not mode:
+        top = _get_current_dispatch_mode()
+        if top is None or top is not mode:
             return False
         self.mode = None
-        mode.__exit__(None, None, None)
+        top.__exit__(None, None, None)
         return True
 
     def made(self, func: Any, out: Any) -> None:

@@ -476,6 +476,15 @@ def _add_layout(
         before = "after" if name == "zero_grad" else before
         after = "after" if name in ("optimizer.step", "zero_grad") else ""
         at_peak = add(pm.peak, peak, before)
+        if name == "optimizer.step" and lay.step_grads:
+            at_peak[GRADIENTS] = at_peak.get(GRADIENTS, 0) + lay.step_grads
+        if name == "backward" and lay.grads_copy:
+            # ZeRO-1: the partition's gradient copy, made at the backward's end while
+            # most of the model's gradients are still whole.
+            moment = add(pm.end, backward)
+            moment[GRADIENTS] = moment.get(GRADIENTS, 0) + lay.grads_copy
+            if total(moment) > total(at_peak):
+                at_peak = moment
         # FSDP: the peak may instead be at one unit's collectives, mid-phase.
         for moment in _unit_moments(name, pm, lay):
             if total(moment) > total(at_peak):

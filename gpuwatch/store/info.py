@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..analysis.explain import explain_process, format_predicted, predicted_json
-from ..analysis.ranks import format_ranks, ranks_from_json
-from ..analysis.session_ranks import RankFeed
+from ..analysis.rank_feed import RankFeed
+from ..analysis.rank_table import format_ranks, ranks_from_json
 from ..fmt import ellipsis, first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
 from ..session import MISSING_INT, Process, Session, Table
 from ..session.openspans import MAX_OPEN

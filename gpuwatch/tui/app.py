@@ -27,7 +27,7 @@ from textual.screen import Screen
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from ..analysis.predicted import predictions
-from ..analysis.session_ranks import jobs, rank_of
+from ..analysis.rank_feed import jobs, rank_of
 from ..fmt import ellipsis, fmt_bytes, fmt_clock, fmt_duration, printable
 from ..session import Session, is_host
 from ..session import navigate as nav

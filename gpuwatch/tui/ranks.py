@@ -17,8 +17,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..analysis.ranks import Flag, Ranks, format_ranks
-from ..analysis.session_ranks import RankFeed
+from ..analysis.rank_feed import RankFeed
+from ..analysis.rank_table import Flag, Ranks, format_ranks
 from ..fmt import ellipsis, fmt_short, printable
 from ..session import Session
 

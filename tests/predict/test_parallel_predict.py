@@ -15,6 +15,8 @@ KEYS = [
     "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "dtype",
     "grad_partition_bytes", "persistent_bytes", "stage3_max_live_parameters",
     "stage3_prefetch_bucket_size", "offload_optimizer", "offload_param",
+    "stage3_max_reuse_distance", "largest_param_bytes", "grads_before_partition",
+    "grads_in_partition_numel",
 ]  # fmt: skip
 values = st.recursive(
     st.none()
@@ -124,9 +126,20 @@ def test_zero2_master_buckets_and_gradient_partition() -> None:
 
 
 def test_zero1_keeps_the_whole_gradients_through_backward() -> None:
-    back = predict(_zero(1)).phases["backward", False]
+    facts = _zero(1, grads_before_partition=8 * MIB, grads_in_partition_numel=8 * MIB)
+    facts["parallel"]["rank"] = 1
+    back = predict(facts).phases["backward", False]
     assert back.peak["gradients"] == 64 * MIB  # the model's own .grad until the epilogue
     assert back.end["gradients"] == 32 * MIB
+    # Rank 0's partition comes first: its copy is made once the first bucket's gradients
+    # (1 Mi elements) are freed, the rest still whole.
+    facts["parallel"]["rank"], facts["parallel"]["zero"]["grads_before_partition"] = 0, 0
+    assert predict(facts).phases["backward", False].peak["gradients"] == (64 + 32 - 4) * MIB
+    # Facts without where the partition starts: the rank's place among equal partitions.
+    del facts["parallel"]["zero"]["grads_before_partition"]
+    assert predict(facts).phases["backward", False].peak["gradients"] == (64 + 32 - 4) * MIB
+    facts["parallel"]["rank"] = 1
+    assert predict(facts).phases["backward", False].peak["gradients"] == 64 * MIB
 
 
 def test_zero3_gathered_parameters_are_bounded() -> None:
@@ -137,14 +150,23 @@ def test_zero3_gathered_parameters_are_bounded() -> None:
         persistent_bytes=MIB,
         stage3_max_live_parameters=2 * MIB,
         stage3_prefetch_bucket_size=MIB,
+        stage3_max_reuse_distance=0,
+        largest_param_bytes=2 * MIB,
     )
+    zero = facts["parallel"]["zero"]
     p = predict(facts)
     fwd = p.phases["forward", False].peak
-    assert fwd["zero_gathered"] == 12 * MIB  # (2 Mi + 1 Mi) fp32 elements
+    assert fwd["zero_gathered"] == 12 * MIB  # nothing reused: (2 Mi + 1 Mi) fp32 elements
     assert fwd["gradients"] == 32 * MIB  # the flat partition, made at construction
     assert fwd["zero_buckets"] == 4 * MIB
-    facts["parallel"]["zero"]["stage3_max_live_parameters"] = 10**9
-    # Never more than the model less its persistent parameters (already in the weights).
+    # Reused within 8 Mi elements: the model's last 4 Mi kept, and the module running.
+    zero["stage3_max_reuse_distance"] = 8 * MIB
+    assert predict(facts).phases["forward", False].peak["zero_gathered"] == 18 * MIB
+    # DeepSpeed's default distance (1e9), or live parameters beyond the model: never more
+    # than the model less its persistent parameters (already in the weights).
+    del zero["stage3_max_reuse_distance"]
+    assert predict(facts).phases["forward", False].peak["zero_gathered"] == 63 * MIB
+    zero["stage3_max_reuse_distance"], zero["stage3_max_live_parameters"] = 0, 10**9
     assert predict(facts).phases["forward", False].peak["zero_gathered"] == 63 * MIB
 
 

@@ -368,7 +368,7 @@ def test_the_host_sampler_looks_only_at_processes_that_may_run() -> None:
 
 def test_the_ranks_of_a_live_session_come_from_its_hellos() -> None:
     """A look at the ranks (each second, live) costs the ranked processes only."""
-    from gpuwatch.analysis.session_ranks import jobs
+    from gpuwatch.analysis.rank_feed import jobs
 
     s = Session()
     t = 1_000
@@ -386,7 +386,7 @@ def test_the_ranks_of_a_live_session_come_from_its_hellos() -> None:
 
 
 def test_the_ranks_of_a_replay_are_found_by_a_look_at_each(tmp_path: Path) -> None:
-    from gpuwatch.analysis.session_ranks import jobs
+    from gpuwatch.analysis.rank_feed import jobs
     from gpuwatch.store import load, save_session
 
     s = Session()

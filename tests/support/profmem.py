@@ -102,9 +102,10 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
     freed at the end of the first of FSDP's :data:`RELEASES` ranges after it (where FSDP
     drops its own reference to a reduce-scatter's input, so the worker's drop follows),
     else when the phase that allocated it ended; its bytes are counted in
-    :attr:`Truth.orphan_bytes`. Allocations made outside any phase (the
-    model, DDP's buckets) are never orphans. A free whose allocation came before the
-    profiler started (an earlier case's model, in the same process) is not counted.
+    :attr:`Truth.orphan_bytes`. Allocations made outside any phase (the model, DDP's
+    buckets) are orphans only when their pointer is allocated again. A free whose
+    allocation came before the profiler started (an earlier case's model, in the same
+    process) is not counted.
     """
     want = torch.device(device).type
     allocs: list[tuple[int, int, int]] = []  # (time, signed bytes, ptr)
@@ -141,7 +142,12 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
         t, n, ptr = allocs[i]
         k = bisect.bisect_right(starts, t) - 1
         if k < 0 or ranges[k][1] < t:
-            return  # outside any phase: not an orphan
+            # Outside any phase (the model, DDP's buckets, DeepSpeed's all-gathers between
+            # steps): no phase to end it, but a pointer allocated again was freed first.
+            if by < 2**63:
+                frees.append((by, -n, ptr))
+                orphans += n
+            return
         r = bisect.bisect_right(releases, t)
         end = release_ends[r] if r < len(releases) else ranges[k][1]
         frees.append((min(ranges[k][1], by, end), -n, ptr))

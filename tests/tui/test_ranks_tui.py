@@ -6,7 +6,7 @@ import rank_session as rs
 import synthetic
 from store_data import T0, Script
 
-from gpuwatch.analysis.session_ranks import RankFeed
+from gpuwatch.analysis.rank_feed import RankFeed
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.ranks import render
 

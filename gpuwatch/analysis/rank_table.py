@@ -274,23 +274,25 @@ def compare(
     spreads: list[Spread] = []
     flags: list[Flag] = []
     for name in names:
-        have = [(r, r.phases[name]) for r in ordered if r.phases.get(name) is not None]
-        have = [(r, p) for r, p in have if p.peak is not None]
+        # (row, phase, its peak) where the peak is reported.
+        have = [
+            (r, p, p.peak)
+            for r in ordered
+            if (p := r.phases.get(name)) is not None and p.peak is not None
+        ]
         if not have:
             continue
-        median = int(statistics.median(p.peak for _, p in have))
-        top_row, top = max(have, key=lambda rp: (rp[1].peak, -rp[0].rank))
-        low_row, low = min(have, key=lambda rp: (rp[1].peak, rp[0].rank))
-        spreads.append(
-            Spread(name, top_row.rank, top.peak, low_row.rank, low.peak, median, len(have))
-        )
+        median = int(statistics.median(peak for _, _, peak in have))
+        top_row, _, top = max(have, key=lambda h: (h[2], -h[0].rank))
+        low_row, _, low = min(have, key=lambda h: (h[2], h[0].rank))
+        spreads.append(Spread(name, top_row.rank, top, low_row.rank, low, median, len(have)))
         if len(have) < 2:
             continue
-        for row, p in have:
-            excess = p.peak - median
-            if excess > floor and p.peak > median * (1 + ratio):
-                category = _difference(p, [q for r, q in have if r is not row])
-                flags.append(_above(row, name, p.peak, median, excess, category))
+        for row, p, peak in have:
+            excess = peak - median
+            if excess > floor and peak > median * (1 + ratio):
+                category = _difference(p, [q for r, q, _ in have if r is not row])
+                flags.append(_above(row, name, peak, median, excess, category))
     flags.extend(_strays(ordered))
     flags.extend(_behind(ordered, lag))
     return Ranks(ordered, tuple(spreads), tuple(flags))
@@ -335,16 +337,16 @@ def _strays(rows: tuple[RankRow, ...]) -> Iterable[Flag]:
 
 
 def _behind(rows: tuple[RankRow, ...], lag: int) -> Iterable[Flag]:
-    stepped = [r for r in rows if r.step is not None]
+    stepped = [(r, r.step) for r in rows if r.step is not None]
     if len(stepped) < 2:
         return
-    lead = max(stepped, key=lambda r: (r.step, -r.rank))
-    for row in stepped:
-        gap = lead.step - row.step
+    lead, lead_step = max(stepped, key=lambda rs: (rs[1], -rs[0].rank))
+    for row, step in stepped:
+        gap = lead_step - step
         if gap >= lag:
             text = (
-                f"rank {row.rank} is at step {row.step}, {gap} behind rank {lead.rank} "
-                f"(step {lead.step}): the ranks' step counters diverge"
+                f"rank {row.rank} is at step {step}, {gap} behind rank {lead.rank} "
+                f"(step {lead_step}): the ranks' step counters diverge"
             )
             yield Flag("step_behind", row.rank, text, None, gap, None)
 

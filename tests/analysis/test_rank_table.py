@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwatch.analysis.ranks import (
+from gpuwatch.analysis.rank_table import (
     ABOVE_BYTES,
     RankPhase,
     RankRow,

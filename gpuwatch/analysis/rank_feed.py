@@ -1,5 +1,6 @@
-"""The ranks of a session side by side: :class:`~gpuwatch.analysis.ranks.RankRow` per rank,
-from a live or replayed session (merged multi-host replays included).
+"""A session's ranks read into rows (:class:`~gpuwatch.analysis.rank_table.RankRow`), one
+per rank of a live or replayed session (merged multi-host replays included), and the marks
+its new flags leave.
 
 A rank is an instrumented process whose hello names its ``rank`` in a ``world_size`` of two
 or more. Its row holds the newest exact peak of each phase (``phase_peaks``), the predicted
@@ -22,7 +23,7 @@ from ..session import MISSING_INT, Mark, Process, Session
 from ..session.peaks import phase_peaks
 from .explain import ProcessExplained, explain_process
 from .predicted import first_optimizer_step
-from .ranks import UNEXPLAINED, Flag, RankPhase, RankRow, Ranks, compare
+from .rank_table import UNEXPLAINED, Flag, RankPhase, RankRow, Ranks, compare
 
 EXPLAIN_EVERY = 5.0
 """Seconds between two explanations of a live process that keeps changing."""

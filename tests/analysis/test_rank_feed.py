@@ -8,8 +8,8 @@ import rank_session as rs
 from conftest import run_gpuwatch
 from store_data import GIB, MS, T0, Script
 
-from gpuwatch.analysis.ranks import format_ranks
-from gpuwatch.analysis.session_ranks import MARK_PREFIX, RankFeed, RankMarks, jobs
+from gpuwatch.analysis.rank_feed import MARK_PREFIX, RankFeed, RankMarks, jobs
+from gpuwatch.analysis.rank_table import format_ranks
 from gpuwatch.fmt import fmt_short
 from gpuwatch.session import Session
 from gpuwatch.store import load, save_session

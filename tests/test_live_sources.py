@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import gpuwatch.live_sources as live_sources
-from gpuwatch.analysis.session_ranks import RankMarks
+from gpuwatch.analysis.rank_feed import RankMarks
 from gpuwatch.live_sources import LiveSources
 
 

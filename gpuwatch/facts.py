@@ -168,6 +168,7 @@ class CheckpointingFacts(TypedDict, total=False):
 
     enabled: bool
     source: str
+    every: int
 
 
 class TransformerFacts(TypedDict, total=False):
@@ -202,6 +203,7 @@ class TransformerFacts(TypedDict, total=False):
     parallel_residual: bool
     softmax_fp32: bool
     image: dict[str, int]
+    loss_parallel: bool
 
 
 class BatchFacts(TypedDict, total=False):

@@ -298,11 +298,9 @@ class Timelines:
     def _join_phases(self, answer: list[Series], since: int, start: int) -> None:
         fresh: dict[PhaseKey, np.ndarray] = {}
         for series in answer:
-            labels = series.labels
-            gpu, rank, pid = labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", "")
-            name = labels.get("phase", "")
-            if gpu and name:
-                fresh[(gpu, rank, pid, name)] = _arrays(series)[0]
+            key = _phase_key(series)
+            if key is not None:
+                fresh[key] = _arrays(series)[0]
         joined = {}
         for key in {**self._phases, **fresh}:
             held, new = self._phases.get(key), fresh.get(key)
@@ -317,6 +315,15 @@ class Timelines:
         self._phases = joined
 
 
+def _phase_key(series: Series) -> PhaseKey | None:
+    """(gpu, rank, pid, phase) of a phase series; None without a GPU or a phase name."""
+    labels = series.labels
+    gpu, name = labels.get("gpu", ""), labels.get("phase", "")
+    if not (gpu and name):
+        return None
+    return gpu, labels.get("rank", ""), labels.get("pid", ""), name
+
+
 def _arrays(series: Series) -> tuple[np.ndarray, np.ndarray]:
     """A range series' times (unix ns, rounded to the millisecond) and values."""
     t = np.array([round(p[0] * 1000) for p in series.points], dtype=np.int64) * 1_000_000
@@ -327,12 +334,9 @@ def _lanes(answer: list[Series], step: int) -> dict[str, list[Lane]]:
     """Phase runs per GPU and process: consecutive scrapes of one phase make one run."""
     found: dict[PhaseKey, np.ndarray] = {}
     for series in answer:
-        labels = series.labels
-        gpu, rank, pid = labels.get("gpu", ""), labels.get("rank", ""), labels.get("pid", "")
-        name = labels.get("phase", "")
-        if gpu and name:
-            times = [int(t * NS) for t, _ in series.points]
-            found[(gpu, rank, pid, name)] = np.array(times, np.int64)
+        key = _phase_key(series)
+        if key is not None:
+            found[key] = np.array([int(t * NS) for t, _ in series.points], np.int64)
     return _lanes_of(found.items(), step)
 
 

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,7 @@ HOSTS = {"node-a": 2, "node-b": 3, "node-c": 1}  # host -> fake GPUs
 SLURM = "SLURM_JOB_ID=4242 SLURM_STEP_ID=0 WORLD_SIZE=3"
 TORCHRUN = "TORCHELASTIC_RUN_ID=none MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 WORLD_SIZE=2"
 SLURM_JOB = "slurm:4242.0"
+EPOCH = time.time()
 TORCHRUN_JOB = f"torchrun:{label_text(socket.gethostname())}:29517"
 
 
@@ -50,6 +52,7 @@ def _env(gpus: int) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env["GPUWATCH_NVML_BACKEND"] = "tests.fake_nvml"
     env["GPUWATCH_FAKE_NVML"] = json.dumps({"gpus": gpus, "trace": "training"})
+    env["CLUSTER_EPOCH"] = str(EPOCH)  # the ranks' shared clock (tests/scripts/cluster_rank.py)
     env.pop("GPUWATCH_SOCKET", None)
     return env
 

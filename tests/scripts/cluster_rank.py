@@ -6,6 +6,10 @@ the environment. The client's allocator reader sees CUDA in use on device ``LOCA
 gpuwatch maps the process to that GPU) and the script steps through
 data/forward/backward/optimizer.step, the peak of ``backward`` being PEAK_MIB, about four
 steps a second, until SECONDS have passed (default: until killed).
+
+The step number comes from the wall clock (``CLUSTER_EPOCH``, shared by the job's ranks), as a
+real job's collectives keep its ranks in step: a rank starved on a loaded machine skips to the
+current step instead of falling behind, which the ranks table would rightly flag.
 """
 
 from __future__ import annotations
@@ -48,13 +52,15 @@ memory.active = True
 memory._torch = types.SimpleNamespace(cuda=cuda)
 memory._devices = None
 
+PERIOD = 0.27  # not a divisor of a second: each scrape lands in another phase
+epoch = float(os.environ.get("CLUSTER_EPOCH") or time.time())
 start = time.monotonic()
-step = 0
 shares = {"data": 0.2, "forward": 0.6, "backward": 1.0, "optimizer.step": 0.8}
 while time.monotonic() - start < seconds:
+    step = int((time.time() - epoch) / PERIOD)
     gpuwatch.step(step)
     for name, share in shares.items():
         with gpuwatch.phase(name):
             cuda.peak = int(peak_mib * share) * MIB
             time.sleep(0.06)
-    step += 1
+    time.sleep(max(0.0, epoch + (step + 1) * PERIOD - time.time()))

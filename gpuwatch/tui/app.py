@@ -1,8 +1,9 @@
 """The gpuwatch Textual app: a panel per device over one shared, zoomable time window.
 
 Data flow (docs/architecture.md): samplers fill the session from their threads; a session listener
-posts one mergeable :class:`NewData` message at a time; a timer redraws at most
-:data:`REDRAW_HZ` times a second inside ``batch_update``. Nothing here calls NVML.
+posts one mergeable :class:`NewData` message at a time; a one-shot timer redraws inside
+``batch_update`` when the next frame is due (see :meth:`GpuwatchApp._schedule`). Nothing
+here calls NVML.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shlex
 import signal
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, Protocol
 
 from textual import on
@@ -24,6 +26,7 @@ from textual.dom import NoScreen
 from textual.message import Message
 from textual.reactive import var
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from ..analysis.predicted import predictions
@@ -56,6 +59,9 @@ NARROW_BELOW = 100
 """Terminal columns below which the status bar and keys are fitted more tightly."""
 
 REDRAW_HZ = 20
+"""The most frames a second, and how often a replay looks for a new one (its position
+moves at its own speed). Live, the app wakes only when a frame is due (:meth:`_schedule`):
+each wake-up of the event loop costs the dashboard's CPU, with nothing to draw."""
 FOLLOW_FRAME_NS = 500_000_000
 """Following live, frames are at least this far apart (2 a second, nvitop's rate is 1):
 repainting a full screen costs Textual ~25 ms, and this keeps the cost of drawing a
@@ -63,6 +69,9 @@ dashboard of 8 GPUs at 100 Hz small (``benchmarks/bench_chart.py`` part 2 measur
 Key presses redraw at once; new data in a paused view shows at once too, then at most
 once per this interval (at 20 a second, every sample redrawing all panels, a paused 8-GPU
 dashboard took over half a core)."""
+FRAME_SLACK = 0.002
+"""Seconds a look for a frame waits past the time its key changes: a timer may fire a
+little early (Textual's sleeps are shortened by half a millisecond)."""
 TABLE_HZ = 2
 MARK_CELLS = 48
 """The most of a mark's text the status bar shows at the cursor (the Peaks tab lists it
@@ -192,6 +201,12 @@ class GpuwatchApp(App[int]):
         self._shown_at = -FOLLOW_FRAME_NS  # when it last moved (monotonic ns)
         self._tables_version: object = -1
         self.redraws = 0
+        # The next look for a frame (see _schedule): its timer, and when it fires
+        # (monotonic seconds). _due is when the frame key changes next: following, a time
+        # of the transport's clock (ns); paused, a monotonic ns; None: not known.
+        self._frame_timer: Timer | None = None
+        self._frame_at = 0.0
+        self._due: tuple[str, int] | None = None
         # The overview: None follows the layout (shown when the panels do not all fit),
         # True / False is the user's choice (g / enter).
         self._overview_choice: bool | None = None
@@ -271,7 +286,6 @@ class GpuwatchApp(App[int]):
         if self._quit_if is not None and self._quit_if():
             self.exit()
             return
-        self.set_interval(1 / REDRAW_HZ, self._tick)
         self.set_interval(1 / TABLE_HZ, self._refresh_tables)
         self._tick()
 
@@ -357,7 +371,7 @@ class GpuwatchApp(App[int]):
         return self.transport.now()
 
     def _tick(self) -> None:
-        """Redraw if anything visible changed.
+        """Redraw if anything visible changed, then look again when the next frame is due.
 
         Following live, the window moves continuously but the chart can only show it in
         whole columns, and new samples only touch the newest column: so the frame is keyed
@@ -365,6 +379,12 @@ class GpuwatchApp(App[int]):
         :data:`REDRAW_HZ` a second), with the newest column at most one column behind.
         Paused, the frame is keyed on the session's data version.
         """
+        self._due = None
+        self._frame()
+        self._schedule()
+
+    def _frame(self) -> None:
+        """Draw the frame, if its key is not the one drawn (see :meth:`_tick`)."""
         now = self.now()
         key, now = self.transport.frame_key(now) or self.frame_key(now)
         short = self.short
@@ -399,6 +419,53 @@ class GpuwatchApp(App[int]):
         self._plot_width_at = None  # the panels' axes may have moved
         self._follow_tables()
         self.redraws += 1
+
+    def _schedule(self) -> None:
+        """Look for the next frame when it can come, and not before.
+
+        Following live, the frame key changes when the clock enters the next step
+        (:meth:`frame_key`); paused, when data that came is due to show; in between nothing
+        is drawn, and waking up :data:`REDRAW_HZ` times a second to find that out was most
+        of an idle dashboard's CPU. What no key follows (the status bar's subtitle,
+        warning and notes, a resize) is looked at least every :data:`FOLLOW_FRAME_NS`;
+        a replay, whose position moves at its own speed, looks :data:`REDRAW_HZ` times a
+        second. A key or the mouse redraws at once (:meth:`redraw`).
+        """
+        wait = FOLLOW_FRAME_NS / 1e9
+        if self.transport.polled:
+            wait = 1 / REDRAW_HZ
+        elif self._due is not None:
+            clock, t = self._due
+            if clock == "clock":
+                until = self.transport.until(t)
+            else:
+                until = (t - time.monotonic_ns()) / 1e9
+            wait = min(wait, max(until, 0.0) + FRAME_SLACK)
+        self._look_in(wait)
+
+    def _look_in(self, wait: float) -> None:
+        """Tick in ``wait`` seconds, unless a tick is already due before then."""
+        at = time.monotonic() + wait
+        timer = self._frame_timer
+        if timer is not None:
+            if self._frame_at <= at:  # that one looks first, and schedules the next
+                return
+            timer.stop()
+        self._frame_at = at
+        self._frame_timer = self.set_timer(wait, partial(self._timer_tick, at), name="frame")
+
+    def _timer_tick(self, at: float) -> None:
+        # A timer's callback is queued when it fires: one stopped after that still comes,
+        # and one that comes after the last screen went (quitting) has nothing to draw.
+        if at != self._frame_at or not self.screen_stack:
+            return
+        self._frame_timer = None
+        self._tick()
+
+    def on_resize(self) -> None:
+        # A new size is a new frame: looked for at once (the screen takes its breakpoint
+        # classes, -short, a moment after the app its size), not at the next due frame.
+        self._look_in(1 / REDRAW_HZ)
 
     def _follow_tables(self) -> None:
         """The Peaks tab highlights the phase, and the mark, at the cursor."""
@@ -529,6 +596,7 @@ class GpuwatchApp(App[int]):
             # Step by whole columns, and by at least FOLLOW_FRAME_NS: a wide window moves
             # a column every few hundred ms, a narrow one would otherwise redraw at 20 Hz.
             step = col * max(1, -(-FOLLOW_FRAME_NS // col))
+            self._due = ("clock", (now // step + 1) * step)
             return ("follow", now // step, self.view.span), (now // step) * step
         return ("paused", self._paused_version()), now
 
@@ -540,6 +608,8 @@ class GpuwatchApp(App[int]):
             at = time.monotonic_ns()
             if at - self._shown_at >= FOLLOW_FRAME_NS:
                 self._shown_version, self._shown_at = version, at
+            else:  # shown when its interval is over
+                self._due = ("monotonic", self._shown_at + FOLLOW_FRAME_NS)
         return self._shown_version
 
     def _update_predictions(self) -> None:

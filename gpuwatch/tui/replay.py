@@ -103,6 +103,7 @@ class ReplayTransport(Transport):
     actions = REPLAY_ACTIONS
     tab_after = "transport('jump_spike')"
     no_log = ("a replay has no Log tab: only gpuwatch run shows its command's output", 3.0)
+    polled = True  # the position moves at the playback speed, the loader fills in
 
     def __init__(self, player: Player, subtitle: str = "") -> None:
         super().__init__(self._replay_now, subtitle)

@@ -87,6 +87,9 @@ class Transport:
     """The key bar's "tab Next panel" follows this action's key (when panels are stepped)."""
     no_log = ("no command is running under gpuwatch", 2.0)
     """What ``4`` says when there is no command's output to show, and for how long."""
+    polled = False
+    """Does the app look for a new frame at each of its ticks (``REDRAW_HZ`` a second)?
+    Live, it wakes only when the clock makes a new frame due (:meth:`until`)."""
 
     def __init__(
         self,
@@ -137,6 +140,11 @@ class Transport:
     def frame_key(self, now: int) -> tuple[object, int] | None:
         """The frame's key and time (see ``GpuwatchApp._tick``), or None: the app's."""
         return None
+
+    def until(self, t: int) -> float:
+        """Seconds until :meth:`now` reaches ``t`` (live, :meth:`now` is a clock: the next
+        frame is due at a known time; see :attr:`polled`)."""
+        return (t - self.now()) / 1e9
 
     def figures_time(self, window: tuple[int, int]) -> int:
         """The time the headers and legends describe: the cursor, else the newest time."""

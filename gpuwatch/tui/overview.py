@@ -14,13 +14,13 @@ changed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.segment import Segment
 from rich.style import Style as RichStyle
 from textual.binding import Binding
-from textual.content import Content
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
@@ -222,13 +222,17 @@ def bar_cells(row: GpuRow | HostRow, width: int) -> tuple[int, int, int] | None:
     return a, r, cells(used, r)
 
 
+Run = tuple[str, "str | Style | None"]
+"""A piece of a line: its text, and its own style under the line's (None: the line's)."""
+
+
 def memory_bar(
     cells: tuple[int, int, int] | None, width: int, colors: Mapping[str, str]
-) -> Content:
+) -> list[Run]:
     """``width`` cells: allocated, then reserved, then the rest of NVML's used, then free,
     each in its line's colour and with its own character (it reads without colour)."""
     if cells is None:
-        return Content.styled("·" * max(0, width), "dim")
+        return [("·" * max(0, width), "dim")]
     a, r, u = cells
     parts = [
         ("█" * a, colors.get("gw-allocated", "")),
@@ -236,7 +240,26 @@ def memory_bar(
         ("▒" * (u - r), colors.get("gw-nvml", "")),
         ("░" * (width - u), colors.get("gw-ceiling", "")),
     ]
-    return Content.assemble(*((text, style) for text, style in parts if text))
+    return [(text, style or None) for text, style in parts if text]
+
+
+def joined(runs: Iterable[Run]) -> list[Run]:
+    """The runs as a line's segments: each styled run its own, the unstyled ones between
+    them one (where :meth:`Content.render` splits a line: at each span's ends)."""
+    out: list[Run] = []
+    plain = ""
+    for text, style in runs:
+        if style is None:
+            plain += text
+            continue
+        if plain:
+            out.append((plain, None))
+            plain = ""
+        if text:
+            out.append((text, style))
+    if plain or not out:
+        out.append((plain, None))
+    return out
 
 
 @dataclass(frozen=True)
@@ -354,6 +377,13 @@ class GpuOverview(CachedStrips, can_focus=True):
         self.at: int | None = None
         self._read_key: object = None
         self._texts: tuple[object, ...] = ()  # what the lines say: they are built from it
+        self._row_texts: tuple[tuple[str, ...], ...] = ()
+        # Styles resolved once, not at each frame (parsing and combining them was most of
+        # drawing a line): the component classes' by (theme, focus), and each run's final
+        # style by its base and layers. Both go when the CSS changes.
+        self._components: dict[object, dict[str, Style]] = {}
+        self._combined: dict[tuple[object, ...], RichStyle | None] = {}
+        self._pads: dict[object, RichStyle] = {}
 
     # ------------------------------------------------------------------ data
 
@@ -395,16 +425,18 @@ class GpuOverview(CachedStrips, can_focus=True):
         made in :meth:`build_strips`, once styles are known)."""
         width = self._width()
         lay = Layout.of(width, self.rows, self.bar_share)
+        rows = tuple(gpu_texts(r, lay) for r in self.rows)
         texts = (
             width,
             self.selected,
             self.show_host,
-            tuple(gpu_texts(r, lay) for r in self.rows),
+            rows,
             host_texts(self.host, lay, width) if self.show_host and self.host else None,
         )
         if texts == self._texts:
             return
         self._texts = texts
+        self._row_texts = rows  # the lines are made of them (at this width)
         height = 1 + len(self.rows) + (self.show_host and self.host is not None)
         if self.styles.height is None or self.styles.height.value != height:
             self.styles.height = height
@@ -415,50 +447,90 @@ class GpuOverview(CachedStrips, can_focus=True):
 
     def build_strips(self, size: Size) -> list[Strip]:
         base = self.visual_style
-        rich = self.rich_style
-        return [
-            Strip(line.render_segments(base)).adjust_cell_length(size.width, rich)
-            for line in self._render_lines(size.width, self.app.theme_variables)
-        ]
+        rich = self._pad_style()
+        strips = []
+        for runs, line_style in self._lines(size.width, self.app.theme_variables):
+            segments = [
+                Segment(text, self._combine(base, style, line_style)) for text, style in runs
+            ]
+            strips.append(Strip(segments).adjust_cell_length(size.width, rich))
+        return strips
 
-    def _render_lines(self, width: int, colors: Mapping[str, str]) -> list[Content]:
+    def _combine(
+        self, base: Style, style: str | Style | None, line: Style | None
+    ) -> RichStyle | None:
+        """The rich style of a run: the base, its own style, the line's (as a Content
+        with the line's style over its spans renders it)."""
+        key = (base, style, line)
+        if key in self._combined:
+            return self._combined[key]
+        layers = [base]
+        if style is not None:
+            layers.append(style if isinstance(style, Style) else _parse(style))
+        if line:
+            layers.append(line)
+        combined = Style.combine(layers) if len(layers) > 1 else base
+        if len(self._combined) > 512:  # colours per theme and focus: a few dozen
+            self._combined.clear()
+        self._combined[key] = rich = combined.rich_style if combined else None
+        return rich
+
+    def _class_styles(self) -> dict[str, Style]:
+        """The component classes' styles, read once per theme and focus."""
+        key = (self.app.theme, self.has_focus)
+        found = self._components.get(key)
+        if found is None:
+            found = self._components[key] = {
+                name: _style(self.get_component_rich_style(f"gpu-overview--{name}", partial=True))
+                for name in ("head", "muted", "selected", "host")
+            }
+        return found
+
+    def _pad_style(self) -> RichStyle:
+        """The style of the cells right of a line (a widget's rich style is made anew at
+        each read: kept as the component classes' are)."""
+        key = ("pad", self.app.theme, self.has_focus)
+        found = self._pads.get(key)
+        if found is None:
+            found = self._pads[key] = self.rich_style
+        return found
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._components.clear()
+        self._pads.clear()
+        self._combined.clear()
+
+    def _lines(self, width: int, colors: Mapping[str, str]) -> list[tuple[list[Run], Style]]:
+        """Each line: its runs (:func:`joined`) and the style over all of it."""
         lay = Layout.of(width, self.rows, self.bar_share)
+        styles = self._class_styles()
         head = (
             f"{'GPU':<{lay.label}}{'name':<{lay.name}}{'memory':<{lay.bar}} {'used/tot':>9}"
             f"{'util':>5}{'temp':>5}{'W':>5} {'top process · phase'}"
         )
-        head_style = _style(self.get_component_rich_style("gpu-overview--head", partial=True))
-        muted = _style(self.get_component_rich_style("gpu-overview--muted", partial=True))
-        selected = _style(self.get_component_rich_style("gpu-overview--selected", partial=True))
-        lines = [Content(ellipsis(head, width)).stylize(head_style)]
+        lines = [(joined([(ellipsis(head, width), None)]), styles["head"])]
+        drawn = self._row_texts if self._texts and self._texts[0] == width else None
         for i, row in enumerate(self.rows):
-            label, name, _, memory, figures, top = gpu_texts(row, lay)
-            line = Content.assemble(
-                "▸ " if i == self.selected else "  ",
-                label,
-                name,
-                memory_bar(bar_cells(row, lay.bar), lay.bar, colors),
-                " ",
-                memory,
-                (figures, muted) if row.util is None else figures,
-                " ",
-                top,
-            )
-            if i == self.selected:
-                line = line.stylize(selected)
-            lines.append(line)
+            chosen = i == self.selected
+            label, name, _, memory, figures, top = drawn[i] if drawn else gpu_texts(row, lay)
+            runs: list[Run] = [("▸ " if chosen else "  ", None), (label, None), (name, None)]
+            runs += memory_bar(bar_cells(row, lay.bar), lay.bar, colors)
+            runs += [(" ", None), (memory, None)]
+            runs.append((figures, styles["muted"] if row.util is None else None))
+            runs += [(" ", None), (top, None)]
+            lines.append((joined(runs), styles["selected"] if chosen else Style()))
         if self.show_host and self.host is not None:
             label, name, _, memory, rest = host_texts(self.host, lay, width)
-            style = _style(self.get_component_rich_style("gpu-overview--host", partial=True))
-            bar = memory_bar(bar_cells(self.host, lay.bar), lay.bar, colors)
-            lines.append(
-                Content.assemble("  ", label, name, bar, " ", memory, " ", rest).stylize(style)
-            )
+            runs = [("  ", None), (label, None), (name, None)]
+            runs += memory_bar(bar_cells(self.host, lay.bar), lay.bar, colors)
+            runs += [(" ", None), (memory, None), (" ", None), (rest, None)]
+            lines.append((joined(runs), styles["host"]))
         return lines
 
     def render_plain(self) -> list[str]:
         """The lines as the screen shows them, without styles (tests, the help)."""
-        return [line.plain for line in self._render_lines(self._width(), {})]
+        return ["".join(t for t, _ in runs) for runs, _ in self._lines(self._width(), {})]
 
     # ------------------------------------------------------------------ keys
 
@@ -496,3 +568,11 @@ class GpuOverview(CachedStrips, can_focus=True):
 
 def _style(rich_style: RichStyle) -> Style:
     return Style.from_rich_style(rich_style)
+
+
+def _parse(style: str) -> Style:
+    """A style named in a run (a theme's colour, ``dim``), as :class:`Content` reads it."""
+    try:
+        return Style.parse(style)
+    except Exception:  # what Content does with a style it cannot read: nothing
+        return Style.null()

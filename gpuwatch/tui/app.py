@@ -426,10 +426,11 @@ class GpuwatchApp(App[int]):
         Following live, the frame key changes when the clock enters the next step
         (:meth:`frame_key`); paused, when data that came is due to show; in between nothing
         is drawn, and waking up :data:`REDRAW_HZ` times a second to find that out was most
-        of an idle dashboard's CPU. What no key follows (the status bar's subtitle,
-        warning and notes, a resize) is looked at least every :data:`FOLLOW_FRAME_NS`;
-        a replay, whose position moves at its own speed, looks :data:`REDRAW_HZ` times a
-        second. A key or the mouse redraws at once (:meth:`redraw`).
+        of an idle dashboard's CPU. With no frame due, it looks every
+        :data:`FOLLOW_FRAME_NS` (what the status bar says outside the frame is looked at
+        by :meth:`_refresh_tables` too, a resize by :meth:`on_resize`); a replay, whose
+        position moves at its own speed, looks :data:`REDRAW_HZ` times a second. A key or
+        the mouse redraws at once (:meth:`redraw`).
         """
         wait = FOLLOW_FRAME_NS / 1e9
         if self.transport.polled:
@@ -440,7 +441,9 @@ class GpuwatchApp(App[int]):
                 until = self.transport.until(t)
             else:
                 until = (t - time.monotonic_ns()) / 1e9
-            wait = min(wait, max(until, 0.0) + FRAME_SLACK)
+            # A step can be longer than FOLLOW_FRAME_NS (a wide window on a narrow chart):
+            # no look in between, but one at least every second.
+            wait = min(max(until, 0.0) + FRAME_SLACK, 1.0)
         self._look_in(wait)
 
     def _look_in(self, wait: float) -> None:
@@ -620,6 +623,8 @@ class GpuwatchApp(App[int]):
         # A hello saying where a process trains can reorder the panels: looked at here, at
         # TABLE_HZ, not each frame (a pass over the processes per device).
         self._arrange_panels()
+        if self._status_said is not None and self._status_changed():  # between frames
+            self._update_status()
         # The Processes tab shows the figures at the cursor: a new cursor is a new table.
         version = (self.session.version, self.process_table.at)
         if version == self._tables_version:

@@ -152,9 +152,8 @@ class GpuSampler:
         self._ok = False
         self._info: dict[int, dict[str, Any]] = {}  # pid -> what psutil said
         self._cpu = procstat.CpuMeter(every=0.5)
-        self._parents: set[int] = (
-            set()
-        )  # parents described for the tree view  # a pid on two GPUs is read twice a tick
+        self._stat = procstat.Reader()  # the listed processes' /proc files, kept open
+        self._parents: set[int] = set()  # parents described for the tree view
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +196,7 @@ class GpuSampler:
             # An NVML call is stuck; shutting NVML down under it could block us too. The
             # threads are daemons, so they do not hold up the exit.
             return
+        self._stat.close()
         self.nvml.shutdown()
 
     def open(self) -> bool:
@@ -477,7 +477,11 @@ class GpuSampler:
         sm = mem = None
         if util is not NA:
             _, sm, mem = util.get(pid, (0, 0, 0))
-        st = procstat.read(pid)  # a pid in another PID namespace is not found: unknown
+        try:
+            # A pid in another PID namespace is not found here: unknown.
+            st = self._stat.read(pid)
+        except PermissionError:
+            st = None
         cpu = None if st is None else self._cpu.update(pid, st.cpu)
         return (pid, used, kind, sm, mem, cpu, None if st is None else st.rss)
 
@@ -491,6 +495,7 @@ class GpuSampler:
         for pid in [p for p in self._info if p not in listed]:
             del self._info[pid]
         self._cpu.keep(listed)
+        self._stat.keep(listed)
         # The launchers of what runs (torchrun, accelerate, a shell): the tree view shows
         # a process under its parent, which need not use a GPU itself.
         for pid in new:

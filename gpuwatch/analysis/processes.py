@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..session import Session, is_host
+from ..session import Process, Session, is_host
 from ..session.table import MISSING_INT
 from .rank_feed import rank_of
 
@@ -81,38 +81,80 @@ class ProcRow:
         return " ".join(parts).lower()
 
 
-def rows(session: Session, at: int | None = None) -> list[ProcRow]:
+class RowCache:
+    """What :func:`rows` built at its last call, for the next one (a dashboard refreshes
+    hundreds of rows a second, nearly all as they were).
+
+    A GPU's process list is taken from its table again only when the table grew or the
+    time asked changed; a row is built again only when what it shows of its process
+    changed (its description, hello, or NVML's and the host's figures). A row reused is
+    the same object, its elapsed time, phase and rank brought up to date: the rows of one
+    call are the caller's until its next call with the same cache.
+    """
+
+    def __init__(self) -> None:
+        self.lists: dict[str, tuple[tuple[int, int, int], list[tuple[Any, ...]]]] = {}
+        self.rows: dict[tuple[str, int], tuple[tuple[Any, ...], ProcRow]] = {}
+
+
+def rows(session: Session, at: int | None = None, cache: RowCache | None = None) -> list[ProcRow]:
     """Every process on each GPU at ``at`` (the newest lists when None), then every
-    instrumented process not on a GPU that runs then."""
+    instrumented process not on a GPU that runs then.
+
+    ``cache``: the one given to the previous call, to reuse what did not change."""
     s = session
     out: list[ProcRow] = []
     seen: set[int] = set()
     now = s.now() if at is None else at
     wall = (now + s.wall_offset) / 1e9
+    lists: dict[str, tuple[tuple[int, int, int], list[tuple[Any, ...]]]] = {}
+    built: dict[tuple[str, int], tuple[tuple[Any, ...], ProcRow]] = {}
+    old = cache.rows if cache is not None else {}
     for key, table in sorted(s.gpu_procs.items()):
-        newest = table.span()
-        t = newest[1] if newest is not None and at is None else at
-        snap = table.group_at(t) if t is not None else None
-        if snap is None:
-            continue
         dev = s.devices.get(key)
         if dev is None:
             continue
+        newest = table.span()
+        t = newest[1] if newest is not None and at is None else at
+        if t is None:
+            continue
+        stamp = (id(table), len(table), t)
+        known = cache.lists.get(key) if cache is not None else None
+        if known is not None and known[0] == stamp:
+            listed = known[1]
+        else:
+            snap = table.group_at(t)
+            if snap is None:
+                continue
+            listed = list(
+                zip(*(snap[c].tolist() for c in ("pid", "used", "sm", "cpu", "rss")), strict=True)
+            )
+        lists[key] = (stamp, listed)
         where = _where(dev)
-        cols = {k: v.tolist() for k, v in snap.items()}
-        for pid, used, sm, cpu, rss in zip(
-            cols["pid"], cols["used"], cols["sm"], cols["cpu"], cols["rss"], strict=True
-        ):
+        for figures in listed:
+            pid = figures[0]
             if pid == 0:  # an empty snapshot
                 continue
             seen.add(pid)
-            row = _describe(s, pid, wall)
-            row.device, row.device_key = where, key
-            row.gpu_mem = _int(used)
-            row.sm = _float(sm)
-            row.cpu = _float(cpu)
-            row.rss = _int(rss)
-            _instrumented(s, row, at)
+            info = s.proc_info.get(pid)
+            proc = s.processes.get(pid)
+            hello, container = (
+                (proc.hello, proc.container_pid) if proc is not None else (None, None)
+            )
+            inputs: tuple[Any, ...] = (info, proc, hello, (where, container, figures))
+            row = _reused(old.get((key, pid)), inputs, wall)
+            if row is None:
+                _, used, sm, cpu, rss = figures
+                row = _describe(s, pid, wall)
+                row.device, row.device_key = where, key
+                row.gpu_mem = _int(used)
+                row.sm = _float(sm)
+                row.cpu = _float(cpu)
+                row.rss = _int(rss)
+            else:
+                row.rss = _int(figures[4])
+            built[(key, pid)] = (inputs, row)
+            _instrumented(s, row, at, proc)
             out.append(row)
     for pid, proc in list(s.processes.items()):
         if pid in seen:
@@ -125,15 +167,48 @@ def rows(session: Session, at: int | None = None) -> list[ProcRow]:
             last = proc.rss.at(at)
         else:
             continue
-        row = _describe(s, pid, wall)
-        row.device = f"{proc.origin} host" if proc.origin else "host"
-        row.device_key = "host"
-        if last:
-            row.rss = _int(last.get("rss"))
-            row.cpu = _float(last.get("cpu", math.nan))
-        _instrumented(s, row, at)
+        rss = _int(last.get("rss")) if last else None
+        cpu = _float(last.get("cpu", math.nan)) if last else None
+        inputs = (
+            s.proc_info.get(pid),
+            proc,
+            proc.hello,
+            (proc.origin, proc.container_pid, rss, cpu),
+        )
+        row = _reused(old.get(("host", pid)), inputs, wall)
+        if row is None:
+            row = _describe(s, pid, wall)
+            row.device = f"{proc.origin} host" if proc.origin else "host"
+            row.device_key = "host"
+            row.cpu = cpu
+        row.rss = rss
+        built[("host", pid)] = (inputs, row)
+        _instrumented(s, row, at, proc)
         out.append(row)
+    if cache is not None:  # only what this call used: the cache holds no process that left
+        cache.lists, cache.rows = lists, built
     return out
+
+
+def _reused(
+    known: tuple[tuple[Any, ...], ProcRow] | None, inputs: tuple[Any, ...], wall: float
+) -> ProcRow | None:
+    """The row built before from the same ``inputs`` (a description, a process and a hello,
+    compared by identity: each changes by being replaced; then the figures, by value), its
+    elapsed time brought to ``wall``; None when there is none."""
+    if known is None:
+        return None
+    before, row = known
+    if (
+        before[0] is not inputs[0]
+        or before[1] is not inputs[1]
+        or before[2] is not inputs[2]
+        or before[3] != inputs[3]
+    ):
+        return None
+    if isinstance(row.started, float):
+        row.elapsed = max(0.0, wall - row.started)
+    return row
 
 
 _COMMANDS: dict[int, tuple[object, object, str, str]] = {}
@@ -182,8 +257,7 @@ def _command(info: dict[str, Any], hello: dict[str, Any] | None) -> tuple[str, s
     return str(command), str(name)
 
 
-def _instrumented(s: Session, row: ProcRow, at: int | None) -> None:
-    proc = s.processes.get(row.pid)
+def _instrumented(s: Session, row: ProcRow, at: int | None, proc: Process | None) -> None:
     if proc is None:
         return
     row.instrumented = True

@@ -147,12 +147,14 @@ class ProcessTable(CachedStrips, can_focus=True):
         self.opener: Callable[[pr.ProcRow], None] | None = None  # enter: the app's
         self._last: object = None
         self._version = 0
+        self._cache = pr.RowCache()  # the rows of the last refresh, reused where unchanged
+        self._lines: dict[tuple[tuple[str, ...], int], str] = {}  # (cells, width) -> line
 
     # ------------------------------------------------------------------ rows
 
     def refresh_rows(self) -> None:
         """Rebuild from the session at :attr:`at` (sorted, filtered, as a tree)."""
-        listed = pr.rows(self.session, self.at)
+        listed = pr.rows(self.session, self.at, self._cache)
         items = pr.sort(listed, self.sort_key, self.reverse)
         if self.filter_text:
             items = pr.matching(items, self.filter_text)
@@ -238,9 +240,15 @@ class ProcessTable(CachedStrips, can_focus=True):
             arrow = ("▼" if self.reverse else "▲") if key == self.sort_key else ""
             heads.append(label + arrow)
         strips = [Strip([Segment(_line(heads, width, keys), header)], width)]
+        lines = self._lines
+        if len(lines) > 4 * max(64, size.height):  # those of rows no longer in view go
+            lines.clear()
         for i in range(self.top, min(len(self.shown), self.top + size.height - 1)):
             style = cursor if i == self.cursor_row else odd if i % 2 else base
-            text = _line(self._cells(self.shown[i]), width, keys)
+            cells = self._cells(self.shown[i])
+            text = lines.get((cells, width))
+            if text is None:
+                text = lines[cells, width] = _line(cells, width, keys)
             strips.append(Strip([Segment(text, style)], width))
         return strips
 
@@ -256,9 +264,8 @@ class ProcessTable(CachedStrips, can_focus=True):
             how.append(f"filter “{self.filter_text}”")
         if self.as_tree:
             how.append("tree")
-        hidden = [
-            dict(pr.COLUMNS)[k] for k, _ in pr.COLUMNS if k not in shown_columns(self._width())
-        ]
+        shown = shown_columns(self._width())
+        hidden = [label for k, label in pr.COLUMNS if k not in shown]
         if hidden:
             how.append("wider: " + ", ".join(hidden))
         how.append("o/O sort · / filter · t tree · I/T/K signal · enter timelines")

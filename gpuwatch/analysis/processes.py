@@ -349,9 +349,10 @@ def matching(items: Iterable[ProcRow], text: str) -> list[ProcRow]:
 
 def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
     """``items`` (in their order) as a tree by parent pid: each process under its parent,
-    with the parents NVML does not list (a launcher: torchrun, accelerate) added from what
-    the samplers described. A process on two GPUs keeps a row for each, the first one
-    carrying its children."""
+    with the parents NVML does not list (a launcher: torchrun, accelerate) and the children
+    of listed processes that use no GPU and send nothing (a DataLoader's workers) added
+    from what the samplers described. A process on two GPUs keeps a row for each, the
+    first one carrying its children."""
     by_pid: dict[int, ProcRow] = {}
     for r in items:
         by_pid.setdefault(r.pid, r)
@@ -364,6 +365,19 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
             launcher.listed = False
             launcher.device = ""
             by_pid[ppid] = launcher
+    # Children the samplers found under a listed process (its description's "children").
+    kids_of: dict[int, list[ProcRow]] = {}
+    for r in list(by_pid.values()):
+        if not r.listed:
+            continue
+        for kid in _children(session.proc_info.get(r.pid)):
+            if kid not in by_pid and kid in session.proc_info:
+                worker = _describe(session, kid, wall)
+                worker.listed = False
+                worker.device = ""
+                worker.ppid = r.pid
+                by_pid[kid] = worker
+                kids_of.setdefault(r.pid, []).append(worker)
     children: dict[int, list[ProcRow]] = {}
     roots: list[ProcRow] = []
     # A launcher takes the place of its first child in the sorted order.
@@ -375,6 +389,8 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
             placed.add(parent.pid)
             order.append(parent)
         order.append(r)
+        if by_pid.get(r.pid) is r:
+            order += kids_of.pop(r.pid, [])
     for r in order:
         if by_pid.get(r.pid) is not r:  # a second GPU's row: beside the first, no children
             roots.append(r)
@@ -402,6 +418,18 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
         if id(r) not in done:
             walk(r, 0, "", True)
     return out
+
+
+MAX_CHILDREN = 64
+"""Children of one process shown at most (a description is hostile in a recording)."""
+
+
+def _children(info: dict[str, Any] | None) -> list[int]:
+    """The child pids a description names (none where it names none, or not as pids)."""
+    kids = info.get("children") if info else None
+    if type(kids) is not list:
+        return []
+    return [k for k in kids[:MAX_CHILDREN] if type(k) is int and k > 0]
 
 
 def _where(dev: Any) -> str:

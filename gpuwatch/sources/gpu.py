@@ -26,6 +26,7 @@ import psutil
 from ..session import Device, gpu_key
 from ..session.ports import GpuSampleSink
 from . import procstat
+from .children import ChildWatch
 from .nvml import (
     NA,
     GpuLost,
@@ -154,6 +155,8 @@ class GpuSampler:
         self._cpu = procstat.CpuMeter(every=0.5)
         self._stat = procstat.Reader()  # the listed processes' /proc files, kept open
         self._parents: set[int] = set()  # parents described for the tree view
+        self._listed: set[int] = set()  # pids some GPU lists
+        self._children = ChildWatch(describe_pid, self._publish)  # a DataLoader's workers
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -465,6 +468,7 @@ class GpuSampler:
         if pids != gpu.last_pids:
             gpu.last_pids = pids
             self._join(pids)
+        self._children.update(self._listed, self._info.get)
 
     def _row(
         self, pid: int, used: int | None, kind: int, util: dict[int, tuple[int, int, int]] | Any
@@ -491,7 +495,7 @@ class GpuSampler:
             if pid not in self._info:
                 info = self._info[pid] = describe_pid(pid)
                 self.session.set_proc_info(pid, info)
-        listed = set().union(*(g.last_pids for g in self.gpus))
+        listed = self._listed = set().union(*(g.last_pids for g in self.gpus))
         for pid in [p for p in self._info if p not in listed]:
             del self._info[pid]
         self._cpu.keep(listed)
@@ -505,6 +509,13 @@ class GpuSampler:
                     self._parents.clear()
                 self._parents.add(parent)
                 self.session.set_proc_info(parent, describe_pid(parent))
+
+    def _publish(self, pid: int, info: dict[str, Any]) -> None:
+        """A description for the session (a listed process's, with its children, is also
+        the one the sampler keeps)."""
+        if pid in self._info:
+            self._info[pid] = info
+        self.session.set_proc_info(pid, info)
 
     # ------------------------------------------------------------------ faults
 

@@ -14,6 +14,7 @@ import time
 import psutil
 
 from ..session import Session
+from .children import ChildWatch
 from .gpu import describe_pid
 from .procstat import CpuMeter, Reader
 
@@ -47,6 +48,8 @@ class HostSampler:
         self._load_row: dict[str, float | int | None] | None = None
         self._load_at = 0.0
         self._cpu = CpuMeter(every=CPU_EVERY)
+        # A DataLoader's workers, for the Processes tab's tree.
+        self._children = ChildWatch(describe_pid, session.set_proc_info)
         self.failed = 0  # ticks that raised
 
     def start(self) -> None:
@@ -160,6 +163,7 @@ class HostSampler:
                 continue
             cpu = self._cpu.update(pid, st.cpu, now)
             self.session.add_rss(pid, time.monotonic_ns(), st.rss, cpu)
+        self._children.update(looked, self.session.proc_info.get)
         if len(self._described) > len(looked):  # those that said bye or ended
             self._described &= looked
             self._stat.keep(looked)

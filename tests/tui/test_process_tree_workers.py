@@ -80,9 +80,7 @@ async def test_a_dataloaders_workers_show_under_their_trainer(monkeypatch, where
         assert sampler.start()
         host.start()
         try:
-            assert wait_for(
-                lambda: s.proc_info.get(pid, {}).get("children") == workers, timeout=20
-            )
+            assert wait_for(lambda: s.proc_info.get(pid, {}).get("children") == workers, timeout=20)
             assert all(s.proc_info[w]["ppid"] == pid for w in workers)
             listed = pr.rows(s)
             assert pid in {r.pid for r in listed}

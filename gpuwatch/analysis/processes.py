@@ -324,10 +324,10 @@ def unattributed(
 
 def sort(items: Sequence[ProcRow], key: str, reverse: bool = False) -> list[ProcRow]:
     """Rows sorted by column ``key``; unknown values last whichever the direction."""
-    known = [r for r in items if _key(r, key) is not None]
-    unknown = [r for r in items if _key(r, key) is None]
-    known.sort(key=lambda r: (_key(r, key), r.pid), reverse=reverse)
-    return known + unknown
+    keyed = [(_key(r, key), r) for r in items]
+    known = [(k, r.pid, r) for k, r in keyed if k is not None]
+    known.sort(key=lambda e: e[:2], reverse=reverse)
+    return [r for _, _, r in known] + [r for k, r in keyed if k is None]
 
 
 def _key(row: ProcRow, key: str) -> Any:

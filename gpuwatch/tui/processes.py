@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import psutil
 from rich.segment import Segment
+from rich.style import Style
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -148,7 +149,10 @@ class ProcessTable(CachedStrips, can_focus=True):
         self._last: object = None
         self._version = 0
         self._cache = pr.RowCache()  # the rows of the last refresh, reused where unchanged
-        self._lines: dict[tuple[tuple[str, ...], int], str] = {}  # (cells, width) -> line
+        # (cells, width, style) -> the row's line, drawn once while its cells are equal
+        self._lines: dict[tuple[tuple[str, ...], int, Style], Strip] = {}
+        self._style_key: object = None
+        self._style: tuple[Style, Style, Style, Style] = (Style(),) * 4
 
     # ------------------------------------------------------------------ rows
 
@@ -230,10 +234,7 @@ class ProcessTable(CachedStrips, can_focus=True):
 
     def build_strips(self, size: Size) -> list[Strip]:
         width = size.width
-        base = self.rich_style
-        header = base + self.get_component_rich_style("process-table--header")
-        odd = base + self.get_component_rich_style("process-table--odd")
-        cursor = base + self.get_component_rich_style("process-table--cursor")
+        header, base, odd, cursor = self._styles()
         heads = []
         keys = shown_columns(width)
         for key, label in pr.COLUMNS:
@@ -246,11 +247,27 @@ class ProcessTable(CachedStrips, can_focus=True):
         for i in range(self.top, min(len(self.shown), self.top + size.height - 1)):
             style = cursor if i == self.cursor_row else odd if i % 2 else base
             cells = self._cells(self.shown[i])
-            text = lines.get((cells, width))
-            if text is None:
-                text = lines[cells, width] = _line(cells, width, keys)
-            strips.append(Strip([Segment(text, style)], width))
+            strip = lines.get((cells, width, style))
+            if strip is None:
+                text = _line(cells, width, keys)
+                strip = lines[cells, width, style] = Strip([Segment(text, style)], width)
+            strips.append(strip)
         return strips
+
+    def _styles(self) -> tuple[Style, Style, Style, Style]:
+        """The header's, a row's, an odd row's and the cursor's styles, looked up once per
+        theme and focus (a lookup walks the CSS)."""
+        key = (self.app.theme, self.has_focus)
+        if self._style_key != key:
+            base = self.rich_style
+            self._style_key = key
+            self._style = (
+                base + self.get_component_rich_style("process-table--header"),
+                base,
+                base + self.get_component_rich_style("process-table--odd"),
+                base + self.get_component_rich_style("process-table--cursor"),
+            )
+        return self._style
 
     def _note(self, items: list[pr.ProcRow], listed: list[pr.ProcRow]) -> str:
         lines = [

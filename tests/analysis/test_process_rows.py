@@ -111,3 +111,22 @@ def test_a_cursor_in_the_past_reads_that_list() -> None:
     assert [r.cpu for r in pr.rows(s, None, cache)] == [2.0, 2.0]
     assert [r.cpu for r in pr.rows(s, then, cache)] == [1.0, 1.0]
     assert [r.cpu for r in pr.rows(s, None, cache)] == [2.0, 2.0]
+
+
+def test_a_hostile_childrens_list_names_only_pids() -> None:
+    """A recording's description is hostile: its ``children`` name pids or nothing."""
+    s, key = _session()
+    _snapshot(s, key, cpu=1.0, pids=(200,))
+    s.set_proc_info(300, {"name": "worker", "ppid": 200, "visible": True})
+    hostile: list = ["300", -5, 2.5, None, [300], *range(10_000, 10_100), 300]
+    s.set_proc_info(200, {**s.proc_info[200], "children": hostile})
+    tree = pr.tree(s, pr.rows(s))
+    assert [(r.pid, r.depth, r.listed) for r in tree if r.pid in (200, 300)] == [
+        (200, 0, True)
+    ]  # 300 is past the first 64 entries: not shown
+    s.set_proc_info(200, {**s.proc_info[200], "children": [300, "x", 10_001]})
+    tree = pr.tree(s, pr.rows(s))
+    assert [(r.pid, r.depth, r.listed) for r in tree if r.pid in (200, 300)] == [
+        (200, 0, True),
+        (300, 1, False),
+    ]  # 10_001 is described nowhere: no row

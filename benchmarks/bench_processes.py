@@ -4,28 +4,33 @@ with the Processes tab open, against the dashboard before issue 38 in the same r
 Each measurement is a child process running the real app headless (``App.run_test`` at
 200x50) over a live session: the NVML sampler on its thread at the default 10 Hz over the
 fake NVML (tests/fake_nvml.py), the host sampler at 10 Hz, and 200 real processes
-(``sleep``) listed on the GPUs, 25 a GPU; 40 of them are made instrumented by a hello and
-an open phase given to the session (no socket traffic: the measured cost is the
-dashboard's and the samplers'). Its CPU time over wall time (every thread) is measured
-for ``--seconds``, first on the Timelines tab (idle), then with the Processes tab open;
-then one Processes refresh (rows rebuilt, and the rows in view drawn) is timed, in CPU
-time of the thread (other work on a shared machine does not count; wall time is printed
-beside it).
+(``sleep``) listed on the GPUs, 25 a GPU; 40 of them are made instrumented by a hello
+naming the GPU they train on (as torch's client sends it) and an open phase given to the
+session (no socket traffic: the measured cost is the dashboard's and the samplers'). A
+hello without its GPU would make a CPU-only run of them, whose first screen is the host's
+panel with 40 RSS lines (issue 37), not what a GPU run shows. Its CPU time over wall time
+(every thread) is measured for ``--seconds``, first on the Timelines tab (idle), then
+with the Processes tab open; then one Processes refresh (rows rebuilt, and the rows in
+view drawn) is timed, in CPU time of the thread (other work on a shared machine does not
+count; wall time is printed beside it).
 
 The anchor is the same script run on the tree of commit ``--anchor`` (main before issue
-38), checked out with ``git worktree add`` under /tmp and removed afterwards; the runs
+38), checked out with ``git worktree add`` under /tmp and removed afterwards; ``--also``
+names more trees to measure beside them (main as a round starts, say); the runs
 alternate, ``--repeats`` times each, and the medians are compared.
 
 Targets (issue 38): at most 2% of one core at 10 Hz, at most 1.2x the anchor, and one
 Processes refresh at most 5 ms.
 
 Run: python benchmarks/bench_processes.py [--seconds 10] [--repeats 2] [--anchor dbe6553]
+[--also TREE ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -54,6 +59,7 @@ from tests.fake_nvml import FakeNvml, GiB
 
 SECONDS = float(sys.argv[1])
 pids = [int(p) for p in sys.argv[2].split(",")]
+ON_CPU = sys.argv[3] == "cpu"
 fake = FakeNvml(8)
 for i, pid in enumerate(pids):
     gpu = fake.gpus[i % 8]
@@ -61,18 +67,22 @@ for i, pid in enumerate(pids):
     if hasattr(gpu, "proc_util"):
         gpu.proc_util[pid] = (i % 100, i % 30)
 s = Session()
-seq = iter(range(10**9))
-for rank, pid in enumerate(pids[:40]):
-    def msg(kind, **body):
-        t = time.monotonic_ns()
-        s.ingest(Message(kind=kind, pid=pid, seq=next(seq), t=t, dropped=0, body=body))
-    msg("hello", argv=["python", "train.py"], rank=rank, world_size=40, local_rank=rank % 8)
-    msg("phase", event="begin", name="forward", id=1, depth=0)
 sampler = GpuSampler(s, interval=0.1, process_interval=1.0)
 sampler.nvml = Nvml(fake)
 host = HostSampler(s, interval=0.1)
 assert sampler.start()
 host.start()
+seq = iter(range(10**9))
+for rank, pid in enumerate(pids[:40]):
+    def msg(kind, **body):
+        t = time.monotonic_ns()
+        s.ingest(Message(kind=kind, pid=pid, seq=next(seq), t=t, dropped=0, body=body))
+    gpu = fake.gpus[rank % 8]  # where NVML lists it
+    uuid = gpu.uuid.removeprefix("GPU-")
+    device = {"index": 0, "uuid": uuid, "name": gpu.name, "total": gpu.total}
+    msg("hello", argv=["python", "train.py"], rank=rank, world_size=40, local_rank=rank % 8,
+        devices=[] if ON_CPU else [device])
+    msg("phase", event="begin", name="forward", id=1, depth=0)
 
 def cpu():
     t = os.times()
@@ -87,6 +97,7 @@ async def main():
     app = GpuwatchApp(s)
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.pause(3.0)  # every process list read twice: CPU % known
+        first = "overview" if getattr(app, "overview_shown", False) else app.panels[0].key
         idle = await share(pilot, SECONDS)
         await pilot.press("3")
         await pilot.pause(1.0)
@@ -105,7 +116,8 @@ async def main():
         walls.sort()
         rows = table.row_count
     ms, wall = 1000 * times[len(times) // 2], 1000 * walls[len(walls) // 2]
-    print(json.dumps({"idle": idle, "tab": tab, "refresh_ms": ms, "wall_ms": wall, "rows": rows}))
+    print(json.dumps({"idle": idle, "tab": tab, "refresh_ms": ms, "wall_ms": wall, "rows": rows,
+                      "first": first}))
 
 asyncio.run(main())
 host.stop()
@@ -113,9 +125,16 @@ sampler.stop()
 """
 
 
-def run(tree: Path, pids: list[int], seconds: float) -> dict:
+def run(tree: Path, pids: list[int], seconds: float, on_cpu: bool) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(seconds), ",".join(map(str, pids))],
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(seconds),
+            ",".join(map(str, pids)),
+            "cpu" if on_cpu else "gpu",
+        ],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -134,7 +153,19 @@ def main() -> int:
     )
     parser.add_argument("--repeats", type=int, default=2, help="runs of each tree, alternating")
     parser.add_argument("--anchor", default="dbe6553", help="commit of the dashboard before")
+    parser.add_argument(
+        "--on-cpu",
+        action="store_true",
+        help="the instrumented processes' hellos name no GPU (a CPU-only run: the host's "
+        "panel, with their 40 RSS lines, is the first screen)",
+    )
+    parser.add_argument(
+        "--also", type=Path, nargs="*", default=[], help="more trees to measure beside them"
+    )
     args = parser.parse_args()
+    for tree in args.also:
+        if not (tree / "gpuwatch").is_dir():
+            parser.error(f"--also {tree}: not a gpuwatch tree")
     sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(200)]
     anchor = Path(tempfile.mkdtemp(prefix="gpuwatch-anchor-"))
     shutil.rmtree(anchor)
@@ -142,13 +173,13 @@ def main() -> int:
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(anchor), args.anchor],
         check=True,
     )
+    trees = [ROOT, anchor, *args.also]
+    runs: dict[Path, list[dict]] = {t: [] for t in trees}
     try:
         pids = [p.pid for p in sleepers]
-        new: list[dict] = []
-        old: list[dict] = []
         for _ in range(args.repeats):
-            old.append(run(anchor, pids, args.seconds))
-            new.append(run(ROOT, pids, args.seconds))
+            for tree in trees[1:] + trees[:1]:
+                runs[tree].append(run(tree, pids, args.seconds, args.on_cpu))
     finally:
         subprocess.run(
             ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(anchor)], check=False
@@ -157,13 +188,17 @@ def main() -> int:
             p.kill()
             p.wait()
 
-    def med(runs: list[dict], key: str) -> float:
-        return statistics.median(r[key] for r in runs)
+    def med(tree: Path, key: str) -> float:
+        return statistics.median(r[key] for r in runs[tree])
 
+    new, old = ROOT, anchor
     print(
         f"8 fake GPUs, 200 processes (40 instrumented), 10 Hz, {args.seconds:g} s a share, "
-        f"{args.repeats} runs a tree, medians (CPU time over wall time, every thread)"
+        f"{args.repeats} runs a tree, {'hellos naming no GPU, ' * args.on_cpu}"
+        "medians (CPU time over wall time, every thread); "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
+    print(f"first screen: now {runs[new][0]['first']}, before {runs[old][0]['first']}")
     ok = True
     for key, what in (("idle", "idle (Timelines)"), ("tab", "Processes tab open")):
         n, o = med(new, key), med(old, key)
@@ -178,14 +213,22 @@ def main() -> int:
     good = r_new <= TARGET_REFRESH_MS
     ok &= good
     print(
-        f"one Processes refresh (CPU time) now {r_new:.2f} ms ({new[0]['rows']} rows) | "
-        f"before {r_old:.2f} ms ({old[0]['rows']} rows) | ratio {r_new / r_old:.3f}x | "
+        f"one Processes refresh (CPU time) now {r_new:.2f} ms ({runs[new][0]['rows']} rows) | "
+        f"before {r_old:.2f} ms ({runs[old][0]['rows']} rows) | ratio {r_new / r_old:.3f}x | "
         f"target <= {TARGET_REFRESH_MS:g} ms: {'PASS' if good else 'FAIL'}"
     )
     print(
         f"  (wall clock on this machine: now {med(new, 'wall_ms'):.2f} ms, before "
         f"{med(old, 'wall_ms'):.2f} ms)"
     )
+    for tree in args.also:
+        print(
+            f"{tree}: idle {med(tree, 'idle'):.2f}% ({med(tree, 'idle') / med(old, 'idle'):.2f}x "
+            f"the anchor), tab {med(tree, 'tab'):.2f}% "
+            f"({med(tree, 'tab') / med(old, 'tab'):.2f}x), "
+            f"refresh {med(tree, 'refresh_ms'):.2f} ms, "
+            f"first screen {runs[tree][0]['first']}"
+        )
     return 0 if ok else 1
 
 

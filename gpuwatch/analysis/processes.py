@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..session import Session, is_host
+from ..session import Process, Session, is_host
 from ..session.table import MISSING_INT
 from .rank_feed import rank_of
 
@@ -81,38 +81,80 @@ class ProcRow:
         return " ".join(parts).lower()
 
 
-def rows(session: Session, at: int | None = None) -> list[ProcRow]:
+class RowCache:
+    """What :func:`rows` built at its last call, for the next one (a dashboard refreshes
+    hundreds of rows a second, nearly all as they were).
+
+    A GPU's process list is taken from its table again only when the table grew or the
+    time asked changed; a row is built again only when what it shows of its process
+    changed (its description, hello, or NVML's and the host's figures). A row reused is
+    the same object, its elapsed time, phase and rank brought up to date: the rows of one
+    call are the caller's until its next call with the same cache.
+    """
+
+    def __init__(self) -> None:
+        self.lists: dict[str, tuple[tuple[int, int, int], list[tuple[Any, ...]]]] = {}
+        self.rows: dict[tuple[str, int], tuple[tuple[Any, ...], ProcRow]] = {}
+
+
+def rows(session: Session, at: int | None = None, cache: RowCache | None = None) -> list[ProcRow]:
     """Every process on each GPU at ``at`` (the newest lists when None), then every
-    instrumented process not on a GPU that runs then."""
+    instrumented process not on a GPU that runs then.
+
+    ``cache``: the one given to the previous call, to reuse what did not change."""
     s = session
     out: list[ProcRow] = []
     seen: set[int] = set()
     now = s.now() if at is None else at
     wall = (now + s.wall_offset) / 1e9
+    lists: dict[str, tuple[tuple[int, int, int], list[tuple[Any, ...]]]] = {}
+    built: dict[tuple[str, int], tuple[tuple[Any, ...], ProcRow]] = {}
+    old = cache.rows if cache is not None else {}
     for key, table in sorted(s.gpu_procs.items()):
-        newest = table.span()
-        t = newest[1] if newest is not None and at is None else at
-        snap = table.group_at(t) if t is not None else None
-        if snap is None:
-            continue
         dev = s.devices.get(key)
         if dev is None:
             continue
+        newest = table.span()
+        t = newest[1] if newest is not None and at is None else at
+        if t is None:
+            continue
+        stamp = (id(table), len(table), t)
+        known = cache.lists.get(key) if cache is not None else None
+        if known is not None and known[0] == stamp:
+            listed = known[1]
+        else:
+            snap = table.group_at(t)
+            if snap is None:
+                continue
+            listed = list(
+                zip(*(snap[c].tolist() for c in ("pid", "used", "sm", "cpu", "rss")), strict=True)
+            )
+        lists[key] = (stamp, listed)
         where = _where(dev)
-        cols = {k: v.tolist() for k, v in snap.items()}
-        for pid, used, sm, cpu, rss in zip(
-            cols["pid"], cols["used"], cols["sm"], cols["cpu"], cols["rss"], strict=True
-        ):
+        for figures in listed:
+            pid = figures[0]
             if pid == 0:  # an empty snapshot
                 continue
             seen.add(pid)
-            row = _describe(s, pid, wall)
-            row.device, row.device_key = where, key
-            row.gpu_mem = _int(used)
-            row.sm = _float(sm)
-            row.cpu = _float(cpu)
-            row.rss = _int(rss)
-            _instrumented(s, row, at)
+            info = s.proc_info.get(pid)
+            proc = s.processes.get(pid)
+            hello, container = (
+                (proc.hello, proc.container_pid) if proc is not None else (None, None)
+            )
+            inputs: tuple[Any, ...] = (info, proc, hello, (where, container, figures))
+            row = _reused(old.get((key, pid)), inputs, wall)
+            if row is None:
+                _, used, sm, cpu, rss = figures
+                row = _describe(s, pid, wall)
+                row.device, row.device_key = where, key
+                row.gpu_mem = _int(used)
+                row.sm = _float(sm)
+                row.cpu = _float(cpu)
+                row.rss = _int(rss)
+            else:
+                row.rss = _int(figures[4])
+            built[(key, pid)] = (inputs, row)
+            _instrumented(s, row, at, proc)
             out.append(row)
     for pid, proc in list(s.processes.items()):
         if pid in seen:
@@ -125,15 +167,48 @@ def rows(session: Session, at: int | None = None) -> list[ProcRow]:
             last = proc.rss.at(at)
         else:
             continue
-        row = _describe(s, pid, wall)
-        row.device = f"{proc.origin} host" if proc.origin else "host"
-        row.device_key = "host"
-        if last:
-            row.rss = _int(last.get("rss"))
-            row.cpu = _float(last.get("cpu", math.nan))
-        _instrumented(s, row, at)
+        rss = _int(last.get("rss")) if last else None
+        cpu = _float(last.get("cpu", math.nan)) if last else None
+        inputs = (
+            s.proc_info.get(pid),
+            proc,
+            proc.hello,
+            (proc.origin, proc.container_pid, rss, cpu),
+        )
+        row = _reused(old.get(("host", pid)), inputs, wall)
+        if row is None:
+            row = _describe(s, pid, wall)
+            row.device = f"{proc.origin} host" if proc.origin else "host"
+            row.device_key = "host"
+            row.cpu = cpu
+        row.rss = rss
+        built[("host", pid)] = (inputs, row)
+        _instrumented(s, row, at, proc)
         out.append(row)
+    if cache is not None:  # only what this call used: the cache holds no process that left
+        cache.lists, cache.rows = lists, built
     return out
+
+
+def _reused(
+    known: tuple[tuple[Any, ...], ProcRow] | None, inputs: tuple[Any, ...], wall: float
+) -> ProcRow | None:
+    """The row built before from the same ``inputs`` (a description, a process and a hello,
+    compared by identity: each changes by being replaced; then the figures, by value), its
+    elapsed time brought to ``wall``; None when there is none."""
+    if known is None:
+        return None
+    before, row = known
+    if (
+        before[0] is not inputs[0]
+        or before[1] is not inputs[1]
+        or before[2] is not inputs[2]
+        or before[3] != inputs[3]
+    ):
+        return None
+    if isinstance(row.started, float):
+        row.elapsed = max(0.0, wall - row.started)
+    return row
 
 
 _COMMANDS: dict[int, tuple[object, object, str, str]] = {}
@@ -182,8 +257,7 @@ def _command(info: dict[str, Any], hello: dict[str, Any] | None) -> tuple[str, s
     return str(command), str(name)
 
 
-def _instrumented(s: Session, row: ProcRow, at: int | None) -> None:
-    proc = s.processes.get(row.pid)
+def _instrumented(s: Session, row: ProcRow, at: int | None, proc: Process | None) -> None:
     if proc is None:
         return
     row.instrumented = True
@@ -250,10 +324,10 @@ def unattributed(
 
 def sort(items: Sequence[ProcRow], key: str, reverse: bool = False) -> list[ProcRow]:
     """Rows sorted by column ``key``; unknown values last whichever the direction."""
-    known = [r for r in items if _key(r, key) is not None]
-    unknown = [r for r in items if _key(r, key) is None]
-    known.sort(key=lambda r: (_key(r, key), r.pid), reverse=reverse)
-    return known + unknown
+    keyed = [(_key(r, key), r) for r in items]
+    known = [(k, r.pid, r) for k, r in keyed if k is not None]
+    known.sort(key=lambda e: e[:2], reverse=reverse)
+    return [r for _, _, r in known] + [r for k, r in keyed if k is None]
 
 
 def _key(row: ProcRow, key: str) -> Any:
@@ -275,9 +349,10 @@ def matching(items: Iterable[ProcRow], text: str) -> list[ProcRow]:
 
 def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
     """``items`` (in their order) as a tree by parent pid: each process under its parent,
-    with the parents NVML does not list (a launcher: torchrun, accelerate) added from what
-    the samplers described. A process on two GPUs keeps a row for each, the first one
-    carrying its children."""
+    with the parents NVML does not list (a launcher: torchrun, accelerate) and the children
+    of listed processes that use no GPU and send nothing (a DataLoader's workers) added
+    from what the samplers described. A process on two GPUs keeps a row for each, the
+    first one carrying its children."""
     by_pid: dict[int, ProcRow] = {}
     for r in items:
         by_pid.setdefault(r.pid, r)
@@ -290,6 +365,19 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
             launcher.listed = False
             launcher.device = ""
             by_pid[ppid] = launcher
+    # Children the samplers found under a listed process (its description's "children").
+    kids_of: dict[int, list[ProcRow]] = {}
+    for r in list(by_pid.values()):
+        if not r.listed:
+            continue
+        for kid in _children(session.proc_info.get(r.pid)):
+            if kid not in by_pid and kid in session.proc_info:
+                worker = _describe(session, kid, wall)
+                worker.listed = False
+                worker.device = ""
+                worker.ppid = r.pid
+                by_pid[kid] = worker
+                kids_of.setdefault(r.pid, []).append(worker)
     children: dict[int, list[ProcRow]] = {}
     roots: list[ProcRow] = []
     # A launcher takes the place of its first child in the sorted order.
@@ -301,6 +389,8 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
             placed.add(parent.pid)
             order.append(parent)
         order.append(r)
+        if by_pid.get(r.pid) is r:
+            order += kids_of.pop(r.pid, [])
     for r in order:
         if by_pid.get(r.pid) is not r:  # a second GPU's row: beside the first, no children
             roots.append(r)
@@ -328,6 +418,18 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
         if id(r) not in done:
             walk(r, 0, "", True)
     return out
+
+
+MAX_CHILDREN = 64
+"""Children of one process shown at most (a description is hostile in a recording)."""
+
+
+def _children(info: dict[str, Any] | None) -> list[int]:
+    """The child pids a description names (none where it names none, or not as pids)."""
+    kids = info.get("children") if info else None
+    if type(kids) is not list:
+        return []
+    return [k for k in kids[:MAX_CHILDREN] if type(k) is int and k > 0]
 
 
 def _where(dev: Any) -> str:

@@ -26,6 +26,7 @@ import psutil
 from ..session import Device, gpu_key
 from ..session.ports import GpuSampleSink
 from . import procstat
+from .children import ChildWatch
 from .nvml import (
     NA,
     GpuLost,
@@ -152,9 +153,10 @@ class GpuSampler:
         self._ok = False
         self._info: dict[int, dict[str, Any]] = {}  # pid -> what psutil said
         self._cpu = procstat.CpuMeter(every=0.5)
-        self._parents: set[int] = (
-            set()
-        )  # parents described for the tree view  # a pid on two GPUs is read twice a tick
+        self._stat = procstat.Reader()  # the listed processes' /proc files, kept open
+        self._parents: set[int] = set()  # parents described for the tree view
+        self._listed: set[int] = set()  # pids some GPU lists
+        self._children = ChildWatch(describe_pid, self._publish)  # a DataLoader's workers
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +199,7 @@ class GpuSampler:
             # An NVML call is stuck; shutting NVML down under it could block us too. The
             # threads are daemons, so they do not hold up the exit.
             return
+        self._stat.close()
         self.nvml.shutdown()
 
     def open(self) -> bool:
@@ -465,6 +468,7 @@ class GpuSampler:
         if pids != gpu.last_pids:
             gpu.last_pids = pids
             self._join(pids)
+        self._children.update(self._listed, self._info.get)
 
     def _row(
         self, pid: int, used: int | None, kind: int, util: dict[int, tuple[int, int, int]] | Any
@@ -477,7 +481,11 @@ class GpuSampler:
         sm = mem = None
         if util is not NA:
             _, sm, mem = util.get(pid, (0, 0, 0))
-        st = procstat.read(pid)  # a pid in another PID namespace is not found: unknown
+        try:
+            # A pid in another PID namespace is not found here: unknown.
+            st = self._stat.read(pid)
+        except PermissionError:
+            st = None
         cpu = None if st is None else self._cpu.update(pid, st.cpu)
         return (pid, used, kind, sm, mem, cpu, None if st is None else st.rss)
 
@@ -487,10 +495,11 @@ class GpuSampler:
             if pid not in self._info:
                 info = self._info[pid] = describe_pid(pid)
                 self.session.set_proc_info(pid, info)
-        listed = set().union(*(g.last_pids for g in self.gpus))
+        listed = self._listed = set().union(*(g.last_pids for g in self.gpus))
         for pid in [p for p in self._info if p not in listed]:
             del self._info[pid]
         self._cpu.keep(listed)
+        self._stat.keep(listed)
         # The launchers of what runs (torchrun, accelerate, a shell): the tree view shows
         # a process under its parent, which need not use a GPU itself.
         for pid in new:
@@ -500,6 +509,13 @@ class GpuSampler:
                     self._parents.clear()
                 self._parents.add(parent)
                 self.session.set_proc_info(parent, describe_pid(parent))
+
+    def _publish(self, pid: int, info: dict[str, Any]) -> None:
+        """A description for the session (a listed process's, with its children, is also
+        the one the sampler keeps)."""
+        if pid in self._info:
+            self._info[pid] = info
+        self.session.set_proc_info(pid, info)
 
     # ------------------------------------------------------------------ faults
 

@@ -14,12 +14,13 @@ import time
 import psutil
 
 from ..session import Session
+from .children import ChildWatch
 from .gpu import describe_pid
-from .procstat import CpuMeter
+from .procstat import CpuMeter, Reader
 
 CPU_EVERY = 1.0
-"""Seconds between reads of an instrumented process's CPU time (its CPU % is held between:
-over 0.1 s a CPU time in 10 ms ticks would jump by 10 points)."""
+"""Seconds a process's CPU % is taken over (and held between): over 0.1 s a CPU time in
+10 ms ticks would jump by 10 points."""
 
 LOAD_INTERVAL = 1.0
 """Seconds between reads of the CPU, load and swap figures of the host's samples."""
@@ -39,15 +40,16 @@ class HostSampler:
     def __init__(self, session: Session, interval: float = 0.1) -> None:
         self.session = session
         self.interval = interval
-        self._procs: dict[int, psutil.Process] = {}  # handles of running processes only
+        self._stat = Reader()  # the running processes' /proc files, kept open
+        self._described: set[int] = set()  # pids given a description here
         self._denied: set[int] = set()  # pids whose RSS cannot be read (another user's)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._load_row: dict[str, float | int | None] | None = None
         self._load_at = 0.0
-        self._cpu = CpuMeter()
-        self._cpu_at = 0.0  # when CPU times were last read
-        self._cpu_shown: dict[int, float | None] = {}  # pid -> its CPU % now
+        self._cpu = CpuMeter(every=CPU_EVERY)
+        # A DataLoader's workers, for the Processes tab's tree.
+        self._children = ChildWatch(describe_pid, session.set_proc_info)
         self.failed = 0  # ticks that raised
 
     def start(self) -> None:
@@ -64,6 +66,8 @@ class HostSampler:
             self._thread.join(timeout=2)
         if self.failed > 1:
             self.session.note(f"{self.failed} host samples failed in all")
+        if self._thread is None or not self._thread.is_alive():
+            self._stat.close()
 
     def gone(self, pid: int) -> bool:
         """True once instrumented process ``pid`` was found to have exited (or its RSS
@@ -135,41 +139,32 @@ class HostSampler:
             self._denied &= {p.pid for p in running}
         looked = set()
         now = time.monotonic()
-        cpu_due = now - self._cpu_at >= CPU_EVERY
-        if cpu_due:
-            self._cpu_at = now
         for proc in running:
             pid = proc.pid
             if pid in self._denied:
                 continue
             looked.add(pid)
-            handle = self._procs.get(pid)
+            if pid not in self._described:
+                self._described.add(pid)
+                if pid not in self.session.proc_info:
+                    # Its user and command line for the Processes tab: NVML lists only
+                    # processes on a GPU (not the command on a CPU, nor one not yet on
+                    # its device).
+                    self.session.set_proc_info(pid, describe_pid(pid))
             try:
-                if handle is None:
-                    handle = self._procs[pid] = psutil.Process(pid)
-                    if pid not in self.session.proc_info:
-                        # Its user and command line for the Processes tab: NVML lists only
-                        # processes on a GPU (not the command on a CPU, nor one not yet
-                        # on its device).
-                        self.session.set_proc_info(pid, describe_pid(pid))
-                rss = handle.memory_info().rss
-                if cpu_due:
-                    times = handle.cpu_times()
-                    self._cpu_shown[pid] = self._cpu.update(pid, times.user + times.system, now)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                # One read gives the RSS and the CPU time (psutil: a file each, opened anew).
+                st = self._stat.read(pid)
+            except PermissionError:
+                self._denied.add(pid)
+                continue
+            if st is None:
                 # Ended without a bye (killed, or its bye lost): the session settles it.
-                self._procs.pop(pid, None)
                 self.session.process_gone(pid, time.monotonic_ns())
                 continue
-            except psutil.AccessDenied:
-                self._denied.add(pid)
-                self._procs.pop(pid, None)
-                continue
-            self.session.add_rss(pid, time.monotonic_ns(), int(rss), self._cpu_shown.get(pid))
-        if len(self._procs) > len(looked):  # those that said bye: no handle kept for them
-            for pid in [pid for pid in self._procs if pid not in looked]:
-                del self._procs[pid]
-        if cpu_due and len(self._cpu_shown) > len(looked):
-            for pid in [pid for pid in self._cpu_shown if pid not in looked]:
-                del self._cpu_shown[pid]
+            cpu = self._cpu.update(pid, st.cpu, now)
+            self.session.add_rss(pid, time.monotonic_ns(), st.rss, cpu)
+        self._children.update(looked, self.session.proc_info.get)
+        if len(self._described) > len(looked):  # those that said bye or ended
+            self._described &= looked
+            self._stat.keep(looked)
             self._cpu.keep(looked)

@@ -127,7 +127,8 @@ def open_span(body: Any) -> OpenSpan | None:
 
 def proc_info(body: Any) -> dict[str, Any]:
     """What psutil said of a pid: ``name``, ``user``, ``cmdline`` (text), ``visible``, and
-    where known ``uid``, ``ppid``, ``started`` (wall seconds) and ``container_pid``."""
+    where known ``uid``, ``ppid``, ``started`` (wall seconds), ``container_pid`` and
+    ``children`` (pids)."""
     body = body if isinstance(body, dict) else {}
     out: dict[str, Any] = {}
     for name in ("name", "user"):
@@ -141,6 +142,9 @@ def proc_info(body: Any) -> dict[str, Any]:
         value = _int(body.get(name))
         if value is not None:
             out[name] = value
+    kids = body.get("children")
+    if isinstance(kids, list):  # the children the samplers found (a DataLoader's workers)
+        out["children"] = [k for k in kids[:64] if type(k) is int and 0 < k < 1 << 31]
     started = body.get("started")
     if type(started) in (int, float) and math.isfinite(started) and started > 0:
         out["started"] = float(started)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import psutil
 from rich.segment import Segment
+from rich.style import Style
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -147,12 +148,17 @@ class ProcessTable(CachedStrips, can_focus=True):
         self.opener: Callable[[pr.ProcRow], None] | None = None  # enter: the app's
         self._last: object = None
         self._version = 0
+        self._cache = pr.RowCache()  # the rows of the last refresh, reused where unchanged
+        # (cells, width, style) -> the row's line, drawn once while its cells are equal
+        self._lines: dict[tuple[tuple[str, ...], int, Style], Strip] = {}
+        self._style_key: object = None
+        self._style: tuple[Style, Style, Style, Style] = (Style(),) * 4
 
     # ------------------------------------------------------------------ rows
 
     def refresh_rows(self) -> None:
         """Rebuild from the session at :attr:`at` (sorted, filtered, as a tree)."""
-        listed = pr.rows(self.session, self.at)
+        listed = pr.rows(self.session, self.at, self._cache)
         items = pr.sort(listed, self.sort_key, self.reverse)
         if self.filter_text:
             items = pr.matching(items, self.filter_text)
@@ -228,21 +234,40 @@ class ProcessTable(CachedStrips, can_focus=True):
 
     def build_strips(self, size: Size) -> list[Strip]:
         width = size.width
-        base = self.rich_style
-        header = base + self.get_component_rich_style("process-table--header")
-        odd = base + self.get_component_rich_style("process-table--odd")
-        cursor = base + self.get_component_rich_style("process-table--cursor")
+        header, base, odd, cursor = self._styles()
         heads = []
         keys = shown_columns(width)
         for key, label in pr.COLUMNS:
             arrow = ("▼" if self.reverse else "▲") if key == self.sort_key else ""
             heads.append(label + arrow)
         strips = [Strip([Segment(_line(heads, width, keys), header)], width)]
+        lines = self._lines
+        if len(lines) > 4 * max(64, size.height):  # those of rows no longer in view go
+            lines.clear()
         for i in range(self.top, min(len(self.shown), self.top + size.height - 1)):
             style = cursor if i == self.cursor_row else odd if i % 2 else base
-            text = _line(self._cells(self.shown[i]), width, keys)
-            strips.append(Strip([Segment(text, style)], width))
+            cells = self._cells(self.shown[i])
+            strip = lines.get((cells, width, style))
+            if strip is None:
+                text = _line(cells, width, keys)
+                strip = lines[cells, width, style] = Strip([Segment(text, style)], width)
+            strips.append(strip)
         return strips
+
+    def _styles(self) -> tuple[Style, Style, Style, Style]:
+        """The header's, a row's, an odd row's and the cursor's styles, looked up once per
+        theme and focus (a lookup walks the CSS)."""
+        key = (self.app.theme, self.has_focus)
+        if self._style_key != key:
+            base = self.rich_style
+            self._style_key = key
+            self._style = (
+                base + self.get_component_rich_style("process-table--header"),
+                base,
+                base + self.get_component_rich_style("process-table--odd"),
+                base + self.get_component_rich_style("process-table--cursor"),
+            )
+        return self._style
 
     def _note(self, items: list[pr.ProcRow], listed: list[pr.ProcRow]) -> str:
         lines = [
@@ -256,9 +281,8 @@ class ProcessTable(CachedStrips, can_focus=True):
             how.append(f"filter “{self.filter_text}”")
         if self.as_tree:
             how.append("tree")
-        hidden = [
-            dict(pr.COLUMNS)[k] for k, _ in pr.COLUMNS if k not in shown_columns(self._width())
-        ]
+        shown = shown_columns(self._width())
+        hidden = [label for k, label in pr.COLUMNS if k not in shown]
         if hidden:
             how.append("wider: " + ", ".join(hidden))
         how.append("o/O sort · / filter · t tree · I/T/K signal · enter timelines")

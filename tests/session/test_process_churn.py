@@ -357,13 +357,13 @@ def test_the_host_sampler_looks_only_at_processes_that_may_run() -> None:
     sampler.sample_once()
     assert [p.pid for p in s.running()] == [os.getpid()]
     assert list(s._running) == [os.getpid()]  # the others were let go of, once looked at
-    assert list(sampler._procs) == [os.getpid()]
+    assert list(sampler._stat._fds) == [os.getpid()]  # the ended one's file is closed
     assert sampler.gone(child.pid) and not sampler.gone(os.getpid())
     assert s.processes[child.pid].gone is not None
     assert len(s.processes[os.getpid()].rss) == 1
     s.ingest(Message(kind="bye", pid=os.getpid(), seq=1, t=t + 1, body={}))
     sampler.sample_once()
-    assert s.running() == [] and not sampler._procs  # no handle kept once it ended
+    assert s.running() == [] and len(sampler._stat) == 0  # no file kept once it ended
 
 
 def test_the_ranks_of_a_live_session_come_from_its_hellos() -> None:

@@ -1,6 +1,9 @@
 """The Processes tab under Pilot, live on the fake NVML with real processes: sort, filter,
 tree, signals (a real child receives one after the confirmation; another user's process
-is refused) and a process's own timelines, at 80x24 and 200x50."""
+is refused) and a process's own timelines, at 80x24 and 200x50.
+
+Another user's process beside the test's own: as root, one the test starts as user 65534;
+as anyone else, pid 1 (root's), which the test lists on a GPU and never signals."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import pytest
 from conftest import wait_for
 from workers import LAUNCHER
@@ -32,40 +36,54 @@ from tests.fake_nvml import FakeNvml, GiB, MiB
 SIZES = {"80x24": (80, 24), "200x50": (200, 50)}
 NOBODY = 65534
 
-# Every test here lists a process of another user beside the test's own: starting one
-# takes root (CI's user); elsewhere they skip rather than fail on a PermissionError.
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="starts a process as user 65534 (another user): needs root"
-)
+ROOT = os.geteuid() == 0
 
 
 @dataclass
 class World:
     launcher: subprocess.Popen
     workers: list[int]
-    other: subprocess.Popen  # a process of another user (uid 65534)
+    other: int  # a process of another user
+    other_user: str
     fake: FakeNvml
+
+
+@contextmanager
+def _another_users_process() -> Iterator[tuple[int, str]]:
+    """A process of a user other than this one: as root, ``sleep`` started as user 65534;
+    else pid 1 (the test only lists it, never signals it)."""
+    if ROOT:
+        # Not Python: that user may not run this interpreter (it lives under /root).
+        other = subprocess.Popen(["sleep", "600"], user=NOBODY, group=NOBODY)
+        try:
+            yield other.pid, psutil.Process(other.pid).username()
+        finally:
+            other.kill()
+            other.wait()
+        return
+    init = psutil.Process(1)
+    if init.uids().real == os.geteuid():  # a container whose pid 1 is this user's
+        pytest.skip("no process of another user is visible here")
+    yield 1, init.username()
 
 
 @contextmanager
 def world() -> Iterator[World]:
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
-    # Not Python: that user may not run this interpreter (it lives under /root).
-    other = subprocess.Popen(["sleep", "600"], user=NOBODY, group=NOBODY)
     try:
-        assert launcher.stdout is not None
-        workers = [int(p) for p in launcher.stdout.readline().split()]
-        fake = FakeNvml(2)
-        fake.gpus[0].used = 18 * GiB + 300 * MiB  # the rest: contexts, under the threshold
-        fake.gpus[1].used = 4 * GiB + 300 * MiB
-        fake.set_process(0, workers[0], 18 * GiB, sm=91, mem=40)
-        fake.set_process(1, workers[1], 3 * GiB, sm=12, mem=5)
-        fake.set_process(1, other.pid, 1 * GiB, sm=55, mem=9)
-        yield World(launcher, workers, other, fake)
+        with _another_users_process() as (other, user):
+            assert launcher.stdout is not None
+            workers = [int(p) for p in launcher.stdout.readline().split()]
+            fake = FakeNvml(2)
+            fake.gpus[0].used = 18 * GiB + 300 * MiB  # the rest: contexts, under the threshold
+            fake.gpus[1].used = 4 * GiB + 300 * MiB
+            fake.set_process(0, workers[0], 18 * GiB, sm=91, mem=40)
+            fake.set_process(1, workers[1], 3 * GiB, sm=12, mem=5)
+            fake.set_process(1, other, 1 * GiB, sm=55, mem=9)
+            yield World(launcher, workers, other, user, fake)
     finally:
-        for p in (launcher, other):
-            p.kill()  # SIGKILL: the launcher cannot stop its workers, so they go too
-            p.wait()
+        launcher.kill()  # SIGKILL: the launcher cannot stop its workers, so they go too
+        launcher.wait()
         for pid in workers if "workers" in locals() else ():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -112,30 +130,35 @@ async def test_rows_sort_and_filter(size: str) -> None:
             rows = cells(table)
             by_pid = {int(r[0]): r for r in rows}
             a, b = w.workers
-            assert set(by_pid) == {a, b, w.other.pid}
+            assert set(by_pid) == {a, b, w.other}
             assert by_pid[a][2:5] == ["GPU 0", "18.00 GiB", "91%"]
-            assert by_pid[w.other.pid][1] == "nobody"
+            assert by_pid[w.other][1] == w.other_user
             assert by_pid[a][5].endswith("%") and by_pid[a][6].endswith("MiB")  # CPU, RSS
             assert "import time" in by_pid[a][10]  # the command, not "pid N"
             # Sort: o cycles the column (GPU -> GPU mem), O reverses it.
             await pilot.press("o")
             await pilot.pause()
             assert table.sort_key == "gpu_mem"
-            assert [r.pid for r in table.shown] == [w.other.pid, b, a]
+            assert [r.pid for r in table.shown] == [w.other, b, a]
             await pilot.press("O")
             await pilot.pause()
-            assert [r.pid for r in table.shown] == [a, b, w.other.pid]
+            assert [r.pid for r in table.shown] == [a, b, w.other]
             await pilot.press("o")  # SM %
             await pilot.pause()
-            assert [r.pid for r in table.shown] == [a, w.other.pid, b]
+            assert [r.pid for r in table.shown] == [a, w.other, b]
             # Filter: "/" opens the line; rows follow each key; escape clears it.
-            await pilot.press("slash", "n", "o", "b", "o", "d", "y")
+            # The rows holding the other user's name: its own, and the test's where the
+            # interpreter's path holds that name too (/root/... holds "root").
+            word = w.other_user
+            expected = [int(r[0]) for r in cells(table) if word in r[1] or word in r[10]]
+            await pilot.press("slash", *word)
             await pilot.pause()
-            assert [r.pid for r in table.shown] == [w.other.pid]
-            assert table.row_count == 1
+            assert [r.pid for r in table.shown] == expected
+            assert w.other in expected and (expected == [w.other] or not ROOT)
+            assert table.row_count == len(expected)
             await pilot.press("enter")  # keeps the filter, back in the table
             await pilot.pause()
-            assert app.focused is table and table.row_count == 1
+            assert app.focused is table and table.row_count == len(expected)
             await pilot.press("slash", "escape")
             await pilot.pause()
             assert table.row_count == 3 and table.filter_text == ""
@@ -150,16 +173,20 @@ async def test_tree_puts_workers_under_their_launcher(size: str) -> None:
             await pilot.pause()
             order = [(r.pid, r.depth) for r in table.shown]
             a, b = w.workers
-            # The launcher and the other user's process are both this test's children: the
-            # test (their parent, described by the sampler) is a root above them.
-            me = os.getpid()
-            assert order[0] == (me, 0)
-            i = order.index((w.launcher.pid, 1))
-            assert {order[i + 1], order[i + 2]} == {(a, 2), (b, 2)}
-            assert (w.other.pid, 1) in order
+            # As root the other user's process is this test's child, as the launcher is:
+            # the test (their parent, described by the sampler) is a root above them.
+            # Else the other is pid 1, and the launcher (whose parent lists nothing on a
+            # GPU) is a root itself.
+            top = 1 if ROOT else 0
+            if ROOT:
+                assert order[0] == (os.getpid(), 0)
+            i = order.index((w.launcher.pid, top))
+            assert {order[i + 1], order[i + 2]} == {(a, top + 1), (b, top + 1)}
+            assert (w.other, top) in order
             rows = cells(table)
-            assert rows[i + 1][10].startswith(("│  ├─ ", "   ├─ ", "│  └─ ")), rows[i + 1][10]
-            assert rows[i + 2][10][3:].startswith("└─ ")
+            lead = 3 * top  # the drawing of the levels above ("│  ", "   ")
+            assert rows[i + 1][10][lead:].startswith(("├─ ", "└─ ")), rows[i + 1][10]
+            assert rows[i + 2][10][lead:].startswith("└─ ")
             assert not table.shown[i].listed  # the launcher uses no GPU: shown for the tree
             await pilot.press("t")
             await pilot.pause()
@@ -191,28 +218,35 @@ async def test_a_signal_reaches_the_process_after_the_confirmation(size: str) ->
 
 
 async def test_another_users_process_is_refused_in_one_line() -> None:
-    """gpuwatch as user 65534 (the ownership check's uid, as when run by that user): the
-    test's own child (root's) is refused, the one of user 65534 receives its signal."""
+    """Another user's process is refused in one line, and one's own receives its signal.
+    As root, gpuwatch is made user 65534 (the ownership check's uid): the test's own child
+    (root's) is refused and the process of user 65534 receives the signal; as anyone
+    else, pid 1 (root's) is refused and the test's own child receives it."""
     with world() as w, dashboard(w) as app:
         async with app.run_test(size=SIZES["80x24"]) as pilot:
             table = await open_tab(app, pilot)
-            table.uid = NOBODY
-            mine = w.workers[0]  # root's: not this user's
-            select(table, mine)
+            if ROOT:
+                table.uid = NOBODY
+                refused, owner, allowed = w.workers[0], "root", w.other
+            else:
+                refused, owner, allowed = w.other, w.other_user, w.workers[0]
+            select(table, refused)
             await pilot.press("K")
             await pilot.pause()
             assert not isinstance(app.screen, Confirm)
             said = [n.message for n in app._notifications]
-            assert said[-1] == f"pid {mine} belongs to root: only your own processes (root: any)"
+            assert (
+                said[-1] == f"pid {refused} belongs to {owner}: only your own processes (root: any)"
+            )
             assert "\n" not in said[-1]
-            assert _alive(mine)
-            select(table, w.other.pid)
+            assert _alive(refused)
+            select(table, allowed)
             await pilot.press("I")
             await pilot.pause()
             assert isinstance(app.screen, Confirm)
             await pilot.press("y")
-            assert wait_for(lambda: w.other.poll() is not None, timeout=10)
-            assert w.other.returncode == -signal.SIGINT
+            assert wait_for(lambda: not _alive(allowed), timeout=10)
+            assert f"sent SIGINT to pid {allowed}" in [n.message for n in app._notifications]
 
 
 async def test_a_replay_sends_no_signal() -> None:

@@ -30,12 +30,13 @@ another checkout (``DIR``'s gpuwatch) over the same exporters and Prometheus, ea
 right after this tree's, and prints the ratio of the two.
 
 Run: python benchmarks/bench_cluster.py [--real 16] [--hosts 1,16,64] [--gpus 8] [--seconds 30]
-[--base DIR]
+[--base DIR] [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -49,6 +50,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +60,8 @@ from benchmarks.bench_memory import rss_mb  # noqa: E402
 
 TREE = "GPUWATCH_BENCH_TREE"
 """The view child's gpuwatch checkout (``--base``)."""
+PROFILE = "GPUWATCH_BENCH_PROFILE"
+"""Where the view child writes its cProfile statistics, every thread's (``--profile``)."""
 TARGET_MS = 250.0
 TARGET_CPU = 10.0
 TARGET_RSS = 200.0
@@ -127,7 +131,46 @@ def view(url: str, match: str, seconds: float, out: str) -> None:
             }
             Path(out).write_text(json.dumps(result))
 
-    Measured(PromClient(url), parse_matchers(match) if match else []).run()
+    profile = os.environ.get(PROFILE)
+    if not profile:
+        Measured(PromClient(url), parse_matchers(match) if match else []).run()
+        return
+    with _profiled(Path(profile)):
+        Measured(PromClient(url), parse_matchers(match) if match else []).run()
+
+
+@contextlib.contextmanager
+def _profiled(out: Path) -> Iterator[None]:
+    """cProfile of the main thread and of every thread started meanwhile (each on a
+    profiler of its own, merged at the end): the view's queries run on threads."""
+    import cProfile
+    import pstats
+    import threading
+
+    profiles: list[cProfile.Profile] = []
+    run = threading.Thread.run
+
+    def profiled_run(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        profiles.append(prof)
+        prof.runcall(run, self)
+
+    threading.Thread.run = profiled_run  # type: ignore[method-assign]
+    main = cProfile.Profile(time.thread_time)
+    main.enable()
+    try:
+        yield
+    finally:
+        main.disable()
+        threading.Thread.run = run  # type: ignore[method-assign]
+        stats = pstats.Stats(main)
+        for prof in list(profiles):
+            try:
+                stats.add(prof)
+            except TypeError:  # a thread still running has no statistics yet
+                pass
+        stats.dump_stats(out.with_suffix(".part"))
+        out.with_suffix(".part").rename(out)  # whole, for the parent waiting on it
 
 
 def stand_ins(real: list[str], count: int) -> None:
@@ -285,14 +328,18 @@ def _count(base: str, promql: str) -> int:
         return 0
 
 
-def _run_view(base: str, match: str, seconds: float, out: Path, tree: Path = ROOT) -> dict:
+def _run_view(
+    base: str, match: str, seconds: float, out: Path, tree: Path = ROOT, profile: Path | None = None
+) -> dict:
     """The view (``tree``'s gpuwatch) in a private tmux server at 200x50, until it writes
     its figures."""
     server = f"gw-bench-{os.getpid()}-{out.stem}"
     py = shlex.quote(sys.executable)
     command = (
         f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(ROOT))} "
-        f"{TREE}={shlex.quote(str(tree))} {py} "
+        f"{TREE}={shlex.quote(str(tree))} "
+        + (f"{PROFILE}={shlex.quote(str(profile))} " if profile else "")
+        + f"{py} "
         f"{shlex.quote(__file__)} --view {shlex.quote(base)} {shlex.quote(match or '-')} "
         f"{seconds} {shlex.quote(str(out))}"
     )
@@ -302,6 +349,8 @@ def _run_view(base: str, match: str, seconds: float, out: Path, tree: Path = ROO
         if not wait_for(out.exists, seconds * 3 + 120, 0.5):
             screen = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True)
             raise SystemExit(f"the view did not finish:\n{screen.stdout}")
+        if profile is not None:  # written once the view has closed
+            wait_for(profile.exists, 60, 0.5)
         return json.loads(out.read_text())
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
@@ -314,6 +363,12 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--base", type=Path, help="another checkout whose view runs too")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="write each view's cProfile statistics (every thread) to DIR/view-N.prof",
+    )
     ap.add_argument(
         "--view", nargs=4, metavar=("URL", "MATCH", "SECONDS", "OUT"), help=argparse.SUPPRESS
     )
@@ -360,7 +415,8 @@ def main() -> int:
         for n in sizes:
             names = "|".join(f"node-{i:02d}" for i in range(n))
             match = "" if n == hosts else f'{{host=~"{names}"}}'
-            results[n] = _run_view(base, match, args.seconds, tmp / f"view-{n}.json")
+            prof = args.profile / f"view-{n}.prof" if args.profile else None
+            results[n] = _run_view(base, match, args.seconds, tmp / f"view-{n}.json", ROOT, prof)
             if args.base is not None:
                 out = tmp / f"base-{n}.json"
                 based[n] = _run_view(base, match, args.seconds, out, args.base.resolve())

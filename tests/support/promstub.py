@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -90,6 +91,8 @@ class Request:
     path: str
     params: dict[str, str]
     headers: dict[str, str]
+    peer: int = 0
+    """The client's port: requests with one peer came over one connection."""
 
 
 @dataclass
@@ -138,18 +141,46 @@ class Stub:
 
 
 class PromStub:
-    """The server, on 127.0.0.1 (http, or https with ``cert``/``key``)."""
+    """The server, on 127.0.0.1 (http, or https with ``cert``/``key``).
 
-    def __init__(self, stub: Stub, cert: Path | None = None, key: Path | None = None) -> None:
+    Args:
+        keep_alive: Answer in HTTP/1.1 and keep each connection open for the next request,
+            as Prometheus does (else HTTP/1.0: one request per connection).
+        idle_timeout: Seconds a kept connection may wait for its next request before the
+            server closes it.
+    """
+
+    def __init__(
+        self,
+        stub: Stub,
+        cert: Path | None = None,
+        key: Path | None = None,
+        *,
+        keep_alive: bool = False,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.stub = stub
+        self._open: set[socket.socket] = set()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+            timeout = idle_timeout
+
+            def setup(self) -> None:
+                super().setup()
+                owner._open.add(self.connection)
+
+            def finish(self) -> None:
+                owner._open.discard(self.connection)
+                super().finish()
+
             def do_GET(self) -> None:
                 parts = urllib.parse.urlsplit(self.path)
                 params = dict(urllib.parse.parse_qsl(parts.query))
                 s = owner.stub
-                s.requests.append(Request(parts.path, params, dict(self.headers.items())))
+                headers = dict(self.headers.items())
+                s.requests.append(Request(parts.path, params, headers, self.client_address[1]))
                 if s.delay:
                     time.sleep(s.delay)
                 if s.token is not None and self.headers.get("Authorization") != f"Bearer {s.token}":
@@ -184,8 +215,14 @@ class PromStub:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop, closing the kept connections too (as a stopped Prometheus does)."""
         self.server.shutdown()
         self.server.server_close()
+        for conn in list(self._open):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its client
 
 
 def self_signed(directory: Path) -> tuple[Path, Path] | None:

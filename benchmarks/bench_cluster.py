@@ -344,6 +344,8 @@ def _run_view(
         f"{seconds} {shlex.quote(str(out))}"
     )
     tmux = ["tmux", "-L", server, "-f", "/dev/null"]
+    if profile is not None:
+        profile.unlink(missing_ok=True)  # the parent waits for this run's
     subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "50", command], check=True)
     try:
         if not wait_for(out.exists, seconds * 3 + 120, 0.5):

@@ -25,7 +25,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import NamedTuple, TypeGuard
 
 from ..fmt import first_line
 
@@ -67,9 +67,12 @@ class PromError(Exception):
         self.gone = gone
 
 
-@dataclass(frozen=True)
-class Series:
-    """One series of an answer: its labels and its points ``(unix seconds, value)``."""
+class Series(NamedTuple):
+    """One series of an answer: its labels and its points ``(unix seconds, value)``.
+
+    A named tuple: an answer makes thousands a refresh, and a tuple is the cheapest
+    immutable record to make.
+    """
 
     labels: Mapping[str, str]
     points: tuple[tuple[float, float], ...]
@@ -397,12 +400,12 @@ def _why(reason: object) -> str:
 
 
 def _point(raw: object) -> tuple[float, float] | None:
-    if not isinstance(raw, list) or len(raw) != 2:
+    """A sample ``[unix seconds, "value"]``; None if it is not one (exact types only: a
+    bool is no time, a number no value string)."""
+    if type(raw) is not list or len(raw) != 2:
         return None
     t, v = raw
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or not isinstance(v, str):
-        return None
-    if len(v) > 64:
+    if type(v) is not str or len(v) > 64 or (type(t) is not float and type(t) is not int):
         return None
     try:
         value = float(v)

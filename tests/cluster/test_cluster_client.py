@@ -189,8 +189,34 @@ def test_matchers_go_into_every_query(stub) -> None:
     matchers = [*parse_matchers('{cluster="a", env=~"prod.*"}'), ("job", "=", 'gpu\\"s')]
     fetch(PromClient(server.url), matchers)
     queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
-    assert len(queries) == len(set(queries)) > 5  # one per family
-    assert all(q.endswith('{cluster="a",env=~"prod.*",job="gpu\\"s"}') for q in queries)
+    # Every family in one query (no job label matched): selected by name.
+    (query,) = queries
+    names = "|".join(FAMILIES)
+    assert query == f'{{__name__=~"{names}",cluster="a",env=~"prod.*",job="gpu\\"s"}}'
+
+
+def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
+    s, server = stub
+    s.families = merge(
+        gpu_series("node-a", 2),
+        rank_series("node-a", 0, 0, 11, {"forward": 5 * GiB}, slurm_job="42"),
+    )
+    answers = fetch(PromClient(server.url), parse_matchers('{slurm_job="42"}'))
+    queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+    gpu, proc = sorted(queries, key=lambda q: "slurm_job" in q)
+    # A GPU series has no job labels: its families are asked without the job's matcher.
+    assert "gpuwatch_gpu_memory_used_bytes" in gpu and "slurm_job" not in gpu
+    assert gpu.split('"')[1].endswith("|up")
+    assert proc.endswith(',slurm_job="42"}') and "gpuwatch_process_step" in proc
+    assert "gpuwatch_gpu_memory_used_bytes" not in proc
+    # Each family gets its own series back, and only its own.
+    assert not answers.errors and set(answers.series) == set(FAMILIES)
+    assert len(answers.series["gpuwatch_gpu_memory_used_bytes"]) == 2
+    assert [x.labels["rank"] for x in answers.series["gpuwatch_process_step"]] == ["0"]
+    assert answers.series["gpuwatch_rank_info"] == []
+    assert all(
+        x.labels["__name__"] == family for family, got in answers.series.items() for x in got
+    )
 
 
 # ---------------------------------------------------------------------- hostile answers
@@ -312,9 +338,9 @@ def test_refreshes_reuse_their_connections(kept) -> None:
         answers = fetch(client)
         assert not answers.errors and answers.series["gpuwatch_gpu_memory_used_bytes"]
     asked = [r for r in s.requests if r.path == "/api/v1/query"]
-    # Three refreshes over the connections of the first: no handshake per query.
-    assert len({r.peer for r in asked}) <= QUERY_THREADS < len(asked)
-    assert client.connections <= QUERY_THREADS
+    # Three refreshes over the connection of the first: no handshake per query.
+    assert len(asked) == 3 and len({r.peer for r in asked}) == 1
+    assert client.connections == 1
     # The token on every request, reused connection or not.
     assert all(r.headers.get("Authorization") == f"Bearer {TOKEN}" for r in asked)
     client.close()

@@ -9,6 +9,7 @@ The real Prometheus is in tests/e2e/test_cluster_e2e.py.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -118,6 +119,13 @@ class Stub:
             query = params.get("query", "")
             name = query.split("{", 1)[0].strip()
             series = self.families.get(name, [])
+            names = re.match(r'\{__name__=~"([a-zA-Z0-9_:|]+)"', query)
+            if not name and names:  # families by name: each series says its own
+                series = [
+                    ({"__name__": family, **m}, v)
+                    for family in names.group(1).split("|")
+                    for m, v in self.families.get(family, [])
+                ]
             if path.endswith("range"):
                 # One point per step, as Prometheus evaluates a range query: at start,
                 # start + step, ... up to end (its value moves with t when ramp is set).

@@ -614,7 +614,7 @@ class Cluster:
         Hosts come in the order of their first GPU, so the fullest host leads a memory sort.
         """
         needle = " ".join(text.lower().split())
-        chosen = [g for g in self.gpus.values() if needle in g.text()]
+        chosen = [g for g in self.gpus.values() if not needle or needle in g.text()]
         chosen.sort(key=_SORT_KEYS[sort])
         groups: dict[str, list[Gpu]] = {}
         for g in chosen:

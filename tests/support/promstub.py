@@ -111,21 +111,32 @@ class Stub:
     """Answers instead of the API: ``(path, params) -> (status, body)``."""
     requests: list[Request] = field(default_factory=list)
 
+    def select(self, query: str) -> list[tuple[dict[str, str], float]]:
+        """The series a query names: ``family{...}`` (other expressions: none), every
+        family of ``{__name__=~"a|b"}``, and the operands of ``label_replace(EXPR,
+        "gpuwatch_role", "ROLE", "", "") or ...`` with their role label."""
+        tagged = re.findall(r'label_replace\((.*?), "gpuwatch_role", "(\w+)", "", ""\)', query)
+        if tagged:
+            return [
+                ({**m, "gpuwatch_role": role}, v)
+                for expr, role in tagged
+                for m, v in self.select(expr)
+            ]
+        names = re.match(r'\{__name__=~"([a-zA-Z0-9_:|]+)"', query)
+        if names:  # families by name: each series says its own
+            return [
+                ({"__name__": family, **m}, v)
+                for family in names.group(1).split("|")
+                for m, v in self.families.get(family, [])
+            ]
+        return self.families.get(query.split("{", 1)[0].strip(), [])
+
     def answer(self, path: str, params: dict[str, str]) -> tuple[int, Any]:
         if path == "/api/v1/status/config":
             yaml = f"global:\n  scrape_interval: {self.scrape_interval}\n"
             return 200, {"status": "success", "data": {"yaml": yaml}}
         if path in ("/api/v1/query", "/api/v1/query_range"):
-            query = params.get("query", "")
-            name = query.split("{", 1)[0].strip()
-            series = self.families.get(name, [])
-            names = re.match(r'\{__name__=~"([a-zA-Z0-9_:|]+)"', query)
-            if not name and names:  # families by name: each series says its own
-                series = [
-                    ({"__name__": family, **m}, v)
-                    for family in names.group(1).split("|")
-                    for m, v in self.families.get(family, [])
-                ]
+            series = self.select(params.get("query", ""))
             if path.endswith("range"):
                 # One point per step, as Prometheus evaluates a range query: at start,
                 # start + step, ... up to end (its value moves with t when ramp is set).

@@ -210,6 +210,31 @@ async def test_the_drill_down_asks_only_the_new_steps(served) -> None:
         assert await until(pilot, lambda: screen.history.end - screen.history.start == 900e9)
 
 
+async def test_the_grid_is_not_laid_out_under_a_host_s_panels(served) -> None:
+    s, server = served
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 1)
+        await pilot.pause()
+        assert "70.0G/80.0G" in screen_text(app)
+        app.open_host("node-a")
+        assert await until(pilot, lambda: isinstance(app.screen, HostScreen))
+        rows = app._rows
+        # node-a's first GPU fills up while its panels cover the grid.
+        used = s.families["gpuwatch_gpu_memory_used_bytes"]
+        used[0] = (used[0][0], 75 * GiB)
+        n = app.refreshes
+        assert await until(pilot, lambda: app.refreshes >= n + 2)
+        assert app.cluster.gpus["node-a:0"].used == 75 * GiB  # folded in ...
+        assert app._rows is rows  # ... but the hidden grid was not laid out again
+        await pilot.press("escape")
+        await pilot.pause()
+        # Back on the grid: drawn at once from the cluster as it is, not a refresh later.
+        assert not isinstance(app.screen, HostScreen)
+        assert app._rows is not rows
+        assert "75.0G/80.0G" in screen_text(app)
+
+
 async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:
     _s, server = served
     app = ClusterApp(PromClient(server.url, timeout=0.5), [])

@@ -519,9 +519,11 @@ def _scripted_runs(
     results: dict[int, dict] = {}
     based: dict[int, dict] = {}
     for n in sizes:
+        # Its stderr dropped: a view closing resets its connections, and the server
+        # writes a traceback for each.
         server = subprocess.Popen(
             [sys.executable, __file__, "--scripted-server", str(n), str(args.gpus)],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
         )  # fmt: skip
         procs.append(server)
         assert server.stdout is not None

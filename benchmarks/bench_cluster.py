@@ -29,13 +29,21 @@ within one run only; the load average is printed. ``--base DIR`` also runs the v
 another checkout (``DIR``'s gpuwatch) over the same exporters and Prometheus, each size
 right after this tree's, and prints the ratio of the two.
 
+``--scripted`` puts the tests' scripted Prometheus (tests/support/promstub.py, keep-alive,
+every figure moving each second) in place of the exporters and the real Prometheus: on a
+loaded machine a real Prometheus over 64 targets starves and answers late, so a view
+refreshes less often than each second and its cost per refresh says little; the scripted
+one answers at once and costs the cores far less, so the view's own cost is measured.
+``--profile DIR`` writes each view's cProfile statistics (every thread).
+
 Run: python benchmarks/bench_cluster.py [--real 16] [--hosts 1,16,64] [--gpus 8] [--seconds 30]
-[--base DIR]
+[--base DIR] [--scripted] [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -49,6 +57,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +67,8 @@ from benchmarks.bench_memory import rss_mb  # noqa: E402
 
 TREE = "GPUWATCH_BENCH_TREE"
 """The view child's gpuwatch checkout (``--base``)."""
+PROFILE = "GPUWATCH_BENCH_PROFILE"
+"""Where the view child writes its cProfile statistics, every thread's (``--profile``)."""
 TARGET_MS = 250.0
 TARGET_CPU = 10.0
 TARGET_RSS = 200.0
@@ -127,7 +138,46 @@ def view(url: str, match: str, seconds: float, out: str) -> None:
             }
             Path(out).write_text(json.dumps(result))
 
-    Measured(PromClient(url), parse_matchers(match) if match else []).run()
+    profile = os.environ.get(PROFILE)
+    if not profile:
+        Measured(PromClient(url), parse_matchers(match) if match else []).run()
+        return
+    with _profiled(Path(profile)):
+        Measured(PromClient(url), parse_matchers(match) if match else []).run()
+
+
+@contextlib.contextmanager
+def _profiled(out: Path) -> Iterator[None]:
+    """cProfile of the main thread and of every thread started meanwhile (each on a
+    profiler of its own, merged at the end): the view's queries run on threads."""
+    import cProfile
+    import pstats
+    import threading
+
+    profiles: list[cProfile.Profile] = []
+    run = threading.Thread.run
+
+    def profiled_run(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        profiles.append(prof)
+        prof.runcall(run, self)
+
+    threading.Thread.run = profiled_run  # type: ignore[method-assign]
+    main = cProfile.Profile(time.thread_time)
+    main.enable()
+    try:
+        yield
+    finally:
+        main.disable()
+        threading.Thread.run = run  # type: ignore[method-assign]
+        stats = pstats.Stats(main)
+        for prof in list(profiles):
+            try:
+                stats.add(prof)
+            except TypeError:  # a thread still running has no statistics yet
+                pass
+        stats.dump_stats(out.with_suffix(".part"))
+        out.with_suffix(".part").rename(out)  # whole, for the parent waiting on it
 
 
 def stand_ins(real: list[str], count: int) -> None:
@@ -182,6 +232,45 @@ def stand_ins(real: list[str], count: int) -> None:
         servers.append(server)
     print(" ".join(f"127.0.0.1:{s.server_address[1]}" for s in servers), flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+def scripted(hosts: int, gpus: int) -> None:
+    """The child playing Prometheus itself (``--scripted``): the scripted server of the
+    tests (tests/support/promstub.py, keep-alive as Prometheus is) answering for ``hosts``
+    hosts of ``gpus`` GPUs and one rank each, every figure moving each second as a
+    training job's do; writes its URL to stdout. It costs the machine far less than 64
+    exporters and a real Prometheus, so the view's own CPU is what a run measures."""
+    import math
+    import threading
+
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
+
+    def families(t: float) -> dict:
+        parts = []
+        for h in range(hosts):
+            host = f"node-{h:02d}"
+            wave = 0.5 + 0.5 * math.sin(t / 7 + h)
+            parts.append(gpu_series(host, gpus, used_gib=20 + 40 * wave))
+            peaks = {p: (8 + 4 * i + 10 * wave) * GiB for i, p in enumerate(PHASES)}
+            parts.append(rank_series(host, 0, h, 1000 + h, peaks, step=int(t)))
+        return merge(*parts)
+
+    stub = Stub(families=families(time.time()))
+    server = PromStub(stub, keep_alive=True)
+
+    def move() -> None:
+        while True:
+            time.sleep(1.0)
+            stub.families = families(time.time())
+            stub.requests.clear()  # the log of requests would grow for the whole run
+
+    threading.Thread(target=move, daemon=True).start()
+    print(server.url, flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+PHASES = ("forward", "backward", "optimizer.step")
 
 
 def _exporters(hosts: int, gpus: int, tmp: Path) -> tuple[list[subprocess.Popen], list[str]]:
@@ -285,23 +374,31 @@ def _count(base: str, promql: str) -> int:
         return 0
 
 
-def _run_view(base: str, match: str, seconds: float, out: Path, tree: Path = ROOT) -> dict:
+def _run_view(
+    base: str, match: str, seconds: float, out: Path, tree: Path = ROOT, profile: Path | None = None
+) -> dict:
     """The view (``tree``'s gpuwatch) in a private tmux server at 200x50, until it writes
     its figures."""
     server = f"gw-bench-{os.getpid()}-{out.stem}"
     py = shlex.quote(sys.executable)
     command = (
         f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(ROOT))} "
-        f"{TREE}={shlex.quote(str(tree))} {py} "
+        f"{TREE}={shlex.quote(str(tree))} "
+        + (f"{PROFILE}={shlex.quote(str(profile))} " if profile else "")
+        + f"{py} "
         f"{shlex.quote(__file__)} --view {shlex.quote(base)} {shlex.quote(match or '-')} "
         f"{seconds} {shlex.quote(str(out))}"
     )
     tmux = ["tmux", "-L", server, "-f", "/dev/null"]
+    if profile is not None:
+        profile.unlink(missing_ok=True)  # the parent waits for this run's
     subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "50", command], check=True)
     try:
         if not wait_for(out.exists, seconds * 3 + 120, 0.5):
             screen = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True)
             raise SystemExit(f"the view did not finish:\n{screen.stdout}")
+        if profile is not None:  # written once the view has closed
+            wait_for(profile.exists, 60, 0.5)
         return json.loads(out.read_text())
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
@@ -315,10 +412,26 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--base", type=Path, help="another checkout whose view runs too")
     ap.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="write each view's cProfile statistics (every thread) to DIR/view-N.prof",
+    )
+    ap.add_argument(
         "--view", nargs=4, metavar=("URL", "MATCH", "SECONDS", "OUT"), help=argparse.SUPPRESS
     )
+    ap.add_argument(
+        "--scripted",
+        action="store_true",
+        help="a scripted Prometheus (tests/support/promstub.py) instead of exporters and a "
+        "real one: the view's own cost, without theirs on the same cores",
+    )
     ap.add_argument("--stand-ins", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--scripted-server", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.scripted_server:
+        scripted(*args.scripted_server)
+        return 0
     if args.view:
         sys.path.insert(0, os.environ.get(TREE, str(ROOT)))  # whose gpuwatch the view is
         url, match, seconds, out = args.view
@@ -333,6 +446,14 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gw-bc-", dir="/tmp"))
     procs: list[subprocess.Popen] = []
     try:
+        if args.scripted:
+            print(
+                f"a scripted Prometheus (tests/support/promstub.py, one per size) of {hosts} "
+                f"hosts x {args.gpus} GPUs at most, every figure moving each second; the view "
+                f"in tmux at 200x50, {args.seconds / 2:g} s on the grid then "
+                f"{args.seconds / 2:g} s with node-00's panels open"
+            )
+            return _report(args, sizes, _scripted_runs(args, sizes, tmp, procs))
         exporters, addrs = _exporters(real_n, args.gpus, tmp)
         procs += exporters
         if hosts > real_n:
@@ -360,66 +481,8 @@ def main() -> int:
         for n in sizes:
             names = "|".join(f"node-{i:02d}" for i in range(n))
             match = "" if n == hosts else f'{{host=~"{names}"}}'
-            results[n] = _run_view(base, match, args.seconds, tmp / f"view-{n}.json")
-            if args.base is not None:
-                out = tmp / f"base-{n}.json"
-                based[n] = _run_view(base, match, args.seconds, out, args.base.resolve())
-        ok = True
-        anchor = results[sizes[0]]
-
-        def per(part: dict) -> tuple[float, float]:
-            # With a host open, a refresh is the grid's and the panels' (each once an
-            # interval): the CPU over the more of the two counts.
-            refreshes = max(1, part["refreshes"], part.get("loads", 0))
-            return 1000 * part["cpu_s"] / refreshes, 100 * part["cpu_s"] / part["wall_s"]
-
-        for n, r in results.items():
-            lat = r["latencies_ms"] or [float("nan")]
-            med, top = statistics.median(lat), max(lat)
-            grid_ms, grid_pct = per(r["grid"])
-            drill_ms, drill_pct = per(r["drill"])
-            good = (
-                max(grid_ms, drill_ms) <= TARGET_MS
-                and max(grid_pct, drill_pct) <= TARGET_CPU
-                and r["rss_mb"] <= TARGET_RSS
-                and r["gpus"] == n * args.gpus
-            )
-            ok &= good
-            ratio = ""
-            if r is not anchor:
-                a_ms, _ = per(anchor["drill"])
-                ratio = f" (x{drill_ms / a_ms:.1f} the CPU per refresh of {sizes[0]} host)"
-            print(
-                f"{n:>3} hosts: {r['gpus']} GPUs, {r['ranks']} ranks, every {r['interval']:g} s; "
-                f"the view's CPU per refresh {grid_ms:.0f} ms on the grid, {drill_ms:.0f} ms with "
-                f"a host open (<= {TARGET_MS:.0f}){ratio}; {grid_pct:.1f}% / {drill_pct:.1f}% of "
-                f"a core (<= {TARGET_CPU:.0f}%); refresh latency median {med:.0f} ms, max "
-                f"{top:.0f} ms; RSS {r['rss_mb']:.0f} MB (<= {TARGET_RSS:.0f})  "
-                + ("PASS" if good else "FAIL")
-            )
-            q = statistics.median(r["query_ms"] or [float("nan")])
-            d = statistics.median(r["draw_ms"] or [float("nan")])
-            print(
-                f"{'':>11}{r['grid']['refreshes']} + {r['drill']['refreshes']} refreshes, "
-                f"{r['drill']['loads']} drill-down loads; latency: queries {q:.0f} ms, "
-                f"folding and the grid {d:.0f} ms"
-            )
-            if r["error"]:
-                print(f"{'':>11}last refresh error: {r['error']}")
-            if n in based:
-                b = based[n]
-                b_grid, b_grid_pct = per(b["grid"])
-                b_drill, b_drill_pct = per(b["drill"])
-                print(
-                    f"{'':>11}{args.base}: {b_grid:.0f} ms / {b_drill:.0f} ms per refresh, "
-                    f"{b_grid_pct:.1f}% / {b_drill_pct:.1f}% of a core; this tree's CPU per "
-                    f"refresh x{grid_ms / b_grid:.2f} on the grid, x{drill_ms / b_drill:.2f} "
-                    "with a host open"
-                )
-        load = os.getloadavg()
-        print(f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores (shared)")
-        print("PASS" if ok else "FAIL")
-        return 0 if ok else 1
+            _both(args, base, match, n, tmp, results, based)
+        return _report(args, sizes, (results, based))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -431,6 +494,107 @@ def main() -> int:
                 p.kill()
                 p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _both(
+    args: argparse.Namespace,
+    url: str,
+    match: str,
+    n: int,
+    tmp: Path,
+    results: dict[int, dict],
+    based: dict[int, dict],
+) -> None:
+    """The view of this tree at ``n`` hosts, then the base's (``--base``) on the same server."""
+    prof = args.profile / f"view-{n}.prof" if args.profile else None
+    results[n] = _run_view(url, match, args.seconds, tmp / f"view-{n}.json", ROOT, prof)
+    if args.base is not None:
+        out = tmp / f"base-{n}.json"
+        based[n] = _run_view(url, match, args.seconds, out, args.base.resolve())
+
+
+def _scripted_runs(
+    args: argparse.Namespace, sizes: list[int], tmp: Path, procs: list[subprocess.Popen]
+) -> tuple[dict[int, dict], dict[int, dict]]:
+    results: dict[int, dict] = {}
+    based: dict[int, dict] = {}
+    for n in sizes:
+        # Its stderr dropped: a view closing resets its connections, and the server
+        # writes a traceback for each.
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--scripted-server", str(n), str(args.gpus)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+        )  # fmt: skip
+        procs.append(server)
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        _both(args, url, "", n, tmp, results, based)
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    return results, based
+
+
+def _report(
+    args: argparse.Namespace, sizes: list[int], runs: tuple[dict[int, dict], dict[int, dict]]
+) -> int:
+    """Print each size's figures (and the base's) against the targets; 0 if all pass."""
+    results, based = runs
+    ok = True
+    anchor = results[sizes[0]]
+
+    def per(part: dict) -> tuple[float, float]:
+        # With a host open, a refresh is the grid's and the panels' (each once an
+        # interval): the CPU over the more of the two counts.
+        refreshes = max(1, part["refreshes"], part.get("loads", 0))
+        return 1000 * part["cpu_s"] / refreshes, 100 * part["cpu_s"] / part["wall_s"]
+
+    for n, r in results.items():
+        lat = r["latencies_ms"] or [float("nan")]
+        med, top = statistics.median(lat), max(lat)
+        grid_ms, grid_pct = per(r["grid"])
+        drill_ms, drill_pct = per(r["drill"])
+        good = (
+            max(grid_ms, drill_ms) <= TARGET_MS
+            and max(grid_pct, drill_pct) <= TARGET_CPU
+            and r["rss_mb"] <= TARGET_RSS
+            and r["gpus"] == n * args.gpus
+        )
+        ok &= good
+        ratio = ""
+        if r is not anchor:
+            a_ms, _ = per(anchor["drill"])
+            ratio = f" (x{drill_ms / a_ms:.1f} the CPU per refresh of {sizes[0]} host)"
+        print(
+            f"{n:>3} hosts: {r['gpus']} GPUs, {r['ranks']} ranks, every {r['interval']:g} s; "
+            f"the view's CPU per refresh {grid_ms:.0f} ms on the grid, {drill_ms:.0f} ms with "
+            f"a host open (<= {TARGET_MS:.0f}){ratio}; {grid_pct:.1f}% / {drill_pct:.1f}% of "
+            f"a core (<= {TARGET_CPU:.0f}%); refresh latency median {med:.0f} ms, max "
+            f"{top:.0f} ms; RSS {r['rss_mb']:.0f} MB (<= {TARGET_RSS:.0f})  "
+            + ("PASS" if good else "FAIL")
+        )
+        q = statistics.median(r["query_ms"] or [float("nan")])
+        d = statistics.median(r["draw_ms"] or [float("nan")])
+        print(
+            f"{'':>11}{r['grid']['refreshes']} + {r['drill']['refreshes']} refreshes, "
+            f"{r['drill']['loads']} drill-down loads; latency: queries {q:.0f} ms, "
+            f"folding and the grid {d:.0f} ms"
+        )
+        if r["error"]:
+            print(f"{'':>11}last refresh error: {r['error']}")
+        if n in based:
+            b = based[n]
+            b_grid, b_grid_pct = per(b["grid"])
+            b_drill, b_drill_pct = per(b["drill"])
+            print(
+                f"{'':>11}{args.base}: {b_grid:.0f} ms / {b_drill:.0f} ms per refresh, "
+                f"{b_grid_pct:.1f}% / {b_drill_pct:.1f}% of a core; this tree's CPU per "
+                f"refresh x{grid_ms / b_grid:.2f} on the grid, x{drill_ms / b_drill:.2f} "
+                "with a host open"
+            )
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} / {load[1]:.1f} on {os.cpu_count()} cores (shared)")
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """A small client of Prometheus' HTTP API: instant and range queries, the scrape interval.
 
-Standard library only (urllib). Every answer is hostile until checked: its size is capped
-(:data:`MAX_BYTES`), its JSON must have the shape Prometheus documents
+Standard library only (``http.client``), over keep-alive connections: a refresh's queries
+reuse the connections the last one left idle instead of a new TCP (and TLS) handshake
+each. Redirects are never followed, no proxy from the environment is used (a token must
+reach the server the user named), and each socket operation has the timeout. Every
+answer is hostile until checked: its size is capped (:data:`MAX_BYTES`), its JSON must
+have the shape Prometheus documents
 (``{"status": "success", "data": {"resultType": ..., "result": [...]}}``), and label
 names, values and numbers are checked one by one; what does not fit is dropped or the
 whole answer is refused with one line. Credentials (a bearer token or basic auth) go in
@@ -11,17 +15,17 @@ the ``Authorization`` header and nowhere else: no message this module makes cont
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import math
 import re
 import socket
 import ssl
-import urllib.error
+import threading
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import NamedTuple, TypeGuard
 
 from ..fmt import first_line
 
@@ -40,6 +44,9 @@ MAX_LABEL = 1024
 
 DEFAULT_TIMEOUT = 5.0
 """Seconds a query may take, connecting included, before it counts as failed."""
+
+MAX_IDLE = 8
+"""Idle keep-alive connections kept for the next queries (a refresh runs a few at once)."""
 
 _NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\\n]|\\.)*)"\s*')
@@ -60,9 +67,12 @@ class PromError(Exception):
         self.gone = gone
 
 
-@dataclass(frozen=True)
-class Series:
-    """One series of an answer: its labels and its points ``(unix seconds, value)``."""
+class Series(NamedTuple):
+    """One series of an answer: its labels and its points ``(unix seconds, value)``.
+
+    A named tuple: an answer makes thousands a refresh, and a tuple is the cheapest
+    immutable record to make.
+    """
 
     labels: Mapping[str, str]
     points: tuple[tuple[float, float], ...]
@@ -175,17 +185,24 @@ class PromClient:
         )
         self.auth = auth or Auth()
         self.timeout = timeout
-        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        self._prefix = parts.path.rstrip("/")
+        self._host = parts.hostname
+        try:
+            self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise ValueError(f"not a port in {url!r}") from None
+        self._context: ssl.SSLContext | None = None
         if parts.scheme == "https":
             context = ssl.create_default_context(cafile=ca_file)
             if insecure:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
-            handlers.append(urllib.request.HTTPSHandler(context=context))
-        # No proxy from the environment: a token must reach the server the user named.
-        handlers.append(urllib.request.ProxyHandler({}))
-        self._opener = urllib.request.build_opener(*handlers)
+            self._context = context
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
         self.requests = 0
+        self.connections = 0
+        """Connections opened so far (each a TCP, and TLS, handshake)."""
 
     def __repr__(self) -> str:
         return f"PromClient({self.base!r})"
@@ -236,30 +253,74 @@ class PromClient:
 
     # ------------------------------------------------------------------ transport
 
+    def close(self) -> None:
+        """Close the idle connections (one in use closes when its query ends)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
     def _get(self, path: str, params: Mapping[str, str]) -> object:
-        url = self.base + path + ("?" + urllib.parse.urlencode(params) if params else "")
-        request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        target = self._prefix + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        headers = {"Accept": "application/json"}
         header = self.auth.header()
         if header is not None:
-            request.add_unredirected_header("Authorization", header)
+            headers["Authorization"] = header
         self.requests += 1
         try:
-            with self._opener.open(request, timeout=self.timeout) as answer:
-                body = _read_capped(answer)
-                status = answer.status
-        except urllib.error.HTTPError as exc:
-            status = exc.code
-            try:
-                body = _read_capped(exc)
-            except (OSError, PromError):
-                body = b""
-            finally:
-                exc.close()
-        except urllib.error.URLError as exc:
-            raise self._gone(exc.reason) from None
-        except (OSError, ValueError) as exc:  # timeout, reset, bad status line, TLS
+            status, body = self._exchange(target, headers)
+        except PromError:
+            raise
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # Refused, unreachable, timed out, TLS, reset, a malformed status line.
             raise self._gone(exc) from None
         return self._decode(status, body)
+
+    def _exchange(self, target: str, headers: dict[str, str]) -> tuple[int, bytes]:
+        """One GET on an idle connection, else a new one: its status and capped body.
+
+        A reused connection the server closed while idle fails before any answer: the
+        GET (which changes nothing) is sent again once on a new connection. A timeout is
+        never retried (it would double the wait).
+        """
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            try:
+                return self._send(conn, target, headers)
+            except (ConnectionError, http.client.BadStatusLine, http.client.CannotSendRequest):
+                conn.close()  # RemoteDisconnected is both a ConnectionError and a BadStatusLine
+        return self._send(self._connect(), target, headers)
+
+    def _connect(self) -> http.client.HTTPConnection:
+        self.connections += 1
+        if self._context is not None:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=self.timeout, context=self._context
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+
+    def _send(
+        self, conn: http.client.HTTPConnection, target: str, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        try:
+            conn.request("GET", target, headers=headers)
+            answer = conn.getresponse()
+            body = _read_capped(answer)
+        except BaseException:
+            conn.close()
+            raise
+        # Kept for the next query only when this answer was read to its end.
+        if answer.will_close or not answer.isclosed():
+            conn.close()
+        else:
+            with self._lock:
+                keep = len(self._idle) < MAX_IDLE
+                if keep:
+                    self._idle.append(conn)
+            if not keep:
+                conn.close()
+        return answer.status, body
 
     def _gone(self, reason: object) -> PromError:
         """The error for a request that got no HTTP answer."""
@@ -324,16 +385,10 @@ class PromClient:
         return out
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are refused: the API does not redirect, and one could carry the request
-    (and, with a careless handler, its credentials) somewhere else."""
-
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
-
-
-def _read_capped(answer: object) -> bytes:
-    body = answer.read(MAX_BYTES + 1)  # type: ignore[attr-defined]
+def _read_capped(answer: http.client.HTTPResponse) -> bytes:
+    """The answer's body, at most :data:`MAX_BYTES` (a redirect is an answer like any
+    other: never followed, its status said as the error)."""
+    body = answer.read(MAX_BYTES + 1)
     if len(body) > MAX_BYTES:
         raise PromError(f"the answer is larger than {MAX_BYTES >> 20} MiB")
     return body
@@ -345,12 +400,12 @@ def _why(reason: object) -> str:
 
 
 def _point(raw: object) -> tuple[float, float] | None:
-    if not isinstance(raw, list) or len(raw) != 2:
+    """A sample ``[unix seconds, "value"]``; None if it is not one (exact types only: a
+    bool is no time, a number no value string)."""
+    if type(raw) is not list or len(raw) != 2:
         return None
     t, v = raw
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or not isinstance(v, str):
-        return None
-    if len(v) > 64:
+    if type(v) is not str or len(v) > 64 or (type(t) is not float and type(t) is not int):
         return None
     try:
         value = float(v)

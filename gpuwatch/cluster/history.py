@@ -1,8 +1,10 @@
 """One host's timelines from Prometheus range queries, for the cluster view's drill-down.
 
-One range query per family for the whole host (never one per GPU), at the scrape
-resolution. The answers become per-GPU point arrays that the dashboard's chart asks for
-one dot column at a time (:meth:`HostHistory.window`), and phase runs for its band (from
+One range query for every line of the whole host (never one per GPU or per line), at
+the scrape resolution: each line's expression tagged with its role
+(``label_replace(..., "gpuwatch_role", ROLE, "", "")``), joined with ``or``. The answers
+become per-GPU point arrays that the dashboard's chart asks for one dot column at a time
+(:meth:`HostHistory.window`), and phase runs for its band (from
 ``gpuwatch_process_phase_info``, one series per phase at each scrape: a run lasts from
 its first scrape to one resolution past its last).
 
@@ -36,12 +38,16 @@ ROLES = {
     "peak": "max by (host, gpu) (gpuwatch_process_phase_peak_allocated_bytes{M})",
     "phase": "gpuwatch_process_phase_info{M} == 1",
 }
-"""The families one drill-down refresh asks, ``{M}`` being the host's matchers. The
+"""The lines one drill-down refresh asks (in one query), ``{M}`` being the host's matchers. The
 chart's roles are the dashboard's (``nvml``, ``reserved``, ``allocated``, ``predicted``,
 ``peak``); ``total`` sets its ceiling, ``phase`` feeds the band."""
 
 QUERY_THREADS = 4
-"""Range queries of one drill-down refresh in flight at once."""
+"""Range queries of one drill-down refresh in flight at once (one per group of roles
+asked from the same step: one in the steady state)."""
+
+ROLE_LABEL = "gpuwatch_role"
+"""The label that says which role (:data:`ROLES`) a series of the combined query is."""
 
 MAX_POINTS = 10_000
 """Points per series asked at most (Prometheus refuses more than 11,000)."""
@@ -240,12 +246,17 @@ class Timelines:
                 return first
             return max(first, asked - OVERLAP * step_ns)
 
-        def ask(role: str) -> list[Series] | PromError:
+        def ask(group: tuple[int, list[str]]) -> list[Series] | PromError:
             if gone:
                 return gone[0]
-            promql = ROLES[role].replace("{M}", self._inner)
+            begin, names = group
+            promql = " or ".join(
+                f"label_replace({ROLES[role].replace('{M}', self._inner)}, "
+                f'"{ROLE_LABEL}", "{role}", "", "")'
+                for role in names
+            )
             try:
-                return client.query_range(promql, since(role) / NS, last / NS, step_ns / NS)
+                return client.query_range(promql, begin / NS, last / NS, step_ns / NS)
             except PromError as exc:
                 if exc.gone:
                     gone.append(exc)
@@ -253,10 +264,28 @@ class Timelines:
 
         roles = list(ROLES)
         starts = {role: since(role) for role in roles}
-        answers = each(ask, roles, QUERY_THREADS, cancelled)
-        for role, answer in zip(roles, answers, strict=True):
+        groups: dict[int, list[str]] = {}  # the roles asked from one step share a query
+        for role in roles:
+            groups.setdefault(starts[role], []).append(role)
+        by_role: dict[str, list[Series] | PromError] = {}
+        said: list[PromError] = []
+        for (_, names), got in zip(
+            groups.items(), each(ask, list(groups.items()), QUERY_THREADS, cancelled), strict=True
+        ):
+            if isinstance(got, PromError):
+                by_role.update(dict.fromkeys(names, got))
+                continue
+            split: dict[str, list[Series]] = {role: [] for role in names}
+            for series in got:
+                found = split.get(series.labels.get(ROLE_LABEL, ""))
+                if found is not None:
+                    found.append(series)
+            by_role.update(split)
+        for role in roles:
+            answer = by_role[role]
             if isinstance(answer, PromError):
-                if not errors or not answer.gone:
+                if answer not in said and (not errors or not answer.gone):
+                    said.append(answer)  # one line for the roles of a failed query
                     errors.append(f"{role}: {answer}")
                 continue
             self.asked_points += (last - starts[role]) // step_ns + 1

@@ -1,7 +1,8 @@
 """The cluster as Prometheus names it: one cell per GPU (host:index), grouped by host.
 
-:func:`fetch` asks one instant query per metric family (never one per GPU) and
-:meth:`Cluster.apply` folds the answers in. What a refresh could not read keeps its last
+:func:`fetch` asks every metric family in one instant query (two when a job label is
+matched; never one per GPU or per family) and :meth:`Cluster.apply` folds the answers
+in. What a refresh could not read keeps its last
 good figures, marked stale: a refresh that failed marks every cell stale with one line
 that says why; a GPU whose series are gone (its exporter stopped answering, so Prometheus
 ended them) is stale since the refresh that last had it; a GPU NVML lost is ``lost``.
@@ -50,8 +51,9 @@ FAMILIES = (
     "gpuwatch_rank_info",
     "up",
 )
-"""What one refresh asks, one instant query each. ``gpuwatch_rank_info`` (the rank's
-layout) is read when the exporter has it; ``up`` tells which scrape targets answer."""
+"""What one refresh asks, all the families that take the same matchers in one instant
+query (:func:`family_queries`). ``gpuwatch_rank_info`` (the rank's layout) is read when
+the exporter has it; ``up`` tells which scrape targets answer."""
 
 
 JOB_LABELS = (
@@ -206,6 +208,21 @@ class Answers:
     """Per family of :data:`LAST_KNOWN`, the newest point of the down targets' series."""
 
 
+def family_queries(
+    matchers: Sequence[tuple[str, str, str]] = (),
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The instant queries of one refresh and the families each answers: every family that
+    takes the same matchers in one selector on the metric name
+    (``{__name__=~"a|b|...",...}``): one query without a job matcher, two with one."""
+    groups: dict[tuple[tuple[str, str, str], ...], list[str]] = {}
+    for family in FAMILIES:
+        groups.setdefault(tuple(family_matchers(family, matchers)), []).append(family)
+    return [
+        (selector("", [("__name__", "=~", "|".join(names)), *m]), tuple(names))
+        for m, names in groups.items()
+    ]
+
+
 def fetch(
     client: PromClient,
     matchers: Sequence[tuple[str, str, str]] = (),
@@ -213,8 +230,9 @@ def fetch(
     cancelled: Callable[[], bool] = never,
     live: Collection[str] = (),
 ) -> Answers:
-    """Ask every family once, all at the same instant and side by side (a refresh takes
-    about as long as its slowest query); a failure is kept per family.
+    """Ask every family, all at the same instant, in as few queries as their matchers
+    allow (:func:`family_queries`), side by side; a failure is kept per family (every
+    family of the query that failed).
 
     ``live``: targets whose figures the caller already had live (:meth:`Cluster.live`):
     when one goes down its last figures are the caller's own, and are not asked again.
@@ -229,15 +247,15 @@ def fetch(
 
     gone: list[PromError] = []  # the server did not answer: the rest would wait as long
 
-    def ask(family: str) -> tuple[str, list[Series] | PromError]:
+    def ask(query: tuple[str, tuple[str, ...]]) -> list[Series] | PromError:
         if gone:
-            return family, gone[0]
+            return gone[0]
         try:
-            return family, client.query(selector(family, family_matchers(family, matchers)), at=at)
+            return client.query(query[0], at=at)
         except PromError as exc:
             if exc.gone:
                 gone.append(exc)
-            return family, exc
+            return exc
 
     down: list[str] = []  # the targets up == 0 names, once ``up`` is read
 
@@ -252,18 +270,24 @@ def fetch(
         except PromError as exc:
             return family, exc
 
-    for family, got in each(ask, FAMILIES, QUERY_THREADS, cancelled):
+    queries = family_queries(matchers)
+    for (_, names), got in zip(queries, each(ask, queries, QUERY_THREADS, cancelled), strict=True):
         if isinstance(got, PromError):
-            answers.errors[family] = str(got)
-        else:
-            answers.series[family] = got
+            answers.errors.update(dict.fromkeys(names, str(got)))
+            continue
+        split: dict[str, list[Series]] = {name: [] for name in names}
+        for series in got:
+            found = split.get(series.labels.get("__name__", ""))
+            if found is not None:
+                found.append(series)
+        answers.series.update(split)
     up = answers.series.get("up", [])
     down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {"", *live})
     del down[MAX_DOWN_ASKED:]
     if down:  # a second round, only while a target is down
-        for family, got in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
-            if not isinstance(got, PromError):  # best effort: the host shows as lost
-                answers.last[family] = got
+        for family, last in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
+            if not isinstance(last, PromError):  # best effort: the host shows as lost
+                answers.last[family] = last
     answers.seconds = time.perf_counter() - start
     return answers
 
@@ -590,7 +614,7 @@ class Cluster:
         Hosts come in the order of their first GPU, so the fullest host leads a memory sort.
         """
         needle = " ".join(text.lower().split())
-        chosen = [g for g in self.gpus.values() if needle in g.text()]
+        chosen = [g for g in self.gpus.values() if not needle or needle in g.text()]
         chosen.sort(key=_SORT_KEYS[sort])
         groups: dict[str, list[Gpu]] = {}
         for g in chosen:

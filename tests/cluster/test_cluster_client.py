@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,8 +189,34 @@ def test_matchers_go_into_every_query(stub) -> None:
     matchers = [*parse_matchers('{cluster="a", env=~"prod.*"}'), ("job", "=", 'gpu\\"s')]
     fetch(PromClient(server.url), matchers)
     queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
-    assert len(queries) == len(set(queries)) > 5  # one per family
-    assert all(q.endswith('{cluster="a",env=~"prod.*",job="gpu\\"s"}') for q in queries)
+    # Every family in one query (no job label matched): selected by name.
+    (query,) = queries
+    names = "|".join(FAMILIES)
+    assert query == f'{{__name__=~"{names}",cluster="a",env=~"prod.*",job="gpu\\"s"}}'
+
+
+def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
+    s, server = stub
+    s.families = merge(
+        gpu_series("node-a", 2),
+        rank_series("node-a", 0, 0, 11, {"forward": 5 * GiB}, slurm_job="42"),
+    )
+    answers = fetch(PromClient(server.url), parse_matchers('{slurm_job="42"}'))
+    queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+    gpu, proc = sorted(queries, key=lambda q: "slurm_job" in q)
+    # A GPU series has no job labels: its families are asked without the job's matcher.
+    assert "gpuwatch_gpu_memory_used_bytes" in gpu and "slurm_job" not in gpu
+    assert gpu.split('"')[1].endswith("|up")
+    assert proc.endswith(',slurm_job="42"}') and "gpuwatch_process_step" in proc
+    assert "gpuwatch_gpu_memory_used_bytes" not in proc
+    # Each family gets its own series back, and only its own.
+    assert not answers.errors and set(answers.series) == set(FAMILIES)
+    assert len(answers.series["gpuwatch_gpu_memory_used_bytes"]) == 2
+    assert [x.labels["rank"] for x in answers.series["gpuwatch_process_step"]] == ["0"]
+    assert answers.series["gpuwatch_rank_info"] == []
+    assert all(
+        x.labels["__name__"] == family for family, got in answers.series.items() for x in got
+    )
 
 
 # ---------------------------------------------------------------------- hostile answers
@@ -290,6 +317,77 @@ def test_redirects_are_not_followed(stub) -> None:
     with pytest.raises(PromError, match="HTTP 302"):
         PromClient(server.url, Auth(token=TOKEN)).query("up")
     assert len(s.requests) == 1
+
+
+# ---------------------------------------------------------------------- keep-alive
+
+
+@pytest.fixture
+def kept() -> Iterator[tuple[Stub, PromStub]]:
+    """A server that keeps connections open between requests, as Prometheus does."""
+    s = Stub(families=merge(gpu_series("node-a", 2), gpu_series("node-b", 1)))
+    server = PromStub(s, keep_alive=True, idle_timeout=0.5)
+    yield s, server
+    server.close()
+
+
+def test_refreshes_reuse_their_connections(kept) -> None:
+    s, server = kept
+    client = PromClient(server.url, Auth(token=TOKEN))
+    for _ in range(3):
+        answers = fetch(client)
+        assert not answers.errors and answers.series["gpuwatch_gpu_memory_used_bytes"]
+    asked = [r for r in s.requests if r.path == "/api/v1/query"]
+    # Three refreshes over the connection of the first: no handshake per query.
+    assert len(asked) == 3 and len({r.peer for r in asked}) == 1
+    assert client.connections == 1
+    # The token on every request, reused connection or not.
+    assert all(r.headers.get("Authorization") == f"Bearer {TOKEN}" for r in asked)
+    client.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(kept) -> None:
+    s, server = kept
+    client = PromClient(server.url)
+    assert client.query("gpuwatch_gpu_up")
+    time.sleep(1.0)  # past the server's idle timeout: it closed the kept connection
+    assert len(client.query("gpuwatch_gpu_up")) == 3
+    assert client.connections == 2
+    assert len({r.peer for r in s.requests}) == 2
+
+
+def test_an_answer_over_the_size_cap_drops_its_connection(kept, monkeypatch) -> None:
+    s, server = kept
+    monkeypatch.setattr(client_mod, "MAX_BYTES", 1000)
+    s.raw = _raw(
+        200, b'{"status":"success","data":{"resultType":"vector","result":[' + b" " * 5000 + b"]}}"
+    )
+    client = PromClient(server.url)
+    with pytest.raises(PromError, match="larger than"):
+        client.query("up")
+    s.raw = None
+    assert len(client.query("gpuwatch_gpu_up")) == 3  # a new connection, not the unread rest
+    assert client.connections == 2
+
+
+def test_a_redirect_on_a_kept_connection_is_not_followed(kept) -> None:
+    s, server = kept
+    s.raw = lambda path, params: (302, b"")
+    client = PromClient(server.url, Auth(token=TOKEN))
+    for _ in range(2):
+        with pytest.raises(PromError, match="HTTP 302"):
+            client.query("up")
+    assert len(s.requests) == 2
+
+
+def test_a_timeout_is_not_retried(kept) -> None:
+    s, server = kept
+    client = PromClient(server.url, timeout=0.3)
+    assert client.query("gpuwatch_gpu_up")
+    s.delay = 1.0
+    with pytest.raises(PromError, match=r"no answer within 0\.3 s"):
+        client.query("gpuwatch_gpu_up")
+    assert len(s.requests) == 2
 
 
 def test_the_refresh_interval_follows_the_scrape_interval(stub) -> None:

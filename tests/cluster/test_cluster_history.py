@@ -52,13 +52,15 @@ def test_a_refresh_asks_only_the_new_steps_and_holds_the_whole_window(served) ->
     kept = Timelines("node-a", [])
     first = kept.update(client, seconds=60, step=1, end=END)
     assert first.error is None and first.lines["0"]["nvml"][0].size == 61
-    assert all(r == (END - 60, END) for r in ranges(s))
+    assert ranges(s) == [(END - 60, END)]
     asked = len(s.requests)
     later = kept.update(client, seconds=60, step=1, end=END + 7.4)
-    # Seven new steps and the OVERLAP ones before them, for each family; not the window.
+    # Seven new steps and the OVERLAP ones before them, every line in one query; not the
+    # window.
     new = ranges(s)[len(ranges(s)) - (len(s.requests) - asked) :]
-    assert len(new) == len(ROLES)
-    assert all(r == (END - OVERLAP, END + 7) for r in new), new
+    assert new == [(END - OVERLAP, END + 7)], new
+    query = s.requests[-1].params["query"]
+    assert all(f'"gpuwatch_role", "{role}", "", "")' in query for role in ROLES), query
     # What it holds is what a view opened now would ask for at once.
     whole = Timelines("node-a", []).update(client, seconds=60, step=1, end=END + 7.4)
     assert (later.start, later.end) == (whole.start, whole.end) == ((END - 53) * NS, (END + 7) * NS)
@@ -77,6 +79,7 @@ def test_a_failed_refresh_keeps_the_timelines_and_asks_the_gap_next(served) -> N
     s.raw = lambda path, params: (503, b"down for a moment")
     failed = kept.update(client, seconds=60, step=1, end=END + 3)
     assert failed.error is not None and "HTTP 503" in failed.error
+    assert failed.error.count("HTTP 503") == 1  # one line for the one query that failed
     assert failed.lines["0"]["nvml"][0][-1] == END * NS  # the old points, kept
     s.raw = None
     asked = len(s.requests)

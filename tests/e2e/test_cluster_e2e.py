@@ -32,6 +32,7 @@ from test_prometheus_server import Lines, free_port, start_prometheus, stop_all
 from tmuxhelp import Tmux
 
 from gpuwatch.cluster import PromClient, PromError
+from gpuwatch.cluster.history import Timelines
 from gpuwatch.protocol import label_text
 
 PROMETHEUS = shutil.which("prometheus")
@@ -170,6 +171,15 @@ def test_the_cluster_live_in_tmux(exporters, prometheus) -> None:
         assert tmux.wait_for_text("node-a · last 5:00", timeout=20), tmux.screen()
         assert tmux.wait_for_text("GPU 1", timeout=20), tmux.screen()
         assert tmux.wait_for_text("rank 1", timeout=20), tmux.screen()
+        assert "timelines kept" not in tmux.screen()  # no query of the panels failed
+        # The panels' one range query (every line tagged with its role, joined by ``or``)
+        # as the real Prometheus answers it: each line, each GPU, the band.
+        history = Timelines("node-a", []).update(PromClient(base), seconds=60, step=1)
+        assert history.error is None, history.error
+        assert sorted(history.lines) == ["0", "1"]
+        for gpu in ("0", "1"):
+            assert {"nvml", "total", "reserved", "allocated"} <= history.lines[gpu].keys()
+            assert [lane.label for lane in history.lanes[gpu]] == [f"rank {gpu}"]
         tmux.keys("Escape")
         assert tmux.wait_for_text("6 GPUs", timeout=20), tmux.screen()
         # One exporter killed: its GPU stays, marked stale; the others stay ok.

@@ -9,7 +9,9 @@ The real Prometheus is in tests/e2e/test_cluster_e2e.py.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -90,6 +92,8 @@ class Request:
     path: str
     params: dict[str, str]
     headers: dict[str, str]
+    peer: int = 0
+    """The client's port: requests with one peer came over one connection."""
 
 
 @dataclass
@@ -107,14 +111,32 @@ class Stub:
     """Answers instead of the API: ``(path, params) -> (status, body)``."""
     requests: list[Request] = field(default_factory=list)
 
+    def select(self, query: str) -> list[tuple[dict[str, str], float]]:
+        """The series a query names: ``family{...}`` (other expressions: none), every
+        family of ``{__name__=~"a|b"}``, and the operands of ``label_replace(EXPR,
+        "gpuwatch_role", "ROLE", "", "") or ...`` with their role label."""
+        tagged = re.findall(r'label_replace\((.*?), "gpuwatch_role", "(\w+)", "", ""\)', query)
+        if tagged:
+            return [
+                ({**m, "gpuwatch_role": role}, v)
+                for expr, role in tagged
+                for m, v in self.select(expr)
+            ]
+        names = re.match(r'\{__name__=~"([a-zA-Z0-9_:|]+)"', query)
+        if names:  # families by name: each series says its own
+            return [
+                ({"__name__": family, **m}, v)
+                for family in names.group(1).split("|")
+                for m, v in self.families.get(family, [])
+            ]
+        return self.families.get(query.split("{", 1)[0].strip(), [])
+
     def answer(self, path: str, params: dict[str, str]) -> tuple[int, Any]:
         if path == "/api/v1/status/config":
             yaml = f"global:\n  scrape_interval: {self.scrape_interval}\n"
             return 200, {"status": "success", "data": {"yaml": yaml}}
         if path in ("/api/v1/query", "/api/v1/query_range"):
-            query = params.get("query", "")
-            name = query.split("{", 1)[0].strip()
-            series = self.families.get(name, [])
+            series = self.select(params.get("query", ""))
             if path.endswith("range"):
                 # One point per step, as Prometheus evaluates a range query: at start,
                 # start + step, ... up to end (its value moves with t when ramp is set).
@@ -138,18 +160,46 @@ class Stub:
 
 
 class PromStub:
-    """The server, on 127.0.0.1 (http, or https with ``cert``/``key``)."""
+    """The server, on 127.0.0.1 (http, or https with ``cert``/``key``).
 
-    def __init__(self, stub: Stub, cert: Path | None = None, key: Path | None = None) -> None:
+    Args:
+        keep_alive: Answer in HTTP/1.1 and keep each connection open for the next request,
+            as Prometheus does (else HTTP/1.0: one request per connection).
+        idle_timeout: Seconds a kept connection may wait for its next request before the
+            server closes it.
+    """
+
+    def __init__(
+        self,
+        stub: Stub,
+        cert: Path | None = None,
+        key: Path | None = None,
+        *,
+        keep_alive: bool = False,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.stub = stub
+        self._open: set[socket.socket] = set()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+            timeout = idle_timeout
+
+            def setup(self) -> None:
+                super().setup()
+                owner._open.add(self.connection)
+
+            def finish(self) -> None:
+                owner._open.discard(self.connection)
+                super().finish()
+
             def do_GET(self) -> None:
                 parts = urllib.parse.urlsplit(self.path)
                 params = dict(urllib.parse.parse_qsl(parts.query))
                 s = owner.stub
-                s.requests.append(Request(parts.path, params, dict(self.headers.items())))
+                headers = dict(self.headers.items())
+                s.requests.append(Request(parts.path, params, headers, self.client_address[1]))
                 if s.delay:
                     time.sleep(s.delay)
                 if s.token is not None and self.headers.get("Authorization") != f"Bearer {s.token}":
@@ -184,8 +234,14 @@ class PromStub:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop, closing the kept connections too (as a stopped Prometheus does)."""
         self.server.shutdown()
         self.server.server_close()
+        for conn in list(self._open):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its client
 
 
 def self_signed(directory: Path) -> tuple[Path, Path] | None:

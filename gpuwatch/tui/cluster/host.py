@@ -49,6 +49,9 @@ class Source(Protocol):
     @property
     def interval(self) -> float: ...
 
+    def redraw(self) -> None:
+        """Draw the grid again (it is not drawn while the panels cover it)."""
+
 
 class GpuBlock(Vertical):
     """One GPU of the host: a title, the dashboard's chart and its phase band."""
@@ -205,6 +208,7 @@ class HostScreen(Screen[None]):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+        self.owner.redraw()  # the grid as the refreshes under the panels left the cluster
 
     def action_window(self, direction: int) -> None:
         i = WINDOWS.index(self.window_s) if self.window_s in WINDOWS else 1

@@ -42,6 +42,7 @@ from .keys import Key, KeyBar
 from .overview import CSS_PATH as OVERVIEW_CSS
 from .overview import GpuOverview, gpu_devices
 from .panel import DevicePanel
+from .parsed_css import SharedStylesheet
 from .process_screen import ProcessScreen
 from .processes import ProcessesView, ProcessTable
 from .ranks import RanksView
@@ -169,6 +170,9 @@ class GpuwatchApp(App[int]):
         self.transport = transport or Transport(clock or session.now, subtitle, warning)
         self.transport.attach(self)
         super().__init__()
+        # What another app of this process parsed is not parsed again (a served visitor's
+        # process finds what its fork server parsed drawing the dashboard once).
+        self.stylesheet = SharedStylesheet(variables=self.get_css_variables())
         if keymap:
             self.set_keymap(keymap)
         self.session = session

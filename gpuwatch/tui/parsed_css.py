@@ -33,6 +33,22 @@ class SharedStylesheet(Stylesheet):
         super().set_variables(variables)
         self._variables_key = None
 
+    def reparse(self) -> None:
+        """Parse every source again with the current variables (a theme set), as Textual's
+        ``reparse`` does, but into a stylesheet of this class, which finds what is shared."""
+        fresh = SharedStylesheet(variables=self._variables)
+        fresh.source = dict(self.source)
+        try:
+            fresh.parse()
+        except Exception:
+            # Keeps what Textual's reparse keeps: the invalid CSS is not tried again.
+            self._invalid_css.update(fresh._invalid_css)
+            raise
+        self._rules = fresh.rules
+        self._rules_map = None
+        self.source = fresh.source
+        self._require_parse = False
+
     def _parse_rules(
         self,
         css: str,

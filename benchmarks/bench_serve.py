@@ -62,9 +62,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     # No WebGL: the terminal draws with xterm's canvas renderer. With it, this headless
-    # Chromium paints in software (SwiftShader) on the server's own cores, and eight pages
-    # cost the cores about twice what the same pages cost through the canvas, load the
-    # bench makes itself that no visitor's browser puts on the server.
+    # Chromium paints in software (SwiftShader) on the server's own cores, a load the
+    # bench makes itself that no visitor's browser (elsewhere, with a GPU) puts there.
     "--disable-3d-apis",
 ]
 VIEWPORT = {"width": 1400, "height": 900}

@@ -84,16 +84,17 @@ def _need_extra() -> None:
         )
 
 
-def preload_visitor(*files: str) -> None:
+def preload_visitor(theme: str = "", *files: str) -> None:
     """The fork server's preload: what ``gpuwatch replay`` imports, Textual included, and
-    one headless drawing of the dashboard on the first of ``files`` (if any)."""
+    one headless drawing of the dashboard on the first of ``files`` (if any) in ``theme``
+    (``""``: the default one)."""
     from ..store import player, recording  # noqa: F401
     from ..tui.preload import preload, warm
     from . import recordings  # noqa: F401
 
     preload()
     if files:
-        warm(files[0])
+        warm(files[0], theme or None)
 
 
 def _address(host: str, port: int) -> str:

@@ -288,10 +288,12 @@ async def serve(settings: Settings, host: str, port: int, ready: Callable[[int],
     sock = listen(host, port, backlog=min(gate.cap, 4096))
     try:
         if settings.fork is not None:
-            # Warmed on a recording served: the command line's, or the newest listed.
+            # Warmed on a recording served (the command line's, or the newest listed) in
+            # the visitors' theme: what it parsed and drew, their processes inherit.
             catalog = settings.catalog
             warm = catalog.files[:1] or [str(p) for p in catalog.listed()[:1]]
-            forks = ForkServer(*settings.fork, {**os.environ, **DRIVER_ENV}, tuple(warm))
+            args = (settings.theme or "", *warm)
+            forks = ForkServer(*settings.fork, {**os.environ, **DRIVER_ENV}, args)
             forks.start()
             server.forks = forks
         bound = sock.getsockname()[1]

@@ -45,6 +45,7 @@ from .keys import Key, KeyBar
 from .overview import CSS_PATH as OVERVIEW_CSS
 from .overview import GpuOverview, gpu_devices
 from .panel import DevicePanel
+from .parsed_css import SharedStylesheet
 from .process_screen import ProcessScreen
 from .processes import ProcessesView, ProcessTable
 from .ranks import RanksView
@@ -178,6 +179,9 @@ class GpuwatchApp(App[int]):
         self.transport = transport or Transport(clock or session.now, subtitle, warning)
         self.transport.attach(self)
         super().__init__()
+        # What another app of this process parsed is not parsed again (a served visitor's
+        # process finds what its fork server parsed drawing the dashboard once).
+        self.stylesheet = SharedStylesheet(variables=self.get_css_variables())
         if keymap:
             self.set_keymap(keymap)
         self.session = session
@@ -188,6 +192,12 @@ class GpuwatchApp(App[int]):
         # What the status bar said that no frame key follows: redrawn when it changes.
         self._status_said: tuple[str, str | None, str] | None = None
         self._theme_name = theme_name or DEFAULT_THEME
+        # Set before the first styling pass, which then reads our theme's variables: set
+        # in on_mount, every widget was restyled (and all CSS parsed again) before the
+        # first frame, which a browser visitor waits for.
+        for theme in builtin_themes():
+            self.register_theme(theme)
+        self.theme = self._theme_name
         self._panels: dict[str, DevicePanel] = {}
         self._arranged: tuple[str, ...] = ()  # the panels' keys in the order they stand
         self._host_run = False  # instrumented processes train on the host, none on a GPU
@@ -216,7 +226,7 @@ class GpuwatchApp(App[int]):
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         # Every gw-* variable exists from the first frame, whatever theme is current
-        # (Textual's default one until on_mount applies ours).
+        # (one of Textual's own themes, picked from the palette, defines none of them).
         return {**super().get_theme_variable_defaults(), **VARIABLE_DEFAULTS}
 
     def compose(self) -> ComposeResult:
@@ -261,9 +271,6 @@ class GpuwatchApp(App[int]):
 
     def on_mount(self) -> None:
         self.transport.mount()
-        for theme in builtin_themes():
-            self.register_theme(theme)
-        self.theme = self._theme_name
         self.session.subscribe(self._on_session_change)
         # The tab strip would swallow the arrow keys meant for the cursor: tabs switch by
         # click or 1/2/3 instead, and focus starts on the first device panel.

@@ -19,12 +19,13 @@ def preload() -> None:
     from . import replay  # noqa: F401
 
 
-def warm(path: str) -> None:
-    """Draw the replay dashboard of ``path`` once, headless, and close it.
+def warm(path: str, theme: str | None = None) -> None:
+    """Draw the replay dashboard of ``path`` once, headless, in ``theme``, and close it.
 
-    What a first frame costs beyond the imports (stylesheets parsed, the widgets' lazy
-    imports, caches filled) is then in the helper's memory, which each fork shares. Best
-    effort: a recording that cannot be drawn leaves the helper as it was. Leaves no thread.
+    What a first frame costs beyond the imports (stylesheets parsed in that theme, see
+    :mod:`.parsed_css`, the widgets' lazy imports, caches filled) is then in the helper's
+    memory, which each fork shares. Best effort: a recording that cannot be drawn leaves
+    the helper as it was. Leaves no thread.
     """
     from ..store.player import open_replay
     from .replay import replay_app
@@ -32,7 +33,7 @@ def warm(path: str) -> None:
     async def draw() -> None:
         player = open_replay(path)
         try:
-            app = replay_app(player, subtitle="")
+            app = replay_app(player, theme_name=theme, subtitle="")
             async with app.run_test(size=WARM_SIZE) as pilot:
                 await pilot.pause()
         finally:

@@ -225,6 +225,17 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_align(p: argparse.ArgumentParser) -> None:
+    """``--align``: how the recordings of a command that merges several line up."""
+    p.add_argument(
+        "--align",
+        choices=("wall", "start"),
+        default="wall",
+        help="with several files: line them up by wall clock (default; hosts of one job) "
+        "or by their starts (runs made at different times)",
+    )
+
+
 def configure_metrics(sources: LiveSources, args: argparse.Namespace) -> None:
     """Tell live sources to serve Prometheus metrics, from ``--prometheus``."""
     address = getattr(args, "prometheus", None)
@@ -235,6 +246,22 @@ def configure_metrics(sources: LiveSources, args: argparse.Namespace) -> None:
 def theme_name(args: argparse.Namespace) -> str | None:
     """The theme asked for: ``--theme``, else ``$GPUWATCH_THEME``, else None (the default)."""
     return getattr(args, "theme", None) or os.environ.get("GPUWATCH_THEME") or None
+
+
+def add_theme(p: argparse.ArgumentParser, whose: str = "") -> None:
+    """``--theme NAME``, read by :func:`theme_name`; ``whose``: what it colours."""
+    p.add_argument(
+        "--theme",
+        metavar="NAME",
+        help=f"colour theme{whose} (default: $GPUWATCH_THEME or gpuwatch-dark)",
+    )
+
+
+def checked_theme(args: argparse.Namespace) -> str | None:
+    """:func:`theme_name`, refused by :func:`check_theme` when it names no theme."""
+    name = theme_name(args)
+    check_theme(name)
+    return name
 
 
 def check_theme(name: str | None) -> None:

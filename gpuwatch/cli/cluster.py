@@ -17,6 +17,7 @@ from ._common import (
     EXIT_ERROR,
     EXIT_OK,
     CliError,
+    add_theme,
     bounded,
     check_theme,
     need_terminal,
@@ -95,7 +96,7 @@ def register(sub: Any) -> None:
         help="print the grid, the summary and the ranks once as text and exit (no terminal "
         "needed; exit status 1 when Prometheus could not be read)",
     )
-    p.add_argument("--theme", metavar="NAME", help="colour theme")
+    add_theme(p)
     p.set_defaults(func=cmd_cluster)
 
 

@@ -19,12 +19,12 @@ from ._common import (
     EXIT_OK,
     CliError,
     add_source_options,
-    check_theme,
+    add_theme,
+    checked_theme,
     command_after_dashes,
     configure_metrics,
     need_terminal,
     say,
-    theme_name,
 )
 
 if TYPE_CHECKING:
@@ -44,9 +44,7 @@ NO_CAP = -1
 def add_dashboard_options(p: argparse.ArgumentParser) -> None:
     """Options shared by the live dashboard and ``gpuwatch run``."""
     add_source_options(p)
-    p.add_argument(
-        "--theme", metavar="NAME", help="colour theme (default: $GPUWATCH_THEME or gpuwatch-dark)"
-    )
+    add_theme(p)
     add_record_options(p)
 
 
@@ -227,8 +225,7 @@ def user_keymap() -> dict[str, str]:
 
 def cmd_live(args: argparse.Namespace) -> int:
     """The live dashboard of every GPU and the host."""
-    theme = theme_name(args)
-    check_theme(theme)
+    theme = checked_theme(args)
     keymap = user_keymap()
     need_terminal("gpuwatch record --out FILE (and gpuwatch info FILE to read it)")
     sources = _sources(args)
@@ -251,8 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = command_after_dashes(args.command)
     if not command:
         raise CliError("gpuwatch run needs a command, e.g. gpuwatch run -- python train.py")
-    theme = theme_name(args)
-    check_theme(theme)
+    theme = checked_theme(args)
     keymap = user_keymap()
     need_terminal("gpuwatch record --out FILE -- COMMAND (and gpuwatch info FILE to read it)")
     sources = _sources(args)

@@ -17,12 +17,13 @@ from ._common import (
     EXIT_OK,
     CliError,
     Progress,
+    add_align,
+    add_theme,
     bounded,
-    check_theme,
+    checked_theme,
     isatty,
     need_terminal,
     say,
-    theme_name,
 )
 
 if TYPE_CHECKING:
@@ -72,16 +73,6 @@ def _reading(shown: Progress, opened: Opened, what: str) -> None:
 _FILES_HELP = "a recording; several are merged into one session (see --align)"
 
 
-def _add_align(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--align",
-        choices=("wall", "start"),
-        default="wall",
-        help="with several files: line them up by wall clock (default; hosts of one job) "
-        "or by their starts (runs made at different times)",
-    )
-
-
 def _speed_value(text: str) -> float:
     return float(text.lower().lstrip("x"))  # 2x, x2 and 2 alike
 
@@ -126,8 +117,8 @@ def register(sub: Any) -> None:
         "up by each file's wall clock, their devices named by host.",
     )
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
-    _add_align(p)
-    p.add_argument("--theme", metavar="NAME", help="colour theme")
+    add_align(p)
+    add_theme(p)
     p.add_argument(
         "--speed", type=_speed, default=1.0, metavar="X", help="playback speed, 0.25 to 64"
     )
@@ -140,7 +131,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_align(p)
+    add_align(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
@@ -150,7 +141,7 @@ def register(sub: Any) -> None:
         "files are merged as 'replay' shows them (device keys start with each file's host).",
     )
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
-    _add_align(p)
+    add_align(p)
     p.add_argument(
         "--format",
         choices=EXPORT_FORMATS,
@@ -172,8 +163,7 @@ def register(sub: Any) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Open the dashboard on a recording (or several merged), playing from its start."""
-    theme = theme_name(args)
-    check_theme(theme)
+    theme = checked_theme(args)
     from .live import user_keymap
 
     keymap = user_keymap()

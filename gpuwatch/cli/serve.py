@@ -12,7 +12,16 @@ import importlib.util
 import socket
 from typing import Any
 
-from ._common import EXIT_OK, CliError, bounded, check_theme, metrics_address, say, theme_name
+from ._common import (
+    EXIT_OK,
+    CliError,
+    add_align,
+    add_theme,
+    bounded,
+    checked_theme,
+    metrics_address,
+    say,
+)
 
 DEFAULT_BIND = "127.0.0.1:8765"
 
@@ -60,13 +69,8 @@ def register(sub: Any) -> None:
         metavar="N",
         help="visitors at once (each runs a dashboard process); more get a 'busy' page (default 4)",
     )
-    p.add_argument(
-        "--align",
-        choices=("wall", "start"),
-        default="wall",
-        help="with several files: line them up by wall clock (default) or by their starts",
-    )
-    p.add_argument("--theme", metavar="NAME", help="colour theme of every visitor's dashboard")
+    add_align(p)
+    add_theme(p, " of every visitor's dashboard")
     p.add_argument(
         "--socket",
         metavar="PATH",
@@ -105,8 +109,7 @@ def _address(host: str, port: int) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C or SIGTERM."""
-    theme = theme_name(args)
-    check_theme(theme)
+    theme = checked_theme(args)
     _need_extra()
     from ..serve.access import Access, TokenError, is_loopback, new_token, read_token
 

@@ -189,6 +189,15 @@ class Gpu:
             return 0.0
         return min(max(self.used / self.total, 0.0), 1.0)
 
+    def put(self, family: str, value: float) -> None:
+        """Take a series' value of a memory total, memory used or up family."""
+        if family.endswith("total_bytes"):
+            self.total = _bytes(value)
+        elif family.endswith("used_bytes"):
+            self.used = _bytes(value)
+        else:
+            self.up = value == 1
+
     def text(self) -> str:
         """What the filter matches against."""
         ranks = " ".join(f"rank {r}" for r in self.ranks)
@@ -375,12 +384,7 @@ class Cluster:
                 if cell is None:
                     continue
                 seen.add(cell.key)
-                if family.endswith("total_bytes"):
-                    cell.total = _bytes(series.value)
-                elif family.endswith("used_bytes"):
-                    cell.used = _bytes(series.value)
-                else:
-                    cell.up = series.value == 1
+                cell.put(family, series.value)
         kept: set[str] = set()  # GPUs of down targets, from their last figures
         for family in LAST_KNOWN:
             for series in answers.last.get(family, []):
@@ -390,12 +394,7 @@ class Cluster:
                 kept.add(cell.key)
                 if cell.seen:  # this view had it live: its own last figures stand
                     continue
-                if family.endswith("total_bytes"):
-                    cell.total = _bytes(series.value)
-                elif family.endswith("used_bytes"):
-                    cell.used = _bytes(series.value)
-                else:
-                    cell.up = series.value == 1
+                cell.put(family, series.value)
         for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
             if family not in s:
                 continue

@@ -125,6 +125,13 @@ class Peak:
 
     def start(self) -> bool:
         """Push the mode (on this thread); False when it could not be."""
+        if not self._push():
+            return False
+        self.on = True
+        return True
+
+    def _push(self) -> bool:
+        """Push a new mode on this thread; False, with the error kept, where it failed."""
         try:
             self.mode = mode = _mode_class(self.torch)(self)
             mode.__enter__()
@@ -132,7 +139,6 @@ class Peak:
             self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
             self.mode = None
             return False
-        self.on = True
         return True
 
     def pause(self) -> bool:
@@ -159,15 +165,8 @@ class Peak:
 
         if _get_current_dispatch_mode() is not None:
             return False
-        try:
-            self.mode = mode = _mode_class(self.torch)(self)
-            mode.__enter__()
-        except Exception as exc:
-            self.error = f"{type(exc).__name__}: {str(exc)[:80]}"
-            self.mode = None
-            self.on = False
-            return False
-        return True
+        self.on = self._push()
+        return self.on
 
     def stop(self) -> bool:
         """Stop counting, forget every storage, and pop the mode if it is on top (idempotent).

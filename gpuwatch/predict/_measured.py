@@ -96,20 +96,30 @@ def simulate_measured(act: dict[str, Any]) -> Simulation | None:
     )
 
 
-def measured_forward_peak(act: dict[str, Any]) -> tuple[Moment, float] | None:
-    """The forward's measured peak (``forward_peak``) as a :class:`Moment` and where in the
-    forward it fell (0 to 1); None when it was not measured."""
+def _measured_peak(act: dict[str, Any], key: str) -> tuple[Moment, dict[str, Any]] | None:
+    """The running peak ``act[key]`` (``bytes``, ``saved_bytes``, ``amp_copy_bytes``) as a
+    :class:`Moment`, with its dict; None when it was not measured."""
     if measured_bytes(act) is None:
         return None
-    peak = act.get("forward_peak")
+    peak = act.get(key)
     if not isinstance(peak, dict) or _n(peak.get("bytes")) == 0:
         return None
     total = _n(peak.get("bytes"))
     saved = min(_n(peak.get("saved_bytes")), total)
     amp = min(_n(peak.get("amp_copy_bytes")), total - saved)
+    return Moment(saved=saved, amp=amp, temp=total - saved - amp), peak
+
+
+def measured_forward_peak(act: dict[str, Any]) -> tuple[Moment, float] | None:
+    """The forward's measured peak (``forward_peak``) as a :class:`Moment` and where in the
+    forward it fell (0 to 1); None when it was not measured."""
+    got = _measured_peak(act, "forward_peak")
+    if got is None:
+        return None
+    moment, peak = got
     at = peak.get("at")
     where = float(at) if isinstance(at, (int, float)) and 0 <= at <= 1 else 1.0
-    return Moment(saved=saved, amp=amp, temp=total - saved - amp), where
+    return moment, where
 
 
 def with_forward_peak(sim: Simulation, act: dict[str, Any]) -> Simulation:
@@ -128,12 +138,5 @@ def with_forward_peak(sim: Simulation, act: dict[str, Any]) -> Simulation:
 def measured_loss_peak(act: dict[str, Any]) -> Moment | None:
     """The running peak from the model's return to backward (``loss_peak``: a loss computed
     outside the model, with what the model made still alive), or None."""
-    if measured_bytes(act) is None:
-        return None
-    peak = act.get("loss_peak")
-    if not isinstance(peak, dict) or _n(peak.get("bytes")) == 0:
-        return None
-    total = _n(peak.get("bytes"))
-    saved = min(_n(peak.get("saved_bytes")), total)
-    amp = min(_n(peak.get("amp_copy_bytes")), total - saved)
-    return Moment(saved=saved, amp=amp, temp=total - saved - amp)
+    got = _measured_peak(act, "loss_peak")
+    return None if got is None else got[0]

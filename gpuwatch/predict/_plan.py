@@ -37,6 +37,7 @@ memory.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -185,25 +186,17 @@ def _ceil(n: int, d: int) -> int:
     return -(-n // d)
 
 
+SETTINGS = tuple(
+    n for n in inspect.signature(facts_from_shape).parameters if n not in ("shape", "params")
+)
+""":func:`facts_from_shape`'s training settings (batch, seq, precision, ...): each is a
+field of :class:`Plan` by the same name, so a plan passes them through as they are."""
+
+
 def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, Any]:
-    facts: dict[str, Any] = dict(
-        facts_from_shape(
-            shape,
-            params=plan.params if shape is None else None,
-            batch=plan.batch,
-            seq=plan.seq,
-            precision=precision,
-            optimizer=plan.optimizer,
-            impl=plan.impl,
-            attention=plan.attention,
-            checkpointing=plan.checkpointing,
-            checkpoint_every=plan.checkpoint_every,
-            lora_rank=plan.lora_rank,
-            lora_targets=plan.lora_targets,
-            dropout=plan.dropout,
-            activation=plan.activation,
-        )
-    )
+    settings = {name: getattr(plan, name) for name in SETTINGS} | {"precision": precision}
+    params = plan.params if shape is None else None
+    facts: dict[str, Any] = dict(facts_from_shape(shape, params=params, **settings))
     if plan.device != "cuda":
         for g in (*facts["params"]["groups"], *facts["optimizer"]["groups"]):
             g["device"] = plan.device

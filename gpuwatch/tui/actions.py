@@ -38,10 +38,39 @@ _FAR = (
     "Move the cursor a tenth of the window back",
     "Move the cursor a tenth of the window on",
 )
-_PAN = (
-    Action("shift+left", "pan(-0.25)", "Pan back", "Move the window a quarter back in time"),
-    Action("shift+right", "pan(0.25)", "Pan forward", "Move the window a quarter forward in time"),
-)
+
+
+def _pan(back: str, forward: str) -> tuple[Action, Action]:
+    """Both modes' pan, on the keys ``back`` and ``forward`` (a replay's ``<`` and ``>``
+    set its speed)."""
+    return (
+        Action(back, "pan(-0.25)", "Pan back", "Move the window a quarter back in time"),
+        Action(forward, "pan(0.25)", "Pan forward", "Move the window a quarter forward in time"),
+    )
+
+
+def _boundaries(verb: str) -> tuple[Action, Action]:
+    """Both modes' ``[`` and ``]``; ``verb`` says what goes there (the cursor, a seek)."""
+    return (
+        Action(
+            "left_square_bracket",
+            "transport('jump_boundary', -1)",
+            "Previous phase boundary",
+            f"{verb} the previous phase start or end",
+            False,
+            "[",
+        ),
+        Action(
+            "right_square_bracket",
+            "transport('jump_boundary', 1)",
+            "Next phase boundary",
+            f"{verb} the next phase start or end",
+            False,
+            "]",
+        ),
+    )
+
+
 _TABS = (
     Action("1", "show_tab('timelines')", "Timelines", "Show the timelines"),
     Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
@@ -86,34 +115,8 @@ LIVE_ACTIONS: tuple[Action, ...] = (
     Action("right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
     Action("ctrl+left", "cursor_window(-0.1)", "Cursor far left", _FAR[0]),
     Action("ctrl+right", "cursor_window(0.1)", "Cursor far right", _FAR[1]),
-    Action(
-        "shift+left,less_than_sign",
-        "pan(-0.25)",
-        "Pan back",
-        "Move the window a quarter back in time",
-    ),
-    Action(
-        "shift+right,greater_than_sign",
-        "pan(0.25)",
-        "Pan forward",
-        "Move the window a quarter forward in time",
-    ),
-    Action(
-        "left_square_bracket",
-        "transport('jump_boundary', -1)",
-        "Previous phase boundary",
-        "Cursor to the previous phase start or end",
-        False,
-        "[",
-    ),
-    Action(
-        "right_square_bracket",
-        "transport('jump_boundary', 1)",
-        "Next phase boundary",
-        "Cursor to the next phase start or end",
-        False,
-        "]",
-    ),
+    *_pan("shift+left,less_than_sign", "shift+right,greater_than_sign"),
+    *_boundaries("Cursor to"),
     Action("m", "transport('jump_event', 1)", "Next mark", "Cursor to the next mark or OOM"),
     Action(
         "M", "transport('jump_event', -1)", "Previous mark", "Cursor to the previous mark or OOM"
@@ -168,22 +171,7 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
     ),
     Action("home", "transport('home')", "Start", "Seek to the start of the recording"),
     Action("end", "transport('end')", "End", "Seek to the end (a growing file: follow its tail)"),
-    Action(
-        "right_square_bracket",
-        "transport('jump_boundary', 1)",
-        "Next phase boundary",
-        "Seek to the next phase start or end",
-        False,
-        "]",
-    ),
-    Action(
-        "left_square_bracket",
-        "transport('jump_boundary', -1)",
-        "Previous phase boundary",
-        "Seek to the previous phase start or end",
-        False,
-        "[",
-    ),
+    *_boundaries("Seek to"),
     Action("m", "transport('jump_event', 1)", "Next mark", "Seek to the next mark"),
     Action("M", "transport('jump_event', -1)", "Previous mark", "Seek to the previous mark"),
     Action("o", "transport('jump_oom', 1)", "Next OOM", "Seek to the next out-of-memory error"),
@@ -226,7 +214,7 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
     *_PANELS,
     _HELP,
     _QUIT,
-    *_PAN,
+    *_pan("shift+left", "shift+right"),
 )
 """Replay: a player's position is the clock; the keys play, seek and browse the recording."""
 

@@ -15,6 +15,7 @@ import shlex
 import signal
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import partial
 from typing import Any, Protocol
 
@@ -162,6 +163,11 @@ class GpuwatchApp(App[int]):
 
     overview_shown: var[bool] = var(False)
     """The Timelines tab shows the overview (every GPU at a glance), not the panels."""
+    # Every assignment redraws, an equal window too: the transport's assignments also
+    # stand for its own change (a seek, play or pause) that the frame must show.
+    view: var[TimeWindow] = var(TimeWindow(), init=False, always_update=True)
+    """The time window the panels show: replaced (never changed) by keys, the mouse and
+    the transport; :meth:`watch_view` redraws."""
 
     def __init__(
         self,
@@ -188,7 +194,6 @@ class GpuwatchApp(App[int]):
         self.child = child
         self._quit_if = quit_if
         self._child_status: int | None = None
-        self.view = TimeWindow()
         # What the status bar said that no frame key follows: redrawn when it changes.
         self._status_said: tuple[str, str | None, str] | None = None
         self._theme_name = theme_name or DEFAULT_THEME
@@ -404,7 +409,9 @@ class GpuwatchApp(App[int]):
         if len(self._panels) != len(self.session.devices):
             self._sync_panels()
         self._update_predictions()
-        self.view.first = self.session.time_range()[0]
+        first = self.session.time_range()[0]
+        if first != self.view.first:  # the data's start, not a change of view: no redraw
+            self.set_reactive(GpuwatchApp.view, replace(self.view, first=first))
         window = self.view.window(now)
         version = self.session.version
         at = self.transport.figures_time(window)
@@ -680,6 +687,11 @@ class GpuwatchApp(App[int]):
             await added
         self.action_show_tab("ranks")
 
+    def watch_view(self) -> None:
+        # The first frame draws the window the transport opened on.
+        if self.redraws:
+            self.redraw()
+
     def redraw(self) -> None:
         """Redraw now (after a key or mouse action)."""
         self.transport.redrawing()
@@ -815,8 +827,7 @@ class GpuwatchApp(App[int]):
         if t is None:
             self.notify(f"no {what} there", severity="warning", timeout=2)
             return
-        self.view.jump(t, self.now())
-        self.redraw()
+        self.view = self.view.jumped(t, self.now())
 
     # ------------------------------------------------------------------ actions
 
@@ -833,19 +844,16 @@ class GpuwatchApp(App[int]):
 
     def action_toggle_follow(self) -> None:
         """Follow live data / freeze the window (and say which)."""
-        self.view.toggle_follow(self.now())
+        self.view = self.view.toggled(self.now())
         self.notify(self.transport.follow_text(), timeout=2)
-        self.redraw()
 
     def action_zoom(self, factor: float) -> None:
         """Scale the time window (around the cursor when there is one)."""
-        self.view.zoom(factor, self.now())
-        self.redraw()
+        self.view = self.view.zoomed(factor, self.now())
 
     def action_pan(self, fraction: float) -> None:
         """Move the window by a fraction of its width."""
-        self.view.pan(fraction, self.now())
-        self.redraw()
+        self.view = self.view.panned(fraction, self.now())
 
     def action_cursor(self, cells: int) -> None:
         """Move the cursor by chart columns (a replay's position with it)."""
@@ -858,8 +866,7 @@ class GpuwatchApp(App[int]):
 
     def action_clear_cursor(self) -> None:
         """Remove the cursor (the legend shows the newest values again)."""
-        self.view.cursor = None
-        self.redraw()
+        self.view = replace(self.view, cursor=None)
 
     def tell_events(self, t: int) -> None:
         """Say what the marks and OOMs at ``t`` (where a jump landed) say."""
@@ -987,13 +994,11 @@ class GpuwatchApp(App[int]):
 
     @on(TimelineChart.CursorSet)
     def _cursor_set(self, event: TimelineChart.CursorSet) -> None:
-        self.view.set_cursor(event.t, self.now())
-        self.redraw()
+        self.view = self.view.with_cursor(event.t, self.now())
 
     @on(TimelineChart.Zoom)
     def _zoom_at(self, event: TimelineChart.Zoom) -> None:
-        self.view.zoom(event.factor, self.now(), anchor=event.t)
-        self.redraw()
+        self.view = self.view.zoomed(event.factor, self.now(), anchor=event.t)
 
     @on(Seek)
     def _seek(self, event: Seek) -> None:

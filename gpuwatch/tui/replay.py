@@ -8,6 +8,7 @@ jumped through) and playing again resumes from the position.
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 from rich.style import Style
 from rich.text import Text
@@ -142,10 +143,9 @@ class ReplayTransport(Transport):
         self.player.pause()
         self.player.seek(opening.position)
         t0, t1 = opening.window
-        view = self.app.view
-        view.span = max(t1 - t0, MIN_SPAN)  # a recording of one sample still has a width
-        view.end = t1
-        view.cursor = opening.cursor
+        # A recording of one sample still has a width.
+        span = max(t1 - t0, MIN_SPAN)
+        self.app.view = replace(self.app.view, span=span, end=t1, cursor=opening.cursor)
 
     def figures_time(self, window: tuple[int, int]) -> int:
         """The cursor, else the playback position."""
@@ -193,14 +193,13 @@ class ReplayTransport(Transport):
         return ("replay", self.player.session.version, now), now
 
     def _follow_position(self) -> None:
-        self.app.view.follow()
-        self.app.redraw()
+        self.app.view = self.app.view.followed()
 
     def move_cursor(self, cells: int) -> None:
         """Move by chart columns: the cursor and the position together (paused), the
         position (playing)."""
         view = self.app.view
-        # A column's time as the live cursor steps it (TimeWindow.move_cursor).
+        # A column's time as the live cursor steps it (TimeWindow.cursor_moved).
         self._seek_by(cells * max(1, view.span // max(self.app.plot_width(), 1)))
 
     def _seek_by(self, delta: int) -> None:
@@ -215,9 +214,7 @@ class ReplayTransport(Transport):
         base = view.cursor if view.cursor is not None else self.player.position()
         pos = self.player.seek(base + delta)
         now = self._replay_now()
-        view.set_cursor(pos, now)
-        view.reveal(pos, now)
-        self.app.redraw()
+        self.app.view = view.with_cursor(pos, now).revealing(pos, now)
 
     def redrawing(self) -> None:
         """Paused, the playback position is where the cursor is (the scrubber and the
@@ -238,8 +235,7 @@ class ReplayTransport(Transport):
         """Play / pause; playing again makes the window follow the position."""
         if self.player.playing:
             self.player.pause()
-            self.app.view.pause(self.player.position())
-            self.app.redraw()
+            self.app.view = self.app.view.paused(self.player.position())
         else:
             self.player.play()
             self._follow_position()
@@ -290,18 +286,14 @@ class ReplayTransport(Transport):
         elif method in ("next_oom", "prev_oom", "next_mark", "prev_mark"):
             app.tell_events(target)
         self.player.pause()
-        app.view.jump(target, self._replay_now())
-        app.redraw()
+        app.view = app.view.jumped(target, self._replay_now())
 
     def action_whole(self) -> None:
         """Zoom out to the whole recording."""
         first, last = self.player.bounds()
         self.player.pause()
-        view = self.app.view
-        view.span = max(last - first, 10**8)
-        view.end = first + view.span
-        view.cursor = None
-        self.app.redraw()
+        span = max(last - first, 10**8)
+        self.app.view = replace(self.app.view, span=span, end=first + span, cursor=None)
 
 
 def replay_app(

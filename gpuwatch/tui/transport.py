@@ -9,6 +9,7 @@ whose action the transport lacks is off (:meth:`GpuwatchApp.check_action`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from textual.message import Message
@@ -170,8 +171,7 @@ class Transport:
     def move_cursor(self, cells: int) -> None:
         """Move the cursor by chart columns."""
         app = self.app
-        app.view.move_cursor(cells, app.plot_width(), self.now())
-        app.redraw()
+        app.view = app.view.cursor_moved(cells, app.plot_width(), self.now())
 
     def redrawing(self) -> None:
         """A key or the mouse is about to redraw the dashboard."""
@@ -185,15 +185,11 @@ class Transport:
         """Show the session's start."""
         app = self.app
         first = app.session.time_range()[0]
-        app.view.pause(self.now())
-        app.view.end = first + app.view.span
-        app.view.cursor = None
-        app.redraw()
+        app.view = replace(app.view, end=first + app.view.span, cursor=None)
 
     def action_end(self) -> None:
         """Follow the newest data."""
-        self.app.view.follow()
-        self.app.redraw()
+        self.app.view = self.app.view.followed()
 
     def action_jump_boundary(self, direction: int) -> None:
         """Cursor to the previous / next phase boundary on the focused device."""

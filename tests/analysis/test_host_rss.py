@@ -71,8 +71,7 @@ async def test_the_host_legend_shows_only_the_living() -> None:
         await pilot.pause()
         host = next(p for p in app.panels if p.key == HOST)
         for cursor, shown in ((BYE - 50 * MS, "830 MiB"), (END, "100 MiB")):
-            app.view.set_cursor(cursor, END)
-            app.redraw()
+            app.view = app.view.with_cursor(cursor, END)
             await pilot.pause()
             legend = str(host.legend.render())
             assert f"RSS {shown}" in legend, legend

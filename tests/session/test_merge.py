@@ -189,9 +189,7 @@ async def test_merged_replay_under_pilot(two_files: list[Path]) -> None:
         # A time inside node-a's forward of step 2 is B's data phase (B runs 2 s behind,
         # so it is in step 0 there): the cursor shows each host's own phase.
         t = app.session.t_origin + 2 * SECOND + 200 * synthetic.MS
-        app.view.pause(t)
-        app.view.cursor = t
-        app.redraw()
+        app.view = app.view.with_cursor(t, t)
         await pilot.pause(0.1)
         span_a = app.panels[0].span_at(t)
         span_b = app.panels[2].span_at(t)

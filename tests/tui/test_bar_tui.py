@@ -8,6 +8,7 @@ the OOM asked for.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,7 @@ def legend(app: GpuwatchApp) -> str:
 
 
 async def put_cursor(app: GpuwatchApp, pilot, seconds: float) -> None:
-    app.view.cursor = app.session.t_origin + int(seconds * SECOND)
-    app.redraw()
+    app.view = replace(app.view, cursor=app.session.t_origin + int(seconds * SECOND))
     await pilot.pause()
 
 

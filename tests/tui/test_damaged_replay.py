@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -82,8 +83,7 @@ async def test_a_negative_count_in_a_file_reads_as_unknown(tmp_path: Path) -> No
         assert got["total"] == 80 << 30  # honest figures stay
         app = replay_app(player, subtitle="replay hostile.gpuwatch")
         async with app.run_test(size=(120, 40)) as pilot:
-            app.view.cursor = t
-            app.redraw()
+            app.view = replace(app.view, cursor=t)
             await pilot.pause()
             gpu = next(p for p in app.panels if not p.is_host)
             assert str(gpu.header.render()).startswith("n/a / 80.00 GiB")

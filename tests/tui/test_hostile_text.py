@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -230,7 +231,7 @@ async def test_marks_read_at_the_cursor_and_listed_stay_inert() -> None:
     app = GpuwatchApp(session, clock=lambda: synthetic.end_time())
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.pause()
-        app.view.cursor = synthetic.end_time() - 10**8 - 1
+        app.view = replace(app.view, cursor=synthetic.end_time() - 10**8 - 1)
         await pilot.press("m")  # the evil mark and OOM share a time: both told
         await pilot.pause()
         told = [n.message for n in app._notifications]

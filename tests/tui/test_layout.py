@@ -116,7 +116,7 @@ async def test_header_figures_are_those_at_the_cursor() -> None:
         panel = gpu_panel(app)
         # The newest sample: reserved's high-water mark plus the context, 53.5 GiB.
         assert "53.50 GiB / 80.00 GiB" in panel.header.text
-        app.view.set_cursor(50 * MS, app.now())  # the first 100 ms: 13.5 GiB
+        app.view = app.view.with_cursor(50 * MS, app.now())  # the first 100 ms: 13.5 GiB
         app.redraw()
         await pilot.pause()
         assert "13.50 GiB / 80.00 GiB" in panel.header.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,7 @@ def at_the_peak(app: GpuwatchApp, step: int) -> int:
 
 
 async def goto(app: GpuwatchApp, pilot, t: int) -> None:
-    app.view.cursor = t
-    app.redraw()
+    app.view = replace(app.view, cursor=t)
     await pilot.pause()
 
 

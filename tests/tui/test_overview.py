@@ -92,7 +92,7 @@ async def test_eight_gpus_open_on_the_overview_with_the_sessions_figures(size: s
         assert any(k.key == "enter" and k.label == "Open GPU" for k in shown)
         # At a cursor inside a forward, the instrumented GPUs name that phase.
         t = 3300 * many_gpus.MS
-        app.view.set_cursor(t, app.now())
+        app.view = app.view.with_cursor(t, app.now())
         app.redraw()
         await pilot.pause()
         assert_figures(app, session, t)

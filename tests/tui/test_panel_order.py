@@ -4,6 +4,8 @@ item 10): a CPU-only run on a machine with GPUs shows its phases on the first sc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import synthetic
 
@@ -54,8 +56,7 @@ def band_text(panel) -> str:
 async def test_a_cpu_run_on_a_gpu_machine_shows_its_phases_first(size) -> None:
     app = GpuwatchApp(gpus_and_a_cpu_run(), theme_name="gpuwatch-dark")
     async with app.run_test(size=size) as pilot:
-        app.view.cursor = 500 * MS
-        app.redraw()
+        app.view = replace(app.view, cursor=500 * MS)
         await pilot.pause()
         first, top = first_screen(app)
         assert first.is_host and top is first

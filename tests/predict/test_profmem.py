@@ -128,3 +128,19 @@ def test_a_works_own_temporary_ends_with_the_wait(async_op: bool) -> None:
     truth = phase_peaks(mem.prof, "cpu", alive=set())
     assert truth.orphan_bytes == 4 * MIB  # the copy: its free was the worker's
     assert truth.peaks[1, "backward"] == 16 * MIB
+
+
+def test_the_callers_own_references_after_an_asynchronous_call_do_not_hold_the_wait() -> None:
+    """DeepSpeed points a parameter at its all-gather's output between the call and the
+    wait: the wait waits for the work's references alone."""
+    import profmem
+
+    before = profmem.unsettled
+    buf = torch.empty(MIB, dtype=torch.uint8)
+    work = _settled(_collective(True))(buf, async_op=True)
+    alias = buf.view(-1)  # the caller's, kept past the wait
+    t0 = time.monotonic()
+    work.wait()
+    assert time.monotonic() - t0 < profmem.SETTLE_TIMEOUT_S
+    assert profmem.unsettled == before
+    assert alias._base is buf

@@ -110,24 +110,30 @@ def _settle(tensors: list[torch.Tensor], counts: list[tuple[int, int]]) -> None:
 
 
 class _SettledWork:
-    """An asynchronous collective's work whose :meth:`wait` returns once gloo's worker
-    has let go of the caller's tensors, and drops the caller's reference to the work."""
+    """An asynchronous collective's work whose :meth:`wait` drops the caller's reference
+    to the work and returns once gloo's worker has let go of it too.
+
+    The caller may take references of its own to the tensors between the call and the
+    wait (DeepSpeed points a parameter at its all-gather's output): the work's own are
+    what the call added (``held``), and the wait takes them off what it finds."""
 
     def __init__(
-        self, work: Any, key: int, tensors: list[torch.Tensor], counts: list[tuple[int, int]]
+        self, work: Any, key: int, tensors: list[torch.Tensor], held: list[tuple[int, int]]
     ) -> None:
         self._work = work
         self._key = key
         self._tensors = tensors
-        self._counts = counts
+        self._held = held
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
         if self._work is None:
             return True
         with record_function(f"{WAIT}{self._key}"):
             done = bool(self._work.wait(*args, **kwargs))
+            now = [_refs(t) for t in self._tensors]
             self._work = None
-            _settle(self._tensors, self._counts)
+            counts = [(a - c, b - d) for (a, b), (c, d) in zip(now, self._held, strict=True)]
+            _settle(self._tensors, counts)
         self._tensors = []
         return done
 
@@ -150,7 +156,8 @@ def _settled(fn: Callable[..., Any]) -> Callable[..., Any]:
             with record_function(f"{WAIT}{key}"):
                 _settle(tensors, counts)
             return None
-        return _SettledWork(work, key, tensors, counts)
+        held = [(a - c, b - d) for (a, b), (c, d) in zip(map(_refs, tensors), counts, strict=True)]
+        return _SettledWork(work, key, tensors, held)
 
     call.__gw_settled__ = True  # type: ignore[attr-defined]
     return call

@@ -144,3 +144,21 @@ def test_the_callers_own_references_after_an_asynchronous_call_do_not_hold_the_w
     assert time.monotonic() - t0 < profmem.SETTLE_TIMEOUT_S
     assert profmem.unsettled == before
     assert alias._base is buf
+
+
+def test_a_collective_calling_another_is_settled_once() -> None:
+    """``all_gather_into_tensor`` calls ``all_gather_single``, both wrapped: the outer
+    wait must not take the inner work's references off twice (it waited out its timeout
+    on every ZeRO-3 all-gather)."""
+    import profmem
+
+    before = profmem.unsettled
+    inner = _settled(_collective(True))
+
+    def outer(tensor: torch.Tensor, async_op: bool = True) -> Any:
+        return inner(tensor, async_op=async_op)
+
+    buf = torch.empty(MIB, dtype=torch.uint8)
+    work = _settled(outer)(buf, async_op=True)
+    work.wait()
+    assert profmem.unsettled == before

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -77,6 +78,7 @@ unsettled = 0
 """Collectives whose tensors were still referenced past :data:`SETTLE_TIMEOUT_S`."""
 
 _ids = itertools.count()
+_inside = threading.local()
 
 
 def _tensors(args: Iterable[Any]) -> list[torch.Tensor]:
@@ -147,11 +149,19 @@ class _SettledWork:
 def _settled(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_inside, "call", False):
+            # One collective calling another (``all_gather_into_tensor`` is
+            # ``all_gather_single`` now): the outer call settles the work it returns.
+            return fn(*args, **kwargs)
         key = next(_ids)
         tensors = _tensors([*args, *kwargs.values()])
         counts = [_refs(t) for t in tensors]
-        with record_function(f"{COLLECTIVE}{key}"):
-            work = fn(*args, **kwargs)
+        _inside.call = True
+        try:
+            with record_function(f"{COLLECTIVE}{key}"):
+                work = fn(*args, **kwargs)
+        finally:
+            _inside.call = False
         if work is None:  # synchronous: done, but the worker may still hold the work
             with record_function(f"{WAIT}{key}"):
                 _settle(tensors, counts)

@@ -195,7 +195,6 @@ def test_zero3_two_ranks() -> None:
     pytest.importorskip("deepspeed")
     whole = 4 * BLOCKS * 2 * (DIM * DIM + DIM)  # the 25.2 M parameters, fp32
     for r in _check("zero3", ZERO_PHASES):
-        assert r["unsettled"] == 0
         facts = r["facts"]
         zero = facts["parallel"]["zero"]
         assert zero["stage"] == 3 and zero["partition_count"] == 2

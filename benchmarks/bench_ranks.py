@@ -10,9 +10,11 @@ two modules (``fully_shard([norm, output])``), FSDP1 FULL_SHARD and SHARD_GRAD_O
 DeepSpeed ZeRO stages 1-3 (where ``deepspeed`` is installed; skipped otherwise), and as
 rank 0 of an 8-rank FSDP2 job, plain or LoRA (torch's fake process group).
 The truth is torch.profiler's allocator events (``tests/support/profmem.py``), peaked inside
-each phase. Printed: rank x step x phase x (truth, predicted, ratio), and as the
-anchor, the same run predicted without the layout's buffers (the facts' ``parallel`` part
-left out: what gpuwatch showed before). PASS when every phase is within 10%.
+each phase; under ZeRO and FSDP1 each collective waits for gloo's worker to let go of its
+tensors (``settle_collectives``), so that their frees are seen. Printed: rank x step x
+phase x (truth, predicted, ratio), and as the anchor, the same run predicted without the
+layout's buffers (the facts' ``parallel`` part left out: what gpuwatch showed before).
+PASS when every phase is within 10%.
 
 Run: python benchmarks/bench_ranks.py [case ...]
 """

@@ -79,11 +79,14 @@ buffers each layout makes, each its own category. Sources, per rule:
     (``_prepare_fp32_grad_for_sub_group``) beside the flat buffer: ``gradients`` twice
     over through the inner optimizer's step.
 
-  Stage 3 still falls short of a real engine's truth by a few parameters' all-gather
-  buffers in every phase (0.87-0.96 on the CPU, ``tests/ranks_cases.py``: flat buffers
-  of earlier gathers, made between phases, stay alive; not yet explained): it is
-  predicted but marked not modelled, with a note. Offload (``offload_optimizer``,
-  ``offload_param``) is not modelled: one note says so.
+  A coalesced all-gather's flat buffer (``_all_gather_dtype``) lives only until its
+  handle's ``wait`` has copied the parameters out (``torch.cat``), and the parameters
+  gathered at construction (``_zero_init_param``'s broadcast) are freed by the
+  partitioning: neither stays. (On the CPU, gloo's worker thread, when it lets go of a
+  collective after the caller, made those frees where torch.profiler did not see them:
+  a truth that read a few such buffers above every phase, at random, until
+  ``tests/support/profmem.py`` waited for the worker: ``settle_collectives``.)
+  Offload (``offload_optimizer``, ``offload_param``) is not modelled: one note says so.
 
 - FSDP1 (``FullyShardedDataParallel``), FULL_SHARD and SHARD_GRAD_OP: each flat parameter
   a unit, walked as FSDP2's (``_fsdp1``); its other strategies are named in one note.
@@ -316,15 +319,6 @@ def _zero(zero: dict[str, Any], params: dict[str, Any], rank: int, out: LayoutMe
         # are reduced into, alive through the inner optimizer's step.
         if not zero.get("offload_optimizer"):
             out.step_grads = _n(zero.get("partition_numel")) * 4
-        # Checked against a real 2-rank engine on the CPU (tests/ranks_cases.py, zero3):
-        # 0.87-0.96 of the profiler's truth, a few parameters' all-gather buffers short.
-        out.modelled = False
-        out.notes.append(
-            "DeepSpeed ZeRO-3: partitions, master copy, buckets, gathered parameters and"
-            " the step's gradient copy predicted, but a real run holds a few parameters'"
-            " all-gather buffers more (kept from earlier gathers, not yet explained): the"
-            " measured line is the truth"
-        )
     else:
         out.backward[ZERO_BUCKETS] = buckets
         if stage == 1 and buckets and not zero.get("overlap_comm"):

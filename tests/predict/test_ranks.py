@@ -139,6 +139,7 @@ def test_fsdp1_two_ranks(name: str) -> None:
         assert "forward_peak" not in r["facts"]["activations"]  # sharded: not measured
         p = predict(r["facts"])
         assert p.layout.modelled and not any("not modelled" in n for n in p.notes)
+        assert r["unsettled"] == 0
 
 
 def test_zero2_two_ranks() -> None:
@@ -184,15 +185,16 @@ def test_zero1_two_ranks() -> None:
             assert bd["gradients"] == whole
 
 
-def test_zero3_facts_are_this_ranks_partitions() -> None:
-    """ZeRO-3 on two ranks (issue 39, item 6: 0.55-0.90 of the truth): the parameters stay
-    gathered from their forward to their backward under DeepSpeed's default reuse
-    distance, and the step flattens the gradient partition into a new fp32 tensor beside
-    the buffer it was reduced into. A real run still holds about a partition more in every
-    phase: predicted, marked not modelled, one note."""
+def test_zero3_two_ranks() -> None:
+    """ZeRO-3 on two ranks within 10% (issue 39, item 6: 0.55-0.90 of the truth): the
+    parameters stay gathered from their forward to their backward under DeepSpeed's
+    default reuse distance, and the step flattens the gradient partition into a new fp32
+    tensor beside the buffer it was reduced into. The all-gathers' flat buffers do not
+    stay: the truth read a few of them high at random while gloo's thread freed them
+    unseen (profmem.settle_collectives). Modelled: no note."""
     pytest.importorskip("deepspeed")
     whole = 4 * BLOCKS * 2 * (DIM * DIM + DIM)  # the 25.2 M parameters, fp32
-    for r in run_case("zero3", steps=1):
+    for r in _check("zero3", ZERO_PHASES):
         facts = r["facts"]
         zero = facts["parallel"]["zero"]
         assert zero["stage"] == 3 and zero["partition_count"] == 2
@@ -210,5 +212,4 @@ def test_zero3_facts_are_this_ranks_partitions() -> None:
         assert p.phases["forward", False].peak["zero_gathered"] == gathered
         step = p.phases["optimizer.step", False].peak
         assert step["gradients"] == zero["grad_partition_bytes"] + 4 * zero["partition_numel"]
-        assert not p.layout.modelled  # short of the truth: said in one note
-        assert sum("ZeRO-3" in n for n in p.notes) == 1
+        assert p.layout.modelled and not any("not modelled" in n for n in p.notes)

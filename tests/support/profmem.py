@@ -10,14 +10,26 @@ inside DTensor's ops and FSDP's and DDP's C++ (buckets, all-gather outputs).
 What it does not see: allocations made on other threads than the one that started the
 profiler (the profiler's memory reports are per thread; ``profile_all_threads`` drops them
 all). On the CPU with gloo that is gloo's worker threads, whose buffers are its own, and
-autograd runs CPU backward on the calling thread. On CUDA the events of the ``cuda``
-device are the caching allocator's, the same truth as ``max_memory_allocated``.
+autograd runs CPU backward on the calling thread. A collective's memory is another
+matter: gloo's work holds its tensors (and temporaries of its own: ``_reduce_scatter_base``
+clones its input) until the worker has finished with it, so when the caller lets go
+first the free happens on the worker and is lost, at random under load.
+:func:`settle_collectives` makes the caller wait, after each collective, until the
+worker has let go of the caller's tensors, so that their frees are the caller's, and
+marks each collective and its wait: a temporary the work made is taken as freed when
+the caller's wait returns (the work is the worker's alone by then). On CUDA the events
+of the ``cuda`` device are the caching allocator's, the same truth as
+``max_memory_allocated``.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
+import functools
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +43,156 @@ RELEASES = ("FSDP::post_backward_rs_wait", "FSDP::root_post_backward")
 """FSDP2's ranges in which it waits on a reduce-scatter and drops its reference to the
 previous one's input (``reduce_scatter_state``): where an orphan is freed at the latest."""
 """The record_function names of marked phases: ``gw:<step>:<phase>``."""
+
+
+COLLECTIVE = "gwc:"
+"""The record_function names of a settled collective's call: ``gwc:<id>``."""
+WAIT = "gww:"
+"""... and of its wait (an asynchronous one's ``wait``, a synchronous one's return):
+``gww:<id>``."""
+
+COLLECTIVES = (
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "reduce_scatter",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "_all_gather_base",
+    "_reduce_scatter_base",
+)
+"""The ``torch.distributed`` collectives :func:`settle_collectives` wraps."""
+
+SETTLE_TIMEOUT_S = 0.25
+"""How long a collective waits for gloo's worker to let go of its tensors. The worker
+lets go microseconds after the work is done; what holds them longer is not the worker
+(ZeRO-3's asynchronous all-gathers keep one reference each past their wait, from
+something other than the work the caller held: counted in :data:`unsettled`)."""
+
+unsettled = 0
+"""Collectives whose tensors were still referenced past :data:`SETTLE_TIMEOUT_S`."""
+
+_ids = itertools.count()
+_inside = threading.local()
+
+
+def _tensors(args: Iterable[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
+def _refs(t: torch.Tensor) -> tuple[int, int]:
+    """References to ``t`` (its views' included) and to its storage (a tensor made over
+    the same memory in C++, ``detach`` or ``as_strided``, holds only the storage)."""
+    return t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _settle(tensors: list[torch.Tensor], counts: list[tuple[int, int]]) -> None:
+    """Wait until each tensor and its storage are referenced no more than before the
+    collective."""
+    global unsettled
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while any(
+        a > n or b > m for t, (n, m) in zip(tensors, counts, strict=True) for a, b in [_refs(t)]
+    ):
+        if time.monotonic() > deadline:
+            unsettled += 1
+            return
+        time.sleep(1e-5)
+
+
+class _SettledWork:
+    """An asynchronous collective's work whose :meth:`wait` drops the caller's reference
+    to the work and returns once gloo's worker has let go of it too.
+
+    The caller may take references of its own to the tensors between the call and the
+    wait (DeepSpeed points a parameter at its all-gather's output): the work's own are
+    what the call added (``held``), and the wait takes them off what it finds."""
+
+    def __init__(
+        self, work: Any, key: int, tensors: list[torch.Tensor], held: list[tuple[int, int]]
+    ) -> None:
+        self._work = work
+        self._key = key
+        self._tensors = tensors
+        self._held = held
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        if self._work is None:
+            return True
+        with record_function(f"{WAIT}{self._key}"):
+            done = bool(self._work.wait(*args, **kwargs))
+            now = [_refs(t) for t in self._tensors]
+            self._work = None
+            counts = [(a - c, b - d) for (a, b), (c, d) in zip(now, self._held, strict=True)]
+            _settle(self._tensors, counts)
+        self._tensors = []
+        return done
+
+    def is_completed(self) -> bool:
+        return self._work is None or bool(self._work.is_completed())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _settled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_inside, "call", False):
+            # One collective calling another (``all_gather_into_tensor`` is
+            # ``all_gather_single`` now): the outer call settles the work it returns.
+            return fn(*args, **kwargs)
+        key = next(_ids)
+        tensors = _tensors([*args, *kwargs.values()])
+        counts = [_refs(t) for t in tensors]
+        _inside.call = True
+        try:
+            with record_function(f"{COLLECTIVE}{key}"):
+                work = fn(*args, **kwargs)
+        finally:
+            _inside.call = False
+        if work is None:  # synchronous: done, but the worker may still hold the work
+            with record_function(f"{WAIT}{key}"):
+                _settle(tensors, counts)
+            return None
+        held = [(a - c, b - d) for (a, b), (c, d) in zip(map(_refs, tensors), counts, strict=True)]
+        return _SettledWork(work, key, tensors, held)
+
+    call.__gw_settled__ = True  # type: ignore[attr-defined]
+    return call
+
+
+def settle_collectives() -> None:
+    """Make a collective's frees the caller's, or mark where they happen.
+
+    Wraps :data:`COLLECTIVES` in ``torch.distributed`` (call it before a library captures
+    them: DeepSpeed's comm backend reads its all-gather and reduce-scatter functions once,
+    at ``init_distributed``). After a collective is done (a synchronous call's return, an
+    asynchronous work's ``wait``) the caller waits until no reference to its tensors or
+    their storages is left beyond those held before the call: gloo's worker has dropped
+    them, so the caller's own drop frees the memory, where the profiler sees it. The call
+    is marked ``gwc:<id>`` and its wait ``gww:<id>``: what the work allocated itself is
+    freed with the work, on the worker, as the wait returns (:func:`phase_peaks`).
+    """
+    import torch.distributed as dist
+
+    for name in COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is not None and not getattr(fn, "__gw_settled__", False):
+            setattr(dist, name, _settled(fn))
 
 
 @dataclass
@@ -101,7 +263,9 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
     among ``alive`` (data pointers of storages still held at the end): it is taken as
     freed at the end of the first of FSDP's :data:`RELEASES` ranges after it (where FSDP
     drops its own reference to a reduce-scatter's input, so the worker's drop follows),
-    else when the phase that allocated it ended; its bytes are counted in
+    else when the phase that allocated it ended; one allocated inside a settled
+    collective's call (``gwc:<id>``: the work's own temporary) ends with its wait
+    (``gww:<id>``); its bytes are counted in
     :attr:`Truth.orphan_bytes`. Allocations made outside any phase (the model, DDP's
     buckets) are orphans only when their pointer is allocated again. A free whose
     allocation came before the profiler started (an earlier case's model, in the same
@@ -112,6 +276,8 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
     ranges: list[tuple[int, int, int, str]] = []
     releases: list[int] = []
     release_ends: list[int] = []
+    calls: list[tuple[int, int, str]] = []  # settled collectives: (start, end, id)
+    waits: dict[str, int] = {}  # their waits' ends, by id
     todo = list(prof.profiler.kineto_results.experimental_event_tree())
     alloc_tag = torch._C._profiler._EventType.Allocation
     while todo:
@@ -127,8 +293,14 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
         elif node.name.startswith(PREFIX):
             step, _, phase = node.name[len(PREFIX) :].partition(":")
             ranges.append((node.start_time_ns, node.end_time_ns, int(step), phase))
+        elif node.name.startswith(COLLECTIVE):
+            calls.append((node.start_time_ns, node.end_time_ns, node.name[len(COLLECTIVE) :]))
+        elif node.name.startswith(WAIT):
+            waits[node.name[len(WAIT) :]] = node.end_time_ns
     allocs.sort()
     ranges.sort()
+    calls.sort()
+    call_starts = [c[0] for c in calls]
     order = sorted(range(len(releases)), key=releases.__getitem__)
     releases = [releases[i] for i in order]
     release_ends = [release_ends[i] for i in order]
@@ -137,9 +309,23 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
     orphans = 0
     frees: list[tuple[int, int, int]] = []
 
+    def work_end(t: int) -> int | None:
+        """Where the work of the settled collective whose call made ``t``'s allocation
+        let go of it: its wait's end (the innermost call, where one wraps another)."""
+        c = bisect.bisect_right(call_starts, t) - 1
+        for start, end, key in reversed(calls[max(c - 3, 0) : c + 1]):
+            if start <= t <= end:
+                return waits.get(key, end)
+        return None
+
     def orphan(i: int, by: int) -> None:
         nonlocal orphans
         t, n, ptr = allocs[i]
+        done = work_end(t)
+        if done is not None:
+            frees.append((min(done, by), -n, ptr))
+            orphans += n
+            return
         k = bisect.bisect_right(starts, t) - 1
         if k < 0 or ranges[k][1] < t:
             # Outside any phase (the model, DDP's buckets, DeepSpeed's all-gathers between

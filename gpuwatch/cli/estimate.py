@@ -20,6 +20,7 @@ from typing import Any
 
 from ..fmt import fmt_bytes
 from ._common import EXIT_OK, CliError
+from ._hf_trace import meta_count, traced_activations
 
 TRACE_STEPS = 2
 """Steps ``--trace`` runs: the first creates optimizer state, the second is the steady one."""
@@ -230,10 +231,25 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
             if args.params is not None and args.params != counted[0]:
                 raise CliError(f"--params {args.params:,} but {counted[1]} has {counted[0]:,}")
             args.params = counted[0]
+            args.meta_config = config
             assumed.append(
                 f"{counted[0]:,} parameters: {counted[1]} built on the meta device (no closed"
-                " form for this family: activations unknown; --trace MODULE:FUNCTION counts them)"
+                " form for this family)"
             )
+            if args.seq is None:
+                seq = next(
+                    (
+                        config[k]
+                        for k in ("max_position_embeddings", "n_positions")
+                        if isinstance(config.get(k), int) and config[k] > 0
+                    ),
+                    None,
+                )
+                if seq is not None:
+                    args.seq = seq
+                    assumed.append(f"sequence length {seq}, the config's positions (--seq)")
+            else:
+                assumed.append(f"sequence length {args.seq} (--seq)")
             return None
         assumed += got.assumed
         if args.seq is None:
@@ -278,41 +294,6 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
     return shape
 
 
-def meta_count(config: dict[str, Any]) -> tuple[int, str] | None:
-    """Every parameter of the config's model, built on the meta device by ``transformers``
-    (no memory, no weights, no network): ``(count, class name)``, or None where
-    ``transformers`` is missing or does not know the family."""
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        return None
-    try:
-        import torch
-        import transformers
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-    except ImportError:
-        return None
-    fields = {k: v for k, v in config.items() if k != "model_type"}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cfg = AutoConfig.for_model(model_type, **fields)
-            archs = config.get("architectures")
-            name = archs[0] if isinstance(archs, list) and archs else None
-            cls = getattr(transformers, name, None) if isinstance(name, str) else None
-            with torch.device("meta"):
-                if cls is not None:
-                    model = cls(cfg)
-                else:
-                    try:
-                        model = AutoModelForCausalLM.from_config(cfg)
-                    except ValueError:
-                        model = AutoModel.from_config(cfg)
-    except Exception:  # any config transformers cannot build is refused, as before
-        return None
-    # parameters() yields a tied tensor once, as it is held once.
-    return sum(p.numel() for p in model.parameters()), type(model).__name__
-
-
 def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> None:
     """``--params`` with a shape: the same model, or refused (never silently replaced)."""
     if args.params is None or shape is None:
@@ -337,7 +318,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
     """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
 
     assumed: list[str] = []
-    args.dropout_config, args.activation = {}, None
+    args.dropout_config, args.activation, args.meta_config = {}, None, None
     args.checkpointing = args.checkpointing or args.checkpoint_every > 1
     if args.recording:
         return _from_recording(args, assumed)
@@ -367,7 +348,40 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         + (f", {_checkpointed(args.checkpoint_every)} checkpointed" if args.checkpointing else "")
     )
     plan = _plan(args, shape, dropout, assumed)
+    if args.meta_config is not None:
+        plan = _traced(args, plan, assumed)
     return _result(args, plan, assumed)
+
+
+def _traced(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
+    """A family built by transformers: its activations from one step on fake tensors."""
+    from dataclasses import replace
+
+    if not plan.seq:
+        assumed.append("activations unknown: the config names no length; give --seq")
+        return plan
+    if plan.checkpoint_every > 1:
+        raise CliError(
+            "--checkpoint-every: transformers checkpoints every layer of this family;"
+            " give --checkpointing alone"
+        )
+    try:
+        act, notes = traced_activations(
+            args.meta_config,
+            batch=plan.batch,
+            seq=plan.seq,
+            precision=plan.precision,
+            attention=plan.attention,
+            checkpointing=plan.checkpointing,
+        )
+    except RuntimeError as exc:
+        assumed.append(f"activations unknown: the fake-tensor step failed: {exc}")
+        return plan
+    assumed.append(
+        "activations traced: one training step of the model on fake tensors (CPU kernels),"
+        " what autograd saved counted as a live run counts it" + "".join(f"; {n}" for n in notes)
+    )
+    return replace(plan, activations=act, activations_batch=plan.batch)
 
 
 def _result(args: argparse.Namespace, plan: Any, assumed: list[str]) -> dict[str, Any]:

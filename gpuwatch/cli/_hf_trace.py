@@ -76,9 +76,11 @@ def build(config: dict[str, Any]) -> Any:
     return AutoModel.from_config(cfg)
 
 
-def meta_count(config: dict[str, Any]) -> tuple[int, str] | None:
+def meta_count(
+    config: dict[str, Any],
+) -> tuple[int, str, tuple[tuple[int, ...], ...]] | None:
     """Every parameter of the config's model, built on the meta device by ``transformers``
-    (no memory, no weights, no network): ``(count, class name)``, or None where
+    (no memory, no weights, no network): ``(count, class name, shapes)``, or None where
     ``transformers`` is missing or does not know the family."""
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
@@ -96,7 +98,8 @@ def meta_count(config: dict[str, Any]) -> tuple[int, str] | None:
     except Exception:  # any config transformers cannot build is refused, as before
         return None
     # parameters() yields a tied tensor once, as it is held once.
-    return sum(p.numel() for p in model.parameters()), type(model).__name__
+    shapes = tuple(tuple(p.shape) for p in model.parameters())
+    return sum(p.numel() for p in model.parameters()), type(model).__name__, shapes
 
 
 def layer_counts(config: dict[str, Any]) -> dict[str, int]:

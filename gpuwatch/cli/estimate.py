@@ -231,7 +231,7 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
             if args.params is not None and args.params != counted[0]:
                 raise CliError(f"--params {args.params:,} but {counted[1]} has {counted[0]:,}")
             args.params = counted[0]
-            args.meta_config = config
+            args.meta_config, args.meta_tensors = config, counted[2]
             assumed.append(
                 f"{counted[0]:,} parameters: {counted[1]} built on the meta device (no closed"
                 " form for this family)"
@@ -381,7 +381,7 @@ def _traced(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
         "activations traced: one training step of the model on fake tensors (CPU kernels),"
         " what autograd saved counted as a live run counts it" + "".join(f"; {n}" for n in notes)
     )
-    return replace(plan, activations=act, activations_batch=plan.batch)
+    return replace(plan, activations=act, activations_batch=plan.batch, tensors=args.meta_tensors)
 
 
 def _result(args: argparse.Namespace, plan: Any, assumed: list[str]) -> dict[str, Any]:

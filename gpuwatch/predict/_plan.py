@@ -129,6 +129,8 @@ class Plan:
             ``transformers``), the ``activations`` facts of one step traced on fake tensors
             at micro-batch ``activations_batch`` (``gpuwatch/cli/_hf_trace.py``); another
             micro-batch scales what is saved per sample.
+        tensors: Without a shape, the parameters' shapes where known (the model built on
+            the meta device): the optimizer's buckets and step temporaries follow them.
     """
 
     shape: ModelShape | None
@@ -156,6 +158,7 @@ class Plan:
     excess_per: int = 0
     activations: dict[str, Any] | None = None
     activations_batch: int = 1
+    tensors: tuple[tuple[int, ...], ...] = ()
 
     @property
     def tp(self) -> int:
@@ -208,6 +211,7 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
             lora_targets=plan.lora_targets,
             dropout=plan.dropout,
             activation=plan.activation,
+            tensors=plan.tensors,
         )
     )
     if plan.device != "cuda":

@@ -144,6 +144,7 @@ def test_a_family_without_a_closed_form_is_planned_from_its_trace(name: str) -> 
     assert counted is not None
     act, notes = traced_activations(config, batch=BATCH, seq=SEQ, precision="fp32")
     assert act["bytes"] > 0 and act["modules"]
+    assert any("experts" in n for n in notes) == (name == "mixtral")
     plan = Plan(
         None,
         params=counted[0],

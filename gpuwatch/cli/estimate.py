@@ -434,49 +434,23 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
     the options given as changes."""
     from dataclasses import replace
 
-    from ..predict import Gpus, parse_layout, parse_lora_targets, plan_from_facts, rank_estimate
+    from ..analysis.oom_answer import recorded_plan
+    from ..predict import Gpus, parse_layout, parse_lora_targets, rank_estimate
     from ..store.loader import load
 
     try:
         session = load(args.recording)
     except Exception as exc:  # a file that is not a recording, in any way
         raise CliError(f"cannot read {args.recording}: {str(exc)[:200]}")
-    ooms = list(getattr(session, "ooms", []) or [])
-    procs = [(pid, p) for pid, p in session.processes.items() if isinstance(p.facts, dict)]
-    if not procs:
-        raise CliError(f"{args.recording}: no process sent facts (gpuwatch.watch)")
-    oom_pids = {o.pid for o in ooms}
-    pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
     try:
-        plan, lost = plan_from_facts(proc.facts or {})
+        rec = recorded_plan(session)
     except ValueError as exc:
         raise CliError(f"{args.recording}: {exc}")
+    pid, plan, recorded = rec.pid, rec.plan, rec.recorded
     assumed.append(f"the plan of pid {pid} in {os.path.basename(args.recording)}, from its facts")
-    assumed += lost
-    recorded = plan
-    oom = next((o for o in ooms if o.pid == pid), None)
-    body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
-    gpu = next((d for d in session.devices.values() if d.kind == "gpu" and d.total), None)
-    gpu_total = int(gpu.total or 0) if gpu is not None else 0
-    names = [gpu.name] if gpu is not None and gpu.name else []
-    phase = str(body.get("phase") or "")
-    demand = max(int(body.get("allocated") or 0), 0) + max(int(body.get("requested") or 0), 0)
-    if oom is not None and phase in ("forward", "backward", "optimizer.step", "eval"):
-        pred = rank_estimate(plan).prediction
-        steady = pred.phases[phase, False].peak
-        excess = demand - sum(steady.values())
-        if excess > 0:
-            plan = replace(
-                plan,
-                excess=excess,
-                excess_phase=phase,
-                excess_per=steady.get("activations", 0),
-            )
-            assumed.append(
-                f"its out-of-memory error in {phase}: {fmt_bytes(demand)} asked for (allocated"
-                f" + requested), {fmt_bytes(excess)} beyond the prediction: carried as"
-                " recorded_excess, scaled as the phase's activations"
-            )
+    assumed += rec.assumed
+    gpu_total, names = rec.gpu_total, [rec.gpu] if rec.gpu else []
+    oom, phase, demand = rec.oom, rec.phase, rec.demand
     # The options given are the change.
     change: dict[str, Any] = {}
     if args.batch is not None:
@@ -507,6 +481,7 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
         gpus = _gpus_arg(args.gpus)
         change["world"] = gpus.count * args.nodes
     else:
+        body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
         total = gpu_total or int(body.get("total") or 0)
         if not total:
             raise CliError(f"{args.recording}: no GPU's memory recorded; give --gpus")

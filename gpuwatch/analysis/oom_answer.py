@@ -112,14 +112,17 @@ def oom_answer(session: Session, oom: Oom) -> Answer | None:
         return None
 
 
-def answer_line(ans: Answer) -> str:
-    """One line: the cheapest change that fits (or the closest), with its peak."""
+def answer_line(ans: Answer, short: bool = False) -> str:
+    """One line: the cheapest change that fits (or the closest), with its peak (``short``:
+    the change's flags only, for a status line's few cells)."""
     fitting = [c for c in ans.changes if c.peak_bytes <= ans.usable]
     if ans.fits:
         return f"it fits as planned ({fmt_bytes(ans.headroom)} to spare)"
     if not ans.changes:
         return "no change found that fits"
     best = fitting[0] if fitting else ans.changes[0]
+    if short:
+        return f"{best.flags} {'fits' if fitting else 'is closest'}"
     state = "fits" if fitting else "closest, does not fit"
     more = f" (+{len(fitting) - 1} more)" if len(fitting) > 1 else ""
     return (

@@ -170,7 +170,7 @@ def _step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..instrument._activations import Meter
+    from ..instrument import ActivationMeter as Meter
 
     notes: list[str] = []
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)

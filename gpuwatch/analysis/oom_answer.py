@@ -117,7 +117,7 @@ def answer_line(ans: Answer, short: bool = False) -> str:
     the change's flags only, for a status line's few cells)."""
     fitting = [c for c in ans.changes if c.peak_bytes <= ans.usable]
     if ans.fits:
-        return f"it fits as planned ({fmt_bytes(ans.headroom)} to spare)"
+        return f"planned, it fits ({fmt_bytes(ans.headroom)} to spare): no change needed"
     if not ans.changes:
         return "no change found that fits"
     best = fitting[0] if fitting else ans.changes[0]

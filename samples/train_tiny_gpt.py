@@ -19,6 +19,7 @@ import time
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 import gpuwatch
 
@@ -56,9 +57,17 @@ class TinyGPT(nn.Module):
     """GPT-2 shaped: token and position embeddings, blocks, final norm, tied LM head."""
 
     def __init__(
-        self, vocab: int, seq: int, layers: int, hidden: int, heads: int, attention: str = "sdpa"
+        self,
+        vocab: int,
+        seq: int,
+        layers: int,
+        hidden: int,
+        heads: int,
+        attention: str = "sdpa",
+        checkpointing: bool = False,
     ) -> None:
         super().__init__()
+        self.checkpointing = checkpointing
         self.wte = nn.Embedding(vocab, hidden)
         self.wpe = nn.Embedding(seq, hidden)
         self.blocks = nn.ModuleList(Block(hidden, heads, attention) for _ in range(layers))
@@ -79,7 +88,11 @@ class TinyGPT(nn.Module):
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
-            x = block(x)
+            if self.checkpointing and torch.is_grad_enabled():
+                # Keeps only the block's input; backward runs the block again.
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         logits = self.head(self.ln_f(x))
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
 
@@ -94,6 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
+    p.add_argument(
+        "--checkpointing", action="store_true", help="checkpoint every block (non-reentrant)"
+    )
     p.add_argument("--eval-every", type=int, default=10, help="eval every N steps (0: never)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument(
@@ -125,13 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    model = TinyGPT(args.vocab, args.seq, args.layers, args.hidden, args.heads, args.attention).to(
-        device
-    )
+    model = TinyGPT(
+        args.vocab,
+        args.seq,
+        args.layers,
+        args.hidden,
+        args.heads,
+        args.attention,
+        args.checkpointing,
+    ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=args.foreach)
     # Model facts for the predicted line and the breakdown bar. The phases below are
     # written out by hand to show the API; watch() alone would infer them (phases=True).
-    gpuwatch.watch(model, opt, phases=False)
+    gpuwatch.watch(model, opt, phases=False, checkpointing=args.checkpointing or None)
     gpuwatch.mark(f"start: {sum(p.numel() for p in model.parameters())} parameters")
 
     def batch(b: int) -> tuple[torch.Tensor, torch.Tensor]:

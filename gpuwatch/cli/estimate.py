@@ -20,6 +20,7 @@ from typing import Any
 
 from ..fmt import fmt_bytes
 from ._common import EXIT_OK, CliError
+from ._hf_trace import meta_count, traced_activations
 
 TRACE_STEPS = 2
 """Steps ``--trace`` runs: the first creates optimizer state, the second is the steady one."""
@@ -230,10 +231,25 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
             if args.params is not None and args.params != counted[0]:
                 raise CliError(f"--params {args.params:,} but {counted[1]} has {counted[0]:,}")
             args.params = counted[0]
+            args.meta_config, args.meta_tensors = config, counted[2]
             assumed.append(
                 f"{counted[0]:,} parameters: {counted[1]} built on the meta device (no closed"
-                " form for this family: activations unknown; --trace MODULE:FUNCTION counts them)"
+                " form for this family)"
             )
+            if args.seq is None:
+                seq = next(
+                    (
+                        config[k]
+                        for k in ("max_position_embeddings", "n_positions")
+                        if isinstance(config.get(k), int) and config[k] > 0
+                    ),
+                    None,
+                )
+                if seq is not None:
+                    args.seq = seq
+                    assumed.append(f"sequence length {seq}, the config's positions (--seq)")
+            else:
+                assumed.append(f"sequence length {args.seq} (--seq)")
             return None
         assumed += got.assumed
         if args.seq is None:
@@ -278,41 +294,6 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
     return shape
 
 
-def meta_count(config: dict[str, Any]) -> tuple[int, str] | None:
-    """Every parameter of the config's model, built on the meta device by ``transformers``
-    (no memory, no weights, no network): ``(count, class name)``, or None where
-    ``transformers`` is missing or does not know the family."""
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        return None
-    try:
-        import torch
-        import transformers
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-    except ImportError:
-        return None
-    fields = {k: v for k, v in config.items() if k != "model_type"}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cfg = AutoConfig.for_model(model_type, **fields)
-            archs = config.get("architectures")
-            name = archs[0] if isinstance(archs, list) and archs else None
-            cls = getattr(transformers, name, None) if isinstance(name, str) else None
-            with torch.device("meta"):
-                if cls is not None:
-                    model = cls(cfg)
-                else:
-                    try:
-                        model = AutoModelForCausalLM.from_config(cfg)
-                    except ValueError:
-                        model = AutoModel.from_config(cfg)
-    except Exception:  # any config transformers cannot build is refused, as before
-        return None
-    # parameters() yields a tied tensor once, as it is held once.
-    return sum(p.numel() for p in model.parameters()), type(model).__name__
-
-
 def _check_params(args: argparse.Namespace, shape: Any, assumed: list[str]) -> None:
     """``--params`` with a shape: the same model, or refused (never silently replaced)."""
     if args.params is None or shape is None:
@@ -337,7 +318,7 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
     """The estimate as ``{"peak_bytes", "phases", "first_step", "assumed", "notes", ...}``."""
 
     assumed: list[str] = []
-    args.dropout_config, args.activation = {}, None
+    args.dropout_config, args.activation, args.meta_config = {}, None, None
     args.checkpointing = args.checkpointing or args.checkpoint_every > 1
     if args.recording:
         return _from_recording(args, assumed)
@@ -367,7 +348,40 @@ def estimate(args: argparse.Namespace) -> dict[str, Any]:
         + (f", {_checkpointed(args.checkpoint_every)} checkpointed" if args.checkpointing else "")
     )
     plan = _plan(args, shape, dropout, assumed)
+    if args.meta_config is not None:
+        plan = _traced(args, plan, assumed)
     return _result(args, plan, assumed)
+
+
+def _traced(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
+    """A family built by transformers: its activations from one step on fake tensors."""
+    from dataclasses import replace
+
+    if not plan.seq:
+        assumed.append("activations unknown: the config names no length; give --seq")
+        return plan
+    if plan.checkpoint_every > 1:
+        raise CliError(
+            "--checkpoint-every: transformers checkpoints every layer of this family;"
+            " give --checkpointing alone"
+        )
+    try:
+        act, notes = traced_activations(
+            args.meta_config,
+            batch=plan.batch,
+            seq=plan.seq,
+            precision=plan.precision,
+            attention=plan.attention,
+            checkpointing=plan.checkpointing,
+        )
+    except RuntimeError as exc:
+        assumed.append(f"activations unknown: the fake-tensor step failed: {exc}")
+        return plan
+    assumed.append(
+        "activations traced: one training step of the model on fake tensors (CPU kernels),"
+        " what autograd saved counted as a live run counts it" + "".join(f"; {n}" for n in notes)
+    )
+    return replace(plan, activations=act, activations_batch=plan.batch, tensors=args.meta_tensors)
 
 
 def _result(args: argparse.Namespace, plan: Any, assumed: list[str]) -> dict[str, Any]:
@@ -420,49 +434,23 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
     the options given as changes."""
     from dataclasses import replace
 
-    from ..predict import Gpus, parse_layout, parse_lora_targets, plan_from_facts, rank_estimate
+    from ..analysis.oom_answer import recorded_plan
+    from ..predict import Gpus, parse_layout, parse_lora_targets, rank_estimate
     from ..store.loader import load
 
     try:
         session = load(args.recording)
     except Exception as exc:  # a file that is not a recording, in any way
         raise CliError(f"cannot read {args.recording}: {str(exc)[:200]}")
-    ooms = list(getattr(session, "ooms", []) or [])
-    procs = [(pid, p) for pid, p in session.processes.items() if isinstance(p.facts, dict)]
-    if not procs:
-        raise CliError(f"{args.recording}: no process sent facts (gpuwatch.watch)")
-    oom_pids = {o.pid for o in ooms}
-    pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
     try:
-        plan, lost = plan_from_facts(proc.facts or {})
+        rec = recorded_plan(session)
     except ValueError as exc:
         raise CliError(f"{args.recording}: {exc}")
+    pid, plan, recorded = rec.pid, rec.plan, rec.recorded
     assumed.append(f"the plan of pid {pid} in {os.path.basename(args.recording)}, from its facts")
-    assumed += lost
-    recorded = plan
-    oom = next((o for o in ooms if o.pid == pid), None)
-    body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
-    gpu = next((d for d in session.devices.values() if d.kind == "gpu" and d.total), None)
-    gpu_total = int(gpu.total or 0) if gpu is not None else 0
-    names = [gpu.name] if gpu is not None and gpu.name else []
-    phase = str(body.get("phase") or "")
-    demand = max(int(body.get("allocated") or 0), 0) + max(int(body.get("requested") or 0), 0)
-    if oom is not None and phase in ("forward", "backward", "optimizer.step", "eval"):
-        pred = rank_estimate(plan).prediction
-        steady = pred.phases[phase, False].peak
-        excess = demand - sum(steady.values())
-        if excess > 0:
-            plan = replace(
-                plan,
-                excess=excess,
-                excess_phase=phase,
-                excess_per=steady.get("activations", 0),
-            )
-            assumed.append(
-                f"its out-of-memory error in {phase}: {fmt_bytes(demand)} asked for (allocated"
-                f" + requested), {fmt_bytes(excess)} beyond the prediction: carried as"
-                " recorded_excess, scaled as the phase's activations"
-            )
+    assumed += rec.assumed
+    gpu_total, names = rec.gpu_total, [rec.gpu] if rec.gpu else []
+    oom, phase, demand = rec.oom, rec.phase, rec.demand
     # The options given are the change.
     change: dict[str, Any] = {}
     if args.batch is not None:
@@ -493,6 +481,7 @@ def _from_recording(args: argparse.Namespace, assumed: list[str]) -> dict[str, A
         gpus = _gpus_arg(args.gpus)
         change["world"] = gpus.count * args.nodes
     else:
+        body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
         total = gpu_total or int(body.get("total") or 0)
         if not total:
             raise CliError(f"{args.recording}: no GPU's memory recorded; give --gpus")

@@ -14,6 +14,7 @@ automatic phases build on:
 """
 
 from . import _oom
+from ._activations import Meter as ActivationMeter
 from ._api import (
     close_span,
     configure,
@@ -38,6 +39,7 @@ def auto_phases(*, discover: bool = True) -> bool:
 
 
 __all__ = [
+    "ActivationMeter",
     "auto_phases",
     "close_span",
     "configure",

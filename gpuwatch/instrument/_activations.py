@@ -325,7 +325,7 @@ class Meter:
         try:
             for t in _held_tensors(output):
                 st = t.untyped_storage()
-                key = (int(st.data_ptr()), str(t.device))
+                key = (int(st._cdata), str(t.device))
                 self.outputs.append((weakref.ref(st), int(st.nbytes()), key))
         except Exception:
             self.outputs = []
@@ -547,7 +547,7 @@ class Meter:
 
     def _count_recompute(self, name: str, t: Any) -> None:
         st = t.untyped_storage()
-        key = (int(st.data_ptr()), str(t.device))
+        key = (int(st._cdata), str(t.device))
         if key in self.exclude:
             return
         ref = self.seen.get(key)
@@ -592,7 +592,7 @@ class Meter:
     @staticmethod
     def _key(t: Any) -> tuple[int, str]:
         st = t.untyped_storage()
-        return (int(st.data_ptr()), str(t.device))
+        return (int(st._cdata), str(t.device))
 
     def _pack(self, t: Any) -> Any:
         packed = t.detach() if self.user_pack is None else self.user_pack(t)
@@ -623,7 +623,7 @@ class Meter:
         n = int(st.nbytes())
         if n == 0:
             return
-        key = (int(st.data_ptr()), str(t.device))
+        key = (int(st._cdata), str(t.device))
         if key in self.exclude:
             return
         ref = self.seen.get(key)

@@ -83,10 +83,15 @@ def _fits(plan: Plan, usable: int) -> bool:
     return rank_estimate(plan).peak_bytes <= usable
 
 
+def _batch_grows(plan: Plan) -> bool:
+    """Whether the plan knows what a sample adds: a shape, or activations traced."""
+    return bool(plan.seq) and (plan.shape is not None or plan.activations is not None)
+
+
 def max_batch(plan: Plan, usable: int) -> int | None:
     """The largest micro-batch whose per-rank peak fits (0: none; None: the activations,
     and so the batch's share, are unknown)."""
-    if plan.shape is None or not plan.seq:
+    if not _batch_grows(plan):
         return None
     if not _fits(replace(plan, batch=1), usable):
         return 0
@@ -132,7 +137,7 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
             changed = replace(plan, checkpointing=True, checkpoint_every=2)
             flags = "--checkpointing --checkpoint-every 2"
             out.append(("gradient checkpointing, every 2nd layer", flags, changed, 2))
-    if plan.shape is not None and plan.seq and plan.batch > 1:
+    if _batch_grows(plan) and plan.batch > 1:
         fit = max_batch(plan, usable) or 0
         if 0 < fit < plan.batch:
             steps = -(-plan.batch // fit)

@@ -126,6 +126,12 @@ class Plan:
             the predicted peak), in the phase it failed in, and the activations predicted
             there for the recorded run: under a change it scales as that phase's
             predicted activations do (a measured residual carried over, never a formula).
+        activations, activations_batch: For a model without a shape (a family built by
+            ``transformers``), the ``activations`` facts of one step traced on fake tensors
+            at micro-batch ``activations_batch`` (``gpuwatch/cli/_hf_trace.py``); another
+            micro-batch scales what is saved per sample.
+        tensors: Without a shape, the parameters' shapes where known (the model built on
+            the meta device): the optimizer's buckets and step temporaries follow them.
     """
 
     shape: ModelShape | None
@@ -151,6 +157,9 @@ class Plan:
     excess: int = 0
     excess_phase: str = "forward"
     excess_per: int = 0
+    activations: dict[str, Any] | None = None
+    activations_batch: int = 1
+    tensors: tuple[tuple[int, ...], ...] = ()
 
     @property
     def tp(self) -> int:
@@ -200,7 +209,38 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
     if plan.device != "cuda":
         for g in (*facts["params"]["groups"], *facts["optimizer"]["groups"]):
             g["device"] = plan.device
+    if shape is None and plan.activations is not None:
+        facts["activations"] = per_batch(plan.activations, plan.batch, plan.activations_batch)
     return facts
+
+
+_PER_SAMPLE = ("bytes", "saved_bytes", "out_bytes", "max_tensor_bytes", "recompute_bytes")
+"""Fields of traced ``activations`` facts that grow with the micro-batch (the autocast
+copies of the weights and the gradients do not)."""
+
+
+def per_batch(act: dict[str, Any], batch: int, traced: int) -> dict[str, Any]:
+    """Traced ``activations`` facts at micro-batch ``traced``, scaled to ``batch``: every
+    tensor a transformer saves or makes in its forward holds one row per sample."""
+    if batch == traced or traced <= 0:
+        return act
+
+    def scaled(d: dict[str, Any], peak: bool = False) -> dict[str, Any]:
+        out = dict(d)
+        for k in _PER_SAMPLE:
+            if isinstance(d.get(k), int):
+                # A peak's bytes hold the weights' autocast copies too, which stay.
+                fixed = int(d.get("amp_copy_bytes") or 0) if k == "bytes" and peak else 0
+                out[k] = fixed + (d[k] - fixed) * batch // traced
+        return out
+
+    out = scaled(act)
+    out["held_output_bytes"] = int(act.get("held_output_bytes") or 0) * batch // traced
+    out["modules"] = [scaled(m) for m in act.get("modules") or [] if isinstance(m, dict)]
+    for peak in ("forward_peak", "loss_peak"):
+        if isinstance(act.get(peak), dict):
+            out[peak] = scaled(act[peak], peak=True)
+    return out
 
 
 NF4_BLOCK = 64
@@ -305,6 +345,17 @@ def _layer_sizes(plan: Plan, shape: ModelShape, seq: int) -> tuple[int, int]:
     return layer + adapters, one.count(seq) - layer
 
 
+def _traced_layers(act: dict[str, Any] | None, elt: int) -> list[int]:
+    """Parameters of each layer a trace listed (``model.layers.3``: numbered modules),
+    from the bytes of their gradients."""
+    modules = (act or {}).get("modules") or []
+    return [
+        int(m.get("grad_bytes") or 0) // elt
+        for m in modules
+        if isinstance(m, dict) and str(m.get("name", "")).rpartition(".")[2].isdigit()
+    ]
+
+
 def _fsdp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> tuple[int, int]:
     """FSDP2's facts; returns (host bytes, bytes sent per step)."""
     n = plan.world
@@ -323,6 +374,12 @@ def _fsdp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> tuple[int, int
         sizes = [outside] + [
             per_layer * min(group, shape.layers - i) for i in range(0, shape.layers, group)
         ]
+    elif layers := _traced_layers(plan.activations, elt):
+        # A family built by transformers: its layers' sizes from the trace's gradients.
+        group = _ceil(len(layers), MAX_UNITS - 1)
+        grouped = [sum(layers[i : i + group]) for i in range(0, len(layers), group)]
+        sizes = [max(total - sum(layers), 0), *grouped]
+        notes.append(f"FSDP units: the {len(layers)} layers the trace saw, and the root")
     else:
         sizes = [total]
         notes.append("FSDP without a shape: one unit, the whole model")

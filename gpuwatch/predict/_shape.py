@@ -448,6 +448,7 @@ def facts_from_shape(
     lora_targets: tuple[str, ...] = ("q", "v"),
     dropout: dict[str, float] | None = None,
     activation: str | None = None,
+    tensors: tuple[tuple[int, ...], ...] = (),
 ) -> Facts:
     """The facts a training script with this model and settings would send.
 
@@ -463,6 +464,8 @@ def facts_from_shape(
         lora_targets: The roles adapted (:data:`LORA_TARGETS`), q and v by default.
         dropout: Dropout probabilities (``attn``, ``resid``, ``embd``); none by default.
         activation: The MLP's activation (``gelu_new`` is recorded op by op).
+        tensors: Without a shape, the parameters' shapes where known (a model built on
+            the meta device), so the optimizer's buckets hold its real tensors.
     """
     if precision not in _PRECISION:
         raise ValueError(f"unknown precision {precision!r}")
@@ -473,6 +476,8 @@ def facts_from_shape(
     seq_for_positions = seq or (shape.max_positions if shape else None) or 1024
     if shape is not None:
         base = shape.tensors(seq_for_positions)
+    elif tensors and params and sum(_numel(t) for t in tensors) == params:
+        base = list(tensors)
     elif params and params > 0:
         base = [(int(params),)]
     else:

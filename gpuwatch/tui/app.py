@@ -738,7 +738,7 @@ class GpuwatchApp(App[int]):
             near = marks.nearest(s, self.view.cursor, *window)
             if near is not None:
                 at = f"{marks.symbol(near)} {fmt_clock(near.t - s.t_origin)} "
-                said = ellipsis(marks.describe(near), MARK_CELLS)
+                said = ellipsis(self.marks_table.describe(near, short=True), MARK_CELLS)
                 text = markup_safe(at + said)
                 parts.append(Part(text, keep=5, floor=len(at) + MARK_FLOOR))
         parts.append(Part(f"window {fmt_duration(self.view.span)}", keep=2))
@@ -873,7 +873,7 @@ class GpuwatchApp(App[int]):
         for event in marks.at(self.session, t)[:3]:
             oom = isinstance(event, Oom)
             self.notify(
-                f"{marks.symbol(event)} {marks.describe(event, pid=True)}",
+                f"{marks.symbol(event)} {self.marks_table.describe(event, pid=True)}",
                 severity="error" if oom else "information",
                 timeout=8 if oom else 5,
                 markup=False,

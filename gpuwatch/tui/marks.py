@@ -2,6 +2,9 @@
 
 A mark's text and an OOM's figures are the script's (or a shared recording's) word: every
 string shown here goes through :func:`~gpuwatch.fmt.printable`, never through markup.
+Each OOM also gets its answer, what would have fitted (``analysis/oom_answer.py``, as
+``gpuwatch estimate --from`` and ``info`` give it): planned once per OOM in a thread
+worker (a plan tries tens of changes), then shown in its row, at the cursor and by ``o``.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ import bisect
 from itertools import islice
 
 from rich.text import Text
+from textual import work
 from textual.widgets import DataTable
 
+from ..analysis.oom_answer import answer_line, oom_answer
 from ..fmt import fmt_clock, fmt_oom_sizes, printable
 from ..session import Session
 from ..session.model import Mark, Oom
@@ -77,6 +82,48 @@ class MarksTable(DataTable):
         self.session = session
         self.times: list[int] = []
         self._signature: tuple[int, int] | None = None
+        # (pid, t) -> what would have fitted: the line, and its few words for the status
+        self.answers: dict[tuple[int, int], tuple[str, str]] = {}
+        self._asked: set[tuple[int, int]] = set()
+
+    def answer(self, oom: Oom) -> tuple[str, str] | None:
+        """What would have made ``oom``'s run fit, once planned, in a line and in a few
+        words (None until then: the first call starts the plan)."""
+        key = (oom.pid, oom.t)
+        got = self.answers.get(key)
+        if got is None and key not in self._asked:
+            self._asked.add(key)
+            self._plan(oom, key)
+        return got
+
+    def describe(self, event: Mark | Oom, pid: bool = False, short: bool = False) -> str:
+        """:func:`describe`, with an OOM's answer where it is planned (``short``: in
+        place of its sizes, for the status line's few cells)."""
+        said = describe(event, pid)
+        got = self.answer(event) if isinstance(event, Oom) else None
+        if not got:
+            return said
+        return f"{said.partition(': ')[0]}: {got[1]}" if short else f"{said}; {got[0]}"
+
+    @work(thread=True, group="oom-answer")
+    def _plan(self, oom: Oom, key: tuple[int, int]) -> None:
+        try:
+            ans = oom_answer(self.session, oom)
+        except Exception:  # a live session changing under the plan: no answer, no crash
+            ans = None
+        if ans is None:
+            said = ("what would have fitted: not planned", "not planned")
+        else:
+            said = (answer_line(ans), answer_line(ans, short=True))
+        self.app.call_from_thread(self._planned, key, said)
+
+    def _planned(self, key: tuple[int, int], said: tuple[str, str]) -> None:
+        self.answers[key] = said
+        self._signature = None  # the OOM's row says it now
+        self.refresh_rows()
+        redraw = getattr(self.app, "redraw", None)  # the status line at the cursor, too
+        if callable(redraw):
+            redraw()
 
     def on_mount(self) -> None:
         for key, label in self.COLUMNS:
@@ -107,7 +154,7 @@ class MarksTable(DataTable):
                     fmt_clock(e.t - s.t_origin),
                     symbol(e),
                     Text(printable(label)),
-                    Text(describe(e)),
+                    Text(self.describe(e)),
                 )
             )
         self.clear()

@@ -359,8 +359,19 @@ def test_families_without_a_closed_form_are_counted_on_the_meta_device(
     cfg = t.AutoConfig.for_model(config["model_type"], **fields)
     cls = getattr(t, config["architectures"][0])
     assert out["parameters"] == _real_count(cls, cfg)
+    assert any("meta device" in a for a in out["assumed"])
+    # No length in the config and none given: the activations stay unknown, said so.
     assert not out["activations_known"]
-    assert any("meta device" in a and "--trace" in a for a in out["assumed"])
+    assert any("give --seq" in a for a in out["assumed"])
+    # With one, a training step on fake tensors gives them (issue 42, item 1), where the
+    # model trains on labels; a question-answering head does not, and says why.
+    out = json.loads(_run("--config", str(path), "--seq", "64", "--json").stdout)
+    traced = any(a.startswith("activations traced") for a in out["assumed"])
+    assert out["activations_known"] == traced == (family != "bert-qa"), out["assumed"]
+    if not traced:
+        assert any("fake-tensor step failed" in a for a in out["assumed"])
+    else:
+        assert out["phases"]["forward"]["activations"] > 0
 
 
 LLAMA_7B = ("--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000")

@@ -142,3 +142,24 @@ async def test_o_tells_what_the_oom_asked_for(replay) -> None:
             and "allocated 2.46 GiB, reserved 4.61 GiB" in m
             for m in said
         ), said
+
+
+async def test_the_oom_says_what_would_have_fitted(replay) -> None:
+    # Issue 42, item 5: the dashboard's OOM event offers estimate --from's answer, at the
+    # cursor on the ✖ and in its row of the marks table; planned off the UI thread.
+    app = replay(OOM)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("home", "o")
+        table = app.marks_table
+        for _ in range(600):  # the plan runs in a thread worker (seconds on a busy CPU)
+            await pilot.pause(0.1)
+            if table.answers:
+                break
+        ((said, _),) = table.answers.values()
+        assert said.startswith("would have fitted: --checkpointing, peak 62.58 GiB"), said
+        await pilot.pause(0.3)
+        status = str(app.status_bar.render())
+        assert "✖ 0:12.1 OOM in forward (step 5): --checkpointing fits" in status, status
+        rows = [str(c) for r in range(table.row_count) for c in table.get_row_at(r)]
+        assert any("OOM in forward" in c and "--checkpointing" in c for c in rows), rows

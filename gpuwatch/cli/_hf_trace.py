@@ -1,0 +1,304 @@
+"""A Hugging Face ``config.json``'s model without its memory: counted and traced.
+
+For the families ``estimate`` has no closed form for (Mixtral and other mixtures of
+experts, T5, Gemma, Phi, ...) ``transformers`` builds the model: on the meta device to
+count its parameters, and on fake tensors (``FakeTensorMode``: shapes and dtypes, no
+memory) to run one training forward and backward at the planned batch, sequence,
+precision, attention and checkpointing. What autograd saves is counted by the very
+meter a live run uses (:class:`~gpuwatch.instrument._activations.Meter`), so the
+``activations`` facts it returns are those a real run would send, and the live
+predictor turns them into each phase's activations and temporaries.
+
+A full-size trace walks every layer (tens of seconds on a loaded machine), so the model
+is traced with two layers per stack and once more with one layer added to each stack in
+turn; the per-layer difference is then repeated up to the config's depth (each layer of
+a stack is the same module, so what it saves is too). Mixtures of experts route tokens
+by their values, which fake tensors do not have: the experts run as transformers'
+eager loop does, with the ``top_k`` choices of the tokens dealt evenly across experts.
+What each expert saves is linear in its tokens, so the total saved does not depend on
+the routing; only the largest expert's transients do.
+
+Imports torch and transformers only when called.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+"""Config keys that count a stack's layers (T5: the encoder's and the decoder's)."""
+
+BASE_LAYERS = 2
+"""Layers per stack in the base trace: the meter lists a stack's layers one by one only
+from two of them up (and only the longest stack's: the first stack gets one more for each
+other stack, so that no other stack outgrows it when a layer is added to it)."""
+
+FULL_TRACE_LAYERS = 4
+"""Stacks this shallow in all are traced whole."""
+
+EXPERTS_IMPL = "gpuwatch_even"
+"""The experts implementation registered for the trace (tokens dealt evenly)."""
+
+_SUMMED = ("bytes", "saved_bytes", "tensors", "amp_copy_bytes", "grad_bytes", "recompute_bytes")
+_PEAKS = ("forward_peak", "loss_peak")
+
+
+def _config(config: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    return AutoConfig.for_model(config["model_type"], **fields)
+
+
+def build(config: dict[str, Any]) -> Any:
+    """The config's model (``architectures[0]`` where transformers has it, else the
+    causal LM, else the sequence-to-sequence LM, else the bare model), on whatever device
+    or mode is active.
+
+    Raises:
+        Exception: Whatever transformers raises for a config it cannot build.
+    """
+    import transformers
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    cfg = _config(config)
+    archs = config.get("architectures")
+    name = archs[0] if isinstance(archs, list) and archs else None
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is not None:
+        return cls(cfg)
+    for auto in (AutoModelForCausalLM, AutoModelForSeq2SeqLM):
+        try:
+            return auto.from_config(cfg)
+        except ValueError:  # not a family this head takes
+            pass
+    return AutoModel.from_config(cfg)
+
+
+def meta_count(
+    config: dict[str, Any],
+) -> tuple[int, str, tuple[tuple[int, ...], ...]] | None:
+    """Every parameter of the config's model, built on the meta device by ``transformers``
+    (no memory, no weights, no network): ``(count, class name, shapes)``, or None where
+    ``transformers`` is missing or does not know the family."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return None
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.device("meta"):
+                model = build(config)
+    except Exception:  # any config transformers cannot build is refused, as before
+        return None
+    # parameters() yields a tied tensor once, as it is held once.
+    shapes = tuple(tuple(p.shape) for p in model.parameters())
+    return sum(p.numel() for p in model.parameters()), type(model).__name__, shapes
+
+
+def layer_counts(config: dict[str, Any]) -> dict[str, int]:
+    """The config's stacks: key -> layers (T5's decoder defaults to its encoder's)."""
+    out = {k: v for k in LAYER_KEYS if isinstance(v := config.get(k), int) and v > 0}
+    if config.get("is_encoder_decoder") and "num_layers" in out:
+        out.setdefault("num_decoder_layers", out["num_layers"])
+    return out
+
+
+def _even_experts(self: Any, hidden: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """transformers' eager experts loop with the ``top_k`` choices of the tokens dealt
+    evenly across the experts (fake tensors have no values to route by)."""
+    import torch
+    from torch.nn import functional as F
+
+    tokens, top_k = top_k_index.shape[0], top_k_index.shape[-1]
+    experts = int(self.num_experts)
+    share, extra = divmod(tokens * top_k, experts)
+    out = torch.zeros_like(hidden)
+    start = 0
+    for e in range(experts):
+        n = share + (1 if e < extra else 0)
+        if n == 0:
+            continue  # an expert no token chose does not run
+        picks = torch.arange(start, start + n, device=hidden.device)
+        start += n
+        token_idx, top_k_pos = picks % tokens, picks // tokens
+        current = hidden[token_idx]
+        up = self.gate_up_proj[e] if self.has_gate else self.up_proj[e]
+        h = current @ up if self.is_transposed else F.linear(current, up)
+        if self.has_bias:
+            h = h + (self.gate_up_proj_bias[e] if self.has_gate else self.up_proj_bias[e])
+        h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
+        down = self.down_proj[e]
+        h = h @ down if self.is_transposed else F.linear(h, down)
+        if self.has_bias:
+            h = h + self.down_proj_bias[e]
+        h = h * top_k_weights[token_idx, top_k_pos, None]
+        out.index_add_(0, token_idx, h.to(out.dtype))
+    return out
+
+
+def _route_evenly(model: Any) -> bool:
+    """Switch the model's experts (where it has them) to :func:`_even_experts`."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:
+        return False
+    # The attribute use_experts_implementation gives each experts module it wraps.
+    if not any(hasattr(m, "_is_expert_parallel") for m in model.modules()):
+        return False
+    ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPL, _even_experts)
+    model.set_experts_implementation(EXPERTS_IMPL)
+    return True
+
+
+def _step(
+    config: dict[str, Any],
+    batch: int,
+    seq: int,
+    precision: str,
+    attention: str,
+    checkpointing: bool,
+) -> tuple[dict[str, Any], list[str]]:
+    """One training forward and backward of the config's model on fake tensors: the
+    ``activations`` facts the meter counted, and what the trace assumed."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..instrument import ActivationMeter as Meter
+
+    notes: list[str] = []
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    amp = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
+    config = dict(config, attn_implementation=attention, use_cache=False)
+    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
+        warnings.simplefilter("ignore")
+        # Built in the weights' dtype (a cast of fake parameters cannot swap them).
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = build(config)
+        finally:
+            torch.set_default_dtype(default)
+        model.train()
+        if _route_evenly(model):
+            notes.append("experts: each token's top-k choices dealt evenly across experts")
+        if checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        ids = torch.zeros(batch, seq, dtype=torch.long)
+        inputs: dict[str, Any] = {"input_ids": ids, "labels": ids}
+        if getattr(model.config, "is_encoder_decoder", False):
+            inputs["decoder_input_ids"] = ids
+        meter = Meter(torch, model)
+        if not meter.start():
+            raise RuntimeError(f"the meter did not start: {meter.error}")
+        try:
+            with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                out = model(**inputs)
+                meter.model_returned(out)
+                loss = out.loss
+            loss.backward()
+        finally:
+            meter.stop("backward")
+        facts = meter.facts()
+    if facts.get("error"):
+        raise RuntimeError(str(facts["error"]))
+    return facts, notes
+
+
+def _add(into: dict[str, Any], base: dict[str, Any], more: dict[str, Any], times: int) -> None:
+    """``into`` += ``times`` x (``more`` - ``base``) for each summed field."""
+    for k in _SUMMED:
+        if isinstance(into.get(k), int):
+            into[k] += times * (int(more.get(k) or 0) - int(base.get(k) or 0))
+
+
+def _extrapolate(
+    base: dict[str, Any], bumped: dict[str, dict[str, Any]], extra: dict[str, int]
+) -> dict[str, Any]:
+    """The full depth's facts from the base trace and one trace per stack with a layer
+    more: each stack's per-layer difference repeated ``extra[key]`` times."""
+    out = {**base, "modules": [dict(m) for m in base.get("modules") or []]}
+    for peak in _PEAKS:
+        if isinstance(base.get(peak), dict):
+            out[peak] = dict(base[peak])
+    for key, more in bumped.items():
+        times = extra[key]
+        if times <= 0:
+            continue
+        _add(out, base, more, times)
+        for peak in _PEAKS:
+            if isinstance(out.get(peak), dict) and isinstance(more.get(peak), dict):
+                _add(out[peak], base[peak], more[peak], times)
+        was = {m["name"]: m for m in base.get("modules") or []}
+        mine = {m["name"]: m for m in out["modules"]}
+        for m in more.get("modules") or []:
+            old = was.get(m["name"])
+            if old is not None:  # a module holding the stack: its share grows
+                _add(mine[m["name"]], old, m, times)
+                continue
+            # A layer the meter lists: repeated, numbered on, after its stack's last one.
+            stem, _, index = m["name"].rpartition(".")
+            if not index.isdigit():
+                out["modules"].append(dict(m))
+                continue
+            after = max(
+                (i for i, o in enumerate(out["modules"]) if o["name"].startswith(stem + ".")),
+                default=len(out["modules"]) - 1,
+            )
+            copies = [dict(m, name=f"{stem}.{int(index) + i}") for i in range(times)]
+            out["modules"][after + 1 : after + 1] = copies
+    return out
+
+
+def traced_activations(
+    config: dict[str, Any],
+    *,
+    batch: int,
+    seq: int,
+    precision: str = "bf16-mixed",
+    attention: str = "sdpa",
+    checkpointing: bool = False,
+    full: bool = False,
+) -> tuple[dict[str, Any], list[str]]:
+    """The ``activations`` facts of one training step of the config's model, traced on
+    fake tensors (extrapolated per layer unless ``full`` or the stacks are shallow), and
+    what the trace assumed.
+
+    Raises:
+        RuntimeError: transformers missing, or a model that cannot run on fake tensors
+            (the message is one line for the user).
+    """
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(f"tracing a config's activations needs transformers: {exc}")
+    stacks = layer_counts(config)
+    try:
+        if full or sum(stacks.values()) <= FULL_TRACE_LAYERS:
+            return _step(config, batch, seq, precision, attention, checkpointing)
+        first = next(iter(stacks))
+        small = {
+            k: min(v, BASE_LAYERS + (len(stacks) - 1 if k == first else 0))
+            for k, v in stacks.items()
+        }
+        base, notes = _step({**config, **small}, batch, seq, precision, attention, checkpointing)
+        bumped = {}
+        for key, layers in stacks.items():
+            if layers > small[key]:
+                cfg = {**config, **small, key: small[key] + 1}
+                bumped[key] = _step(cfg, batch, seq, precision, attention, checkpointing)[0]
+    except RuntimeError:
+        raise
+    except Exception as exc:  # any model the fake step cannot run, in one line
+        raise RuntimeError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    extra = {k: stacks[k] - small[k] for k in stacks}
+    shown = ", ".join(f"{k} {small[k]}+1 of {v}" for k, v in stacks.items())
+    notes.append(f"traced with {shown} layers and the per-layer difference repeated")
+    return _extrapolate(base, bumped, extra), notes

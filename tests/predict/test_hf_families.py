@@ -5,8 +5,8 @@ Phi-2: the same layer layout, activation, norms, heads and expert routing) scale
 to run here. ``estimate`` sees only the config: it counts the parameters on the meta
 device and traces one training step on fake tensors (``cli/_hf_trace.py``); the same
 model then really trains two steps on the CPU, and torch.profiler's allocator events give
-each phase's true peak (``profmem``). A closed-form family (a Llama config) must agree
-with the trace, and the per-layer extrapolation with a trace of every layer.
+each phase's true peak (``profmem``). Every closed-form family must agree with the
+trace (``CLOSED``), and the per-layer extrapolation with a trace of every layer.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ transformers = pytest.importorskip("transformers")
 from profmem import ProfiledMemory  # noqa: E402
 
 from gpuwatch.cli._hf_trace import build, meta_count, traced_activations  # noqa: E402
-from gpuwatch.predict import ModelShape, Plan, rank_estimate, shape_from_config, total  # noqa: E402
+from gpuwatch.predict import Plan, rank_estimate, shape_from_config, total  # noqa: E402
+from gpuwatch.predict._shape import MODEL_TYPES  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -88,19 +89,6 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "hidden_act": "gelu_new",
         "max_position_embeddings": SEQ,
     },
-}
-
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": SEQ,
-    "tie_word_embeddings": False,
-    "vocab_size": VOCAB,
 }
 
 
@@ -188,14 +176,211 @@ def test_the_per_layer_extrapolation_is_a_full_trace(name: str) -> None:
     )
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-def test_a_closed_form_family_agrees_with_its_trace(precision: str) -> None:
-    got = shape_from_config(LLAMA)
-    shape: ModelShape = got.shape
-    plan = Plan(shape, batch=BATCH, seq=SEQ, precision=precision, device="cpu")
+# Each family ``estimate`` has a closed form for (``MODEL_TYPES``), its public layout
+# scaled down: the activation, norms, heads, biases, positions and dropout its released
+# config.json gives.
+CLOSED: dict[str, dict[str, Any]] = {
+    # GPT-2: tanh GeLU written out, learned positions, dropout 0.1 everywhere, tied head.
+    "gpt2": {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_embd": 128,
+        "n_layer": 4,
+        "n_head": 4,
+        "n_positions": SEQ,
+        "activation_function": "gelu_new",
+        "resid_pdrop": 0.1,
+        "embd_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+    },
+    # LLaMA-2: SwiGLU, RMSNorm, rotary, GQA (70B's 8 key/value heads), untied head.
+    "llama": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": SEQ,
+        "tie_word_embeddings": False,
+    },
+    # Mistral-7B: LLaMA's layer with 32/8 heads.
+    "mistral": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 128,
+        "intermediate_size": 448,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": SEQ,
+        "tie_word_embeddings": False,
+    },
+    # Qwen2-7B: LLaMA's layer with biases on q, k and v.
+    "qwen2": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 128,
+        "intermediate_size": 352,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": SEQ,
+        "tie_word_embeddings": False,
+    },
+    # GPT-NeoX-20B / Pythia: fused QKV with biases, rotary on a quarter of each head,
+    # parallel residual, GeLU, untied head.
+    "gpt_neox": {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "rotary_pct": 0.25,
+        "use_parallel_residual": True,
+        "hidden_act": "gelu",
+        "max_position_embeddings": SEQ,
+        "tie_word_embeddings": False,
+    },
+    # Falcon-40B/180B: the new decoder architecture (grouped KV, two LayerNorms, parallel
+    # attention), no biases, rotary.
+    "falcon": {
+        "architectures": ["FalconForCausalLM"],
+        "model_type": "falcon",
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_kv_heads": 2,
+        "new_decoder_architecture": True,
+        "parallel_attn": True,
+        "alibi": False,
+        "bias": False,
+        "max_position_embeddings": SEQ,
+    },
+    # Falcon-7B: multi-query (one key/value head), one LayerNorm, parallel attention.
+    "falcon-7b": {
+        "architectures": ["FalconForCausalLM"],
+        "model_type": "falcon",
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "multi_query": True,
+        "new_decoder_architecture": False,
+        "parallel_attn": True,
+        "alibi": False,
+        "bias": False,
+        "max_position_embeddings": SEQ,
+    },
+    # BERT-base: post-norm, GeLU, dropout 0.1, token types, the MLM head.
+    "bert": {
+        "architectures": ["BertForMaskedLM"],
+        "model_type": "bert",
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "type_vocab_size": 2,
+        "max_position_embeddings": SEQ,
+    },
+    # RoBERTa-base: BERT's layer, one token type, positions after the padding index.
+    "roberta": {
+        "architectures": ["RobertaForMaskedLM"],
+        "model_type": "roberta",
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "type_vocab_size": 1,
+        "pad_token_id": 1,
+        "max_position_embeddings": SEQ + 2,
+    },
+    # ViT-B/16: patches and a CLS token, GeLU, a classifier.
+    "vit": {
+        "architectures": ["ViTForImageClassification"],
+        "model_type": "vit",
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "hidden_act": "gelu",
+        "image_size": 64,
+        "patch_size": 8,
+        "num_labels": 10,
+    },
+}
+
+# Where a family's closed form and its trace disagree today: each is a real disagreement
+# (strict: the test fails once it agrees), kept visible rather than the tolerance widened.
+_SDPA_MASK = (
+    "the trace keeps exactly 4·b·s² bytes a layer more (an fp32 b×s×s tensor, likely the"
+    " CPU SDPA's attention mask; unconfirmed); at hidden 128 that is over AGREE"
+)
+_NO_PIXELS = "the trace feeds token ids; a ViT needs pixel_values (no trace to agree with)"
+_AMP_DROPOUT = "bf16-mixed with dropout: the trace keeps more; cause not found yet"
+DISAGREE: dict[tuple[str, str], str] = {
+    ("mistral", "fp32"): _SDPA_MASK,
+    ("qwen2", "fp32"): _SDPA_MASK,
+    ("gpt_neox", "fp32"): "cause not found yet (partial rotary is not modelled)",
+    ("gpt_neox", "bf16-mixed"): "cause not found yet (partial rotary is not modelled)",
+    ("falcon", "fp32"): "cause not found yet (formula / trace 0.94)",
+    ("falcon", "bf16-mixed"): "cause not found yet (formula / trace 0.96)",
+    ("falcon-7b", "fp32"): "cause not found yet (formula / trace 0.85)",
+    ("falcon-7b", "bf16-mixed"): "cause not found yet (formula / trace 0.71)",
+    ("gpt2", "bf16-mixed"): _AMP_DROPOUT,
+    ("bert", "bf16-mixed"): _AMP_DROPOUT,
+    ("roberta", "bf16-mixed"): _AMP_DROPOUT,
+    ("vit", "fp32"): _NO_PIXELS,
+    (
+        "vit",
+        "bf16-mixed",
+    ): _NO_PIXELS,
+}
+
+
+def _closed_cases() -> list[Any]:
+    cases = []
+    for name in sorted(CLOSED):
+        for precision in ("fp32", "bf16-mixed"):
+            why = DISAGREE.get((name, precision))
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            cases.append(pytest.param(name, precision, marks=marks, id=f"{name}-{precision}"))
+    return cases
+
+
+def test_every_closed_form_family_is_checked_against_its_trace() -> None:
+    assert {c["model_type"] for c in CLOSED.values()} == set(MODEL_TYPES)
+
+
+@pytest.mark.parametrize(("name", "precision"), _closed_cases())
+def test_a_closed_form_family_agrees_with_its_trace(name: str, precision: str) -> None:
+    config = {**CLOSED[name], "vocab_size": VOCAB}
+    got = shape_from_config(config)
+    seq = got.seq if got.shape.arch == "vit" else SEQ
+    assert seq is not None
+    # The closed form sees what ``estimate --config`` sees: the config's dropout and
+    # activation, the trace the model transformers builds from the same config.
+    plan = Plan(
+        got.shape,
+        batch=BATCH,
+        seq=seq,
+        precision=precision,
+        device="cpu",
+        dropout=got.dropout,
+        activation=got.activation,
+    )
     formula = rank_estimate(plan).prediction.activations_formula
-    act, _ = traced_activations(LLAMA, batch=BATCH, seq=SEQ, precision=precision)
+    act, _ = traced_activations(config, batch=BATCH, seq=seq, precision=precision)
     traced = act["bytes"] + act["amp_copy_bytes"]
     assert formula is not None
-    print(f"llama {precision}: formula / trace {formula / traced:.4f}")
+    print(f"{name} {precision}: formula / trace {formula / traced:.4f}")
     assert abs(formula - traced) <= AGREE * traced

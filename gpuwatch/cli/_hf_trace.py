@@ -24,6 +24,8 @@ Imports torch and transformers only when called.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
@@ -157,6 +159,32 @@ def _route_evenly(model: Any) -> bool:
     return True
 
 
+@contextmanager
+def _unpacked_rows() -> Iterator[bool]:
+    """Each row of the traced batch is one sequence, as it is in the run.
+
+    transformers reads the position ids' values to find sequences packed into a row, and
+    on fake tensors (no values) assumes them packed: it then builds a b×s×s mask, which
+    keeps SDPA off its ``is_causal`` path and grouped KV heads off its GQA kernel (a
+    repeat_kv copy at the full head count), where the run, with no padding mask, takes
+    both. Yields whether there was anything to patch.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield False
+        return
+    find = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if find is None:
+        yield False
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield True
+    finally:
+        masking_utils.find_packed_sequence_indices = find
+
+
 def _step(
     config: dict[str, Any],
     batch: int,
@@ -176,7 +204,7 @@ def _step(
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     amp = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision)
     config = dict(config, attn_implementation=attention, use_cache=False)
-    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
+    with warnings.catch_warnings(), _unpacked_rows(), FakeTensorMode(allow_non_fake_inputs=True):
         warnings.simplefilter("ignore")
         # Built in the weights' dtype (a cast of fake parameters cannot swap them).
         default = torch.get_default_dtype()

@@ -245,6 +245,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         head_transform=bool(tf.get("head_transform")),
         loss_parallel=bool(tf.get("loss_parallel")),
         parallel_residual=bool(tf.get("parallel_residual")),
+        expand_kv=bool(tf.get("expand_kv")),
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
         ),

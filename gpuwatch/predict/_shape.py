@@ -583,6 +583,8 @@ def facts_from_shape(
             tf["head_transform"] = True
         if shape.arch in ("neox", "falcon"):
             tf["parallel_residual"] = True
+        if shape.arch == "falcon":
+            tf["expand_kv"] = True  # FalconAttention._split_heads, before any kernel
         if shape.head_dim != shape.hidden // shape.heads:
             tf["head_dim"] = shape.head_dim
         if shape.arch == "vit":

@@ -68,6 +68,8 @@ class Arch:
         head_transform: BERT's MLM head: dense, GeLU and LayerNorm before the logits.
         parallel_residual: Attention and MLP read the same input (GPT-NeoX):
             ``x + attn(ln1(x)) + mlp(ln2(x))``.
+        expand_kv: The model copies grouped K/V to every head itself, whatever the
+            attention kernel (Falcon's ``_split_heads``).
         image_elements: Pixels per image (channels x size²) of a vision transformer,
             whose patch embedding keeps its input; 0 for token inputs. ``vocab`` 0 means
             no LM head: a classifier on the CLS token instead.
@@ -108,6 +110,7 @@ class Arch:
     loss_parallel: bool = False
     head_transform: bool = False
     parallel_residual: bool = False
+    expand_kv: bool = False
     image_elements: int = 0
 
     def __post_init__(self) -> None:
@@ -313,15 +316,19 @@ class _Recorder:
         if a.rope:
             q = self.rope(q, q_n)
             k = self.rope(k, k_n)
-        repeated = a.attention != "flash_attention_2" and kv != heads * d
+        dropout_on_cpu_sdpa = a.device == "cpu" and a.attn_dropout > 0
+        math_path = a.attention == "eager" or dropout_on_cpu_sdpa
+        # HF repeat_kv: expand + reshape, a copy at the full head count, for eager. SDPA
+        # with no mask (a training batch without padding) takes grouped K/V as they are
+        # (enable_gqa, transformers' use_gqa_in_sdpa), as flash_attention_2 does; its math
+        # path still expands them, and so does SDPA for heads wider than 256.
+        wide = a.attention == "sdpa" and d > 256
+        repeated = (math_path or wide or a.expand_kv) and kv != heads * d
         if repeated:
-            # HF repeat_kv: expand + reshape, a copy at the full head count (eager and
-            # sdpa paths in modeling_llama.py; flash_attention_2 takes grouped K/V as is).
             k = self.copy(k, full)
             v = self.copy(v, full)
             k_n = v_n = full
-        dropout_on_cpu_sdpa = a.device == "cpu" and a.attn_dropout > 0
-        if a.attention == "eager" or dropout_on_cpu_sdpa:
+        if math_path:
             # matmul folds (b, heads) for bmm: Q, and K/V unless repeat_kv already made
             # them contiguous, are transposed views and become contiguous copies.
             qc = self.copy(self.lp_op(q), q_n)

@@ -321,15 +321,9 @@ CLOSED: dict[str, dict[str, Any]] = {
 
 # Where a family's closed form and its trace disagree today: each is a real disagreement
 # (strict: the test fails once it agrees), kept visible rather than the tolerance widened.
-_SDPA_MASK = (
-    "the trace keeps exactly 4·b·s² bytes a layer more (an fp32 b×s×s tensor, likely the"
-    " CPU SDPA's attention mask; unconfirmed); at hidden 128 that is over AGREE"
-)
 _NO_PIXELS = "the trace feeds token ids; a ViT needs pixel_values (no trace to agree with)"
 _AMP_DROPOUT = "bf16-mixed with dropout: the trace keeps more; cause not found yet"
 DISAGREE: dict[tuple[str, str], str] = {
-    ("mistral", "fp32"): _SDPA_MASK,
-    ("qwen2", "fp32"): _SDPA_MASK,
     ("gpt_neox", "fp32"): "cause not found yet (partial rotary is not modelled)",
     ("gpt_neox", "bf16-mixed"): "cause not found yet (partial rotary is not modelled)",
     ("falcon", "fp32"): "cause not found yet (formula / trace 0.94)",

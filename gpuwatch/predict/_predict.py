@@ -246,6 +246,9 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         loss_parallel=bool(tf.get("loss_parallel")),
         parallel_residual=bool(tf.get("parallel_residual")),
         expand_kv=bool(tf.get("expand_kv")),
+        causal_mask=bool(tf.get("causal_mask")),
+        shared_norm=bool(tf.get("shared_norm")),
+        broadcast_kv=bool(tf.get("broadcast_kv")),
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
         ),

@@ -585,6 +585,11 @@ def facts_from_shape(
             tf["parallel_residual"] = True
         if shape.arch == "falcon":
             tf["expand_kv"] = True  # FalconAttention._split_heads, before any kernel
+            tf["causal_mask"] = True  # FalconModel: allow_is_causal_skip=False
+            if shape.layer_norms == 1:
+                tf["shared_norm"] = True
+            if shape.kv_heads == 1 and shape.layer_norms == 1:
+                tf["broadcast_kv"] = True  # the old architecture's multi-query K/V
         if shape.head_dim != shape.hidden // shape.heads:
             tf["head_dim"] = shape.head_dim
         if shape.arch == "vit":

@@ -70,6 +70,11 @@ class Arch:
             ``x + attn(ln1(x)) + mlp(ln2(x))``.
         expand_kv: The model copies grouped K/V to every head itself, whatever the
             attention kernel (Falcon's ``_split_heads``).
+        causal_mask: The model passes SDPA a b×s×s mask instead of ``is_causal``
+            (Falcon).
+        shared_norm: With ``parallel_residual``, one LayerNorm feeds both (Falcon-7B).
+        broadcast_kv: One K/V head given to SDPA for every query head without
+            ``enable_gqa`` (multi-query Falcon-7B): the CPU kernel takes its math path.
         image_elements: Pixels per image (channels x size²) of a vision transformer,
             whose patch embedding keeps its input; 0 for token inputs. ``vocab`` 0 means
             no LM head: a classifier on the CLS token instead.
@@ -111,6 +116,9 @@ class Arch:
     head_transform: bool = False
     parallel_residual: bool = False
     expand_kv: bool = False
+    causal_mask: bool = False
+    shared_norm: bool = False
+    broadcast_kv: bool = False
     image_elements: int = 0
 
     def __post_init__(self) -> None:
@@ -317,7 +325,8 @@ class _Recorder:
             q = self.rope(q, q_n)
             k = self.rope(k, k_n)
         dropout_on_cpu_sdpa = a.device == "cpu" and a.attn_dropout > 0
-        math_path = a.attention == "eager" or dropout_on_cpu_sdpa
+        broadcast_on_cpu = a.device == "cpu" and a.broadcast_kv
+        math_path = a.attention == "eager" or dropout_on_cpu_sdpa or broadcast_on_cpu
         # HF repeat_kv: expand + reshape, a copy at the full head count, for eager. SDPA
         # with no mask (a training batch without padding) takes grouped K/V as they are
         # (enable_gqa, transformers' use_gqa_in_sdpa), as flash_attention_2 does; its math
@@ -330,9 +339,22 @@ class _Recorder:
             k_n = v_n = full
         if math_path:
             # matmul folds (b, heads) for bmm: Q, and K/V unless repeat_kv already made
-            # them contiguous, are transposed views and become contiguous copies.
-            qc = self.copy(self.lp_op(q), q_n)
-            kc = self.lp_op(k) if repeated else self.copy(self.lp_op(k), k_n)
+            # them contiguous, are transposed views and become contiguous copies. SDPA's
+            # math path on the CPU computes a 16-bit input in fp32 (ATen attention.cpp):
+            # the cast is the copy, and the product stays fp32 until the output linear.
+            upcast = a.attention != "eager" and a.device == "cpu" and bool(a.autocast_elt)
+
+            def operand(t: Tensor, numel: int, contiguous: bool) -> Tensor:
+                """Q, K or V (``numel`` of it: ``t`` may be the fused QKV) as bmm takes it."""
+                if upcast and t.elt != 4:
+                    out = self.new(numel, 4, t.rg)
+                    self.op([t], [out])
+                    return out
+                t = t if upcast else self.lp_op(t)
+                return t if contiguous else self.copy(t, numel)
+
+            qc = operand(q, q_n, False)
+            kc = operand(k, k_n, repeated)
             scores = self.new(b * heads * s * s, qc.elt, qc.rg or kc.rg)
             self.op([qc, kc], [scores], [qc if kc.rg else None, kc if qc.rg else None])
             scaled = self.unary(scores)  # * 1/sqrt(d), masked_fill: nothing big kept
@@ -343,8 +365,9 @@ class _Recorder:
                 probs = self.cast(probs, qc.elt)
             else:
                 probs = self.unary(self.fp32_op(masked), save_output=True)
-            probs = self.lp_op(self.dropout(probs, a.attn_dropout))
-            vc = self.lp_op(v) if repeated else self.copy(self.lp_op(v), v_n)
+            probs = self.dropout(probs, a.attn_dropout)
+            probs = probs if upcast else self.lp_op(probs)
+            vc = operand(v, v_n, repeated)
             ctx = self.new(q_n, probs.elt, probs.rg or vc.rg)
             self.op([probs, vc], [ctx], [probs if vc.rg else None, vc if probs.rg else None])
             y = self.copy(ctx)  # transpose(1, 2).reshape(b, s, h)
@@ -361,6 +384,12 @@ class _Recorder:
             y = self.new(q_n, qs.elt, qs.rg or ks.rg or vs.rg)
             lse = self.new(b * heads * s, 4, False)
             keep = [qs, ks, vs, y, lse] if y.rg else []
+            if a.causal_mask and a.device == "cpu":
+                # The CPU kernel keeps its own copy of the mask, in Q's dtype, per layer
+                # (measured on fake tensors and in a run; CUDA's kernels not checked).
+                mask = self.new(b * s * s, qs.elt, False)
+                self.op([], [mask])
+                keep += [mask] if y.rg else []
             self.op([qs, ks, vs], [y, lse], keep)
         out = self.linear(y, heads * d, h, f"{layer}.o", "o")
         return self.dropout(out, a.resid_dropout)
@@ -400,6 +429,9 @@ class _Recorder:
         (BERT's post-norm layer keeps the same tensors: each LayerNorm's input, each
         linear's input. GPT-NeoX's parallel layer reads ``x`` twice, kept once.)
         """
+        if self.a.parallel_residual and self.a.shared_norm:
+            normed = self.norm(x, f"{layer}.norm1")
+            return self.add(self.add(x, self.attention(normed, layer)), self.mlp(normed, layer))
         if self.a.parallel_residual:
             attn = self.attention(self.norm(x, f"{layer}.norm1"), layer)
             mlp = self.mlp(self.norm(x, f"{layer}.norm2"), layer)

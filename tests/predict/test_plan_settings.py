@@ -24,6 +24,7 @@ CHANGED = dict(
     lora_targets=("q", "k", "v"),
     dropout={"attn": 0.1, "resid": 0.1, "embd": 0.1},
     activation="gelu_new",
+    tensors=((5000, 256), (256,)),  # read only without a shape: see the shapeless test
 )
 
 
@@ -36,3 +37,12 @@ def test_a_plan_builds_the_facts_its_settings_describe() -> None:
     got = rank_estimate(Plan(GPT, **CHANGED)).facts
     assert got == facts_from_shape(GPT, **CHANGED)
     assert got != facts_from_shape(GPT, **{**CHANGED, "activation": None})
+
+
+def test_a_shapeless_plan_passes_its_parameters_tensors() -> None:
+    """A model counted on the meta device: its tensors size the optimizer's buckets."""
+    tensors = ((4096, 1024), (1024,), (1024, 1024))
+    params = sum(a * (b[0] if b else 1) for a, *b in tensors)
+    got = rank_estimate(Plan(None, params=params, tensors=tensors)).facts
+    assert got == facts_from_shape(None, params=params, tensors=tensors)
+    assert got != facts_from_shape(None, params=params)

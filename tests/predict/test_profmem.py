@@ -39,11 +39,14 @@ class _Work:
         return True
 
 
-def _collective(async_op: bool) -> Callable[..., Any]:
-    """A collective whose worker thread keeps a reference to ``tensor`` for a while."""
+def _collective(
+    async_op: bool, hold: Callable[[torch.Tensor], torch.Tensor] = lambda t: t.view(-1)
+) -> Callable[..., Any]:
+    """A collective whose worker thread keeps ``hold(tensor)`` for a while: a reference to
+    it by default, as gloo's work keeps; :func:`_cloning` keeps a copy."""
 
     def collective(tensor: torch.Tensor, async_op: bool = async_op) -> _Work | None:
-        held = [tensor.view(-1)]  # the worker's own reference, as gloo's work keeps
+        held = [hold(tensor)]
 
         def worker() -> None:
             time.sleep(LAG_S)
@@ -93,19 +96,7 @@ def _frees_seen(collective: Callable[..., Any], async_op: bool) -> int:
 def _cloning(async_op: bool) -> Callable[..., Any]:
     """A collective whose work makes its own copy of ``tensor`` (as gloo's
     ``_reduce_scatter_base`` clones its input) and frees it on the worker thread."""
-
-    def collective(tensor: torch.Tensor, async_op: bool = async_op) -> _Work | None:
-        held = [tensor.clone()]
-
-        def worker() -> None:
-            time.sleep(LAG_S)
-            held.clear()
-
-        t = threading.Thread(target=worker)
-        t.start()
-        return _Work(t) if async_op else None
-
-    return collective
+    return _collective(async_op, hold=torch.Tensor.clone)
 
 
 @pytest.mark.parametrize("async_op", [False, True])

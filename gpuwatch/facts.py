@@ -204,6 +204,10 @@ class TransformerFacts(TypedDict, total=False):
     softmax_fp32: bool
     image: dict[str, int]
     loss_parallel: bool
+    expand_kv: bool
+    causal_mask: bool
+    shared_norm: bool
+    broadcast_kv: bool
 
 
 class BatchFacts(TypedDict, total=False):

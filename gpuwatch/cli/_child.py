@@ -25,12 +25,22 @@ def hung_up(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def handling(handlers: Mapping[int, Handler]) -> Iterator[None]:
-    """Install ``handlers`` (signal -> handler) for the block; the previous ones after."""
+def handling(handlers: Mapping[int, Handler]) -> Iterator[Callable[[], None]]:
+    """Install ``handlers`` (signal -> handler) for the block; the previous ones after.
+
+    Yields:
+        A function that installs them again: an asyncio loop (the dashboard's) that took a
+        signal over sets it to the default action when it closes.
+    """
     _unwind.clear()
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+
+    def again() -> None:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
     try:
-        yield
+        yield again
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -62,20 +72,32 @@ def launched(
             child.stop()  # INT, then TERM, then KILL to its process group
 
 
-_unwind: list[int] = []  # signals unwinding took, since the last handling() began
+_unwind: list[int] = []  # signals noted since the last handling() began
 
 
-def unwinding(signum: int, frame: Any) -> None:
-    """A handler that unwinds gpuwatch (``finally`` blocks stop the job and the sources).
+def unwind_later(signum: int, frame: Any) -> None:
+    """A handler that notes a request to unwind gpuwatch; :func:`leave_if_requested` acts.
 
-    The exception can be swallowed where it lands: during an import, a weakref callback of
-    the import system prints "Exception ignored" and goes on (CI saw a SIGTERM lost so, the
-    dashboard then running on). The request is kept for :func:`unwind_requested` too.
+    It never raises. An exception raised from a signal handler lands at whatever bytecode
+    runs then, and in the import system's module-lock callback, between taking the global
+    import lock and the ``try`` that lets it go, it is printed as "Exception ignored", and
+    the lock stays held: every other thread's next import then waits forever (CI saw
+    ``gpuwatch run`` hang so). The launcher checks the request between its steps instead,
+    and the dashboard at its mount, after it has taken the signals over.
     """
     _unwind.append(signum)
-    raise SystemExit(128 + signum)
 
 
 def unwind_requested() -> int | None:
-    """The signal :func:`unwinding` took since the last :func:`handling` began, if any."""
+    """The signal :func:`unwind_later` noted since the last :func:`handling` began, if any."""
     return _unwind[0] if _unwind else None
+
+
+def leave_if_requested() -> None:
+    """Unwind gpuwatch (``finally`` blocks stop the job and the sources) if asked to.
+
+    Raises:
+        SystemExit: With ``128 + signal``, as a shell reports a process the signal ended.
+    """
+    if (sig := unwind_requested()) is not None:
+        raise SystemExit(128 + sig)

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._child import handling, launched, unwind_requested, unwinding
+from ._child import handling, launched, leave_if_requested, unwind_later, unwind_requested
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -252,16 +252,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     keymap = user_keymap()
     need_terminal("gpuwatch record --out FILE -- COMMAND (and gpuwatch info FILE to read it)")
     sources = _sources(args)
-    # Until the dashboard takes SIGTERM and SIGHUP over, they unwind gpuwatch, which stops
-    # the command on its way out (the dashboard quits on them, with the same effect).
-    with handling({signal.SIGTERM: unwinding, signal.SIGHUP: unwinding}):
+    # Until the dashboard takes SIGTERM and SIGHUP over, they are noted and unwind gpuwatch
+    # at the next step, which stops the command on its way out (the dashboard quits on
+    # them, with the same effect).
+    with handling({signal.SIGTERM: unwind_later, signal.SIGHUP: unwind_later}) as again:
         start_sources(sources)
         try:
+            leave_if_requested()  # before the command starts: it never does
             with launched(command, socket_path=sources.socket_path, log_path=args.log) as child:
                 from ..tui.app import GpuwatchApp
 
-                if (sig := unwind_requested()) is not None:  # swallowed during the import
-                    raise SystemExit(128 + sig)
+                leave_if_requested()
                 GpuwatchApp(
                     sources.session,
                     theme_name=theme,
@@ -270,6 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     child=child,
                     quit_if=lambda: unwind_requested() is not None,
                 ).run()
+                again()  # while the command is stopped, a signal must not end gpuwatch
         finally:
             sources.stop()
     _report_recording(sources)

@@ -89,10 +89,7 @@ def device(key: str, body: Any) -> Device:
     if kind is None:
         kind = "host" if key == "host" or key.endswith("/host") else "gpu"
     dev = Device(key, kind)
-    for name in ("name", "state", "note", "source", "origin"):
-        if isinstance(body.get(name), str):
-            setattr(dev, name, body[name])
-    for name in ("uuid", "bus_id"):
+    for name in ("name", "state", "note", "source", "origin", "uuid", "bus_id"):
         if isinstance(body.get(name), str):
             setattr(dev, name, body[name])
     dev.index = _int(body.get("index"))
@@ -103,6 +100,10 @@ def device(key: str, body: Any) -> Device:
     return dev
 
 
+_SPAN_OPT_INTS = ("step", "parent", "dev", "alloc0", "reserved0", "peak_alloc", "peak_reserved")
+"""An open span's fields that are an integer or None (a bad value reads as None)."""
+
+
 def open_span(body: Any) -> OpenSpan | None:
     """A phase still open when the file was last written, or None without id, name, start."""
     body = body if isinstance(body, dict) else {}
@@ -110,19 +111,9 @@ def open_span(body: Any) -> OpenSpan | None:
     name = body.get("name")
     if sid is None or t0 is None or not isinstance(name, str):
         return None
-    return OpenSpan(
-        id=sid,
-        name=name,
-        t0=t0,
-        step=_int(body.get("step")),
-        depth=max(0, _int(body.get("depth"), 0) or 0),
-        parent=_int(body.get("parent")),
-        dev=_int(body.get("dev")),
-        alloc0=_int(body.get("alloc0")),
-        reserved0=_int(body.get("reserved0")),
-        peak_alloc=_int(body.get("peak_alloc")),
-        peak_reserved=_int(body.get("peak_reserved")),
-    )
+    depth = max(0, _int(body.get("depth"), 0) or 0)
+    opt = {k: _int(body.get(k)) for k in _SPAN_OPT_INTS}
+    return OpenSpan(id=sid, name=name, t0=t0, depth=depth, **opt)
 
 
 def proc_info(body: Any) -> dict[str, Any]:

@@ -34,10 +34,27 @@ _ZOOM = (
     Action("plus,equals_sign", "zoom(0.5)", "Zoom in", "Halve the time window", True, "+"),
     Action("minus", "zoom(2.0)", "Zoom out", "Double the time window", True, "-"),
 )
-_FAR = (
-    "Move the cursor a tenth of the window back",
-    "Move the cursor a tenth of the window on",
-)
+
+
+def _cursor(what: str) -> tuple[Action, ...]:
+    """Both modes' arrows; ``what`` says what moves (live the cursor, paused replay also
+    the playback position)."""
+    return (
+        Action("left", "cursor(-1)", "Cursor left", f"{what} one column back"),
+        Action("right", "cursor(1)", "Cursor right", f"{what} one column on"),
+        Action(
+            "ctrl+left",
+            "cursor_window(-0.1)",
+            "Cursor far left",
+            f"{what} a tenth of the window back",
+        ),
+        Action(
+            "ctrl+right",
+            "cursor_window(0.1)",
+            "Cursor far right",
+            f"{what} a tenth of the window on",
+        ),
+    )
 
 
 def _pan(back: str, forward: str) -> tuple[Action, Action]:
@@ -111,10 +128,7 @@ LIVE_ACTIONS: tuple[Action, ...] = (
         "f",
     ),
     *_ZOOM,
-    Action("left", "cursor(-1)", "Cursor left", "Move the cursor one column back"),
-    Action("right", "cursor(1)", "Cursor right", "Move the cursor one column on"),
-    Action("ctrl+left", "cursor_window(-0.1)", "Cursor far left", _FAR[0]),
-    Action("ctrl+right", "cursor_window(0.1)", "Cursor far right", _FAR[1]),
+    *_cursor("Move the cursor"),
     *_pan("shift+left,less_than_sign", "shift+right,greater_than_sign"),
     *_boundaries("Cursor to"),
     Action("m", "transport('jump_event', 1)", "Next mark", "Cursor to the next mark or OOM"),
@@ -155,20 +169,7 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
     ),
     # The arrows mean what they mean live (the cursor: one column, ctrl a tenth of the
     # window); paused, the playback position goes with the cursor, playing it seeks.
-    Action("right", "cursor(1)", "Cursor right", "Cursor and position one column on"),
-    Action("left", "cursor(-1)", "Cursor left", "Cursor and position one column back"),
-    Action(
-        "ctrl+right",
-        "cursor_window(0.1)",
-        "Cursor far right",
-        "Cursor and position a tenth of the window on",
-    ),
-    Action(
-        "ctrl+left",
-        "cursor_window(-0.1)",
-        "Cursor far left",
-        "Cursor and position a tenth of the window back",
-    ),
+    *_cursor("Cursor and position"),
     Action("home", "transport('home')", "Start", "Seek to the start of the recording"),
     Action("end", "transport('end')", "End", "Seek to the end (a growing file: follow its tail)"),
     *_boundaries("Seek to"),

@@ -1,5 +1,5 @@
-"""A phase still open at the last commit reads back from the file with every field it had,
-and a hostile body's odd values read as unknown, never as a traceback."""
+"""A device and a phase still open at the last commit read back from the file with every
+field they had, and a hostile body's odd values read as unknown, never as a traceback."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpuwatch.protocol import Message
 from gpuwatch.session import Session
-from gpuwatch.session.model import OpenSpan
+from gpuwatch.session.model import Device, OpenSpan
 from gpuwatch.store import load
 from gpuwatch.store.writer import SessionWriter
 
@@ -105,3 +105,21 @@ def test_odd_values_in_an_open_span_read_as_unknown(tmp_path: Path) -> None:
     span = load(path).processes[PID].open[2]
     assert (span.id, span.name, span.t0, span.depth) == (2, "forward", 4_000, 0)
     assert all(getattr(span, k) is None for k in odd if k != "depth")
+
+
+def test_every_text_field_of_a_device_reads_back(tmp_path: Path) -> None:
+    s = Session()
+    texts = {
+        "name": "NVIDIA H100",
+        "uuid": "GPU-1234",
+        "bus_id": "00000000:3B:00.0",
+        "state": "lost",
+        "note": "fell off the bus",
+        "source": "nvml",
+    }
+    s.add_device(Device("gpu:GPU-1234", "gpu", index=2, total=80 << 30, **texts))
+    path = tmp_path / "r.gpuwatch"
+    SessionWriter(path, s).close()
+    dev = load(path).devices["gpu:GPU-1234"]
+    assert {k: getattr(dev, k) for k in texts} == texts
+    assert (dev.kind, dev.index, dev.total) == ("gpu", 2, 80 << 30)

@@ -27,6 +27,18 @@ def test_every_key_of_both_modes_has_an_id() -> None:
         assert getattr(binding, "id", None) == KEY_IDS[binding.key]  # type: ignore[union-attr]
 
 
+def test_the_arrows_are_the_same_in_both_modes_and_the_help_says_what_moves() -> None:
+    arrows = ("left", "right", "ctrl+left", "ctrl+right")
+    live = [a for a in LIVE_ACTIONS if a.keys in arrows]
+    replay = [a for a in REPLAY_ACTIONS if a.keys in arrows]
+    assert [a.keys for a in live] == [a.keys for a in replay] == list(arrows)
+    assert [(a.action, a.title) for a in live] == [(a.action, a.title) for a in replay]
+    assert all(a.help.startswith("Move the cursor ") for a in live)
+    assert all(a.help.startswith("Cursor and position ") for a in replay)
+    steps = [a.help.split(" ", 3)[-1] for a in live]
+    assert steps == [a.help.split(" ", 3)[-1] for a in replay]  # the same words for the step
+
+
 async def test_a_remapped_key_works_and_the_old_one_no_longer_does(tmp_path: Path) -> None:
     path = tmp_path / "keymap.toml"
     path.write_text('zoom-in = "i"\nfollow = ["F"]\n')

@@ -55,6 +55,14 @@ FAMILIES = (
 query (:func:`family_queries`). ``gpuwatch_rank_info`` (the rank's layout) is read when
 the exporter has it; ``up`` tells which scrape targets answer."""
 
+SLOW = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_rank_info")
+"""Families whose figures hardly ever change (a GPU's memory, a rank's layout): asked only
+every :data:`SLOW_EVERY` refreshes, or at once when the cluster lacks what they say
+(:meth:`Cluster.wants_slow`); a refresh without them keeps what they said."""
+
+SLOW_EVERY = 10
+"""Refreshes between two readings of the :data:`SLOW` families."""
+
 
 JOB_LABELS = (
     "slurm_job",
@@ -110,6 +118,22 @@ QUERY_THREADS = 4
 def host_of(labels: Mapping[str, str]) -> str:
     """The host a series is from: its ``host`` label, else its scrape target."""
     return labels.get("host") or labels.get("instance") or "?"
+
+
+def _key(labels: Mapping[str, str]) -> str | None:
+    """A GPU series' cell key, ``host:index`` (None: the series names no GPU)."""
+    index = labels.get("gpu")
+    if not index:
+        return None
+    return f"{labels.get('host') or labels.get('instance') or '?'}:{index}"
+
+
+_GPU_FIGURES = {
+    "gpuwatch_gpu_memory_total_bytes": "total",
+    "gpuwatch_gpu_memory_used_bytes": "used",
+    "gpuwatch_gpu_up": "up",
+}
+"""The families that make a GPU's cell, the figure each sets."""
 
 
 def _int(text: str | None) -> int | None:
@@ -218,13 +242,13 @@ class Answers:
 
 
 def family_queries(
-    matchers: Sequence[tuple[str, str, str]] = (),
+    matchers: Sequence[tuple[str, str, str]] = (), families: Sequence[str] = FAMILIES
 ) -> list[tuple[str, tuple[str, ...]]]:
-    """The instant queries of one refresh and the families each answers: every family that
-    takes the same matchers in one selector on the metric name
+    """The instant queries of one refresh and the families each answers: every family (of
+    ``families``) that takes the same matchers in one selector on the metric name
     (``{__name__=~"a|b|...",...}``): one query without a job matcher, two with one."""
     groups: dict[tuple[tuple[str, str, str], ...], list[str]] = {}
-    for family in FAMILIES:
+    for family in families:
         groups.setdefault(tuple(family_matchers(family, matchers)), []).append(family)
     return [
         (selector("", [("__name__", "=~", "|".join(names)), *m]), tuple(names))
@@ -238,6 +262,7 @@ def fetch(
     at: float | None = None,
     cancelled: Callable[[], bool] = never,
     live: Collection[str] = (),
+    slow: bool = True,
 ) -> Answers:
     """Ask every family, all at the same instant, in as few queries as their matchers
     allow (:func:`family_queries`), side by side; a failure is kept per family (every
@@ -245,6 +270,8 @@ def fetch(
 
     ``live``: targets whose figures the caller already had live (:meth:`Cluster.live`):
     when one goes down its last figures are the caller's own, and are not asked again.
+    ``slow``: ask the :data:`SLOW` families too (a refresh without them keeps what they
+    said last: :meth:`Cluster.apply`).
 
     Raises:
         Cancelled: ``cancelled()`` became true while queries were in flight (they end on
@@ -279,7 +306,8 @@ def fetch(
         except PromError as exc:
             return family, exc
 
-    queries = family_queries(matchers)
+    families = FAMILIES if slow else tuple(f for f in FAMILIES if f not in SLOW)
+    queries = family_queries(matchers, families)
     for (_, names), got in zip(queries, each(ask, queries, QUERY_THREADS, cancelled), strict=True):
         if isinstance(got, PromError):
             answers.errors.update(dict.fromkeys(names, str(got)))
@@ -357,10 +385,11 @@ class Cluster:
     def apply(self, answers: Answers) -> None:
         """Fold one refresh in (see the module's note on what is kept)."""
         core = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
-        if all(f in answers.errors for f in core):
-            self.failed(answers.errors[core[0]])
-            return
         s = answers.series
+        asked = [f for f in core if f in s or f in answers.errors]  # SLOW: total not always
+        if asked and all(f in answers.errors for f in asked):
+            self.failed(answers.errors[asked[0]])
+            return
         self.refreshed = answers.at
         self.error = None
         if answers.errors:
@@ -372,56 +401,59 @@ class Cluster:
                 x.labels.get("instance", ""): host_of(x.labels) for x in s["up"] if x.value == 0
             }
             self.down.pop("", None)
+        # Each series' key is worked out once a refresh: at 64 hosts there are thousands.
         seen: set[str] = set()
-        gpu_families = (
-            "gpuwatch_gpu_memory_total_bytes",
-            "gpuwatch_gpu_memory_used_bytes",
-            "gpuwatch_gpu_up",
-        )
-        for family in gpu_families:
-            for series in s.get(family, []):
-                cell = self._cell(series)
-                if cell is None:
+        have: set[str] = set()  # GPUs with a used figure
+        for family, attr in _GPU_FIGURES.items():
+            for series in s.get(family, ()):
+                key = _key(series.labels)
+                if key is None or (cell := self._cell(key, series.labels)) is None:
                     continue
-                seen.add(cell.key)
-                cell.put(family, series.value)
+                seen.add(key)
+                if attr == "total":
+                    cell.total = _bytes(series.value)
+                elif attr == "used":
+                    have.add(key)
+                    cell.used = _bytes(series.value)
+                else:
+                    cell.up = series.value == 1
         kept: set[str] = set()  # GPUs of down targets, from their last figures
         for family in LAST_KNOWN:
             for series in answers.last.get(family, []):
-                cell = self._cell(series)
-                if cell is None or cell.key in seen:
+                key = _key(series.labels)
+                if key is None or key in seen or (cell := self._cell(key, series.labels)) is None:
                     continue
-                kept.add(cell.key)
+                kept.add(key)
                 if cell.seen:  # this view had it live: its own last figures stand
                     continue
                 cell.put(family, series.value)
+        gpus = self.gpus
         for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
             if family not in s:
                 continue
-            got: dict[str, float] = {}
+            got: dict[str | None, float] = {}
             for series in s[family]:
                 v = series.value
                 if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
-                    got[self._key(series.labels)] = v
+                    got[_key(series.labels)] = v
             for key in seen:
-                setattr(self.gpus[key], attr, got.get(key))
+                setattr(gpus[key], attr, got.get(key))
         if "gpuwatch_gpu_process_memory_bytes" in s:
-            others: dict[str, list[Other]] = defaultdict(list)
+            others: dict[str | None, list[Other]] = defaultdict(list)
             for series in s["gpuwatch_gpu_process_memory_bytes"]:
                 labels = series.labels
                 pid, used = _int(labels.get("pid")), _bytes(series.value)
                 if labels.get("instrumented") == "1" or pid is None or used is None:
                     continue
                 user, command = labels.get("user", ""), labels.get("command", "")
-                others[self._key(labels)].append(Other(pid, user, command, used))
+                others[_key(labels)].append(Other(pid, user, command, used))
             for key in seen:
-                found = sorted(others.get(key, []), key=lambda o: (-o.used, o.pid))
-                self.gpus[key].others = tuple(found[:MAX_OTHERS])
+                found = sorted(others.get(key, ()), key=lambda o: (-o.used, o.pid))
+                gpus[key].others = tuple(found[:MAX_OTHERS])
         # Used is absent for a lost GPU (its last values are not its values now).
         if "gpuwatch_gpu_memory_used_bytes" in s:
-            have = {self._key(x.labels) for x in s["gpuwatch_gpu_memory_used_bytes"]}
             for key in seen - have:
-                self.gpus[key].used = None
+                gpus[key].used = None
         self._processes(s)
         if answers.by_job:  # the GPUs of the hosts the matched processes run on
             hosts = {p.host for p in self._procs.values()}
@@ -445,24 +477,24 @@ class Cluster:
             else:
                 cell.state = OK
 
-    @staticmethod
-    def _key(labels: Mapping[str, str]) -> str:
-        return f"{host_of(labels)}:{labels.get('gpu', '')}"
-
-    def _cell(self, series: Series) -> Gpu | None:
-        labels = series.labels
-        index = labels.get("gpu", "")
-        if not index:
-            return None
-        key = self._key(labels)
+    def _cell(self, key: str, labels: Mapping[str, str]) -> Gpu | None:
+        """The cell of ``key`` (a GPU series' :func:`_key`), made if new and room is left."""
         cell = self.gpus.get(key)
         if cell is None:
             if len(self.gpus) >= MAX_GPUS:
                 return None
-            cell = self.gpus[key] = Gpu(host_of(labels), index)
+            cell = self.gpus[key] = Gpu(host_of(labels), labels["gpu"])
         cell.name = labels.get("name", cell.name)
         cell.instance = labels.get("instance", cell.instance)
         return cell
+
+    def wants_slow(self) -> bool:
+        """Whether the next refresh should ask the :data:`SLOW` families whatever the
+        count: a GPU without its total, a rank without its layout (new ones), or no GPU
+        yet."""
+        if not self.gpus or any(g.total is None and g.used is not None for g in self.gpus.values()):
+            return True
+        return any(p.rank is not None and p.world_size is None for p in self._procs.values())
 
     def _processes(self, s: dict[str, list[Series]]) -> None:
         """Processes from their families: phase, step, peaks, prediction, rank."""

@@ -26,7 +26,7 @@ from textual.reactive import reactive
 from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
 from textual.worker import Worker, get_current_worker
 
-from ...cluster import SORTS, Answers, Cluster, PromClient, fetch
+from ...cluster import SLOW_EVERY, SORTS, Answers, Cluster, PromClient, fetch
 from ...cluster.background import Cancelled, call
 from ...cluster.text import label, ranks_lines
 from ...fmt import fmt_duration, printable
@@ -182,11 +182,13 @@ class ClusterApp(App[int]):
         self._cadence.now()
 
     def _start(self) -> None:
-        self._ask(self.cluster.live())
+        slow = self.refreshes % SLOW_EVERY == 0 or self.cluster.wants_slow()
+        self._ask(self.cluster.live(), slow)
 
     @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
-    def _ask(self, live: set[str]) -> tuple[Answers, float]:
-        """On a worker thread: one refresh's answers, and when it began (monotonic)."""
+    def _ask(self, live: set[str], slow: bool = True) -> tuple[Answers, float]:
+        """On a worker thread: one refresh's answers (the :data:`~gpuwatch.cluster.SLOW`
+        families too when ``slow``), and when it began (monotonic)."""
         worker = get_current_worker()
         began = time.monotonic()
         if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
@@ -201,7 +203,11 @@ class ClusterApp(App[int]):
                 pass
         try:
             answers = fetch(
-                self.client, self.matchers, cancelled=lambda: worker.is_cancelled, live=live
+                self.client,
+                self.matchers,
+                cancelled=lambda: worker.is_cancelled,
+                live=live,
+                slow=slow,
             )
         except Cancelled:
             raise

@@ -255,6 +255,9 @@ def scripted(hosts: int, gpus: int) -> None:
             parts.append(gpu_series(host, gpus, used_gib=20 + 40 * wave))
             peaks = {p: (8 + 4 * i + 10 * wave) * GiB for i, p in enumerate(PHASES)}
             parts.append(rank_series(host, 0, h, 1000 + h, peaks, step=int(t)))
+            info = {"pid": str(1000 + h), "rank": str(h), "local_rank": "0", "host": host}
+            info |= {"world_size": str(hosts), "strategy": "ddp"}  # as an exporter's
+            parts.append({"gpuwatch_rank_info": [(info, 1)]})
         return merge(*parts)
 
     class HostStub(Stub):

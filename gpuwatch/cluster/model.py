@@ -352,6 +352,8 @@ class _Process:
     predicted: int | None = None
     strategy: str | None = None
     world_size: int | None = None
+    info: bool = False
+    """A ``gpuwatch_rank_info`` series was read for it (:meth:`Cluster.wants_slow`)."""
 
 
 class Cluster:
@@ -490,11 +492,11 @@ class Cluster:
 
     def wants_slow(self) -> bool:
         """Whether the next refresh should ask the :data:`SLOW` families whatever the
-        count: a GPU without its total, a rank without its layout (new ones), or no GPU
-        yet."""
+        count: no GPU yet, a GPU with a used figure but no total, a rank whose
+        ``gpuwatch_rank_info`` was never read (new ones; an older exporter's, always)."""
         if not self.gpus or any(g.total is None and g.used is not None for g in self.gpus.values()):
             return True
-        return any(p.rank is not None and p.world_size is None for p in self._procs.values())
+        return any(p.rank is not None and not p.info for p in self._procs.values())
 
     def _processes(self, s: dict[str, list[Series]]) -> None:
         """Processes from their families: phase, step, peaks, prediction, rank."""
@@ -523,7 +525,7 @@ class Cluster:
                 p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None, job)
                 if old is not None:  # a family not read this time keeps its figures
                     p.step, p.predicted, p.peaks = old.step, old.predicted, dict(old.peaks)
-                    p.strategy, p.world_size = old.strategy, old.world_size
+                    p.strategy, p.world_size, p.info = old.strategy, old.world_size, old.info
             if p.gpu is None and labels.get("gpu"):
                 p.gpu = labels["gpu"]
             p.rank = _int(labels.get("rank")) if p.rank is None else p.rank
@@ -550,6 +552,7 @@ class Cluster:
                 p.predicted = _bytes(series.value)
         for series in s.get("gpuwatch_rank_info", []):
             if (p := proc(series)) is not None:
+                p.info = True
                 strategy = series.labels.get("strategy")
                 if strategy and strategy != "unknown":  # "unknown": no layout facts yet
                     p.strategy = strategy

@@ -196,6 +196,57 @@ def test_a_job_label_match_shows_the_gpus_of_the_jobs_hosts() -> None:
     assert all(g.state == OK for g in c.gpus.values())
 
 
+def _layout(c: Cluster) -> list[tuple[object, ...]]:
+    return [
+        (g.key, g.used, g.total, g.up, g.util, g.ranks, g.phase, g.peak, g.state)
+        for g in c.gpus.values()
+    ] + [(job, r.rows) for job, r in c.jobs.items()]
+
+
+def test_a_refresh_without_the_slow_families_keeps_what_they_said() -> None:
+    from gpuwatch.cluster import SLOW
+
+    info = {"pid": "101", "rank": "0", "host": "node-a", "world_size": "2", "strategy": "fsdp2"}
+    every = merge(
+        two_hosts(),
+        rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB}),
+        {"gpuwatch_rank_info": [(info, 1)]},
+    )
+    fast = {k: v for k, v in every.items() if k not in SLOW}
+    both, part = Cluster(), Cluster()
+    assert both.wants_slow()  # no GPU yet
+    both.apply(answers(every, at=1000))
+    part.apply(answers(every, at=1000))
+    assert not part.wants_slow()
+    both.apply(answers(every, at=1001))
+    part.apply(answers(fast, at=1001))  # totals and layouts not asked: kept
+    assert _layout(part) == _layout(both)
+    assert part.gpus["node-a:0"].total == 80 * GiB
+    (row,) = part.jobs[next(iter(part.jobs))].rows
+    assert (row.strategy, row.world_size) == ("fsdp2", 2)
+    assert not part.wants_slow()
+    # A new GPU: its total is asked at once; a new rank: its layout.
+    new_gpu = {k: v for k, v in gpu_series("node-c", 1).items() if k not in SLOW}
+    part.apply(answers(merge(fast, new_gpu), at=1002))
+    assert part.gpus["node-c:0"].total is None and part.wants_slow()
+    part.apply(answers(merge(every, gpu_series("node-c", 1)), at=1003))
+    assert part.gpus["node-c:0"].total == 80 * GiB and not part.wants_slow()
+    part.apply(answers(merge(fast, rank_series("node-b", 1, 1, 202, {})), at=1004))
+    assert part.wants_slow()
+
+
+def test_a_failed_refresh_without_the_slow_families_says_why_as_one() -> None:
+    from gpuwatch.cluster import SLOW
+    from gpuwatch.cluster.model import FAMILIES
+
+    c = Cluster()
+    c.apply(answers(two_hosts(), at=1000))
+    why = "http://p: connection refused"
+    c.apply(answers({}, at=1001, errors={f: why for f in FAMILIES if f not in SLOW}))
+    assert c.error == why and c.refreshed == 1000  # as a refresh that read nothing
+    assert all(g.state == STALE for g in c.gpus.values())
+
+
 def _window_by_sample(h: HostHistory, t, v, t0: int, t1: int, n: int):
     """The drill-down's columns worked out one sample at a time (the plain definition)."""
     import numpy as np

@@ -188,6 +188,34 @@ async def test_refreshes_slower_than_the_interval_go_on(served) -> None:
         assert all(q > app.interval for q, _ in list(app.latencies)[2:])
 
 
+async def test_slow_families_are_asked_every_nth_refresh_and_for_a_new_gpu(
+    served, monkeypatch
+) -> None:
+    from gpuwatch.cluster import SLOW
+    from gpuwatch.tui.cluster import app as app_module
+
+    monkeypatch.setattr(app_module, "SLOW_EVERY", 3)
+    s, server = served
+    for rank, host in ((0, "node-a"), (1, "node-b")):
+        info = {"pid": str(101 + 101 * rank), "rank": str(rank), "host": host}
+        s.families.setdefault("gpuwatch_rank_info", []).append(({**info, **JOB}, 1))
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 4, timeout=20)
+        asked = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+        slow = [all(f in q for f in SLOW) for q in asked[:4]]
+        none = [not any(f in q for f in SLOW) for q in asked[:4]]
+        assert slow == [True, False, False, True] and none == [False, True, True, False]
+        # A new host: its totals asked at the next refresh, not the third.
+        s.families = merge(s.families, gpu_series("node-c", 1, used_gib=5))
+        assert await until(pilot, lambda: "node-c:0" in app.cluster.gpus, timeout=10)
+        n = app.refreshes
+        assert await until(pilot, lambda: app.refreshes >= n + 1, timeout=10)
+        assert app.cluster.gpus["node-c:0"].total == 80 * GiB
+        await pilot.pause()
+        assert "5.0G/80.0G" in screen_text(app)
+
+
 async def test_the_drill_down_asks_only_the_new_steps(served) -> None:
     s, server = served
     app = ClusterApp(PromClient(server.url), [])

@@ -216,6 +216,46 @@ async def test_slow_families_are_asked_every_nth_refresh_and_for_a_new_gpu(
         assert "5.0G/80.0G" in screen_text(app)
 
 
+async def test_only_the_rows_in_view_are_formatted_again(monkeypatch) -> None:
+    from gpuwatch.tui.cluster import grid as grid_module
+
+    hosts = [f"node-{i:02d}" for i in range(16)]
+    s = Stub(families=merge(*(gpu_series(h, 8, used_gib=10) for h in hosts)))
+    server = PromStub(s)
+    formatted: list[str] = []
+    real = grid_module.cell_columns
+
+    def counted(g, now):
+        formatted.append(g.key)
+        return real(g, now)
+
+    monkeypatch.setattr(grid_module, "cell_columns", counted)
+    app = ClusterApp(PromClient(server.url), [])
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            assert await until(pilot, lambda: app.refreshes >= 1)
+            await pilot.pause()
+            assert len(set(formatted)) == 128  # the first layout: every row
+            shown = app.grid.shown()
+            assert shown is not None and len(shown) < 100
+            # Every GPU's figures move: only the rows in view (and a margin) are formatted.
+            s.families = merge(*(gpu_series(h, 8, used_gib=20) for h in hosts))
+            formatted.clear()
+            n = app.refreshes
+            assert await until(pilot, lambda: app.refreshes > n)
+            await pilot.pause()
+            assert formatted and len(formatted) <= len(shown), len(formatted)
+            assert "20.0G/80.0G" in screen_text(app) and "10.0G/80.0G" not in screen_text(app)
+            # Scrolled to the end: the rows that come into view show their figures now.
+            await pilot.press("end")
+            await pilot.pause()
+            text = screen_text(app)
+            assert "node-15" in text and "27.0G/80.0G" in text, text
+            assert "10.0G/80.0G" not in text and "17.0G/80.0G" not in text, text
+    finally:
+        server.close()
+
+
 async def test_the_drill_down_asks_only_the_new_steps(served) -> None:
     s, server = served
     app = ClusterApp(PromClient(server.url), [])

@@ -289,7 +289,9 @@ class ClusterApp(App[int]):
         # The grid's width less its scrollbar and the row's leading space: columns past it
         # are dropped by DROP_ORDER, never cut at the edge.
         room = (self.grid.size.width or self.size.width or 80) - 3
-        layout = self._layout.layout(self.cluster, self.sort, self.text, room, time.time())
+        layout = self._layout.layout(
+            self.cluster, self.sort, self.text, room, time.time(), self.grid.shown()
+        )
         self.grid_head.set(layout.head)
         self.grid.set_rows(layout.rows)
         self._rows = layout.rows
@@ -334,6 +336,10 @@ class ClusterApp(App[int]):
         key = self._selected_key()
         if key is not None:
             self._open_row(key)
+
+    def on_grid_scrolled(self, event: Grid.Scrolled) -> None:
+        if not isinstance(self.screen, HostScreen):
+            self._grid()  # the rows now in view, with their figures as they are
 
     def on_grid_opened(self, event: Grid.Opened) -> None:
         self._open_row(event.key)

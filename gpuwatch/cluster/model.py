@@ -85,6 +85,15 @@ SENSORS = {
 }
 """NVML's other figures of a GPU, the cell's attribute each fills."""
 
+HOST_FAMILIES = (
+    "gpuwatch_gpu_memory_used_bytes",
+    "gpuwatch_gpu_up",
+    *SENSORS,
+    "gpuwatch_gpu_process_memory_bytes",
+)
+"""What a refresh under a host's panels asks, of that host only: the figures its panels'
+titles show (:meth:`Cluster.apply` folds them into its cells and nothing else)."""
+
 
 def family_matchers(
     family: str, matchers: Sequence[tuple[str, str, str]]
@@ -239,6 +248,8 @@ class Answers:
     by_job: bool = False  # a matcher named a job label: only the job's hosts are shown
     last: dict[str, list[Series]] = field(default_factory=dict)
     """Per family of :data:`LAST_KNOWN`, the newest point of the down targets' series."""
+    host: str | None = None
+    """Only this host's figures were asked (:data:`HOST_FAMILIES`, under its panels)."""
 
 
 def family_queries(
@@ -263,6 +274,7 @@ def fetch(
     cancelled: Callable[[], bool] = never,
     live: Collection[str] = (),
     slow: bool = True,
+    host: str | None = None,
 ) -> Answers:
     """Ask every family, all at the same instant, in as few queries as their matchers
     allow (:func:`family_queries`), side by side; a failure is kept per family (every
@@ -272,6 +284,7 @@ def fetch(
     when one goes down its last figures are the caller's own, and are not asked again.
     ``slow``: ask the :data:`SLOW` families too (a refresh without them keeps what they
     said last: :meth:`Cluster.apply`).
+    ``host``: ask only that host's :data:`HOST_FAMILIES` (a refresh under its panels).
 
     Raises:
         Cancelled: ``cancelled()`` became true while queries were in flight (they end on
@@ -279,7 +292,9 @@ def fetch(
     """
     at = time.time() if at is None else at
     start = time.perf_counter()
-    answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers))
+    answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers), host=host)
+    if host is not None:
+        matchers = [*matchers, ("host", "=", quote(host))]
 
     gone: list[PromError] = []  # the server did not answer: the rest would wait as long
 
@@ -307,6 +322,8 @@ def fetch(
             return family, exc
 
     families = FAMILIES if slow else tuple(f for f in FAMILIES if f not in SLOW)
+    if host is not None:
+        families = HOST_FAMILIES
     queries = family_queries(matchers, families)
     for (_, names), got in zip(queries, each(ask, queries, QUERY_THREADS, cancelled), strict=True):
         if isinstance(got, PromError):
@@ -321,7 +338,7 @@ def fetch(
     up = answers.series.get("up", [])
     down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {"", *live})
     del down[MAX_DOWN_ASKED:]
-    if down:  # a second round, only while a target is down
+    if down and host is None:  # a second round, only while a target is down
         for family, last in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
             if not isinstance(last, PromError):  # best effort: the host shows as lost
                 answers.last[family] = last
@@ -385,7 +402,13 @@ class Cluster:
             gpu.state = STALE
 
     def apply(self, answers: Answers) -> None:
-        """Fold one refresh in (see the module's note on what is kept)."""
+        """Fold one refresh in (see the module's note on what is kept). A refresh of one
+        host's figures (``answers.host``) updates those of its cells that exist, and
+        nothing else: states, ranks and the other hosts stay as the last whole refresh
+        left them (a failed one changes nothing)."""
+        if answers.host is not None:
+            self._figures(answers.series, make=False, host=answers.host)
+            return
         core = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
         s = answers.series
         asked = [f for f in core if f in s or f in answers.errors]  # SLOW: total not always
@@ -403,22 +426,7 @@ class Cluster:
                 x.labels.get("instance", ""): host_of(x.labels) for x in s["up"] if x.value == 0
             }
             self.down.pop("", None)
-        # Each series' key is worked out once a refresh: at 64 hosts there are thousands.
-        seen: set[str] = set()
-        have: set[str] = set()  # GPUs with a used figure
-        for family, attr in _GPU_FIGURES.items():
-            for series in s.get(family, ()):
-                key = _key(series.labels)
-                if key is None or (cell := self._cell(key, series.labels)) is None:
-                    continue
-                seen.add(key)
-                if attr == "total":
-                    cell.total = _bytes(series.value)
-                elif attr == "used":
-                    have.add(key)
-                    cell.used = _bytes(series.value)
-                else:
-                    cell.up = series.value == 1
+        seen = self._figures(s, make=True)
         kept: set[str] = set()  # GPUs of down targets, from their last figures
         for family in LAST_KNOWN:
             for series in answers.last.get(family, []):
@@ -429,7 +437,55 @@ class Cluster:
                 if cell.seen:  # this view had it live: its own last figures stand
                     continue
                 cell.put(family, series.value)
+        self._processes(s)
+        if answers.by_job:  # the GPUs of the hosts the matched processes run on
+            hosts = {p.host for p in self._procs.values()}
+            for key in [k for k, g in self.gpus.items() if g.host not in hosts]:
+                del self.gpus[key]
+            seen = {k for k in seen if k in self.gpus}
+        failed_core = any(f in answers.errors for f in (*core, "gpuwatch_gpu_up"))
+        for key in [
+            k
+            for k, g in self.gpus.items()
+            if k not in seen and k not in kept and answers.at - g.seen > FORGET_S
+        ]:
+            del self.gpus[key]
+        for key, cell in self.gpus.items():
+            if key in seen:
+                cell.seen = answers.at
+            if key not in seen or failed_core or cell.instance in self.down:
+                cell.state = STALE
+            elif not cell.up:
+                cell.state = LOST
+            else:
+                cell.state = OK
+
+    def _figures(
+        self, s: Mapping[str, list[Series]], make: bool, host: str | None = None
+    ) -> set[str]:
+        """Fold in the GPU families' figures (memory, up, sensors, other processes) and
+        return the keys of the cells they name; ``make``: new GPUs get a cell; ``host``:
+        only that host's cells take figures."""
+        # Each series' key is worked out once a refresh: at 64 hosts there are thousands.
         gpus = self.gpus
+        seen: set[str] = set()
+        have: set[str] = set()  # GPUs with a used figure
+        for family, attr in _GPU_FIGURES.items():
+            for series in s.get(family, ()):
+                key = _key(series.labels)
+                if key is None:
+                    continue
+                cell = self._cell(key, series.labels) if make else gpus.get(key)
+                if cell is None or (host is not None and cell.host != host):
+                    continue
+                seen.add(key)
+                if attr == "total":
+                    cell.total = _bytes(series.value)
+                elif attr == "used":
+                    have.add(key)
+                    cell.used = _bytes(series.value)
+                else:
+                    cell.up = series.value == 1
         for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
             if family not in s:
                 continue
@@ -456,28 +512,7 @@ class Cluster:
         if "gpuwatch_gpu_memory_used_bytes" in s:
             for key in seen - have:
                 gpus[key].used = None
-        self._processes(s)
-        if answers.by_job:  # the GPUs of the hosts the matched processes run on
-            hosts = {p.host for p in self._procs.values()}
-            for key in [k for k, g in self.gpus.items() if g.host not in hosts]:
-                del self.gpus[key]
-            seen = {k for k in seen if k in self.gpus}
-        failed_core = any(f in answers.errors for f in (*core, "gpuwatch_gpu_up"))
-        for key in [
-            k
-            for k, g in self.gpus.items()
-            if k not in seen and k not in kept and answers.at - g.seen > FORGET_S
-        ]:
-            del self.gpus[key]
-        for key, cell in self.gpus.items():
-            if key in seen:
-                cell.seen = answers.at
-            if key not in seen or failed_core or cell.instance in self.down:
-                cell.state = STALE
-            elif not cell.up:
-                cell.state = LOST
-            else:
-                cell.state = OK
+        return seen
 
     def _cell(self, key: str, labels: Mapping[str, str]) -> Gpu | None:
         """The cell of ``key`` (a GPU series' :func:`_key`), made if new and room is left."""

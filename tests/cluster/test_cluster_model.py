@@ -247,6 +247,24 @@ def test_a_failed_refresh_without_the_slow_families_says_why_as_one() -> None:
     assert all(g.state == STALE for g in c.gpus.values())
 
 
+def test_a_refresh_of_one_host_s_figures_changes_nothing_else() -> None:
+    c = Cluster()
+    c.apply(answers(merge(two_hosts(), rank_series("node-a", 0, 0, 101, {"fwd": GiB})), at=1000))
+    jobs, before = dict(c.jobs), {k: (g.state, g.seen) for k, g in c.gpus.items()}
+    hot = merge(gpu_series("node-a", 1, used_gib=75), gpu_series("node-b", 2, used_gib=50))
+    part = answers(hot, at=1001)
+    part.host = "node-a"  # Prometheus answered more than the host: only its cells move
+    c.apply(part)
+    assert c.gpus["node-a:0"].used == 75 * GiB and c.gpus["node-a:1"].used == 71 * GiB
+    assert c.gpus["node-b:0"].used == 10 * GiB
+    assert {k: (g.state, g.seen) for k, g in c.gpus.items()} == before  # states as they were
+    assert c.jobs == jobs and c.refreshed == 1000 and c.error is None
+    failed = answers({}, at=1002, errors={"gpuwatch_gpu_memory_used_bytes": "refused"})
+    failed.host = "node-a"
+    c.apply(failed)  # the panels say why; the grid's cells stay as they were
+    assert c.error is None and all(g.state == OK for g in c.gpus.values())
+
+
 def _window_by_sample(h: HostHistory, t, v, t0: int, t1: int, n: int):
     """The drill-down's columns worked out one sample at a time (the plain definition)."""
     import numpy as np

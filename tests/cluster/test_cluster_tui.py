@@ -288,19 +288,27 @@ async def test_the_grid_is_not_laid_out_under_a_host_s_panels(served) -> None:
         app.open_host("node-a")
         assert await until(pilot, lambda: isinstance(app.screen, HostScreen))
         rows = app._rows
-        # node-a's first GPU fills up while its panels cover the grid.
+        # node-a's first GPU fills up while its panels cover the grid, and node-b's.
         used = s.families["gpuwatch_gpu_memory_used_bytes"]
         used[0] = (used[0][0], 75 * GiB)
-        n = app.refreshes
+        used[2] = (used[2][0], 33 * GiB)
+        n, asked = app.refreshes, len(s.requests)
         assert await until(pilot, lambda: app.refreshes >= n + 2)
         assert app.cluster.gpus["node-a:0"].used == 75 * GiB  # folded in ...
         assert app._rows is rows  # ... but the hidden grid was not laid out again
+        # Under the panels only node-a's figures are asked (its panels' titles show them).
+        under = [r.params["query"] for r in s.requests[asked:] if r.path == "/api/v1/query"]
+        assert under and all('host="node-a"' in q for q in under), under
+        assert all("gpuwatch_process_" not in q and "total" not in q for q in under)
+        assert app.cluster.gpus["node-b:0"].used == 10 * GiB
         await pilot.press("escape")
         await pilot.pause()
-        # Back on the grid: drawn at once from the cluster as it is, not a refresh later.
+        # Back on the grid: drawn at once from the cluster as it is, not a refresh later,
+        # and every host asked again at once.
         assert not isinstance(app.screen, HostScreen)
         assert app._rows is not rows
         assert "75.0G/80.0G" in screen_text(app)
+        assert await until(pilot, lambda: "33.0G/80.0G" in screen_text(app), timeout=0.9)
 
 
 async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:

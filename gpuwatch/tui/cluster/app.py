@@ -182,13 +182,19 @@ class ClusterApp(App[int]):
         self._cadence.now()
 
     def _start(self) -> None:
+        # Under a host's panels the grid, the summary and the ranks are hidden: only the
+        # host's figures (its panels' titles) are asked; going back asks everything at once.
+        host = self.screen.host if isinstance(self.screen, HostScreen) else None
         slow = self.refreshes % SLOW_EVERY == 0 or self.cluster.wants_slow()
-        self._ask(self.cluster.live(), slow)
+        self._ask(self.cluster.live(), slow, host)
 
     @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
-    def _ask(self, live: set[str], slow: bool = True) -> tuple[Answers, float]:
+    def _ask(
+        self, live: set[str], slow: bool = True, host: str | None = None
+    ) -> tuple[Answers, float]:
         """On a worker thread: one refresh's answers (the :data:`~gpuwatch.cluster.SLOW`
-        families too when ``slow``), and when it began (monotonic)."""
+        families too when ``slow``; only ``host``'s figures when given), and when it
+        began (monotonic)."""
         worker = get_current_worker()
         began = time.monotonic()
         if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
@@ -208,12 +214,13 @@ class ClusterApp(App[int]):
                 cancelled=lambda: worker.is_cancelled,
                 live=live,
                 slow=slow,
+                host=host,
             )
         except Cancelled:
             raise
         except Exception as exc:  # never a traceback on the screen: one line
             why = f"{type(exc).__name__}: {exc}"
-            answers = Answers(time.time(), errors=dict.fromkeys(CORE, why))
+            answers = Answers(time.time(), errors=dict.fromkeys(CORE, why), host=host)
         return answers, began
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

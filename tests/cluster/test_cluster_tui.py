@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
 from tmuxhelp import Tmux
 
@@ -409,3 +412,27 @@ def test_a_cancelled_wait_leaves_the_call_behind() -> None:
     assert each(lambda x: x * 2, [1, 2, 3, 4, 5], 2) == [2, 4, 6, 8, 10]
     with pytest.raises(ValueError):
         each(lambda x: int(x), ["1", "x"], 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_row_s_joined_runs_are_its_columns_cell_by_cell(data) -> None:
+    # Neighbouring runs of one style are joined (fewer segments to paint): every cell's
+    # character and style are still those of its column, padded or cut to its width.
+    from gpuwatch.cluster.text import HEAD
+    from gpuwatch.fmt import ellipsis
+    from gpuwatch.tui.cluster.grid import STYLES, _Cells, _fit
+
+    n = len(HEAD)
+    cols = data.draw(st.lists(st.text("ab ", max_size=8), min_size=n, max_size=n))
+    styles = data.draw(st.lists(st.sampled_from(sorted(STYLES)), min_size=n, max_size=n))
+    keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
+    widths = data.draw(st.lists(st.integers(1, 9), min_size=len(keep), max_size=len(keep)))
+    runs = _fit(_Cells(None, cols, tuple(map(len, cols)), tuple(styles)), keep, widths)
+    want = [(" ", None)]
+    for i, (k, w) in enumerate(zip(keep, widths, strict=True)):
+        if i:
+            want += [(" ", None)] * 2
+        want += [(ch, STYLES[styles[k]]) for ch in ellipsis(cols[k], w).ljust(w)]
+    assert [(ch, style) for text, style in runs for ch in text] == want
+    assert all(a[1] is not b[1] for a, b in itertools.pairwise(runs))  # neighbours differ

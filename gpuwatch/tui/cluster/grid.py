@@ -201,12 +201,25 @@ def _fit_live(g: Gpu, now: float, keep: list[int], widths: list[int]) -> Runs:
 
 
 def _fit(cells: _Cells, keep: list[int], widths: list[int]) -> Runs:
-    """A GPU row's runs: its kept columns cut or padded to their widths."""
-    runs: list[Run] = [(" ", None)]
+    """A GPU row's runs: its kept columns cut or padded to their widths, neighbours of
+    one style joined (most columns have none: a row is then a handful of segments to
+    paint rather than two per column)."""
+    runs: list[Run] = []
+    text, style = " ", None
     for k, w in zip(keep, widths, strict=True):
-        runs += [(ellipsis(cells.columns[k], w).ljust(w), STYLES[cells.styles[k]]), ("  ", None)]
-    runs.pop()
-    return tuple(runs)
+        cell, st = ellipsis(cells.columns[k], w).ljust(w), STYLES[cells.styles[k]]
+        if st is style:
+            text += cell + "  "
+            continue
+        runs.append((text, style))
+        text, style = cell, st
+        if st is None:
+            text += "  "
+        else:
+            runs.append((text, style))
+            text, style = "  ", None
+    runs.append((text[:-2] if style is None and text.endswith("  ") else text, style))
+    return tuple(r for r in runs if r[0])
 
 
 def grid_rows(cluster: Cluster, sort: str, text: str, room: int, now: float) -> Layout:

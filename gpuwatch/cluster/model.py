@@ -489,13 +489,16 @@ class Cluster:
         for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
             if family not in s:
                 continue
-            got: dict[str | None, float] = {}
+            got: set[str] = set()
             for series in s[family]:
                 v = series.value
                 if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
-                    got[_key(series.labels)] = v
-            for key in seen:
-                setattr(gpus[key], attr, got.get(key))
+                    key = _key(series.labels)
+                    if key in seen:
+                        setattr(gpus[key], attr, v)
+                        got.add(key)
+            for key in seen - got:
+                setattr(gpus[key], attr, None)
         if "gpuwatch_gpu_process_memory_bytes" in s:
             others: dict[str | None, list[Other]] = defaultdict(list)
             for series in s["gpuwatch_gpu_process_memory_bytes"]:
@@ -605,7 +608,11 @@ class Cluster:
             if p.gpu is not None:
                 by_gpu[f"{p.host}:{p.gpu}"].append(p)
         for key, cell in self.gpus.items():
-            on = by_gpu.get(key, [])
+            on = by_gpu.get(key)
+            if on is None:  # most GPUs of a big cluster run no instrumented process
+                cell.ranks = ()
+                cell.phase = cell.step = cell.peak = cell.predicted = None
+                continue
             cell.ranks = tuple(sorted({p.rank for p in on if p.rank is not None}))
             phases = [p.phase for p in on if p.phase]
             cell.phase = phases[0] if phases else None

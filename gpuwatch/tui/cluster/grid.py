@@ -11,6 +11,7 @@ view's CPU.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +48,11 @@ class Row:
         self.width = width
         self._runs = runs
         self._make = make
+
+    @property
+    def made(self) -> bool:
+        """Whether its runs were made (it was painted, or compared once made)."""
+        return self._runs is not None
 
     @property
     def runs(self) -> Runs:
@@ -109,6 +115,9 @@ class _Cells:
     styles: tuple[str, ...]
     fitted: tuple[tuple[int, ...], Row] | None = None
     """The row's runs for the widths (per column kept, 0 for dropped) it was fitted to."""
+    live: tuple[tuple[int, ...], Row] | None = None
+    """Out of view: the row formatted when painted, for the widths it was made for (kept
+    while not painted: its GPU's figures are read then)."""
 
 
 class GridRows:
@@ -180,8 +189,10 @@ class GridRows:
             key, cells = gpus[i]
             out_of_view = hidden.get(i)
             if out_of_view is not None:  # painted only if scrolled to before the next layout
-                make = partial(_fit_live, out_of_view, now, keep, widths)
-                rows.append((key, Row(row_width, make=make)))
+                if cells.live is None or cells.live[0] != fitted or cells.live[1].made:
+                    make = partial(_fit_live, out_of_view, keep, widths)
+                    cells.live = (fitted, Row(row_width, make=make))
+                rows.append((key, cells.live[1]))
                 continue
             if cells.fitted is None or cells.fitted[0] != fitted:
                 cells.fitted = (fitted, Row(row_width, make=partial(_fit, cells, keep, widths)))
@@ -195,9 +206,9 @@ def _format(g: Gpu, sig: tuple[object, ...] | None, now: float) -> _Cells:
     return _Cells(sig, cols, tuple(map(len, cols)), _gpu_styles(g))
 
 
-def _fit_live(g: Gpu, now: float, keep: list[int], widths: list[int]) -> Runs:
+def _fit_live(g: Gpu, keep: list[int], widths: list[int]) -> Runs:
     """A row out of view at the layout, formatted when painted (its figures as they are)."""
-    return _fit(_format(g, None, now), keep, widths)
+    return _fit(_format(g, None, time.time()), keep, widths)
 
 
 def _fit(cells: _Cells, keep: list[int], widths: list[int]) -> Runs:

@@ -252,19 +252,29 @@ class Answers:
     """Only this host's figures were asked (:data:`HOST_FAMILIES`, under its panels)."""
 
 
+NOT_ONE = ("gpuwatch_gpu_up",)
+"""Families whose series are 1 but for the rare GPU NVML lost: asked as ``(FAMILY != 1)``
+joined to the query by ``or``, so that the answer carries only the GPUs that are not up
+(a GPU the other families name and this one does not is up: :meth:`Cluster.apply`)."""
+
+
 def family_queries(
     matchers: Sequence[tuple[str, str, str]] = (), families: Sequence[str] = FAMILIES
 ) -> list[tuple[str, tuple[str, ...]]]:
     """The instant queries of one refresh and the families each answers: every family (of
     ``families``) that takes the same matchers in one selector on the metric name
-    (``{__name__=~"a|b|...",...}``): one query without a job matcher, two with one."""
+    (``{__name__=~"a|b|...",...}``, those of :data:`NOT_ONE` joined as ``or (F{...} !=
+    1)``): one query without a job matcher, two with one."""
     groups: dict[tuple[tuple[str, str, str], ...], list[str]] = {}
     for family in families:
         groups.setdefault(tuple(family_matchers(family, matchers)), []).append(family)
-    return [
-        (selector("", [("__name__", "=~", "|".join(names)), *m]), tuple(names))
-        for m, names in groups.items()
-    ]
+    out = []
+    for m, names in groups.items():
+        plain = [n for n in names if n not in NOT_ONE]
+        parts = [selector("", [("__name__", "=~", "|".join(plain)), *m])] if plain else []
+        parts += [f"({selector(n, m)} != 1)" for n in names if n in NOT_ONE]
+        out.append((" or ".join(parts), tuple(names)))
+    return out
 
 
 def fetch(
@@ -470,6 +480,7 @@ class Cluster:
         gpus = self.gpus
         seen: set[str] = set()
         have: set[str] = set()  # GPUs with a used figure
+        ups: set[str] = set()  # GPUs with an up series (asked as != 1: NOT_ONE)
         for family, attr in _GPU_FIGURES.items():
             for series in s.get(family, ()):
                 key = _key(series.labels)
@@ -485,7 +496,11 @@ class Cluster:
                     have.add(key)
                     cell.used = _bytes(series.value)
                 else:
+                    ups.add(key)
                     cell.up = series.value == 1
+        if "gpuwatch_gpu_up" in s:  # read, and silent about a GPU: it is up
+            for key in seen - ups:
+                gpus[key].up = True
         for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
             if family not in s:
                 continue

@@ -265,6 +265,26 @@ def test_a_refresh_of_one_host_s_figures_changes_nothing_else() -> None:
     assert c.error is None and all(g.state == OK for g in c.gpus.values())
 
 
+def test_up_asked_as_not_one_a_gpu_it_does_not_name_is_up() -> None:
+    # gpuwatch_gpu_up is asked as ``!= 1`` (NOT_ONE): the answer names the lost GPUs only.
+    def refresh(lost: bool, at: float) -> Answers:
+        fams = two_hosts()
+        up = [(labels, 0) for labels, _ in fams["gpuwatch_gpu_up"][:1]] if lost else []
+        fams["gpuwatch_gpu_up"] = up
+        if lost:  # a lost GPU has no used figure
+            fams["gpuwatch_gpu_memory_used_bytes"] = fams["gpuwatch_gpu_memory_used_bytes"][1:]
+        return answers(fams, at=at)
+
+    c = Cluster()
+    c.apply(refresh(False, 1000))
+    assert all(g.state == OK for g in c.gpus.values())
+    c.apply(refresh(True, 1001))
+    assert c.gpus["node-a:0"].state == LOST and c.gpus["node-a:0"].used is None
+    assert [g.state for k, g in c.gpus.items() if k != "node-a:0"] == [OK] * 3
+    c.apply(refresh(False, 1002))  # found again: no up series says it
+    assert c.gpus["node-a:0"].state == OK
+
+
 def _window_by_sample(h: HostHistory, t, v, t0: int, t1: int, n: int):
     """The drill-down's columns worked out one sample at a time (the plain definition)."""
     import numpy as np

@@ -1,8 +1,9 @@
 """The cluster view's app: the summary, the GPU grid and the ranks tab over Prometheus.
 
-A thread worker asks Prometheus (one instant query per metric family,
-:func:`gpuwatch.cluster.fetch`) at the scrape interval Prometheus reports, never faster
-than once a second (:class:`.cadence.Cadence`); the app folds its answers into one
+A thread worker asks Prometheus (every metric family in one instant query,
+:func:`gpuwatch.cluster.fetch`; under a host's panels only that host's figures) at the
+scrape interval Prometheus reports, never faster than once a second
+(:class:`.cadence.Cadence`); the app folds its answers into one
 :class:`~gpuwatch.cluster.Cluster` when the worker ends and redraws. Nothing here waits
 on the network: a slow or gone Prometheus costs a stale mark and one line, never a frozen
 screen, and quitting cancels the worker, which leaves the query in flight to a thread

@@ -241,6 +241,7 @@ def scripted(hosts: int, gpus: int) -> None:
     training job's do; writes its URL to stdout. It costs the machine far less than 64
     exporters and a real Prometheus, so the view's own CPU is what a run measures."""
     import math
+    import re
     import threading
 
     sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -254,9 +255,22 @@ def scripted(hosts: int, gpus: int) -> None:
             parts.append(gpu_series(host, gpus, used_gib=20 + 40 * wave))
             peaks = {p: (8 + 4 * i + 10 * wave) * GiB for i, p in enumerate(PHASES)}
             parts.append(rank_series(host, 0, h, 1000 + h, peaks, step=int(t)))
+            info = {"pid": str(1000 + h), "rank": str(h), "local_rank": "0", "host": host}
+            info |= {"world_size": str(hosts), "strategy": "ddp"}  # as an exporter's
+            parts.append({"gpuwatch_rank_info": [(info, 1)]})
         return merge(*parts)
 
-    stub = Stub(families=families(time.time()))
+    class HostStub(Stub):
+        """Answers a query naming one host (the drill-down's range query) with that host's
+        series only, as Prometheus does: the tests' stub ignores matchers, and the panels
+        would parse every host's series."""
+
+        def select(self, query: str) -> list[tuple[dict[str, str], float]]:
+            found = super().select(query)
+            host = re.search(r'host="([^"]*)"', query)
+            return [x for x in found if x[0].get("host") == host.group(1)] if host else found
+
+    stub = HostStub(families=families(time.time()))
     server = PromStub(stub, keep_alive=True)
 
     def move() -> None:

@@ -7,11 +7,13 @@ GPU cells, their states and the ranks, one query per metric family and refresh;
 """
 
 from .client import Auth, PromClient, PromError, Series, parse_matchers, selector
-from .model import LOST, OK, SORTS, STALE, Answers, Cluster, Gpu, fetch
+from .model import LOST, OK, SLOW, SLOW_EVERY, SORTS, STALE, Answers, Cluster, Gpu, fetch
 
 __all__ = [
     "LOST",
     "OK",
+    "SLOW",
+    "SLOW_EVERY",
     "SORTS",
     "STALE",
     "Answers",

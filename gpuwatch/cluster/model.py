@@ -55,6 +55,14 @@ FAMILIES = (
 query (:func:`family_queries`). ``gpuwatch_rank_info`` (the rank's layout) is read when
 the exporter has it; ``up`` tells which scrape targets answer."""
 
+SLOW = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_rank_info")
+"""Families whose figures hardly ever change (a GPU's memory, a rank's layout): asked only
+every :data:`SLOW_EVERY` refreshes, or at once when the cluster lacks what they say
+(:meth:`Cluster.wants_slow`); a refresh without them keeps what they said."""
+
+SLOW_EVERY = 10
+"""Refreshes between two readings of the :data:`SLOW` families."""
+
 
 JOB_LABELS = (
     "slurm_job",
@@ -76,6 +84,15 @@ SENSORS = {
     "gpuwatch_gpu_power_watts": "power",
 }
 """NVML's other figures of a GPU, the cell's attribute each fills."""
+
+HOST_FAMILIES = (
+    "gpuwatch_gpu_memory_used_bytes",
+    "gpuwatch_gpu_up",
+    *SENSORS,
+    "gpuwatch_gpu_process_memory_bytes",
+)
+"""What a refresh under a host's panels asks, of that host only: the figures its panels'
+titles show (:meth:`Cluster.apply` folds them into its cells and nothing else)."""
 
 
 def family_matchers(
@@ -110,6 +127,22 @@ QUERY_THREADS = 4
 def host_of(labels: Mapping[str, str]) -> str:
     """The host a series is from: its ``host`` label, else its scrape target."""
     return labels.get("host") or labels.get("instance") or "?"
+
+
+def _key(labels: Mapping[str, str]) -> str | None:
+    """A GPU series' cell key, ``host:index`` (None: the series names no GPU)."""
+    index = labels.get("gpu")
+    if not index:
+        return None
+    return f"{labels.get('host') or labels.get('instance') or '?'}:{index}"
+
+
+_GPU_FIGURES = {
+    "gpuwatch_gpu_memory_total_bytes": "total",
+    "gpuwatch_gpu_memory_used_bytes": "used",
+    "gpuwatch_gpu_up": "up",
+}
+"""The families that make a GPU's cell, the figure each sets."""
 
 
 def _int(text: str | None) -> int | None:
@@ -215,21 +248,33 @@ class Answers:
     by_job: bool = False  # a matcher named a job label: only the job's hosts are shown
     last: dict[str, list[Series]] = field(default_factory=dict)
     """Per family of :data:`LAST_KNOWN`, the newest point of the down targets' series."""
+    host: str | None = None
+    """Only this host's figures were asked (:data:`HOST_FAMILIES`, under its panels)."""
+
+
+NOT_ONE = ("gpuwatch_gpu_up",)
+"""Families whose series are 1 but for the rare GPU NVML lost: asked as ``(FAMILY != 1)``
+joined to the query by ``or``, so that the answer carries only the GPUs that are not up
+(a GPU the other families name and this one does not is up: :meth:`Cluster.apply`)."""
 
 
 def family_queries(
-    matchers: Sequence[tuple[str, str, str]] = (),
+    matchers: Sequence[tuple[str, str, str]] = (), families: Sequence[str] = FAMILIES
 ) -> list[tuple[str, tuple[str, ...]]]:
-    """The instant queries of one refresh and the families each answers: every family that
-    takes the same matchers in one selector on the metric name
-    (``{__name__=~"a|b|...",...}``): one query without a job matcher, two with one."""
+    """The instant queries of one refresh and the families each answers: every family (of
+    ``families``) that takes the same matchers in one selector on the metric name
+    (``{__name__=~"a|b|...",...}``, those of :data:`NOT_ONE` joined as ``or (F{...} !=
+    1)``): one query without a job matcher, two with one."""
     groups: dict[tuple[tuple[str, str, str], ...], list[str]] = {}
-    for family in FAMILIES:
+    for family in families:
         groups.setdefault(tuple(family_matchers(family, matchers)), []).append(family)
-    return [
-        (selector("", [("__name__", "=~", "|".join(names)), *m]), tuple(names))
-        for m, names in groups.items()
-    ]
+    out = []
+    for m, names in groups.items():
+        plain = [n for n in names if n not in NOT_ONE]
+        parts = [selector("", [("__name__", "=~", "|".join(plain)), *m])] if plain else []
+        parts += [f"({selector(n, m)} != 1)" for n in names if n in NOT_ONE]
+        out.append((" or ".join(parts), tuple(names)))
+    return out
 
 
 def fetch(
@@ -238,6 +283,8 @@ def fetch(
     at: float | None = None,
     cancelled: Callable[[], bool] = never,
     live: Collection[str] = (),
+    slow: bool = True,
+    host: str | None = None,
 ) -> Answers:
     """Ask every family, all at the same instant, in as few queries as their matchers
     allow (:func:`family_queries`), side by side; a failure is kept per family (every
@@ -245,6 +292,9 @@ def fetch(
 
     ``live``: targets whose figures the caller already had live (:meth:`Cluster.live`):
     when one goes down its last figures are the caller's own, and are not asked again.
+    ``slow``: ask the :data:`SLOW` families too (a refresh without them keeps what they
+    said last: :meth:`Cluster.apply`).
+    ``host``: ask only that host's :data:`HOST_FAMILIES` (a refresh under its panels).
 
     Raises:
         Cancelled: ``cancelled()`` became true while queries were in flight (they end on
@@ -252,7 +302,9 @@ def fetch(
     """
     at = time.time() if at is None else at
     start = time.perf_counter()
-    answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers))
+    answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers), host=host)
+    if host is not None:
+        matchers = [*matchers, ("host", "=", quote(host))]
 
     gone: list[PromError] = []  # the server did not answer: the rest would wait as long
 
@@ -279,7 +331,10 @@ def fetch(
         except PromError as exc:
             return family, exc
 
-    queries = family_queries(matchers)
+    families = FAMILIES if slow else tuple(f for f in FAMILIES if f not in SLOW)
+    if host is not None:
+        families = HOST_FAMILIES
+    queries = family_queries(matchers, families)
     for (_, names), got in zip(queries, each(ask, queries, QUERY_THREADS, cancelled), strict=True):
         if isinstance(got, PromError):
             answers.errors.update(dict.fromkeys(names, str(got)))
@@ -293,7 +348,7 @@ def fetch(
     up = answers.series.get("up", [])
     down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {"", *live})
     del down[MAX_DOWN_ASKED:]
-    if down:  # a second round, only while a target is down
+    if down and host is None:  # a second round, only while a target is down
         for family, last in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
             if not isinstance(last, PromError):  # best effort: the host shows as lost
                 answers.last[family] = last
@@ -324,6 +379,8 @@ class _Process:
     predicted: int | None = None
     strategy: str | None = None
     world_size: int | None = None
+    info: bool = False
+    """A ``gpuwatch_rank_info`` series was read for it (:meth:`Cluster.wants_slow`)."""
 
 
 class Cluster:
@@ -355,12 +412,19 @@ class Cluster:
             gpu.state = STALE
 
     def apply(self, answers: Answers) -> None:
-        """Fold one refresh in (see the module's note on what is kept)."""
-        core = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
-        if all(f in answers.errors for f in core):
-            self.failed(answers.errors[core[0]])
+        """Fold one refresh in (see the module's note on what is kept). A refresh of one
+        host's figures (``answers.host``) updates those of its cells that exist, and
+        nothing else: states, ranks and the other hosts stay as the last whole refresh
+        left them (a failed one changes nothing)."""
+        if answers.host is not None:
+            self._figures(answers.series, make=False, host=answers.host)
             return
+        core = ("gpuwatch_gpu_memory_total_bytes", "gpuwatch_gpu_memory_used_bytes")
         s = answers.series
+        asked = [f for f in core if f in s or f in answers.errors]  # SLOW: total not always
+        if asked and all(f in answers.errors for f in asked):
+            self.failed(answers.errors[asked[0]])
+            return
         self.refreshed = answers.at
         self.error = None
         if answers.errors:
@@ -372,56 +436,17 @@ class Cluster:
                 x.labels.get("instance", ""): host_of(x.labels) for x in s["up"] if x.value == 0
             }
             self.down.pop("", None)
-        seen: set[str] = set()
-        gpu_families = (
-            "gpuwatch_gpu_memory_total_bytes",
-            "gpuwatch_gpu_memory_used_bytes",
-            "gpuwatch_gpu_up",
-        )
-        for family in gpu_families:
-            for series in s.get(family, []):
-                cell = self._cell(series)
-                if cell is None:
-                    continue
-                seen.add(cell.key)
-                cell.put(family, series.value)
+        seen = self._figures(s, make=True)
         kept: set[str] = set()  # GPUs of down targets, from their last figures
         for family in LAST_KNOWN:
             for series in answers.last.get(family, []):
-                cell = self._cell(series)
-                if cell is None or cell.key in seen:
+                key = _key(series.labels)
+                if key is None or key in seen or (cell := self._cell(key, series.labels)) is None:
                     continue
-                kept.add(cell.key)
+                kept.add(key)
                 if cell.seen:  # this view had it live: its own last figures stand
                     continue
                 cell.put(family, series.value)
-        for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
-            if family not in s:
-                continue
-            got: dict[str, float] = {}
-            for series in s[family]:
-                v = series.value
-                if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
-                    got[self._key(series.labels)] = v
-            for key in seen:
-                setattr(self.gpus[key], attr, got.get(key))
-        if "gpuwatch_gpu_process_memory_bytes" in s:
-            others: dict[str, list[Other]] = defaultdict(list)
-            for series in s["gpuwatch_gpu_process_memory_bytes"]:
-                labels = series.labels
-                pid, used = _int(labels.get("pid")), _bytes(series.value)
-                if labels.get("instrumented") == "1" or pid is None or used is None:
-                    continue
-                user, command = labels.get("user", ""), labels.get("command", "")
-                others[self._key(labels)].append(Other(pid, user, command, used))
-            for key in seen:
-                found = sorted(others.get(key, []), key=lambda o: (-o.used, o.pid))
-                self.gpus[key].others = tuple(found[:MAX_OTHERS])
-        # Used is absent for a lost GPU (its last values are not its values now).
-        if "gpuwatch_gpu_memory_used_bytes" in s:
-            have = {self._key(x.labels) for x in s["gpuwatch_gpu_memory_used_bytes"]}
-            for key in seen - have:
-                self.gpus[key].used = None
         self._processes(s)
         if answers.by_job:  # the GPUs of the hosts the matched processes run on
             hosts = {p.host for p in self._procs.values()}
@@ -445,24 +470,86 @@ class Cluster:
             else:
                 cell.state = OK
 
-    @staticmethod
-    def _key(labels: Mapping[str, str]) -> str:
-        return f"{host_of(labels)}:{labels.get('gpu', '')}"
+    def _figures(
+        self, s: Mapping[str, list[Series]], make: bool, host: str | None = None
+    ) -> set[str]:
+        """Fold in the GPU families' figures (memory, up, sensors, other processes) and
+        return the keys of the cells they name; ``make``: new GPUs get a cell; ``host``:
+        only that host's cells take figures."""
+        # Each series' key is worked out once a refresh: at 64 hosts there are thousands.
+        gpus = self.gpus
+        seen: set[str] = set()
+        have: set[str] = set()  # GPUs with a used figure
+        ups: set[str] = set()  # GPUs with an up series (asked as != 1: NOT_ONE)
+        for family, attr in _GPU_FIGURES.items():
+            for series in s.get(family, ()):
+                key = _key(series.labels)
+                if key is None:
+                    continue
+                cell = self._cell(key, series.labels) if make else gpus.get(key)
+                if cell is None or (host is not None and cell.host != host):
+                    continue
+                seen.add(key)
+                if attr == "total":
+                    cell.total = _bytes(series.value)
+                elif attr == "used":
+                    have.add(key)
+                    cell.used = _bytes(series.value)
+                else:
+                    ups.add(key)
+                    cell.up = series.value == 1
+        if "gpuwatch_gpu_up" in s:  # read, and silent about a GPU: it is up
+            for key in seen - ups:
+                gpus[key].up = True
+        for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
+            if family not in s:
+                continue
+            got: set[str] = set()
+            for series in s[family]:
+                v = series.value
+                if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
+                    key = _key(series.labels)
+                    if key in seen:
+                        setattr(gpus[key], attr, v)
+                        got.add(key)
+            for key in seen - got:
+                setattr(gpus[key], attr, None)
+        if "gpuwatch_gpu_process_memory_bytes" in s:
+            others: dict[str | None, list[Other]] = defaultdict(list)
+            for series in s["gpuwatch_gpu_process_memory_bytes"]:
+                labels = series.labels
+                pid, used = _int(labels.get("pid")), _bytes(series.value)
+                if labels.get("instrumented") == "1" or pid is None or used is None:
+                    continue
+                user, command = labels.get("user", ""), labels.get("command", "")
+                others[_key(labels)].append(Other(pid, user, command, used))
+            for key in seen:
+                found = sorted(others.get(key, ()), key=lambda o: (-o.used, o.pid))
+                gpus[key].others = tuple(found[:MAX_OTHERS])
+        # Used is absent for a lost GPU (its last values are not its values now).
+        if "gpuwatch_gpu_memory_used_bytes" in s:
+            for key in seen - have:
+                gpus[key].used = None
+        return seen
 
-    def _cell(self, series: Series) -> Gpu | None:
-        labels = series.labels
-        index = labels.get("gpu", "")
-        if not index:
-            return None
-        key = self._key(labels)
+    def _cell(self, key: str, labels: Mapping[str, str]) -> Gpu | None:
+        """The cell of ``key`` (a GPU series' :func:`_key`), made if new and room is left."""
         cell = self.gpus.get(key)
         if cell is None:
             if len(self.gpus) >= MAX_GPUS:
                 return None
-            cell = self.gpus[key] = Gpu(host_of(labels), index)
+            cell = self.gpus[key] = Gpu(host_of(labels), labels["gpu"])
         cell.name = labels.get("name", cell.name)
         cell.instance = labels.get("instance", cell.instance)
         return cell
+
+    def wants_slow(self) -> bool:
+        """Whether the next refresh should ask the :data:`SLOW` families whatever the
+        count: no GPU yet, a GPU with a used figure but no total, a rank whose
+        ``gpuwatch_rank_info`` was never read (new ones; an older exporter's, always)."""
+        if not self.gpus or any(g.total is None and g.used is not None for g in self.gpus.values()):
+            return True
+        return any(p.rank is not None and not p.info for p in self._procs.values())
 
     def _processes(self, s: dict[str, list[Series]]) -> None:
         """Processes from their families: phase, step, peaks, prediction, rank."""
@@ -491,7 +578,7 @@ class Cluster:
                 p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None, job)
                 if old is not None:  # a family not read this time keeps its figures
                     p.step, p.predicted, p.peaks = old.step, old.predicted, dict(old.peaks)
-                    p.strategy, p.world_size = old.strategy, old.world_size
+                    p.strategy, p.world_size, p.info = old.strategy, old.world_size, old.info
             if p.gpu is None and labels.get("gpu"):
                 p.gpu = labels["gpu"]
             p.rank = _int(labels.get("rank")) if p.rank is None else p.rank
@@ -518,6 +605,7 @@ class Cluster:
                 p.predicted = _bytes(series.value)
         for series in s.get("gpuwatch_rank_info", []):
             if (p := proc(series)) is not None:
+                p.info = True
                 strategy = series.labels.get("strategy")
                 if strategy and strategy != "unknown":  # "unknown": no layout facts yet
                     p.strategy = strategy
@@ -535,7 +623,11 @@ class Cluster:
             if p.gpu is not None:
                 by_gpu[f"{p.host}:{p.gpu}"].append(p)
         for key, cell in self.gpus.items():
-            on = by_gpu.get(key, [])
+            on = by_gpu.get(key)
+            if on is None:  # most GPUs of a big cluster run no instrumented process
+                cell.ranks = ()
+                cell.phase = cell.step = cell.peak = cell.predicted = None
+                continue
             cell.ranks = tuple(sorted({p.rank for p in on if p.rank is not None}))
             phases = [p.phase for p in on if p.phase]
             cell.phase = phases[0] if phases else None

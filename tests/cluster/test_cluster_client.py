@@ -191,8 +191,10 @@ def test_matchers_go_into_every_query(stub) -> None:
     queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
     # Every family in one query (no job label matched): selected by name.
     (query,) = queries
-    names = "|".join(FAMILIES)
-    assert query == f'{{__name__=~"{names}",cluster="a",env=~"prod.*",job="gpu\\"s"}}'
+    names = "|".join(f for f in FAMILIES if f != "gpuwatch_gpu_up")
+    m = 'cluster="a",env=~"prod.*",job="gpu\\"s"'
+    # gpuwatch_gpu_up, 1 but for a GPU NVML lost: only the others are asked.
+    assert query == f'{{__name__=~"{names}",{m}}} or (gpuwatch_gpu_up{{{m}}} != 1)'
 
 
 def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
@@ -206,7 +208,7 @@ def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
     gpu, proc = sorted(queries, key=lambda q: "slurm_job" in q)
     # A GPU series has no job labels: its families are asked without the job's matcher.
     assert "gpuwatch_gpu_memory_used_bytes" in gpu and "slurm_job" not in gpu
-    assert gpu.split('"')[1].endswith("|up")
+    assert gpu.split('"')[1].endswith("|up") and gpu.endswith(" or (gpuwatch_gpu_up != 1)")
     assert proc.endswith(',slurm_job="42"}') and "gpuwatch_process_step" in proc
     assert "gpuwatch_gpu_memory_used_bytes" not in proc
     # Each family gets its own series back, and only its own.

@@ -196,6 +196,95 @@ def test_a_job_label_match_shows_the_gpus_of_the_jobs_hosts() -> None:
     assert all(g.state == OK for g in c.gpus.values())
 
 
+def _layout(c: Cluster) -> list[tuple[object, ...]]:
+    return [
+        (g.key, g.used, g.total, g.up, g.util, g.ranks, g.phase, g.peak, g.state)
+        for g in c.gpus.values()
+    ] + [(job, r.rows) for job, r in c.jobs.items()]
+
+
+def test_a_refresh_without_the_slow_families_keeps_what_they_said() -> None:
+    from gpuwatch.cluster import SLOW
+
+    info = {"pid": "101", "rank": "0", "host": "node-a", "world_size": "2", "strategy": "fsdp2"}
+    every = merge(
+        two_hosts(),
+        rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB}),
+        {"gpuwatch_rank_info": [(info, 1)]},
+    )
+    fast = {k: v for k, v in every.items() if k not in SLOW}
+    both, part = Cluster(), Cluster()
+    assert both.wants_slow()  # no GPU yet
+    both.apply(answers(every, at=1000))
+    part.apply(answers(every, at=1000))
+    assert not part.wants_slow()
+    both.apply(answers(every, at=1001))
+    part.apply(answers(fast, at=1001))  # totals and layouts not asked: kept
+    assert _layout(part) == _layout(both)
+    assert part.gpus["node-a:0"].total == 80 * GiB
+    (row,) = part.jobs[next(iter(part.jobs))].rows
+    assert (row.strategy, row.world_size) == ("fsdp2", 2)
+    assert not part.wants_slow()
+    # A new GPU: its total is asked at once; a new rank: its layout.
+    new_gpu = {k: v for k, v in gpu_series("node-c", 1).items() if k not in SLOW}
+    part.apply(answers(merge(fast, new_gpu), at=1002))
+    assert part.gpus["node-c:0"].total is None and part.wants_slow()
+    part.apply(answers(merge(every, gpu_series("node-c", 1)), at=1003))
+    assert part.gpus["node-c:0"].total == 80 * GiB and not part.wants_slow()
+    part.apply(answers(merge(fast, rank_series("node-b", 1, 1, 202, {})), at=1004))
+    assert part.wants_slow()
+
+
+def test_a_failed_refresh_without_the_slow_families_says_why_as_one() -> None:
+    from gpuwatch.cluster import SLOW
+    from gpuwatch.cluster.model import FAMILIES
+
+    c = Cluster()
+    c.apply(answers(two_hosts(), at=1000))
+    why = "http://p: connection refused"
+    c.apply(answers({}, at=1001, errors={f: why for f in FAMILIES if f not in SLOW}))
+    assert c.error == why and c.refreshed == 1000  # as a refresh that read nothing
+    assert all(g.state == STALE for g in c.gpus.values())
+
+
+def test_a_refresh_of_one_host_s_figures_changes_nothing_else() -> None:
+    c = Cluster()
+    c.apply(answers(merge(two_hosts(), rank_series("node-a", 0, 0, 101, {"fwd": GiB})), at=1000))
+    jobs, before = dict(c.jobs), {k: (g.state, g.seen) for k, g in c.gpus.items()}
+    hot = merge(gpu_series("node-a", 1, used_gib=75), gpu_series("node-b", 2, used_gib=50))
+    part = answers(hot, at=1001)
+    part.host = "node-a"  # Prometheus answered more than the host: only its cells move
+    c.apply(part)
+    assert c.gpus["node-a:0"].used == 75 * GiB and c.gpus["node-a:1"].used == 71 * GiB
+    assert c.gpus["node-b:0"].used == 10 * GiB
+    assert {k: (g.state, g.seen) for k, g in c.gpus.items()} == before  # states as they were
+    assert c.jobs == jobs and c.refreshed == 1000 and c.error is None
+    failed = answers({}, at=1002, errors={"gpuwatch_gpu_memory_used_bytes": "refused"})
+    failed.host = "node-a"
+    c.apply(failed)  # the panels say why; the grid's cells stay as they were
+    assert c.error is None and all(g.state == OK for g in c.gpus.values())
+
+
+def test_up_asked_as_not_one_a_gpu_it_does_not_name_is_up() -> None:
+    # gpuwatch_gpu_up is asked as ``!= 1`` (NOT_ONE): the answer names the lost GPUs only.
+    def refresh(lost: bool, at: float) -> Answers:
+        fams = two_hosts()
+        up = [(labels, 0) for labels, _ in fams["gpuwatch_gpu_up"][:1]] if lost else []
+        fams["gpuwatch_gpu_up"] = up
+        if lost:  # a lost GPU has no used figure
+            fams["gpuwatch_gpu_memory_used_bytes"] = fams["gpuwatch_gpu_memory_used_bytes"][1:]
+        return answers(fams, at=at)
+
+    c = Cluster()
+    c.apply(refresh(False, 1000))
+    assert all(g.state == OK for g in c.gpus.values())
+    c.apply(refresh(True, 1001))
+    assert c.gpus["node-a:0"].state == LOST and c.gpus["node-a:0"].used is None
+    assert [g.state for k, g in c.gpus.items() if k != "node-a:0"] == [OK] * 3
+    c.apply(refresh(False, 1002))  # found again: no up series says it
+    assert c.gpus["node-a:0"].state == OK
+
+
 def _window_by_sample(h: HostHistory, t, v, t0: int, t1: int, n: int):
     """The drill-down's columns worked out one sample at a time (the plain definition)."""
     import numpy as np

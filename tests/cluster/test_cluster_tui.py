@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
 from tmuxhelp import Tmux
 
@@ -188,6 +191,74 @@ async def test_refreshes_slower_than_the_interval_go_on(served) -> None:
         assert all(q > app.interval for q, _ in list(app.latencies)[2:])
 
 
+async def test_slow_families_are_asked_every_nth_refresh_and_for_a_new_gpu(
+    served, monkeypatch
+) -> None:
+    from gpuwatch.cluster import SLOW
+    from gpuwatch.tui.cluster import app as app_module
+
+    monkeypatch.setattr(app_module, "SLOW_EVERY", 3)
+    s, server = served
+    for rank, host in ((0, "node-a"), (1, "node-b")):
+        info = {"pid": str(101 + 101 * rank), "rank": str(rank), "host": host}
+        s.families.setdefault("gpuwatch_rank_info", []).append(({**info, **JOB}, 1))
+    app = ClusterApp(PromClient(server.url), [])
+    async with app.run_test(size=SIZE) as pilot:
+        assert await until(pilot, lambda: app.refreshes >= 4, timeout=20)
+        asked = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+        slow = [all(f in q for f in SLOW) for q in asked[:4]]
+        none = [not any(f in q for f in SLOW) for q in asked[:4]]
+        assert slow == [True, False, False, True] and none == [False, True, True, False]
+        # A new host: its totals asked at the next refresh, not the third.
+        s.families = merge(s.families, gpu_series("node-c", 1, used_gib=5))
+        assert await until(pilot, lambda: "node-c:0" in app.cluster.gpus, timeout=10)
+        n = app.refreshes
+        assert await until(pilot, lambda: app.refreshes >= n + 1, timeout=10)
+        assert app.cluster.gpus["node-c:0"].total == 80 * GiB
+        await pilot.pause()
+        assert "5.0G/80.0G" in screen_text(app)
+
+
+async def test_only_the_rows_in_view_are_formatted_again(monkeypatch) -> None:
+    from gpuwatch.tui.cluster import grid as grid_module
+
+    hosts = [f"node-{i:02d}" for i in range(16)]
+    s = Stub(families=merge(*(gpu_series(h, 8, used_gib=10) for h in hosts)))
+    server = PromStub(s)
+    formatted: list[str] = []
+    real = grid_module.cell_columns
+
+    def counted(g, now):
+        formatted.append(g.key)
+        return real(g, now)
+
+    monkeypatch.setattr(grid_module, "cell_columns", counted)
+    app = ClusterApp(PromClient(server.url), [])
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            assert await until(pilot, lambda: app.refreshes >= 1)
+            await pilot.pause()
+            assert len(set(formatted)) == 128  # the first layout: every row
+            shown = app.grid.shown()
+            assert shown is not None and len(shown) < 100
+            # Every GPU's figures move: only the rows in view (and a margin) are formatted.
+            s.families = merge(*(gpu_series(h, 8, used_gib=20) for h in hosts))
+            formatted.clear()
+            n = app.refreshes
+            assert await until(pilot, lambda: app.refreshes > n)
+            await pilot.pause()
+            assert formatted and len(formatted) <= len(shown), len(formatted)
+            assert "20.0G/80.0G" in screen_text(app) and "10.0G/80.0G" not in screen_text(app)
+            # Scrolled to the end: the rows that come into view show their figures now.
+            await pilot.press("end")
+            await pilot.pause()
+            text = screen_text(app)
+            assert "node-15" in text and "27.0G/80.0G" in text, text
+            assert "10.0G/80.0G" not in text and "17.0G/80.0G" not in text, text
+    finally:
+        server.close()
+
+
 async def test_the_drill_down_asks_only_the_new_steps(served) -> None:
     s, server = served
     app = ClusterApp(PromClient(server.url), [])
@@ -220,19 +291,27 @@ async def test_the_grid_is_not_laid_out_under_a_host_s_panels(served) -> None:
         app.open_host("node-a")
         assert await until(pilot, lambda: isinstance(app.screen, HostScreen))
         rows = app._rows
-        # node-a's first GPU fills up while its panels cover the grid.
+        # node-a's first GPU fills up while its panels cover the grid, and node-b's.
         used = s.families["gpuwatch_gpu_memory_used_bytes"]
         used[0] = (used[0][0], 75 * GiB)
-        n = app.refreshes
+        used[2] = (used[2][0], 33 * GiB)
+        n, asked = app.refreshes, len(s.requests)
         assert await until(pilot, lambda: app.refreshes >= n + 2)
         assert app.cluster.gpus["node-a:0"].used == 75 * GiB  # folded in ...
         assert app._rows is rows  # ... but the hidden grid was not laid out again
+        # Under the panels only node-a's figures are asked (its panels' titles show them).
+        under = [r.params["query"] for r in s.requests[asked:] if r.path == "/api/v1/query"]
+        assert under and all('host="node-a"' in q for q in under), under
+        assert all("gpuwatch_process_" not in q and "total" not in q for q in under)
+        assert app.cluster.gpus["node-b:0"].used == 10 * GiB
         await pilot.press("escape")
         await pilot.pause()
-        # Back on the grid: drawn at once from the cluster as it is, not a refresh later.
+        # Back on the grid: drawn at once from the cluster as it is, not a refresh later,
+        # and every host asked again at once.
         assert not isinstance(app.screen, HostScreen)
         assert app._rows is not rows
         assert "75.0G/80.0G" in screen_text(app)
+        assert await until(pilot, lambda: "33.0G/80.0G" in screen_text(app), timeout=0.9)
 
 
 async def test_prometheus_gone_keeps_the_figures_marked_stale(served) -> None:
@@ -333,3 +412,27 @@ def test_a_cancelled_wait_leaves_the_call_behind() -> None:
     assert each(lambda x: x * 2, [1, 2, 3, 4, 5], 2) == [2, 4, 6, 8, 10]
     with pytest.raises(ValueError):
         each(lambda x: int(x), ["1", "x"], 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_row_s_joined_runs_are_its_columns_cell_by_cell(data) -> None:
+    # Neighbouring runs of one style are joined (fewer segments to paint): every cell's
+    # character and style are still those of its column, padded or cut to its width.
+    from gpuwatch.cluster.text import HEAD
+    from gpuwatch.fmt import ellipsis
+    from gpuwatch.tui.cluster.grid import STYLES, _Cells, _fit
+
+    n = len(HEAD)
+    cols = data.draw(st.lists(st.text("ab ", max_size=8), min_size=n, max_size=n))
+    styles = data.draw(st.lists(st.sampled_from(sorted(STYLES)), min_size=n, max_size=n))
+    keep = sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
+    widths = data.draw(st.lists(st.integers(1, 9), min_size=len(keep), max_size=len(keep)))
+    runs = _fit(_Cells(None, cols, tuple(map(len, cols)), tuple(styles)), keep, widths)
+    want = [(" ", None)]
+    for i, (k, w) in enumerate(zip(keep, widths, strict=True)):
+        if i:
+            want += [(" ", None)] * 2
+        want += [(ch, STYLES[styles[k]]) for ch in ellipsis(cols[k], w).ljust(w)]
+    assert [(ch, style) for text, style in runs for ch in text] == want
+    assert all(a[1] is not b[1] for a, b in itertools.pairwise(runs))  # neighbours differ

@@ -31,7 +31,7 @@ from conftest import ROOT, wait_for
 from test_prometheus_server import Lines, free_port, start_prometheus, stop_all
 from tmuxhelp import Tmux
 
-from gpuwatch.cluster import PromClient, PromError
+from gpuwatch.cluster import PromClient, PromError, fetch
 from gpuwatch.cluster.history import Timelines
 from gpuwatch.protocol import label_text
 
@@ -180,6 +180,15 @@ def test_the_cluster_live_in_tmux(exporters, prometheus) -> None:
         for gpu in ("0", "1"):
             assert {"nvml", "total", "reserved", "allocated"} <= history.lines[gpu].keys()
             assert [lane.label for lane in history.lanes[gpu]] == [f"rank {gpu}"]
+        # What the grid's refresh asks under the panels, as the real Prometheus answers it:
+        # node-a's figures only.
+        under = fetch(PromClient(base), host="node-a")
+        assert not under.errors, under.errors
+        used = under.series["gpuwatch_gpu_memory_used_bytes"]
+        assert sorted(x.labels["gpu"] for x in used) == ["0", "1"], used
+        assert {x.labels["host"] for x in used} == {"node-a"}
+        assert len(under.series["gpuwatch_gpu_utilization_ratio"]) == 2
+        assert "gpuwatch_gpu_memory_total_bytes" not in under.series
         tmux.keys("Escape")
         assert tmux.wait_for_text("6 GPUs", timeout=20), tmux.screen()
         # One exporter killed: its GPU stays, marked stale; the others stay ok.

@@ -113,7 +113,8 @@ class Stub:
 
     def select(self, query: str) -> list[tuple[dict[str, str], float]]:
         """The series a query names: ``family{...}`` (other expressions: none), every
-        family of ``{__name__=~"a|b"}``, and the operands of ``label_replace(EXPR,
+        family of ``{__name__=~"a|b"}`` (and of ``or (family{...} != 1)``, its series
+        that are not 1), and the operands of ``label_replace(EXPR,
         "gpuwatch_role", "ROLE", "", "") or ...`` with their role label."""
         tagged = re.findall(r'label_replace\((.*?), "gpuwatch_role", "(\w+)", "", ""\)', query)
         if tagged:
@@ -123,11 +124,17 @@ class Stub:
                 for m, v in self.select(expr)
             ]
         names = re.match(r'\{__name__=~"([a-zA-Z0-9_:|]+)"', query)
-        if names:  # families by name: each series says its own
+        not_one = re.findall(r"\((\w+)(?:\{[^}]*\})? != 1\)", query)  # or (family != 1)
+        if names or not_one:  # families by name: each series says its own
             return [
                 ({"__name__": family, **m}, v)
-                for family in names.group(1).split("|")
+                for family in (names.group(1).split("|") if names else [])
                 for m, v in self.families.get(family, [])
+            ] + [
+                ({"__name__": family, **m}, v)
+                for family in not_one
+                for m, v in self.families.get(family, [])
+                if v != 1
             ]
         return self.families.get(query.split("{", 1)[0].strip(), [])
 

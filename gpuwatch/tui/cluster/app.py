@@ -1,8 +1,9 @@
 """The cluster view's app: the summary, the GPU grid and the ranks tab over Prometheus.
 
-A thread worker asks Prometheus (one instant query per metric family,
-:func:`gpuwatch.cluster.fetch`) at the scrape interval Prometheus reports, never faster
-than once a second (:class:`.cadence.Cadence`); the app folds its answers into one
+A thread worker asks Prometheus (every metric family in one instant query,
+:func:`gpuwatch.cluster.fetch`; under a host's panels only that host's figures) at the
+scrape interval Prometheus reports, never faster than once a second
+(:class:`.cadence.Cadence`); the app folds its answers into one
 :class:`~gpuwatch.cluster.Cluster` when the worker ends and redraws. Nothing here waits
 on the network: a slow or gone Prometheus costs a stale mark and one line, never a frozen
 screen, and quitting cancels the worker, which leaves the query in flight to a thread
@@ -26,7 +27,7 @@ from textual.reactive import reactive
 from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
 from textual.worker import Worker, get_current_worker
 
-from ...cluster import SORTS, Answers, Cluster, PromClient, fetch
+from ...cluster import SLOW_EVERY, SORTS, Answers, Cluster, PromClient, fetch
 from ...cluster.background import Cancelled, call
 from ...cluster.text import label, ranks_lines
 from ...fmt import fmt_duration, printable
@@ -182,11 +183,19 @@ class ClusterApp(App[int]):
         self._cadence.now()
 
     def _start(self) -> None:
-        self._ask(self.cluster.live())
+        # Under a host's panels the grid, the summary and the ranks are hidden: only the
+        # host's figures (its panels' titles) are asked; going back asks everything at once.
+        host = self.screen.host if isinstance(self.screen, HostScreen) else None
+        slow = self.refreshes % SLOW_EVERY == 0 or self.cluster.wants_slow()
+        self._ask(self.cluster.live(), slow, host)
 
     @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
-    def _ask(self, live: set[str]) -> tuple[Answers, float]:
-        """On a worker thread: one refresh's answers, and when it began (monotonic)."""
+    def _ask(
+        self, live: set[str], slow: bool = True, host: str | None = None
+    ) -> tuple[Answers, float]:
+        """On a worker thread: one refresh's answers (the :data:`~gpuwatch.cluster.SLOW`
+        families too when ``slow``; only ``host``'s figures when given), and when it
+        began (monotonic)."""
         worker = get_current_worker()
         began = time.monotonic()
         if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
@@ -201,13 +210,18 @@ class ClusterApp(App[int]):
                 pass
         try:
             answers = fetch(
-                self.client, self.matchers, cancelled=lambda: worker.is_cancelled, live=live
+                self.client,
+                self.matchers,
+                cancelled=lambda: worker.is_cancelled,
+                live=live,
+                slow=slow,
+                host=host,
             )
         except Cancelled:
             raise
         except Exception as exc:  # never a traceback on the screen: one line
             why = f"{type(exc).__name__}: {exc}"
-            answers = Answers(time.time(), errors=dict.fromkeys(CORE, why))
+            answers = Answers(time.time(), errors=dict.fromkeys(CORE, why), host=host)
         return answers, began
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -283,7 +297,9 @@ class ClusterApp(App[int]):
         # The grid's width less its scrollbar and the row's leading space: columns past it
         # are dropped by DROP_ORDER, never cut at the edge.
         room = (self.grid.size.width or self.size.width or 80) - 3
-        layout = self._layout.layout(self.cluster, self.sort, self.text, room, time.time())
+        layout = self._layout.layout(
+            self.cluster, self.sort, self.text, room, time.time(), self.grid.shown()
+        )
         self.grid_head.set(layout.head)
         self.grid.set_rows(layout.rows)
         self._rows = layout.rows
@@ -328,6 +344,10 @@ class ClusterApp(App[int]):
         key = self._selected_key()
         if key is not None:
             self._open_row(key)
+
+    def on_grid_scrolled(self, event: Grid.Scrolled) -> None:
+        if not isinstance(self.screen, HostScreen):
+            self._grid()  # the rows now in view, with their figures as they are
 
     def on_grid_opened(self, event: Grid.Opened) -> None:
         self._open_row(event.key)

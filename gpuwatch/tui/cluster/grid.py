@@ -11,6 +11,7 @@ view's CPU.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +48,11 @@ class Row:
         self.width = width
         self._runs = runs
         self._make = make
+
+    @property
+    def made(self) -> bool:
+        """Whether its runs were made (it was painted, or compared once made)."""
+        return self._runs is not None
 
     @property
     def runs(self) -> Runs:
@@ -109,24 +115,43 @@ class _Cells:
     styles: tuple[str, ...]
     fitted: tuple[tuple[int, ...], Row] | None = None
     """The row's runs for the widths (per column kept, 0 for dropped) it was fitted to."""
+    live: tuple[tuple[int, ...], Row] | None = None
+    """Out of view: the row formatted when painted, for the widths it was made for (kept
+    while not painted: its GPU's figures are read then)."""
 
 
 class GridRows:
     """Lays the cluster out as grid rows, remembering each GPU's row between refreshes:
     a GPU whose figures did not change is not formatted again, and keeps the very row
-    object it had (which :meth:`Grid.set_rows` sees as unchanged at once)."""
+    object it had (which :meth:`Grid.set_rows` sees as unchanged at once).
+
+    Only the rows in view (``shown``) are formatted again when their figures move: at 64
+    hosts a screen shows a few dozen of 576 rows, whose figures all move each second. A
+    row out of view keeps the lengths it was last formatted with for the columns' widths
+    (a GPU seen for the first time is formatted wherever it is), and is formatted from
+    its GPU's figures as they are if it is painted before the next layout (a scroll lays
+    the grid out again: :class:`Grid.Scrolled`)."""
 
     def __init__(self) -> None:
         self._cells: dict[str, _Cells] = {}
 
-    def layout(self, cluster: Cluster, sort: str, text: str, room: int, now: float) -> Layout:
+    def layout(
+        self,
+        cluster: Cluster,
+        sort: str,
+        text: str,
+        room: int,
+        now: float,
+        shown: range | None = None,
+    ) -> Layout:
         """The grid for ``cluster`` as ``sort`` orders it and ``text`` filters it, its
-        columns fitted to ``room`` cells; row keys are ``host\0NAME`` and
-        ``gpu\0HOST:INDEX``."""
+        columns fitted to ``room`` cells, the rows of ``shown`` (row indices; None: all)
+        formatted afresh; row keys are ``host\0NAME`` and ``gpu\0HOST:INDEX``."""
         hosts: list[tuple[str, Row]] = []
         gpus: list[tuple[str, _Cells]] = []
         order: list[tuple[bool, int]] = []  # (is a GPU, its index in hosts or gpus)
         cells_now: dict[str, _Cells] = {}
+        hidden: dict[int, Gpu] = {}  # index in gpus -> the GPU, of rows out of view
         for host, group in cluster.cells(sort, text):
             note = printable(cluster.host_note(group))
             style = "bold red" if "lost:" in note else "dim"
@@ -134,12 +159,13 @@ class GridRows:
             hosts.append((f"host\x00{host}", _host_row(host, note, style)))
             for g in group:
                 key = g.key
-                sig = _signature(g)
                 cells = self._cells.get(key)
-                if cells is None or sig is None or cells.signature != sig:
-                    cols = cell_columns(g, now)
-                    cols[0] = "  " + cols[0]
-                    cells = _Cells(sig, cols, tuple(map(len, cols)), _gpu_styles(g))
+                if cells is not None and shown is not None and len(order) not in shown:
+                    hidden[len(gpus)] = g  # its lengths as last formatted
+                else:
+                    sig = _signature(g)
+                    if cells is None or sig is None or cells.signature != sig:
+                        cells = _format(g, sig, now)
                 cells_now[key] = cells
                 order.append((True, len(gpus)))
                 gpus.append((f"gpu\x00{key}", cells))
@@ -161,19 +187,50 @@ class GridRows:
                 rows.append(hosts[i])
                 continue
             key, cells = gpus[i]
+            out_of_view = hidden.get(i)
+            if out_of_view is not None:  # painted only if scrolled to before the next layout
+                if cells.live is None or cells.live[0] != fitted or cells.live[1].made:
+                    make = partial(_fit_live, out_of_view, keep, widths)
+                    cells.live = (fitted, Row(row_width, make=make))
+                rows.append((key, cells.live[1]))
+                continue
             if cells.fitted is None or cells.fitted[0] != fitted:
                 cells.fitted = (fitted, Row(row_width, make=partial(_fit, cells, keep, widths)))
             rows.append((key, cells.fitted[1]))
         return Layout(head, rows)
 
 
+def _format(g: Gpu, sig: tuple[object, ...] | None, now: float) -> _Cells:
+    cols = cell_columns(g, now)
+    cols[0] = "  " + cols[0]
+    return _Cells(sig, cols, tuple(map(len, cols)), _gpu_styles(g))
+
+
+def _fit_live(g: Gpu, keep: list[int], widths: list[int]) -> Runs:
+    """A row out of view at the layout, formatted when painted (its figures as they are)."""
+    return _fit(_format(g, None, time.time()), keep, widths)
+
+
 def _fit(cells: _Cells, keep: list[int], widths: list[int]) -> Runs:
-    """A GPU row's runs: its kept columns cut or padded to their widths."""
-    runs: list[Run] = [(" ", None)]
+    """A GPU row's runs: its kept columns cut or padded to their widths, neighbours of
+    one style joined (most columns have none: a row is then a handful of segments to
+    paint rather than two per column)."""
+    runs: list[Run] = []
+    text, style = " ", None
     for k, w in zip(keep, widths, strict=True):
-        runs += [(ellipsis(cells.columns[k], w).ljust(w), STYLES[cells.styles[k]]), ("  ", None)]
-    runs.pop()
-    return tuple(runs)
+        cell, st = ellipsis(cells.columns[k], w).ljust(w), STYLES[cells.styles[k]]
+        if st is style:
+            text += cell + "  "
+            continue
+        runs.append((text, style))
+        text, style = cell, st
+        if st is None:
+            text += "  "
+        else:
+            runs.append((text, style))
+            text, style = "  ", None
+    runs.append((text[:-2] if style is None and text.endswith("  ") else text, style))
+    return tuple(r for r in runs if r[0])
 
 
 def grid_rows(cluster: Cluster, sort: str, text: str, room: int, now: float) -> Layout:
@@ -212,6 +269,9 @@ class Grid(ScrollView, can_focus=True):
         def __init__(self, key: str) -> None:
             super().__init__()
             self.key = key
+
+    class Scrolled(Message):
+        """Other rows came into view: the grid's owner lays them out afresh."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -252,6 +312,19 @@ class Grid(ScrollView, can_focus=True):
             self.refresh()  # rows past the new end are blank now
         elif shown:
             self.refresh_lines(shown[0], shown[-1] - shown[0] + 1)
+
+    def shown(self) -> range | None:
+        """The rows in view and half a screen either side (None: not laid out yet)."""
+        height = self.size.height
+        if not height:
+            return None
+        top = self.scroll_offset.y
+        return range(max(0, top - height // 2), top + height + height // 2)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if round(old_value) != round(new_value):
+            self.post_message(self.Scrolled())
 
     def _repaint_cursor(self, before: int) -> None:
         for i in {before, self.cursor}:

@@ -52,6 +52,10 @@ class Source(Protocol):
     def redraw(self) -> None:
         """Draw the grid again (it is not drawn while the panels cover it)."""
 
+    def refresh_cluster(self) -> None:
+        """Ask for the whole cluster now (only the host's figures are asked under its
+        panels)."""
+
 
 class GpuBlock(Vertical):
     """One GPU of the host: a title, the dashboard's chart and its phase band."""
@@ -209,6 +213,7 @@ class HostScreen(Screen[None]):
     def action_back(self) -> None:
         self.app.pop_screen()
         self.owner.redraw()  # the grid as the refreshes under the panels left the cluster
+        self.owner.refresh_cluster()  # and every host asked again at once
 
     def action_window(self, direction: int) -> None:
         i = WINDOWS.index(self.window_s) if self.window_s in WINDOWS else 1

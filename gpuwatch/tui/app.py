@@ -259,7 +259,10 @@ class GpuwatchApp(App[int]):
         with self.tabs:
             with TabPane("Timelines", id="timelines"):
                 yield self.overview_scroll
-                yield self.panel_list
+                # The devices known now are in the first layout: mounted from on_mount,
+                # the first frame came without them and three full redraws followed.
+                with self.panel_list:
+                    yield from self._new_panels()
             with TabPane("Peaks", id="peaks"):
                 yield self.peaks_table
                 yield self.marks_table
@@ -322,13 +325,16 @@ class GpuwatchApp(App[int]):
 
     def _sync_panels(self) -> None:
         """Mount a panel for every device the session knows, in :meth:`_order`."""
-        keys = sorted(self.session.devices, key=self._order)
-        for key in keys:
-            if key not in self._panels:
-                panel = DevicePanel(self.session, key, self.predicted)
-                self._panels[key] = panel
-                self.panel_list.mount(panel)
+        for panel in self._new_panels():
+            self.panel_list.mount(panel)
         self._arrange_panels()
+
+    def _new_panels(self) -> list[DevicePanel]:
+        """A panel for every device the session knows that has none yet, in :meth:`_order`."""
+        keys = [k for k in sorted(self.session.devices, key=self._order) if k not in self._panels]
+        for key in keys:
+            self._panels[key] = DevicePanel(self.session, key, self.predicted)
+        return [self._panels[k] for k in keys]
 
     def _arrange_panels(self) -> None:
         """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the

@@ -42,6 +42,7 @@ from ._text import Fitted, Part, markup_safe, plain_lines
 from .actions import LIVE_ACTIONS, REPLAY_ACTIONS, bindings, help_keys
 from .chart import TimelineChart
 from .confirm import Confirm
+from .dashboard_screen import DashboardScreen
 from .keys import Key, KeyBar
 from .overview import CSS_PATH as OVERVIEW_CSS
 from .overview import GpuOverview, gpu_devices
@@ -233,6 +234,9 @@ class GpuwatchApp(App[int]):
         # Every gw-* variable exists from the first frame, whatever theme is current
         # (one of Textual's own themes, picked from the palette, defines none of them).
         return {**super().get_theme_variable_defaults(), **VARIABLE_DEFAULTS}
+
+    def get_default_screen(self) -> Screen:
+        return DashboardScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: a modal screen on top must not hide them from the timers.

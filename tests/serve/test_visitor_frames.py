@@ -78,14 +78,17 @@ def test_first_frame_is_whole_and_a_paused_replay_then_sends_nothing(
 ) -> None:
     screen = Screen(*SIZE)
     first: list[str] | None = None
+    frame = 0  # the first frame's bytes
+    sent = 0  # all bytes until settled
     last_output = 0.0
     settled_at = None
     sent_after: list[int] = []
     for at, payload in _packets(visitor, 60.0):
         if payload:
             screen.feed(payload)
+            sent += len(payload)
             if first is None and len(payload) >= FRAME:
-                first = screen.lines()
+                first, frame = screen.lines(), len(payload)
             elif first is not None:
                 sent_after.append(len(payload))
             last_output = at
@@ -99,6 +102,10 @@ def test_first_frame_is_whole_and_a_paused_replay_then_sends_nothing(
     assert "REPLAY" in text and "peak in phase" in text, text
     # Paused on the spike, loaded: the scrubber redrew the same line every 0.25 s.
     assert settled_at is not None, f"still sending after its first frame: {sent_after[-8:]}"
+    # The same picture was sent three more times (two resizes to the size it had, the
+    # repaint of everything the first layout sized): one redraw is left (Textual's own, of
+    # each widget that got its size), and the tabs' underline.
+    assert sent < 2.5 * frame, f"{sent} bytes to settle, the frame is {frame}: {sent_after}"
     late = [len(p) for _, p in _packets(visitor, 2.0) if p]
     assert late == [], f"paused and settled, it still sent packets of {late} bytes"
     # Silence, not an exit: the dashboard is still running.

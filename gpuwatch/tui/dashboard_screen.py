@@ -14,12 +14,18 @@ class DashboardScreen(Screen[None]):
     first layout (every widget new: a full frame), the repaint that laying out asks of
     every widget given its size and of the screen (two more), and one for each of two
     resize events of the size the screen already has (the app's own, then the driver's,
-    which the app passes on though the size is unchanged). In a terminal that is wasted
+    which the app passes on though the size is unchanged), and the restyle and redraw
+    when the breakpoint classes came after the first frame. In a terminal that is wasted
     work; for a browser each frame is sent, parsed and painted by every visitor.
     """
 
     def _on_screen_resume(self, event: events.ScreenResume) -> None:
         first = not self.stack_updates
+        if first:
+            # Textual gives the breakpoint classes at the first resize event, after the
+            # first frame: drawn without them (at 80x24 in the wrong layout), then
+            # restyled and drawn again. Here the restyle of the resume takes them.
+            self.update_classes(self._breakpoints(self.app.size), update=False)
         event.prevent_default()  # Screen's own handler is called here, then no other
         Screen._on_screen_resume(self, event)
         if first and self.is_current:
@@ -32,3 +38,17 @@ class DashboardScreen(Screen[None]):
         # refresh would not lay out.
         if size != self.outer_size:
             super()._screen_resized(size)
+
+    def _breakpoints(self, size: Size) -> dict[str, bool]:
+        """The breakpoint classes of ``size``, as the screen's resize handler gives them."""
+        app = self.app
+        across = self.HORIZONTAL_BREAKPOINTS
+        down = self.VERTICAL_BREAKPOINTS
+        across = (app.HORIZONTAL_BREAKPOINTS if across is None else across) or []
+        down = (app.VERTICAL_BREAKPOINTS if down is None else down) or []
+        classes = {name: False for _, name in [*across, *down]}
+        for cells, breakpoints in ((size.width, across), (size.height, down)):
+            reached = [(at, name) for at, name in breakpoints if cells >= at]
+            if reached:
+                classes[max(reached)[1]] = True
+        return classes

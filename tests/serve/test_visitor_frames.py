@@ -22,7 +22,8 @@ from vtscreen import Screen
 from gpuwatch.serve.visitor import DRIVER_ENV
 
 SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
-SIZE = (155, 42)
+SIZES = {"browser": (155, 42), "80x24": (80, 24)}
+"""A browser window's cells, and a laptop terminal's (one panel at a time, ``-short``)."""
 FRAME = 4096
 """Bytes from which a packet is a frame (the driver's own escapes are a few bytes each)."""
 QUIET = 1.5
@@ -57,9 +58,10 @@ def _packets(proc: subprocess.Popen[bytes], limit: float) -> Iterator[tuple[floa
                 yield time.monotonic(), payload
 
 
-@pytest.fixture
-def visitor() -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, **DRIVER_ENV, "COLUMNS": str(SIZE[0]), "ROWS": str(SIZE[1])}
+@pytest.fixture(params=SIZES)
+def visitor(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[bytes]]:
+    width, height = SIZES[request.param]
+    env = {**os.environ, **DRIVER_ENV, "COLUMNS": str(width), "ROWS": str(height)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwatch", "replay", str(SPIKE)],
         stdin=subprocess.PIPE,
@@ -76,7 +78,7 @@ def visitor() -> Iterator[subprocess.Popen[bytes]]:
 def test_first_frame_is_whole_and_a_paused_replay_then_sends_nothing(
     visitor: subprocess.Popen[bytes],
 ) -> None:
-    screen = Screen(*SIZE)
+    screen = Screen(500, 200)
     first: list[str] | None = None
     frame = 0  # the first frame's bytes
     sent = 0  # all bytes until settled
@@ -103,8 +105,9 @@ def test_first_frame_is_whole_and_a_paused_replay_then_sends_nothing(
     # Paused on the spike, loaded: the scrubber redrew the same line every 0.25 s.
     assert settled_at is not None, f"still sending after its first frame: {sent_after[-8:]}"
     # The same picture was sent three more times (two resizes to the size it had, the
-    # repaint of everything the first layout sized): one redraw is left (Textual's own, of
-    # each widget that got its size), and the tabs' underline.
+    # repaint of everything the first layout sized), and once more restyled with the
+    # breakpoint classes: one redraw is left (Textual's own, of each widget that got its
+    # size), and the tabs' underline.
     assert sent < 2.5 * frame, f"{sent} bytes to settle, the frame is {frame}: {sent_after}"
     late = [len(p) for _, p in _packets(visitor, 2.0) if p]
     assert late == [], f"paused and settled, it still sent packets of {late} bytes"

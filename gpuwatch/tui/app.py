@@ -42,6 +42,7 @@ from ._text import Fitted, Part, markup_safe, plain_lines
 from .actions import LIVE_ACTIONS, REPLAY_ACTIONS, bindings, help_keys
 from .chart import TimelineChart
 from .confirm import Confirm
+from .dashboard_screen import DashboardScreen
 from .keys import Key, KeyBar
 from .overview import CSS_PATH as OVERVIEW_CSS
 from .overview import GpuOverview, gpu_devices
@@ -234,6 +235,9 @@ class GpuwatchApp(App[int]):
         # (one of Textual's own themes, picked from the palette, defines none of them).
         return {**super().get_theme_variable_defaults(), **VARIABLE_DEFAULTS}
 
+    def get_default_screen(self) -> Screen:
+        return DashboardScreen(id="_default")
+
     def compose(self) -> ComposeResult:
         # Kept as attributes: a modal screen on top must not hide them from the timers.
         self.status_bar = Fitted(id="status")
@@ -259,7 +263,10 @@ class GpuwatchApp(App[int]):
         with self.tabs:
             with TabPane("Timelines", id="timelines"):
                 yield self.overview_scroll
-                yield self.panel_list
+                # The devices known now are in the first layout: mounted from on_mount,
+                # the first frame came without them and three full redraws followed.
+                with self.panel_list:
+                    yield from self._new_panels()
             with TabPane("Peaks", id="peaks"):
                 yield self.peaks_table
                 yield self.marks_table
@@ -322,13 +329,16 @@ class GpuwatchApp(App[int]):
 
     def _sync_panels(self) -> None:
         """Mount a panel for every device the session knows, in :meth:`_order`."""
-        keys = sorted(self.session.devices, key=self._order)
-        for key in keys:
-            if key not in self._panels:
-                panel = DevicePanel(self.session, key, self.predicted)
-                self._panels[key] = panel
-                self.panel_list.mount(panel)
+        for panel in self._new_panels():
+            self.panel_list.mount(panel)
         self._arrange_panels()
+
+    def _new_panels(self) -> list[DevicePanel]:
+        """A panel for every device the session knows that has none yet, in :meth:`_order`."""
+        keys = [k for k in sorted(self.session.devices, key=self._order) if k not in self._panels]
+        for key in keys:
+            self._panels[key] = DevicePanel(self.session, key, self.predicted)
+        return [self._panels[k] for k in keys]
 
     def _arrange_panels(self) -> None:
         """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the

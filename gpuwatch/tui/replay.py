@@ -39,8 +39,25 @@ class Scrubber(Widget):
         super().__init__()
         self.player = player
         self._bar = (0, 0)  # (first cell, cells) of the bar within the widget
+        self._drawn: tuple[object, ...] | None = None  # the state last rendered
+
+    def state(self) -> tuple[object, ...]:
+        """What :meth:`render` draws from: the bar changes only when this does."""
+        p = self.player
+        loader = p.loader
+        loading = None if loader is None else (loader.done, loader.loaded_until)
+        return (p.playing, p.speed, p.position(), p.bounds(), p.growing, loading)
+
+    def tick(self) -> None:
+        """Redraw if the playback or the loading moved: a paused replay that has loaded
+        all of its file sends nothing (a browser would receive, parse and paint the same
+        line four times a second)."""
+        state = self.state()
+        if state != self._drawn:
+            self.refresh()
 
     def render(self) -> Text:
+        self._drawn = self.state()
         p = self.player
         first, last = p.bounds()
         pos = p.position()
@@ -162,7 +179,7 @@ class ReplayTransport(Transport):
         )
 
     def _transport_tick(self) -> None:
-        self.scrubber.refresh()
+        self.scrubber.tick()
         loader = self.player.loader
         if not self._frozen and (loader is None or loader.done):
             # Loading is over: what exists now lives as long as the app. Taking it out of

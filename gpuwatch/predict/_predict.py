@@ -249,6 +249,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         causal_mask=bool(tf.get("causal_mask")),
         shared_norm=bool(tf.get("shared_norm")),
         broadcast_kv=bool(tf.get("broadcast_kv")),
+        rope_cat=bool(tf.get("rope_cat")),
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
         ),

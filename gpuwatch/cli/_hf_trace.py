@@ -55,14 +55,19 @@ def _config(config: dict[str, Any]) -> Any:
 
 def build(config: dict[str, Any]) -> Any:
     """The config's model (``architectures[0]`` where transformers has it, else the
-    causal LM, else the sequence-to-sequence LM, else the bare model), on whatever device
-    or mode is active.
+    causal LM, else the sequence-to-sequence LM, else the image classifier, else the bare
+    model), on whatever device or mode is active.
 
     Raises:
         Exception: Whatever transformers raises for a config it cannot build.
     """
     import transformers
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForImageClassification,
+        AutoModelForSeq2SeqLM,
+    )
 
     cfg = _config(config)
     archs = config.get("architectures")
@@ -70,7 +75,7 @@ def build(config: dict[str, Any]) -> Any:
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
     if cls is not None:
         return cls(cfg)
-    for auto in (AutoModelForCausalLM, AutoModelForSeq2SeqLM):
+    for auto in (AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForImageClassification):
         try:
             return auto.from_config(cfg)
         except ValueError:  # not a family this head takes
@@ -185,6 +190,101 @@ def _unpacked_rows() -> Iterator[bool]:
         masking_utils.find_packed_sequence_indices = find
 
 
+def image_input(config: Any) -> tuple[int, int, int] | None:
+    """A vision config's image as the model takes it, ``(channels, height, width)``
+    (``num_channels``, ``image_size``), or None for a config with no image size."""
+    size = (
+        config.get("image_size")
+        if isinstance(config, dict)
+        else getattr(config, "image_size", None)
+    )
+    channels = (
+        config.get("num_channels", 3)
+        if isinstance(config, dict)
+        else getattr(config, "num_channels", 3)
+    )
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size, size)
+    if not (
+        isinstance(size, (list, tuple))
+        and len(size) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in size)
+        and isinstance(channels, int)
+        and channels > 0
+    ):
+        return None
+    return channels, size[0], size[1]
+
+
+def image_tokens(config: dict[str, Any]) -> int | None:
+    """The tokens a vision config's layers see per image (its patches and the CLS or
+    distillation tokens the family adds), from its embeddings run on the meta device; None
+    for a config with no image input, or one transformers cannot build."""
+    image = image_input(config)
+    if image is None:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.device("meta"):
+                model = build(config)
+                embeddings = getattr(model.base_model, "embeddings", None)
+                if model.main_input_name != "pixel_values" or embeddings is None:
+                    return None
+                out = embeddings(torch.zeros(1, *image))
+    except Exception:  # a vision family whose embeddings want more than the pixels
+        return None
+    first = out[0] if isinstance(out, tuple) else out
+    shape = getattr(first, "shape", ())
+    return int(shape[1]) if len(shape) == 3 else None
+
+
+def _inputs(model: Any, batch: int, seq: int, dtype: Any) -> dict[str, Any]:
+    """One training batch of the model's main input, with the labels its loss wants:
+    token ids (``seq`` of them) for a language model, images for a vision model (b×C×H×W
+    in the weights' dtype, as the run's images reach the patch embedding; class ids for an
+    image classifier)."""
+    import torch
+
+    image = image_input(model.config)
+    if getattr(model, "main_input_name", "input_ids") == "pixel_values" and image is not None:
+        inputs: dict[str, Any] = {"pixel_values": torch.zeros(batch, *image, dtype=dtype)}
+        if type(model).__name__.endswith("ForImageClassification"):
+            inputs["labels"] = torch.zeros(batch, dtype=torch.long)
+        return inputs
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    inputs = {"input_ids": ids, "labels": ids}
+    if getattr(model.config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = ids
+    return inputs
+
+
+@contextmanager
+def _valueless_init() -> Iterator[None]:
+    """transformers' ``trunc_normal_`` initialiser skipped while a model is built on fake
+    tensors: torch's reads a value back (a data-dependent ``item``), which fake tensors do
+    not have (ViT's position embeddings and CLS token). The values never matter there."""
+    try:
+        from transformers import initialization
+    except ImportError:
+        yield
+        return
+    funcs = getattr(initialization, "TORCH_INIT_FUNCTIONS", None)
+    if not isinstance(funcs, dict) or "trunc_normal_" not in funcs:
+        yield
+        return
+    was = funcs["trunc_normal_"]
+    funcs["trunc_normal_"] = lambda tensor, *args, **kwargs: tensor
+    try:
+        yield
+    finally:
+        funcs["trunc_normal_"] = was
+
+
 def _step(
     config: dict[str, Any],
     batch: int,
@@ -210,7 +310,8 @@ def _step(
         default = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
-            model = build(config)
+            with _valueless_init():
+                model = build(config)
         finally:
             torch.set_default_dtype(default)
         model.train()
@@ -218,10 +319,10 @@ def _step(
             notes.append("experts: each token's top-k choices dealt evenly across experts")
         if checkpointing:
             model.gradient_checkpointing_enable({"use_reentrant": False})
-        ids = torch.zeros(batch, seq, dtype=torch.long)
-        inputs: dict[str, Any] = {"input_ids": ids, "labels": ids}
-        if getattr(model.config, "is_encoder_decoder", False):
-            inputs["decoder_input_ids"] = ids
+        inputs = _inputs(model, batch, seq, dtype)
+        if "pixel_values" in inputs:
+            c, hgt, wid = inputs["pixel_values"].shape[1:]
+            notes.append(f"each sample a {c}×{hgt}×{wid} image (the config's)")
         meter = Meter(torch, model)
         if not meter.start():
             raise RuntimeError(f"the meter did not start: {meter.error}")

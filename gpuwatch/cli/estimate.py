@@ -20,7 +20,7 @@ from typing import Any
 
 from ..fmt import fmt_bytes
 from ._common import EXIT_OK, CliError
-from ._hf_trace import meta_count, traced_activations
+from ._hf_trace import image_input, image_tokens, meta_count, traced_activations
 
 TRACE_STEPS = 2
 """Steps ``--trace`` runs: the first creates optimizer state, the second is the steady one."""
@@ -236,7 +236,17 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
                 f"{counted[0]:,} parameters: {counted[1]} built on the meta device (no closed"
                 " form for this family)"
             )
-            if args.seq is None:
+            tokens = image_tokens(config)
+            if tokens is not None:
+                if args.seq is not None and args.seq != tokens:
+                    raise CliError(f"--seq {args.seq}: this model sees {tokens} tokens per image")
+                args.seq = tokens
+                c, hgt, wid = image_input(config) or (0, 0, 0)
+                assumed.append(
+                    f"sequence {tokens}: the patches and special tokens of a {c}×{hgt}×{wid}"
+                    " image (the config's)"
+                )
+            elif args.seq is None:
                 seq = next(
                     (
                         config[k]

@@ -253,6 +253,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
         ),
+        classes=fact_int(image.get("labels")) or 1000 if image else 1000,
     )
     if arch.device == "cpu" and arch.attn_dropout > 0 and arch.attention != "eager":
         notes.append("SDPA with dropout on the CPU takes the math path: modelled as eager")

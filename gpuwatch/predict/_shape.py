@@ -599,6 +599,7 @@ def facts_from_shape(
                 "channels": shape.channels,
                 "size": shape.image_size,
                 "patch": shape.patch_size,
+                "labels": shape.labels,
             }
         facts["transformer"] = tf
     if batch and seq:

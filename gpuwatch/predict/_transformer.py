@@ -80,7 +80,7 @@ class Arch:
             (b, heads, s, d) rather than as a transposed view.
         image_elements: Pixels per image (channels x size²) of a vision transformer,
             whose patch embedding keeps its input; 0 for token inputs. ``vocab`` 0 means
-            no LM head: a classifier on the CLS token instead.
+            no LM head: a classifier on the CLS token instead, of ``classes`` classes.
     """
 
     layers: int
@@ -124,6 +124,7 @@ class Arch:
     broadcast_kv: bool = False
     rope_cat: bool = False
     image_elements: int = 0
+    classes: int = 1000
 
     def __post_init__(self) -> None:
         self.kv_heads = self.kv_heads or self.heads
@@ -235,10 +236,15 @@ class _Recorder:
         # addmm/mm: grad of the weight needs the input; grad of the input needs the weight.
         params = [(key, w_numel * a.param_elt)] if trains else []
         inputs = [xin] + ([weight] if weight is not None else [])
+        # A trainable weight's copy stays in autocast's cache to the forward's end even
+        # where no input gradient needs it (a patch embedding of images): counted as kept.
         self.op(
             inputs,
             [out],
-            [xin if trains else None, weight if (weight is not None and xin.rg) else None],
+            [
+                xin if trains else None,
+                weight if (weight is not None and (xin.rg or trains)) else None,
+            ],
             params,
         )
         return out
@@ -475,7 +481,11 @@ class _Recorder:
             # No vocabulary (ViT): a classifier on the CLS token; logits and loss are tiny.
             cls = self.new(a.batch * h, x.elt, x.rg)
             self.op([x], [cls])  # select the CLS row: a view, its backward scatters
-            logits = self._linear(cls, h, 1000, "classifier", a.trains("head"), True)
+            logits = self._linear(cls, h, a.classes, "classifier", a.trains("head"), True)
+            # The row is a view of the whole sequence's output: kept uncast (no autocast
+            # copy to keep instead), it keeps that whole storage.
+            saved = self.ops[-1].saved
+            saved[:] = [x if t is cls else t for t in saved]
             loss = self.new(1, 4, logits.rg)
             self.op([self.unary(self.cast(logits, 4), save_output=True)], [loss])
             return loss

@@ -1,7 +1,7 @@
 """The families ``estimate`` has no closed form for, traced on fake tensors, against a run.
 
 Each config is its family's public architecture (Mixtral-8x7B, T5 v1.1, Gemma-7B,
-Phi-2: the same layer layout, activation, norms, heads and expert routing) scaled down
+Phi-2, DeiT: the same layer layout, activation, norms, heads and expert routing) scaled down
 to run here. ``estimate`` sees only the config: it counts the parameters on the meta
 device and traces one training step on fake tensors (``cli/_hf_trace.py``); the same
 model then really trains two steps on the CPU, and torch.profiler's allocator events give
@@ -20,7 +20,13 @@ transformers = pytest.importorskip("transformers")
 
 from profmem import ProfiledMemory  # noqa: E402
 
-from gpuwatch.cli._hf_trace import build, meta_count, traced_activations  # noqa: E402
+from gpuwatch.cli._hf_trace import (  # noqa: E402
+    build,
+    image_input,
+    image_tokens,
+    meta_count,
+    traced_activations,
+)
 from gpuwatch.predict import Plan, rank_estimate, shape_from_config, total  # noqa: E402
 from gpuwatch.predict._shape import MODEL_TYPES  # noqa: E402
 
@@ -89,6 +95,20 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "hidden_act": "gelu_new",
         "max_position_embeddings": SEQ,
     },
+    # DeiT-B/16: ViT's layer with a distillation token beside CLS (no closed form): the
+    # trace feeds it images, as the run does.
+    "deit": {
+        "architectures": ["DeiTForImageClassification"],
+        "model_type": "deit",
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 4,
+        "hidden_act": "gelu",
+        "image_size": 64,
+        "patch_size": 8,
+        "num_labels": 10,
+    },
 }
 
 
@@ -104,10 +124,17 @@ def _truth(config: dict[str, Any]) -> dict[tuple[int, str], int]:
     model = build({**config, "attn_implementation": "sdpa", "use_cache": False})
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    inputs = {"input_ids": ids, "labels": ids}
-    if config.get("is_encoder_decoder"):
-        inputs["decoder_input_ids"] = ids
+    image = image_input(config)
+    if image is not None:
+        inputs = {
+            "pixel_values": torch.randn(BATCH, *image),
+            "labels": torch.randint(0, config["num_labels"], (BATCH,)),
+        }
+    else:
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+        inputs = {"input_ids": ids, "labels": ids}
+        if config.get("is_encoder_decoder"):
+            inputs["decoder_input_ids"] = ids
     for step in (1, 2):
         with mem.phase(step, "forward"):
             loss = model(**inputs).loss
@@ -130,14 +157,16 @@ def test_a_family_without_a_closed_form_is_planned_from_its_trace(name: str) -> 
         shape_from_config(config)  # no closed form: the trace is what knows it
     counted = meta_count(config)
     assert counted is not None
-    act, notes = traced_activations(config, batch=BATCH, seq=SEQ, precision="fp32")
+    seq = image_tokens(config) or SEQ
+    act, notes = traced_activations(config, batch=BATCH, seq=seq, precision="fp32")
     assert act["bytes"] > 0 and act["modules"]
     assert any("experts" in n for n in notes) == (name == "mixtral")
+    assert any("3×64×64 image" in n for n in notes) == (name == "deit")
     plan = Plan(
         None,
         params=counted[0],
         batch=BATCH,
-        seq=SEQ,
+        seq=seq,
         precision="fp32",
         impl="for-loop",
         device="cpu",
@@ -321,11 +350,9 @@ CLOSED: dict[str, dict[str, Any]] = {
 
 # Where a family's closed form and its trace disagree today: each is a real disagreement
 # (strict: the test fails once it agrees), kept visible rather than the tolerance widened.
-_NO_PIXELS = "the trace feeds token ids; a ViT needs pixel_values (no trace to agree with)"
-DISAGREE: dict[tuple[str, str], str] = {
-    ("vit", "fp32"): _NO_PIXELS,
-    ("vit", "bf16-mixed"): _NO_PIXELS,
-}
+# Where a family's closed form and its trace disagree (strict: the test fails once it
+# agrees), kept visible rather than the tolerance widened. None today.
+DISAGREE: dict[tuple[str, str], str] = {}
 
 
 def _closed_cases() -> list[Any]:

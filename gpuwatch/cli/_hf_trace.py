@@ -311,7 +311,19 @@ def _step(
         torch.set_default_dtype(dtype)
         try:
             with _valueless_init():
-                model = build(config)
+                try:
+                    model = build(config)
+                except ValueError as exc:
+                    # A family transformers runs only eagerly (Gemma-2: soft-capped
+                    # logits) refuses SDPA by name; left to choose, transformers takes
+                    # eager for it, and so does the trace.
+                    if attention != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                        raise
+                    config = dict(config, attn_implementation="eager")
+                    model = build(config)
+                    notes.append(
+                        f"{type(model).__name__} has no SDPA in transformers: eager attention"
+                    )
         finally:
             torch.set_default_dtype(default)
         model.train()
@@ -347,17 +359,15 @@ def _add(into: dict[str, Any], base: dict[str, Any], more: dict[str, Any], times
             into[k] += times * (int(more.get(k) or 0) - int(base.get(k) or 0))
 
 
-def _extrapolate(
-    base: dict[str, Any], bumped: dict[str, dict[str, Any]], extra: dict[str, int]
-) -> dict[str, Any]:
-    """The full depth's facts from the base trace and one trace per stack with a layer
-    more: each stack's per-layer difference repeated ``extra[key]`` times."""
+def _extrapolate(base: dict[str, Any], bumps: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    """The full depth's facts from the base trace and traces with one layer more: each
+    ``(more, times)`` adds ``more``'s per-layer difference ``times`` over (one per stack,
+    or one per kind of layer where a stack mixes kinds)."""
     out = {**base, "modules": [dict(m) for m in base.get("modules") or []]}
     for peak in _PEAKS:
         if isinstance(base.get(peak), dict):
             out[peak] = dict(base[peak])
-    for key, more in bumped.items():
-        times = extra[key]
+    for more, times in bumps:
         if times <= 0:
             continue
         _add(out, base, more, times)
@@ -376,13 +386,37 @@ def _extrapolate(
             if not index.isdigit():
                 out["modules"].append(dict(m))
                 continue
-            after = max(
-                (i for i, o in enumerate(out["modules"]) if o["name"].startswith(stem + ".")),
-                default=len(out["modules"]) - 1,
+            listed = [
+                i
+                for i, o in enumerate(out["modules"])
+                if o["name"].startswith(stem + ".") and o["name"][len(stem) + 1 :].isdigit()
+            ]
+            after = max(listed, default=len(out["modules"]) - 1)
+            first = (
+                max(int(out["modules"][i]["name"][len(stem) + 1 :]) for i in listed) + 1
+                if listed
+                else int(index)
             )
-            copies = [dict(m, name=f"{stem}.{int(index) + i}") for i in range(times)]
+            copies = [dict(m, name=f"{stem}.{first + i}") for i in range(times)]
             out["modules"][after + 1 : after + 1] = copies
     return out
+
+
+def layer_kinds(config: dict[str, Any]) -> list[str] | None:
+    """The kind of each decoder layer where the config mixes kinds (Gemma-2/3's sliding-
+    window and global attention: ``layer_types``, as transformers derives it from the
+    config), else None."""
+    if set(layer_counts(config)) != {"num_hidden_layers"}:
+        return None
+    try:
+        kinds = getattr(_config(config), "layer_types", None)
+    except Exception:  # a config transformers cannot read: no kinds to mix
+        return None
+    if not isinstance(kinds, list) or len(kinds) != config["num_hidden_layers"]:
+        return None
+    if not all(isinstance(k, str) for k in kinds) or len(set(kinds)) < 2:
+        return None
+    return kinds
 
 
 def traced_activations(
@@ -409,25 +443,63 @@ def traced_activations(
     except ImportError as exc:
         raise RuntimeError(f"tracing a config's activations needs transformers: {exc}")
     stacks = layer_counts(config)
+    kinds = layer_kinds(config)
     try:
         if full or sum(stacks.values()) <= FULL_TRACE_LAYERS:
             return _step(config, batch, seq, precision, attention, checkpointing)
+        if kinds is not None:
+            return _by_kind(config, kinds, batch, seq, precision, attention, checkpointing)
         first = next(iter(stacks))
         small = {
             k: min(v, BASE_LAYERS + (len(stacks) - 1 if k == first else 0))
             for k, v in stacks.items()
         }
         base, notes = _step({**config, **small}, batch, seq, precision, attention, checkpointing)
-        bumped = {}
+        bumps = []
         for key, layers in stacks.items():
             if layers > small[key]:
                 cfg = {**config, **small, key: small[key] + 1}
-                bumped[key] = _step(cfg, batch, seq, precision, attention, checkpointing)[0]
+                more = _step(cfg, batch, seq, precision, attention, checkpointing)[0]
+                bumps.append((more, layers - small[key]))
     except RuntimeError:
         raise
     except Exception as exc:  # any model the fake step cannot run, in one line
         raise RuntimeError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    extra = {k: stacks[k] - small[k] for k in stacks}
     shown = ", ".join(f"{k} {small[k]}+1 of {v}" for k, v in stacks.items())
     notes.append(f"traced with {shown} layers and the per-layer difference repeated")
-    return _extrapolate(base, bumped, extra), notes
+    return _extrapolate(base, bumps), notes
+
+
+def _by_kind(
+    config: dict[str, Any],
+    kinds: list[str],
+    batch: int,
+    seq: int,
+    precision: str,
+    attention: str,
+    checkpointing: bool,
+) -> tuple[dict[str, Any], list[str]]:
+    """A stack mixing kinds of layer (Gemma-2/3), extrapolated kind by kind: a base of
+    one layer of each kind (what the model builds once per kind, a shared mask, is in
+    it), then one trace per kind with one layer of it more, each kind's difference
+    repeated for the config's other layers of that kind."""
+    distinct = list(dict.fromkeys(kinds))
+    base_kinds = distinct + kinds[: max(0, BASE_LAYERS - len(distinct))]
+    layers = len(kinds)
+
+    def with_kinds(these: list[str]) -> dict[str, Any]:
+        return {**config, "num_hidden_layers": len(these), "layer_types": these}
+
+    base, notes = _step(with_kinds(base_kinds), batch, seq, precision, attention, checkpointing)
+    bumps = []
+    for kind in distinct:
+        times = kinds.count(kind) - base_kinds.count(kind)
+        if times > 0:
+            cfg = with_kinds([*base_kinds, kind])
+            bumps.append((_step(cfg, batch, seq, precision, attention, checkpointing)[0], times))
+    counts = ", ".join(f"{kinds.count(k)} {k}" for k in distinct)
+    notes.append(
+        f"traced with {len(base_kinds)} layers and one more of each kind, each kind's"
+        f" per-layer difference repeated to its count ({counts} of {layers} layers)"
+    )
+    return _extrapolate(base, bumps), notes

@@ -24,6 +24,7 @@ from gpuwatch.cli._hf_trace import (  # noqa: E402
     build,
     image_input,
     image_tokens,
+    layer_kinds,
     meta_count,
     traced_activations,
 )
@@ -202,6 +203,54 @@ def test_the_per_layer_extrapolation_is_a_full_trace(name: str) -> None:
     assert [m["name"] for m in quick["modules"]] == [m["name"] for m in whole["modules"]]
     assert sum(m["grad_bytes"] for m in quick["modules"]) == sum(
         m["grad_bytes"] for m in whole["modules"]
+    )
+
+
+# Gemma-3 (five sliding-window layers to one global) and Gemma-2 (alternating, eager only):
+# the layers of each kind save differently (a sliding layer's SDPA keeps its mask).
+MIXED: dict[str, dict[str, Any]] = {
+    "gemma3": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 7,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 16,
+        "max_position_embeddings": 64,
+    },
+    "gemma2": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 7,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 16,
+        "max_position_embeddings": 64,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_layers_of_several_kinds_are_extrapolated_kind_by_kind(name: str) -> None:
+    config = {**MIXED[name], "vocab_size": 256}
+    kinds = layer_kinds(config)
+    assert kinds is not None and len(set(kinds)) == 2
+    kw = {"batch": 1, "seq": 64, "precision": "fp32"}
+    quick, notes = traced_activations(config, **kw)
+    whole, _ = traced_activations(config, full=True, **kw)
+    assert any("per-layer difference repeated to its count" in n for n in notes), notes
+    assert any("eager attention" in n for n in notes) == (name == "gemma2")
+    for key in ("bytes", "tensors", "amp_copy_bytes", "held_output_bytes"):
+        assert quick[key] == whole[key], key
+    assert quick["forward_peak"]["saved_bytes"] == whole["forward_peak"]["saved_bytes"]
+    assert sorted(m["bytes"] for m in quick["modules"]) == sorted(
+        m["bytes"] for m in whole["modules"]
     )
 
 

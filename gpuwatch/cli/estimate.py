@@ -391,7 +391,39 @@ def _traced(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
         "activations traced: one training step of the model on fake tensors (CPU kernels),"
         " what autograd saved counted as a live run counts it" + "".join(f"; {n}" for n in notes)
     )
-    return replace(plan, activations=act, activations_batch=plan.batch, tensors=args.meta_tensors)
+    plan = replace(plan, activations=act, activations_batch=plan.batch, tensors=args.meta_tensors)
+    return _checkpointed_trace(args, plan, assumed)
+
+
+def _checkpointed_trace(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
+    """A traced plan that does not fit the GPUs named: the step traced once more with
+    every layer checkpointed, for the ranked changes (none where it fits or is already
+    checkpointed: the trace costs as much as the first)."""
+    from dataclasses import replace
+
+    from ..predict import rank_estimate
+
+    if plan.checkpointing or args.gpus_parsed is None:
+        return plan
+    try:
+        if rank_estimate(plan).peak_bytes <= args.gpus_parsed.usable(args.reserve_bytes):
+            return plan
+    except ValueError:
+        return plan  # the layout refuses the plan: _result says so
+    try:
+        act, _ = traced_activations(
+            args.meta_config,
+            batch=plan.batch,
+            seq=plan.seq,
+            precision=plan.precision,
+            attention=plan.attention,
+            checkpointing=True,
+        )
+    except RuntimeError as exc:
+        assumed.append(f"gradient checkpointing not planned: the fake-tensor step failed: {exc}")
+        return plan
+    assumed.append("gradient checkpointing planned from the step traced with it")
+    return replace(plan, activations_checkpointed=act)
 
 
 def _result(args: argparse.Namespace, plan: Any, assumed: list[str]) -> dict[str, Any]:

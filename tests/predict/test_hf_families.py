@@ -28,7 +28,13 @@ from gpuwatch.cli._hf_trace import (  # noqa: E402
     meta_count,
     traced_activations,
 )
-from gpuwatch.predict import Plan, rank_estimate, shape_from_config, total  # noqa: E402
+from gpuwatch.predict import (  # noqa: E402
+    Plan,
+    answer,
+    rank_estimate,
+    shape_from_config,
+    total,
+)
 from gpuwatch.predict._shape import MODEL_TYPES  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -117,13 +123,15 @@ def _config(name: str) -> dict[str, Any]:
     return {**FAMILIES[name], "vocab_size": VOCAB}
 
 
-def _truth(config: dict[str, Any]) -> dict[tuple[int, str], int]:
+def _truth(config: dict[str, Any], checkpointing: bool = False) -> dict[tuple[int, str], int]:
     """Each phase's peak of two real training steps on the CPU (fp32, AdamW for-loop)."""
     mem = ProfiledMemory("cpu")
     mem.start()
     torch.manual_seed(0)
     model = build({**config, "attn_implementation": "sdpa", "use_cache": False})
     model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     image = image_input(config)
     if image is not None:
@@ -177,13 +185,50 @@ def test_a_family_without_a_closed_form_is_planned_from_its_trace(name: str) -> 
     )
     pred = rank_estimate(plan).prediction
     assert pred.activations_known and pred.activations_source == "measured"
+    _against(name, pred, _truth(config))
+
+
+def _against(name: str, pred: Any, truths: dict[tuple[int, str], int]) -> None:
+    """Each phase's predicted peak within TOLERANCE of the run's."""
     bad = []
-    for (step, phase), truth in sorted(_truth(config).items()):
+    for (step, phase), truth in sorted(truths.items()):
         got = total(pred.phases[phase, step == 1].peak)
         print(f"{name} step {step} {phase}: {got / truth:.3f}")
         if abs(got - truth) > TOLERANCE * truth:
             bad.append(f"step {step} {phase}: {got / truth:.3f} of the truth")
     assert not bad, f"{name}: " + "; ".join(bad)
+
+
+def test_checkpointing_is_a_ranked_change_for_a_traced_family() -> None:
+    # Gemma has no closed form: what checkpointing saves comes from the step traced with
+    # it, and the change's plan holds against a real run with every layer checkpointed.
+    config = _config("gemma")
+    counted = meta_count(config)
+    assert counted is not None
+    kw: dict[str, Any] = {"batch": BATCH, "seq": SEQ, "precision": "fp32"}
+    act, _ = traced_activations(config, **kw)
+    ckpt, _ = traced_activations(config, checkpointing=True, **kw)
+    plan = Plan(
+        None,
+        params=counted[0],
+        batch=BATCH,
+        seq=SEQ,
+        precision="fp32",
+        impl="for-loop",
+        device="cpu",
+        activations=act,
+        activations_batch=BATCH,
+        activations_checkpointed=ckpt,
+        tensors=counted[2],
+    )
+    now = rank_estimate(plan).peak_bytes
+    usable = now - 1
+    got = answer(plan, usable)
+    assert not got.fits
+    change = next(c for c in got.changes if c.flags == "--checkpointing")
+    assert change.plan.checkpointing and change.plan.activations is ckpt
+    assert change.peak_bytes < now
+    _against("gemma checkpointed", change.estimate.prediction, _truth(config, True))
 
 
 @pytest.mark.parametrize("name", ["mixtral", "t5"])

@@ -239,7 +239,7 @@ def image_tokens(config: dict[str, Any]) -> int | None:
     except Exception:  # a vision family whose embeddings want more than the pixels
         return None
     first = out[0] if isinstance(out, tuple) else out
-    shape = getattr(first, "shape", ())
+    shape = tuple(getattr(first, "shape", ()))
     return int(shape[1]) if len(shape) == 3 else None
 
 

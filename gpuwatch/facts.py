@@ -208,6 +208,7 @@ class TransformerFacts(TypedDict, total=False):
     causal_mask: bool
     shared_norm: bool
     broadcast_kv: bool
+    rope_cat: bool
 
 
 class BatchFacts(TypedDict, total=False):

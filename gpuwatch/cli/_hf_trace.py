@@ -55,14 +55,19 @@ def _config(config: dict[str, Any]) -> Any:
 
 def build(config: dict[str, Any]) -> Any:
     """The config's model (``architectures[0]`` where transformers has it, else the
-    causal LM, else the sequence-to-sequence LM, else the bare model), on whatever device
-    or mode is active.
+    causal LM, else the sequence-to-sequence LM, else the image classifier, else the bare
+    model), on whatever device or mode is active.
 
     Raises:
         Exception: Whatever transformers raises for a config it cannot build.
     """
     import transformers
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForImageClassification,
+        AutoModelForSeq2SeqLM,
+    )
 
     cfg = _config(config)
     archs = config.get("architectures")
@@ -70,7 +75,7 @@ def build(config: dict[str, Any]) -> Any:
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
     if cls is not None:
         return cls(cfg)
-    for auto in (AutoModelForCausalLM, AutoModelForSeq2SeqLM):
+    for auto in (AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForImageClassification):
         try:
             return auto.from_config(cfg)
         except ValueError:  # not a family this head takes
@@ -185,6 +190,101 @@ def _unpacked_rows() -> Iterator[bool]:
         masking_utils.find_packed_sequence_indices = find
 
 
+def image_input(config: Any) -> tuple[int, int, int] | None:
+    """A vision config's image as the model takes it, ``(channels, height, width)``
+    (``num_channels``, ``image_size``), or None for a config with no image size."""
+    size = (
+        config.get("image_size")
+        if isinstance(config, dict)
+        else getattr(config, "image_size", None)
+    )
+    channels = (
+        config.get("num_channels", 3)
+        if isinstance(config, dict)
+        else getattr(config, "num_channels", 3)
+    )
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size, size)
+    if not (
+        isinstance(size, (list, tuple))
+        and len(size) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in size)
+        and isinstance(channels, int)
+        and channels > 0
+    ):
+        return None
+    return channels, size[0], size[1]
+
+
+def image_tokens(config: dict[str, Any]) -> int | None:
+    """The tokens a vision config's layers see per image (its patches and the CLS or
+    distillation tokens the family adds), from its embeddings run on the meta device; None
+    for a config with no image input, or one transformers cannot build."""
+    image = image_input(config)
+    if image is None:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.device("meta"):
+                model = build(config)
+                embeddings = getattr(model.base_model, "embeddings", None)
+                if model.main_input_name != "pixel_values" or embeddings is None:
+                    return None
+                out = embeddings(torch.zeros(1, *image))
+    except Exception:  # a vision family whose embeddings want more than the pixels
+        return None
+    first = out[0] if isinstance(out, tuple) else out
+    shape = tuple(getattr(first, "shape", ()))
+    return int(shape[1]) if len(shape) == 3 else None
+
+
+def _inputs(model: Any, batch: int, seq: int, dtype: Any) -> dict[str, Any]:
+    """One training batch of the model's main input, with the labels its loss wants:
+    token ids (``seq`` of them) for a language model, images for a vision model (b×C×H×W
+    in the weights' dtype, as the run's images reach the patch embedding; class ids for an
+    image classifier)."""
+    import torch
+
+    image = image_input(model.config)
+    if getattr(model, "main_input_name", "input_ids") == "pixel_values" and image is not None:
+        inputs: dict[str, Any] = {"pixel_values": torch.zeros(batch, *image, dtype=dtype)}
+        if type(model).__name__.endswith("ForImageClassification"):
+            inputs["labels"] = torch.zeros(batch, dtype=torch.long)
+        return inputs
+    ids = torch.zeros(batch, seq, dtype=torch.long)
+    inputs = {"input_ids": ids, "labels": ids}
+    if getattr(model.config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = ids
+    return inputs
+
+
+@contextmanager
+def _valueless_init() -> Iterator[None]:
+    """transformers' ``trunc_normal_`` initialiser skipped while a model is built on fake
+    tensors: torch's reads a value back (a data-dependent ``item``), which fake tensors do
+    not have (ViT's position embeddings and CLS token). The values never matter there."""
+    try:
+        from transformers import initialization
+    except ImportError:
+        yield
+        return
+    funcs = getattr(initialization, "TORCH_INIT_FUNCTIONS", None)
+    if not isinstance(funcs, dict) or "trunc_normal_" not in funcs:
+        yield
+        return
+    was = funcs["trunc_normal_"]
+    funcs["trunc_normal_"] = lambda tensor, *args, **kwargs: tensor
+    try:
+        yield
+    finally:
+        funcs["trunc_normal_"] = was
+
+
 def _step(
     config: dict[str, Any],
     batch: int,
@@ -210,7 +310,20 @@ def _step(
         default = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
-            model = build(config)
+            with _valueless_init():
+                try:
+                    model = build(config)
+                except ValueError as exc:
+                    # A family transformers runs only eagerly (Gemma-2: soft-capped
+                    # logits) refuses SDPA by name; left to choose, transformers takes
+                    # eager for it, and so does the trace.
+                    if attention != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                        raise
+                    config = dict(config, attn_implementation="eager")
+                    model = build(config)
+                    notes.append(
+                        f"{type(model).__name__} has no SDPA in transformers: eager attention"
+                    )
         finally:
             torch.set_default_dtype(default)
         model.train()
@@ -218,10 +331,10 @@ def _step(
             notes.append("experts: each token's top-k choices dealt evenly across experts")
         if checkpointing:
             model.gradient_checkpointing_enable({"use_reentrant": False})
-        ids = torch.zeros(batch, seq, dtype=torch.long)
-        inputs: dict[str, Any] = {"input_ids": ids, "labels": ids}
-        if getattr(model.config, "is_encoder_decoder", False):
-            inputs["decoder_input_ids"] = ids
+        inputs = _inputs(model, batch, seq, dtype)
+        if "pixel_values" in inputs:
+            c, hgt, wid = inputs["pixel_values"].shape[1:]
+            notes.append(f"each sample a {c}×{hgt}×{wid} image (the config's)")
         meter = Meter(torch, model)
         if not meter.start():
             raise RuntimeError(f"the meter did not start: {meter.error}")
@@ -246,17 +359,15 @@ def _add(into: dict[str, Any], base: dict[str, Any], more: dict[str, Any], times
             into[k] += times * (int(more.get(k) or 0) - int(base.get(k) or 0))
 
 
-def _extrapolate(
-    base: dict[str, Any], bumped: dict[str, dict[str, Any]], extra: dict[str, int]
-) -> dict[str, Any]:
-    """The full depth's facts from the base trace and one trace per stack with a layer
-    more: each stack's per-layer difference repeated ``extra[key]`` times."""
+def _extrapolate(base: dict[str, Any], bumps: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    """The full depth's facts from the base trace and traces with one layer more: each
+    ``(more, times)`` adds ``more``'s per-layer difference ``times`` over (one per stack,
+    or one per kind of layer where a stack mixes kinds)."""
     out = {**base, "modules": [dict(m) for m in base.get("modules") or []]}
     for peak in _PEAKS:
         if isinstance(base.get(peak), dict):
             out[peak] = dict(base[peak])
-    for key, more in bumped.items():
-        times = extra[key]
+    for more, times in bumps:
         if times <= 0:
             continue
         _add(out, base, more, times)
@@ -275,13 +386,37 @@ def _extrapolate(
             if not index.isdigit():
                 out["modules"].append(dict(m))
                 continue
-            after = max(
-                (i for i, o in enumerate(out["modules"]) if o["name"].startswith(stem + ".")),
-                default=len(out["modules"]) - 1,
+            listed = [
+                i
+                for i, o in enumerate(out["modules"])
+                if o["name"].startswith(stem + ".") and o["name"][len(stem) + 1 :].isdigit()
+            ]
+            after = max(listed, default=len(out["modules"]) - 1)
+            first = (
+                max(int(out["modules"][i]["name"][len(stem) + 1 :]) for i in listed) + 1
+                if listed
+                else int(index)
             )
-            copies = [dict(m, name=f"{stem}.{int(index) + i}") for i in range(times)]
+            copies = [dict(m, name=f"{stem}.{first + i}") for i in range(times)]
             out["modules"][after + 1 : after + 1] = copies
     return out
+
+
+def layer_kinds(config: dict[str, Any]) -> list[str] | None:
+    """The kind of each decoder layer where the config mixes kinds (Gemma-2/3's sliding-
+    window and global attention: ``layer_types``, as transformers derives it from the
+    config), else None."""
+    if set(layer_counts(config)) != {"num_hidden_layers"}:
+        return None
+    try:
+        kinds = getattr(_config(config), "layer_types", None)
+    except Exception:  # a config transformers cannot read: no kinds to mix
+        return None
+    if not isinstance(kinds, list) or len(kinds) != config["num_hidden_layers"]:
+        return None
+    if not all(isinstance(k, str) for k in kinds) or len(set(kinds)) < 2:
+        return None
+    return kinds
 
 
 def traced_activations(
@@ -308,25 +443,63 @@ def traced_activations(
     except ImportError as exc:
         raise RuntimeError(f"tracing a config's activations needs transformers: {exc}")
     stacks = layer_counts(config)
+    kinds = layer_kinds(config)
     try:
         if full or sum(stacks.values()) <= FULL_TRACE_LAYERS:
             return _step(config, batch, seq, precision, attention, checkpointing)
+        if kinds is not None:
+            return _by_kind(config, kinds, batch, seq, precision, attention, checkpointing)
         first = next(iter(stacks))
         small = {
             k: min(v, BASE_LAYERS + (len(stacks) - 1 if k == first else 0))
             for k, v in stacks.items()
         }
         base, notes = _step({**config, **small}, batch, seq, precision, attention, checkpointing)
-        bumped = {}
+        bumps = []
         for key, layers in stacks.items():
             if layers > small[key]:
                 cfg = {**config, **small, key: small[key] + 1}
-                bumped[key] = _step(cfg, batch, seq, precision, attention, checkpointing)[0]
+                more = _step(cfg, batch, seq, precision, attention, checkpointing)[0]
+                bumps.append((more, layers - small[key]))
     except RuntimeError:
         raise
     except Exception as exc:  # any model the fake step cannot run, in one line
         raise RuntimeError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    extra = {k: stacks[k] - small[k] for k in stacks}
     shown = ", ".join(f"{k} {small[k]}+1 of {v}" for k, v in stacks.items())
     notes.append(f"traced with {shown} layers and the per-layer difference repeated")
-    return _extrapolate(base, bumped, extra), notes
+    return _extrapolate(base, bumps), notes
+
+
+def _by_kind(
+    config: dict[str, Any],
+    kinds: list[str],
+    batch: int,
+    seq: int,
+    precision: str,
+    attention: str,
+    checkpointing: bool,
+) -> tuple[dict[str, Any], list[str]]:
+    """A stack mixing kinds of layer (Gemma-2/3), extrapolated kind by kind: a base of
+    one layer of each kind (what the model builds once per kind, a shared mask, is in
+    it), then one trace per kind with one layer of it more, each kind's difference
+    repeated for the config's other layers of that kind."""
+    distinct = list(dict.fromkeys(kinds))
+    base_kinds = distinct + kinds[: max(0, BASE_LAYERS - len(distinct))]
+    layers = len(kinds)
+
+    def with_kinds(these: list[str]) -> dict[str, Any]:
+        return {**config, "num_hidden_layers": len(these), "layer_types": these}
+
+    base, notes = _step(with_kinds(base_kinds), batch, seq, precision, attention, checkpointing)
+    bumps = []
+    for kind in distinct:
+        times = kinds.count(kind) - base_kinds.count(kind)
+        if times > 0:
+            cfg = with_kinds([*base_kinds, kind])
+            bumps.append((_step(cfg, batch, seq, precision, attention, checkpointing)[0], times))
+    counts = ", ".join(f"{kinds.count(k)} {k}" for k in distinct)
+    notes.append(
+        f"traced with {len(base_kinds)} layers and one more of each kind, each kind's"
+        f" per-layer difference repeated to its count ({counts} of {layers} layers)"
+    )
+    return _extrapolate(base, bumps), notes

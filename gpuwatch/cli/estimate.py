@@ -20,7 +20,7 @@ from typing import Any
 
 from ..fmt import fmt_bytes
 from ._common import EXIT_OK, CliError
-from ._hf_trace import meta_count, traced_activations
+from ._hf_trace import image_input, image_tokens, meta_count, traced_activations
 
 TRACE_STEPS = 2
 """Steps ``--trace`` runs: the first creates optimizer state, the second is the steady one."""
@@ -236,7 +236,17 @@ def _shape(args: argparse.Namespace, assumed: list[str]) -> Any:
                 f"{counted[0]:,} parameters: {counted[1]} built on the meta device (no closed"
                 " form for this family)"
             )
-            if args.seq is None:
+            tokens = image_tokens(config)
+            if tokens is not None:
+                if args.seq is not None and args.seq != tokens:
+                    raise CliError(f"--seq {args.seq}: this model sees {tokens} tokens per image")
+                args.seq = tokens
+                c, hgt, wid = image_input(config) or (0, 0, 0)
+                assumed.append(
+                    f"sequence {tokens}: the patches and special tokens of a {c}×{hgt}×{wid}"
+                    " image (the config's)"
+                )
+            elif args.seq is None:
                 seq = next(
                     (
                         config[k]
@@ -381,7 +391,39 @@ def _traced(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
         "activations traced: one training step of the model on fake tensors (CPU kernels),"
         " what autograd saved counted as a live run counts it" + "".join(f"; {n}" for n in notes)
     )
-    return replace(plan, activations=act, activations_batch=plan.batch, tensors=args.meta_tensors)
+    plan = replace(plan, activations=act, activations_batch=plan.batch, tensors=args.meta_tensors)
+    return _checkpointed_trace(args, plan, assumed)
+
+
+def _checkpointed_trace(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
+    """A traced plan that does not fit the GPUs named: the step traced once more with
+    every layer checkpointed, for the ranked changes (none where it fits or is already
+    checkpointed: the trace costs as much as the first)."""
+    from dataclasses import replace
+
+    from ..predict import rank_estimate
+
+    if plan.checkpointing or args.gpus_parsed is None:
+        return plan
+    try:
+        if rank_estimate(plan).peak_bytes <= args.gpus_parsed.usable(args.reserve_bytes):
+            return plan
+    except ValueError:
+        return plan  # the layout refuses the plan: _result says so
+    try:
+        act, _ = traced_activations(
+            args.meta_config,
+            batch=plan.batch,
+            seq=plan.seq,
+            precision=plan.precision,
+            attention=plan.attention,
+            checkpointing=True,
+        )
+    except RuntimeError as exc:
+        assumed.append(f"gradient checkpointing not planned: the fake-tensor step failed: {exc}")
+        return plan
+    assumed.append("gradient checkpointing planned from the step traced with it")
+    return replace(plan, activations_checkpointed=act)
 
 
 def _result(args: argparse.Namespace, plan: Any, assumed: list[str]) -> dict[str, Any]:

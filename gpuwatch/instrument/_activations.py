@@ -373,7 +373,10 @@ class Meter:
         # kept by autograd: alive through backward and the step, until the next forward.
         seen: set[tuple[int, str]] = set()
         for ref, n, key in self.outputs:
-            if ref() is not None and key not in seen and key not in self.seen:
+            # A key counted as saved belongs to this storage only while that one lives:
+            # a freed storage's address is reused (checkpointing frees what it saved).
+            saved = self.seen.get(key)
+            if ref() is not None and key not in seen and (saved is None or saved() is None):
                 seen.add(key)
                 self.held += n
         self.outputs = []

@@ -129,6 +129,15 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
     if plan.optimizer in ("adam", "adamw"):
         changed = replace(plan, optimizer="adamw-8bit")
         out.append(("8-bit AdamW (bitsandbytes)", "--optimizer adamw-8bit", changed, 1))
+    if not plan.checkpointing and plan.shape is None and plan.activations_checkpointed:
+        # A traced family: the step traced again with every layer checkpointed.
+        changed = replace(
+            plan,
+            checkpointing=True,
+            activations=plan.activations_checkpointed,
+            activations_checkpointed=None,
+        )
+        out.append(("gradient checkpointing, every layer", "--checkpointing", changed, 2))
     if not plan.checkpointing and plan.shape is not None and plan.seq:
         changed = replace(plan, checkpointing=True)
         out.append(("gradient checkpointing, every layer", "--checkpointing", changed, 2))

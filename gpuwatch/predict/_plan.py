@@ -130,6 +130,10 @@ class Plan:
             ``transformers``), the ``activations`` facts of one step traced on fake tensors
             at micro-batch ``activations_batch`` (``gpuwatch/cli/_hf_trace.py``); another
             micro-batch scales what is saved per sample.
+        activations_checkpointed: The same step traced with every layer checkpointed
+            (transformers' ``gradient_checkpointing_enable``), at the same micro-batch:
+            what the ranked change "gradient checkpointing" plans with; None where it was
+            not traced.
         tensors: Without a shape, the parameters' shapes where known (the model built on
             the meta device): the optimizer's buckets and step temporaries follow them.
     """
@@ -159,6 +163,7 @@ class Plan:
     excess_per: int = 0
     activations: dict[str, Any] | None = None
     activations_batch: int = 1
+    activations_checkpointed: dict[str, Any] | None = None
     tensors: tuple[tuple[int, ...], ...] = ()
 
     @property

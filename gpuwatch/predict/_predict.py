@@ -249,9 +249,11 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         causal_mask=bool(tf.get("causal_mask")),
         shared_norm=bool(tf.get("shared_norm")),
         broadcast_kv=bool(tf.get("broadcast_kv")),
+        rope_cat=bool(tf.get("rope_cat")),
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
         ),
+        classes=fact_int(image.get("labels")) or 1000 if image else 1000,
     )
     if arch.device == "cpu" and arch.attn_dropout > 0 and arch.attention != "eager":
         notes.append("SDPA with dropout on the CPU takes the math path: modelled as eager")

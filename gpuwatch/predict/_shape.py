@@ -583,6 +583,8 @@ def facts_from_shape(
             tf["head_transform"] = True
         if shape.arch in ("neox", "falcon"):
             tf["parallel_residual"] = True
+        if shape.arch == "neox":
+            tf["rope_cat"] = True  # GPTNeoX's apply_rotary_pos_emb, whatever rotary_pct
         if shape.arch == "falcon":
             tf["expand_kv"] = True  # FalconAttention._split_heads, before any kernel
             tf["causal_mask"] = True  # FalconModel: allow_is_causal_skip=False
@@ -597,6 +599,7 @@ def facts_from_shape(
                 "channels": shape.channels,
                 "size": shape.image_size,
                 "patch": shape.patch_size,
+                "labels": shape.labels,
             }
         facts["transformer"] = tf
     if batch and seq:

@@ -75,9 +75,12 @@ class Arch:
         shared_norm: With ``parallel_residual``, one LayerNorm feeds both (Falcon-7B).
         broadcast_kv: One K/V head given to SDPA for every query head without
             ``enable_gqa`` (multi-query Falcon-7B): the CPU kernel takes its math path.
+        rope_cat: Rotary embeddings joined to the unrotated part of each head by
+            ``torch.cat`` (GPT-NeoX's partial rotary): Q comes out contiguous at
+            (b, heads, s, d) rather than as a transposed view.
         image_elements: Pixels per image (channels x size²) of a vision transformer,
             whose patch embedding keeps its input; 0 for token inputs. ``vocab`` 0 means
-            no LM head: a classifier on the CLS token instead.
+            no LM head: a classifier on the CLS token instead, of ``classes`` classes.
     """
 
     layers: int
@@ -119,7 +122,9 @@ class Arch:
     causal_mask: bool = False
     shared_norm: bool = False
     broadcast_kv: bool = False
+    rope_cat: bool = False
     image_elements: int = 0
+    classes: int = 1000
 
     def __post_init__(self) -> None:
         self.kv_heads = self.kv_heads or self.heads
@@ -231,10 +236,15 @@ class _Recorder:
         # addmm/mm: grad of the weight needs the input; grad of the input needs the weight.
         params = [(key, w_numel * a.param_elt)] if trains else []
         inputs = [xin] + ([weight] if weight is not None else [])
+        # A trainable weight's copy stays in autocast's cache to the forward's end even
+        # where no input gradient needs it (a patch embedding of images): counted as kept.
         self.op(
             inputs,
             [out],
-            [xin if trains else None, weight if (weight is not None and xin.rg) else None],
+            [
+                xin if trains else None,
+                weight if (weight is not None and (xin.rg or trains)) else None,
+            ],
             params,
         )
         return out
@@ -311,10 +321,9 @@ class _Recorder:
         d = a.head_dim or h // heads
         kv = (a.kv_heads or heads) * d
         q_n = full = b * s * heads * d
-        qkv_t = None
         if a.fused_qkv:
             qkv = self.linear(x, h, heads * d + 2 * kv, f"{layer}.qkv", "q")
-            q = k = v = qkv_t = self.lp_op(qkv)
+            q = k = v = self.lp_op(qkv)
             k_n = v_n = b * s * kv
         else:
             q = self.linear(x, h, heads * d, f"{layer}.q", "q")
@@ -374,13 +383,10 @@ class _Recorder:
         else:
             # Flash/memory-efficient SDPA keeps Q, K, V, the output and a log-sum-exp, no
             # s×s matrix (Dao et al. 2022); its output transposes back without a copy.
+            # The kernels (CPU and CUDA alike) take strided views of the fused QKV as they
+            # are and keep them: one view left (GPT-NeoX's V, its Q and K rotated into new
+            # tensors) keeps the whole QKV storage alive.
             qs, ks, vs = self.lp_op(q), self.lp_op(k), self.lp_op(v)
-            if a.device == "cpu" and a.fused_qkv:
-                # The CPU kernel makes strided views of the fused QKV contiguous (and
-                # keeps the copies); CUDA's kernels take the views and keep the storage.
-                qs = self.copy(qs, q_n) if qs is qkv_t else qs
-                ks = self.copy(ks, k_n) if ks is qkv_t else ks
-                vs = self.copy(vs, v_n) if vs is qkv_t else vs
             y = self.new(q_n, qs.elt, qs.rg or ks.rg or vs.rg)
             lse = self.new(b * heads * s, 4, False)
             keep = [qs, ks, vs, y, lse] if y.rg else []
@@ -391,6 +397,12 @@ class _Recorder:
                 self.op([], [mask])
                 keep += [mask] if y.rg else []
             self.op([qs, ks, vs], [y, lse], keep)
+            if a.rope_cat and a.device == "cpu":
+                # The CPU kernel lays its output out as Q is: rotated through torch.cat,
+                # Q is contiguous at (b, heads, s, d), so the transpose back to
+                # (b, s, heads·d) is a copy, and the output linear keeps that copy.
+                # CUDA's kernels write (b, s, heads, d) whatever Q's layout.
+                y = self.copy(y)
         out = self.linear(y, heads * d, h, f"{layer}.o", "o")
         return self.dropout(out, a.resid_dropout)
 
@@ -469,7 +481,11 @@ class _Recorder:
             # No vocabulary (ViT): a classifier on the CLS token; logits and loss are tiny.
             cls = self.new(a.batch * h, x.elt, x.rg)
             self.op([x], [cls])  # select the CLS row: a view, its backward scatters
-            logits = self._linear(cls, h, 1000, "classifier", a.trains("head"), True)
+            logits = self._linear(cls, h, a.classes, "classifier", a.trains("head"), True)
+            # The row is a view of the whole sequence's output: kept uncast (no autocast
+            # copy to keep instead), it keeps that whole storage.
+            saved = self.ops[-1].saved
+            saved[:] = [x if t is cls else t for t in saved]
             loss = self.new(1, 4, logits.rg)
             self.op([self.unary(self.cast(logits, 4), save_output=True)], [loss])
             return loss

@@ -44,6 +44,13 @@ and `gpuwatch info`: at its peak the bar splits it the same way, and the legend 
 phase's *predicted peak* beside it. In a phase an out-of-memory error broke, the bar tells
 what it requested and what was free.
 
+Each ✖ also says what would have fitted: the run re-planned from its recorded facts and
+GPU (as `gpuwatch estimate --from` does, off the screen's thread), the cheapest ranked
+change that fits, such as `--checkpointing` or a smaller micro-batch with accumulation.
+The status line at the cursor names it (`--checkpointing fits`, or the closest change),
+the ✖'s row in the Peaks tab's marks gives its peak against the GPU's usable memory, and
+`o`'s notice repeats it once planned.
+
 On a short terminal one panel fills the screen: `tab` and `shift+tab` step through them.
 
 CUDA runs asynchronously: phase boundaries are when Python *enqueued* the work. Allocated,

@@ -374,6 +374,33 @@ def test_families_without_a_closed_form_are_counted_on_the_meta_device(
         assert out["phases"]["forward"]["activations"] > 0
 
 
+def test_a_vision_family_without_a_closed_form_is_traced_on_images(tmp_path: Path) -> None:
+    # DeiT (a ViT with a distillation token): no length in the config, none needed, the
+    # image decides it; the trace feeds it images (token ids failed it before).
+    pytest.importorskip("transformers")
+    config = {
+        "model_type": "deit",
+        "architectures": ["DeiTForImageClassification"],
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 8,
+        "num_labels": 10,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = json.loads(_run("--config", str(path), "--json").stdout)
+    assert out["activations_known"] and out["seq"] == 18, out["assumed"]  # 16 + CLS + dist
+    assert any("3×32×32 image (the config's)" in a for a in out["assumed"])
+    assert any(a.startswith("activations traced") for a in out["assumed"])
+    assert out["phases"]["forward"]["activations"] > 0
+    r = _run("--config", str(path), "--seq", "64")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "--seq 64: this model sees 18 tokens per image" in r.stderr
+
+
 LLAMA_7B = ("--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000")
 
 

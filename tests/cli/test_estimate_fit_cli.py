@@ -147,3 +147,36 @@ def test_info_of_an_oom_recording_offers_the_answer() -> None:
     assert out["oom_answer"]["changes"][0]["fits"]
     clean = run_gpuwatch("info", str(ROOT / "samples" / "gpt2-small-h100.gpuwatch"), cwd=ROOT)
     assert "what would have fitted" not in clean.stdout
+
+
+GEMMA = {
+    "architectures": ["GemmaForCausalLM"],
+    "model_type": "gemma",
+    "hidden_size": 128,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "max_position_embeddings": 512,
+    "vocab_size": 1024,
+}
+
+
+def test_checkpointing_is_offered_to_a_traced_family(tmp_path: Path) -> None:
+    # No closed form: the CLI traces the step once more with checkpointing when the plan
+    # does not fit, and the change it ranks is what --checkpointing itself plans.
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GEMMA))
+    base = ("--config", str(path), "--batch", "8", "--precision", "fp32", "--reserve", "0")
+    out = _json(*base, "--gpus", "1x300MiB")
+    assert not out["fit"]["fits"], out["fit"]
+    assert "gradient checkpointing planned from the step traced with it" in out["assumed"]
+    change = next(c for c in out["fit"]["changes"] if c["flags"] == "--checkpointing")
+    asked = _json(*base, "--gpus", "1x300MiB", "--checkpointing")
+    assert asked["fit"]["fits"] and change["peak_bytes"] == asked["peak_bytes"]
+    # Where it fits, nothing more is traced.
+    roomy = _json(*base, "--gpus", "1x1GiB")
+    assert roomy["fit"]["fits"]
+    assert not any("checkpointing planned" in a for a in roomy["assumed"])

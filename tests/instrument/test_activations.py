@@ -638,3 +638,28 @@ def test_compiled_regions_and_higher_order_ops_in_the_forward_run_as_without_us(
         assert "forward_peak" in _activations(sent)
     finally:
         torch._dynamo.reset()
+
+
+def test_an_output_at_a_freed_saved_storages_address_is_still_held() -> None:
+    """Storages are keyed by address: one saved and freed (checkpointing frees what it
+    saves) may leave its address to the logits. Held logits count whatever the address
+    held before."""
+    import weakref
+
+    from gpuwatch.instrument import ActivationMeter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(512, 32), nn.Linear(32, 512)).train()
+    x = torch.randint(0, 512, (2, 16))
+    meter = ActivationMeter(torch, model)
+    assert meter.start()
+    logits = model(x)
+    meter.model_returned(logits)
+    loss = logits.float().logsumexp(-1).mean()
+    st = logits.untyped_storage()
+    gone = torch.empty(1).untyped_storage()
+    meter.seen[(int(st._cdata), str(logits.device))] = weakref.ref(gone)
+    del gone  # the storage that was saved at this address, freed
+    loss.backward()
+    meter.stop("backward")
+    assert meter.facts()["held_output_bytes"] == logits.numel() * 4

@@ -1,7 +1,7 @@
 """The families ``estimate`` has no closed form for, traced on fake tensors, against a run.
 
 Each config is its family's public architecture (Mixtral-8x7B, T5 v1.1, Gemma-7B,
-Phi-2: the same layer layout, activation, norms, heads and expert routing) scaled down
+Phi-2, DeiT: the same layer layout, activation, norms, heads and expert routing) scaled down
 to run here. ``estimate`` sees only the config: it counts the parameters on the meta
 device and traces one training step on fake tensors (``cli/_hf_trace.py``); the same
 model then really trains two steps on the CPU, and torch.profiler's allocator events give
@@ -20,8 +20,21 @@ transformers = pytest.importorskip("transformers")
 
 from profmem import ProfiledMemory  # noqa: E402
 
-from gpuwatch.cli._hf_trace import build, meta_count, traced_activations  # noqa: E402
-from gpuwatch.predict import Plan, rank_estimate, shape_from_config, total  # noqa: E402
+from gpuwatch.cli._hf_trace import (  # noqa: E402
+    build,
+    image_input,
+    image_tokens,
+    layer_kinds,
+    meta_count,
+    traced_activations,
+)
+from gpuwatch.predict import (  # noqa: E402
+    Plan,
+    answer,
+    rank_estimate,
+    shape_from_config,
+    total,
+)
 from gpuwatch.predict._shape import MODEL_TYPES  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -89,6 +102,20 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "hidden_act": "gelu_new",
         "max_position_embeddings": SEQ,
     },
+    # DeiT-B/16: ViT's layer with a distillation token beside CLS (no closed form): the
+    # trace feeds it images, as the run does.
+    "deit": {
+        "architectures": ["DeiTForImageClassification"],
+        "model_type": "deit",
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 4,
+        "hidden_act": "gelu",
+        "image_size": 64,
+        "patch_size": 8,
+        "num_labels": 10,
+    },
 }
 
 
@@ -96,18 +123,27 @@ def _config(name: str) -> dict[str, Any]:
     return {**FAMILIES[name], "vocab_size": VOCAB}
 
 
-def _truth(config: dict[str, Any]) -> dict[tuple[int, str], int]:
+def _truth(config: dict[str, Any], checkpointing: bool = False) -> dict[tuple[int, str], int]:
     """Each phase's peak of two real training steps on the CPU (fp32, AdamW for-loop)."""
     mem = ProfiledMemory("cpu")
     mem.start()
     torch.manual_seed(0)
     model = build({**config, "attn_implementation": "sdpa", "use_cache": False})
     model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    inputs = {"input_ids": ids, "labels": ids}
-    if config.get("is_encoder_decoder"):
-        inputs["decoder_input_ids"] = ids
+    image = image_input(config)
+    if image is not None:
+        inputs = {
+            "pixel_values": torch.randn(BATCH, *image),
+            "labels": torch.randint(0, config["num_labels"], (BATCH,)),
+        }
+    else:
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+        inputs = {"input_ids": ids, "labels": ids}
+        if config.get("is_encoder_decoder"):
+            inputs["decoder_input_ids"] = ids
     for step in (1, 2):
         with mem.phase(step, "forward"):
             loss = model(**inputs).loss
@@ -130,9 +166,48 @@ def test_a_family_without_a_closed_form_is_planned_from_its_trace(name: str) -> 
         shape_from_config(config)  # no closed form: the trace is what knows it
     counted = meta_count(config)
     assert counted is not None
-    act, notes = traced_activations(config, batch=BATCH, seq=SEQ, precision="fp32")
+    seq = image_tokens(config) or SEQ
+    act, notes = traced_activations(config, batch=BATCH, seq=seq, precision="fp32")
     assert act["bytes"] > 0 and act["modules"]
     assert any("experts" in n for n in notes) == (name == "mixtral")
+    assert any("3×64×64 image" in n for n in notes) == (name == "deit")
+    plan = Plan(
+        None,
+        params=counted[0],
+        batch=BATCH,
+        seq=seq,
+        precision="fp32",
+        impl="for-loop",
+        device="cpu",
+        activations=act,
+        activations_batch=BATCH,
+        tensors=counted[2],
+    )
+    pred = rank_estimate(plan).prediction
+    assert pred.activations_known and pred.activations_source == "measured"
+    _against(name, pred, _truth(config))
+
+
+def _against(name: str, pred: Any, truths: dict[tuple[int, str], int]) -> None:
+    """Each phase's predicted peak within TOLERANCE of the run's."""
+    bad = []
+    for (step, phase), truth in sorted(truths.items()):
+        got = total(pred.phases[phase, step == 1].peak)
+        print(f"{name} step {step} {phase}: {got / truth:.3f}")
+        if abs(got - truth) > TOLERANCE * truth:
+            bad.append(f"step {step} {phase}: {got / truth:.3f} of the truth")
+    assert not bad, f"{name}: " + "; ".join(bad)
+
+
+def test_checkpointing_is_a_ranked_change_for_a_traced_family() -> None:
+    # Gemma has no closed form: what checkpointing saves comes from the step traced with
+    # it, and the change's plan holds against a real run with every layer checkpointed.
+    config = _config("gemma")
+    counted = meta_count(config)
+    assert counted is not None
+    kw: dict[str, Any] = {"batch": BATCH, "seq": SEQ, "precision": "fp32"}
+    act, _ = traced_activations(config, **kw)
+    ckpt, _ = traced_activations(config, checkpointing=True, **kw)
     plan = Plan(
         None,
         params=counted[0],
@@ -143,17 +218,17 @@ def test_a_family_without_a_closed_form_is_planned_from_its_trace(name: str) -> 
         device="cpu",
         activations=act,
         activations_batch=BATCH,
+        activations_checkpointed=ckpt,
         tensors=counted[2],
     )
-    pred = rank_estimate(plan).prediction
-    assert pred.activations_known and pred.activations_source == "measured"
-    bad = []
-    for (step, phase), truth in sorted(_truth(config).items()):
-        got = total(pred.phases[phase, step == 1].peak)
-        print(f"{name} step {step} {phase}: {got / truth:.3f}")
-        if abs(got - truth) > TOLERANCE * truth:
-            bad.append(f"step {step} {phase}: {got / truth:.3f} of the truth")
-    assert not bad, f"{name}: " + "; ".join(bad)
+    now = rank_estimate(plan).peak_bytes
+    usable = now - 1
+    got = answer(plan, usable)
+    assert not got.fits
+    change = next(c for c in got.changes if c.flags == "--checkpointing")
+    assert change.plan.checkpointing and change.plan.activations is ckpt
+    assert change.peak_bytes < now
+    _against("gemma checkpointed", change.estimate.prediction, _truth(config, True))
 
 
 @pytest.mark.parametrize("name", ["mixtral", "t5"])
@@ -173,6 +248,54 @@ def test_the_per_layer_extrapolation_is_a_full_trace(name: str) -> None:
     assert [m["name"] for m in quick["modules"]] == [m["name"] for m in whole["modules"]]
     assert sum(m["grad_bytes"] for m in quick["modules"]) == sum(
         m["grad_bytes"] for m in whole["modules"]
+    )
+
+
+# Gemma-3 (five sliding-window layers to one global) and Gemma-2 (alternating, eager only):
+# the layers of each kind save differently (a sliding layer's SDPA keeps its mask).
+MIXED: dict[str, dict[str, Any]] = {
+    "gemma3": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 7,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 16,
+        "max_position_embeddings": 64,
+    },
+    "gemma2": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 7,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 16,
+        "max_position_embeddings": 64,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(MIXED))
+def test_layers_of_several_kinds_are_extrapolated_kind_by_kind(name: str) -> None:
+    config = {**MIXED[name], "vocab_size": 256}
+    kinds = layer_kinds(config)
+    assert kinds is not None and len(set(kinds)) == 2
+    kw = {"batch": 1, "seq": 64, "precision": "fp32"}
+    quick, notes = traced_activations(config, **kw)
+    whole, _ = traced_activations(config, full=True, **kw)
+    assert any("per-layer difference repeated to its count" in n for n in notes), notes
+    assert any("eager attention" in n for n in notes) == (name == "gemma2")
+    for key in ("bytes", "tensors", "amp_copy_bytes", "held_output_bytes"):
+        assert quick[key] == whole[key], key
+    assert quick["forward_peak"]["saved_bytes"] == whole["forward_peak"]["saved_bytes"]
+    assert sorted(m["bytes"] for m in quick["modules"]) == sorted(
+        m["bytes"] for m in whole["modules"]
     )
 
 
@@ -321,18 +444,9 @@ CLOSED: dict[str, dict[str, Any]] = {
 
 # Where a family's closed form and its trace disagree today: each is a real disagreement
 # (strict: the test fails once it agrees), kept visible rather than the tolerance widened.
-_NO_PIXELS = "the trace feeds token ids; a ViT needs pixel_values (no trace to agree with)"
-_NEOX = (
-    "the trace keeps 3·b·s·h elements more a layer (0.85 fp32, 0.90 bf16-mixed): SDPA keeps V as a"
-    " view of the whole fused QKV, and the output is copied before the dense layer; when the"
-    " CPU kernel copies a strided V (GPT-2) and when it does not is not settled"
-)
-DISAGREE: dict[tuple[str, str], str] = {
-    ("gpt_neox", "fp32"): _NEOX,
-    ("gpt_neox", "bf16-mixed"): _NEOX,
-    ("vit", "fp32"): _NO_PIXELS,
-    ("vit", "bf16-mixed"): _NO_PIXELS,
-}
+# Where a family's closed form and its trace disagree (strict: the test fails once it
+# agrees), kept visible rather than the tolerance widened. None today.
+DISAGREE: dict[tuple[str, str], str] = {}
 
 
 def _closed_cases() -> list[Any]:

@@ -7,7 +7,8 @@ models save.
   one op), dropout, a tied LM head. It has no ``config`` attribute, so the facts reader must
   find its shape in the module tree.
 - :class:`Llama` follows Hugging Face's ``modeling_llama.py``: RMSNorm computed in fp32,
-  rotary embeddings, grouped KV heads expanded by ``repeat_kv``, a SwiGLU MLP, an untied LM
+  rotary embeddings, grouped KV heads given to SDPA as they are (``enable_gqa``) and
+  expanded by ``repeat_kv`` for eager attention, a SwiGLU MLP, an untied LM
   head, and an HF-style ``config``. ``lora(model, r)`` wraps ``q_proj`` and ``v_proj`` the
   way PEFT's ``LoraConfig`` defaults do for LLaMA.
 
@@ -197,10 +198,12 @@ class LlamaAttention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         n_rep = self.heads // self.kv_heads
-        k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
         if self.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            # transformers 5 (``use_gqa_in_sdpa``: no padding mask) gives SDPA the grouped
+            # K/V as they are: no copy at the full head count.
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n_rep > 1)
         else:
+            k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
             att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(d)
             mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
             att = F.softmax(att + mask, dim=-1, dtype=torch.float32).to(q.dtype)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import synthetic
 from textual import events
+from textual.widgets import Markdown
 
 from gpuwatch.session import HOST, gpu_key
 from gpuwatch.session.navigate import boundaries
@@ -223,6 +224,18 @@ async def test_help_screen_opens_and_closes() -> None:
         await pilot.pause(0.2)  # timers keep running under the modal
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_the_help_says_what_an_oom_marker_answers() -> None:
+    # The ✖ says what would have fitted (analysis/oom_answer.py); the help says where.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        text = app.screen.query_one(Markdown).source
+    assert "Each ✖ also says what would have fitted" in text
+    for where in ("estimate --from", "status line", "Peaks tab's marks", "`o`'s notice"):
+        assert where in text, where
 
 
 async def test_q_quits() -> None:

@@ -264,7 +264,15 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
     if case["layout"] == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model, gradient_as_bucket_view=case.get("gradient_as_bucket_view", False))
+        # init_sync=False: every rank built the same weights from one seed, and the
+        # broadcast that would make them equal frees its coalesced buffers on gloo's
+        # thread at random, unseen by the profiler: a rank's truth then held a copy of the
+        # model for the whole run (every phase of rank 1 read 0.75-0.89 in one run of six).
+        return DDP(
+            model,
+            gradient_as_bucket_view=case.get("gradient_as_bucket_view", False),
+            init_sync=False,
+        )
     if case["layout"] == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy

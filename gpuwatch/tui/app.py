@@ -212,6 +212,7 @@ class GpuwatchApp(App[int]):
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None
+        self._timelines_stale = False  # a frame came while another tab was shown
         self._shown_version = -1  # the data version a paused view keys its frames on
         self._shown_at = -FOLLOW_FRAME_NS  # when it last moved (monotonic ns)
         self._tables_version: object = -1
@@ -419,7 +420,10 @@ class GpuwatchApp(App[int]):
         self.process_table.at = None if self.session.live and self.view.following else at
         with self.batch_update():
             self._place_overview()
-            if self.overview_shown:  # the panels are hidden: not drawn (the cost of 8)
+            self._timelines_stale = self.tabs.active != "timelines"
+            if self._timelines_stale:
+                pass  # under another tab: drawn when it shows again (_tab_shown)
+            elif self.overview_shown:  # the panels are hidden: not drawn (the cost of 8)
                 self.overview.update_view(at, version)
             else:
                 self._place_panels()
@@ -577,6 +581,12 @@ class GpuwatchApp(App[int]):
             self.overview.select_key(panel.key)
         self.overview.focus()
         self.redraw()
+
+    @on(TabbedContent.TabActivated)
+    def _tab_shown(self, event: TabbedContent.TabActivated) -> None:
+        # A click on the tab's title comes here without action_show_tab's redraw.
+        if self._timelines_stale and self.tabs.active == "timelines":
+            self.redraw()
 
     @on(GpuOverview.Opened)
     def _overview_opened(self, event: GpuOverview.Opened) -> None:

@@ -5,6 +5,7 @@ overview and the panels under the Timelines tab are not read nor drawn (8 GPUs' 
 frame were most of the dashboard's own CPU with the tab open); back on Timelines, by key
 or by a click on the tab's title, they show the newest data at once. The Ranks tab, hidden,
 makes its tables for the status bar's fault count but draws them only when it shows.
+Panels scrolled out of the list are updated when they scroll into it.
 """
 
 from __future__ import annotations
@@ -92,3 +93,32 @@ async def test_the_hidden_ranks_tab_counts_faults_and_draws_when_shown() -> None
         await pilot.pause()
         assert drawn
         assert str(view.body.render()).splitlines()[0].startswith("ranks: 4")
+
+
+async def test_panels_out_of_view_are_drawn_when_scrolled_into_it() -> None:
+    """Panels scrolled out of the list (a run on the CPU keeps every GPU's below the
+    host's; here, the panels chosen over the overview) are not updated by a frame, and
+    are at once when the list scrolls to them."""
+    session = many_gpus.build(8)
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause(0.3)
+        keys = [d.key for d in gpu_devices(session)]
+        app.open_panel(keys[0])
+        await pilot.press("f")  # paused: a frame only when data comes
+        await pilot.pause(FRAME_S + 0.2)
+        assert not app.overview_shown
+        last = app._panels[keys[-1]]
+        view = app.panel_list.region
+        assert not last.region.overlaps(view)  # below the fold
+        assert app._panels[keys[0]].region.overlaps(view)
+        session.add_gpu_sample(keys[-1], {"t": END, "used": 79 * GIB, "total": 80 * GIB})
+        await pilot.pause(FRAME_S + 0.2)
+        first = app._panels[keys[0]]
+        assert first.chart.data_version == session.version  # the frame came ...
+        assert last.chart.data_version != session.version  # ... and left it alone
+        app.panel_list.scroll_end(animate=False)
+        await pilot.pause(0.2)
+        assert last.region.overlaps(app.panel_list.region)
+        assert last.chart.data_version == session.version
+        assert "79.0" in str(last.header.render()), str(last.header.render())

@@ -102,7 +102,7 @@ def gpu_row(
     session: Session, dev: Device, t: int, predicted: Mapping[int, PredictedLine] | None = None
 ) -> GpuRow:
     """What the overview says of ``dev`` at ``t``: the sample at or before it."""
-    now = moment(session, dev.key, t, predicted)
+    now = moment(session, dev.key, t, predicted, explain=False)  # the figures only
     row = now.row or {}
     mig = dev.mig
     index = "?" if dev.index is None else str(dev.index)

@@ -1,18 +1,25 @@
-"""Issue 38: what another tab hides is not drawn, and is drawn at once when it shows.
+"""Issue 38: a frame reads and draws only what is shown, and what comes into view is
+drawn at once.
 
 With the Processes tab open, the frames still come (the status bar, the key bar), but the
 overview and the panels under the Timelines tab are not read nor drawn (8 GPUs' rows each
 frame were most of the dashboard's own CPU with the tab open); back on Timelines, by key
 or by a click on the tab's title, they show the newest data at once. The Ranks tab, hidden,
 makes its tables for the status bar's fault count but draws them only when it shows.
-Panels scrolled out of the list are updated when they scroll into it.
+Panels scrolled out of the list are updated when they scroll into it. The overview's rows
+read each GPU's figures, not the explanations of its phases (the panels' header and bar).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import many_gpus
+import pytest
 import rank_session as rs
 
+from gpuwatch.analysis import moment
 from gpuwatch.tui.app import FOLLOW_FRAME_NS, GpuwatchApp
 from gpuwatch.tui.overview import GpuOverview, gpu_devices
 
@@ -34,6 +41,15 @@ def reads(overview: GpuOverview) -> list[object]:
     return seen
 
 
+async def until(pilot: object, done: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Wait (the app running) until ``done()``, at most ``timeout`` seconds (a loaded
+    machine stretches every step)."""
+    end = time.monotonic() + timeout
+    while not done() and time.monotonic() < end:
+        await pilot.pause(0.05)  # type: ignore[attr-defined]
+    return done()
+
+
 def used_shown(app: GpuwatchApp) -> str:
     """GPU 0's used/total as the overview shows it."""
     return app.overview.render_plain()[1]
@@ -53,18 +69,18 @@ async def check_hidden_then_shown(click: bool) -> None:
         frames = app.redraws
         key = gpu_devices(session)[0].key
         session.add_gpu_sample(key, {"t": END, "used": 79 * GIB, "total": 80 * GIB})
-        await pilot.pause(FRAME_S + 0.2)
-        assert app.redraws > frames  # the frame came (status bar, key bar) ...
+        assert await until(pilot, lambda: app.redraws > frames)  # the frame came (status
+        await pilot.pause(0.1)  # bar, key bar) ...
         assert seen == []  # ... without reading the hidden overview
         assert used_shown(app) == before
         if click:
             await pilot.click("#--content-tab-timelines")
         else:
             await pilot.press("1")
-        await pilot.pause(0.1)  # well before the next frame could be due on its own
+        # Paused, and no more data: no frame would come on its own.
+        assert await until(pilot, lambda: "79.0/80G" in used_shown(app)), used_shown(app)
         assert app.tabs.active == "timelines"
-        assert seen, "the overview was not read when its tab showed"
-        assert "79.0/80G" in used_shown(app), used_shown(app)
+        assert seen
 
 
 async def test_the_overview_is_not_read_under_another_tab_and_shows_by_key() -> None:
@@ -90,8 +106,7 @@ async def test_the_hidden_ranks_tab_counts_faults_and_draws_when_shown() -> None
         assert view.tables and "! 2 rank faults" in app.status_bar.text
         assert drawn == []  # hidden: the tables are made, not drawn
         await pilot.press("5")
-        await pilot.pause()
-        assert drawn
+        assert await until(pilot, lambda: bool(drawn))
         assert str(view.body.render()).splitlines()[0].startswith("ranks: 4")
 
 
@@ -106,19 +121,42 @@ async def test_panels_out_of_view_are_drawn_when_scrolled_into_it() -> None:
         keys = [d.key for d in gpu_devices(session)]
         app.open_panel(keys[0])
         await pilot.press("f")  # paused: a frame only when data comes
+        first, last = app._panels[keys[0]], app._panels[keys[-1]]
+        assert await until(pilot, lambda: first.region.overlaps(app.panel_list.region))
         await pilot.pause(FRAME_S + 0.2)
         assert not app.overview_shown
-        last = app._panels[keys[-1]]
-        view = app.panel_list.region
-        assert not last.region.overlaps(view)  # below the fold
-        assert app._panels[keys[0]].region.overlaps(view)
+        assert not last.region.overlaps(app.panel_list.region)  # below the fold
         session.add_gpu_sample(keys[-1], {"t": END, "used": 79 * GIB, "total": 80 * GIB})
-        await pilot.pause(FRAME_S + 0.2)
-        first = app._panels[keys[0]]
-        assert first.chart.data_version == session.version  # the frame came ...
+        # The frame came ...
+        assert await until(pilot, lambda: first.chart.data_version == session.version)
         assert last.chart.data_version != session.version  # ... and left it alone
         app.panel_list.scroll_end(animate=False)
-        await pilot.pause(0.2)
+        assert await until(pilot, lambda: last.chart.data_version == session.version)
         assert last.region.overlaps(app.panel_list.region)
-        assert last.chart.data_version == session.version
         assert "79.0" in str(last.header.render()), str(last.header.render())
+
+
+async def test_the_overview_reads_figures_not_explanations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    explained: list[str] = []
+    explain = moment._explain
+
+    def counted(session, key, readings):  # type: ignore[no-untyped-def]
+        explained.append(key)
+        return explain(session, key, readings)
+
+    monkeypatch.setattr(moment, "_explain", counted)
+    session = many_gpus.build(8)
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        assert app.overview_shown
+        frames = app.redraws
+        app.redraw()
+        assert await until(pilot, lambda: app.redraws > frames)
+        assert explained == []
+        assert len(app.overview.rows) == 8 and all(r.used for r in app.overview.rows)
+        # A panel's header still explains its phase.
+        await pilot.press("enter")
+        assert await until(pilot, lambda: bool(explained))

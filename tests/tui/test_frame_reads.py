@@ -12,12 +12,10 @@ read each GPU's figures, not the explanations of its phases (the panels' header 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import many_gpus
 import pytest
 import rank_session as rs
+from conftest import until
 
 from gpuwatch.analysis import moment
 from gpuwatch.tui.app import FOLLOW_FRAME_NS, GpuwatchApp
@@ -39,15 +37,6 @@ def reads(overview: GpuOverview) -> list[object]:
 
     overview.update_view = counted  # type: ignore[method-assign]
     return seen
-
-
-async def until(pilot: object, done: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Wait (the app running) until ``done()``, at most ``timeout`` seconds (a loaded
-    machine stretches every step)."""
-    end = time.monotonic() + timeout
-    while not done() and time.monotonic() < end:
-        await pilot.pause(0.05)  # type: ignore[attr-defined]
-    return done()
 
 
 def used_shown(app: GpuwatchApp) -> str:

@@ -165,6 +165,16 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0, interval: float = 
     return cond()
 
 
+async def until(pilot: Any, cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``cond`` while the app under ``pilot`` runs (:func:`wait_for` blocks its event
+    loop: what a key started, a confirmation's callback say, cannot finish meanwhile);
+    returns the last result."""
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        await pilot.pause(0.05)
+    return cond()
+
+
 def in_threads(work: Callable[[], object], count: int) -> list[BaseException]:
     """Run ``work`` in ``count`` threads started together; what any of them raised."""
     start = threading.Barrier(count)

@@ -70,8 +70,13 @@ def moment(
     t: int,
     predicted: Mapping[int, PredictedLine] | None = None,
     with_breakdown: bool = False,
+    explain: bool = True,
 ) -> Moment:
-    """Read device ``key`` at ``t`` once (with the bar's breakdown when asked, GPUs only)."""
+    """Read device ``key`` at ``t`` once (with the bar's breakdown when asked, GPUs only).
+
+    ``explain=False`` reads the figures alone: no phase explained, no OOM looked for (the
+    overview's rows show neither, and read every GPU at each frame).
+    """
     if is_host(key):
         host = session.host_table(key)
         procs = session.processes_of_host(key)
@@ -100,6 +105,8 @@ def moment(
         v = reading.line.value_at(t) if reading.line is not None else None
         if v is not None:
             out.values["predicted"] = (out.values.get("predicted") or 0) + v
+    if not (explain or with_breakdown):
+        return out
     out.explained = _explain(session, key, out.readings)
     out.oom = _oom_at(session, out.readings, t)
     if with_breakdown:

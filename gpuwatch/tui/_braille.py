@@ -7,8 +7,6 @@ and every dot between low and high is set: a spike one sample wide still lights 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 # Bit of each dot, indexed [row within the cell 0..3][column within the cell 0..1].
@@ -57,28 +55,32 @@ def rasterise(
     # All lines at once: (lines, dot columns).
     lo = np.array([np.asarray(lo, dtype=np.float64)[: 2 * width] for lo, _ in lines])
     hi = np.array([np.asarray(hi, dtype=np.float64)[: 2 * width] for _, hi in lines])
-    ok = ~(np.isnan(lo) | np.isnan(hi))
-    # Dot row 0 is the top; value 0 sits on the bottom row. NaN stays NaN through rint and
-    # clip (no warning); those columns are then emptied before the cast.
-    top = np.clip(np.rint((ymax - hi) * scale), 0, rows - 1)
-    bottom = np.clip(np.rint((ymax - lo) * scale), 0, rows - 1)
-    top[~ok] = rows
-    bottom[~ok] = -1
-    # Per cell row k: the column's lit dot rows inside the cell, [a, b) with 0 <= a, b <= 4
-    # (small ints, clipped in place: these arrays are lines x height x 2 * width).
-    small: type[np.signedinteger[Any]] = np.int16 if rows < 2**15 - 1 else np.int32
-    first = 4 * np.arange(height, dtype=small)[None, :, None]
-    span = top.astype(small)[:, None, :] - first
-    np.clip(span, 0, 4, out=span)
-    b = bottom.astype(small)[:, None, :] - first
-    b += 1
-    np.clip(b, 0, 4, out=b)
-    span *= 5
-    span += b  # 5 * a + b
-    cells = np.take(_LEFT_BITS, span[:, :, 0::2]) | np.take(_RIGHT_BITS, span[:, :, 1::2])
-    np.bitwise_or.reduce(cells, axis=0, out=bits)
-    for index, cell in enumerate(cells):
-        owner[cell != 0] = index
+    # Dot row 0 is the top; value 0 sits on the bottom row. Only the drawn dot columns are
+    # looked at, and of each only the cells its stretch crosses: a line is a thin stretch
+    # per dot column, one or two cells of a tall chart, and a host panel draws a line per
+    # process (going through every cell of every line was most of its frame).
+    line, col = np.nonzero(~(np.isnan(lo) | np.isnan(hi)))
+    top = np.clip(np.rint((ymax - hi[line, col]) * scale), 0, rows - 1).astype(np.int64)
+    bottom = np.clip(np.rint((ymax - lo[line, col]) * scale), 0, rows - 1).astype(np.int64)
+    drawn = top <= bottom  # a high under its low draws nothing
+    line, col, top, bottom = line[drawn], col[drawn], top[drawn], bottom[drawn]
+    # One entry per (dot column, cell row it crosses), in line order.
+    first_cell = top // 4
+    count = bottom // 4 - first_cell + 1
+    at = np.repeat(np.cumsum(count) - count, count)
+    cell_row = np.repeat(first_cell, count) + (np.arange(int(count.sum())) - at)
+    line, col = np.repeat(line, count), np.repeat(col, count)
+    # The stretch's dot rows inside the cell, [a, b) with 0 <= a < b <= 4.
+    start = 4 * cell_row
+    a = np.clip(np.repeat(top, count) - start, 0, 4)
+    b = np.clip(np.repeat(bottom, count) + 1 - start, 0, 4)
+    code = 5 * a + b
+    right = (col & 1).astype(bool)
+    cell_bits = np.where(right, np.take(_RIGHT_BITS, code), np.take(_LEFT_BITS, code))
+    cell_col = col >> 1
+    np.bitwise_or.at(bits, (cell_row, cell_col), cell_bits)
+    # A shared cell is the later line's (every entry lights at least one dot).
+    np.maximum.at(owner, (cell_row, cell_col), line.astype(np.int32))
     return bits, owner
 
 

@@ -24,6 +24,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Keymap
 from textual.containers import VerticalScroll
 from textual.dom import NoScreen
+from textual.geometry import Region
 from textual.message import Message
 from textual.reactive import var
 from textual.screen import Screen
@@ -131,6 +132,14 @@ class PanelList(VerticalScroll, inherit_bindings=False):
 
     BINDINGS = [b for b in VerticalScroll.BINDINGS if b.key not in ("home", "end")]  # type: ignore[union-attr]
 
+    class Scrolled(Message):
+        """The list scrolled: panels out of view may have come into it."""
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if round(old_value) != round(new_value):
+            self.post_message(self.Scrolled())
+
 
 class GpuwatchApp(App[int]):
     """The dashboard over a :class:`~gpuwatch.session.Session` (live or replayed).
@@ -213,6 +222,8 @@ class GpuwatchApp(App[int]):
         self._pending = False
         self._posted = 0.0
         self._drawn_key: object = None
+        self._timelines_stale = False  # a frame came while another tab was shown
+        self._panels_behind: list[DevicePanel] = []  # out of view at the last frame
         self._shown_version = -1  # the data version a paused view keys its frames on
         self._shown_at = -FOLLOW_FRAME_NS  # when it last moved (monotonic ns)
         self._tables_version: object = -1
@@ -429,12 +440,14 @@ class GpuwatchApp(App[int]):
         self.process_table.at = None if self.session.live and self.view.following else at
         with self.batch_update():
             self._place_overview()
-            if self.overview_shown:  # the panels are hidden: not drawn (the cost of 8)
+            self._timelines_stale = self.tabs.active != "timelines"
+            if self._timelines_stale:
+                pass  # under another tab: drawn when it shows again (_tab_shown)
+            elif self.overview_shown:  # the panels are hidden: not drawn (the cost of 8)
                 self.overview.update_view(at, version)
             else:
                 self._place_panels()
-                for panel in self._panels.values():
-                    panel.update_view(window, self.view.cursor, version, at)
+                self._update_panels(window, version, at)
             self._update_status(window)
             self.key_bar.set_keys(self.footer_keys())
             screen = self.screen_stack[-1] if self.screen_stack else None  # none: closing
@@ -443,6 +456,31 @@ class GpuwatchApp(App[int]):
         self._plot_width_at = None  # the panels' axes may have moved
         self._follow_tables()
         self.redraws += 1
+
+    def _update_panels(self, window: tuple[int, int], version: int, at: int) -> None:
+        """Update the panels in view; those scrolled out of it (a run on the CPU keeps every
+        GPU's panel below the host's) are updated when they come into view."""
+        view = self.panel_list.region
+        self._panels_behind = []
+        for panel in self._panels.values():
+            if self._out_of_view(panel, view):
+                self._panels_behind.append(panel)
+                continue
+            panel.update_view(window, self.view.cursor, version, at)
+        if self._panels_behind:  # a new layout can bring them into view without a scroll
+            self.call_after_refresh(self._panels_moved)
+
+    @staticmethod
+    def _out_of_view(panel: DevicePanel, view: Region) -> bool:
+        region = panel.region
+        return bool(region and view) and not region.overlaps(view)  # laid out, and outside
+
+    @on(PanelList.Scrolled)
+    def _panels_moved(self) -> None:
+        view = self.panel_list.region
+        if any(not self._out_of_view(p, view) for p in self._panels_behind):
+            self._drawn_key = None
+            self._look_in(1 / REDRAW_HZ)
 
     def _schedule(self) -> None:
         """Look for the next frame when it can come, and not before.
@@ -587,6 +625,12 @@ class GpuwatchApp(App[int]):
             self.overview.select_key(panel.key)
         self.overview.focus()
         self.redraw()
+
+    @on(TabbedContent.TabActivated)
+    def _tab_shown(self, event: TabbedContent.TabActivated) -> None:
+        # A click on the tab's title comes here without action_show_tab's redraw.
+        if self._timelines_stale and self.tabs.active == "timelines":
+            self.redraw()
 
     @on(GpuOverview.Opened)
     def _overview_opened(self, event: GpuOverview.Opened) -> None:

@@ -102,7 +102,7 @@ def gpu_row(
     session: Session, dev: Device, t: int, predicted: Mapping[int, PredictedLine] | None = None
 ) -> GpuRow:
     """What the overview says of ``dev`` at ``t``: the sample at or before it."""
-    now = moment(session, dev.key, t, predicted)
+    now = moment(session, dev.key, t, predicted, explain=False)  # the figures only
     row = now.row or {}
     mig = dev.mig
     index = "?" if dev.index is None else str(dev.index)
@@ -379,11 +379,12 @@ class GpuOverview(CachedStrips, can_focus=True):
         self._texts: tuple[object, ...] = ()  # what the lines say: they are built from it
         self._row_texts: tuple[tuple[str, ...], ...] = ()
         # Styles resolved once, not at each frame (parsing and combining them was most of
-        # drawing a line): the component classes' by (theme, focus), and each run's final
-        # style by its base and layers. Both go when the CSS changes.
-        self._components: dict[object, dict[str, Style]] = {}
+        # drawing a line): the component classes' and the pad's per theme and focus, and
+        # each run's final style by its base and layers. All go when the CSS changes.
+        self._components = self.style_cache(self._read_components)
+        # A widget's rich style is made anew at each read: kept as the classes' are.
+        self._pad_style = self.style_cache(lambda: self.rich_style)
         self._combined: dict[tuple[object, ...], RichStyle | None] = {}
-        self._pads: dict[object, RichStyle] = {}
 
     # ------------------------------------------------------------------ data
 
@@ -447,7 +448,7 @@ class GpuOverview(CachedStrips, can_focus=True):
 
     def build_strips(self, size: Size) -> list[Strip]:
         base = self.visual_style
-        rich = self._pad_style()
+        rich = self._pad_style.get()
         strips = []
         for runs, line_style in self._lines(size.width, self.app.theme_variables):
             segments = [
@@ -475,36 +476,21 @@ class GpuOverview(CachedStrips, can_focus=True):
         self._combined[key] = rich = combined.rich_style if combined else None
         return rich
 
-    def _class_styles(self) -> dict[str, Style]:
-        """The component classes' styles, read once per theme and focus."""
-        key = (self.app.theme, self.has_focus)
-        found = self._components.get(key)
-        if found is None:
-            found = self._components[key] = {
-                name: _style(self.get_component_rich_style(f"gpu-overview--{name}", partial=True))
-                for name in ("head", "muted", "selected", "host")
-            }
-        return found
-
-    def _pad_style(self) -> RichStyle:
-        """The style of the cells right of a line (a widget's rich style is made anew at
-        each read: kept as the component classes' are)."""
-        key = ("pad", self.app.theme, self.has_focus)
-        found = self._pads.get(key)
-        if found is None:
-            found = self._pads[key] = self.rich_style
-        return found
+    def _read_components(self) -> dict[str, Style]:
+        """The component classes' styles (kept per theme and focus by :attr:`_components`)."""
+        return {
+            name: _style(self.get_component_rich_style(f"gpu-overview--{name}", partial=True))
+            for name in ("head", "muted", "selected", "host")
+        }
 
     def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._components.clear()
-        self._pads.clear()
+        super().notify_style_update()  # the component classes' and the pad's styles too
         self._combined.clear()
 
     def _lines(self, width: int, colors: Mapping[str, str]) -> list[tuple[list[Run], Style]]:
         """Each line: its runs (:func:`joined`) and the style over all of it."""
         lay = Layout.of(width, self.rows, self.bar_share)
-        styles = self._class_styles()
+        styles = self._components.get()
         head = (
             f"{'GPU':<{lay.label}}{'name':<{lay.name}}{'memory':<{lay.bar}} {'used/tot':>9}"
             f"{'util':>5}{'temp':>5}{'W':>5} {'top process · phase'}"

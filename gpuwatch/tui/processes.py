@@ -151,8 +151,7 @@ class ProcessTable(CachedStrips, can_focus=True):
         self._cache = pr.RowCache()  # the rows of the last refresh, reused where unchanged
         # (cells, width, style) -> the row's line, drawn once while its cells are equal
         self._lines: dict[tuple[tuple[str, ...], int, Style], Strip] = {}
-        self._style_key: object = None
-        self._style: tuple[Style, Style, Style, Style] = (Style(),) * 4
+        self._styles = self.style_cache(self._read_styles)
 
     # ------------------------------------------------------------------ rows
 
@@ -234,7 +233,7 @@ class ProcessTable(CachedStrips, can_focus=True):
 
     def build_strips(self, size: Size) -> list[Strip]:
         width = size.width
-        header, base, odd, cursor = self._styles()
+        header, base, odd, cursor = self._styles.get()
         heads = []
         keys = shown_columns(width)
         for key, label in pr.COLUMNS:
@@ -254,20 +253,16 @@ class ProcessTable(CachedStrips, can_focus=True):
             strips.append(strip)
         return strips
 
-    def _styles(self) -> tuple[Style, Style, Style, Style]:
-        """The header's, a row's, an odd row's and the cursor's styles, looked up once per
-        theme and focus (a lookup walks the CSS)."""
-        key = (self.app.theme, self.has_focus)
-        if self._style_key != key:
-            base = self.rich_style
-            self._style_key = key
-            self._style = (
-                base + self.get_component_rich_style("process-table--header"),
-                base,
-                base + self.get_component_rich_style("process-table--odd"),
-                base + self.get_component_rich_style("process-table--cursor"),
-            )
-        return self._style
+    def _read_styles(self) -> tuple[Style, Style, Style, Style]:
+        """The header's, a row's, an odd row's and the cursor's styles (kept per theme and
+        focus by :attr:`_styles`: a lookup walks the CSS)."""
+        base = self.rich_style
+        return (
+            base + self.get_component_rich_style("process-table--header"),
+            base,
+            base + self.get_component_rich_style("process-table--odd"),
+            base + self.get_component_rich_style("process-table--cursor"),
+        )
 
     def _note(self, items: list[pr.ProcRow], listed: list[pr.ProcRow]) -> str:
         lines = [

@@ -206,6 +206,7 @@ class RanksView(VerticalScroll):
         self.tables: list[Ranks] = []
         self._at = -HIDDEN_EVERY  # when the tables were last made (monotonic seconds)
         self.body = Static("", id=f"{id}-body" if id else None)
+        self._stale = False  # tables made while hidden, not drawn yet
 
     def compose(self) -> ComposeResult:
         yield self.body
@@ -222,6 +223,9 @@ class RanksView(VerticalScroll):
             return
         self._at = now
         self.tables = self.feed.tables(self.session)
+        if hidden:  # only the faults are read: drawn when the tab shows (on_show)
+            self._stale = True
+            return
         self._draw()
 
     @property
@@ -235,9 +239,14 @@ class RanksView(VerticalScroll):
     def on_resize(self) -> None:
         self._draw()
 
+    def on_show(self) -> None:
+        if self._stale:
+            self._draw()
+
     def _draw(self) -> None:
         if not self.is_mounted:  # its tab is being added: drawn once mounted
             return
+        self._stale = False
         width = max(20, self.size.width - 2) if self.size.width else 78
         compact = self.screen.has_class("-short")  # the dashboard's 80x24 layout
         theme = self.app.current_theme

@@ -16,7 +16,7 @@ DOT = [[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]]
 def reference(lines, width: int, height: int, ymax: float) -> tuple[np.ndarray, np.ndarray]:
     """Every dot set one at a time; a cell's colour is the last line with a dot in it."""
     bits = np.zeros((height, width), dtype=np.uint8)
-    owner = np.full((height, width), -1, dtype=np.int8)
+    owner = np.full((height, width), -1, dtype=np.int32)
     rows = 4 * height
     scale = (rows - 1) / ymax
     for index, (lo, hi) in enumerate(lines):
@@ -60,6 +60,26 @@ def test_rasterise_matches_setting_every_dot(seed: int) -> None:
     assert np.array_equal(bits, want_bits)
     assert np.array_equal(owner, want_owner)
     assert bits.dtype == np.uint8 and owner.dtype == np.int32  # a line per process: >127
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_many_lines_on_a_tall_chart_match_setting_every_dot(seed: int) -> None:
+    """A host panel's line per process (hundreds, more than int8 holds), crossing cells
+    and lying flat in one, some with a high under their low (nothing drawn)."""
+    rng = np.random.default_rng(100 + seed)
+    width, height, ymax = int(rng.integers(20, 90)), int(rng.integers(10, 40)), 64.0
+    lines = []
+    for _ in range(int(rng.integers(130, 220))):
+        level = rng.uniform(0, ymax)
+        lo = level + rng.normal(0, 0.5, 2 * width)
+        hi = lo + rng.uniform(0, 4, 2 * width) * (rng.random(2 * width) < 0.2)
+        hi[rng.random(2 * width) < 0.05] -= 6.0  # below its low
+        lo[rng.random(2 * width) < 0.1] = np.nan
+        lines.append((lo, hi))
+    bits, owner = rasterise(lines, width, height, ymax)
+    want_bits, want_owner = reference(lines, width, height, ymax)
+    assert np.array_equal(bits, want_bits)
+    assert np.array_equal(owner, want_owner)
 
 
 def test_nothing_to_draw_is_blank() -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import until, wait_for
 from workers import LAUNCHER
 from workers import alive as _alive
 
@@ -212,7 +212,7 @@ async def test_a_signal_reaches_the_process_after_the_confirmation(size: str) ->
             await pilot.pause()
             await pilot.press("y")
             # The launcher's worker ends by the SIGTERM; the launcher reaps it.
-            assert wait_for(lambda: not _alive(target), timeout=10)
+            assert await until(pilot, lambda: not _alive(target))
             said = [n.message for n in app._notifications]
             assert f"sent SIGTERM to pid {target}" in said
 
@@ -245,7 +245,7 @@ async def test_another_users_process_is_refused_in_one_line() -> None:
             await pilot.pause()
             assert isinstance(app.screen, Confirm)
             await pilot.press("y")
-            assert wait_for(lambda: not _alive(allowed), timeout=10)
+            assert await until(pilot, lambda: not _alive(allowed))
             assert f"sent SIGINT to pid {allowed}" in [n.message for n in app._notifications]
 
 

@@ -1,0 +1,151 @@
+"""Issue 38: a frame reads and draws only what is shown, and what comes into view is
+drawn at once.
+
+With the Processes tab open, the frames still come (the status bar, the key bar), but the
+overview and the panels under the Timelines tab are not read nor drawn (8 GPUs' rows each
+frame were most of the dashboard's own CPU with the tab open); back on Timelines, by key
+or by a click on the tab's title, they show the newest data at once. The Ranks tab, hidden,
+makes its tables for the status bar's fault count but draws them only when it shows.
+Panels scrolled out of the list are updated when they scroll into it. The overview's rows
+read each GPU's figures, not the explanations of its phases (the panels' header and bar).
+"""
+
+from __future__ import annotations
+
+import many_gpus
+import pytest
+import rank_session as rs
+from conftest import until
+
+from gpuwatch.analysis import moment
+from gpuwatch.tui.app import FOLLOW_FRAME_NS, GpuwatchApp
+from gpuwatch.tui.overview import GpuOverview, gpu_devices
+
+GIB = 1 << 30
+END = many_gpus.END_MS * many_gpus.MS
+FRAME_S = FOLLOW_FRAME_NS / 1e9
+
+
+def reads(overview: GpuOverview) -> list[object]:
+    """The moments the overview is asked to read (its ``update_view``)."""
+    seen: list[object] = []
+    update = overview.update_view
+
+    def counted(at: int, version: object) -> None:
+        seen.append(at)
+        update(at, version)
+
+    overview.update_view = counted  # type: ignore[method-assign]
+    return seen
+
+
+def used_shown(app: GpuwatchApp) -> str:
+    """GPU 0's used/total as the overview shows it."""
+    return app.overview.render_plain()[1]
+
+
+async def check_hidden_then_shown(click: bool) -> None:
+    session = many_gpus.build(8)
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        assert app.overview_shown
+        await pilot.press("f")  # paused: a frame only when data comes
+        await pilot.press("3")
+        await pilot.pause(FRAME_S + 0.1)
+        seen = reads(app.overview)
+        before = used_shown(app)
+        frames = app.redraws
+        key = gpu_devices(session)[0].key
+        session.add_gpu_sample(key, {"t": END, "used": 79 * GIB, "total": 80 * GIB})
+        assert await until(pilot, lambda: app.redraws > frames)  # the frame came (status
+        await pilot.pause(0.1)  # bar, key bar) ...
+        assert seen == []  # ... without reading the hidden overview
+        assert used_shown(app) == before
+        if click:
+            await pilot.click("#--content-tab-timelines")
+        else:
+            await pilot.press("1")
+        # Paused, and no more data: no frame would come on its own.
+        assert await until(pilot, lambda: "79.0/80G" in used_shown(app)), used_shown(app)
+        assert app.tabs.active == "timelines"
+        assert seen
+
+
+async def test_the_overview_is_not_read_under_another_tab_and_shows_by_key() -> None:
+    await check_hidden_then_shown(click=False)
+
+
+async def test_the_overview_shows_at_once_when_its_tab_title_is_clicked() -> None:
+    await check_hidden_then_shown(click=True)
+
+
+async def test_the_hidden_ranks_tab_counts_faults_and_draws_when_shown() -> None:
+    session = rs.build()
+    app = GpuwatchApp(session, clock=lambda: session.time_range()[1])
+    async with app.run_test(size=(140, 45)) as pilot:
+        await pilot.pause(0.3)
+        view = app.ranks_view
+        drawn: list[int] = []
+        update = view.body.update
+        view.body.update = lambda *a, **k: (drawn.append(1), update(*a, **k))[1]  # type: ignore[method-assign]
+        view._at = -1e9  # the hidden tab's next refresh is due
+        app._tables_version = -1
+        app._refresh_tables()
+        assert view.tables and "! 2 rank faults" in app.status_bar.text
+        assert drawn == []  # hidden: the tables are made, not drawn
+        await pilot.press("5")
+        assert await until(pilot, lambda: bool(drawn))
+        assert str(view.body.render()).splitlines()[0].startswith("ranks: 4")
+
+
+async def test_panels_out_of_view_are_drawn_when_scrolled_into_it() -> None:
+    """Panels scrolled out of the list (a run on the CPU keeps every GPU's below the
+    host's; here, the panels chosen over the overview) are not updated by a frame, and
+    are at once when the list scrolls to them."""
+    session = many_gpus.build(8)
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause(0.3)
+        keys = [d.key for d in gpu_devices(session)]
+        app.open_panel(keys[0])
+        await pilot.press("f")  # paused: a frame only when data comes
+        first, last = app._panels[keys[0]], app._panels[keys[-1]]
+        assert await until(pilot, lambda: first.region.overlaps(app.panel_list.region))
+        await pilot.pause(FRAME_S + 0.2)
+        assert not app.overview_shown
+        assert not last.region.overlaps(app.panel_list.region)  # below the fold
+        session.add_gpu_sample(keys[-1], {"t": END, "used": 79 * GIB, "total": 80 * GIB})
+        # The frame came ...
+        assert await until(pilot, lambda: first.chart.data_version == session.version)
+        assert last.chart.data_version != session.version  # ... and left it alone
+        app.panel_list.scroll_end(animate=False)
+        assert await until(pilot, lambda: last.chart.data_version == session.version)
+        assert last.region.overlaps(app.panel_list.region)
+        assert "79.0" in str(last.header.render()), str(last.header.render())
+
+
+async def test_the_overview_reads_figures_not_explanations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    explained: list[str] = []
+    explain = moment._explain
+
+    def counted(session, key, readings):  # type: ignore[no-untyped-def]
+        explained.append(key)
+        return explain(session, key, readings)
+
+    monkeypatch.setattr(moment, "_explain", counted)
+    session = many_gpus.build(8)
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        assert app.overview_shown
+        frames = app.redraws
+        app.redraw()
+        assert await until(pilot, lambda: app.redraws > frames)
+        assert explained == []
+        assert len(app.overview.rows) == 8 and all(r.used for r in app.overview.rows)
+        # A panel's header still explains its phase.
+        await pilot.press("enter")
+        assert await until(pilot, lambda: bool(explained))

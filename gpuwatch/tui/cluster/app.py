@@ -185,7 +185,10 @@ class ClusterApp(App[int]):
     def _start(self) -> None:
         # Under a host's panels the grid, the summary and the ranks are hidden: only the
         # host's figures (its panels' titles) are asked; going back asks everything at once.
-        host = self.screen.host if isinstance(self.screen, HostScreen) else None
+        stack = self.screen_stack
+        if not stack:  # the view is closing (its screens gone) as a timer fires: ask nothing
+            return
+        host = stack[-1].host if isinstance(stack[-1], HostScreen) else None
         slow = self.refreshes % SLOW_EVERY == 0 or self.cluster.wants_slow()
         self._ask(self.cluster.live(), slow, host)
 

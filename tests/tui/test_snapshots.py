@@ -10,10 +10,11 @@ import many_gpus
 import pytest
 import rank_session
 import synthetic
-from conftest import ROOT
+from conftest import ROOT, until
 
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.marks import MarksTable
 from gpuwatch.tui.replay import replay_app
 
 SIZE = (140, 45)
@@ -38,8 +39,13 @@ def test_timelines(snap_compare, theme: str) -> None:
 
 
 async def peaks(pilot) -> None:
-    """The Peaks tab, once its OOM's answer is planned (a thread worker)."""
+    """The Peaks tab, once its OOMs' answers are planned (a thread worker) and shown."""
     await pilot.press("2")
+    # The plan starts when a row first describes the OOM, which may come after the key
+    # has been handled: waiting for the workers alone could find none yet.
+    table = pilot.app.query_one(MarksTable)
+    ooms = len(pilot.app.session.ooms)
+    assert ooms and await until(pilot, lambda: len(table.answers) >= ooms)
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
 

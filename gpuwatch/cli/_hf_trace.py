@@ -24,9 +24,9 @@ Imports torch and transformers only when called.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
 """Config keys that count a stack's layers (T5: the encoder's and the decoder's)."""
@@ -44,6 +44,8 @@ EXPERTS_IMPL = "gpuwatch_even"
 
 _SUMMED = ("bytes", "saved_bytes", "tensors", "amp_copy_bytes", "grad_bytes", "recompute_bytes")
 _PEAKS = ("forward_peak", "loss_peak")
+
+T = TypeVar("T")
 
 
 def _config(config: dict[str, Any]) -> Any:
@@ -83,15 +85,11 @@ def build(config: dict[str, Any]) -> Any:
     return AutoModel.from_config(cfg)
 
 
-def meta_count(
-    config: dict[str, Any],
-) -> tuple[int, str, tuple[tuple[int, ...], ...]] | None:
-    """Every parameter of the config's model, built on the meta device by ``transformers``
-    (no memory, no weights, no network): ``(count, class name, shapes)``, or None where
-    ``transformers`` is missing or does not know the family."""
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        return None
+def _on_meta(config: dict[str, Any], use: Callable[[Any], T]) -> T | None:
+    """``use`` of the config's model built on the meta device (no memory, no weights, no
+    network), still on it; None where torch or transformers is missing, or the model
+    cannot be built or used so (a config transformers does not know, a vision family
+    whose embeddings want more than the pixels)."""
     try:
         import torch
         import transformers  # noqa: F401
@@ -101,8 +99,22 @@ def meta_count(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.device("meta"):
-                model = build(config)
-    except Exception:  # any config transformers cannot build is refused, as before
+                return use(build(config))
+    except Exception:
+        return None
+
+
+def meta_count(
+    config: dict[str, Any],
+) -> tuple[int, str, tuple[tuple[int, ...], ...]] | None:
+    """Every parameter of the config's model, built on the meta device by ``transformers``
+    (no memory, no weights, no network): ``(count, class name, shapes)``, or None where
+    ``transformers`` is missing or does not know the family."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return None
+    model = _on_meta(config, lambda model: model)
+    if model is None:
         return None
     # parameters() yields a tied tensor once, as it is held once.
     shapes = tuple(tuple(p.shape) for p in model.parameters())
@@ -223,20 +235,17 @@ def image_tokens(config: dict[str, Any]) -> int | None:
     image = image_input(config)
     if image is None:
         return None
-    try:
+
+    def embedded(model: Any) -> Any:
         import torch
-    except ImportError:
-        return None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with torch.device("meta"):
-                model = build(config)
-                embeddings = getattr(model.base_model, "embeddings", None)
-                if model.main_input_name != "pixel_values" or embeddings is None:
-                    return None
-                out = embeddings(torch.zeros(1, *image))
-    except Exception:  # a vision family whose embeddings want more than the pixels
+
+        embeddings = getattr(model.base_model, "embeddings", None)
+        if model.main_input_name != "pixel_values" or embeddings is None:
+            return None
+        return embeddings(torch.zeros(1, *image))
+
+    out = _on_meta(config, embedded)
+    if out is None:
         return None
     first = out[0] if isinstance(out, tuple) else out
     shape = tuple(getattr(first, "shape", ()))

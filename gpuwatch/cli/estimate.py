@@ -376,14 +376,7 @@ def _traced(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
             " give --checkpointing alone"
         )
     try:
-        act, notes = traced_activations(
-            args.meta_config,
-            batch=plan.batch,
-            seq=plan.seq,
-            precision=plan.precision,
-            attention=plan.attention,
-            checkpointing=plan.checkpointing,
-        )
+        act, notes = _trace(args, plan, plan.checkpointing)
     except RuntimeError as exc:
         assumed.append(f"activations unknown: the fake-tensor step failed: {exc}")
         return plan
@@ -393,6 +386,20 @@ def _traced(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
     )
     plan = replace(plan, activations=act, activations_batch=plan.batch, tensors=args.meta_tensors)
     return _checkpointed_trace(args, plan, assumed)
+
+
+def _trace(
+    args: argparse.Namespace, plan: Any, checkpointing: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """One training step of the config's model on fake tensors, as ``plan`` runs it."""
+    return traced_activations(
+        args.meta_config,
+        batch=plan.batch,
+        seq=plan.seq,
+        precision=plan.precision,
+        attention=plan.attention,
+        checkpointing=checkpointing,
+    )
 
 
 def _checkpointed_trace(args: argparse.Namespace, plan: Any, assumed: list[str]) -> Any:
@@ -411,14 +418,7 @@ def _checkpointed_trace(args: argparse.Namespace, plan: Any, assumed: list[str])
     except ValueError:
         return plan  # the layout refuses the plan: _result says so
     try:
-        act, _ = traced_activations(
-            args.meta_config,
-            batch=plan.batch,
-            seq=plan.seq,
-            precision=plan.precision,
-            attention=plan.attention,
-            checkpointing=True,
-        )
+        act, _ = _trace(args, plan, True)
     except RuntimeError as exc:
         assumed.append(f"gradient checkpointing not planned: the fake-tensor step failed: {exc}")
         return plan

@@ -134,7 +134,7 @@ def _key(labels: Mapping[str, str]) -> str | None:
     index = labels.get("gpu")
     if not index:
         return None
-    return f"{labels.get('host') or labels.get('instance') or '?'}:{index}"
+    return f"{host_of(labels)}:{index}"
 
 
 _GPU_FIGURES = {
@@ -490,14 +490,11 @@ class Cluster:
                 if cell is None or (host is not None and cell.host != host):
                     continue
                 seen.add(key)
-                if attr == "total":
-                    cell.total = _bytes(series.value)
-                elif attr == "used":
+                cell.put(family, series.value)
+                if attr == "used":
                     have.add(key)
-                    cell.used = _bytes(series.value)
-                else:
+                elif attr == "up":
                     ups.add(key)
-                    cell.up = series.value == 1
         if "gpuwatch_gpu_up" in s:  # read, and silent about a GPU: it is up
             for key in seen - ups:
                 gpus[key].up = True

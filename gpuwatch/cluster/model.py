@@ -401,6 +401,9 @@ class Cluster:
         self.jobs: dict[str, Ranks] = {}
         self.down: dict[str, str] = {}
         self._procs: dict[tuple[str, int], _Process] = {}
+        # Processes missing from the last refreshes (a scrape that timed out): what they
+        # said is theirs again when they are back, whatever families that refresh read.
+        self._away: dict[tuple[str, int], tuple[float, _Process]] = {}
         self._clock = clock
 
     # ------------------------------------------------------------------ folding answers
@@ -447,7 +450,7 @@ class Cluster:
                 if cell.seen:  # this view had it live: its own last figures stand
                     continue
                 cell.put(family, series.value)
-        self._processes(s)
+        self._processes(s, answers.at)
         if answers.by_job:  # the GPUs of the hosts the matched processes run on
             hosts = {p.host for p in self._procs.values()}
             for key in [k for k, g in self.gpus.items() if g.host not in hosts]:
@@ -548,7 +551,7 @@ class Cluster:
             return True
         return any(p.rank is not None and not p.info for p in self._procs.values())
 
-    def _processes(self, s: dict[str, list[Series]]) -> None:
+    def _processes(self, s: dict[str, list[Series]], at: float) -> None:
         """Processes from their families: phase, step, peaks, prediction, rank."""
         families = (
             "gpuwatch_process_phase_info",
@@ -558,6 +561,8 @@ class Cluster:
         )
         if not any(f in s for f in families):
             return  # none read: keep what the cells show
+        for key in [k for k, (t, _) in self._away.items() if at - t > FORGET_S]:
+            del self._away[key]
         procs: dict[tuple[str, int], _Process] = {}
 
         def proc(series: Series) -> _Process | None:
@@ -570,7 +575,7 @@ class Cluster:
             if p is None:
                 if len(procs) >= MAX_GPUS * 8:
                     return None
-                old = self._procs.get(key)
+                old = self._procs.get(key) or self._back(key)
                 job = labels.get("job_id") or job_id(labels, key[0])  # an older exporter's
                 p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None, job)
                 if old is not None:  # a family not read this time keeps its figures
@@ -607,12 +612,27 @@ class Cluster:
                 if strategy and strategy != "unknown":  # "unknown": no layout facts yet
                     p.strategy = strategy
                 p.world_size = _int(series.labels.get("world_size")) or p.world_size
+        self._leave(procs, at)
         self._procs = procs
         self._cells_from(procs.values())
         by_job: dict[str, list[RankRow]] = defaultdict(list)
         for job, row in self._rank_rows(procs.values()):
             by_job[job].append(row)
         self.jobs = {job: compare(by_job[job]) for job in sorted(by_job)}
+
+    def _back(self, key: tuple[str, int]) -> _Process | None:
+        away = self._away.pop(key, None)
+        return away[1] if away is not None else None
+
+    def _leave(self, procs: dict[tuple[str, int], _Process], at: float) -> None:
+        """Keep the processes this refresh lost, for :data:`FORGET_S` and at most as many
+        as a refresh may hold: back in a refresh that does not ask their layout (a
+        :data:`SLOW` family), they show it at once."""
+        for key, p in self._procs.items():
+            if key not in procs:
+                self._away[key] = (at, p)
+        while len(self._away) > MAX_GPUS * 8:  # oldest first: dicts keep insertion order
+            del self._away[next(iter(self._away))]
 
     def _cells_from(self, procs: Iterable[_Process]) -> None:
         by_gpu: dict[str, list[_Process]] = defaultdict(list)

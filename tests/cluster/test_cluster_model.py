@@ -235,6 +235,42 @@ def test_a_refresh_without_the_slow_families_keeps_what_they_said() -> None:
     assert part.wants_slow()
 
 
+def test_a_rank_back_after_a_missed_scrape_keeps_its_layout() -> None:
+    """A scrape of node-a that timed out drops its rank from one refresh; back in a
+    refresh without the slow families, it shows the layout it had (not a blank until the
+    next slow refresh), and nothing is asked again for it."""
+    from gpuwatch.cluster import SLOW
+
+    def info(host: str, rank: int, pid: int) -> dict:
+        return {"pid": str(pid), "rank": str(rank), "host": host, "world_size": "2",
+                "strategy": "fsdp2"}  # fmt: skip
+
+    every = merge(
+        two_hosts(),
+        rank_series("node-a", 0, 0, 101, {"forward": 2 * GiB}),
+        rank_series("node-b", 0, 1, 202, {"forward": 2 * GiB}),
+        {"gpuwatch_rank_info": [(info("node-a", 0, 101), 1), (info("node-b", 1, 202), 1)]},
+    )
+    fast = {k: v for k, v in every.items() if k not in SLOW}
+    without_a = merge(two_hosts(), rank_series("node-b", 0, 1, 202, {"forward": 2 * GiB}))
+    without_a = {k: v for k, v in without_a.items() if k not in SLOW}
+
+    def layouts(c: Cluster) -> list[tuple]:
+        return [(r.rank, r.strategy, r.world_size) for j in c.jobs.values() for r in j.rows]
+
+    c = Cluster()
+    c.apply(answers(every, at=1000))
+    c.apply(answers(without_a, at=1001))
+    assert layouts(c) == [(1, "fsdp2", 2)]
+    c.apply(answers(fast, at=1002))
+    assert layouts(c) == [(0, "fsdp2", 2), (1, "fsdp2", 2)]
+    assert not c.wants_slow()
+    # Gone longer than the view keeps anything: a new process for all it knows.
+    c.apply(answers(without_a, at=1003))
+    c.apply(answers(fast, at=1004 + FORGET_S))
+    assert layouts(c) == [(0, None, None), (1, "fsdp2", 2)] and c.wants_slow()
+
+
 def test_a_failed_refresh_without_the_slow_families_says_why_as_one() -> None:
     from gpuwatch.cluster import SLOW
     from gpuwatch.cluster.model import FAMILIES

@@ -115,7 +115,11 @@ class LiveSources:
         from .analysis.rank_feed import RankMarks
 
         marks = RankMarks()
-        while not self._ranks_stop.wait(RANKS_EVERY):
+        stopping = False
+        while not stopping:
+            # A last look when asked to stop: a fault the screen showed in the last second
+            # is in the recording too.
+            stopping = self._ranks_stop.wait(RANKS_EVERY)
             try:
                 marks.check(self.session)
             except Exception as exc:  # tried again next time; the sources go on

@@ -268,10 +268,11 @@ class Answers:
     """The targets whose :data:`ROW_FAMILIES` were asked (None: every target's)."""
 
 
-NOT_ONE = ("gpuwatch_gpu_up",)
-"""Families whose series are 1 but for the rare GPU NVML lost: asked as ``(FAMILY != 1)``
-joined to the query by ``or``, so that the answer carries only the GPUs that are not up
-(a GPU the other families name and this one does not is up: :meth:`Cluster.apply`)."""
+NOT_ONE = ("gpuwatch_gpu_up", "up")
+"""Families whose series are 1 but for the rare GPU NVML lost or target down: asked as
+``(FAMILY != 1)`` joined to the query by ``or``, so that the answer carries only the GPUs
+that are not up (a GPU the other families name and this one does not is up:
+:meth:`Cluster.apply`) and the targets that are down (all the view reads of ``up``)."""
 
 
 def family_queries(

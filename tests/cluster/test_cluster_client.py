@@ -191,10 +191,13 @@ def test_matchers_go_into_every_query(stub) -> None:
     queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
     # Every family in one query (no job label matched): selected by name.
     (query,) = queries
-    names = "|".join(f for f in FAMILIES if f != "gpuwatch_gpu_up")
+    names = "|".join(f for f in FAMILIES if f not in ("gpuwatch_gpu_up", "up"))
     m = 'cluster="a",env=~"prod.*",job="gpu\\"s"'
-    # gpuwatch_gpu_up, 1 but for a GPU NVML lost: only the others are asked.
-    assert query == f'{{__name__=~"{names}",{m}}} or (gpuwatch_gpu_up{{{m}}} != 1)'
+    # gpuwatch_gpu_up and up, 1 but for a GPU NVML lost or a target down: only the others
+    # are asked.
+    assert query == (
+        f'{{__name__=~"{names}",{m}}} or (gpuwatch_gpu_up{{{m}}} != 1) or (up{{{m}}} != 1)'
+    )
 
 
 def test_row_figures_are_asked_of_the_targets_near_the_view_only(stub) -> None:
@@ -257,7 +260,8 @@ def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
     gpu, proc = sorted(queries, key=lambda q: "slurm_job" in q)
     # A GPU series has no job labels: its families are asked without the job's matcher.
     assert "gpuwatch_gpu_memory_used_bytes" in gpu and "slurm_job" not in gpu
-    assert gpu.split('"')[1].endswith("|up") and gpu.endswith(" or (gpuwatch_gpu_up != 1)")
+    assert gpu.split('"')[1].endswith("|gpuwatch_gpu_process_memory_bytes")
+    assert gpu.endswith(" or (gpuwatch_gpu_up != 1) or (up != 1)")
     assert proc.endswith(',slurm_job="42"}') and "gpuwatch_process_step" in proc
     assert "gpuwatch_gpu_memory_used_bytes" not in proc
     # Each family gets its own series back, and only its own.

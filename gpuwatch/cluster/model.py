@@ -1,7 +1,8 @@
 """The cluster as Prometheus names it: one cell per GPU (host:index), grouped by host.
 
 :func:`fetch` asks every metric family in one instant query (two when a job label is
-matched; never one per GPU or per family) and :meth:`Cluster.apply` folds the answers
+matched, one more for a GPU row's own figures when only the targets near the grid's view
+are asked; never one per GPU or per family) and :meth:`Cluster.apply` folds the answers
 in. What a refresh could not read keeps its last
 good figures, marked stale: a refresh that failed marks every cell stale with one line
 that says why; a GPU whose series are gone (its exporter stopped answering, so Prometheus

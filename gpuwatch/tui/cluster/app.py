@@ -1,7 +1,8 @@
 """The cluster view's app: the summary, the GPU grid and the ranks tab over Prometheus.
 
 A thread worker asks Prometheus (every metric family in one instant query,
-:func:`gpuwatch.cluster.fetch`; under a host's panels only that host's figures) at the
+:func:`gpuwatch.cluster.fetch`, a GPU row's own figures only of the targets near the
+grid's view, :meth:`ClusterApp.near`; under a host's panels only that host's figures) at the
 scrape interval Prometheus reports, never faster than once a second
 (:class:`.cadence.Cadence`); the app folds its answers into one
 :class:`~gpuwatch.cluster.Cluster` when the worker ends and redraws. Nothing here waits

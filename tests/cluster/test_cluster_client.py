@@ -232,6 +232,11 @@ def test_row_figures_are_asked_of_the_targets_near_the_view_only(stub) -> None:
     ]  # fmt: skip
     assert [o.user for o in c.gpus["node.c:0"].others] == ["bob"]
     assert all(g.used is not None and g.temp is None for g in c.gpus.values() if g.host != "node.c")
+    # A target with a quote, a backslash and regex syntax in its name is matched as typed.
+    odd = 'q"[b]\\s*'
+    s.families = merge(s.families, gpu_series(odd, 1))
+    c.apply(fetch(client, near={f"{odd}:9400"}))
+    assert [k for k, g in c.gpus.items() if g.util is not None] == [f"{odd}:0"]
     # No target near the view: no query of the row figures at all.
     s.requests.clear()
     c.apply(fetch(client, near=()))

@@ -124,7 +124,8 @@ class ClusterApp(App[int]):
         self._cadence = Cadence(self, self._start, lambda: self.interval, "refresh")
         self._rows: list[tuple[str, Row]] = []
         self._near: frozenset[str] | None = None
-        """The targets whose row figures the newest refresh asked (None: every target)."""
+        """The targets whose row figures the newest whole refresh asked (None: every
+        target's: fetch may ask them all whatever it was given)."""
         self._layout = GridRows()
         self._error_shown = ""
         self._ranks_shown: list[str] = []
@@ -193,8 +194,7 @@ class ClusterApp(App[int]):
             return
         host = stack[-1].host if isinstance(stack[-1], HostScreen) else None
         slow = self.refreshes % SLOW_EVERY == 0 or self.cluster.wants_slow()
-        self._near = self.near()
-        self._ask(self.cluster.live(), slow, host, self._near)
+        self._ask(self.cluster.live(), slow, host, self.near())
 
     def near(self) -> frozenset[str] | None:
         """The targets of the GPUs in the grid's rows in view and half a screen either
@@ -268,6 +268,8 @@ class ClusterApp(App[int]):
         """Fold a refresh's answers in and redraw."""
         began = time.perf_counter()
         self.cluster.apply(answers)
+        if answers.host is None:
+            self._near = answers.near
         self.refreshes += 1
         self.redraw()
         self.latencies.append((answers.seconds, time.perf_counter() - began))

@@ -7,11 +7,26 @@ GPU cells, their states and the ranks, one query per metric family and refresh;
 """
 
 from .client import Auth, PromClient, PromError, Series, parse_matchers, selector
-from .model import LOST, OK, SLOW, SLOW_EVERY, SORTS, STALE, Answers, Cluster, Gpu, fetch
+from .model import (
+    LOST,
+    MAX_NEAR,
+    OK,
+    ROW_FAMILIES,
+    SLOW,
+    SLOW_EVERY,
+    SORTS,
+    STALE,
+    Answers,
+    Cluster,
+    Gpu,
+    fetch,
+)
 
 __all__ = [
     "LOST",
+    "MAX_NEAR",
     "OK",
+    "ROW_FAMILIES",
     "SLOW",
     "SLOW_EVERY",
     "SORTS",

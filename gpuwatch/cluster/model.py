@@ -1,7 +1,8 @@
 """The cluster as Prometheus names it: one cell per GPU (host:index), grouped by host.
 
 :func:`fetch` asks every metric family in one instant query (two when a job label is
-matched; never one per GPU or per family) and :meth:`Cluster.apply` folds the answers
+matched, one more for a GPU row's own figures when only the targets near the grid's view
+are asked; never one per GPU or per family) and :meth:`Cluster.apply` folds the answers
 in. What a refresh could not read keeps its last
 good figures, marked stale: a refresh that failed marks every cell stale with one line
 that says why; a GPU whose series are gone (its exporter stopped answering, so Prometheus
@@ -93,6 +94,20 @@ HOST_FAMILIES = (
 )
 """What a refresh under a host's panels asks, of that host only: the figures its panels'
 titles show (:meth:`Cluster.apply` folds them into its cells and nothing else)."""
+
+ROW_FAMILIES = (*SENSORS, "gpuwatch_gpu_process_memory_bytes")
+"""Families that only a GPU's grid row shows (no sort, filter, summary or ranks table
+reads them): a refresh may ask them of the targets near the grid's view only
+(:func:`fetch`'s ``near``): at 64 hosts they are two thirds of the answer, and a screen
+shows a tenth of the GPUs."""
+
+MAX_NEAR = 64
+"""Most targets a refresh names in its query of the :data:`ROW_FAMILIES` (more: every
+target is asked)."""
+
+_TARGET = re.compile(r"[\x21-\x7e]{1,256}")
+"""A target :func:`fetch` names in a regex matcher (anything else: every target is
+asked, rather than trust an escape to both Python's and Prometheus' regex syntax)."""
 
 
 def family_matchers(
@@ -250,24 +265,37 @@ class Answers:
     """Per family of :data:`LAST_KNOWN`, the newest point of the down targets' series."""
     host: str | None = None
     """Only this host's figures were asked (:data:`HOST_FAMILIES`, under its panels)."""
+    near: frozenset[str] | None = None
+    """The targets whose :data:`ROW_FAMILIES` were asked (None: every target's)."""
 
 
-NOT_ONE = ("gpuwatch_gpu_up",)
-"""Families whose series are 1 but for the rare GPU NVML lost: asked as ``(FAMILY != 1)``
-joined to the query by ``or``, so that the answer carries only the GPUs that are not up
-(a GPU the other families name and this one does not is up: :meth:`Cluster.apply`)."""
+NOT_ONE = ("gpuwatch_gpu_up", "up")
+"""Families whose series are 1 but for the rare GPU NVML lost or target down: asked as
+``(FAMILY != 1)`` joined to the query by ``or``, so that the answer carries only the GPUs
+that are not up (a GPU the other families name and this one does not is up:
+:meth:`Cluster.apply`) and the targets that are down (all the view reads of ``up``)."""
 
 
 def family_queries(
-    matchers: Sequence[tuple[str, str, str]] = (), families: Sequence[str] = FAMILIES
+    matchers: Sequence[tuple[str, str, str]] = (),
+    families: Sequence[str] = FAMILIES,
+    near: Collection[str] | None = None,
 ) -> list[tuple[str, tuple[str, ...]]]:
     """The instant queries of one refresh and the families each answers: every family (of
     ``families``) that takes the same matchers in one selector on the metric name
     (``{__name__=~"a|b|...",...}``, those of :data:`NOT_ONE` joined as ``or (F{...} !=
-    1)``): one query without a job matcher, two with one."""
+    1)``): one query without a job matcher, two with one. ``near``: the
+    :data:`ROW_FAMILIES` are asked of these targets only (``instance=~"a|b"``), in a query
+    of their own (none for no target)."""
     groups: dict[tuple[tuple[str, str, str], ...], list[str]] = {}
     for family in families:
-        groups.setdefault(tuple(family_matchers(family, matchers)), []).append(family)
+        these = family_matchers(family, matchers)
+        if near is not None and family in ROW_FAMILIES:
+            if not near:
+                continue
+            regex = "|".join(re.escape(i) for i in sorted(near))
+            these.append(("instance", "=~", quote(regex)))
+        groups.setdefault(tuple(these), []).append(family)
     out = []
     for m, names in groups.items():
         plain = [n for n in names if n not in NOT_ONE]
@@ -285,6 +313,7 @@ def fetch(
     live: Collection[str] = (),
     slow: bool = True,
     host: str | None = None,
+    near: Collection[str] | None = None,
 ) -> Answers:
     """Ask every family, all at the same instant, in as few queries as their matchers
     allow (:func:`family_queries`), side by side; a failure is kept per family (every
@@ -295,6 +324,8 @@ def fetch(
     ``slow``: ask the :data:`SLOW` families too (a refresh without them keeps what they
     said last: :meth:`Cluster.apply`).
     ``host``: ask only that host's :data:`HOST_FAMILIES` (a refresh under its panels).
+    ``near``: ask the :data:`ROW_FAMILIES` of these targets only (the grid's rows near its
+    view; at most :data:`MAX_NEAR`, else every target's).
 
     Raises:
         Cancelled: ``cancelled()`` became true while queries were in flight (they end on
@@ -302,7 +333,16 @@ def fetch(
     """
     at = time.time() if at is None else at
     start = time.perf_counter()
-    answers = Answers(at, by_job=any(m[0] in JOB_LABELS for m in matchers), host=host)
+    if near is not None and (
+        host is not None or len(near) > MAX_NEAR or not all(map(_TARGET.fullmatch, near))
+    ):
+        near = None
+    answers = Answers(
+        at,
+        by_job=any(m[0] in JOB_LABELS for m in matchers),
+        host=host,
+        near=None if near is None else frozenset(near),
+    )
     if host is not None:
         matchers = [*matchers, ("host", "=", quote(host))]
 
@@ -334,7 +374,7 @@ def fetch(
     families = FAMILIES if slow else tuple(f for f in FAMILIES if f not in SLOW)
     if host is not None:
         families = HOST_FAMILIES
-    queries = family_queries(matchers, families)
+    queries = family_queries(matchers, families, answers.near)
     for (_, names), got in zip(queries, each(ask, queries, QUERY_THREADS, cancelled), strict=True):
         if isinstance(got, PromError):
             answers.errors.update(dict.fromkeys(names, str(got)))
@@ -439,7 +479,7 @@ class Cluster:
                 x.labels.get("instance", ""): host_of(x.labels) for x in s["up"] if x.value == 0
             }
             self.down.pop("", None)
-        seen = self._figures(s, make=True)
+        seen = self._figures(s, make=True, near=answers.near)
         kept: set[str] = set()  # GPUs of down targets, from their last figures
         for family in LAST_KNOWN:
             for series in answers.last.get(family, []):
@@ -474,11 +514,17 @@ class Cluster:
                 cell.state = OK
 
     def _figures(
-        self, s: Mapping[str, list[Series]], make: bool, host: str | None = None
+        self,
+        s: Mapping[str, list[Series]],
+        make: bool,
+        host: str | None = None,
+        near: frozenset[str] | None = None,
     ) -> set[str]:
         """Fold in the GPU families' figures (memory, up, sensors, other processes) and
         return the keys of the cells they name; ``make``: new GPUs get a cell; ``host``:
-        only that host's cells take figures."""
+        only that host's cells take figures; ``near``: the :data:`ROW_FAMILIES` were
+        asked of these targets only (the other cells' are cleared: a row that comes into
+        view shows ``-`` until a refresh asks them, never figures of long ago)."""
         # Each series' key is worked out once a refresh: at 64 hosts there are thousands.
         gpus = self.gpus
         seen: set[str] = set()
@@ -501,6 +547,13 @@ class Cluster:
         if "gpuwatch_gpu_up" in s:  # read, and silent about a GPU: it is up
             for key in seen - ups:
                 gpus[key].up = True
+        rows = seen
+        if near is not None:
+            rows = {k for k in seen if gpus[k].instance in near}
+            for key in seen - rows:
+                cell = gpus[key]
+                cell.util = cell.temp = cell.power = None
+                cell.others = ()
         for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
             if family not in s:
                 continue
@@ -509,10 +562,10 @@ class Cluster:
                 v = series.value
                 if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
                     key = _key(series.labels)
-                    if key in seen:
+                    if key in rows:
                         setattr(gpus[key], attr, v)
                         got.add(key)
-            for key in seen - got:
+            for key in rows - got:
                 setattr(gpus[key], attr, None)
         if "gpuwatch_gpu_process_memory_bytes" in s:
             others: dict[str | None, list[Other]] = defaultdict(list)
@@ -523,7 +576,7 @@ class Cluster:
                     continue
                 user, command = labels.get("user", ""), labels.get("command", "")
                 others[_key(labels)].append(Other(pid, user, command, used))
-            for key in seen:
+            for key in rows:
                 found = sorted(others.get(key, ()), key=lambda o: (-o.used, o.pid))
                 gpus[key].others = tuple(found[:MAX_OTHERS])
         # Used is absent for a lost GPU (its last values are not its values now).

@@ -20,7 +20,7 @@ from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series, self_s
 
 from gpuwatch.cluster import Auth, Cluster, PromClient, PromError, fetch, parse_matchers
 from gpuwatch.cluster import client as client_mod
-from gpuwatch.cluster.model import FAMILIES, QUERY_THREADS, Worst
+from gpuwatch.cluster.model import FAMILIES, MAX_NEAR, QUERY_THREADS, ROW_FAMILIES, Worst
 from gpuwatch.cluster.text import ranks_lines
 
 TOKEN = "s3cr3t-t0ken-4f9a2c"
@@ -191,10 +191,67 @@ def test_matchers_go_into_every_query(stub) -> None:
     queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
     # Every family in one query (no job label matched): selected by name.
     (query,) = queries
-    names = "|".join(f for f in FAMILIES if f != "gpuwatch_gpu_up")
+    names = "|".join(f for f in FAMILIES if f not in ("gpuwatch_gpu_up", "up"))
     m = 'cluster="a",env=~"prod.*",job="gpu\\"s"'
-    # gpuwatch_gpu_up, 1 but for a GPU NVML lost: only the others are asked.
-    assert query == f'{{__name__=~"{names}",{m}}} or (gpuwatch_gpu_up{{{m}}} != 1)'
+    # gpuwatch_gpu_up and up, 1 but for a GPU NVML lost or a target down: only the others
+    # are asked.
+    assert query == (
+        f'{{__name__=~"{names}",{m}}} or (gpuwatch_gpu_up{{{m}}} != 1) or (up{{{m}}} != 1)'
+    )
+
+
+def test_row_figures_are_asked_of_the_targets_near_the_view_only(stub) -> None:
+    s, server = stub
+    other = {"gpu": "0", "host": "node.c", "instance": "node.c:9400", "pid": "77"}
+    s.families = merge(
+        gpu_series("node-a", 2),
+        gpu_series("node.c", 2),
+        gpu_series("nodeXc", 2),  # what node.c's regex would match unescaped
+        {"gpuwatch_gpu_process_memory_bytes": [({**other, "user": "bob"}, 4 * GiB)]},
+    )
+    client = PromClient(server.url)
+    c = Cluster()
+    c.apply(fetch(client))
+    assert all(g.util is not None for g in c.gpus.values())
+    s.requests.clear()
+    answers = fetch(client, near={"node.c:9400"})
+    assert answers.near == {"node.c:9400"}
+    queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+    rows = [q for q in queries if "gpuwatch_gpu_utilization_ratio" in q]
+    assert len(queries) == 2 and len(rows) == 1, queries
+    (row,) = rows
+    assert row.endswith(',instance=~"node\\\\.c:9400"}'), row  # a literal dot, PromQL-quoted
+    for family in ROW_FAMILIES:
+        assert family in row and all(family not in q for q in queries if q != row)
+    c.apply(answers)
+    # The targets near the view take their figures; the others' are cleared, never kept
+    # from a refresh long ago; every GPU's memory is read as always.
+    assert [(g.key, g.util is not None) for g in c.gpus.values()] == [
+        ("node-a:0", False), ("node-a:1", False), ("node.c:0", True), ("node.c:1", True),
+        ("nodeXc:0", False), ("nodeXc:1", False),
+    ]  # fmt: skip
+    assert [o.user for o in c.gpus["node.c:0"].others] == ["bob"]
+    assert all(g.used is not None and g.temp is None for g in c.gpus.values() if g.host != "node.c")
+    # A target with a quote, a backslash and regex syntax in its name is matched as typed.
+    odd = 'q"[b]\\s*'
+    s.families = merge(s.families, gpu_series(odd, 1))
+    c.apply(fetch(client, near={f"{odd}:9400"}))
+    assert [k for k, g in c.gpus.items() if g.util is not None] == [f"{odd}:0"]
+    # No target near the view: no query of the row figures at all.
+    s.requests.clear()
+    c.apply(fetch(client, near=()))
+    queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+    assert len(queries) == 1 and "gpuwatch_gpu_power_watts" not in queries[0]
+    assert all(g.power is None and not g.others for g in c.gpus.values())
+    # Too many targets, or one a regex would have to escape beyond plain ASCII: all asked.
+    for near in ({f"h{i}:1" for i in range(MAX_NEAR + 1)}, {"node-a:9400", "a b"}, {"né:1"}):
+        s.requests.clear()
+        answers = fetch(client, near=near)
+        assert answers.near is None
+        queries = [r.params["query"] for r in s.requests if r.path == "/api/v1/query"]
+        assert len(queries) == 1 and "instance" not in queries[0]
+        c.apply(answers)
+        assert all(g.util is not None for g in c.gpus.values())
 
 
 def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
@@ -208,7 +265,8 @@ def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
     gpu, proc = sorted(queries, key=lambda q: "slurm_job" in q)
     # A GPU series has no job labels: its families are asked without the job's matcher.
     assert "gpuwatch_gpu_memory_used_bytes" in gpu and "slurm_job" not in gpu
-    assert gpu.split('"')[1].endswith("|up") and gpu.endswith(" or (gpuwatch_gpu_up != 1)")
+    assert gpu.split('"')[1].endswith("|gpuwatch_gpu_process_memory_bytes")
+    assert gpu.endswith(" or (gpuwatch_gpu_up != 1) or (up != 1)")
     assert proc.endswith(',slurm_job="42"}') and "gpuwatch_process_step" in proc
     assert "gpuwatch_gpu_memory_used_bytes" not in proc
     # Each family gets its own series back, and only its own.

@@ -273,6 +273,57 @@ async def test_only_the_rows_in_view_are_formatted_again(monkeypatch) -> None:
         server.close()
 
 
+async def test_row_figures_are_asked_near_the_view_and_at_once_for_rows_scrolled_to() -> None:
+    def families() -> dict[str, list]:
+        out = merge(*(gpu_series(f"node-{i:02d}", 8, used_gib=10) for i in range(16)))
+        out["gpuwatch_gpu_utilization_ratio"] = [  # 10% on node-00 ... 25% on node-15
+            (m, 0.10 + int(m["host"][5:]) / 100) for m, _ in out["gpuwatch_gpu_utilization_ratio"]
+        ]
+        return out
+
+    s = Stub(families=families(), scrape_interval="30s")  # no timed refresh during the test
+    server = PromStub(s)
+
+    def asked() -> list[str]:
+        """The targets of each query of the row figures so far (all: none named)."""
+        out = []
+        for r in s.requests:
+            query = r.params.get("query", "")
+            if "gpuwatch_gpu_utilization_ratio" in query:
+                m = re.search(r'instance=~"([^"]*)"', query)
+                out.append(m.group(1).replace("\\\\", "") if m else "all")
+        return out
+
+    app = ClusterApp(PromClient(server.url), [])
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            assert await until(pilot, lambda: app.refreshes >= 1)
+            assert asked() == ["all"]  # the grid not laid out yet: every target
+            await pilot.pause()
+            app.refresh_cluster()
+            assert await until(pilot, lambda: app.refreshes >= 2)
+            await pilot.pause()
+            near = asked()[-1].split("|")
+            assert "node-00:9400" in near and "node-15:9400" not in near, near
+            assert 2 <= len(near) < 16, near
+            text = screen_text(app)
+            assert "node-00  8 GPUs" in text and "10%" in text and "node-15  8 GPUs" not in text
+            assert app.cluster.gpus["node-15:0"].util is None
+            # The end of the grid, whose row figures the last refresh did not ask: asked at
+            # once (the next timed refresh is 30 s away), shown when the answer is in.
+            n = app.refreshes
+            await pilot.press("end")
+            assert await until(pilot, lambda: "25%" in screen_text(app), timeout=5)
+            assert app.refreshes == n + 1
+            assert "node-15:9400" in asked()[-1].split("|"), asked()
+            # Scrolling within what was asked asks nothing more.
+            await pilot.press("up")
+            await pilot.pause(0.3)
+            assert app.refreshes == n + 1
+    finally:
+        server.close()
+
+
 async def test_the_drill_down_asks_only_the_new_steps(served) -> None:
     s, server = served
     app = ClusterApp(PromClient(server.url), [])

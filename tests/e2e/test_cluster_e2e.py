@@ -31,7 +31,7 @@ from conftest import ROOT, wait_for
 from test_prometheus_server import Lines, free_port, start_prometheus, stop_all
 from tmuxhelp import Tmux
 
-from gpuwatch.cluster import PromClient, PromError, fetch
+from gpuwatch.cluster import ROW_FAMILIES, PromClient, PromError, fetch
 from gpuwatch.cluster.history import Timelines
 from gpuwatch.protocol import label_text
 
@@ -199,6 +199,13 @@ def test_the_cluster_live_in_tmux(exporters, prometheus) -> None:
         assert {x.labels["host"] for x in used} == {"node-a"}
         assert len(under.series["gpuwatch_gpu_utilization_ratio"]) == 2
         assert "gpuwatch_gpu_memory_total_bytes" not in under.series
+        # The grid's row figures asked of the targets near its view only: the target's
+        # address as an escaped regex (its dots literal), as the real Prometheus reads it.
+        near = fetch(PromClient(base), near={addresses["node-b"]})
+        assert not near.errors and near.near == {addresses["node-b"]}, near.errors
+        rows = [x for f in ROW_FAMILIES for x in near.series[f]]
+        assert rows and {x.labels["instance"] for x in rows} == {addresses["node-b"]}, rows
+        assert len(near.series["gpuwatch_gpu_memory_used_bytes"]) == 6
         tmux.keys("Escape")
         assert tmux.wait_for_text("6 GPUs", timeout=20), tmux.screen()
         # One exporter killed: its GPU stays, marked stale; the others stay ok.

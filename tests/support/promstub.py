@@ -79,6 +79,11 @@ def rank_series(
     return out
 
 
+def _unquote(text: str) -> str:
+    """A PromQL string literal's inside as the string it stands for."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
+
+
 def merge(*parts: dict[str, list]) -> dict[str, list]:
     out: dict[str, list] = {}
     for part in parts:
@@ -126,10 +131,16 @@ class Stub:
         names = re.match(r'\{__name__=~"([a-zA-Z0-9_:|]+)"', query)
         not_one = re.findall(r"\((\w+)(?:\{[^}]*\})? != 1\)", query)  # or (family != 1)
         if names or not_one:  # families by name: each series says its own
+            # ``instance=~"a|b"`` in the selector is honoured, as Prometheus does (the
+            # view asks a GPU row's figures of the targets near its view only).
+            head = query.split(" or ", 1)[0]
+            targets = re.search(r'[{,]instance=~"((?:[^"\\]|\\.)*)"', head)
+            regex = re.compile(_unquote(targets.group(1))) if targets else None
             return [
                 ({"__name__": family, **m}, v)
                 for family in (names.group(1).split("|") if names else [])
                 for m, v in self.families.get(family, [])
+                if regex is None or regex.fullmatch(m.get("instance", ""))
             ] + [
                 ({"__name__": family, **m}, v)
                 for family in not_one

@@ -1,7 +1,8 @@
 """The cluster view's app: the summary, the GPU grid and the ranks tab over Prometheus.
 
 A thread worker asks Prometheus (every metric family in one instant query,
-:func:`gpuwatch.cluster.fetch`; under a host's panels only that host's figures) at the
+:func:`gpuwatch.cluster.fetch`, a GPU row's own figures only of the targets near the
+grid's view, :meth:`ClusterApp.near`; under a host's panels only that host's figures) at the
 scrape interval Prometheus reports, never faster than once a second
 (:class:`.cadence.Cadence`); the app folds its answers into one
 :class:`~gpuwatch.cluster.Cluster` when the worker ends and redraws. Nothing here waits
@@ -27,7 +28,7 @@ from textual.reactive import reactive
 from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
 from textual.worker import Worker, get_current_worker
 
-from ...cluster import SLOW_EVERY, SORTS, Answers, Cluster, PromClient, fetch
+from ...cluster import MAX_NEAR, SLOW_EVERY, SORTS, Answers, Cluster, PromClient, fetch
 from ...cluster.background import Cancelled, call
 from ...cluster.text import label, ranks_lines
 from ...fmt import fmt_duration, printable
@@ -122,6 +123,9 @@ class ClusterApp(App[int]):
         self._asked = 0.0  # monotonic time the scrape interval was last asked
         self._cadence = Cadence(self, self._start, lambda: self.interval, "refresh")
         self._rows: list[tuple[str, Row]] = []
+        self._near: frozenset[str] | None = None
+        """The targets whose row figures the newest whole refresh asked (None: every
+        target's: fetch may ask them all whatever it was given)."""
         self._layout = GridRows()
         self._error_shown = ""
         self._ranks_shown: list[str] = []
@@ -190,15 +194,37 @@ class ClusterApp(App[int]):
             return
         host = stack[-1].host if isinstance(stack[-1], HostScreen) else None
         slow = self.refreshes % SLOW_EVERY == 0 or self.cluster.wants_slow()
-        self._ask(self.cluster.live(), slow, host)
+        self._ask(self.cluster.live(), slow, host, self.near())
+
+    def near(self) -> frozenset[str] | None:
+        """The targets of the GPUs in the grid's rows in view and half a screen either
+        side, whose row figures (utilisation, temperature, power, other processes) a
+        refresh asks; None: every target's (the grid not laid out yet, or every target
+        near it)."""
+        shown = self.grid.shown()
+        if shown is None or not self._rows:
+            return None
+        gpus = self.cluster.gpus
+        near = set()
+        for key, _ in self._rows[shown.start : shown.stop]:
+            kind, _, rest = key.partition("\x00")
+            if kind == "gpu" and (cell := gpus.get(rest)) is not None:
+                near.add(cell.instance)
+        if len(near) > MAX_NEAR or near >= {g.instance for g in gpus.values()}:
+            return None
+        return frozenset(near)
 
     @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
     def _ask(
-        self, live: set[str], slow: bool = True, host: str | None = None
+        self,
+        live: set[str],
+        slow: bool = True,
+        host: str | None = None,
+        near: frozenset[str] | None = None,
     ) -> tuple[Answers, float]:
         """On a worker thread: one refresh's answers (the :data:`~gpuwatch.cluster.SLOW`
-        families too when ``slow``; only ``host``'s figures when given), and when it
-        began (monotonic)."""
+        families too when ``slow``; only ``host``'s figures when given; the row figures of
+        the ``near`` targets only), and when it began (monotonic)."""
         worker = get_current_worker()
         began = time.monotonic()
         if self.scrape is None or began - self._asked > ASK_INTERVAL_EVERY:
@@ -219,6 +245,7 @@ class ClusterApp(App[int]):
                 live=live,
                 slow=slow,
                 host=host,
+                near=near,
             )
         except Cancelled:
             raise
@@ -241,6 +268,8 @@ class ClusterApp(App[int]):
         """Fold a refresh's answers in and redraw."""
         began = time.perf_counter()
         self.cluster.apply(answers)
+        if answers.host is None:
+            self._near = answers.near
         self.refreshes += 1
         self.redraw()
         self.latencies.append((answers.seconds, time.perf_counter() - began))
@@ -255,9 +284,11 @@ class ClusterApp(App[int]):
 
     def watch_sort(self) -> None:
         self.redraw()
+        self._ask_near()
 
     def watch_text(self) -> None:
         self.redraw()
+        self._ask_near()
 
     def redraw(self) -> None:
         """The summary, the error line, the grid and the ranks from the cluster as it is;
@@ -351,6 +382,14 @@ class ClusterApp(App[int]):
     def on_grid_scrolled(self, event: Grid.Scrolled) -> None:
         if not isinstance(self.screen, HostScreen):
             self._grid()  # the rows now in view, with their figures as they are
+            self._ask_near()
+
+    def _ask_near(self) -> None:
+        """Refresh now if rows whose row figures the last refresh did not ask came into
+        view (a scroll, another order or filter): they show ``-`` until it answers."""
+        near, asked = self.near(), self._near
+        if asked is not None and (near is None or not near <= asked):
+            self.refresh_cluster()
 
     def on_grid_opened(self, event: Grid.Opened) -> None:
         self._open_row(event.key)

@@ -283,8 +283,8 @@ def family_queries(
 ) -> list[tuple[str, tuple[str, ...]]]:
     """The instant queries of one refresh and the families each answers: every family (of
     ``families``) that takes the same matchers in one selector on the metric name
-    (``{__name__=~"a|b|...",...}``, those of :data:`NOT_ONE` joined as ``or (F{...} !=
-    1)``): one query without a job matcher, two with one. ``near``: the
+    (``{__name__=~"a|b|...",...}``, those of :data:`NOT_ONE` joined as ``or on(__name__)
+    (F{...} != 1)``): one query without a job matcher, two with one. ``near``: the
     :data:`ROW_FAMILIES` are asked of these targets only (``instance=~"a|b"``), in a query
     of their own (none for no target)."""
     groups: dict[tuple[tuple[str, str, str], ...], list[str]] = {}
@@ -301,7 +301,9 @@ def family_queries(
         plain = [n for n in names if n not in NOT_ONE]
         parts = [selector("", [("__name__", "=~", "|".join(plain)), *m])] if plain else []
         parts += [f"({selector(n, m)} != 1)" for n in names if n in NOT_ONE]
-        out.append((" or ".join(parts), tuple(names)))
+        # ``on(__name__)``: a plain ``or`` matches series on their labels without the
+        # name, so a lost GPU's ``gpuwatch_gpu_up`` would give way to its memory total.
+        out.append((" or on(__name__) ".join(parts), tuple(names)))
     return out
 
 

@@ -196,7 +196,8 @@ def test_matchers_go_into_every_query(stub) -> None:
     # gpuwatch_gpu_up and up, 1 but for a GPU NVML lost or a target down: only the others
     # are asked.
     assert query == (
-        f'{{__name__=~"{names}",{m}}} or (gpuwatch_gpu_up{{{m}}} != 1) or (up{{{m}}} != 1)'
+        f'{{__name__=~"{names}",{m}}} or on(__name__) (gpuwatch_gpu_up{{{m}}} != 1)'
+        f" or on(__name__) (up{{{m}}} != 1)"
     )
 
 
@@ -266,7 +267,7 @@ def test_a_job_label_matcher_splits_the_query_in_two(stub) -> None:
     # A GPU series has no job labels: its families are asked without the job's matcher.
     assert "gpuwatch_gpu_memory_used_bytes" in gpu and "slurm_job" not in gpu
     assert gpu.split('"')[1].endswith("|gpuwatch_gpu_process_memory_bytes")
-    assert gpu.endswith(" or (gpuwatch_gpu_up != 1) or (up != 1)")
+    assert gpu.endswith(" or on(__name__) (gpuwatch_gpu_up != 1) or on(__name__) (up != 1)")
     assert proc.endswith(',slurm_job="42"}') and "gpuwatch_process_step" in proc
     assert "gpuwatch_gpu_memory_used_bytes" not in proc
     # Each family gets its own series back, and only its own.

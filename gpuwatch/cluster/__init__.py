@@ -9,7 +9,6 @@ GPU cells, their states and the ranks, one query per metric family and refresh;
 from .client import Auth, PromClient, PromError, Series, parse_matchers, selector
 from .model import (
     LOST,
-    MAX_NEAR,
     OK,
     ROW_FAMILIES,
     SLOW,
@@ -24,7 +23,6 @@ from .model import (
 
 __all__ = [
     "LOST",
-    "MAX_NEAR",
     "OK",
     "ROW_FAMILIES",
     "SLOW",

@@ -271,8 +271,8 @@ class Answers:
 
 NOT_ONE = ("gpuwatch_gpu_up", "up")
 """Families whose series are 1 but for the rare GPU NVML lost or target down: asked as
-``(FAMILY != 1)`` joined to the query by ``or``, so that the answer carries only the GPUs
-that are not up (a GPU the other families name and this one does not is up:
+``(FAMILY != 1)`` joined to the query by ``or on(__name__)``, so that the answer carries
+only the GPUs that are not up (a GPU the other families name and this one does not is up:
 :meth:`Cluster.apply`) and the targets that are down (all the view reads of ``up``)."""
 
 

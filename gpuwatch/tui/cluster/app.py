@@ -28,7 +28,7 @@ from textual.reactive import reactive
 from textual.widgets import Input, Static, TabbedContent, TabPane, Tabs
 from textual.worker import Worker, get_current_worker
 
-from ...cluster import MAX_NEAR, SLOW_EVERY, SORTS, Answers, Cluster, PromClient, fetch
+from ...cluster import SLOW_EVERY, SORTS, Answers, Cluster, PromClient, fetch
 from ...cluster.background import Cancelled, call
 from ...cluster.text import label, ranks_lines
 from ...fmt import fmt_duration, printable
@@ -199,8 +199,8 @@ class ClusterApp(App[int]):
     def near(self) -> frozenset[str] | None:
         """The targets of the GPUs in the grid's rows in view and half a screen either
         side, whose row figures (utilisation, temperature, power, other processes) a
-        refresh asks; None: every target's (the grid not laid out yet, or every target
-        near it)."""
+        refresh asks (:func:`~gpuwatch.cluster.fetch` asks every target's where they are too
+        many); None: every target's (the grid not laid out yet, or every target near it)."""
         shown = self.grid.shown()
         if shown is None or not self._rows:
             return None
@@ -210,7 +210,7 @@ class ClusterApp(App[int]):
             kind, _, rest = key.partition("\x00")
             if kind == "gpu" and (cell := gpus.get(rest)) is not None:
                 near.add(cell.instance)
-        if len(near) > MAX_NEAR or near >= {g.instance for g in gpus.values()}:
+        if near >= {g.instance for g in gpus.values()}:  # one query, as for a small cluster
             return None
         return frozenset(near)
 

@@ -118,10 +118,19 @@ def test_a_cuda_tensor_shows_in_nvml_on_the_gpu_torch_names(capsys: pytest.Captu
     try:
         assert key in session.devices, "torch's UUID does not match NVML's"
         assert session.devices[key].source == "nvml"
-        assert wait_for(lambda: len(session.gpu[key]) > 5)
-        before = session.gpu[key].last()["used"]
-        x = torch.empty(512 << 20, dtype=torch.uint8, device="cuda:0")
+        # Free blocks an earlier test left in this process's allocator cache would serve a
+        # tensor that fits them with no cudaMalloc, and NVML would see nothing new: ask
+        # for more than the cache holds free.
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        seen = len(session.gpu[key])
+        assert wait_for(lambda: len(session.gpu[key]) > max(5, seen + 2))
+        before = session.gpu[key].last()["used"]
+        reserved = torch.cuda.memory_reserved(0)
+        cached = reserved - torch.cuda.memory_allocated(0)
+        x = torch.empty(cached + (512 << 20), dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_reserved(0) >= reserved + (512 << 20)
         assert wait_for(lambda: session.gpu[key].last()["used"] >= before + (512 << 20))
         assert wait_for(lambda: len(session.gpu_procs[key]) > 0)
         procs = session.gpu_procs[key].snapshot()

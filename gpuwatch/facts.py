@@ -248,6 +248,7 @@ class ActivationFacts(TypedDict, total=False):
     user_hooks: bool
     until: str
     held_output_bytes: int
+    held_step_bytes: int
     modules: list[ModuleActivations]
     forward_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes, at
     loss_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes: from the return to backward
@@ -269,6 +270,13 @@ class ParallelFacts(TypedDict, total=False):
     zero: dict[str, Any]
 
 
+class BlasFacts(TypedDict, total=False):
+    """``blas``: cuBLAS's workspace of a model on CUDA."""
+
+    workspace_bytes: int
+    source: str  # torch, config or default
+
+
 class Facts(TypedDict, total=False):
     """The facts of one process (``docs/facts.md``), as sent and as recorded."""
 
@@ -283,6 +291,7 @@ class Facts(TypedDict, total=False):
     batch: BatchFacts
     activations: ActivationFacts
     parallel: ParallelFacts
+    blas: BlasFacts
     errors: list[str]
 
 

@@ -42,6 +42,7 @@ PART_ORDER = (
     "optimizer_state",
     "activations",
     "temporaries",
+    "blas_workspaces",
     "ddp_buckets",
     "fsdp_unsharded",
     "fsdp_reduce",

@@ -154,6 +154,7 @@ def labels(prediction: pr.Prediction, phase: str) -> dict[str, tuple[str, str]]:
         "optimizer_state": (opt.state_name if opt.kind != "none" else "optimizer state", "facts"),
         "activations": (f"activations ({act})" if act != "unknown" else "activations", act),
         "temporaries": (temp, "rules" if phase == "optimizer.step" else act),
+        "blas_workspaces": ("cuBLAS workspaces", "facts"),
         # The parallel layout's buffers (gpuwatch/predict/_parallel.py).
         "ddp_buckets": ("DDP gradient buckets", "layout"),
         "fsdp_unsharded": ("FSDP all-gathered units", "layout"),

@@ -238,6 +238,7 @@ class Meter:
         self.error: str | None = None
         self.outputs: list[tuple[Any, int, tuple[int, str]]] = []  # (weak storage, bytes, key)
         self.held = 0
+        self.held_refs: list[tuple[Any, int]] = []  # the outputs counted in ``held``
         self.chains: list[tuple[int, Any]] = []  # counting packs pushed over a checkpoint's
         self.peak: Any = None  # the forward's running peak (_peak.Peak) while it runs
         self.peak_hook: Any = None
@@ -379,7 +380,13 @@ class Meter:
             if ref() is not None and key not in seen and (saved is None or saved() is None):
                 seen.add(key)
                 self.held += n
+                self.held_refs.append((ref, n))
         self.outputs = []
+
+    def held_now(self) -> int:
+        """Of the outputs counted in ``held``, the bytes still referenced now: a loop that
+        drops them after backward (``del logits``) does not hold them through the step."""
+        return sum(n for ref, n in self.held_refs if ref() is not None)
 
     def _close_peak(self) -> Any:
         """Stop the forward's peak counting and keep its figures (idempotent)."""

@@ -9,6 +9,8 @@ torch is imported only when a function runs (the instrument package must stay li
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Any, cast
 
 from ..facts import (
@@ -104,6 +106,31 @@ def _groups(tensors: Any, trainable: bool = True) -> dict[str, Any]:
         "groups": groups,
         **meta,
     }
+
+
+def _blas(model: Any) -> dict[str, Any] | None:
+    """The cuBLAS workspace size of a model on CUDA (each thread that runs a matmul gets
+    one from the caching allocator), or None off CUDA.
+
+    torch's own figure where it tells it; else ``CUBLAS_WORKSPACE_CONFIG`` (``:KiB:count``
+    pairs); else torch's default for the device (Hopper and later: 32 MiB).
+    """
+    import torch
+
+    p = next(iter(model.parameters()), None)
+    if p is None or p.device.type != "cuda":
+        return None
+    size = getattr(torch.backends.cuda, "cublas_workspace_size", None)
+    if size is not None:
+        return {"workspace_bytes": int(size()), "source": "torch"}
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG", "")
+    pairs = re.findall(r":(\d+):(\d+)", config)
+    if pairs:
+        size_bytes = sum(int(k) * 1024 * int(n) for k, n in pairs)
+        return {"workspace_bytes": size_bytes, "source": "config"}
+    major = torch.cuda.get_device_capability(p.device)[0]
+    default = 4096 * 8 * 1024 if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return {"workspace_bytes": default, "source": "default"}
 
 
 def _params(model: Any) -> dict[str, Any]:
@@ -567,6 +594,7 @@ def collect_facts(
     part("checkpointing", _checkpointing, model, checkpointing)
     part("transformer", _transformer, model)
     part("parallel", parallel_facts, model, wrapper, optimizer_wrapper)
+    part("blas", _blas, model)
     if errors:
         facts["errors"] = errors
     # Assembled from the readers' plain dicts; tests/instrument/test_facts_typed.py checks

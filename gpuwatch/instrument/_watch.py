@@ -52,6 +52,7 @@ class _Watched:
 _lock = threading.Lock()
 _primary: _Watched | None = None
 _meter: Any = None  # the running activations measurement (_activations.Meter)
+_held_meter: Any = None  # an ended one whose held outputs are looked at once more
 _measured = False  # one measurement per process: the first training forward
 _quiet: list[Any] = []  # watch(phases=False): the measurement's own hooks on the model
 
@@ -224,7 +225,9 @@ def _reset_activations() -> None:
     meter, _meter, _measured = _meter, None, False
     if meter is not None:
         meter.stop("another model")
-    if _auto.activations_hook is _on_activations:
+    global _held_meter
+    _held_meter = None
+    if _auto.activations_hook in (_on_activations, _on_held):
         _auto.activations_hook = None
     _drop_quiet_hooks()
 
@@ -347,15 +350,46 @@ def _on_activations(event: str, module: Any, output: Any = None) -> None:
 
 def _finish(meter: Any, why: str) -> None:
     """End the measurement; send its facts (only on the thread that began it)."""
-    global _meter
+    global _meter, _held_meter
     if not meter.stop(why):
         return  # another thread: the begin thread's next event ends it
     _meter = None
     _auto.activations_hook = None
     _drop_quiet_hooks()
     model = meter.model_ref()
-    if model is not None:
-        _store(meter.facts(), model)
+    if model is None:
+        return
+    facts = meter.facts()
+    if meter.held:
+        if why == "backward":
+            # Sent before backward runs; whether the loop still holds its outputs when
+            # the step begins (or dropped them: ``del logits``) the next event tells.
+            _held_meter = meter
+            _auto.activations_hook = _on_held
+        else:
+            facts["held_step_bytes"] = meter.held_now()
+    _store(facts, model)
+
+
+def _on_held(event: str, module: Any, output: Any = None) -> None:
+    """After the measurement ended at backward: at the step, zero_grad or next forward
+    (whichever comes first), send ``held_step_bytes`` if the loop dropped its outputs."""
+    global _held_meter
+    if event in ("returned", "backward"):
+        return
+    try:
+        meter, _held_meter = _held_meter, None
+        _auto.activations_hook = None
+        if meter is None:
+            return
+        now = meter.held_now()
+        meter.held_refs = []
+        watched, model = _primary, meter.model_ref()
+        if now == meter.held or model is None or watched is None or not watched.activations:
+            return
+        _store(dict(watched.activations, held_step_bytes=now), model)
+    except Exception:
+        _auto.activations_hook = None
 
 
 def _store(facts: dict[str, Any], model: Any) -> None:

@@ -22,6 +22,7 @@ from ._gpus import GPUS, Gpus, parse_gpus, parse_size
 from ._graph import (
     ACTIVATIONS,
     AMP_COPIES,
+    BLAS_WORKSPACES,
     CATEGORIES,
     GRADIENTS,
     OPTIMIZER_STATE,
@@ -45,6 +46,7 @@ __all__ = [
     "ACTIVATIONS",
     "AMP_COPIES",
     "ARCHS",
+    "BLAS_WORKSPACES",
     "CATEGORIES",
     "CLIP",
     "GPUS",

@@ -34,6 +34,9 @@ GRADIENTS = "gradients"
 OPTIMIZER_STATE = "optimizer_state"
 ACTIVATIONS = "activations"
 TEMPORARIES = "temporaries"
+# cuBLAS's workspaces: allocated through the caching allocator, one per thread that ran a
+# matmul (the training thread, and autograd's device thread from the first backward on).
+BLAS_WORKSPACES = "blas_workspaces"
 # The buffers a parallel layout adds (DDP's buckets, FSDP's all-gathers and reduce-scatters)
 # are categories of their own, after these (``_parallel.py``).
 CATEGORIES = (
@@ -43,6 +46,7 @@ CATEGORIES = (
     OPTIMIZER_STATE,
     ACTIVATIONS,
     TEMPORARIES,
+    BLAS_WORKSPACES,
     *LAYOUT_CATEGORIES,
 )
 

@@ -241,6 +241,8 @@ def per_batch(act: dict[str, Any], batch: int, traced: int) -> dict[str, Any]:
 
     out = scaled(act)
     out["held_output_bytes"] = int(act.get("held_output_bytes") or 0) * batch // traced
+    if act.get("held_step_bytes") is not None:
+        out["held_step_bytes"] = int(act.get("held_step_bytes") or 0) * batch // traced
     out["modules"] = [scaled(m) for m in act.get("modules") or [] if isinstance(m, dict)]
     for peak in ("forward_peak", "loss_peak"):
         if isinstance(act.get(peak), dict):

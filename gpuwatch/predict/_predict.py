@@ -22,6 +22,7 @@ from ..facts import Facts, fact_int
 from ._graph import (
     ACTIVATIONS,
     AMP_COPIES,
+    BLAS_WORKSPACES,
     CATEGORIES,
     GRADIENTS,
     OPTIMIZER_STATE,
@@ -377,15 +378,26 @@ def predict(facts: Facts) -> Prediction:
         phases["zero_grad", first] = PhaseMemory(zg_start, zg_start, zg_end)
     held = fact_int(act.get("held_output_bytes")) if measured is not None else 0
     if held:
-        _hold(phases, accumulating, held)
-        notes.append(
-            f"the model's outputs ({_gib(held)}) were still referenced when backward began:"
-            " counted as activations through the step, until the next forward replaces them"
-        )
+        kept = act.get("held_step_bytes")
+        through = held if kept is None else min(held, fact_int(kept))
+        _hold(phases, accumulating, held, through)
+        if through == held:
+            notes.append(
+                f"the model's outputs ({_gib(held)}) were still referenced when backward"
+                " began: counted as activations through the step, until the next forward"
+                " replaces them"
+            )
+        else:
+            notes.append(
+                f"the model's outputs ({_gib(held)}) were still referenced when backward"
+                f" began and {_gib(through)} of them when the step began: counted as"
+                " activations through backward, and what was left through the step"
+            )
     for first, b in at_loss.items():
         pm = phases["forward", first]
         if total(b) > total(pm.peak):
             phases["forward", first] = PhaseMemory(pm.start, b, pm.end)
+    _workspaces(phases, accumulating, fact_int(_dict(raw.get("blas")).get("workspace_bytes")))
     layout = layout_memory(raw)
     notes.extend(layout.notes)
     _add_layout(phases, accumulating, layout, sim.backward_peak_at if sim else 1.0)
@@ -411,22 +423,59 @@ def predict(facts: Facts) -> Prediction:
 
 
 def _hold(
-    phases: dict[tuple[str, bool], PhaseMemory], accumulating: dict[bool, Breakdown], held: int
+    phases: dict[tuple[str, bool], PhaseMemory],
+    accumulating: dict[bool, Breakdown],
+    held: int,
+    through: int,
 ) -> None:
     """Add outputs the training loop keeps (``logits = model(x)``) where they are alive:
-    from the end of the first forward on, through the next forward (the old ones are
-    replaced only when it returns); not in eval."""
+    ``held`` from the end of a forward through its backward, and of them ``through``
+    (what the loop still holds when the step begins) on through the step and the next
+    forward (the old ones are replaced only when it returns); not in eval."""
+
+    def add(b: Breakdown, n: int) -> Breakdown:
+        # A copy: one breakdown may stand for several moments (a phase's end, the next
+        # one's start).
+        return dict(b, **{ACTIVATIONS: b.get(ACTIVATIONS, 0) + n}) if n else dict(b)
+
     for (name, first), pm in list(phases.items()):
         if name == "eval":
             continue
-        # Copies: one breakdown may stand for several moments (a phase's end, the next
-        # one's start).
-        start, peak, end = dict(pm.start), dict(pm.peak), dict(pm.end)
-        for b in (end,) if (name == "forward" and first) else (start, peak, end):
-            b[ACTIVATIONS] = b.get(ACTIVATIONS, 0) + held
-        phases[name, first] = PhaseMemory(start, peak, end)
+        if name == "forward":
+            before = 0 if first else through
+            phases[name, first] = PhaseMemory(
+                add(pm.start, before), add(pm.peak, before), add(pm.end, held)
+            )
+        elif name == "backward":
+            phases[name, first] = PhaseMemory(
+                add(pm.start, held), add(pm.peak, held), add(pm.end, held)
+            )
+        else:
+            phases[name, first] = PhaseMemory(
+                add(pm.start, through), add(pm.peak, through), add(pm.end, through)
+            )
     for first, b in list(accumulating.items()):
-        accumulating[first] = dict(b, **{ACTIVATIONS: b.get(ACTIVATIONS, 0) + held})
+        accumulating[first] = add(b, through)
+
+
+def _workspaces(
+    phases: dict[tuple[str, bool], PhaseMemory], accumulating: dict[bool, Breakdown], each: int
+) -> None:
+    """Add cuBLAS's workspaces (``each`` bytes a thread): the training thread's from the
+    first forward on, autograd's device thread's too from the first backward on. They stay
+    allocated for the process's life."""
+    if each <= 0:
+        return
+    for (name, first), pm in list(phases.items()):
+        n = each if (name == "forward" and first) else 2 * each
+        phases[name, first] = PhaseMemory(
+            *(
+                dict(b, **{BLAS_WORKSPACES: b.get(BLAS_WORKSPACES, 0) + n})
+                for b in (pm.start, pm.peak, pm.end)
+            )
+        )
+    for first, b in list(accumulating.items()):
+        accumulating[first] = dict(b, **{BLAS_WORKSPACES: b.get(BLAS_WORKSPACES, 0) + 2 * each})
 
 
 def _add_layout(

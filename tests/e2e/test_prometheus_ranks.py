@@ -371,7 +371,7 @@ def test_predicted_categories_split_the_prediction(session_with_proc: Session) -
         s[1]["category"]: s[2]
         for s in find(samples, "gpuwatch_process_predicted_peak_category_bytes")
     }
-    assert set(got) == set(predict.CATEGORIES) and len(got) == 12
+    assert set(got) == set(predict.CATEGORIES) and len(got) == 13
     assert got == {c: peak_parts.get(c, 0) for c in predict.CATEGORIES}
     assert got["ddp_buckets"] > 0 and got["fsdp_unsharded"] == 0
     assert sum(got.values()) == value(samples, "gpuwatch_process_predicted_peak_bytes")

@@ -465,10 +465,12 @@ def test_a_backward_on_another_thread_ends_it_on_the_next_forward(sent: list) ->
     assert _activations(sent)["until"] == "backward"
 
 
-@pytest.mark.parametrize("hold", [True, False], ids=["loop-keeps-logits", "inline-loss"])
-def test_outputs_the_loop_keeps_are_counted_through_the_step(sent: list, hold: bool) -> None:
+@pytest.mark.parametrize("loop", ["keeps", "inline", "drops"])
+def test_outputs_the_loop_keeps_are_counted_through_the_step(sent: list, loop: str) -> None:
     """``logits = model(x)`` keeps the logits alive through backward and the step (until
-    the next forward replaces them): measured as backward begins, predicted from then on."""
+    the next forward replaces them): measured as backward begins, predicted from then on.
+    A loop that drops them after backward (``del logits``) has them through backward only."""
+    hold = loop != "inline"
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(8192, 64), nn.Linear(64, 8192)).train()
     opt = torch.optim.AdamW(model.parameters(), foreach=True)
@@ -488,19 +490,29 @@ def test_outputs_the_loop_keeps_are_counted_through_the_step(sent: list, hold: b
             else:
                 loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
             got["forward"] = live.peak
-            for name, fn in (("backward", loss.backward), ("optimizer.step", opt.step)):
-                live.peak = live.total
-                fn()
-                got[name] = live.peak
+            live.peak = live.total
+            loss.backward()
+            got["backward"] = live.peak
+            if loop == "drops":
+                del logits
+            live.peak = live.total
+            opt.step()
+            got["optimizer.step"] = live.peak
             del loss
             opt.zero_grad(set_to_none=True)
             truth.append(got)
     logits_bytes = BATCH * SEQ * 8192 * 4
     act = _activations(sent)
     assert act["held_output_bytes"] == (logits_bytes if hold else 0)
+    assert act.get("held_step_bytes") == (0 if loop == "drops" else None)
     p = predict(sent[-1])
     for step, got in enumerate(truth):
-        for name in ("backward", "optimizer.step"):
+        for name in ("forward", "backward", "optimizer.step"):
+            if name == "forward" and (step == 0 or loop == "keeps"):
+                # Step 0: before the measurement. A later forward whose loop kept the
+                # logits is over-predicted by one logits here (the loss's log-probabilities
+                # are counted in the model's forward too): a known gap, not this test's.
+                continue
             pred = total(breakdown(p, name, first_step=step == 0))
             assert abs(pred - got[name]) <= 0.10 * got[name], (name, step, pred, got[name])
 

@@ -296,3 +296,23 @@ def test_odd_transformer_shapes_never_raise(tf: dict, b: int, s: int) -> None:
     tf["layers"] = min(tf["layers"], 8)
     p = predict({"transformer": tf, "batch": {"batch": b, "seq": s}, "params": {"bytes": 10}})
     assert p.peak_bytes >= 10
+
+
+def test_cublas_workspaces_one_in_the_first_forward_then_two() -> None:
+    """A model on CUDA: the training thread's workspace from the first forward, autograd's
+    device thread's too from the first backward on, through every later phase."""
+    facts = facts_from_shape(
+        ModelShape(layers=2, hidden=256, heads=4, vocab=1000), batch=2, seq=128, precision="fp32"
+    )
+    plain = predict(facts)
+    each = 32 * 2**20
+    p = predict({**facts, "blas": {"workspace_bytes": each, "source": "default"}})
+    for (name, first), pm in p.phases.items():
+        n = each if (name, first) == ("forward", True) else 2 * each
+        for moment in ("start", "peak", "end"):
+            got, before = getattr(pm, moment), getattr(plain.phases[name, first], moment)
+            assert got["blas_workspaces"] == n, (name, first, moment)
+            assert total(got) == total(before) + n
+    assert "blas_workspaces" in CATEGORIES
+    for odd in ({"workspace_bytes": -5}, {"workspace_bytes": "x"}, "x", None):
+        assert predict({**facts, "blas": odd}).phases == plain.phases

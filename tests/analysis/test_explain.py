@@ -46,7 +46,7 @@ def test_info_json_holds_predicted_against_measured_per_phase() -> None:
     for key in ("peak_bytes", "first_step_peak_bytes", "measured_peak_bytes"):
         assert isinstance(step[key], int)
     assert set(step["categories"]) == set(CATEGORY_KEYS)
-    assert step["activations_source"] == "formula"
+    assert step["activations_source"] == "measured"
     assert step["temporaries"] == "AdamW foreach temporary"
     assert step["categories"]["temporaries"] == step["categories"]["weights"]  # one bucket
     for name in ("forward", "backward", "optimizer.step"):

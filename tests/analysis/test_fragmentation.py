@@ -111,7 +111,8 @@ def test_recordings_keep_them_and_older_ones_read_as_unknown(tmp_path: Path) -> 
     loaded = load(save_session(session, tmp_path / "frag.gpuwatch"))
     last = loaded.processes[synthetic.PID].torch.last()
     assert (last["inactive_split"], last["alloc_retries"], last["alloc_ooms"]) == (123, 4, 1)
-    old = load(Path(__file__).parents[2] / "samples" / "gpt2-small-h100.gpuwatch")
+    # A real H100 recording made before the allocator's counters were recorded.
+    old = load(Path(__file__).parents[2] / "tests" / "data" / "gpt2-small-h100-0b9a063.gpuwatch")
     (proc,) = old.processes.values()
     assert set(proc.torch.snapshot()["inactive_split"].tolist()) == {MISSING_INT}
 

@@ -17,7 +17,7 @@ from gpuwatch.session import gpu_key
 from gpuwatch.store import load, save_session
 
 GIB = synthetic.GIB
-OLD = ROOT / "samples" / "gpt2-small-h100.gpuwatch"
+OLD = ROOT / "tests" / "data" / "gpt2-small-h100-0b9a063.gpuwatch"  # before SM, CPU, RSS
 
 
 def _env() -> dict[str, str]:

@@ -3,9 +3,8 @@
 README: without ``gpuwatch.step(n)``, steps advance after an ``optimizer.step`` phase when
 the next step's first phase begins; a ``zero_grad`` or eval after the optimizer step stays
 in its step, and no step that never ran appears. ``samples/train_tiny_gpt.py`` is recorded
-for real on the CPU under ``gpuwatch record``; the shipped 2.7B sample, recorded before
-those rules, is checked to be as stale as samples/README.md says (re-recorded on a GPU, this
-test says to update that page).
+for real on the CPU under ``gpuwatch record``; the shipped H100 samples, re-recorded on an
+H100 with those rules, are checked to follow them too.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, SAMPLE, run_gpuwatch
 
 from gpuwatch.session import Session
@@ -67,14 +67,28 @@ def test_a_recording_made_today_follows_readme_step_rules(tmp_path: Path, sock_p
     assert steps_of(out) == (STEPS - 1, STEPS - 1)
 
 
-def test_the_2_7b_sample_is_as_stale_as_samples_readme_says() -> None:
+H100 = sorted((ROOT / "samples").glob("*h100*.gpuwatch"))
+
+
+@pytest.mark.parametrize("path", H100, ids=[p.name for p in H100])
+def test_the_h100_samples_follow_readme_step_rules(path: Path) -> None:
+    session = load(path)
+    assert broken_rules(session) == []
+    [proc] = json.loads(run_gpuwatch("info", "--json", str(path)).stdout)["processes"]
+    # range(n) runs steps 0..n-1: no step n appears, and info agrees.
+    assert steps_of(path) == (proc["steps"] - 1, proc["steps"] - 1)
+
+
+def test_the_2_7b_sample_keeps_each_eval_in_its_optimizer_steps_step() -> None:
     session = load(SPIKE)
-    broken = broken_rules(session)
-    # Every zero_grad in step n+1; the evals after steps 2 and 5 in steps 3 and 6.
-    zero_grads = [f"zero_grad in step {n + 1} after step {n}'s" for n in range(STEPS)]
-    evals = [f"eval in step {n + 1} after step {n}'s" for n in (2, 5)]
-    assert sorted(b.removesuffix(" optimizer.step") for b in broken) == sorted(zero_grads + evals)
-    last_step, highest = steps_of(SPIKE)
-    assert (last_step, highest) == (5, 6)  # a step 6 for range(6), info says 5
+    [proc] = session.processes.values()
+    cols = proc.phases.snapshot()
+    order = sorted(range(len(cols["t0"])), key=lambda i: int(cols["t0"][i]))
+    seq = [(session.names[int(cols["name"][i])], int(cols["step"][i])) for i in order]
+    # --eval-every 3 over range(6): evals after steps 2 and 5, in steps 2 and 5; each
+    # step's zero_grad in that step; no step 6.
+    assert [s for name, s in seq if name == "eval"] == [2, 5]
+    assert [s for name, s in seq if name == "zero_grad"] == list(range(STEPS))
+    assert max(s for _, s in seq) == STEPS - 1
     readme = (ROOT / "samples" / "README.md").read_text()
-    assert "recorded before today's step rules" in readme
+    assert "recorded before today's step rules" not in readme

@@ -61,7 +61,19 @@ async def test_the_bar_splits_the_figures_the_legend_shows(replay) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         p = panel(app)
-        for seconds in (57.33, 57.9, 58.3, 60.0, 62.5, 63.5):
+        (proc,) = app.session.processes.values()
+        first = (int(proc.phases.snapshot()["t0"].min()) - app.session.t_origin) / SECOND
+        ended = (proc.ended - app.session.t_origin) / SECOND
+        # The first optimizer.step and its growth, the first steps, the last, and after the
+        # process has exited.
+        for seconds in (
+            first + 0.7,
+            first + 1.3,
+            first + 1.7,
+            first + 3.4,
+            first + 5.9,
+            ended + 0.6,
+        ):
             await put_cursor(app, pilot, seconds)
             values = p.values_at(app.view.cursor)
             data = p.bar.data
@@ -75,12 +87,14 @@ async def test_the_bar_splits_the_figures_the_legend_shows(replay) -> None:
                 split = sum(v for k, v in parts.items() if k in (*CATEGORIES, "unexplained"))
                 assert split == pytest.approx(shown), seconds
                 cache = min(data.reserved, data.used) - shown
-                assert parts.get("cache", 0) == pytest.approx(cache), seconds
+                # The allocator's fragmented bytes are a part of its cache, drawn apart.
+                held = parts.get("cache", 0) + parts.get("fragmented", 0)
+                assert held == pytest.approx(cache), seconds
             assert sum(parts.values()) <= data.used + 1
             bar_row = str(p.bar.render()).split("\n")[0]
             assert len(bar_row) == p.bar.size.width
-        # The process has exited at 63.5 s: NVML still shows its memory for a moment, but
-        # no torch figure is held over.
+        # The process has exited: NVML still shows its memory for a moment, but no torch
+        # figure is held over.
         assert "allocated" not in values and data.allocated is None
 
 
@@ -106,11 +120,12 @@ async def test_reserved_above_nvidia_smi_gets_a_word(replay) -> None:
     app = replay(SPIKE)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        await put_cursor(app, pilot, 57.1)  # reserved 25.43 GiB, NVML's sample 19.20 GiB
+        # torch said reserved 25.43 GiB at 61.622 s; NVML's sample at 61.579 s, 19.97 GiB.
+        await put_cursor(app, pilot, 61.65)
         text = legend(app)
         # The word is a part of its own, after the figures: a narrow screen cuts it first.
         assert "reserved 25.43 GiB" in text, text
-        assert text.rstrip().endswith("reserved above nvidia-smi: its sample is 30ms older"), text
+        assert text.rstrip().endswith("reserved above nvidia-smi: its sample is 43ms older"), text
 
 
 async def test_the_processes_tab_shows_the_lists_at_the_cursor(replay) -> None:
@@ -122,12 +137,12 @@ async def test_the_processes_tab_shows_the_lists_at_the_cursor(replay) -> None:
         await pilot.pause(0.6)  # the tables refresh a few times a second
         table = app.process_table
         rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
-        # At 20 s NVML listed the training process with 22.66 GiB (by 35.6 s it was gone).
-        assert any(r[0] == "444" and r[3] == "22.66 GiB" for r in rows), rows
+        # At 20 s NVML listed the training process with 22.66 GiB (by 33.9 s it was gone).
+        assert any(r[0] == "612" and r[3] == "22.66 GiB" for r in rows), rows
         await put_cursor(app, pilot, 10.0)
         await pilot.pause(0.6)
         rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
-        assert any(r[0] == "444" and r[3] == "1.02 GiB" for r in rows), rows
+        assert any(r[0] == "612" and r[3] == "1.02 GiB" for r in rows), rows
 
 
 async def test_o_tells_what_the_oom_asked_for(replay) -> None:
@@ -138,7 +153,7 @@ async def test_o_tells_what_the_oom_asked_for(replay) -> None:
         await pilot.pause()
         said = [n.message for n in app._notifications]
         assert any(
-            "OOM pid 507 in forward (step 5): requested 192.00 GiB, free 73.84 GiB" in m
+            "OOM pid 696 in forward (step 5): requested 192.00 GiB, free 73.84 GiB" in m
             and "allocated 2.46 GiB, reserved 4.61 GiB" in m
             for m in said
         ), said
@@ -160,6 +175,6 @@ async def test_the_oom_says_what_would_have_fitted(replay) -> None:
         assert said.startswith("would have fitted: --checkpointing, peak 62.58 GiB"), said
         await pilot.pause(0.3)
         status = str(app.status_bar.render())
-        assert "✖ 0:12.1 OOM in forward (step 5): --checkpointing fits" in status, status
+        assert "✖ 0:14.2 OOM in forward (step 5): --checkpointing fits" in status, status
         rows = [str(c) for r in range(table.row_count) for c in table.get_row_at(r)]
         assert any("OOM in forward" in c and "--checkpointing" in c for c in rows), rows

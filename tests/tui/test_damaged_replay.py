@@ -8,7 +8,8 @@ by a hostile file reads as unknown too.
 from __future__ import annotations
 
 import re
-import shutil
+import sqlite3
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,14 +29,29 @@ NEGATIVE = re.compile(r"-\d[\d.]* (?:GiB|MiB|KiB)")
 
 
 def damaged(tmp_path: Path) -> Path:
-    """The issue's file: the 2.7B sample with 64 bytes XORed at offset 150000."""
+    """The issue's file: the 2.7B sample with 64 bytes XORed in the middle of the NVML
+    block (docs/recording.md, codec 2) that holds the opening cursor."""
+    player = open_replay(SPIKE)
+    try:
+        cursor = player.opening().cursor
+    finally:
+        player.close()
+    with sqlite3.connect(SPIKE) as db:
+        [(data,)] = db.execute(
+            "SELECT c.data FROM chunks c JOIN series s ON s.id = c.series WHERE s.kind = 'gpu'"
+        ).fetchall()
+    (count,) = struct.unpack_from("<I", data)
+    table = [struct.unpack_from("<IIq", data, 4 + 16 * i) for i in range(count)]
+    start = 4 + 16 * count
+    for _, size, t_first in table:
+        if t_first > cursor:
+            break
+        block, start = (start, size), start + size
+    raw = SPIKE.read_bytes()
+    assert raw.count(data) == 1  # the chunk lies whole in one place of the file
+    at = raw.index(data) + block[0] + block[1] // 2
     path = tmp_path / "damaged.gpuwatch"
-    shutil.copy(SPIKE, path)
-    with open(path, "r+b") as f:
-        f.seek(150_000)
-        data = bytes(b ^ 0xFF for b in f.read(64))
-        f.seek(150_000)
-        f.write(data)
+    path.write_bytes(raw[:at] + bytes(b ^ 0xFF for b in raw[at : at + 64]) + raw[at + 64 :])
     return path
 
 

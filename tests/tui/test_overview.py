@@ -27,7 +27,7 @@ from gpuwatch.tui.replay import replay_app
 GIB = 1 << 30
 END = many_gpus.END_MS * many_gpus.MS
 SIZES = {"80x24": (80, 24), "200x50": (200, 50)}
-SPIKE = ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"
+OLDER = ROOT / "tests" / "data" / "gpt2-small-h100-0b9a063.gpuwatch"
 
 
 def app_of(session: Session) -> GpuwatchApp:
@@ -197,8 +197,8 @@ async def test_the_overview_follows_the_cursor_in_a_replay(tmp_path: Path) -> No
 
 
 async def test_an_older_recording_has_no_host_cpu_and_no_mig() -> None:
-    # A sample recorded before issue 38: its host rows lack cpu, load and swap.
-    player = open_replay(SPIKE)
+    # A recording made before issue 38: its host rows lack cpu, load and swap.
+    player = open_replay(OLDER)
     try:
         session = player.session
         assert all(d.mig is None for d in session.devices.values())

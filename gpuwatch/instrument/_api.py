@@ -400,11 +400,12 @@ def configure(
         st.memory.peaks = bool(peaks)
 
 
-def send(kind: str, body: dict[str, Any]) -> None:
-    """Queue a message with a dict body (``facts``, ``oom``): for gpuwatch's own modules."""
+def send(kind: str, body: dict[str, Any], t: int | None = None) -> None:
+    """Queue a message with a dict body (``facts``, ``oom``): for gpuwatch's own modules.
+    ``t``: when it happened (``time.monotonic_ns()``), if not now."""
     st = _state
     if st.enabled:
-        st.client.emit((kind, _monotonic_ns(), body))
+        st.client.emit((kind, _monotonic_ns() if t is None else t, body))
 
 
 def set_facts(facts: dict[str, Any]) -> None:

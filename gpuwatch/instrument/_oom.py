@@ -72,13 +72,20 @@ class _Oom:
 
     def __init__(self) -> None:
         self.modes: frozenset[str] = frozenset()
-        # The observer's event whose exception has not reached a phase yet: (since, body).
-        self.pending: tuple[float, dict[str, Any]] | None = None
+        # The observer's event whose exception has not reached a phase yet: (since, body,
+        # the observer's time: the event is sent with it, inside the phase that failed).
+        self.pending: tuple[float, dict[str, Any], int] | None = None
         self.lock = threading.Lock()
         self.attached = False
         self.recording = False
         self.snapshots = {"oom": 0, "spike": 0}
         self.high = 0  # highest peak allocated seen at a boundary
+
+    def take(self) -> tuple[float, dict[str, Any], int] | None:
+        """The pending event (since, body, time), which is then no longer pending."""
+        with self.lock:
+            pending, self.pending = self.pending, None
+        return pending
 
 
 _O = _Oom()
@@ -130,10 +137,10 @@ def report(exc: BaseException, phase: str | None) -> None:
         except Exception:
             pass
         message = _first_line(exc)
-        claimed = _take_pending()
+        claimed = _O.take()
         if claimed is not None:  # the allocator's observer saw it, with exact figures
-            claimed["message"] = message
-            send("oom", claimed)
+            claimed[1]["message"] = message
+            send("oom", claimed[1], claimed[2])
             return
         body: dict[str, Any] = {
             **parse_message(str(exc)),
@@ -152,6 +159,7 @@ def report(exc: BaseException, phase: str | None) -> None:
 def _observer(device: int, alloc: int, total: int, free: int) -> None:
     """The allocator's OOM observer: runs on the allocating thread before the error."""
     try:
+        t = time.monotonic_ns()
         stack = _st.stack()
         body: dict[str, Any] = {
             "dev": int(device),
@@ -165,19 +173,13 @@ def _observer(device: int, alloc: int, total: int, free: int) -> None:
         _fill_from_allocator(body)
         if "oom" in _O.modes:
             body["snapshot"] = _snapshot("oom")
-        older = _take_pending()
+        older = _O.take()
         if older is not None:  # an earlier one nobody claimed: it goes as it is
-            send("oom", older)
+            send("oom", older[1], older[2])
         with _O.lock:
-            _O.pending = (time.monotonic(), body)
+            _O.pending = (time.monotonic(), body, t)
     except Exception:
         pass
-
-
-def _take_pending() -> dict[str, Any] | None:
-    with _O.lock:
-        pending, _O.pending = _O.pending, None
-    return pending[1] if pending is not None else None
 
 
 def _send_stale() -> None:
@@ -189,7 +191,7 @@ def _send_stale() -> None:
         if _O.pending is not pending:
             return
         _O.pending = None
-    send("oom", pending[1])
+    send("oom", pending[1], pending[2])
 
 
 def _first_line(exc: BaseException) -> str | None:

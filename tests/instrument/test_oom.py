@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,6 +143,21 @@ def test_observer_report_is_not_repeated(live: Session) -> None:
         "message": MESSAGE,  # the error's (first) line, added when it left the phase
     }
     assert (second["phase"], second["requested"]) == ("forward", 20 * MIB)
+
+
+def test_an_observed_oom_is_timed_inside_the_phase_it_broke(live: Session) -> None:
+    """Sent when the error leaves the phase (it adds torch's text then), the event keeps
+    the observer's time: at the OOM on the time axis, the broken phase still runs."""
+    with pytest.raises(torch.OutOfMemoryError), gpuwatch.phase("forward"):
+        _oom._observer(0, 3 * GIB, 80 * GIB, 100 * MIB)
+        time.sleep(0.05)  # the allocator unwinding, the error built and raised
+        raise torch.OutOfMemoryError(MESSAGE)
+    _ooms(live)
+    [oom] = [o for o in live.ooms if o.pid == PID]
+    [proc] = [p for p in live.processes.values() if p.pid == PID]
+    cols = proc.phases.snapshot()
+    t0, t1 = int(cols["t0"][-1]), int(cols["t1"][-1])
+    assert t0 <= oom.t < t1 - 40 * 10**6, (t0, oom.t, t1)
 
 
 def test_an_observed_oom_the_script_catches_is_still_reported(live: Session) -> None:

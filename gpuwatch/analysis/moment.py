@@ -156,15 +156,27 @@ def _explain(session: Session, key: str, readings: list[ProcessReading]) -> dict
     return out
 
 
+LATE_NS = 5_000_000
+"""An OOM stamped this soon after the phase it names ended belongs to that phase: before
+the event kept the allocator observer's time, it carried the time the error left the
+phase (recordings of that version, the OOM sample among them)."""
+
+
 def _oom_at(session: Session, readings: list[ProcessReading], t: int) -> Oom | None:
     """The newest OOM of a process in the phase it ran at ``t``, from its start to ``t``:
     the phase it broke tells the error's story until the phase ends."""
     found: Oom | None = None
     for reading in readings:
-        span = reading.span
+        span, late = reading.span, False
         if span is None:
-            continue
+            span = session.span_at(reading.proc, t - LATE_NS)
+            late = True
+            if span is None or span["t1"] is None:
+                continue
         for oom in session.events_between(span["t0"], t)[1]:
-            if oom.pid == reading.proc.pid and (found is None or oom.t > found.t):
-                found = oom
+            if oom.pid != reading.proc.pid or (found is not None and oom.t <= found.t):
+                continue
+            if late and not (oom.t > span["t1"] and oom.body.get("phase") == span["name"]):
+                continue
+            found = oom
     return found

@@ -217,12 +217,6 @@ async def test_80x24_keeps_the_large_segments_and_free(replay, keys) -> None:
         assert re.search(r"allocated \d+\.\d\d GiB", legend), legend
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the re-recorded sample stamps its OOM event when the error left the phase "
-    "(the observer's event, claimed with torch's text, is sent then), 0.17 ms after the "
-    "broken forward ended: at the ✖ no phase runs, so the bar does not tell the OOM",
-)
 @pytest.mark.parametrize("size", SIZES)
 async def test_after_an_oom_the_bar_tells_the_toasts_story(replay, size) -> None:
     """Item 11: at the OOM the bar said over-predicted 12.7G and free 57.0G against the

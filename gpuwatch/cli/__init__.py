@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_dashboard_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     live.register(sub)
-    estimate.add_parser(sub)
+    estimate.register(sub)
     record.register(sub)
     recordings.register(sub)
     serve.register(sub)

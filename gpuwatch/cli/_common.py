@@ -211,17 +211,23 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="NVML sampling interval in ms (default 100, i.e. 10 Hz; at least 10, i.e. 100 Hz)",
     )
-    p.add_argument(
-        "--socket",
-        metavar="PATH",
-        help="annotation socket (default: $GPUWATCH_SOCKET or a per-user path)",
-    )
+    add_socket(p)
     p.add_argument(
         "--prometheus",
         type=metrics_address,
         metavar="[HOST:]PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (HOST defaults to "
         "127.0.0.1; 0.0.0.0:PORT for every interface; port 0 picks a free one)",
+    )
+
+
+def add_socket(p: argparse.ArgumentParser, what: str = "annotation socket") -> None:
+    """``--socket PATH``, the annotation socket (protocol.socket_path resolves the default);
+    ``what``: what it is to the command."""
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help=f"{what} (default: $GPUWATCH_SOCKET or a per-user path)",
     )
 
 

@@ -23,6 +23,7 @@ Imports torch and transformers only when called.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +47,11 @@ _SUMMED = ("bytes", "saved_bytes", "tensors", "amp_copy_bytes", "grad_bytes", "r
 _PEAKS = ("forward_peak", "loss_peak")
 
 T = TypeVar("T")
+
+Traced = tuple[dict[str, Any], list[str]]
+"""A trace's ``activations`` facts, and what it assumed."""
+Step = Callable[[dict[str, Any]], Traced]
+"""One traced training step of a config's model, the run's settings bound (:func:`_step`)."""
 
 
 def _config(config: dict[str, Any]) -> Any:
@@ -301,7 +307,7 @@ def _step(
     precision: str,
     attention: str,
     checkpointing: bool,
-) -> tuple[dict[str, Any], list[str]]:
+) -> Traced:
     """One training forward and backward of the config's model on fake tensors: the
     ``activations`` facts the meter counted, and what the trace assumed."""
     import torch
@@ -437,7 +443,7 @@ def traced_activations(
     attention: str = "sdpa",
     checkpointing: bool = False,
     full: bool = False,
-) -> tuple[dict[str, Any], list[str]]:
+) -> Traced:
     """The ``activations`` facts of one training step of the config's model, traced on
     fake tensors (extrapolated per layer unless ``full`` or the stacks are shallow), and
     what the trace assumed.
@@ -451,24 +457,32 @@ def traced_activations(
         import transformers  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(f"tracing a config's activations needs transformers: {exc}")
+    step: Step = functools.partial(
+        _step,
+        batch=batch,
+        seq=seq,
+        precision=precision,
+        attention=attention,
+        checkpointing=checkpointing,
+    )
     stacks = layer_counts(config)
     kinds = layer_kinds(config)
     try:
         if full or sum(stacks.values()) <= FULL_TRACE_LAYERS:
-            return _step(config, batch, seq, precision, attention, checkpointing)
+            return step(config)
         if kinds is not None:
-            return _by_kind(config, kinds, batch, seq, precision, attention, checkpointing)
+            return _by_kind(config, kinds, step)
         first = next(iter(stacks))
         small = {
             k: min(v, BASE_LAYERS + (len(stacks) - 1 if k == first else 0))
             for k, v in stacks.items()
         }
-        base, notes = _step({**config, **small}, batch, seq, precision, attention, checkpointing)
+        base, notes = step({**config, **small})
         bumps = []
         for key, layers in stacks.items():
             if layers > small[key]:
                 cfg = {**config, **small, key: small[key] + 1}
-                more = _step(cfg, batch, seq, precision, attention, checkpointing)[0]
+                more = step(cfg)[0]
                 bumps.append((more, layers - small[key]))
     except RuntimeError:
         raise
@@ -479,15 +493,7 @@ def traced_activations(
     return _extrapolate(base, bumps), notes
 
 
-def _by_kind(
-    config: dict[str, Any],
-    kinds: list[str],
-    batch: int,
-    seq: int,
-    precision: str,
-    attention: str,
-    checkpointing: bool,
-) -> tuple[dict[str, Any], list[str]]:
+def _by_kind(config: dict[str, Any], kinds: list[str], step: Step) -> Traced:
     """A stack mixing kinds of layer (Gemma-2/3), extrapolated kind by kind: a base of
     one layer of each kind (what the model builds once per kind, a shared mask, is in
     it), then one trace per kind with one layer of it more, each kind's difference
@@ -499,13 +505,13 @@ def _by_kind(
     def with_kinds(these: list[str]) -> dict[str, Any]:
         return {**config, "num_hidden_layers": len(these), "layer_types": these}
 
-    base, notes = _step(with_kinds(base_kinds), batch, seq, precision, attention, checkpointing)
+    base, notes = step(with_kinds(base_kinds))
     bumps = []
     for kind in distinct:
         times = kinds.count(kind) - base_kinds.count(kind)
         if times > 0:
             cfg = with_kinds([*base_kinds, kind])
-            bumps.append((_step(cfg, batch, seq, precision, attention, checkpointing)[0], times))
+            bumps.append((step(cfg)[0], times))
     counts = ", ".join(f"{kinds.count(k)} {k}" for k in distinct)
     notes.append(
         f"traced with {len(base_kinds)} layers and one more of each kind, each kind's"

@@ -67,8 +67,8 @@ PARAMS_TOLERANCE = 0.01
 """``--params`` and a shape agreeing within this (relative) are the same model."""
 
 
-def add_parser(sub: Any) -> None:
-    """Register ``estimate`` on the CLI's subparsers."""
+def register(sub: Any) -> None:
+    """Add ``estimate`` to the subcommand parsers."""
     from ..predict import ARCHS, IMPLS, OPTIMIZERS, PRECISIONS
 
     p = sub.add_parser(
@@ -831,7 +831,7 @@ def oom_answer(path: str) -> dict[str, Any] | None:
     out-of-memory error: ``{"command", "fits", "changes"}``, or None where the recording
     cannot be planned (no facts, no GPU's memory)."""
     parser = argparse.ArgumentParser(add_help=False)
-    add_parser(parser.add_subparsers())
+    register(parser.add_subparsers())
     args = parser.parse_args(["estimate", "--from", path])
     try:
         result = estimate(args)

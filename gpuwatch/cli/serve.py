@@ -16,6 +16,7 @@ from ._common import (
     EXIT_OK,
     CliError,
     add_align,
+    add_socket,
     add_theme,
     bounded,
     checked_theme,
@@ -71,12 +72,7 @@ def register(sub: Any) -> None:
     )
     add_align(p)
     add_theme(p, " of every visitor's dashboard")
-    p.add_argument(
-        "--socket",
-        metavar="PATH",
-        help="without FILEs: the annotation socket of the live session (default: "
-        "$GPUWATCH_SOCKET or a per-user path)",
-    )
+    add_socket(p, "without FILEs: the annotation socket of the live session")
     p.set_defaults(func=cmd_serve)
 
 

@@ -30,3 +30,12 @@ def test_every_command_that_merges_recordings_aligns_them_alike() -> None:
     aligns = _options("--align")
     assert {"replay", "info", "export", "serve"} <= set(aligns)
     assert len({(a.help, tuple(a.choices or ()), a.default) for a in aligns.values()}) == 1
+
+
+def test_every_socket_option_is_the_annotation_socket_with_one_default() -> None:
+    sockets = _options("--socket")
+    assert {"live", "run", "record", "serve"} <= set(sockets)
+    for name, action in sockets.items():
+        assert action.metavar == "PATH" and action.default in (None, argparse.SUPPRESS), name
+        assert action.help and "annotation socket" in action.help, name
+        assert action.help.endswith("(default: $GPUWATCH_SOCKET or a per-user path)"), name

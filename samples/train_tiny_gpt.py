@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             with gpuwatch.phase("eval"), torch.no_grad():
                 ex, ey = batch(args.batch)
                 eval_loss = model(ex, ey).item()
-            gpuwatch.mark(f"step {step + 1}: loss {loss.item():.3f}, eval {eval_loss:.3f}")
+            # The step gpuwatch shows (counted from 0), so the mark does not say another.
+            gpuwatch.mark(f"step {step}: loss {loss.item():.3f}, eval {eval_loss:.3f}")
         if args.log_every and (step + 1) % args.log_every == 0:
             print(f"step {step + 1}: loss {loss.item():.3f}", flush=True)
         if args.step_sleep:

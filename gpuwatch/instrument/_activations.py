@@ -322,6 +322,8 @@ class Meter:
             and peak.resume()
         )
         if not resumed:
+            # Nothing counts the loss (a user's mode is on top): no loss peak to report.
+            self.loss_counting = False
             self._stop_peak()
         try:
             for t in _held_tensors(output):

@@ -127,10 +127,15 @@ def with_forward_peak(sim: Simulation, act: dict[str, Any]) -> Simulation:
 
     The measured figure is real memory alive at one moment of the model's forward, so a
     lower estimate is wrong; a higher one stands: a loss computed after the model returned
-    (the log-probabilities beside the logits) is outside the measured span.
+    (the log-probabilities beside the logits) is outside the measured span, unless that
+    span was measured too (``loss_peak``): then the measured figure is the model's own, and
+    a higher estimate would count the loss's saved tensors in it (and, where the loop
+    keeps its outputs, the old ones beside them: one logits too many).
     """
     got = measured_forward_peak(act)
-    if got is None or got[0].total() <= sim.forward_peak.total():
+    if got is None:
+        return sim
+    if got[0].total() <= sim.forward_peak.total() and measured_loss_peak(act) is None:
         return sim
     return replace(sim, forward_peak=got[0], forward_peak_at=got[1])
 

@@ -561,6 +561,25 @@ def test_outputs_the_loop_keeps_are_counted_through_the_step(sent: list, loop: s
             assert abs(pred - got[name]) <= 0.10 * got[name], (name, step, pred, got[name])
 
 
+@pytest.mark.parametrize("drop", [False, True], ids=["keeps", "drops"])
+def test_without_phases_the_step_tells_what_the_loop_still_holds(sent: list, drop: bool) -> None:
+    """``watch(phases=False)``: the measurement ends at the optimizer's step pre-hook,
+    which sees whether the loop still holds its outputs then."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(8192, 64), nn.Linear(64, 8192)).train()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    gpuwatch.watch(model, opt, phases=False)
+    x, y = (t % 8192 for t in _tokens())
+    logits = model(x)
+    nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+    if drop:
+        del logits
+    opt.step()
+    act = _activations(sent)
+    assert act["until"] == "backward" and act["held_output_bytes"] == BATCH * SEQ * 8192 * 4
+    assert act["held_step_bytes"] == (0 if drop else act["held_output_bytes"])
+
+
 # --------------------------------------------------------------------------- working set
 
 

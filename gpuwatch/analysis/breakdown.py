@@ -41,8 +41,10 @@ PART_ORDER = (
     "gradients",
     "optimizer_state",
     "activations",
-    "temporaries",
+    # Before the step's temporaries: the workspaces stay from the first forward on, so
+    # below a phase's peak (_below_peak takes the last categories first) they remain.
     "blas_workspaces",
+    "temporaries",
     "ddp_buckets",
     "fsdp_unsharded",
     "fsdp_reduce",

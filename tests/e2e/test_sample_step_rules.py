@@ -90,5 +90,10 @@ def test_the_2_7b_sample_keeps_each_eval_in_its_optimizer_steps_step() -> None:
     assert [s for name, s in seq if name == "eval"] == [2, 5]
     assert [s for name, s in seq if name == "zero_grad"] == list(range(STEPS))
     assert max(s for _, s in seq) == STEPS - 1
+    # The script's eval marks name the step as gpuwatch counts it, from 0 (they said
+    # "step 3: ..." in step 2, and the first screen's header read "step 2: step 3: ...").
+    evals = [(m.step, m.text) for m in session.marks if "eval" in m.text]
+    assert [s for s, _ in evals] == [2, 5], evals
+    assert all(text.startswith(f"step {s}: loss ") for s, text in evals), evals
     readme = (ROOT / "samples" / "README.md").read_text()
     assert "recorded before today's step rules" not in readme

@@ -67,7 +67,7 @@ def test_info_tells_what_the_oom_asked_for_and_what_was_there() -> None:
     assert text.returncode == 0, text.stderr
     [line] = [x for x in text.stdout.splitlines() if "OOM at" in x]
     head, tail = line.split(" (step 5): ")
-    assert head.endswith("pid 696 in forward")
+    assert head.endswith("pid 684 in forward")
     # The file holds them: the request, the device's free memory and torch's figures,
     # then the first 200 characters of torch's error text.
     figures = "requested 192.00 GiB, free 73.84 GiB, allocated 2.46 GiB, reserved 4.61 GiB"

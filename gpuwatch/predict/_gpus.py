@@ -2,8 +2,8 @@
 
 Capacities are the totals ``nvidia-smi`` reports for each card (``memory.total``), from
 the vendors' spec sheets; what a training process can allocate is that less the CUDA
-context, cuBLAS's workspace and NCCL's buffers, which torch's allocator never sees
-(:data:`DEFAULT_RESERVE`, ``--reserve``).
+context and NCCL's buffers, which torch's allocator never sees, and cuBLAS's workspaces,
+which it allocates (:data:`DEFAULT_RESERVE`, ``--reserve``, covers them all).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ GPUS: dict[str, int] = {
 
 DEFAULT_RESERVE = 1 * GIB
 """Bytes of each GPU that torch's allocator cannot have: the CUDA context (about 0.3-0.6
-GiB with cuDNN and cuBLAS loaded), cuBLAS's workspace and NCCL's communicator buffers."""
+GiB with cuDNN and cuBLAS loaded), NCCL's communicator buffers and cuBLAS's workspaces (one
+per thread that runs a matmul, from torch's allocator: the live predictor counts them from
+the facts' ``blas``, an estimate leaves them to this reserve)."""
 
 _UNITS = {"gib": GIB, "gb": 10**9, "mib": MIB, "mb": 10**6, "tib": 1 << 40, "tb": 10**12}
 

@@ -169,6 +169,10 @@ def _oom_at(session: Session, readings: list[ProcessReading], t: int) -> Oom | N
     for reading in readings:
         span, late = reading.span, False
         if span is None:
+            # Between phases (most frames): a phase's lookup only for an OOM just before.
+            pid = reading.proc.pid
+            if not any(o.pid == pid for o in session.events_between(t - LATE_NS, t)[1]):
+                continue
             span = session.span_at(reading.proc, t - LATE_NS)
             late = True
             if span is None or span["t1"] is None:

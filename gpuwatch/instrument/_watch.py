@@ -221,11 +221,10 @@ def _on_step(optimizer: Any) -> None:
 
 def _reset_activations() -> None:
     """Forget an earlier measurement (a different model is described now)."""
-    global _meter, _measured
+    global _meter, _measured, _held_meter
     meter, _meter, _measured = _meter, None, False
     if meter is not None:
         meter.stop("another model")
-    global _held_meter
     _held_meter = None
     if _auto.activations_hook in (_on_activations, _on_held):
         _auto.activations_hook = None

@@ -434,9 +434,9 @@ def _hold(
     forward (the old ones are replaced only when it returns); not in eval."""
 
     def add(b: Breakdown, n: int) -> Breakdown:
-        # A copy: one breakdown may stand for several moments (a phase's end, the next
-        # one's start).
-        return dict(b, **{ACTIVATIONS: b.get(ACTIVATIONS, 0) + n}) if n else dict(b)
+        # A copy (_with): one breakdown may stand for several moments (a phase's end, the
+        # next one's start).
+        return _with(b, {ACTIVATIONS: n})
 
     for (name, first), pm in list(phases.items()):
         if name == "eval":
@@ -467,15 +467,12 @@ def _workspaces(
     if each <= 0:
         return
     for (name, first), pm in list(phases.items()):
-        n = each if (name == "forward" and first) else 2 * each
+        extra = {BLAS_WORKSPACES: each if (name == "forward" and first) else 2 * each}
         phases[name, first] = PhaseMemory(
-            *(
-                dict(b, **{BLAS_WORKSPACES: b.get(BLAS_WORKSPACES, 0) + n})
-                for b in (pm.start, pm.peak, pm.end)
-            )
+            _with(pm.start, extra), _with(pm.peak, extra), _with(pm.end, extra)
         )
     for first, b in list(accumulating.items()):
-        accumulating[first] = dict(b, **{BLAS_WORKSPACES: b.get(BLAS_WORKSPACES, 0) + 2 * each})
+        accumulating[first] = _with(b, {BLAS_WORKSPACES: 2 * each})
 
 
 def _add_layout(

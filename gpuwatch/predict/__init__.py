@@ -19,16 +19,7 @@ from ._curve import (
 )
 from ._fit import Answer, Change, answer, max_batch
 from ._gpus import GPUS, Gpus, parse_gpus, parse_size
-from ._graph import (
-    ACTIVATIONS,
-    AMP_COPIES,
-    BLAS_WORKSPACES,
-    CATEGORIES,
-    GRADIENTS,
-    OPTIMIZER_STATE,
-    TEMPORARIES,
-    WEIGHTS,
-)
+from ._graph import CATEGORIES
 from ._plan import LAYOUTS, Plan, RankEstimate, parse_layout, plan_from_facts, rank_estimate
 from ._predict import CLIP, PHASES, PhaseMemory, Prediction, breakdown, predict, total
 from ._shape import (
@@ -43,22 +34,15 @@ from ._shape import (
 )
 
 __all__ = [
-    "ACTIVATIONS",
-    "AMP_COPIES",
     "ARCHS",
-    "BLAS_WORKSPACES",
     "CATEGORIES",
     "CLIP",
     "GPUS",
-    "GRADIENTS",
     "IMPLS",
     "LAYOUTS",
     "OPTIMIZERS",
-    "OPTIMIZER_STATE",
     "PHASES",
     "PRECISIONS",
-    "TEMPORARIES",
-    "WEIGHTS",
     "Answer",
     "Change",
     "Gpus",

@@ -127,7 +127,8 @@ def _begin(st: _State, name: str, t: int, fig: Any, sid: int | None, top: bool) 
         sid = next(st.ids)
     parent = stack[-1][0] if stack else None
     stack.append((sid, name))
-    st.client.emit_phase(t, "begin", name, sid, parent, len(stack) - 1, st.step, fig, None)
+    # A PhaseEvent, as a plain tuple (see there).
+    st.client.emit(("phase", t, "begin", name, sid, parent, len(stack) - 1, st.step, fig, None))
     return sid
 
 
@@ -145,7 +146,7 @@ def _end(
     """The one end boundary: send the end of the span popped from ``depth`` of ``stack``
     (its parent is the frame below) and hand an out-of-memory error to the OOM hook."""
     parent = stack[depth - 1][0] if depth and stack else None
-    st.client.emit_phase(t, "end", name, sid, parent, depth, st.step, fig, error)
+    st.client.emit(("phase", t, "end", name, sid, parent, depth, st.step, fig, error))
     if exc is not None and error is not None and "OutOfMemory" in error and st.on_oom is not None:
         st.on_oom(exc, name)
 

@@ -29,7 +29,11 @@ from ._torchmem import Figures, TorchMemory
 
 
 class PhaseEvent(NamedTuple):
-    """A phase boundary in the sender's queue (queued as a plain tuple in this order).
+    """A phase boundary in the sender's queue.
+
+    ``_api._begin`` and ``_end`` queue it with :meth:`Client.emit` as a plain tuple in
+    this order: a tuple literal is far cheaper than a NamedTuple's constructor, and one
+    is made at each boundary on the training thread.
 
     Attributes:
         kind: ``"phase"``, telling it from the other queued kinds.
@@ -128,32 +132,6 @@ class Client:
         return self.queue_dropped + self.send_dropped
 
     # ------------------------------------------------------------------ training thread
-
-    def emit_phase(
-        self,
-        t: int,
-        event: str,
-        name: str,
-        sid: int,
-        parent: int | None,
-        depth: int,
-        step: int | None,
-        fig: Figures | None,
-        error: str | None,
-    ) -> None:
-        """Queue a phase boundary (a :class:`PhaseEvent`); never blocks, never raises.
-
-        The one place a phase event is made. It is queued as a plain tuple in
-        :class:`PhaseEvent`'s field order: a tuple literal is far cheaper than a
-        NamedTuple's constructor, and this runs twice per phase on the training thread.
-        """
-        q = self.queue
-        if len(q) >= self.queue_max:
-            self.queue_dropped += 1
-            return
-        q.append(("phase", t, event, name, sid, parent, depth, step, fig, error))
-        if self._thread is None:
-            self._start()
 
     def emit(self, item: tuple[Any, ...]) -> None:
         """Queue one event; never blocks, never raises (cost: a length check and an append)."""

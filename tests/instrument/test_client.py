@@ -331,16 +331,40 @@ def test_drops_reach_the_dashboard_without_a_later_event_or_a_bye(sock_path: str
         rx.stop()
 
 
-def test_the_phase_event_fields_agree_in_the_queue_the_client_and_the_protocol() -> None:
-    # The phase tuple is written three times (PhaseEvent, emit_phase's arguments,
-    # encode_phase's): each is positional, so a field added to one only must fail here.
+def test_the_phase_event_fields_agree_in_the_queue_the_client_and_the_protocol(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The phase tuple is written three times (PhaseEvent, the literals ``_api._begin`` and
+    # ``_end`` queue, encode_phase's arguments): each is positional, so a field added to
+    # one only must fail here.
     import inspect
 
     from gpuwatch import protocol
     from gpuwatch.instrument._client import PhaseEvent
 
-    emit = list(inspect.signature(Client.emit_phase).parameters)[1:]
-    assert PhaseEvent._fields == ("kind", *emit)
+    queued: list[tuple] = []
+    monkeypatch.setattr(_api._state.client, "emit", queued.append)
+    monkeypatch.setattr(_api._state, "enabled", True)
+    _api._state.stack().clear()
+    with gpuwatch.phase("outer"), pytest.raises(KeyError), gpuwatch.phase("inner"):
+        raise KeyError("x")
+    assert [len(q) for q in queued] == [len(PhaseEvent._fields)] * 4
+    outer, inner, inner_end, outer_end = (PhaseEvent(*q) for q in queued)
+    assert {e.kind for e in (outer, inner, inner_end, outer_end)} == {"phase"}
+    assert [e.event for e in (outer, inner, inner_end, outer_end)] == [
+        "begin",
+        "begin",
+        "end",
+        "end",
+    ]
+    assert (inner.name, inner_end.name, outer_end.name) == ("inner", "inner", "outer")
+    assert inner.sid == inner_end.sid != outer.sid == outer_end.sid
+    assert (inner.parent, inner_end.parent, outer.parent) == (outer.sid, outer.sid, None)
+    assert (outer.depth, inner.depth, inner_end.depth, outer_end.depth) == (0, 1, 1, 0)
+    assert (inner_end.error, outer_end.error, inner.error) == ("KeyError", None, None)
+    assert outer.t <= inner.t <= inner_end.t <= outer_end.t
+    assert inner.step == _api._state.step and inner.fig is None  # no CUDA here
+    emit = list(PhaseEvent._fields)[1:]
     encode = list(inspect.signature(protocol.encode_phase).parameters)
     assert encode[:4] == ["pid", "seq", "t", "dropped"]
     assert [{"figures": "fig"}.get(p, p) for p in encode[4:]] == emit[1:]

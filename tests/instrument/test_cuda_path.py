@@ -98,7 +98,12 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Allocator, Clock, li
     monkeypatch.setattr(_api._state, "memory", memory)
     monkeypatch.setattr(_api, "_monotonic_ns", clock)
     emitted: list = []
-    monkeypatch.setattr(_api._state.client, "emit_phase", lambda *a: emitted.append(a))
+    emit = _api._state.client.emit
+
+    def capture(item: tuple) -> None:  # a phase boundary's fields after its kind
+        emitted.append(item[1:]) if item[0] == "phase" else emit(item)
+
+    monkeypatch.setattr(_api._state.client, "emit", capture)
     monkeypatch.setattr(_api._state, "enabled", True)
     _api._state.stack().clear()
     yield alloc, clock, emitted

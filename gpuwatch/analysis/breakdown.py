@@ -39,16 +39,17 @@ PART_ORDER = (
     "weights",
     "amp_copies",
     "gradients",
+    # What stays for the whole run before what a phase makes and frees: below a phase's
+    # peak (_below_peak takes the last categories first) it remains. DDP's buckets hold
+    # the gradients, ZeRO's master copy the weights.
+    "ddp_buckets",
     "optimizer_state",
+    "zero_master",
     "activations",
-    # Before the step's temporaries: the workspaces stay from the first forward on, so
-    # below a phase's peak (_below_peak takes the last categories first) they remain.
     "blas_workspaces",
     "temporaries",
-    "ddp_buckets",
     "fsdp_unsharded",
     "fsdp_reduce",
-    "zero_master",
     "zero_buckets",
     "zero_gathered",
     "unexplained",

@@ -196,3 +196,38 @@ def test_a_prediction_above_the_phase_s_exact_peak_is_over_predicted(session) ->
     cols = proc.torch.snapshot()
     i = int(np.searchsorted(cols["t"], gap, "right")) - 1
     assert held.allocated == float(cols["allocated"][i])
+
+
+@pytest.mark.parametrize(
+    ("parallel", "stays"),
+    [
+        ({"strategy": "ddp", "ddp": {"gradient_as_bucket_view": False}}, "ddp_buckets"),
+        (
+            {
+                "strategy": "zero",
+                "zero": {"stage": 2, "partition_count": 2, "master_bytes": 32 << 20},
+            },
+            "zero_master",
+        ),
+    ],
+)
+def test_below_a_phase_s_peak_the_layout_s_lasting_buffers_stay(parallel, stays) -> None:
+    """Between two boundaries below the step's exact peak, what went is the step's own
+    temporary, not DDP's buckets or ZeRO's master copy, alive in every phase (they were
+    taken first when they sorted after the temporaries)."""
+    from gpuwatch.analysis.breakdown import _below_peak
+
+    facts = {
+        "params": {"bytes": 64 << 20, "trainable_bytes": 64 << 20},
+        "optimizer": {
+            "class": "AdamW",
+            "impl": "foreach",
+            "groups": [{"group": 0, "bytes": 64 << 20, "tensors": 4, "max_tensor_bytes": 16 << 20}],
+        },
+        "parallel": parallel,
+    }
+    peak = pr.predict(facts).phases["optimizer.step", False].peak
+    assert peak[stays] > 0 and peak["temporaries"] > 0
+    left, removed = _below_peak(peak, peak["temporaries"])
+    assert removed == {"temporaries": peak["temporaries"]}
+    assert left[stays] == peak[stays]

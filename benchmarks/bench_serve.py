@@ -16,6 +16,9 @@ headless Chromium (Debian's, driven by Playwright). For each count of visitors:
 4. **The server's part of the wait**: the same counts of visitors as bare websockets (no
    browser), from connecting to the first full frame: Chromium drawing n pages shares
    the same cores, and this says how much of the wait is the server's.
+5. **What the cores allow**: the CPU Chromium and the server (its dashboards included)
+   used from the first page's ``goto`` to the last first frame, and the earliest the
+   median page could have had its frame with that work on every core at once.
 
 Anchor, measured in the same run: the same dashboard in a terminal, ``gpuwatch replay`` of
 the same recording in tmux at the page's size: its first frame (start to "REPLAY" on the
@@ -121,6 +124,28 @@ def _cpu(procs: list[psutil.Process]) -> float:
     return total
 
 
+def _cpus(procs: list[psutil.Process]) -> dict[int, float]:
+    return {p.pid: _cpu([p]) for p in procs}
+
+
+def _since(before: dict[int, float], procs: list[psutil.Process]) -> float:
+    """CPU seconds ``procs`` used since ``before`` (a process new since then: all of its
+    own); processes gone since (an earlier count's pages and dashboards) are left out."""
+    return sum(_cpu([p]) - before.get(p.pid, 0.0) for p in procs)
+
+
+def _browser() -> list[psutil.Process]:
+    """Chromium's processes (started by Playwright's driver, below this one)."""
+    return [p for p in psutil.Process().children(recursive=True) if "chrom" in p.name().lower()]
+
+
+def _tree(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [p, *p.children(recursive=True)]
+    except psutil.Error:
+        return [p]
+
+
 def _rss_mb(p: psutil.Process) -> float:
     try:
         return p.memory_info().rss / 1e6
@@ -173,12 +198,17 @@ def visitors(context, served, n: int, seconds: float) -> dict[str, float]:
     server = psutil.Process(served.proc.pid)
     pages = [context.new_page() for _ in range(n)]
     try:
+        # CPU to the last first frame: the browser's and the server's (its fork server
+        # and the dashboards forked while the pages load, which did not exist before).
+        browser0, server0 = _cpus(_browser()), _cpus(_tree(server))
         for page in pages:
             page.add_init_script(FIRST_FRAME)
             page.goto(served.url, wait_until="commit")
         firsts = []
         for page in pages:
             firsts.append(_first_frame(page))
+        browser_cpu = _since(browser0, _browser())
+        server_cpu = _since(server0, _tree(server))
         deadline = time.monotonic() + 60
         while len(served.started()) < n and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -199,6 +229,8 @@ def visitors(context, served, n: int, seconds: float) -> dict[str, float]:
             "rss_mb_per_visitor": statistics.mean(rss) if rss else 0.0,
             "server_rss_mb": _rss_mb(server) + (_rss_mb(helper) if helper else 0.0),
             "apps": len(apps),
+            "browser_cpu_s": browser_cpu,
+            "server_cpu_s": server_cpu,
         }
     finally:
         for page in pages:
@@ -308,6 +340,20 @@ def main() -> int:
                 f"{alone:.2f}x"
             )
             ok &= wait <= WAIT_RATIO
+            # What the cores allow: the median page waits for half the pages' work (its
+            # browser's and its dashboard's), which no order of running it on every
+            # core at once can finish sooner than its CPU divided by the cores.
+            cores = os.cpu_count() or 1
+            half = (n + 1) // 2 / n / cores
+            browser, server = r["browser_cpu_s"], r["server_cpu_s"]
+            floor = (browser + server) * half
+            print(
+                f"  to the last first frame: Chromium {browser:.2f} CPU-s ({browser / n:.2f}"
+                f" a page), the server and its dashboards {server:.2f} ({server / n:.2f} a "
+                f"visitor); on {cores} cores the median cannot come before {floor:.2f} s "
+                f"({floor / lone['first_median_s']:.2f}x the lone visitor; the browser's "
+                f"part alone {browser * half / lone['first_median_s']:.2f}x)"
+            )
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -9,8 +9,9 @@ for ``--seconds`` into a gpuwatch process, which is either
 
 Each run prints what the script sent, what the session received, and what was lost on
 the way: dropped by the client (its queue, or a receiver whose socket queue stayed full
-past the client's wait budget), lost in transit (sequence gaps) and rejected. Target: no
-event dropped or lost at 20k events/s with the dashboard open.
+past the client's wait budget), lost in transit (sequence gaps) and rejected; and how
+long after the sender's end the session still received (a backlog it worked through).
+Target: no event dropped or lost at 20k events/s with the dashboard open.
 
 Run: python benchmarks/bench_burst.py [--rate 20000] [--seconds 30]
 """
@@ -69,11 +70,28 @@ env = {**os.environ, "GPUWATCH_SOCKET": src.socket_path}
 sender = subprocess.Popen([sys.executable, "-c", sys.argv[4], rate, str(seconds)],
                           env=env, stdout=subprocess.PIPE, text=True)
 
+def mine():
+    procs = [p for p in src.session.processes.values() if p.pid == sender.pid]
+    return procs[0] if procs else None
+
 def finish():
     out = json.loads(sender.communicate(timeout=seconds + 60)[0])
-    time.sleep(1.0)  # the last datagrams
-    procs = [p for p in src.session.processes.values() if p.pid == sender.pid]
-    proc = procs[0] if procs else None
+    # The receiver may still work through a backlog when the sender ends: wait for every
+    # pair, or for a second without one more (what is missing then is lost).
+    end = time.monotonic()
+    count, moved = -1, end
+    while time.monotonic() - end < 30:
+        proc = mine()
+        n = len(proc.phases) if proc else 0
+        if n >= out["pairs"]:
+            break
+        if n != count:
+            count, moved = n, time.monotonic()
+        elif time.monotonic() - moved > 1.0:
+            break
+        time.sleep(0.05)
+    out["drain"] = time.monotonic() - end
+    proc = mine()
     out.update(
         received=len(proc.phases) if proc else 0,
         reported_dropped=proc.dropped if proc else None,
@@ -139,7 +157,8 @@ def main() -> int:
             f"  {mode:9}: sent {events} events ({events / r['seconds']:.0f}/s), received "
             f"{2 * r['received']}, dropped {r['dropped']} "
             f"({100 * r['dropped'] / max(events, 1):.2f}%), "
-            f"lost in transit {r['gaps']}, rejected {r['rejected']}, lost in all {lost}"
+            f"lost in transit {r['gaps']}, rejected {r['rejected']}, lost in all {lost}; "
+            f"the last received {r['drain']:.2f} s after the sender's end"
         )
     anchor = results["headless"]
     dash = results["dashboard"]

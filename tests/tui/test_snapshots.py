@@ -29,6 +29,12 @@ async def zoomed(pilot) -> None:
     await pilot.pause()
 
 
+def _screen(app: GpuwatchApp) -> str:
+    """The text on ``app``'s screen, as a snapshot would have it."""
+    update = app.screen._compositor.render_full_update()
+    return "\n".join("".join(strip.text for strip in line) for line in update.strips)
+
+
 def app(theme: str = "gpuwatch-dark") -> GpuwatchApp:
     return GpuwatchApp(synthetic.build(), theme_name=theme, clock=lambda: synthetic.end_time())
 
@@ -46,6 +52,10 @@ async def peaks(pilot) -> None:
     table = pilot.app.query_one(MarksTable)
     ooms = len(pilot.app.session.ooms)
     assert ooms and await until(pilot, lambda: len(table.answers) >= ooms)
+    # What the table holds can reach the screen after the workers are done (a loaded
+    # machine): wait until the screen shows each OOM's answer.
+    said = [table.describe(oom).rpartition("; ")[2] for oom in pilot.app.session.ooms]
+    assert await until(pilot, lambda: all(s in _screen(pilot.app) for s in said))
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
 

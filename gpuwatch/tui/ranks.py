@@ -244,7 +244,9 @@ class RanksView(VerticalScroll):
             self._draw()
 
     def _draw(self) -> None:
-        if not self.is_mounted:  # its tab is being added: drawn once mounted
+        # Its tab being added (drawn once mounted), or the app closing (the table timer
+        # can tick once more after the widgets are detached).
+        if not self.is_mounted or not self.is_attached:
             return
         self._stale = False
         width = max(20, self.size.width - 2) if self.size.width else 78

@@ -77,6 +77,19 @@ async def test_no_tab_without_ranks_and_one_once_a_second_rank_says_hello() -> N
         assert _shown(app)[0].startswith("ranks: 2 (world size 4")
 
 
+async def test_a_ranks_view_no_longer_on_screen_is_not_drawn() -> None:
+    """The table timer can tick once more while the app closes, after its widgets are
+    detached: the view takes its tables and draws nothing (it raised NoScreen)."""
+    app = _app(rs.build())
+    async with app.run_test(size=(140, 45)) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        view = app.ranks_view
+        await view.remove()
+        view.refresh_rows()
+        assert view.tables  # read, not drawn
+
+
 async def test_a_single_process_session_has_no_ranks_tab() -> None:
     app = GpuwatchApp(synthetic.build(), clock=lambda: synthetic.end_time())
     async with app.run_test(size=(140, 45)) as pilot:

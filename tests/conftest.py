@@ -175,6 +175,14 @@ async def until(pilot: Any, cond: Callable[[], bool], timeout: float = 10.0) -> 
     return cond()
 
 
+def screen_text(app: Any) -> str:
+    """What the terminal of a Textual ``app`` shows: every cell of its screen as text, as
+    a snapshot would have it."""
+    return "\n".join(
+        "".join(seg.text for seg in line) for line in app.screen._compositor.render_strips()
+    )
+
+
 def in_threads(work: Callable[[], object], count: int) -> list[BaseException]:
     """Run ``work`` in ``count`` threads started together; what any of them raised."""
     start = threading.Barrier(count)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, wait_for
+from conftest import ROOT, screen_text, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
@@ -45,13 +45,6 @@ def served() -> Iterator[tuple[Stub, PromStub]]:
     server = PromStub(s)
     yield s, server
     server.close()
-
-
-def screen_text(app: ClusterApp) -> str:
-    """What the terminal shows (every cell of the screen as text)."""
-    return "\n".join(
-        "".join(seg.text for seg in line) for line in app.screen._compositor.render_strips()
-    )
 
 
 async def until(pilot, cond, timeout: float = 10.0) -> bool:

@@ -10,7 +10,7 @@ import many_gpus
 import pytest
 import rank_session
 import synthetic
-from conftest import ROOT, until
+from conftest import ROOT, screen_text, until
 
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.app import GpuwatchApp
@@ -27,12 +27,6 @@ async def zoomed(pilot) -> None:
     await pilot.press(*ZOOMED)
     pilot.app.clear_notifications()
     await pilot.pause()
-
-
-def _screen(app: GpuwatchApp) -> str:
-    """The text on ``app``'s screen, as a snapshot would have it."""
-    update = app.screen._compositor.render_full_update()
-    return "\n".join("".join(strip.text for strip in line) for line in update.strips)
 
 
 def app(theme: str = "gpuwatch-dark") -> GpuwatchApp:
@@ -55,7 +49,7 @@ async def peaks(pilot) -> None:
     # What the table holds can reach the screen after the workers are done (a loaded
     # machine): wait until the screen shows each OOM's answer.
     said = [table.describe(oom).rpartition("; ")[2] for oom in pilot.app.session.ooms]
-    assert await until(pilot, lambda: all(s in _screen(pilot.app) for s in said))
+    assert await until(pilot, lambda: all(s in screen_text(pilot.app) for s in said))
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
 

@@ -133,7 +133,9 @@ ALLOWED: dict[str, set[str]] = {
         "protocol",
         "serve",
     },
-    "__init__": {"_version", "instrument"},
+    # The IPython extension and gpuwatch.plan: a front end inside the user's kernel.
+    "notebook": {"instrument", "predict", "analysis", "fmt", "facts", "cli"},
+    "__init__": {"_version", "instrument", "notebook"},  # notebook: only when loaded
     "__main__": {"cli"},
 }
 
@@ -196,7 +198,11 @@ def test_the_package_graph_has_no_circle_and_only_allowed_arrows() -> None:
     assert {k: v for k, v in extra.items() if v} == {}
     importers_of_tui = sorted(u for u, deps in graph.items() if "tui" in deps)
     assert importers_of_tui == ["cli"]
-    assert not [u for u, deps in graph.items() if "cli" in deps and u != "__main__"]
+    # Nothing below the front ends imports the command line; gpuwatch.plan (notebook/) is
+    # `gpuwatch estimate` in a cell, a front end beside it, until the estimate's logic
+    # moves down to predict/.
+    front = ("__main__", "notebook")
+    assert not [u for u, deps in graph.items() if "cli" in deps and u not in front]
 
 
 def test_the_graph_checker_catches_a_circle_and_an_arrow(tmp_path: Path) -> None:

@@ -826,6 +826,31 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _Refusing(argparse.ArgumentParser):
+    """A parser that raises :class:`CliError` instead of exiting (``gpuwatch.plan``)."""
+
+    def error(self, message: str) -> Any:
+        raise CliError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> Any:
+        raise CliError((message or "").strip() or "no estimate")
+
+
+def plan_from_options(argv: list[str]) -> tuple[dict[str, Any], str]:
+    """What ``gpuwatch estimate ARGV`` answers: the result (``--json``'s) and its text.
+
+    Raises:
+        CliError: The options are wrong or the model cannot be read (one line).
+    """
+    parser = _Refusing(prog="gpuwatch", add_help=False)
+    register(parser.add_subparsers(dest="command", parser_class=_Refusing))
+    args = parser.parse_args(["estimate", *argv])
+    if args.trace:
+        raise CliError("--trace is not available here; run gpuwatch estimate --trace")
+    result = estimate(args)
+    return result, _table(result)
+
+
 def oom_answer(path: str) -> dict[str, Any] | None:
     """What ``estimate --from PATH`` answers, for ``info`` of a recording with an
     out-of-memory error: ``{"command", "fits", "changes"}``, or None where the recording

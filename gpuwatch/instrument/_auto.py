@@ -153,6 +153,8 @@ class _Installed:
         self.params: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self.wrapped: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
         self.atexit = False
+        self.registration: Any = None  # the parameter registration hook (notebooks)
+        self.built = False  # a parameter was registered since the last cell began
 
 
 _I = _Installed()
@@ -252,6 +254,11 @@ def hook_module(module: Any, *, compiled_later: bool = False) -> None:
     _I.hooked[module] = (pre_handle, post_handle)
 
 
+def covers_all() -> bool:
+    """True while discovery watches every module's calls (the zero-code hooks)."""
+    return _I.discovering
+
+
 def covers(module: Any) -> bool:
     """True when the automatic phases see ``module``'s calls (hooked, or discovering)."""
     return _I.discovering or module in _I.hooked
@@ -271,6 +278,9 @@ def _undo() -> None:
     for handle in _I.handles + _I.global_module:
         handle.remove()
     _I.handles, _I.global_module = [], []
+    if _I.registration is not None:
+        _I.registration.remove()
+        _I.registration, _I.built = None, False
     for pre, post in list(_I.hooked.values()):
         pre.remove()
         post.remove()
@@ -621,6 +631,76 @@ def _step_post(optimizer: Any, args: tuple, kwargs: dict) -> None:
         _arm(end)
     except Exception:
         pass
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def cell_begins() -> bool:
+    """A notebook cell begins: models built since discovery ended are looked for again.
+
+    Under the zero-code hooks, discovery ends at the first optimizer step; a notebook's
+    re-run model cell builds a new model after that, whose first training forward must be
+    found again (see :func:`watch_new_models`).
+
+    Returns:
+        True when discovery starts again for this cell.
+    """
+    try:
+        built, _I.built = _I.built, False  # models built while discovering are found
+        if built and not _I.discovering and _I.torch is not None:
+            with _I.lock:
+                if not _I.global_module:
+                    _start_discovery(_I.torch)
+                    return True
+    except Exception:
+        pass
+    return False
+
+
+def cell_ends() -> None:
+    """A notebook cell ended: nothing gpuwatch opened stays open past it.
+
+    The time a person spends between cells is idle, never a ``data`` phase; a forward left
+    open ends unfinished; the activations measurement (its saved-tensor hooks and dispatch
+    mode) ends now, so no other cell runs under it or is charged to the forward.
+    """
+    A = _A
+    try:
+        _reap()
+        if A.fwd_sid is not None:
+            _close_unfinished(A.fwd_sid, A.fwd_name, None)
+            A.fwd_sid = A.root = None
+            A.root_depth = 0
+        if A.data_sid is not None:
+            close_span(A.data_sid, "data", t=A.data_last_t, fig=None)
+            A.data_sid = None
+        A.gap_t = None
+        meter = activations_hook
+        if meter is not None:
+            meter("cell", None, None)
+    except Exception:
+        pass
+
+
+def watch_new_models() -> bool:
+    """Notice models built from now on (a parameter registered on a module), so that
+    :func:`cell_begins` looks for them. True when the hook is in place."""
+    torch = _I.torch
+    if torch is None:
+        return False
+    if _I.registration is not None:
+        return True
+
+    def built(module: Any, name: str, param: Any) -> None:
+        _I.built = True
+
+    try:
+        hook = torch.nn.modules.module.register_module_parameter_registration_hook
+        _I.registration = hook(built)
+    except Exception:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- zero_grad

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import select
 import socket
@@ -118,6 +119,7 @@ class Client:
         self._peer: tuple[int, int, int] | None = None  # identity of the socket we greeted
         self._hello_devices: list[dict[str, Any]] | None = None
         self._scheduler: dict[str, str] | None = None
+        self.notebook: str | None = None  # the Jupyter notebook this kernel runs ("": none)
         self._next_memory = 0.0
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -125,6 +127,10 @@ class Client:
         self._stop = threading.Event()
         # Called on the sender thread before each flush (the OOM module's late events).
         self.before_flush: Callable[[], None] | None = None
+        # Given every flushed batch of events, in order, before they are sent (the notebook
+        # extension's per-cell figures): whether or not anyone listens on the socket.
+        self.tap: Callable[[list[tuple[Any, ...]]], None] | None = None
+        self._tapped = 0  # events at the queue's head the tap has had (tap_now)
 
     @property
     def dropped(self) -> int:
@@ -151,6 +157,28 @@ class Client:
             self._thread = thread
             thread.start()
             atexit.register(self.close)
+
+    def tap_now(self) -> None:
+        """Give the tap what is queued now, without sending it (a notebook cell's end).
+
+        Sending stays the sender thread's: a stalled dashboard's wait never falls on the
+        caller. The events go on waiting in the queue; the next flush sends them and does
+        not tap them again.
+        """
+        tap = self.tap
+        if tap is None:
+            return
+        with self._send_lock:
+            q = self.queue
+            n = len(q)
+            if n <= self._tapped:
+                return
+            fresh = list(itertools.islice(q, self._tapped, n))
+            self._tapped = n
+            try:
+                tap(fresh)
+            except Exception:
+                pass
 
     # ------------------------------------------------------------------ sender thread
 
@@ -198,6 +226,13 @@ class Client:
                 fig = self.memory.current()
                 if fig is not None:
                     items.append(("memory", time.monotonic_ns(), fig))
+            tapped, self._tapped = self._tapped, 0
+            tap = self.tap
+            if tap is not None and len(items) > tapped:
+                try:
+                    tap(items[tapped:])
+                except Exception:
+                    pass
             if items or self.dropped != self._told:
                 self._send_items(items)
 
@@ -374,6 +409,10 @@ class Client:
             self._scheduler = scheduler_identity()
         if self._scheduler:
             body["scheduler"] = self._scheduler
+        if self.notebook is None:
+            self.notebook = notebook_name()
+        if self.notebook:
+            body["notebook"] = self.notebook
         return body
 
     def _message(self, item: tuple[Any, ...]) -> tuple[str, int, dict[str, Any]]:
@@ -397,6 +436,7 @@ class Client:
         """Start afresh in a forked child: new pid, no thread, no socket, nothing queued."""
         self.pid = os.getpid()
         self.queue = deque()
+        self._tapped = 0
         self._thread = None
         self._start_lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -407,6 +447,32 @@ class Client:
         self.queue_dropped = 0
         self.send_dropped = 0
         self.sent = 0
+
+
+MAX_NOTEBOOK = 256
+"""Longest notebook name a ``hello`` carries (its end is kept: the file name)."""
+
+
+def notebook_name() -> str:
+    """The notebook a Jupyter kernel runs, or "" outside one.
+
+    jupyter_server names each kernel's notebook in ``JPY_SESSION_NAME`` (its path); a
+    kernel started otherwise (nbclient, a console) is named by the kernel id in its
+    connection file (``-f .../kernel-<id>.json``).
+    """
+    name = os.environ.get("JPY_SESSION_NAME", "").strip()
+    if name:
+        return name[-MAX_NOTEBOOK:]
+    if "ipykernel" not in sys.modules:
+        return ""
+    argv = sys.argv
+    for i, a in enumerate(argv[:-1]):
+        if a == "-f":
+            base = os.path.basename(argv[i + 1])
+            if base.endswith(".json"):
+                base = base[:-5]
+            return base[:MAX_NOTEBOOK]
+    return "kernel"
 
 
 def _add_figures(body: dict[str, Any], fig: tuple[Any, ...] | None) -> None:

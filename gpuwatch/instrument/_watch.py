@@ -38,6 +38,11 @@ class _Watched:
     """What we know of the described model."""
 
     def __init__(self, model: Any, optimizer: Any, amp_dtype: Any, checkpointing: Any) -> None:
+        global _epochs
+        # Each model described in this process starts an epoch of facts (docs/facts.md):
+        # the dashboard predicts earlier phases from the facts of the model they ran.
+        self.epoch = _epochs
+        _epochs += 1
         self.model = weakref.ref(model)
         self.optimizer = optimizer
         # The optimizer as given, where a framework wraps the torch one (DeepSpeed's ZeRO
@@ -55,6 +60,7 @@ _meter: Any = None  # the running activations measurement (_activations.Meter)
 _held_meter: Any = None  # an ended one whose held outputs are looked at once more
 _measured = False  # one measurement per process: the first training forward
 _quiet: list[Any] = []  # watch(phases=False): the measurement's own hooks on the model
+_epochs = 0  # models described so far in this process
 
 
 def watch(
@@ -150,14 +156,37 @@ def autowatch() -> bool:
 
 
 def _discovered(module: Any, args: tuple, kwargs: dict) -> None:
-    global _primary
+    global _primary, _rediscovering
     with _lock:
-        if _primary is not None:
-            return
+        current, again = _primary, _rediscovering
+        _rediscovering = False
+        if current is not None:
+            model = current.model()
+            if model is not None and _unwrap(model) is _unwrap(module):
+                _await(current)
+                return
+            if not again:
+                return
         # The outermost module as called (DDP, FSDP1): the parallel facts read it.
         _primary = watched = _Watched(module, None, None, None)
+    if current is not None:  # a notebook's new model: measured at its next forward
+        _reset_activations()
+        _arm_activations()
     _on_forward(module, args, kwargs)
     _await(watched)
+
+
+_rediscovering = False  # a notebook cell looks for a newly built model (rediscover)
+
+
+def rediscover() -> None:
+    """A notebook cell may train a model built after the described one (a re-run model
+    cell): the first model whose training forward runs next is described instead, as a
+    new epoch of facts. Only where :func:`autowatch` discovers the model (no ``watch``)."""
+    global _rediscovering
+    if _auto.facts_hook is None and _auto.covers_all():
+        _rediscovering = True
+        _auto.facts_hook = _discovered
 
 
 def describe_batch(args: tuple, kwargs: dict) -> None:
@@ -422,6 +451,7 @@ def _send(watched: _Watched) -> None:
             facts["batch"] = watched.batch  # docs/facts.md: batch_facts() goes under "batch"
         if watched.activations:
             facts["activations"] = watched.activations
+        facts["epoch"] = watched.epoch
         _api.set_facts(facts)
     except Exception:
         pass

@@ -42,13 +42,23 @@ def _load_gpuwatch():
 
 def _torch_imported():
     try:
-        _load_gpuwatch()
+        gpuwatch = _load_gpuwatch()
         from gpuwatch.instrument import _watch
 
         if not _watch.autowatch():
             sys.stderr.write("gpuwatch: automatic phases are not available in this process\n")
+        _in_a_kernel(gpuwatch)
     except Exception as exc:  # never break the user's program over it
         sys.stderr.write("gpuwatch: automatic phases are off: %s: %s\n" % (type(exc).__name__, exc))
+
+
+def _in_a_kernel(gpuwatch):
+    """A Jupyter kernel run under gpuwatch: its cells are phases too (``%load_ext``'s)."""
+    if "ipykernel" not in sys.modules:
+        return
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is not None:
+        gpuwatch.load_ipython_extension(shell)
 
 
 class _Loader:

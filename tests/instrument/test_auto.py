@@ -441,7 +441,9 @@ def test_watch_sends_facts_then_batch_then_optimizer(live: Session, fake_facts: 
         gpuwatch.flush()
         assert wait_for(lambda: live.processes.get(PID) and live.processes[PID].facts)
         params = sum(p.numel() for p in model.parameters())
-        assert live.processes[PID].facts == {"params": params, "optimizer": None}
+        first = dict(live.processes[PID].facts)
+        epoch = first.pop("epoch")  # this process's count of models described (docs/facts.md)
+        assert first == {"params": params, "optimizer": None}
         opt = torch.optim.AdamW(model.parameters())
         x, y = _batch()
         nn.functional.cross_entropy(model(input_ids=x), y).backward()
@@ -454,6 +456,7 @@ def test_watch_sends_facts_then_batch_then_optimizer(live: Session, fake_facts: 
         facts = dict(live.processes[PID].facts)
         # What the first forward saved, measured as its backward began (test_activations).
         assert facts.pop("activations")["bytes"] > 0
+        assert facts.pop("epoch") == epoch  # the same model: facts completed, same epoch
         assert facts == {"params": params, "optimizer": "AdamW", "batch": {"shape": [4, 8]}}
         # The inner Sequential is never described: the watched model is.
         assert all(c[1] is model for c in fake_facts if c[0] == "collect")

@@ -88,6 +88,7 @@ def test_transformers_trainer(live: Session, sub_env: dict[str, str]) -> None:
     proc = live.processes[pid]
     facts = dict(proc.facts)
     assert facts.pop("activations")["bytes"] > 0  # the first training forward, measured
+    assert facts.pop("epoch") == 0  # the one model the Trainer trains
     assert facts == {
         "model": "GPT2LMHeadModel",
         "params": proc.facts["params"],

@@ -99,6 +99,7 @@ def _retry_mark(new: int, total: int) -> None:
 
 
 _state.memory.on_retry = _retry_mark
+_state.memory.on_note = lambda text: mark(text)  # which allocator reader, said once
 
 
 def _after_fork() -> None:

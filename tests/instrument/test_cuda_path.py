@@ -1,20 +1,21 @@
 """The CUDA path of the client, on the CPU: which allocator calls it makes, and how many.
 
 A scripted allocator stands in for torch's (``torch._C``'s raw bindings and ``torch.cuda``'s
-public functions, each counting its calls), and a fake clock decides which boundaries are
-one instant. What is checked is gpuwatch's own logic: one raw stats read per boundary
-instant, the public functions when the raw ones are missing or answer wrongly, and exact
-per-phase peaks however the reads are shared. The real cost on a GPU is measured by
+public functions, each counting its calls; ``standin/scripted.py``), and a fake clock decides
+which boundaries are one instant (and how long each allocator call takes). What is checked
+is gpuwatch's own logic: one raw stats read per boundary instant (however long a read takes),
+the public functions when the raw ones are missing or answer wrongly, and exact per-phase
+peaks however the reads are shared. The real cost on a GPU is measured by
 ``benchmarks/bench_annotate.py`` (its CUDA rows run where CUDA is present).
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from standin.scripted import Allocator, Clock, fake_torch
 
 import gpuwatch
 from gpuwatch.instrument import _api
@@ -25,76 +26,13 @@ GIB = 1024**3
 US = 1000
 
 
-class Allocator:
-    """Allocated bytes over time with a peak counter, as the caching allocator keeps them."""
-
-    def __init__(self) -> None:
-        self.current = 0
-        self.peak = 0
-        self.calls: dict[str, int] = {}
-
-    def alloc(self, n: int) -> None:
-        self.current += n
-        self.peak = max(self.peak, self.current)
-
-    def free(self, n: int) -> None:
-        self.current -= n
-
-    def count(self, name: str) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
-
-    def stats(self, idx: int) -> dict[str, Any]:
-        return {
-            "allocated_bytes": {"all": {"current": self.current, "peak": self.peak}},
-            "reserved_bytes": {"all": {"current": 2 * GIB, "peak": 2 * GIB}},
-            "inactive_split_bytes": {"all": {"current": 0}},
-            "num_alloc_retries": 0,
-            "num_ooms": 0,
-        }
-
-    def reset(self, idx: int) -> None:
-        self.peak = self.current
-
-
-def fake_torch(alloc: Allocator, *, raw: bool = True, raw_stats: Any = None) -> Any:
-    def counted(name: str, fn: Any) -> Any:
-        def call(*args: Any) -> Any:
-            alloc.count(name)
-            return fn(*args)
-
-        return call
-
-    cuda = types.SimpleNamespace(
-        current_device=counted("current_device", lambda: 0),
-        synchronize=counted("synchronize", lambda idx=None: None),
-        memory_stats_as_nested_dict=counted("memory_stats_as_nested_dict", alloc.stats),
-        reset_peak_memory_stats=counted("reset_peak_memory_stats", alloc.reset),
-    )
-    C = types.SimpleNamespace()
-    if raw:
-        C._cuda_memoryStats = counted("_cuda_memoryStats", raw_stats or alloc.stats)
-        C._cuda_resetPeakMemoryStats = counted("_cuda_resetPeakMemoryStats", alloc.reset)
-        C._cuda_getDevice = counted("_cuda_getDevice", lambda: 0)
-    return types.SimpleNamespace(cuda=cuda, _C=C)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10**12
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ns: int) -> None:
-        self.now += ns
-
-
 @pytest.fixture
 def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Allocator, Clock, list]]:
     """The process-wide client on a scripted allocator and clock; what it emits, captured."""
     alloc, clock = Allocator(), Clock()
     memory = TorchMemory()
-    memory.active, memory._torch = True, fake_torch(alloc)
+    memory.active, memory._torch, memory.clock = True, fake_torch(alloc), clock
+    alloc.clock = clock  # the allocator's calls take time only where a test says so
     monkeypatch.setattr(_api._state, "memory", memory)
     monkeypatch.setattr(_api, "_monotonic_ns", clock)
     emitted: list = []
@@ -223,7 +161,43 @@ def test_disabled_peaks_never_reset_the_users_counters() -> None:
     alloc = Allocator()
     memory = TorchMemory(peaks=False)
     memory.active, memory._torch = True, fake_torch(alloc)
+    stats, reset = memory._torch._C._cuda_memoryStats, memory._torch._C._cuda_resetPeakMemoryStats
     memory.boundary(10**12, "begin")
     memory.boundary(10**12 + 10**9, "end")
     assert "_cuda_resetPeakMemoryStats" not in alloc.calls
     assert "reset_peak_memory_stats" not in alloc.calls
+    # nothing reset, so nothing to make up for: the user's bindings are torch's own
+    assert memory._torch._C._cuda_memoryStats is stats
+    assert memory._torch._C._cuda_resetPeakMemoryStats is reset
+
+
+CHAIN = ("data", "forward", "backward", "optimizer.step", "zero_grad")
+
+
+@pytest.mark.parametrize("stats_us", [1, 12, 20, 40])
+def test_a_chain_shares_reads_however_long_a_read_takes(cuda, stats_us: int) -> None:
+    # torch's stats call builds a dict of some 325 objects: 20 us and more on a real GPU
+    # host. The sharing window counts from the end of the previous read, so the Python
+    # between two phases, not the read, decides whether two boundaries are one instant.
+    alloc, clock, emitted = cuda
+    alloc.stats_ns, alloc.reset_ns = stats_us * US, 2 * US
+    steps = 20
+    for _ in range(steps):
+        for name in CHAIN:
+            with gpuwatch.phase(name):
+                clock.advance(500 * US)
+            clock.advance(2 * US)
+    per_phase = _reads(alloc) / (steps * len(CHAIN))
+    assert per_phase <= 1.1, per_phase
+    assert all(fig[3] is not None for _, event, *_, fig, _e in emitted if event == "end")
+
+
+def test_an_isolated_pair_after_a_slow_read_is_read_at_both_ends(cuda) -> None:
+    alloc, clock, _ = cuda
+    alloc.stats_ns = 40 * US
+    with gpuwatch.phase("a"):
+        clock.advance(500 * US)
+    clock.advance(SHARED_NS + 1)  # longer than an instant after the end's read
+    with gpuwatch.phase("b"):
+        pass
+    assert _reads(alloc) == 4

@@ -1,9 +1,9 @@
 """``%gpuwatch chart``: a cell's timeline as an inline SVG.
 
-Allocated and reserved bytes as the allocator reported them (CUDA), the cell's exact peak
-as a dashed line, and the phases inside the cell as a band underneath, named where they
-are wide enough. On the CPU there are no allocator figures: the band and the peak the
-line names are drawn.
+Allocated and reserved bytes as the allocator reported them (CUDA), the predicted line
+(green, dashed), the cell's peak as a red dashed line (dotted where it is the
+prediction), and the phases inside the cell as a band underneath, named where they are
+wide enough. On the CPU there are no allocator figures: the prediction is drawn.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def svg(rep: CellReport, inside: list[Ended], samples: list[tuple[int, int, int]
     span = cell.t1 - cell.t0
     if span <= 0:
         return ""
-    top = max([rep.peak or 0, *(s[2] for s in samples), 1])
+    top = max([rep.peak or 0, *(s[2] for s in samples), *(v for _, v in rep.curve), 1])
 
     def x(t: int) -> float:
         return round((t - cell.t0) / span * WIDTH, 1)
@@ -47,6 +47,11 @@ def svg(rep: CellReport, inside: list[Ended], samples: list[tuple[int, int, int]
         pts = " ".join(f"{x(s[0])},{y(s[column])}" for s in samples)
         if pts:
             out.append(f'<polyline fill="none" stroke="{colour}" points="{pts}"/>')
+    pts = " ".join(f"{x(min(t, cell.t1))},{y(v)}" for t, v in rep.curve)
+    if pts:  # the predicted line, as the dashboard draws it
+        out.append(
+            f'<polyline fill="none" stroke="#2ca02c" stroke-dasharray="4,2" points="{pts}"/>'
+        )
     if rep.peak:
         dash = "5,3" if rep.measured else "2,3"  # a prediction is dotted
         out.append(

@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import Any
 
+from .. import predict as pr
 from ..instrument import cells
 from . import _chart
 from ._line import CellReport, Predictor, report
@@ -171,9 +172,14 @@ class CellWatch:
         inside = self.tap.inside(cell)
         facts = cells.facts()
         history = self.tap.history(cell.t1 + 1)[-(len(inside) + 64) :]
-        rep = report(cell, inside, history, self.predictor(facts), self.tap.first_step)
+        prediction = self.predictor(facts)
+        rep = report(cell, inside, history, prediction, self.tap.first_step)
         if rep is None:
             return None
+        if prediction is not None and self.chart:
+            spans = [pr.Span(s.name, s.t0, s.t1, s.step, s.depth) for s in history]
+            times, values = pr.predicted_curve(prediction, spans, first_step=self.tap.first_step)
+            rep.curve = [(t, v) for t, v in zip(times, values, strict=True) if t >= cell.t0]
         if rep.measured:
             after = cells.device_used()
             if self.nvml0 is not None and after is not None:

@@ -35,6 +35,7 @@ class CellReport:
             cell raised it.
         nvml: NVML's "used" on the device before and after the cell (CUDA runs).
         notes: Further short remarks (no model facts, ...).
+        curve: The predicted line inside the cell, (time, bytes) points (for its chart).
     """
 
     cell: Ended
@@ -45,6 +46,7 @@ class CellReport:
     rss_peak: tuple[int, bool] | None = None
     nvml: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
+    curve: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def largest(self) -> tuple[str, int] | None:

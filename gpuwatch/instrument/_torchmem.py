@@ -276,7 +276,7 @@ class TorchMemory:
                 reset(idx)
                 self._reset = reset
                 self._wrap()  # from the first reset on, the user's peaks are kept
-                self._user.queue(idx, probe)  # type: ignore[union-attr]
+                self._user.fold(idx, probe)  # type: ignore[union-attr]
             elif callable(reset):
                 self._reset = reset
         except Exception:
@@ -324,7 +324,7 @@ class TorchMemory:
                 if peaks:
                     user = self._user
                     if user is not None:
-                        user.queue(idx, stats)  # folded later, and freed there
+                        user.fold(idx, stats)
                     self._reset(idx)
             self._read_t = self.clock()
             if self._carry:
@@ -351,19 +351,12 @@ class TorchMemory:
             return None
 
     def current(self, idx: int | None = None) -> Figures | None:
-        """Current figures without touching the peak counters (safe from any thread).
-
-        The sender thread calls this periodically: it also folds the reads the training
-        thread queued for the user's ledger, so that work is done off the training thread.
-        """
+        """Current figures without touching the peak counters (safe from any thread)."""
         if not self.active:
             return None
         try:
             if idx is None:
                 idx = self.last_device if self.last_device is not None else 0
-            user = self._user
-            if user is not None:
-                user.drain()
             native = self._native
             if native is not None:
                 return native(idx, 0)

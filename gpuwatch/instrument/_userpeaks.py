@@ -19,26 +19,22 @@ every peak query and reset goes through:
 gpuwatch's own reads use the original functions. A wrapper calls the original first and
 returns or raises exactly what it does; its own work is skipped on any error.
 
-Folding a Python read into the ledger walks a dict of some forty stats: the training
-thread only queues the dict (:meth:`UserPeaks.queue`), and the fold runs when the sender
-thread asks for figures, when a wrapper is called, or on the training thread only when the
-queue is long. The dict is freed wherever it is folded, off the boundary too.
+The Python reader folds the dict it just read into the ledger before its reset, on the
+training thread, reading the thirty-odd peaks by name (a generic walk would cost as much as
+torch took to build the dict). Keeping the dicts to fold and free later, on the sender
+thread, was tried and measured slower: the interpreter's garbage collector then traverses
+them at every collection. The native reader folds in C++. Every change to a ledger is one
+assignment, so concurrent readers under the GIL need no lock.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 Path = tuple[Any, ...]
 """The keys down to one stat's dict: ``("allocated_bytes", "all")``, ``("oversize_segments",)``,
 ``("reserved_bytes_by_private_pools", (0, 1), "all")``."""
-
-QUEUE_LIMIT = 64
-"""Queued reads beyond which the training thread folds them itself (bounds the memory the
-queue holds where the sender thread does not run)."""
 
 WRAPPED = (
     ("_cuda_memoryStats", "_cuda_resetPeakMemoryStats"),
@@ -47,14 +43,126 @@ WRAPPED = (
 """(stats, reset) binding names of ``torch._C``, wrapped where present."""
 
 
-def peak_stats(stats: Any, path: Path = ()) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """Every dict in a nested stats dict that holds a ``peak``, with its path."""
+ARRAYS = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+"""The stat arrays of torch's stats dict (c10's DeviceStats), each by pool: ``all``,
+``small_pool``, ``large_pool``."""
+OVERSIZE = ("oversize_allocations", "oversize_segments")
+PATHS: tuple[Path, ...] = (
+    *((name, pool) for name in ARRAYS for pool in ("all", "small_pool", "large_pool")),
+    *((name,) for name in OVERSIZE),
+)
+"""The stats a :class:`Ledger`'s ``peaks`` hold, in its order."""
+
+
+class Ledger:
+    """The peaks reset away on one device: torch's fixed stats in a list, in
+    :data:`PATHS`' order (-1: none yet), and anything else (private pools, the stats of a
+    torch of another shape) nested like the stats dict, a peak in place of each stat."""
+
+    __slots__ = ("peaks", "rest")
+
+    def __init__(self) -> None:
+        self.peaks = [-1] * len(PATHS)
+        self.rest: dict[Any, Any] = {}
+
+    def fold(self, stats: dict[Any, Any]) -> None:
+        """Raise each peak to the one in ``stats``: spelled out, a walk costs as much as
+        building the dict did."""
+        peaks = self.peaks
+        try:
+            i = 0
+            for name in ARRAYS:
+                arr = stats[name]
+                p = arr["all"]["peak"]
+                if p > peaks[i]:
+                    peaks[i] = p
+                p = arr["small_pool"]["peak"]
+                if p > peaks[i + 1]:
+                    peaks[i + 1] = p
+                p = arr["large_pool"]["peak"]
+                if p > peaks[i + 2]:
+                    peaks[i + 2] = p
+                i += 3
+            for name in OVERSIZE:
+                p = stats[name]["peak"]
+                if p > peaks[i]:
+                    peaks[i] = p
+                i += 1
+            pools = stats.get("reserved_bytes_by_private_pools")
+            if pools:
+                rest = self.rest.get("reserved_bytes_by_private_pools")
+                if rest is None:
+                    rest = self.rest["reserved_bytes_by_private_pools"] = {}
+                fold(rest, pools)
+        except (KeyError, TypeError):
+            fold(self.rest, stats)  # another shape: every stat, the slow way
+
+    def raise_in(self, stats: dict[Any, Any]) -> None:
+        """Raise each stat's ``peak`` in ``stats`` to this ledger's where that is higher."""
+        for path, peak in zip(PATHS, self.peaks, strict=True):
+            if peak < 0:
+                continue
+            node: Any = stats
+            for key in path:
+                node = node.get(key) if type(node) is dict else None
+            if type(node) is dict:
+                real = node.get("peak")
+                if type(real) is int and peak > real:
+                    node["peak"] = peak
+        if self.rest:
+            raise_to(stats, self.rest)
+
+
+def fold(ledger: dict[Any, Any], stats: dict[Any, Any]) -> None:
+    """Raise each peak of ``ledger`` (nested like ``stats``, a peak in place of each stat's
+    dict) to the ``peak`` of the same stat in ``stats``."""
+    get = ledger.get
     for key, value in stats.items():
         if type(value) is dict:
             if "peak" in value:
-                yield (*path, key), value
+                peak = value["peak"]
+                if peak > get(key, -1):
+                    ledger[key] = peak
             else:
-                yield from peak_stats(value, (*path, key))
+                sub = get(key)
+                if sub is None:
+                    sub = ledger[key] = {}
+                fold(sub, value)
+
+
+def raise_to(stats: dict[Any, Any], ledger: dict[Any, Any]) -> None:
+    """Raise each stat's ``peak`` in ``stats`` to the nested ledger's where that is higher."""
+    for key, value in ledger.items():
+        node = stats.get(key)
+        if type(node) is not dict:
+            continue
+        if type(value) is dict:
+            raise_to(node, value)
+        else:
+            real = node.get("peak")
+            if type(real) is int and value > real:
+                node["peak"] = value
+
+
+def nest(flat: dict[Path, int]) -> dict[Any, Any]:
+    """A ledger of paths (the native reader's) as a nested one."""
+    out: dict[Any, Any] = {}
+    for path, peak in flat.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = peak
+    return out
 
 
 def _index(device: Any, current: Callable[[], int]) -> int | None:
@@ -87,14 +195,12 @@ class UserPeaks:
         self.stats = stats
         self.reset = reset
         self.device = device
-        self.ledgers: dict[int, dict[Path, int]] = {}
-        self.pending: deque[tuple[int, Any]] = deque()
+        self.ledgers: dict[int, Ledger] = {}  # by device
         # (allocated peak, reserved peak) reset by the user since gpuwatch's last read, by
         # device: gpuwatch's next boundary on that device reports at least these.
         self.carry: dict[int, tuple[int, int]] = {}
         self.native: Any = None  # the native reader once adopted (its ledger is in C++)
         self.originals: dict[str, Any] = {}
-        self._lock = threading.Lock()
 
     def install(self) -> None:
         """Wrap the bindings of ``torch._C`` that exist (once)."""
@@ -163,56 +269,23 @@ class UserPeaks:
         reset.__doc__ = getattr(original, "__doc__", None)
         return reset
 
-    def queue(self, idx: int, stats: Any) -> None:
-        """A Python read about to be reset: fold it into the ledger (soon, maybe elsewhere)."""
-        pending = self.pending
-        pending.append((idx, stats))
-        if len(pending) > QUEUE_LIMIT:
-            self.drain(blocking=False)
-
-    def drain(self, blocking: bool = True) -> None:
-        """Fold every queued read into the ledgers (any thread)."""
-        if not self.pending:
-            return
-        if not self._lock.acquire(blocking):
-            return
-        try:
-            pending = self.pending
-            while pending:
-                try:
-                    idx, stats = pending.popleft()
-                except IndexError:
-                    break
-                ledger = self.ledgers.setdefault(idx, {})
-                for path, stat in peak_stats(stats):
-                    peak = stat["peak"]
-                    if peak > ledger.get(path, -1):
-                        ledger[path] = peak
-        finally:
-            self._lock.release()
-
-    def ledger(self, idx: int) -> dict[Path, int]:
-        """The peaks gpuwatch reset away on ``idx`` since the user's last reset."""
-        self.drain()
-        with self._lock:
-            out: dict[Path, int] = dict(self.ledgers.get(idx, {}))
-        native = self.native
-        if native is not None:
-            for path, peak in (native.ledger(idx) or {}).items():
-                if peak > out.get(path, -1):
-                    out[path] = peak
-        return out
+    def fold(self, idx: int, stats: Any) -> None:
+        """A Python read that gpuwatch is about to reset: its peaks go into the ledger."""
+        ledger = self.ledgers.get(idx)
+        if ledger is None:
+            ledger = self.ledgers[idx] = Ledger()
+        ledger.fold(stats)
 
     def raise_peaks(self, stats: dict[str, Any], idx: int) -> None:
         """Raise each peak of a stats dict the user asked for to the ledger's."""
-        for path, peak in self.ledger(idx).items():
-            node: Any = stats
-            for key in path:
-                node = node.get(key) if type(node) is dict else None
-            if type(node) is dict:
-                real = node.get("peak")
-                if type(real) is int and peak > real:
-                    node["peak"] = peak
+        ledger = self.ledgers.get(idx)
+        if ledger is not None:
+            ledger.raise_in(stats)
+        native = self.native
+        if native is not None:
+            flat = native.ledger(idx)
+            if flat:
+                raise_to(stats, nest(flat))
 
     def keep_carry(self, idx: int) -> None:
         """The user is about to reset: keep the real peaks for gpuwatch's next boundary."""
@@ -231,9 +304,7 @@ class UserPeaks:
 
     def forget(self, idx: int) -> None:
         """The user reset the peaks: what gpuwatch reset away before no longer counts."""
-        self.drain()
-        with self._lock:
-            self.ledgers.pop(idx, None)
+        self.ledgers.pop(idx, None)
         native = self.native
         if native is not None:
             native.clear(idx)

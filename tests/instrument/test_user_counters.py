@@ -17,6 +17,7 @@ import pytest
 from standin.scripted import MIB, Allocator, Clock, fake_torch
 
 from gpuwatch.instrument._torchmem import SHARED_NS, TorchMemory
+from gpuwatch.instrument._userpeaks import PATHS
 
 GIB = 1024**3
 US = 1000
@@ -167,21 +168,31 @@ def test_a_user_reset_inside_a_phase_keeps_the_phase_peak_exact() -> None:
     assert stats["allocated_bytes"]["all"]["peak"] == 2 * GIB  # the user's: since the reset
 
 
-def test_the_boundary_queues_its_read_and_the_sender_folds_it() -> None:
+def test_each_reset_folds_the_peaks_it_resets_away() -> None:
     alloc, clock = Allocator(), Clock()
     memory, _ = watched(alloc, clock)
+    memory.boundary(clock(), "begin")
+    user = memory._user
+    assert user is not None and user.ledgers[0].peaks[PATHS.index(("allocated_bytes", "all"))] == 0
     alloc.alloc(GIB)
     alloc.free(GIB)
-    for _ in range(3):
-        memory.boundary(clock(), "begin")
-        clock.advance(10**6)
-    user = memory._user
-    assert user is not None
-    # the binding's probe and three boundaries, none walked on the training thread
-    assert len(user.pending) == 4 and not user.ledgers
-    memory.current()  # the sender thread's periodic read
-    assert not user.pending
-    assert user.ledgers[0][("allocated_bytes", "all")] == GIB
+    clock.advance(10**6)
+    memory.boundary(clock(), "end")
+    ledger = user.ledgers[0]
+    assert ledger.peaks[PATHS.index(("allocated_bytes", "all"))] == GIB
+    assert ledger.peaks[PATHS.index(("allocation", "large_pool"))] == 1
+    assert ledger.peaks[PATHS.index(("allocation", "small_pool"))] == 0
+
+
+def test_a_stats_dict_of_another_shape_is_folded_the_slow_way() -> None:
+    # A torch without requested_bytes (older) or with stats gpuwatch does not know (newer).
+    from gpuwatch.instrument._userpeaks import Ledger
+
+    ledger = Ledger()
+    ledger.fold({"allocated_bytes": {"all": {"current": 1, "peak": 7}}, "new_stat": {"peak": 3}})
+    user = {"allocated_bytes": {"all": {"current": 1, "peak": 2}}, "new_stat": {"peak": 1}}
+    ledger.raise_in(user)
+    assert user == {"allocated_bytes": {"all": {"current": 1, "peak": 7}}, "new_stat": {"peak": 3}}
 
 
 def test_the_wrappers_raise_what_torch_raises_and_nothing_of_their_own() -> None:
@@ -194,7 +205,6 @@ def test_the_wrappers_raise_what_torch_raises_and_nothing_of_their_own() -> None
         fake._C._cuda_resetPeakMemoryStats(7)
     assert memory._user is not None
     memory._user.ledgers = None  # type: ignore[assignment]  # gpuwatch's side breaks
-    memory._user.pending.append((0, {}))
     assert fake._C._cuda_memoryStats(0)["allocated_bytes"]["all"]["current"] == 0
     assert fake._C._cuda_resetPeakMemoryStats(0) is None
 

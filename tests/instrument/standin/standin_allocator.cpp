@@ -13,6 +13,7 @@
 #include <c10/core/impl/FakeGuardImpl.h>
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -30,6 +31,7 @@ constexpr size_t kMiB = 1 << 20;
 struct Standin final : public c10::DeviceAllocator {
   std::vector<DeviceStats> devices{DeviceStats(), DeviceStats()};
   std::mutex mutex;
+  std::atomic<int64_t> reads{0};  // getDeviceStats calls (the benchmark's reads count)
 
   c10::DataPtr allocate(size_t) override {
     return c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CUDA, 0));
@@ -40,6 +42,7 @@ struct Standin final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   DeviceStats getDeviceStats(c10::DeviceIndex dev) override {
     std::lock_guard<std::mutex> lock(mutex);
+    reads += 1;
     return devices.at(dev);
   }
   void resetAccumulatedStats(c10::DeviceIndex dev) override {
@@ -184,5 +187,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     standin.devices.assign(2, DeviceStats());
   });
   m.def("memory_stats", &memory_stats);
+  m.def("reads", []() { return static_cast<int64_t>(standin.reads.load()); });
   m.def("reset_peak", [](int dev) { standin.resetPeakStats(dev); });
 }

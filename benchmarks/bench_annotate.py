@@ -7,12 +7,20 @@
    cheaper than the anchor. Pairs are timed in bursts of 200 with a 5 ms pause between
    bursts, as in training, where phases are separated by real work and the sender thread
    drains the queue in between.
-   The same on the CUDA path where CUDA is present (issue 16): every boundary reads the
-   caching allocator, one raw stats read per boundary *instant*. Cases: an isolated pair
-   (target <= 14 us) and a back-to-back chain data -> forward -> backward -> optimizer.step
-   -> zero_grad (target <= 8 us per phase); anchor: ``record_function`` on the same box.
    On the CPU the chain is printed too (a phase's cost there: <= 2 us).
-2. The step-time overhead of the automatic phases (as ``gpuwatch run`` installs them: with
+2. The CUDA path (issue 50), with each allocator reader: the Python one (torch's stats
+   binding, a dict of every counter) and the native one (``instrument/_native.cpp``). Cases:
+   an isolated pair (each pair after a pause longer than the sharing window, so neither of
+   its boundaries shares a read) and the chain data -> forward -> backward ->
+   optimizer.step -> zero_grad, back to back; reads per boundary printed for each. Anchor:
+   ``record_function``, timed the same way in the same run. On a GPU the real calls; with
+   ``--standin`` (the default without CUDA) stand-ins of set cost (a stats call of 20 us
+   that builds a dict of torch's shape, a reset of 2 us; the native reader against the
+   stand-in allocator of ``tests/instrument/standin``), so the path's own cost is measured
+   on any machine. Targets: reads per phase in a chain <= 1.1 with the Python reader;
+   isolated pair <= 8 us and chain <= 5 us per phase with the native one, both below the
+   anchor.
+3. The step-time overhead of the automatic phases (as ``gpuwatch run`` installs them: with
    module discovery) on the tiny-GPT sample's model, sized for a ~20 ms CPU step, with a
    dashboard listening. Blocks of steps with and without the hooks alternate (the order
    flips every round, so drift cancels); the figure is the median over rounds of the ratio
@@ -20,7 +28,8 @@
    all its threads, is shown beside it: it does not depend on what else the machine runs).
    Target (issue 7): at most 2%.
 
-Run: python benchmarks/bench_annotate.py [--bursts N] [--rounds N] [--only pairs|auto]
+Run: python benchmarks/bench_annotate.py [--bursts N] [--rounds N] [--only pairs|cuda|auto]
+[--standin]
 """
 
 from __future__ import annotations

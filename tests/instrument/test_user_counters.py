@@ -227,3 +227,38 @@ def test_the_wrappers_are_installed_once_and_gpuwatch_reads_the_originals() -> N
     clock.advance(10**6)
     memory.boundary(clock(), "end")
     assert alloc.calls["_cuda_memoryStats"] == calls + 1
+
+
+def test_torch_accelerators_bindings_are_kept_whole_too() -> None:
+    # torch.accelerator.max_memory_allocated() and friends, where the accelerator is CUDA.
+    import types
+
+    def with_accelerator(alloc: Allocator) -> Any:
+        fake = fake_torch(alloc)
+        fake._C._accelerator_getDeviceStats = alloc.stats
+        fake._C._accelerator_resetPeakStats = alloc.reset
+        cuda = types.SimpleNamespace(type="cuda")
+        fake.accelerator = types.SimpleNamespace(current_accelerator=lambda: cuda)
+        return fake
+
+    seen = []
+    for watch in (True, False):
+        alloc, clock = Allocator(), Clock()
+        fake = with_accelerator(alloc)
+        memory = TorchMemory()
+        memory.active, memory._torch, memory.clock = True, fake, clock
+        memory._native_thread = object()  # type: ignore[assignment]
+        peaks = []
+        for n in (3, 5, 2):
+            if watch:
+                memory.boundary(clock(), "begin")
+            alloc.alloc(n * GIB)
+            alloc.free(n * GIB)
+            clock.advance(10**6)
+            if watch:
+                memory.boundary(clock(), "end")
+            peaks.append(fake._C._accelerator_getDeviceStats(0)["allocated_bytes"]["all"]["peak"])
+            if n == 5:
+                fake._C._accelerator_resetPeakStats(0)
+        seen.append(peaks)
+    assert seen[0] == seen[1] == [3 * GIB, 5 * GIB, 2 * GIB]

@@ -26,8 +26,15 @@ SAMPLE = ROOT / "samples" / "train_tiny_gpt.py"
 
 # ------------------------------------------------------------------ the user's directories
 
-USER_DIRS = ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR")
-"""Where gpuwatch keeps recordings, run logs and settings, and its default socket."""
+USER_DIRS = (
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_RUNTIME_DIR",
+    "XDG_CACHE_HOME",
+)
+"""Where gpuwatch keeps recordings, run logs and settings, its default socket, and the
+native allocator reader it builds (a GPU machine's suite builds into the suite's own)."""
 
 USER_ROOT = Path(tempfile.mkdtemp(prefix="gw-home-", dir="/tmp"))
 """Stands in for the user's directories for the whole session, in this process and in every

@@ -429,6 +429,7 @@ SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
         "sync": (_bool, False),
         "facts": (_opt_facts, False),
         "scheduler": (_scheduler, False),
+        "notebook": (_opt(_str(MAX_TEXT)), False),
     },
     "facts": {"facts": (_facts, True)},
     "phase": {

@@ -153,6 +153,7 @@ def _process(proc: Process, pid: int, part: Part, names: np.ndarray) -> Process:
         pid=pid,
         devices={i: origin_key(origin, key) for i, key in proc.devices.items()},
         first_t=proc.first_t + shift,
+        facts_log=tuple(e._replace(start=e.start + shift) for e in proc.facts_log),
         last_t=proc.last_t + shift,
         ended=None if proc.ended is None else proc.ended + shift,
         last_boundary=None if proc.last_boundary is None else proc.last_boundary + shift,

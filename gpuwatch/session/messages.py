@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .model import Device, Mark, Oom, OpenSpan, PhaseRow, gpu_key, norm_uuid
-from .process import Process
+from .process import Process, add_facts
 from .table import MISSING_INT
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _on_hello(session: Model, proc: Process, msg: Message) -> None:
         session._ranked.pop(proc.pid, None)
     facts = msg.body.get("facts")
     if facts:
-        proc.facts = facts
+        add_facts(proc, facts, msg.t)
     for d in msg.body.get("devices") or ():
         key = _device_for(session, d)
         if key is not None:
@@ -134,7 +134,7 @@ def _device_for(session: Model, d: dict[str, Any]) -> str | None:
 
 
 def _on_facts(session: Model, proc: Process, msg: Message) -> None:
-    proc.facts = msg.body["facts"]
+    add_facts(proc, msg.body["facts"], msg.t)
 
 
 def _figures(proc: Process, msg: Message) -> None:

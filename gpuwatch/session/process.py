@@ -7,11 +7,13 @@ tables only. Queries that also need the session (names, its lock) stay on
 
 from __future__ import annotations
 
+import functools
+import unicodedata
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,6 +40,83 @@ PROCESS_ROWS = 0
 """Rows a new process's tables have room for (16 at the first row, doubling as they
 fill): a sweep of thousands of short scripts reserves nothing for the tables they leave
 empty, nor does a replay for tables its file fills."""
+
+
+MAX_EPOCHS = 32
+"""Most models (facts epochs) a process keeps: beyond, the oldest but the first are
+forgotten (see :func:`add_facts`)."""
+
+MAX_EPOCH = 1 << 20
+"""Largest epoch number a facts message may give (a larger one is not an epoch)."""
+
+LABEL_CHARS = 40
+"""Longest notebook name a label shows (the middle gives way, the extension stays)."""
+
+
+class FactsEpoch(NamedTuple):
+    """One model a process described, in force from ``start`` until the next one's start.
+
+    Attributes:
+        start: When it was described (the facts message's ``t``); the first is also in
+            force before its start (a model's first forward may begin a hair before its
+            facts are sent).
+        epoch: The client's number for the model (``facts["epoch"]``), or None where its
+            facts gave none.
+        facts: Its latest facts; None for models forgotten beyond :data:`MAX_EPOCHS` (their
+            phases are not predicted: no other model's facts stand in for them).
+    """
+
+    start: int
+    epoch: int | None
+    facts: dict[str, Any] | None
+
+
+def epoch_number(facts: Mapping[str, Any]) -> int | None:
+    """The model number a facts dict gives (``epoch``), or None where it gives no usable one
+    (absent, not a plain int, negative, or beyond :data:`MAX_EPOCH`): the script's word."""
+    number = facts.get("epoch")
+    return number if type(number) is int and 0 <= number <= MAX_EPOCH else None
+
+
+def add_facts(proc: Process, facts: dict[str, Any], t: int) -> None:
+    """Take a facts message (or a hello's facts) sent at ``t``.
+
+    Facts of the latest model's number complete it (they replace its facts, batch or
+    activations added); a different number starts a new model at ``t``; facts with no
+    usable number replace the latest model's, as before epochs existed. A latest model
+    without a number takes the first one given. Past :data:`MAX_EPOCHS` models, those
+    after the first are forgotten oldest first, their stretch of time kept as one entry
+    without facts.
+    """
+    number = epoch_number(facts)
+    log = proc.facts_epochs()
+    if not log:
+        log = (FactsEpoch(t, number, facts),)
+    else:
+        last = log[-1]
+        if number is None or last.epoch is None or number == last.epoch:
+            kept = last.epoch if number is None else number
+            log = (*log[:-1], FactsEpoch(last.start, kept, facts))
+        else:  # times only move forward: the entries stay in order of their start
+            log = (*log, FactsEpoch(max(t, last.start), number, facts))
+    if len(log) > MAX_EPOCHS:  # the second and third become one forgotten stretch
+        log = (log[0], FactsEpoch(log[1].start, None, None), *log[3:])
+    proc.facts_log = log
+    proc.facts = facts
+
+
+@functools.lru_cache(maxsize=256)  # asked for at every frame, for every band row
+def notebook_label(value: str) -> str | None:
+    """A notebook's name for a label: the base name of ``value`` (a path, or
+    ``kernel-<id>``), without control or format characters (newlines, escapes,
+    bidirectional overrides), at most :data:`LABEL_CHARS` characters; None when nothing
+    is left. ``value`` is the script's word."""
+    name = value.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    name = "".join(c for c in name if unicodedata.category(c)[0] != "C").strip()
+    if len(name) > LABEL_CHARS:
+        head = LABEL_CHARS * 2 // 3
+        name = name[:head] + "…" + name[len(name) - (LABEL_CHARS - head - 1) :]
+    return name or None
 
 
 @dataclass(slots=True)
@@ -116,7 +195,10 @@ class Process:
     Attributes:
         pid: Process id, as the kernel reports the sender (never the datagram's claim).
         hello: The latest ``hello`` body (argv, rank, devices, ...).
-        facts: The latest model facts, if the script sent any.
+        facts: The latest model facts, if the script sent any (what wants the model now
+            reads these).
+        facts_log: Each model it described, oldest first (see :class:`FactsEpoch`);
+            read through :meth:`facts_epochs` and :meth:`facts_at`.
         devices: torch device index -> session device key.
         dropped: Events the process says it dropped before sending (cumulative, as
             reported: its queue was full, or no receiver had room).
@@ -136,6 +218,7 @@ class Process:
     pid: int
     hello: dict[str, Any] = field(default_factory=dict)
     facts: dict[str, Any] | None = None
+    facts_log: tuple[FactsEpoch, ...] = ()  # immutable: readers cache by identity
     devices: dict[int, str] = field(default_factory=dict)
     dropped: int = 0
     gaps: int = 0
@@ -167,11 +250,39 @@ class Process:
     # Open spans' upkeep; None while the process is compacted (see compact).
     book: OpenBook | None = field(default_factory=OpenBook, repr=False)
 
+    def facts_epochs(self) -> tuple[FactsEpoch, ...]:
+        """Each model described, oldest first, the last holding :attr:`facts` (empty
+        without facts).
+
+        Facts set without :func:`add_facts` (older code, a test) replace the latest
+        model's.
+        """
+        log, facts = self.facts_log, self.facts
+        if not facts:
+            return ()
+        if log and log[-1].facts is facts:
+            return log
+        if not log:
+            return (FactsEpoch(self.first_t, epoch_number(facts), facts),)
+        return (*log[:-1], log[-1]._replace(facts=facts))
+
+    def facts_at(self, t: int) -> dict[str, Any] | None:
+        """The facts in force at ``t``: the last model described at or before it; before
+        the first, the first's. None without facts, or for a forgotten model's time."""
+        log = self.facts_epochs()
+        found: FactsEpoch | None = log[0] if log else None
+        for entry in reversed(log):
+            if entry.start <= t:
+                found = entry
+                break
+        return found.facts if found is not None else None
+
     @property
     def short_label(self) -> str:
         """Name for a phase row under its device: ``rank N`` under torchrun; ``rank N of
         W`` where only the facts' process group names it (no launcher's ``RANK``: one rank
-        of a larger job, as torch's fake process group runs it); else the pid."""
+        of a larger job, as torch's fake process group runs it); a notebook kernel's
+        notebook (its base name, cleaned: see :func:`notebook_label`); else the pid."""
         rank = self.hello.get("rank")
         world = self.hello.get("world_size")
         if rank is not None and (world or 0) > 1:
@@ -179,6 +290,11 @@ class Process:
         grouped = self.group_rank
         if grouped is not None:
             return f"rank {grouped[0]} of {grouped[1]}"
+        notebook = self.hello.get("notebook")
+        if isinstance(notebook, str) and notebook:
+            name = notebook_label(notebook)
+            if name is not None:
+                return name
         return f"pid {self.os_pid if self.os_pid is not None else self.pid}"
 
     @property

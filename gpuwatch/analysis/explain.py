@@ -22,7 +22,7 @@ from ..facts import Facts
 from ..fmt import GIB, fmt_bytes
 from ..session import MISSING_INT, Process, Session
 from ..session.peaks import table_range_max
-from .predicted import first_optimizer_step
+from .predicted import FIRST_START, Epoch, epochs_of, split_spans
 from .rank_table import phase_key
 
 CATEGORY_KEYS = pr.CATEGORIES
@@ -71,6 +71,7 @@ class Explained:
             cache and context when known); the predicted categories alone when nothing
             was measured.
         step: The step of the explained span (the one with the highest measured peak).
+        temporaries: What its model calls the phase's temporaries (empty: not known).
     """
 
     phase: str
@@ -81,6 +82,7 @@ class Explained:
     categories: dict[str, int]
     parts: list[Part] = field(default_factory=list)
     step: int | None = None
+    temporaries: str = ""
 
     @property
     def unexplained(self) -> int | None:
@@ -236,6 +238,7 @@ def explain_span(
         categories=categories,
         parts=explain_breakdown(prediction, name, categories, measured, reserved, device_max),
         step=span.span.step,
+        temporaries=labels(prediction, name)["temporaries"][0],
     )
 
 
@@ -244,10 +247,40 @@ def _opt(v: Any) -> int | None:
     return None if v == MISSING_INT else v
 
 
+def predicted_epochs(session: Session, proc: Process) -> tuple[list[Epoch], list[str]]:
+    """Each model of ``proc`` (:class:`~.predicted.Epoch`) predicted from its facts, with
+    its first ``optimizer.step`` found, and a note for each whose facts cannot be used.
+
+    Raises:
+        Exception: No model's facts can be used (what the predictor raised for the first).
+    """
+    epochs = epochs_of(proc)
+    notes: list[str] = []
+    failed: Exception | None = None
+    for i, epoch in enumerate(epochs):
+        if not epoch.facts:
+            continue  # forgotten: its phases are not explained
+        try:
+            # The script's word, unchecked: the predictor checks each field it reads.
+            epoch.prediction = pr.predict(cast(Facts, epoch.facts))
+        except Exception as exc:
+            failed = failed or exc
+            notes.append(f"model {i + 1}: its facts cannot be used ({type(exc).__name__})")
+            continue
+        epoch.find_first_step(session, proc)
+    if not any(e.prediction is not None for e in epochs):
+        raise failed or ValueError("no facts")
+    return epochs, notes
+
+
 def explain_process(
     session: Session, proc: Process, key: str | None = None
 ) -> ProcessExplained | None:
     """Each phase of ``proc`` (first step and later steps) predicted, measured, explained.
+
+    Each span is predicted from the model in force when it began (a notebook that builds
+    a new model keeps the earlier phases' own); spans of one name and step kind are one
+    group, whatever model ran them, explained at its highest measured peak.
 
     A process with more than :data:`EXPLAIN_ROWS` phases is read in pieces: counts and
     measured peaks cover every phase, and the prediction is walked over the first steps
@@ -262,36 +295,37 @@ def explain_process(
     """
     if not proc.facts:
         return None
-    # The script's word, unchecked: the predictor checks each field it reads.
-    prediction = pr.predict(cast(Facts, proc.facts))
-    found, _ = first_optimizer_step(session, proc)
-    first_step = None if found is None else found[0]
+    epochs, failed = predicted_epochs(session, proc)
     table = proc.phases
     counts: Counter[tuple[str, bool]] | None = None
     if len(table) - table.first <= EXPLAIN_ROWS:
         cols = table.snapshot()
     else:
-        cols, counts = _sampled(session, proc, prediction, first_step)
+        cols, counts = _sampled(session, proc, epochs)
     spans = pr.spans_from_columns(cols, session.names)
-    peaks = pr.span_peaks(prediction, spans, first_step=first_step)
+    peaks: list[tuple[pr.SpanPeak, pr.Prediction]] = []
+    for epoch, group in split_spans(epochs, spans):
+        if epoch.prediction is not None:
+            walked = pr.span_peaks(epoch.prediction, group, first_step=epoch.first_step)
+            peaks += [(sp, epoch.prediction) for sp in walked]
     index = {(s.name, s.t0, s.t1): i for i, s in enumerate(spans)}
     if key is None:
         gpus = sorted(set(proc.devices.values()))
         key = gpus[0] if gpus else None
     nvml = session.gpu.get(key) if key in session.gpu else None
-    groups: dict[tuple[str, bool], list[tuple[pr.SpanPeak, int]]] = {}
-    for sp in peaks:
+    groups: dict[tuple[str, bool], list[tuple[pr.SpanPeak, int, pr.Prediction]]] = {}
+    for sp, prediction in peaks:
         i = index.get((sp.span.name, sp.span.t0, sp.span.t1))
         if i is not None:
-            groups.setdefault((sp.span.name, sp.first_step), []).append((sp, i))
+            groups.setdefault((sp.span.name, sp.first_step), []).append((sp, i, prediction))
     out: dict[tuple[str, bool], Explained] = {}
     for (name, first), members in groups.items():
-        measured = [(_opt(cols["peak_alloc"][i]), sp, i) for sp, i in members]
-        known = [(a, sp, i) for a, sp, i in measured if a is not None]
+        measured = [(_opt(cols["peak_alloc"][m[1]]), m) for m in members]
+        known = [(a, m) for a, m in measured if a is not None]
         if known:
-            top, sp, i = max(known, key=lambda m: m[0])
+            top, (sp, i, prediction) = max(known, key=lambda k: k[0])
         else:
-            top, (sp, i) = None, max(members, key=lambda m: pr.total(m[0].peak))
+            top, (sp, i, prediction) = None, max(members, key=lambda m: pr.total(m[0].peak))
         reserved = _opt(cols["peak_reserved"][i])
         device_max = None
         if nvml is not None and len(nvml):
@@ -300,14 +334,16 @@ def explain_process(
         e.count = len(members) if counts is None else counts[name, first]
         e.predicted = max(pr.total(m[0].peak) for m in members)
         out[name, first] = e
+    predictions = [e.prediction for e in epochs if e.prediction is not None]
+    latest = predictions[-1]
     return ProcessExplained(
         pid=proc.pid,
         label=proc.label,
         phases=out,
-        activations_source=prediction.activations_source,
-        findings=list(prediction.findings),
-        notes=list(prediction.notes),
-        temporaries_name=prediction.optimizer.temp_name,
+        activations_source=latest.activations_source,
+        findings=list(dict.fromkeys(f for p in predictions for f in p.findings)),
+        notes=list(dict.fromkeys([*(n for p in predictions for n in p.notes), *failed])),
+        temporaries_name=latest.optimizer.temp_name,
     )
 
 
@@ -317,39 +353,52 @@ EXPLAIN_ROWS = 200_000
 LEAD = 120 * 10**9
 """How far back a sampled walk starts before the span it explains (accumulation)."""
 
+_NEVER = np.iinfo(np.int64).max
+
 
 def _sampled(
-    session: Session, proc: Process, prediction: pr.Prediction, first_step: int | None
+    session: Session, proc: Process, epochs: list[Epoch]
 ) -> tuple[dict[str, np.ndarray], Counter[tuple[str, bool]]]:
     """The phases an explanation of a long run walks, and how many of each there were.
 
     One pass over the rows, in pieces, counts the spans of every predicted phase (first
-    step or later) and finds each name's highest measured peak; the rows returned are the
-    start of the run (to two minutes after the first optimizer step) and the two minutes
-    before each of those peaks.
+    step or later, by the model each ran) and finds each name's highest measured peak;
+    the rows returned are the start of each model's time (to two minutes after its first
+    optimizer step) and the two minutes before each of those peaks.
     """
     table = proc.phases
-    known = {session.find_name(name) for name, _ in prediction.phases} - {None}
-    found, _ = first_optimizer_step(session, proc)
-    first_end = found[1] if found is not None else None
+    usable = [e for e in epochs if e.prediction is not None]
+    known = {
+        session.find_name(name)
+        for e in usable
+        for name, _ in e.prediction.phases  # type: ignore[union-attr]
+    } - {None}
     opt = session.find_name("optimizer.step")
-    first_t0: int | None = None
+    starts = np.array([e.start for e in epochs[1:]], dtype=np.int64)
+    predicted = np.array([e.prediction is not None for e in epochs])
+    first_steps = np.array(
+        [_NEVER if e.first_step is None else e.first_step for e in epochs], dtype=np.int64
+    )
+    first_t0 = np.full(len(epochs), _NEVER, dtype=np.int64)  # each model's first step began
     counts: Counter[tuple[str, bool]] = Counter()
     top: dict[int, tuple[int, int]] = {}  # name id -> (peak, t1)
     for cols in table.batches(columns=("t1", "t0", "name", "step", "peak_alloc")):
-        if first_t0 is None and opt is not None:
+        model = np.searchsorted(starts, cols["t0"], "right")
+        if opt is not None:
             hits = np.flatnonzero(cols["name"] == opt)
-            if len(hits):
-                first_t0 = int(cols["t0"][hits[0]])
+            for k in np.flatnonzero(first_t0 == _NEVER).tolist():
+                mine = hits[model[hits] == k]
+                if len(mine):
+                    first_t0[k] = cols["t0"][mine[0]]
         names = cols["name"]
         step = cols["step"]
-        early = cols["t0"] <= (first_t0 if first_t0 is not None else np.iinfo(np.int64).max)
-        if first_step is not None:
-            early &= (step == MISSING_INT) | (step <= first_step)
+        early = cols["t0"] <= first_t0[model]
+        early &= (step == MISSING_INT) | (step <= first_steps[model])
+        walked = predicted[model]
         for nid in np.unique(names).tolist():
             if nid not in known:
                 continue
-            sel = names == nid
+            sel = (names == nid) & walked
             name = session.names[nid]
             n_first = int((sel & early).sum())
             counts[name, True] += n_first
@@ -360,9 +409,15 @@ def _sampled(
                 top[nid] = (int(peaks[i]), int(cols["t1"][i]))
     for key in [k for k, v in counts.items() if v == 0]:
         del counts[key]
-    start = table.first
-    head_end = table.search(first_end + LEAD, "right") if first_end is not None else start + 4096
-    pieces = [(start, min(head_end, start + EXPLAIN_ROWS // 4))]
+    head = max(4096, EXPLAIN_ROWS // 4 // max(1, len(usable)))
+    pieces = []
+    for e in usable:
+        start = table.first if e.start == FIRST_START else table.search(e.start, "left")
+        if e.first_t is not None:
+            head_end = table.search(e.first_t + LEAD, "right")
+        else:
+            head_end = start + 4096
+        pieces.append((start, min(head_end, start + head)))
     for _, t1 in sorted(top.values(), key=lambda v: v[1]):
         pieces.append((table.search(t1 - LEAD, "left"), table.search(t1, "right")))
     merged: list[tuple[int, int]] = []
@@ -403,7 +458,7 @@ def predicted_json(ex: ProcessExplained, prediction: pr.Prediction | None = None
             "categories": dict(main.categories),
             "first_step_categories": dict(first.categories) if first else None,
             "activations_source": ex.activations_source,
-            "temporaries": labels_for(ex, name),
+            "temporaries": main.temporaries or labels_for(ex, name),
             "explained": main.line() + (" (first step)" if main.first_step else ""),
         }
         out[name] = entry

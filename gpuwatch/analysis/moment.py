@@ -126,18 +126,22 @@ def _explain(session: Session, key: str, readings: list[ProcessReading]) -> dict
     out: dict[int, Explained] = {}
     for reading in readings:
         line, span = reading.line, reading.span
-        if not reading.running or line is None or line.prediction is None or span is None:
+        if not reading.running or line is None or span is None:
             continue
         if span.get("peak_alloc") is None or span.get("t1") is None:
             continue  # an open phase, or no exact peak: the curve at the instant
+        name, t0, t1 = span["name"], span["t0"], span["t1"]
+        epoch = line.epoch_at(t0)  # the model the span ran: a later one does not explain it
+        prediction = epoch.prediction if epoch is not None else None
+        if epoch is None or prediction is None:
+            continue
         nvml = session.gpu.get(key)
         rows = len(nvml) if nvml is not None else 0
-        name, t0, t1 = span["name"], span["t0"], span["t1"]
         # (The prediction by identity: the value holds it, so the id is not reused.)
         memo = line.memo
-        stamp = ("explained", id(line.prediction), line.first_step, key, name, t0, t1, rows)
+        stamp = ("explained", id(prediction), epoch.first_step, key, name, t0, t1, rows)
         kept = memo.get(stamp)
-        if kept is not None and kept[0] is line.prediction:
+        if kept is not None and kept[0] is prediction:
             memo.move_to_end(stamp)
             found = kept[1]
         else:
@@ -146,9 +150,9 @@ def _explain(session: Session, key: str, readings: list[ProcessReading]) -> dict
             if sp is not None:
                 used = table_range_max(nvml, "used", t0, t1) if nvml is not None and rows else None
                 found = explain_span(
-                    line.prediction, sp, span["peak_alloc"], span.get("peak_reserved"), used
+                    prediction, sp, span["peak_alloc"], span.get("peak_reserved"), used
                 )
-            memo[stamp] = (line.prediction, found)
+            memo[stamp] = (prediction, found)
             if len(memo) > MEMO_SIZE:
                 memo.popitem(last=False)
         if found is not None:

@@ -68,7 +68,11 @@ def recorded_plan(session: Session, oom: Oom | None = None) -> Recorded:
         if found is None:
             raise ValueError(f"pid {oom.pid} sent no facts (gpuwatch.watch)")
         pid, proc = found
-    plan, assumed = plan_from_facts(proc.facts or {})
+    # The model that ran out of memory, not one a notebook built after it.
+    facts = proc.facts_at(oom.t) if oom is not None else proc.facts
+    if not isinstance(facts, dict):
+        raise ValueError(f"pid {pid}: the facts of the model that failed were not kept")
+    plan, assumed = plan_from_facts(facts)
     recorded = plan
     body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
     gpu = next((d for d in session.devices.values() if d.kind == "gpu" and d.total), None)

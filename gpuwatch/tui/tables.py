@@ -168,7 +168,7 @@ class PeaksTable(DataTable):
                 )
                 peaks = phase_peaks(s, proc, key, self.last_steps)
                 predicted = {}
-                if line is not None and line.prediction is not None and peaks:
+                if line is not None and peaks:
                     predicted = line.span_peaks(min(p.t0 for p in peaks), max(p.t1 for p in peaks))
                 for p in peaks:
                     sp = predicted.get((p.name, p.t0, p.t1))
@@ -209,10 +209,11 @@ class PeaksTable(DataTable):
 def _explain_row(line: Any, p: PhasePeak, sp: Any, label: str, host: bool) -> list[str]:
     """The detail lines of one Peaks row: what its exact peak is made of, and from where."""
     where = f"{p.name}, step {p.step}" if p.step is not None else p.name
-    if sp is None or line is None or line.prediction is None:
+    # The model the span ran, whichever came after it.
+    prediction = line.prediction_at(p.t0) if line is not None else None
+    if sp is None or line is None or prediction is None:
         why = "no model facts from this process" if line is None else "a phase it does not model"
         return [f"{where} ({label}): nothing predicted ({why})"]
-    prediction = line.prediction
     # The object `info` and the bar at a cursor in this span read (one story).
     parts = explain_span(
         prediction,

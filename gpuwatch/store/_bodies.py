@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import protocol
 from ..session import Device, OpenSpan
+from ..session.process import MAX_EPOCH, MAX_EPOCHS, FactsEpoch
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -60,6 +61,7 @@ def process_state(body: Any) -> dict[str, Any]:
     out["hello"] = protocol.clean("hello", body.get("hello"))
     facts = body.get("facts")
     out["facts"] = facts if isinstance(facts, dict) else None
+    out["facts_log"] = facts_log(body.get("facts_log"), out["facts"])
     devices = body.get("devices")
     out["devices"] = {
         int(k): v
@@ -68,6 +70,37 @@ def process_state(body: Any) -> dict[str, Any]:
     }
     out["torch_devs"] = _int_set(body.get("torch_devs"))
     return out
+
+
+def facts_log(value: Any, facts: dict[str, Any] | None) -> tuple[FactsEpoch, ...]:
+    """The models a process described, from a body's ``facts_log``: ``[start, epoch,
+    facts]`` each, the last one ``[start, epoch]`` (its facts are the body's ``facts``).
+
+    Empty (one model: the process's facts) where the body has none (older writers) or the
+    log does not end in the body's facts. An entry that is not one is left out, as is one
+    whose start goes back in time; only the first and the newest reach
+    :data:`~gpuwatch.session.process.MAX_EPOCHS`.
+    """
+    if facts is None or not isinstance(value, list) or not value:
+        return ()
+    *earlier, last = value
+    if not (isinstance(last, list) and len(last) == 2):
+        return ()
+    out: list[FactsEpoch] = []
+    for entry in [*earlier, [*last, facts]]:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            continue
+        start, epoch, kept = _int(entry[0]), entry[1], entry[2]
+        if start is None or (out and start < out[-1].start):
+            continue
+        if not (epoch is None or (type(epoch) is int and 0 <= epoch <= MAX_EPOCH)):
+            epoch = None
+        out.append(FactsEpoch(start, epoch, kept if isinstance(kept, dict) else None))
+    if not out or out[-1].facts is not facts:
+        return ()  # the latest was left out: the body's facts stand alone
+    if len(out) > MAX_EPOCHS:
+        out = [out[0], FactsEpoch(out[1].start, None, None), *out[2 - MAX_EPOCHS :]]
+    return tuple(out)
 
 
 def _int_set(value: Any) -> set[int]:

@@ -55,9 +55,10 @@ class FileRemoved(OSError):
 _PROCESS_STATE = tuple(
     f.name
     for f in dataclasses.fields(Process)
-    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally", "book", "rev")
+    if f.name not in PROCESS_SERIES and f.name not in ("open", "tally", "book", "rev", "facts_log")
 )
-"""Process attributes stored as its JSON body (everything but its tables and open spans)."""
+"""Process attributes stored as its JSON body as they are (everything but its tables, its
+open spans and its facts log, which :func:`process_body` writes)."""
 
 
 def dumps(obj: Any) -> str:
@@ -70,6 +71,12 @@ def process_body(proc: Process) -> dict[str, Any]:
     body = {name: getattr(proc, name) for name in _PROCESS_STATE}
     body["devices"] = {str(k): v for k, v in proc.devices.items()}
     body["torch_devs"] = sorted(proc.torch_devs)
+    # [start, epoch, facts] each; the latest model's facts are ``facts``, not stored twice.
+    log = proc.facts_epochs()
+    if log:
+        last = log[-1]
+        body["facts_log"] = [[e.start, e.epoch, e.facts] for e in log[:-1]]
+        body["facts_log"].append([last.start, last.epoch])
     return body
 
 

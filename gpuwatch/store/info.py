@@ -251,6 +251,9 @@ def _explain(s: Session, p: Process) -> Any:
         return None
 
 
+NAME_WIDTH = 40
+"""Widest phase name column of ``info``'s text (a notebook cell's first line is longer)."""
+
 _REPORTED = (("peak_allocated", "peak_alloc"), ("peak_reserved", "peak_reserved"))
 
 
@@ -366,13 +369,16 @@ def format_summary(info: dict[str, Any]) -> str:
             f"{sum(p['phases'].values())} phases, {end}"
         )
     if info["phases"]:
+        # Wide enough for a notebook's cells (``[12] loss.backward()``), cut with a mark.
+        wide = max(18, min(NAME_WIDTH, max(len(name) for name in info["phases"])))
         lines.append(
-            f"phases{'':14} {'count':>7} {'total':>8} {'peak alloc':>11} {'peak resv':>11}"
-            f" {'NVML max':>11} {'RSS max':>11}"
+            f"{'phases':{wide + 2}} {'count':>7} {'total':>8} {'peak alloc':>11}"
+            f" {'peak resv':>11} {'NVML max':>11} {'RSS max':>11}"
         )
         for name, ph in info["phases"].items():
             lines.append(
-                f"  {name[:18]:18} {ph['count']:7d} {fmt_duration(ph['total_s'] * 1e9):>8}"
+                f"  {ellipsis(name, wide):{wide}} {ph['count']:7d}"
+                f" {fmt_duration(ph['total_s'] * 1e9):>8}"
                 f" {fmt_bytes(ph['peak_allocated']):>11} {fmt_bytes(ph['peak_reserved']):>11}"
                 f" {fmt_bytes(ph['nvml_used_max']):>11} {fmt_bytes(ph['rss_max']):>11}"
             )

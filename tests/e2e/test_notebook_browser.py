@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, no_gpu_env
+from support.browser import CHROMIUM, chromium
 
 # The kernel imports torch and ipykernel, the server jupyterlab; this process only finds them.
 for _name, _why in (
@@ -42,19 +42,6 @@ for _name, _why in (
         pytest.skip(_why, allow_module_level=True)
 psutil = pytest.importorskip("psutil")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip)")
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    # Without these Chromium calls home at start, and a closed network refuses it.
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 pytestmark = [
     pytest.mark.torch,
@@ -271,21 +258,8 @@ def lab(tmp_path: Path, deadline: Deadline) -> Iterator[Lab]:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        try:
-            context = p.chromium.launch_persistent_context(
-                str(tmp_path / "profile"),  # a fresh --user-data-dir
-                executable_path=CHROMIUM,
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1200, "height": 900},
-            )
-        except playwright_api.Error as exc:
-            pytest.skip(f"chromium does not start here: {str(exc).splitlines()[0]}")
-        try:
-            yield context
-        finally:
-            context.close()
+    with chromium(tmp_path / "profile", 1200, 900) as context:
+        yield context
 
 
 def test_the_line_under_the_step_cell_in_jupyterlab(

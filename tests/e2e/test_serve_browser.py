@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,20 +27,8 @@ pytest.importorskip("textual_serve", reason="gpuwatch serve needs the serve extr
 playwright_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip)")
 
 from serveproc import SPIKE, serving  # noqa: E402
+from support.browser import CHROMIUM, chromium  # noqa: E402
 from vtscreen import Screen  # noqa: E402
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    # Without these Chromium calls home at start, and a closed network refuses it.
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 pytestmark = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK), reason="no chromium (Debian's chromium package)"
@@ -50,21 +37,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        try:
-            context = p.chromium.launch_persistent_context(
-                str(tmp_path / "profile"),  # a fresh --user-data-dir
-                executable_path=CHROMIUM,
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport={"width": 1400, "height": 900},
-            )
-        except playwright_api.Error as exc:
-            pytest.skip(f"chromium does not start here: {str(exc).splitlines()[0]}")
-        try:
-            yield context
-        finally:
-            context.close()
+    with chromium(tmp_path / "profile", 1400, 900) as context:
+        yield context
 
 
 class Watched:

@@ -165,6 +165,21 @@ def nest(flat: dict[Path, int]) -> dict[Any, Any]:
     return out
 
 
+def _wrapping(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper``, named as ``original`` and marked as gpuwatch's wrapper of it."""
+    wrapper._gpuwatch_original = original  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(original, "__name__", wrapper.__name__)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    return wrapper
+
+
+def _called_with(
+    args: tuple[Any, ...], kwargs: dict[str, Any], current: Callable[[], int]
+) -> int | None:
+    """The device index a binding was called with (its one argument, by position or name)."""
+    return _index(args[0] if args else next(iter(kwargs.values()), None), current)
+
+
 def _index(device: Any, current: Callable[[], int]) -> int | None:
     """The device index a binding was called with (``None``/negative: the current one)."""
     if device is None:
@@ -233,25 +248,20 @@ class UserPeaks:
             out = original(*args, **kwargs)
             try:
                 if type(out) is dict and out:
-                    arg = args[0] if args else next(iter(kwargs.values()), None)
-                    idx = _index(arg, self.device)
+                    idx = _called_with(args, kwargs, self.device)
                     if idx is not None:
                         self.raise_peaks(out, idx)
             except Exception:
                 pass
             return out
 
-        stats._gpuwatch_original = original  # type: ignore[attr-defined]
-        stats.__name__ = getattr(original, "__name__", "stats")
-        stats.__doc__ = getattr(original, "__doc__", None)
-        return stats
+        return _wrapping(stats, original)
 
     def _reset_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def reset(*args: Any, **kwargs: Any) -> Any:
             idx = None
             try:
-                arg = args[0] if args else next(iter(kwargs.values()), None)
-                idx = _index(arg, self.device)
+                idx = _called_with(args, kwargs, self.device)
                 if idx is not None:
                     self.keep_carry(idx)
             except Exception:
@@ -264,10 +274,7 @@ class UserPeaks:
                 pass
             return out
 
-        reset._gpuwatch_original = original  # type: ignore[attr-defined]
-        reset.__name__ = getattr(original, "__name__", "reset")
-        reset.__doc__ = getattr(original, "__doc__", None)
-        return reset
+        return _wrapping(reset, original)
 
     def fold(self, idx: int, stats: Any) -> None:
         """A Python read that gpuwatch is about to reset: its peaks go into the ledger."""

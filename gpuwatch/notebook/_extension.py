@@ -21,7 +21,7 @@ from typing import Any
 from .. import predict as pr
 from ..instrument import cells
 from . import _chart
-from ._line import CellReport, Predictor, report
+from ._line import CellReport, Predictor, report, spans_of
 from ._tap import CellTap, Ended
 
 MAX_FIRST_LINE = 60
@@ -61,7 +61,7 @@ class CellWatch:
         self.sid: int | None = None
         self.name = ""
         self.rss0 = 0
-        self.nvml0: int | None = None
+        self.used0: int | None = None
         self.last: CellReport | None = None
         self._torch_seen = False
         self._finder: _TorchWatcher | None = None
@@ -139,7 +139,7 @@ class CellWatch:
                 number = None
             self.name = cell_name(number, getattr(info, "raw_cell", "") or "")
             self.rss0 = _peak_rss()
-            self.nvml0 = cells.device_used()
+            self.used0 = cells.device_used()
             self.sid = cells.begin(self.name)
         except Exception:
             self.sid = None
@@ -157,48 +157,46 @@ class CellWatch:
                 result, "error_before_exec", None
             )
             cells.end(sid, self.name, type(error).__name__ if error else None)
-            rep = self._report(sid)
+            rep, inside = self._report(sid)
             self.last = rep
             if rep is not None and self.lines:
-                self._show(rep)
+                self._show(rep, inside)
         except Exception:
             pass
 
-    def _report(self, sid: int) -> CellReport | None:
+    def _report(self, sid: int) -> tuple[CellReport | None, list[Ended]]:
+        """The cell's line, and the spans that ran inside it."""
         cells.tap_now()
         cell = self.tap.ended(sid)
         if cell is None:
-            return None
+            return None, []
         inside = self.tap.inside(cell)
         facts = cells.facts()
-        history = self.tap.history(cell.t1 + 1)[-(len(inside) + 64) :]
+        spans = spans_of(self.tap.history(cell.t1 + 1)[-(len(inside) + 64) :])
         prediction = self.predictor(facts)
-        rep = report(cell, inside, history, prediction, self.tap.first_step)
+        rep = report(cell, inside, spans, prediction, self.tap.first_step)
         if rep is None:
-            return None
+            return None, inside
         if prediction is not None and self.chart:
-            spans = [pr.Span(s.name, s.t0, s.t1, s.step, s.depth) for s in history]
             times, values = pr.predicted_curve(prediction, spans, first_step=self.tap.first_step)
             rep.curve = [(t, v) for t, v in zip(times, values, strict=True) if t >= cell.t0]
         if rep.measured:
             after = cells.device_used()
-            if self.nvml0 is not None and after is not None:
-                rep.nvml = (self.nvml0, after)
+            if self.used0 is not None and after is not None:
+                rep.used = (self.used0, after)
         else:
             rss = _peak_rss()
             rep.rss_peak = (rss, rss > self.rss0)
         if self.predictor.error:
             rep.notes.append(f"facts unusable ({self.predictor.error})")
-        return rep
+        return rep, inside
 
-    def _show(self, rep: CellReport) -> None:
+    def _show(self, rep: CellReport, inside: list[Ended]) -> None:
         from IPython.display import display
 
         data = {"text/plain": rep.text(), "text/html": rep.html()}
         if self.chart:
-            svg = _chart.svg(
-                rep, self.tap.inside(rep.cell), self.tap.window(rep.cell.t0, rep.cell.t1)
-            )
+            svg = _chart.svg(rep, inside, self.tap.window(rep.cell.t0, rep.cell.t1))
             if svg:
                 data["text/html"] += svg
         display(data, raw=True)
@@ -240,7 +238,6 @@ class _TorchWatcher:
 
     def __init__(self, then: Any) -> None:
         self.then = then
-        self.lock = threading.Lock()
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "torch":

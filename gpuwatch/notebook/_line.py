@@ -33,7 +33,8 @@ class CellReport:
         explained: That phase's explanation (None without facts or phases).
         rss_peak: The process's peak RSS at the cell's end (CPU runs), and whether the
             cell raised it.
-        nvml: NVML's "used" on the device before and after the cell (CUDA runs).
+        used: Memory in use on the device before and after the cell, as the driver counts
+            it (``cudaMemGetInfo``: what nvidia-smi shows), on CUDA.
         notes: Further short remarks (no model facts, ...).
         curve: The predicted line inside the cell, (time, bytes) points (for its chart).
     """
@@ -44,7 +45,7 @@ class CellReport:
     phase: str | None = None
     explained: Explained | None = None
     rss_peak: tuple[int, bool] | None = None
-    nvml: tuple[int, int] | None = None
+    used: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
     curve: list[tuple[int, int]] = field(default_factory=list)
 
@@ -77,8 +78,8 @@ class CellReport:
         if un is not None:
             word = "unexplained" if un >= 0 else "over-predicted"
             out.append(f"{word} {fmt_bytes(abs(un))}")
-        if self.nvml is not None:
-            before, after = self.nvml
+        if self.used is not None:
+            before, after = self.used
             seen = ""
             if self.peak is not None and self.measured and self.peak > max(before, after):
                 seen = " (neither reading saw the peak)"
@@ -133,10 +134,15 @@ class Predictor:
         return self._prediction
 
 
+def spans_of(history: list[Ended]) -> list[pr.Span]:
+    """The predictor's spans of ended spans."""
+    return [pr.Span(s.name, s.t0, s.t1, s.step, s.depth) for s in history]
+
+
 def report(
     cell: Ended,
     inside: list[Ended],
-    history: list[Ended],
+    spans: list[pr.Span],
     prediction: pr.Prediction | None,
     first_step: int | None,
 ) -> CellReport | None:
@@ -145,8 +151,8 @@ def report(
     Args:
         cell: The cell's span.
         inside: The spans that ran inside it.
-        history: Every span kept up to the cell's end (the predictor walks them in order:
-            gradients left by an earlier cell's backward are still there in this one's).
+        spans: Every span kept up to the cell's end (:func:`spans_of`; the predictor walks
+            them in order: gradients left by an earlier cell's backward are still there).
         prediction: The model's prediction, if its facts are known.
         first_step: The step of the process's first optimizer.step, if one ended.
     """
@@ -160,7 +166,6 @@ def report(
         return out if measured or inside else None
     # The walk keeps the outermost known spans only; each is found again by its times.
     mine = {(s.name, s.t0, s.t1): s for s in inside}
-    spans = [pr.Span(s.name, s.t0, s.t1, s.step, s.depth) for s in history]
     peaks = [
         (sp, mine[key])
         for sp in pr.span_peaks(prediction, spans, first_step=first_step)

@@ -139,9 +139,7 @@ def epochs_of(proc: Process, known: list[Epoch] | None = None) -> list[Epoch]:
         elif kept.end == end:
             out.append(kept)
         else:  # a newer model cut its time short: its first step is looked for again
-            out.append(
-                Epoch(start, end, entry.facts, kept.prediction, checked=min(kept.checked, 0))
-            )
+            out.append(Epoch(start, end, entry.facts, kept.prediction))
     return out
 
 

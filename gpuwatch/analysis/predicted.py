@@ -506,6 +506,7 @@ class PredictedLine:
                 self._unusable(epoch, exc)
                 continue
             out.update({(p.span.name, p.span.t0, p.span.t1): p for p in peaks if p.span.t0 >= t0})
+        _containers(out, [sp for sp in spans if sp.t0 >= t0])
         return out
 
     @_locked
@@ -519,6 +520,27 @@ class PredictedLine:
         if self._peak is None or self._peak[0] != key:
             self._peak = (key, self.span_peaks(t0, t1).get((name, t0, t1)))
         return self._peak[1]
+
+
+def _containers(out: dict[tuple[str, int, int], pr.SpanPeak], spans: list[pr.Span]) -> None:
+    """Give each span the predictor does not model (a notebook cell, a script's own outer
+    phase) the predicted peak of the highest modelled span inside it: its peak is the
+    highest point of the curve within it, explained as that inner phase is."""
+    known = sorted(out.values(), key=lambda p: p.span.t0)
+    if not known:
+        return
+    starts = [p.span.t0 for p in known]
+    for sp in spans:
+        key = (sp.name, sp.t0, sp.t1)
+        if key in out:
+            continue
+        best: pr.SpanPeak | None = None
+        for p in known[bisect.bisect_left(starts, sp.t0) : bisect.bisect_right(starts, sp.t1)]:
+            inside = p.span.t1 <= sp.t1 and p.span.depth > sp.depth
+            if inside and (best is None or pr.total(p.peak) > pr.total(best.peak)):
+                best = p
+        if best is not None:
+            out[key] = best
 
 
 def _representative_steps(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from standin.build import build_standin
+from standin.scripted import flat
 
 from gpuwatch.instrument import _native
 from gpuwatch.instrument._torchmem import TorchMemory
@@ -157,22 +158,6 @@ def test_a_reader_that_disagrees_is_not_used_and_that_is_said(fresh: Any, native
     assert len(notes) == 1  # said once
 
 
-def _user_view(stats: Any) -> list[tuple[str, Any]]:
-    """Every figure of a nested stats dict, flattened as torch.cuda.memory_stats does."""
-    out: list[tuple[str, Any]] = []
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)
-                walk(f"{prefix}.{key}" if prefix else key, v)
-        else:
-            out.append((prefix, node))
-
-    walk("", stats)
-    return sorted(out)
-
-
 def test_the_native_fold_keeps_every_peak_of_the_user(fresh: Any, native: Any) -> None:
     # Devices 0 and 1 live the same life; gpuwatch watches device 0 only. What the user
     # reads of device 0 through the wrapped binding equals what device 1 holds untouched.
@@ -185,7 +170,7 @@ def test_the_native_fold_keeps_every_peak_of_the_user(fresh: Any, native: Any) -
             getattr(fresh, op)(dev, *args)
 
     def user_sees() -> None:
-        assert _user_view(fake._C._cuda_memoryStats(0)) == _user_view(fresh.memory_stats(1))
+        assert flat(fake._C._cuda_memoryStats(0)) == flat(fresh.memory_stats(1))
 
     for step in range(4):
         memory.boundary(t, "begin")

@@ -14,28 +14,13 @@ import random
 from typing import Any
 
 import pytest
-from standin.scripted import MIB, Allocator, Clock, fake_torch
+from standin.scripted import MIB, Allocator, Clock, fake_torch, flat
 
 from gpuwatch.instrument._torchmem import SHARED_NS, TorchMemory
 from gpuwatch.instrument._userpeaks import PATHS
 
 GIB = 1024**3
 US = 1000
-
-
-def flat(stats: Any) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)
-                walk(f"{prefix}.{key}" if prefix else key, v)
-        else:
-            out.append((prefix, node))
-
-    walk("", stats)
-    return sorted(out)
 
 
 def watched(alloc: Allocator, clock: Clock) -> tuple[TorchMemory, Any]:

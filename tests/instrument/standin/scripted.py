@@ -210,3 +210,20 @@ class Clock:
 
     def advance(self, ns: int) -> None:
         self.now += ns
+
+
+def flat(stats: Any) -> list[tuple[str, Any]]:
+    """Every figure of a nested stats dict, flattened as ``torch.cuda.memory_stats`` does
+    (sorted): two views compare whole."""
+    out: list[tuple[str, Any]] = []
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)
+                walk(f"{prefix}.{key}" if prefix else key, v)
+        else:
+            out.append((prefix, node))
+
+    walk("", stats)
+    return sorted(out)

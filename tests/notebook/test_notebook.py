@@ -198,3 +198,27 @@ def test_no_listener_still_shows_the_line(env: dict[str, str], tmp_path: Any) ->
     (line,) = lines(nb.cells[2])
     assert line.startswith("gpuwatch [3] predicted peak")
     assert not os.path.exists(env["GPUWATCH_SOCKET"])  # nothing made where none listens
+
+
+def test_a_kernel_under_gpuwatch_run_has_cells_without_load_ext(
+    session: Any, env: dict[str, str]
+) -> None:
+    from gpuwatch.launch import BOOT_DIR
+
+    # What `gpuwatch run -- jupyter lab` hands each kernel: the start-up hook first.
+    env = {**env, "PYTHONPATH": os.pathsep.join([BOOT_DIR, env["PYTHONPATH"]])}
+    nb = run(
+        [
+            MODEL,  # 1: torch imported here: the hook loads the extension in this kernel
+            "out = model(x)",  # 2
+            "import os; print('pid', os.getpid())",  # 3
+        ],
+        env,
+    )
+    (line,) = lines(nb.cells[1])
+    assert line.startswith("gpuwatch [2] predicted peak") and "in forward" in line
+    pid = kernel_pid(nb)
+    wait_for(lambda: any(n == "[2] out = model(x)" for n, *_ in phases(session, pid)))
+    names = [(n, d) for n, d, *_ in phases(session, pid)]
+    i = names.index(("[2] out = model(x)", 0))
+    assert names[i + 1] == ("forward", 1)

@@ -293,6 +293,9 @@ class Facts(TypedDict, total=False):
     parallel: ParallelFacts
     blas: BlasFacts
     errors: list[str]
+    # The process's count of models described before this one (a notebook's re-run model
+    # cell starts a new epoch: docs/facts.md, "Models one after another").
+    epoch: int
 
 
 def fact_int(v: Any) -> int:

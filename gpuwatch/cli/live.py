@@ -29,6 +29,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from ..live_sources import LiveSources
+    from ..tui.thresholds import Thresholds
     from ..tui.transport import Transport
 
 SUFFIX = ".gpuwatch"  # the same as store._schema.SUFFIX, which --help must not import
@@ -46,6 +47,9 @@ def add_dashboard_options(p: argparse.ArgumentParser) -> None:
     add_source_options(p)
     add_theme(p)
     add_record_options(p)
+    from ..tui.thresholds import add_options  # no textual: --help stays light
+
+    add_options(p)
 
 
 def add_record_options(p: argparse.ArgumentParser) -> None:
@@ -220,6 +224,20 @@ def user_keymap() -> dict[str, str]:
         raise CliError(str(exc)) from None
 
 
+def user_thresholds(args: argparse.Namespace) -> Thresholds:
+    """``--mem-util-thresh`` / ``--gpu-util-thresh`` over ``config.toml``'s thresholds.
+
+    Raises:
+        CliError: The config file or a flag cannot be used (one line: why).
+    """
+    from ..tui.thresholds import ConfigError, from_args
+
+    try:
+        return from_args(args)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -227,6 +245,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     """The live dashboard of every GPU and the host."""
     theme = checked_theme(args)
     keymap = user_keymap()
+    thresholds = user_thresholds(args)
     need_terminal("gpuwatch record --out FILE (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     start_sources(sources)
@@ -234,7 +253,11 @@ def cmd_live(args: argparse.Namespace) -> int:
         from ..tui.app import GpuwatchApp
 
         app = GpuwatchApp(
-            sources.session, theme_name=theme, transport=_transport(sources), keymap=keymap
+            sources.session,
+            theme_name=theme,
+            transport=_transport(sources),
+            keymap=keymap,
+            thresholds=thresholds,
         )
         app.run()
     finally:
@@ -250,6 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("gpuwatch run needs a command, e.g. gpuwatch run -- python train.py")
     theme = checked_theme(args)
     keymap = user_keymap()
+    thresholds = user_thresholds(args)
     need_terminal("gpuwatch record --out FILE -- COMMAND (and gpuwatch info FILE to read it)")
     sources = _sources(args)
     # Until the dashboard takes SIGTERM and SIGHUP over, they are noted and unwind gpuwatch
@@ -268,6 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     theme_name=theme,
                     transport=_transport(sources),
                     keymap=keymap,
+                    thresholds=thresholds,
                     child=child,
                     quit_if=lambda: unwind_requested() is not None,
                 ).run()

@@ -54,6 +54,7 @@ from .processes import ProcessesView, ProcessTable
 from .ranks import RanksView
 from .tables import PeaksTable
 from .theme import DEFAULT_THEME, VARIABLE_DEFAULTS, builtin_themes
+from .thresholds import Thresholds
 from .time_window import TimeWindow
 from .transport import Seek, Transport
 
@@ -159,6 +160,8 @@ class GpuwatchApp(App[int]):
             the status bar, and quitting while it runs asks first.
         quit_if: Asked once the app has mounted: True quits at once (a SIGTERM that came
             before the app took the signal over).
+        thresholds: Where memory and utilisation turn from low to mid to high (default
+            nvitop's: see :mod:`~gpuwatch.tui.thresholds`).
     """
 
     TITLE = "gpuwatch"
@@ -191,7 +194,9 @@ class GpuwatchApp(App[int]):
         keymap: Keymap | None = None,
         child: ChildLike | None = None,
         quit_if: Callable[[], bool] | None = None,
+        thresholds: Thresholds | None = None,
     ) -> None:
+        self.thresholds = thresholds or Thresholds()  # the load levels' (flags, config)
         self.transport = transport or Transport(clock or session.now, subtitle, warning)
         self.transport.attach(self)
         super().__init__()

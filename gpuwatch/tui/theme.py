@@ -49,6 +49,9 @@ VARIABLE_DEFAULTS: dict[str, str] = {
     "gw-activations": "#2f9a6b",
     "gw-temporaries": "#af87ff",
     "gw-unexplained": "#ff3030",
+    "gw-level-low": "#87d787",
+    "gw-level-mid": "#ffd75f",
+    "gw-level-high": "#ff5f5f",
 }
 
 _THEME_FIELDS = (

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -237,14 +237,52 @@ class Timelines:
             self._asked.clear()
             self._lines.clear()
             self._phases.clear()
+        starts = {role: self._since(role, first, step_ns) for role in ROLES}
+        by_role = self._ask(client, starts, (last, step_ns), cancelled)
         errors: list[str] = []
-        gone: list[PromError] = []  # the server did not answer: the rest would wait as long
+        said: list[PromError] = []
+        for role in ROLES:
+            answer = by_role[role]
+            if isinstance(answer, PromError):
+                if answer not in said and (not errors or not answer.gone):
+                    said.append(answer)  # one line for the roles of a failed query
+                    errors.append(f"{role}: {answer}")
+                continue
+            self.asked_points += (last - starts[role]) // step_ns + 1
+            self._join_role(role, answer, starts[role], first)
+            self._asked[role] = last
+        for role in ROLES:  # a failed family's points past the window go too
+            if role in self._asked and self._asked[role] != last:
+                self._join_role(role, [], last + 1, first)
+        history = HostHistory(self.host, first, last, step_ns)
+        for role, by_gpu in self._lines.items():
+            for gpu, line in by_gpu.items():
+                history.lines.setdefault(gpu, {})[role] = line
+        history.lanes = _lanes_of(self._phases.items(), step_ns)
+        history.error = "; ".join(errors) or None
+        history.seconds = time.perf_counter() - began
+        return history
 
-        def since(role: str) -> int:
-            asked = self._asked.get(role)
-            if asked is None or asked < first:
-                return first
-            return max(first, asked - OVERLAP * step_ns)
+    def _since(self, role: str, first: int, step_ns: int) -> int:
+        """Where ``role`` is asked from: the window's start, or its last answer less
+        :data:`OVERLAP` steps."""
+        asked = self._asked.get(role)
+        if asked is None or asked < first:
+            return first
+        return max(first, asked - OVERLAP * step_ns)
+
+    def _ask(
+        self,
+        client: PromClient,
+        starts: Mapping[str, int],
+        until: tuple[int, int],
+        cancelled: Callable[[], bool],
+    ) -> dict[str, list[Series] | PromError]:
+        """Each role's series from its start to ``until`` (last, step in ns), or the error
+        of its query: the roles asked from one step share a query, the queries side by
+        side."""
+        last, step_ns = until
+        gone: list[PromError] = []  # the server did not answer: the rest would wait as long
 
         def ask(group: tuple[int, list[str]]) -> list[Series] | PromError:
             if gone:
@@ -262,13 +300,10 @@ class Timelines:
                     gone.append(exc)
                 return exc
 
-        roles = list(ROLES)
-        starts = {role: since(role) for role in roles}
-        groups: dict[int, list[str]] = {}  # the roles asked from one step share a query
-        for role in roles:
-            groups.setdefault(starts[role], []).append(role)
+        groups: dict[int, list[str]] = {}
+        for role, start in starts.items():
+            groups.setdefault(start, []).append(role)
         by_role: dict[str, list[Series] | PromError] = {}
-        said: list[PromError] = []
         for (_, names), got in zip(
             groups.items(), each(ask, list(groups.items()), QUERY_THREADS, cancelled), strict=True
         ):
@@ -281,34 +316,14 @@ class Timelines:
                 if found is not None:
                     found.append(series)
             by_role.update(split)
-        for role in roles:
-            answer = by_role[role]
-            if isinstance(answer, PromError):
-                if answer not in said and (not errors or not answer.gone):
-                    said.append(answer)  # one line for the roles of a failed query
-                    errors.append(f"{role}: {answer}")
-                continue
-            self.asked_points += (last - starts[role]) // step_ns + 1
-            if role == "phase":
-                self._join_phases(answer, starts[role], first)
-            else:
-                self._join_lines(role, answer, starts[role], first)
-            self._asked[role] = last
-        for role in roles:  # a failed family's points past the window go too
-            if role not in self._asked or self._asked[role] == last:
-                continue
-            if role == "phase":
-                self._join_phases([], last + 1, first)
-            else:
-                self._join_lines(role, [], last + 1, first)
-        history = HostHistory(self.host, first, last, step_ns)
-        for role, by_gpu in self._lines.items():
-            for gpu, line in by_gpu.items():
-                history.lines.setdefault(gpu, {})[role] = line
-        history.lanes = _lanes_of(self._phases.items(), step_ns)
-        history.error = "; ".join(errors) or None
-        history.seconds = time.perf_counter() - began
-        return history
+        return by_role
+
+    def _join_role(self, role: str, answer: list[Series], since: int, start: int) -> None:
+        """One role's answer into what is held (``phase``: the lanes; else a line a GPU)."""
+        if role == "phase":
+            self._join_phases(answer, since, start)
+        else:
+            self._join_lines(role, answer, since, start)
 
     def _join_lines(self, role: str, answer: list[Series], since: int, start: int) -> None:
         fresh: dict[str, tuple[np.ndarray, np.ndarray]] = {}

@@ -307,6 +307,81 @@ def family_queries(
     return out
 
 
+def _near(near: Collection[str] | None, host: str | None) -> Collection[str] | None:
+    """``near`` as :func:`fetch` asks it: None (every target) under a host's panels, past
+    :data:`MAX_NEAR` targets, or for a target a regex matcher should not name."""
+    if near is not None and (
+        host is not None or len(near) > MAX_NEAR or not all(map(_TARGET.fullmatch, near))
+    ):
+        return None
+    return near
+
+
+def _asked(slow: bool, host: str | None) -> Sequence[str]:
+    """The families one refresh asks: a host's, else all (less the :data:`SLOW` ones)."""
+    if host is not None:
+        return HOST_FAMILIES
+    return FAMILIES if slow else tuple(f for f in FAMILIES if f not in SLOW)
+
+
+def _by_name(names: Sequence[str], got: list[Series]) -> dict[str, list[Series]]:
+    """One query's series by family (``__name__``): every family it asked, if empty."""
+    split: dict[str, list[Series]] = {name: [] for name in names}
+    for series in got:
+        found = split.get(series.labels.get("__name__", ""))
+        if found is not None:
+            found.append(series)
+    return split
+
+
+def _last_known(
+    client: PromClient,
+    matchers: Sequence[tuple[str, str, str]],
+    down: Sequence[str],
+    at: float,
+    cancelled: Callable[[], bool],
+    gone: Sequence[PromError],
+) -> dict[str, list[Series]]:
+    """The :data:`LAST_KNOWN` families' last figures of the ``down`` targets, best effort
+    (a family that failed is left out: the host shows as lost)."""
+    regex = "|".join(re.escape(i) for i in down)
+
+    def ask_last(family: str) -> tuple[str, list[Series] | PromError]:
+        if gone:  # the first round's server did not answer: this one would wait as long
+            return family, gone[0]
+        m = [*family_matchers(family, matchers), ("instance", "=~", quote(regex))]
+        try:
+            promql = f"last_over_time({selector(family, m)}[{int(FORGET_S)}s])"
+            return family, client.query(promql, at=at)
+        except PromError as exc:
+            return family, exc
+
+    got = each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled)
+    return {family: last for family, last in got if not isinstance(last, PromError)}
+
+
+def _others(series: Iterable[Series]) -> dict[str | None, list[Other]]:
+    """The processes no gpuwatch instruments, by GPU key (a malformed series is left out)."""
+    others: dict[str | None, list[Other]] = defaultdict(list)
+    for one in series:
+        labels = one.labels
+        pid, used = _int(labels.get("pid")), _bytes(one.value)
+        if labels.get("instrumented") == "1" or pid is None or used is None:
+            continue
+        user, command = labels.get("user", ""), labels.get("command", "")
+        others[_key(labels)].append(Other(pid, user, command, used))
+    return others
+
+
+def _error_line(errors: Mapping[str, str]) -> str | None:
+    """One line about the families a refresh could not read (None: it read them all)."""
+    if not errors:
+        return None
+    family, why = next(iter(errors.items()))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{family}: {why}{more}"
+
+
 def fetch(
     client: PromClient,
     matchers: Sequence[tuple[str, str, str]] = (),
@@ -335,10 +410,7 @@ def fetch(
     """
     at = time.time() if at is None else at
     start = time.perf_counter()
-    if near is not None and (
-        host is not None or len(near) > MAX_NEAR or not all(map(_TARGET.fullmatch, near))
-    ):
-        near = None
+    near = _near(near, host)
     answers = Answers(
         at,
         by_job=any(m[0] in JOB_LABELS for m in matchers),
@@ -360,40 +432,17 @@ def fetch(
                 gone.append(exc)
             return exc
 
-    down: list[str] = []  # the targets up == 0 names, once ``up`` is read
-
-    def ask_last(family: str) -> tuple[str, list[Series] | PromError]:
-        if gone:
-            return family, gone[0]
-        regex = "|".join(re.escape(i) for i in down)
-        m = [*family_matchers(family, matchers), ("instance", "=~", quote(regex))]
-        try:
-            promql = f"last_over_time({selector(family, m)}[{int(FORGET_S)}s])"
-            return family, client.query(promql, at=at)
-        except PromError as exc:
-            return family, exc
-
-    families = FAMILIES if slow else tuple(f for f in FAMILIES if f not in SLOW)
-    if host is not None:
-        families = HOST_FAMILIES
-    queries = family_queries(matchers, families, answers.near)
+    queries = family_queries(matchers, _asked(slow, host), answers.near)
     for (_, names), got in zip(queries, each(ask, queries, QUERY_THREADS, cancelled), strict=True):
         if isinstance(got, PromError):
             answers.errors.update(dict.fromkeys(names, str(got)))
-            continue
-        split: dict[str, list[Series]] = {name: [] for name in names}
-        for series in got:
-            found = split.get(series.labels.get("__name__", ""))
-            if found is not None:
-                found.append(series)
-        answers.series.update(split)
+        else:
+            answers.series.update(_by_name(names, got))
     up = answers.series.get("up", [])
-    down[:] = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {"", *live})
+    down = sorted({x.labels.get("instance", "") for x in up if x.value == 0} - {"", *live})
     del down[MAX_DOWN_ASKED:]
     if down and host is None:  # a second round, only while a target is down
-        for family, last in each(ask_last, LAST_KNOWN, QUERY_THREADS, cancelled):
-            if not isinstance(last, PromError):  # best effort: the host shows as lost
-                answers.last[family] = last
+        answers.last.update(_last_known(client, matchers, down, at, cancelled, gone))
     answers.seconds = time.perf_counter() - start
     return answers
 
@@ -423,6 +472,29 @@ class _Process:
     world_size: int | None = None
     info: bool = False
     """A ``gpuwatch_rank_info`` series was read for it (:meth:`Cluster.wants_slow`)."""
+
+
+def _peaks(
+    series: Iterable[Series], proc: Callable[[Series], _Process | None]
+) -> dict[tuple[str, int], dict[str, int]]:
+    """Each process's phase peaks, by (host, pid), from their family's series."""
+    fresh: dict[tuple[str, int], dict[str, int]] = defaultdict(dict)
+    for one in series:
+        p = proc(one)
+        peak = _bytes(one.value)
+        name = one.labels.get("phase")
+        if p is not None and peak is not None and name:
+            fresh[(p.host, p.pid)][name] = peak
+    return fresh
+
+
+def _rank_info(p: _Process, labels: Mapping[str, str]) -> None:
+    """A ``gpuwatch_rank_info`` series' layout into its process."""
+    p.info = True
+    strategy = labels.get("strategy")
+    if strategy and strategy != "unknown":  # "unknown": no layout facts yet
+        p.strategy = strategy
+    p.world_size = _int(labels.get("world_size")) or p.world_size
 
 
 class Cluster:
@@ -471,27 +543,14 @@ class Cluster:
             self.failed(answers.errors[asked[0]])
             return
         self.refreshed = answers.at
-        self.error = None
-        if answers.errors:
-            family, why = next(iter(answers.errors.items()))
-            more = f" (and {len(answers.errors) - 1} more)" if len(answers.errors) > 1 else ""
-            self.error = f"{family}: {why}{more}"
+        self.error = _error_line(answers.errors)
         if "up" in s:
             self.down = {
                 x.labels.get("instance", ""): host_of(x.labels) for x in s["up"] if x.value == 0
             }
             self.down.pop("", None)
         seen = self._figures(s, make=True, near=answers.near)
-        kept: set[str] = set()  # GPUs of down targets, from their last figures
-        for family in LAST_KNOWN:
-            for series in answers.last.get(family, []):
-                key = _key(series.labels)
-                if key is None or key in seen or (cell := self._cell(key, series.labels)) is None:
-                    continue
-                kept.add(key)
-                if cell.seen:  # this view had it live: its own last figures stand
-                    continue
-                cell.put(family, series.value)
+        kept = self._last_known(answers.last, seen)
         self._processes(s, answers.at)
         if answers.by_job:  # the GPUs of the hosts the matched processes run on
             hosts = {p.host for p in self._procs.values()}
@@ -515,6 +574,21 @@ class Cluster:
             else:
                 cell.state = OK
 
+    def _last_known(self, last: Mapping[str, list[Series]], seen: set[str]) -> set[str]:
+        """Fold in the last figures of the GPUs of down targets (those not ``seen`` live
+        this refresh) and return their keys; a cell this view had live keeps its own."""
+        kept: set[str] = set()
+        for family in LAST_KNOWN:
+            for series in last.get(family, []):
+                key = _key(series.labels)
+                if key is None or key in seen or (cell := self._cell(key, series.labels)) is None:
+                    continue
+                kept.add(key)
+                if cell.seen:  # this view had it live: its own last figures stand
+                    continue
+                cell.put(family, series.value)
+        return kept
+
     def _figures(
         self,
         s: Mapping[str, list[Series]],
@@ -529,23 +603,7 @@ class Cluster:
         view shows ``-`` until a refresh asks them, never figures of long ago)."""
         # Each series' key is worked out once a refresh: at 64 hosts there are thousands.
         gpus = self.gpus
-        seen: set[str] = set()
-        have: set[str] = set()  # GPUs with a used figure
-        ups: set[str] = set()  # GPUs with an up series (asked as != 1: NOT_ONE)
-        for family, attr in _GPU_FIGURES.items():
-            for series in s.get(family, ()):
-                key = _key(series.labels)
-                if key is None:
-                    continue
-                cell = self._cell(key, series.labels) if make else gpus.get(key)
-                if cell is None or (host is not None and cell.host != host):
-                    continue
-                seen.add(key)
-                cell.put(family, series.value)
-                if attr == "used":
-                    have.add(key)
-                elif attr == "up":
-                    ups.add(key)
+        seen, have, ups = self._gpu_figures(s, make, host)
         if "gpuwatch_gpu_up" in s:  # read, and silent about a GPU: it is up
             for key in seen - ups:
                 gpus[key].up = True
@@ -557,27 +615,10 @@ class Cluster:
                 cell.util = cell.temp = cell.power = None
                 cell.others = ()
         for family, attr in SENSORS.items():  # absent when NVML does not say: unknown
-            if family not in s:
-                continue
-            got: set[str] = set()
-            for series in s[family]:
-                v = series.value
-                if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
-                    key = _key(series.labels)
-                    if key in rows:
-                        setattr(gpus[key], attr, v)
-                        got.add(key)
-            for key in rows - got:
-                setattr(gpus[key], attr, None)
+            if family in s:
+                self._sensor(s[family], attr, rows)
         if "gpuwatch_gpu_process_memory_bytes" in s:
-            others: dict[str | None, list[Other]] = defaultdict(list)
-            for series in s["gpuwatch_gpu_process_memory_bytes"]:
-                labels = series.labels
-                pid, used = _int(labels.get("pid")), _bytes(series.value)
-                if labels.get("instrumented") == "1" or pid is None or used is None:
-                    continue
-                user, command = labels.get("user", ""), labels.get("command", "")
-                others[_key(labels)].append(Other(pid, user, command, used))
+            others = _others(s["gpuwatch_gpu_process_memory_bytes"])
             for key in rows:
                 found = sorted(others.get(key, ()), key=lambda o: (-o.used, o.pid))
                 gpus[key].others = tuple(found[:MAX_OTHERS])
@@ -586,6 +627,43 @@ class Cluster:
             for key in seen - have:
                 gpus[key].used = None
         return seen
+
+    def _gpu_figures(
+        self, s: Mapping[str, list[Series]], make: bool, host: str | None
+    ) -> tuple[set[str], set[str], set[str]]:
+        """Fold in the :data:`_GPU_FIGURES` families; the keys of the cells they name, of
+        those with a used figure and of those with an up series (asked as ``!= 1``)."""
+        seen: set[str] = set()
+        have: set[str] = set()
+        ups: set[str] = set()
+        for family, attr in _GPU_FIGURES.items():
+            for series in s.get(family, ()):
+                key = _key(series.labels)
+                if key is None:
+                    continue
+                cell = self._cell(key, series.labels) if make else self.gpus.get(key)
+                if cell is None or (host is not None and cell.host != host):
+                    continue
+                seen.add(key)
+                cell.put(family, series.value)
+                if attr == "used":
+                    have.add(key)
+                elif attr == "up":
+                    ups.add(key)
+        return seen, have, ups
+
+    def _sensor(self, series: Iterable[Series], attr: str, rows: set[str]) -> None:
+        """One of the :data:`SENSORS` into the cells of ``rows``; None where it is silent."""
+        got: set[str] = set()
+        for one in series:
+            v = one.value
+            if v == v and abs(v) < 1e9:  # NaN and absurd figures are not figures
+                key = _key(one.labels)
+                if key in rows:
+                    setattr(self.gpus[key], attr, v)
+                    got.add(key)
+        for key in rows - got:
+            setattr(self.gpus[key], attr, None)
 
     def _cell(self, key: str, labels: Mapping[str, str]) -> Gpu | None:
         """The cell of ``key`` (a GPU series' :func:`_key`), made if new and room is left."""
@@ -621,25 +699,7 @@ class Cluster:
         procs: dict[tuple[str, int], _Process] = {}
 
         def proc(series: Series) -> _Process | None:
-            labels = series.labels
-            pid = _int(labels.get("pid"))
-            if pid is None:
-                return None
-            key = (host_of(labels), pid)
-            p = procs.get(key)
-            if p is None:
-                if len(procs) >= MAX_GPUS * 8:
-                    return None
-                old = self._procs.get(key) or self._back(key)
-                job = labels.get("job_id") or job_id(labels, key[0])  # an older exporter's
-                p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None, job)
-                if old is not None:  # a family not read this time keeps its figures
-                    p.step, p.predicted, p.peaks = old.step, old.predicted, dict(old.peaks)
-                    p.strategy, p.world_size, p.info = old.strategy, old.world_size, old.info
-            if p.gpu is None and labels.get("gpu"):
-                p.gpu = labels["gpu"]
-            p.rank = _int(labels.get("rank")) if p.rank is None else p.rank
-            return p
+            return self._proc(procs, series.labels)
 
         for series in s.get("gpuwatch_process_phase_info", []):
             if (p := proc(series)) is not None and series.value == 1:
@@ -648,13 +708,7 @@ class Cluster:
             if (p := proc(series)) is not None and series.value == series.value:
                 p.step = int(series.value) if abs(series.value) < 2**53 else None
         if "gpuwatch_process_phase_peak_allocated_bytes" in s:
-            fresh: dict[tuple[str, int], dict[str, int]] = defaultdict(dict)
-            for series in s["gpuwatch_process_phase_peak_allocated_bytes"]:
-                p = proc(series)
-                peak = _bytes(series.value)
-                name = series.labels.get("phase")
-                if p is not None and peak is not None and name:
-                    fresh[(p.host, p.pid)][name] = peak
+            fresh = _peaks(s["gpuwatch_process_phase_peak_allocated_bytes"], proc)
             for key, p in procs.items():
                 p.peaks = fresh.get(key, {})
         for series in s.get("gpuwatch_process_predicted_peak_bytes", []):
@@ -662,11 +716,7 @@ class Cluster:
                 p.predicted = _bytes(series.value)
         for series in s.get("gpuwatch_rank_info", []):
             if (p := proc(series)) is not None:
-                p.info = True
-                strategy = series.labels.get("strategy")
-                if strategy and strategy != "unknown":  # "unknown": no layout facts yet
-                    p.strategy = strategy
-                p.world_size = _int(series.labels.get("world_size")) or p.world_size
+                _rank_info(p, series.labels)
         self._leave(procs, at)
         self._procs = procs
         self._cells_from(procs.values())
@@ -674,6 +724,30 @@ class Cluster:
         for job, row in self._rank_rows(procs.values()):
             by_job[job].append(row)
         self.jobs = {job: compare(by_job[job]) for job in sorted(by_job)}
+
+    def _proc(
+        self, procs: dict[tuple[str, int], _Process], labels: Mapping[str, str]
+    ) -> _Process | None:
+        """The process a series names, made in ``procs`` at its first series (with what
+        it said before, for a family not read this time); None: no pid, or no room."""
+        pid = _int(labels.get("pid"))
+        if pid is None:
+            return None
+        key = (host_of(labels), pid)
+        p = procs.get(key)
+        if p is None:
+            if len(procs) >= MAX_GPUS * 8:
+                return None
+            old = self._procs.get(key) or self._back(key)
+            job = labels.get("job_id") or job_id(labels, key[0])  # an older exporter's
+            p = procs[key] = _Process(key[0], pid, labels.get("gpu") or None, job)
+            if old is not None:  # a family not read this time keeps its figures
+                p.step, p.predicted, p.peaks = old.step, old.predicted, dict(old.peaks)
+                p.strategy, p.world_size, p.info = old.strategy, old.world_size, old.info
+        if p.gpu is None and labels.get("gpu"):
+            p.gpu = labels["gpu"]
+        p.rank = _int(labels.get("rank")) if p.rank is None else p.rank
+        return p
 
     def _back(self, key: tuple[str, int]) -> _Process | None:
         away = self._away.pop(key, None)

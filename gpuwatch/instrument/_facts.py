@@ -205,6 +205,72 @@ def _zero_flat(wrapper: Any) -> dict[int, list[Any]] | None:
     return out
 
 
+def _bucket(key: tuple[int, str, str], per_group: dict[str, Any]) -> dict[str, Any]:
+    """An empty bucket of the optimizer's facts: one group's tensors of one device and
+    dtype, with the group's options."""
+    return {
+        "group": key[0],
+        "device": key[1],
+        "dtype": key[2],
+        "tensors": 0,
+        "count": 0,
+        "bytes": 0,
+        "max_tensor_bytes": 0,
+        "second_tensor_bytes": 0,
+        "loop_peak_bytes": 0,
+        "small_count": 0,
+        "factored_count": 0,
+        "vector_count": 0,
+        **per_group,
+    }
+
+
+def _add_tensor(b: dict[str, Any], p: Any, previous: int) -> int:
+    """Count the trainable tensor ``p`` into its bucket ``b`` (``previous``: the bytes of
+    the tensor before it in the group); return its bytes."""
+    n, nb = int(p.numel()), _nbytes(p)
+    b["tensors"] += 1
+    b["count"] += n
+    b["bytes"] += nb
+    if nb > b["max_tensor_bytes"]:
+        b["second_tensor_bytes"], b["max_tensor_bytes"] = b["max_tensor_bytes"], nb
+    elif nb > b["second_tensor_bytes"]:
+        b["second_tensor_bytes"] = nb
+    # A for-loop step's working set at this tensor: two of it (sqrt, denom) while
+    # the previous tensor's denom is still bound (torch/optim/adam.py).
+    b["loop_peak_bytes"] = max(b["loop_peak_bytes"], 2 * nb + previous)
+    if n < SMALL_TENSOR:
+        b["small_count"] += n
+    if p.dim() >= 2 and n:
+        # Adafactor's row and column variances: shape[:-1] and shape[:-2]+shape[-1:].
+        b["factored_count"] += n // int(p.shape[-1]) + n // int(p.shape[-2])
+    else:
+        b["vector_count"] += n
+    return nb
+
+
+def _state_size(optimizer: Any) -> tuple[int, int]:
+    """The bytes and tensors of the optimizer's state, each storage counted once."""
+    state_bytes = state_tensors = 0
+    seen: set[int] = set()
+    for st in getattr(optimizer, "state", {}).values():
+        if not isinstance(st, dict):
+            continue
+        for v in st.values():
+            if hasattr(v, "untyped_storage"):
+                try:
+                    storage = v.untyped_storage()
+                    ptr = storage.data_ptr()
+                    if ptr in seen and ptr:
+                        continue
+                    seen.add(ptr)
+                    state_bytes += int(storage.nbytes())
+                    state_tensors += 1
+                except Exception:
+                    continue
+    return state_bytes, state_tensors
+
+
 def _optimizer(optimizer: Any, flat: dict[int, list[Any]] | None = None) -> dict[str, Any]:
     """The optimizer's facts.
 
@@ -241,63 +307,14 @@ def _optimizer(optimizer: Any, flat: dict[int, list[Any]] | None = None) -> dict
                 if len(buckets) >= MAX_BUCKETS:
                     truncated = True
                     continue
-                b = buckets[key] = {
-                    "group": gi,
-                    "device": key[1],
-                    "dtype": key[2],
-                    "tensors": 0,
-                    "count": 0,
-                    "bytes": 0,
-                    "max_tensor_bytes": 0,
-                    "second_tensor_bytes": 0,
-                    "loop_peak_bytes": 0,
-                    "small_count": 0,
-                    "factored_count": 0,
-                    "vector_count": 0,
-                    **per_group,
-                }
-            p = local(p)  # sizes are this rank's shard
-            n, nb = int(p.numel()), _nbytes(p)
-            b["tensors"] += 1
-            b["count"] += n
-            b["bytes"] += nb
-            if nb > b["max_tensor_bytes"]:
-                b["second_tensor_bytes"], b["max_tensor_bytes"] = b["max_tensor_bytes"], nb
-            elif nb > b["second_tensor_bytes"]:
-                b["second_tensor_bytes"] = nb
-            # A for-loop step's working set at this tensor: two of it (sqrt, denom) while
-            # the previous tensor's denom is still bound (torch/optim/adam.py).
-            b["loop_peak_bytes"] = max(b["loop_peak_bytes"], 2 * nb + previous)
-            previous = nb
-            if n < SMALL_TENSOR:
-                b["small_count"] += n
-            if p.dim() >= 2 and n:
-                # Adafactor's row and column variances: shape[:-1] and shape[:-2]+shape[-1:].
-                b["factored_count"] += n // int(p.shape[-1]) + n // int(p.shape[-2])
-            else:
-                b["vector_count"] += n
+                b = buckets[key] = _bucket(key, per_group)
+            previous = _add_tensor(b, local(p), previous)  # sizes are this rank's shard
         if frozen:
             for b in buckets.values():
                 if b["group"] == gi:
                     b["frozen_tensors"] = frozen
                     break
-    state_bytes = state_tensors = 0
-    seen: set[int] = set()
-    for st in getattr(optimizer, "state", {}).values():
-        if not isinstance(st, dict):
-            continue
-        for v in st.values():
-            if hasattr(v, "untyped_storage"):
-                try:
-                    storage = v.untyped_storage()
-                    ptr = storage.data_ptr()
-                    if ptr in seen and ptr:
-                        continue
-                    seen.add(ptr)
-                    state_bytes += int(storage.nbytes())
-                    state_tensors += 1
-                except Exception:
-                    continue
+    state_bytes, state_tensors = _state_size(optimizer)
     facts = {
         "class": cls.__name__,
         "module": cls.__module__,
@@ -420,54 +437,54 @@ def _module_shape(model: Any, found: tuple[str, Any]) -> dict[str, Any]:
     return shape
 
 
-def _transformer(model: Any) -> dict[str, Any] | None:
+def _config_shape(cfg: Any) -> dict[str, Any]:
+    """What a HF-style config says of the transformer's shape (``source``: config)."""
+    shape: dict[str, Any] = {}
+    for key, names in CONFIG_NAMES.items():
+        v = _first(cfg, names)
+        if isinstance(v, int) and not isinstance(v, bool):
+            shape[key] = v
+    if getattr(cfg, "multi_query", False) and "kv_heads" not in shape:
+        shape["kv_heads"] = 1
+    named = {
+        "attention": ATTN_ATTRS,
+        "activation": ("hidden_act", "activation_function", "hidden_activation"),
+        "model_type": ("model_type",),
+    }
+    for key, names in named.items():
+        v = _first(cfg, names)
+        if isinstance(v, str):
+            shape[key] = v
+    drop = {}
+    for key, names in DROPOUT_NAMES.items():
+        v = _first(cfg, names)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            drop[key] = float(v)
+    if drop:
+        shape["dropout"] = drop
+    shape["source"] = "config"
+    return shape
+
+
+def _norm(layer: Any) -> dict[str, Any]:
+    """A layer's norm: rmsnorm (its class, whether it upcasts) or layernorm, if any."""
     import torch
 
-    cfg = _config(model)
-    found = _layers(model)
-    shape: dict[str, Any] = {}
-    if cfg is not None:
-        for key, names in CONFIG_NAMES.items():
-            v = _first(cfg, names)
-            if isinstance(v, int) and not isinstance(v, bool):
-                shape[key] = v
-        if getattr(cfg, "multi_query", False) and "kv_heads" not in shape:
-            shape["kv_heads"] = 1
-        attn = _first(cfg, ATTN_ATTRS)
-        if isinstance(attn, str):
-            shape["attention"] = attn
-        act = _first(cfg, ("hidden_act", "activation_function", "hidden_activation"))
-        if isinstance(act, str):
-            shape["activation"] = act
-        mt = getattr(cfg, "model_type", None)
-        if isinstance(mt, str):
-            shape["model_type"] = mt
-        drop = {}
-        for key, names in DROPOUT_NAMES.items():
-            v = _first(cfg, names)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                drop[key] = float(v)
-        if drop:
-            shape["dropout"] = drop
-        shape["source"] = "config"
-    if found is not None:
-        for k, v in _module_shape(model, found).items():
-            shape.setdefault(k, v)
-        shape.setdefault("source", "modules")
-    if not all(k in shape for k in ("layers", "hidden", "heads")):
-        return None
-    if found is None:
-        return shape
-    layer = found[1][0]
-    module_classes = [type(m).__name__ for m in layer.modules()]
     rms = [m for m in layer.modules() if "rmsnorm" in type(m).__name__.lower()]
     if rms:
-        shape["norm"] = "rmsnorm"
-        shape["norm_class"] = type(rms[0]).__name__
         # torch's own RMSNorm does not upcast; the LLaMA-family copies do (LlamaRMSNorm).
-        shape["norm_upcast"] = not isinstance(rms[0], getattr(torch.nn, "RMSNorm", ()))
-    elif any(isinstance(m, torch.nn.LayerNorm) for m in layer.modules()):
-        shape["norm"] = "layernorm"
+        upcast = not isinstance(rms[0], getattr(torch.nn, "RMSNorm", ()))
+        return {"norm": "rmsnorm", "norm_class": type(rms[0]).__name__, "norm_upcast": upcast}
+    if any(isinstance(m, torch.nn.LayerNorm) for m in layer.modules()):
+        return {"norm": "layernorm"}
+    return {}
+
+
+def _linears(layer: Any) -> tuple[dict[str, bool], int, set[str], bool]:
+    """A layer's linear projections: whether each role trains, the LoRA rank and the
+    roles LoRA targets, whether any has a bias."""
+    import torch
+
     roles: dict[str, bool] = {}
     lora_rank = 0
     lora_targets: set[str] = set()
@@ -486,17 +503,13 @@ def _transformer(model: Any) -> dict[str, Any] | None:
         has_bias = has_bias or mod.bias is not None
         if role:
             roles[role] = roles.get(role, False) or bool(mod.weight.requires_grad)
-    gated = "gate" in roles or any("gate" in n.lower() for n, _ in layer.named_modules())
-    shape["mlp"] = "gated" if gated else "gelu"
-    shape["fused_qkv"] = bool(shape.get("fused_qkv")) or ("q" in roles and "k" not in roles)
-    shape["bias"] = has_bias
-    norm_w = [
-        p
-        for m in layer.modules()
-        if "norm" in type(m).__name__.lower()
-        for p in m.parameters(recurse=False)
-    ]
-    roles["norm"] = any(p.requires_grad for p in norm_w) if norm_w else True
+    return roles, lora_rank, lora_targets, has_bias
+
+
+def _embeddings(model: Any) -> tuple[Any, Any]:
+    """The model's token embedding and output head (None where it has none)."""
+    import torch
+
     inp = getattr(model, "get_input_embeddings", lambda: None)()
     out = getattr(model, "get_output_embeddings", lambda: None)()
     embeds = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
@@ -512,6 +525,53 @@ def _transformer(model: Any) -> dict[str, Any] | None:
             if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in ("lm_head", "head", "output")
         ]
         out = heads[0] if heads else None
+    return tok, out
+
+
+def _module_dropout(model: Any, layer: Any, prefix: str) -> dict[str, float]:
+    """Dropout probabilities from the modules where the config says none: attention and
+    residual from a layer's, embedding from those outside the layers (``prefix``)."""
+    import torch
+
+    drop = {"attn": 0.0, "resid": 0.0, "embd": 0.0}
+    for name, mod in layer.named_modules():
+        if isinstance(mod, torch.nn.Dropout) and mod.p > 0:
+            key = "attn" if "attn_drop" in name or "attention_drop" in name else "resid"
+            drop[key] = max(drop[key], float(mod.p))
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Dropout) and mod.p > 0 and prefix not in name:
+            drop["embd"] = max(drop["embd"], float(mod.p))
+    return drop
+
+
+def _transformer(model: Any) -> dict[str, Any] | None:
+    cfg = _config(model)
+    found = _layers(model)
+    shape: dict[str, Any] = {} if cfg is None else _config_shape(cfg)
+    if found is not None:
+        for k, v in _module_shape(model, found).items():
+            shape.setdefault(k, v)
+        shape.setdefault("source", "modules")
+    if not all(k in shape for k in ("layers", "hidden", "heads")):
+        return None
+    if found is None:
+        return shape
+    layer = found[1][0]
+    module_classes = [type(m).__name__ for m in layer.modules()]
+    shape.update(_norm(layer))
+    roles, lora_rank, lora_targets, has_bias = _linears(layer)
+    gated = "gate" in roles or any("gate" in n.lower() for n, _ in layer.named_modules())
+    shape["mlp"] = "gated" if gated else "gelu"
+    shape["fused_qkv"] = bool(shape.get("fused_qkv")) or ("q" in roles and "k" not in roles)
+    shape["bias"] = has_bias
+    norm_w = [
+        p
+        for m in layer.modules()
+        if "norm" in type(m).__name__.lower()
+        for p in m.parameters(recurse=False)
+    ]
+    roles["norm"] = any(p.requires_grad for p in norm_w) if norm_w else True
+    tok, out = _embeddings(model)
     if tok is not None:
         roles["embed"] = bool(tok.weight.requires_grad)
     if out is not None and getattr(out, "weight", None) is not None:
@@ -527,15 +587,7 @@ def _transformer(model: Any) -> dict[str, Any] | None:
     )
     shape["learned_positions"] = bool(shape.get("learned_positions", False))
     if "dropout" not in shape:
-        drop = {"attn": 0.0, "resid": 0.0, "embd": 0.0}
-        for name, mod in layer.named_modules():
-            if isinstance(mod, torch.nn.Dropout) and mod.p > 0:
-                key = "attn" if "attn_drop" in name or "attention_drop" in name else "resid"
-                drop[key] = max(drop[key], float(mod.p))
-        for name, mod in model.named_modules():
-            if isinstance(mod, torch.nn.Dropout) and mod.p > 0 and found[0] not in name:
-                drop["embd"] = max(drop["embd"], float(mod.p))
-        shape["dropout"] = drop
+        shape["dropout"] = _module_dropout(model, layer, found[0])
     return shape
 
 

@@ -32,6 +32,8 @@ from ..analysis.predicted import PredictedLine
 from ..fmt import ellipsis, printable
 from ..session import Device, Session
 from ._strips import CachedStrips
+from .thresholds import DEFAULT, Thresholds, marked
+from .thresholds import of as thresholds_of
 
 CSS_PATH = Path(__file__).with_name("overview.tcss")
 """The overview's styles (the app loads them: a widget has no CSS_PATH of its own)."""
@@ -280,17 +282,30 @@ class Layout:
         return cls(label, name, bar, max(0, width - (label + name + bar + 26)))
 
 
-def gpu_texts(row: GpuRow, lay: Layout) -> tuple[str, ...]:
-    """A GPU row's text, column by column (the bar as its cells): what a frame draws."""
+def gpu_texts(
+    row: GpuRow, lay: Layout, levels: Thresholds = DEFAULT, no_color: bool = False
+) -> tuple[str, ...]:
+    """A GPU row's text, column by column (the bar as its cells): what a frame draws.
+
+    Without colour a memory or utilisation figure at its high level carries a sign."""
     top = row.state.upper() if row.state != "ok" else top_text(row.top, row.phase, lay.rest)
+    mem, util = row_levels(row, levels)
+    used = marked(f"{_gib(row.used)}/{_gib(row.total, 0)}G", mem, no_color)
+    busy = _num(row.util, "%", 0)
     return (
         f"{row.label:<{lay.label - 2}}",
         ellipsis(row.name, lay.name - 1).ljust(lay.name),
         repr(bar_cells(row, lay.bar)),
-        f"{_gib(row.used)}/{_gib(row.total, 0)}G".rjust(9),
-        f"{_num(row.util, '%', 5)}{_num(row.temp, '°', 5)}{_num(row.power, 'W', 5)}",
+        used.rjust(9),
+        f"{marked(busy, util, no_color).rjust(5)}{_num(row.temp, '°', 5)}{_num(row.power, 'W', 5)}",
         ellipsis(top, lay.rest),
     )
+
+
+def row_levels(row: GpuRow | HostRow, levels: Thresholds) -> tuple[str | None, str | None]:
+    """The load levels of a row's memory used and of its utilisation (the host's CPU)."""
+    busy = row.util if isinstance(row, GpuRow) else row.cpu
+    return levels.memory_level(row.used, row.total), levels.util_level(busy)
 
 
 def top_text(top: str | None, phase: str | None, width: int) -> str:
@@ -303,9 +318,12 @@ def top_text(top: str | None, phase: str | None, width: int) -> str:
     return f"{ellipsis(top, room)} · {phase}" if room > 0 else ellipsis(phase, width)
 
 
-def host_texts(host: HostRow, lay: Layout, width: int) -> tuple[str, ...]:
+def host_texts(
+    host: HostRow, lay: Layout, width: int, levels: Thresholds = DEFAULT, no_color: bool = False
+) -> tuple[str, ...]:
     """The host row's text, column by column."""
-    cpu = "CPU –" if host.cpu is None else f"CPU {host.cpu:.0f}%"
+    mem, busy = row_levels(host, levels)
+    cpu = "CPU –" if host.cpu is None else marked(f"CPU {host.cpu:.0f}%", busy, no_color)
     load = "" if host.load1 is None else f" load {host.load1:.2f}"
     if host.swap_total:
         swap = f" swap {_gib(host.swap_used)}/{_gib(host.swap_total, 0)}G"
@@ -317,7 +335,7 @@ def host_texts(host: HostRow, lay: Layout, width: int) -> tuple[str, ...]:
         f"{'host':<{lay.label - 2}}",
         ellipsis(printable(host.name), lay.name - 1).ljust(lay.name),
         repr(bar_cells(host, lay.bar)),
-        f"{_gib(host.used)}/{_gib(host.total, 0)}G".rjust(9),
+        marked(f"{_gib(host.used)}/{_gib(host.total, 0)}G", mem, no_color).rjust(9),
         ellipsis(f"{cpu}{load}{swap}", max(0, width - lay.label - lay.name - lay.bar - 11)),
     )
 
@@ -426,13 +444,18 @@ class GpuOverview(CachedStrips, can_focus=True):
         made in :meth:`build_strips`, once styles are known)."""
         width = self._width()
         lay = Layout.of(width, self.rows, self.bar_share)
-        rows = tuple(gpu_texts(r, lay) for r in self.rows)
+        levels, mono = thresholds_of(self.app), self.app.no_color
+        rows = tuple(gpu_texts(r, lay, levels, mono) for r in self.rows)
+        host = self.host if self.show_host else None
         texts = (
             width,
             self.selected,
             self.show_host,
             rows,
-            host_texts(self.host, lay, width) if self.show_host and self.host else None,
+            host_texts(host, lay, width, levels, mono) if host else None,
+            # A level's colour may change where the text does not (a figure at 80.0 %).
+            tuple(row_levels(r, levels) for r in self.rows),
+            row_levels(host, levels) if host else None,
         )
         if texts == self._texts:
             return
@@ -497,20 +520,27 @@ class GpuOverview(CachedStrips, can_focus=True):
         )
         lines = [(joined([(ellipsis(head, width), None)]), styles["head"])]
         drawn = self._row_texts if self._texts and self._texts[0] == width else None
+        levels, mono = thresholds_of(self.app), self.app.no_color
         for i, row in enumerate(self.rows):
             chosen = i == self.selected
-            label, name, _, memory, figures, top = drawn[i] if drawn else gpu_texts(row, lay)
+            texts = drawn[i] if drawn else gpu_texts(row, lay, levels, mono)
+            label, name, _, memory, figures, top = texts
+            mem, util = (_level_color(lv, colors) for lv in row_levels(row, levels))
             runs: list[Run] = [("▸ " if chosen else "  ", None), (label, None), (name, None)]
             runs += memory_bar(bar_cells(row, lay.bar), lay.bar, colors)
-            runs += [(" ", None), (memory, None)]
-            runs.append((figures, styles["muted"] if row.util is None else None))
+            runs += [(" ", None), (memory, mem)]
+            if row.util is None:
+                runs.append((figures, styles["muted"]))
+            else:  # the utilisation in its level's colour, temperature and power as they are
+                runs += [(figures[:5], util), (figures[5:], None)]
             runs += [(" ", None), (top, None)]
             lines.append((joined(runs), styles["selected"] if chosen else Style()))
         if self.show_host and self.host is not None:
-            label, name, _, memory, rest = host_texts(self.host, lay, width)
+            label, name, _, memory, rest = host_texts(self.host, lay, width, levels, mono)
+            mem, busy = (_level_color(lv, colors) for lv in row_levels(self.host, levels))
             runs = [("  ", None), (label, None), (name, None)]
             runs += memory_bar(bar_cells(self.host, lay.bar), lay.bar, colors)
-            runs += [(" ", None), (memory, None), (" ", None), (rest, None)]
+            runs += [(" ", None), (memory, mem), (" ", None), (rest, busy)]
             lines.append((joined(runs), styles["host"]))
         return lines
 
@@ -550,6 +580,11 @@ class GpuOverview(CachedStrips, can_focus=True):
         key = self.selected_key
         if key is not None:
             self.post_message(self.Opened(key))
+
+
+def _level_color(level: str | None, colors: Mapping[str, str]) -> str | None:
+    """The theme's colour of a load level (None: the line's own)."""
+    return colors.get(f"gw-level-{level}") or None if level else None
 
 
 def _style(rich_style: RichStyle) -> Style:

@@ -20,6 +20,8 @@ from ._text import Fitted, Line, markup_safe
 from .band import BandMarker, BandRow, PhaseBand, label_width, process_spans
 from .breakdown import BreakdownBar
 from .chart import MONO_MARK, ChartFrame, Series, TimelineChart
+from .thresholds import level_style, marked
+from .thresholds import of as thresholds_of
 
 LINE_LABELS = {
     "gpu": {
@@ -87,6 +89,7 @@ class DevicePanel(Vertical):
         self.place = ""  # "1/2 · tab ▸" when panels are stepped through (a short screen)
         self.short = False  # the app's short layout: fewer band rows
         self._title_shown: str | None = None  # the border title last set
+        self._header_shown: object = None  # the header line last set (text, styles)
 
     def watch_fit(self) -> None:
         self.chart.invalidate()  # the y scale is not part of the chart's cache key
@@ -135,7 +138,13 @@ class DevicePanel(Vertical):
         # nothing to split that the header does not say already.
         explained = self.bar is not None and bool(self.band.rows)
         now = self.moment_at(at, with_breakdown=explained)  # read once, formatted below
-        self.header.set(printable(self._header_text(now, window)))
+        header = self._header_text(now, window)
+        # Content's == ignores its styles: a level's new colour is a new header too.
+        said = (header.plain, tuple(header.spans))
+        if said != self._header_shown:  # an update repaints the line: only a new one
+            self._header_shown = said
+            self.header.text = header.plain
+            self.header.update(header, layout=False)
         self.legend.set(self._legend(now))
         if self.bar is not None:
             if self.bar.display != explained:
@@ -161,44 +170,90 @@ class DevicePanel(Vertical):
         place = f" · {self.place}" if self.place else ""
         return f"{where}{index} · {dev.name}{state}{place}"
 
-    def _header_text(self, now: Moment, window: tuple[int, int]) -> str:
-        """The device's figures at the moment (the sample at or before it)."""
+    def _header_text(self, now: Moment, window: tuple[int, int]) -> Content:
+        """The device's figures at the moment (the sample at or before it): memory and
+        utilisation in their load level's colour (:mod:`.thresholds`)."""
+        parts = self._host_parts(now, window) if self.is_host else self._gpu_parts(now)
+        rate = self._rate_at(now.t)
+        if rate is not None:
+            parts.append((f"{rate:.0f} Hz", None))
+        pieces: list[tuple[str, str] | str] = []
+        for i, (text, style) in enumerate(parts):
+            if i:
+                pieces.append(" · ")
+            pieces.append((printable(text), style) if style else printable(text))
+        return Content.assemble(*pieces)
+
+    def _host_parts(self, now: Moment, window: tuple[int, int]) -> list[tuple[str, str | None]]:
+        """CPU busy %, load, RAM and swap, then what the RSS lines are."""
+        host = self.session.host_table(self.key)
+        # Every instrumented process on this host adds to the RSS line (GPU ones have
+        # their band rows on their GPU's panel).
+        procs = [p for p in self.session.active(*window) if p.host == self.key]
+        count = f"RSS of {len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
+        row = now.row
+        if row is None:
+            return [
+                (f"{'no sample at this time' if len(host) else 'waiting'}", None),
+                (count, None),
+            ]
+        levels = thresholds_of(self.app)
+        no_color = self.app.no_color
+        cpu = _figure(row, "cpu")
+        used, total = _figure(row, "used"), _figure(row, "total")
+        mem = levels.memory_level(used, total)
+        parts: list[tuple[str, str | None]] = [
+            (
+                marked(f"CPU {_num(cpu, '%')}", levels.util_level(cpu), no_color),
+                level_style(levels.util_level(cpu)),
+            ),
+        ]
+        load = _figure(row, "load1")
+        if load is not None:
+            parts.append((f"load {load:.2f}", None))
+        parts.append(
+            (marked(f"RAM {fmt_bytes(used)} / {fmt_bytes(total)}", mem, no_color), level_style(mem))
+        )
+        swap_used, swap_total = _figure(row, "swap_used"), _figure(row, "swap_total")
+        if swap_total:
+            parts.append((f"swap {fmt_bytes(swap_used)} / {fmt_bytes(swap_total)}", None))
+        elif swap_total == 0:
+            parts.append(("no swap", None))
+        parts.append((count, None))
+        return parts
+
+    def _gpu_parts(self, now: Moment) -> list[tuple[str, str | None]]:
+        """State, memory used of the total, utilisation, temperature, power."""
         dev = self.device
         t, row = now.t, now.row
-        if dev.kind == "host":
-            host = self.session.host_table(self.key)
-            # Every instrumented process on this host adds to the RSS line (GPU ones have
-            # their band rows on their GPU's panel).
-            procs = [p for p in self.session.active(*window) if p.host == self.key]
-            count = f"RSS of {len(procs)} instrumented process{'es' if len(procs) != 1 else ''}"
-            if row is None:
-                return f"{'no sample at this time' if len(host) else 'waiting'} · {count}"
-            used, total = _figure(row, "used"), _figure(row, "total")
-            return f"RAM {fmt_bytes(used)} / {fmt_bytes(total)} used · {count}"
-        parts = []
+        parts: list[tuple[str, str | None]] = []
         table = self.session.gpu.get(self.key)
         if dev.state != "ok":
-            parts.append(dev.note or dev.state)
+            parts.append((dev.note or dev.state, None))
         if row is None:
             if dev.source == "torch":
-                parts.append("torch figures only (NVML cannot see this GPU)")
+                parts.append(("torch figures only (NVML cannot see this GPU)", None))
             elif table is not None and len(table):
-                parts.append("no sample yet at this time")
+                parts.append(("no sample yet at this time", None))
             else:
-                parts.append("waiting for the first sample")
-        else:
-            if dev.state == "lost" and table is not None and t >= (table.span() or (0, 0))[1]:
-                parts.append("last seen")
-            used, total = _figure(row, "used"), _figure(row, "total")
-            parts.append(f"{fmt_bytes(used)} / {fmt_bytes(total)}")
-            parts.append(f"util {_num(_figure(row, 'util_gpu'), '%')}")
-            parts.append(f"{_num(_figure(row, 'temp'), '°C')}")
-            power, limit = _figure(row, "power"), _figure(row, "power_limit")
-            parts.append(f"{_num(power, ' W')} / {_num(limit, ' W')}")
-        rate = self._rate_at(t)
-        if rate is not None:
-            parts.append(f"{rate:.0f} Hz")
-        return " · ".join(parts)
+                parts.append(("waiting for the first sample", None))
+            return parts
+        if dev.state == "lost" and table is not None and t >= (table.span() or (0, 0))[1]:
+            parts.append(("last seen", None))
+        levels = thresholds_of(self.app)
+        no_color = self.app.no_color
+        used, total = _figure(row, "used"), _figure(row, "total")
+        mem = levels.memory_level(used, total)
+        util = _figure(row, "util_gpu")
+        busy = levels.util_level(util)
+        parts.append(
+            (marked(f"{fmt_bytes(used)} / {fmt_bytes(total)}", mem, no_color), level_style(mem))
+        )
+        parts.append((marked(f"util {_num(util, '%')}", busy, no_color), level_style(busy)))
+        parts.append((f"{_num(_figure(row, 'temp'), '°C')}", None))
+        power, limit = _figure(row, "power"), _figure(row, "power_limit")
+        parts.append((f"{_num(power, ' W')} / {_num(limit, ' W')}", None))
+        return parts
 
     def _rate_at(self, t: int) -> float | None:
         """Samples a second around ``t`` (the achieved NVML rate then), else the sampler's."""

@@ -63,6 +63,12 @@ class Thresholds:
 DEFAULT = Thresholds()
 
 
+def of(app: object) -> Thresholds:
+    """The thresholds an app carries (``GpuwatchApp.thresholds``), else the defaults."""
+    found = getattr(app, "thresholds", None)
+    return found if isinstance(found, Thresholds) else DEFAULT
+
+
 def level(pct: float, pair: Pair) -> str:
     """``low`` below ``pair[0]``, ``high`` at or above ``pair[1]``, else ``mid``."""
     if pct >= pair[1]:

@@ -430,29 +430,27 @@ def _grads_in_partition(opt: Any) -> dict[str, int]:
         return {}  # DeepSpeed's internals moved: the facts go without
 
 
-def _zero(engine: Any, opt: Any, model: Any) -> dict[str, Any] | None:
-    """DeepSpeed ZeRO: the stage, the partition count, the buckets, offload and this rank's
-    partitions (``docs/facts.md``, ``parallel.zero``), from the engine, its optimizer
-    wrapper, or (stage 3 alone) the partitioned parameters."""
-    cfg = getattr(getattr(engine, "_config", None), "zero_config", None)
-    stage = None
+def _zero_stage(engine: Any, cfg: Any, opt: Any, partitioned: list[Any]) -> int | None:
+    """The ZeRO stage: the engine's, else its config's, else what the optimizer wrapper's
+    class says, else 3 where parameters are partitioned."""
     if engine is not None:
         try:
-            stage = int(engine.zero_optimization_stage())
+            return int(engine.zero_optimization_stage())
         except Exception:
             stage = _int(getattr(cfg, "stage", None))
+            if stage is not None:
+                return stage
     names = _classes(opt) if opt is not None else set()
-    if stage is None and "DeepSpeedZeroOptimizer_Stage3" in names:
-        stage = 3
-    elif stage is None and "DeepSpeedZeroOptimizer" in names:
-        stage = 2 if getattr(opt, "partition_gradients", False) else 1
-    params = list(model.parameters())
-    partitioned = [p for p in params if getattr(p, "ds_tensor", None) is not None]
-    if stage is None and partitioned:
-        stage = 3
-    if not stage:
-        return None
-    out: dict[str, Any] = {"stage": stage}
+    if "DeepSpeedZeroOptimizer_Stage3" in names:
+        return 3
+    if "DeepSpeedZeroOptimizer" in names:
+        return 2 if getattr(opt, "partition_gradients", False) else 1
+    return 3 if partitioned else None
+
+
+def _partition_count(opt: Any, partitioned: list[Any]) -> int | None:
+    """How many ranks share the partitions: the wrapper's count, else the process group
+    of a partitioned parameter."""
     count = getattr(opt, "partition_count", None)
     count = count[0] if isinstance(count, (list, tuple)) and count else count
     if _int(count) is None and partitioned:
@@ -460,63 +458,90 @@ def _zero(engine: Any, opt: Any, model: Any) -> dict[str, Any] | None:
             count = partitioned[0].ds_process_group.size()
         except Exception:
             count = None
-    if _int(count) is not None:
-        out["partition_count"] = _int(count)
+    return _int(count)
+
+
+def _zero_dtype(engine: Any, opt: Any) -> Any:
+    """The dtype ZeRO trains in: the wrapper's, else what the engine has enabled."""
+    dtype = getattr(opt, "dtype", None)
+    if dtype is None and engine is not None:
+        try:
+            if engine.bfloat16_enabled():
+                return "bfloat16"
+            return "float16" if engine.fp16_enabled() else "float32"
+        except Exception:
+            return None
+    return dtype
+
+
+def _zero_copies(opt: Any, stage: int) -> dict[str, Any]:
+    """The optimizer wrapper's own copies: the fp32 master, and stage 1/2's partition and
+    gradient copy or stage 3's flat gradient partitions."""
+    if stage < 3:
+        # The fp32 master copy of this rank's partition (``single_partition_of_fp32_groups``,
+        # a clone even in fp32) and the partition's size in elements (``partition_size``).
+        sizes = getattr(opt, "partition_size", None) or []
+        return {
+            "master_bytes": _sum_bytes(getattr(opt, "single_partition_of_fp32_groups", None)),
+            "partition_numel": sum(_int(n) or 0 for n in sizes),
+            **_grads_in_partition(opt),
+        }
+    # Stage 3's fp32 partitions are the bit16 ones themselves where the dtypes agree
+    # (``_create_fp32_partitions``): only a separate copy counts.
+    same = {t.data_ptr() for t in getattr(opt, "fp16_partitioned_groups_flat", None) or []}
+    grads = getattr(opt, "grad_partitions_flat_buffer", None)
+    return {
+        "master_bytes": _sum_bytes(
+            t
+            for t in getattr(opt, "fp32_partitioned_groups_flat", None) or []
+            if t.data_ptr() not in same
+        ),
+        "grad_partition_bytes": _sum_bytes([grads] if grads is not None else []),
+    }
+
+
+def _stage3_sizes(partitioned: list[Any]) -> dict[str, int]:
+    """Stage 3: what an all-gather makes (``ds_numel``), this rank's partitions, and the
+    persistent parameters that stay gathered (``ds_persist``)."""
+
+    def whole(p: Any) -> int:
+        return (_int(getattr(p, "ds_numel", 0)) or 0) * int(p.element_size())
+
+    return {
+        "unsharded_bytes": sum(whole(p) for p in partitioned),
+        "partition_bytes": _sum_bytes(p.ds_tensor for p in partitioned),
+        "partition_numel": sum(_numel(p.ds_tensor) for p in partitioned),
+        "persistent_bytes": sum(
+            whole(p) for p in partitioned if getattr(p, "ds_persist", False) is True
+        ),
+        "largest_param_bytes": max(whole(p) for p in partitioned),
+    }
+
+
+def _zero(engine: Any, opt: Any, model: Any) -> dict[str, Any] | None:
+    """DeepSpeed ZeRO: the stage, the partition count, the buckets, offload and this rank's
+    partitions (``docs/facts.md``, ``parallel.zero``), from the engine, its optimizer
+    wrapper, or (stage 3 alone) the partitioned parameters."""
+    cfg = getattr(getattr(engine, "_config", None), "zero_config", None)
+    params = list(model.parameters())
+    partitioned = [p for p in params if getattr(p, "ds_tensor", None) is not None]
+    stage = _zero_stage(engine, cfg, opt, partitioned)
+    if not stage:
+        return None
+    out: dict[str, Any] = {"stage": stage}
+    count = _partition_count(opt, partitioned)
+    if count is not None:
+        out["partition_count"] = count
     options = _zero_options(cfg, opt)
     if stage < 3:  # stage 3's own options mean nothing below it
         options = {k: v for k, v in options.items() if not k.startswith("stage3_")}
     out.update(options)
     out["offload_optimizer"], out["offload_param"] = _offload(cfg, opt, stage)
-    dtype = getattr(opt, "dtype", None)
-    if dtype is None and engine is not None:
-        try:
-            dtype = (
-                "bfloat16"
-                if engine.bfloat16_enabled()
-                else "float16"
-                if engine.fp16_enabled()
-                else "float32"
-            )
-        except Exception:
-            dtype = None
-    out["dtype"] = _dtype(dtype)
-    if stage < 3 and opt is not None:
-        # The fp32 master copy of this rank's partition (``single_partition_of_fp32_groups``,
-        # a clone even in fp32) and the partition's size in elements (``partition_size``).
-        out["master_bytes"] = _sum_bytes(getattr(opt, "single_partition_of_fp32_groups", None))
-        sizes = getattr(opt, "partition_size", None) or []
-        out["partition_numel"] = sum(_int(n) or 0 for n in sizes)
-        out.update(_grads_in_partition(opt))
-    elif opt is not None:
-        # Stage 3's fp32 partitions are the bit16 ones themselves where the dtypes agree
-        # (``_create_fp32_partitions``): only a separate copy counts.
-        same = {t.data_ptr() for t in getattr(opt, "fp16_partitioned_groups_flat", None) or []}
-        out["master_bytes"] = _sum_bytes(
-            t
-            for t in getattr(opt, "fp32_partitioned_groups_flat", None) or []
-            if t.data_ptr() not in same
-        )
-        out["grad_partition_bytes"] = _sum_bytes(
-            [getattr(opt, "grad_partitions_flat_buffer", None)]
-            if getattr(opt, "grad_partitions_flat_buffer", None) is not None
-            else []
-        )
+    out["dtype"] = _dtype(_zero_dtype(engine, opt))
+    if opt is not None:
+        out.update(_zero_copies(opt, stage))
     if partitioned:
-        # Stage 3: what an all-gather makes (``ds_numel``), this rank's partitions, and the
-        # persistent parameters that stay gathered (``ds_persist``).
-        out["unsharded_bytes"] = sum(
-            (_int(getattr(p, "ds_numel", 0)) or 0) * int(p.element_size()) for p in partitioned
-        )
-        out["partition_bytes"] = _sum_bytes(p.ds_tensor for p in partitioned)
-        out["partition_numel"] = sum(_numel(p.ds_tensor) for p in partitioned)
-        out["persistent_bytes"] = sum(
-            (_int(getattr(p, "ds_numel", 0)) or 0) * int(p.element_size())
-            for p in partitioned
-            if getattr(p, "ds_persist", False) is True
-        )
-        out["largest_param_bytes"] = max(
-            (_int(getattr(p, "ds_numel", 0)) or 0) * int(p.element_size()) for p in partitioned
-        )
+        out.update(_stage3_sizes(partitioned))
     return out
 
 
@@ -529,6 +554,36 @@ def _devices(model: Any) -> dict[str, int]:
         dev = str(local(t).device)
         out[dev] = out.get(dev, 0) + local_bytes(t)
     return out
+
+
+def _wrappers(outer: Any) -> list[Any]:
+    """The wrappers around the model, outermost first (eight at most)."""
+    chain = []
+    for _ in range(8):
+        chain.append(outer)
+        inner = None
+        for attr in ("module", "_fsdp_wrapped_module", "_orig_mod"):
+            inner = getattr(outer, "_modules", {}).get(attr)
+            if inner is not None:
+                break
+        if inner is None:
+            break
+        outer = inner
+    return chain
+
+
+def _zero_of(chain: list[Any], model: Any, optimizer: Any) -> dict[str, Any] | None:
+    """The ZeRO facts from DeepSpeed's engine in ``chain`` and its optimizer wrapper (the
+    user's, else the engine's), or from the partitioned parameters alone (None: no ZeRO)."""
+    engine = next((w for w in chain if "DeepSpeedEngine" in _classes(w)), None)
+    zopt = optimizer if _classes(optimizer) & set(ZERO_OPTIMIZERS) else None
+    if zopt is None and engine is not None:
+        inner = getattr(engine, "optimizer", None)
+        zopt = inner if _classes(inner) & set(ZERO_OPTIMIZERS) else None
+    zero = _zero(engine, zopt, model) if engine is not None or zopt is not None else None
+    if zero is None and any(getattr(p, "ds_tensor", None) is not None for p in model.parameters()):
+        zero = _zero(None, None, model)  # watch(engine.module) alone, stage 3
+    return zero
 
 
 def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> dict[str, Any] | None:
@@ -546,18 +601,7 @@ def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> di
     out: dict[str, Any] = {"strategy": "none"}
     if rank is not None:
         out["rank"], out["world_size"] = rank, world
-    outer = wrapper if wrapper is not None else model
-    chain = []
-    for _ in range(8):  # the wrappers around the model, outermost first
-        chain.append(outer)
-        inner = None
-        for attr in ("module", "_fsdp_wrapped_module", "_orig_mod"):
-            inner = getattr(outer, "_modules", {}).get(attr)
-            if inner is not None:
-                break
-        if inner is None:
-            break
-        outer = inner
+    chain = _wrappers(wrapper if wrapper is not None else model)
     ddp = next((w for w in chain if "DistributedDataParallel" in _classes(w)), None)
     fsdp1: list[Any] = []
     names: dict[int, str] = {}
@@ -569,14 +613,7 @@ def parallel_facts(model: Any, wrapper: Any = None, optimizer: Any = None) -> di
         if "FullyShardedDataParallel" in _classes(m) and all(m is not w for w in fsdp1):
             fsdp1.append(m)
     fsdp2 = _fsdp2(model)
-    engine = next((w for w in chain if "DeepSpeedEngine" in _classes(w)), None)
-    zopt = optimizer if _classes(optimizer) & set(ZERO_OPTIMIZERS) else None
-    if zopt is None and engine is not None:
-        inner = getattr(engine, "optimizer", None)
-        zopt = inner if _classes(inner) & set(ZERO_OPTIMIZERS) else None
-    zero = _zero(engine, zopt, model) if engine is not None or zopt is not None else None
-    if zero is None and any(getattr(p, "ds_tensor", None) is not None for p in model.parameters()):
-        zero = _zero(None, None, model)  # watch(engine.module) alone, stage 3
+    zero = _zero_of(chain, model, optimizer)
     if zero is not None:
         out["strategy"] = "zero"
         out["zero"] = zero

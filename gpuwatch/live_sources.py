@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .session import Session
 from .sources.annotations import AnnotationReceiver, SocketError, SocketInUse, lock_owner
 from .sources.host import HostSampler
+from .sources.views import ViewError, ViewFeed, ViewHub
 
 if TYPE_CHECKING:  # imported when started: the dashboard's first frame does not wait on them
     from .prometheus import MetricsServer
     from .sources.gpu_process import GpuProcess
     from .store.recorder import Recorder
+
+TAKEOVER_LIMIT = 15.0
+"""Seconds a view tries to take a quitting owner's socket over (the owner first records
+what its senders sent, for up to relay.DRAIN_LIMIT), or to attach to whoever took it."""
 
 RANKS_EVERY = 1.0
 """Seconds between two looks at the ranks for faults to mark (see :class:`RankMarks`)."""
@@ -32,12 +38,18 @@ class SourcesError(RuntimeError):
 class LiveSources:
     """Everything that feeds a live session.
 
+    The first gpuwatch on a socket owns it; a later one (``view=True``) attaches to the
+    owner as a view (:mod:`gpuwatch.sources.views`) and takes over when the owner quits.
+
     Args:
         socket: Annotation socket path (None: the default per-user path).
         interval: NVML sampling interval in seconds.
+        view: Where another gpuwatch owns the socket, attach to it (else refuse).
     """
 
-    def __init__(self, socket: str | None = None, interval: float = 0.1) -> None:
+    def __init__(
+        self, socket: str | None = None, interval: float = 0.1, *, view: bool = True
+    ) -> None:
         self.session = Session()
         self.session.bound()  # memory stays flat: the recording is the archive
         self.receiver = AnnotationReceiver(self.session, socket)
@@ -52,6 +64,13 @@ class LiveSources:
         self._ranks_stop = threading.Event()
         self._ranks: threading.Thread | None = None
         self.rank_check_failures = 0  # looks at the ranks that raised (the first is noted)
+        self.may_view = view
+        self.hub: ViewHub | None = None  # while the owner
+        self.feed: ViewFeed | None = None  # while a view
+        self.took_over_from: int | None = None  # the owner this one took over from
+        self.view_ended: str | None = None  # a view that could not go on: one line
+        self._mode = threading.Lock()  # stop() and a takeover, one at a time
+        self._stopping = False
 
     def record_to(
         self,
@@ -81,26 +100,61 @@ class LiveSources:
         return self.receiver.path
 
     def start(self) -> None:
-        """Bind the socket and start sampling.
+        """Bind the socket and start sampling; or, another gpuwatch owning it, view it.
 
         Raises:
-            SourcesError: The socket is taken by another gpuwatch or its directory is unsafe.
+            SourcesError: The socket is taken by another program (or by a gpuwatch that
+                serves no views, or ``view=False``) or its directory is unsafe.
+        """
+        taken = self._bind()
+        if taken is not None:
+            feed = ViewFeed(self.session, self.socket_path)
+            try:
+                if not self.may_view:
+                    raise ViewError("views not asked for")
+                feed.connect()
+            except ViewError:
+                raise SourcesError(f"{taken}. {self._advice_when_taken()}")
+            self.feed = feed
+            try:
+                # After connect: the view's clock, the recording's too, is the owner's.
+                self._start_metrics()
+                if self._record is not None and not self._record["optional"]:
+                    self._start_recorder()  # asked for by name: recorded through the view
+            except SourcesError:
+                feed.stop()
+                raise
+            feed.start(self._owner_gone)
+            return
+        # After the socket (a second gpuwatch fails there), before the recorder (a port in
+        # use leaves no file behind) and the samplers (nothing is missed).
+        self._start_metrics()
+        self._run_as_owner()
+
+    def _bind(self) -> str | None:
+        """Take the annotation socket; the refusal's text where another gpuwatch has it.
+
+        Raises:
+            SourcesError: Another program has it, or the path or directory is unsafe.
         """
         try:
             self.receiver.bind()
         except SocketInUse as exc:
-            # Another gpuwatch (not another program) holds it: say what to do instead.
-            another = str(exc).startswith("another gpuwatch")
-            raise SourcesError(f"{exc}. {self._advice_when_taken()}" if another else str(exc))
+            if str(exc).startswith("another gpuwatch"):
+                return str(exc)
+            raise SourcesError(str(exc))
         except SocketError as exc:
             raise SourcesError(str(exc))
         except OSError as exc:
             raise SourcesError(f"cannot listen on {self.receiver.path}: {exc.strerror or exc}")
-        # After the socket (a second gpuwatch fails there), before the recorder (a port in
-        # use leaves no file behind) and the samplers (nothing is missed).
-        self._start_metrics()
-        self._start_recorder()
+        return None
+
+    def _run_as_owner(self) -> None:
+        """With the socket bound: record, serve views, receive and sample."""
+        if self.recorder is None:
+            self._start_recorder()
         self._publish_recording()
+        self._serve_views()
         self.receiver.start()
         self.host.start()
         from .sources.gpu_process import GpuProcess
@@ -172,6 +226,76 @@ class LiveSources:
 
     # ------------------------------------------------------------------ a second gpuwatch
 
+    def _recording_name(self) -> str | None:
+        path = self.record_path if self.recorder is not None else None
+        return str(path.resolve()) if path is not None else None
+
+    def _serve_views(self) -> None:
+        from .analysis.once import document
+
+        hub = ViewHub(
+            self.session,
+            self.socket_path,
+            recording=self._recording_name,
+            once=lambda: document(self.session, f"gpuwatch pid {os.getpid()}"),
+        )
+        try:
+            hub.start()
+        except OSError as exc:
+            self.session.note(
+                f"cannot serve views on {hub.path} ({exc.strerror or exc}): a second "
+                "gpuwatch on this socket will not attach"
+            )
+            return
+        self.hub = hub
+
+    def _owner_gone(self, feed: ViewFeed) -> None:
+        """The owner viewed quit (or its stream ended): take the socket over, or view
+        whoever took it; else the view ends, said in one line (:attr:`view_ended`)."""
+        pid = feed.owner_pid
+        deadline = time.monotonic() + TAKEOVER_LIMIT
+        while time.monotonic() < deadline:
+            with self._mode:
+                if self._stopping:
+                    return
+                try:
+                    taken = self._bind()
+                except SourcesError as exc:
+                    self._end_view(pid, feed.recording, str(exc))
+                    return
+                if taken is None:
+                    self.feed, self.took_over_from = None, pid
+                    self.session.note(f"the gpuwatch viewed (pid {pid}) quit: this one took over")
+                    self._run_as_owner()
+                    return
+                if self._view_again(pid):
+                    return
+            time.sleep(0.05)
+        self._end_view(pid, feed.recording, f"no gpuwatch took over in {TAKEOVER_LIMIT:.0f} s")
+
+    def _view_again(self, pid: int | None) -> bool:
+        """Another gpuwatch took the socket over first: view it instead."""
+        feed = ViewFeed(self.session, self.socket_path)
+        t_origin, wall = self.session.t_origin, self.session.wall_offset
+        try:
+            feed.connect()
+        except ViewError:
+            return False
+        # One clock for every process of a machine: the new owner's origin may differ,
+        # but the times it sends are on the same clock; the axis stays where it was.
+        self.session.t_origin, self.session.wall_offset = t_origin, wall
+        self.feed = feed
+        self.session.note(
+            f"the gpuwatch viewed (pid {pid}) quit: now a view of gpuwatch pid {feed.owner_pid}"
+        )
+        feed.start(self._owner_gone)
+        return True
+
+    def _end_view(self, pid: int | None, recording: str | None, why: str) -> None:
+        where = f"; its recording: {recording}" if recording else ""
+        self.view_ended = f"the gpuwatch viewed (pid {pid}) quit and {why}{where}"
+        self.session.note(self.view_ended)
+
     def _publish_recording(self) -> None:
         path = self.record_path if self.recorder is not None else None
         self.receiver.announce(str(path.resolve()) if path is not None else None)
@@ -201,7 +325,12 @@ class LiveSources:
 
         The receiver first records what senders have sent (a few seconds at most, see
         :meth:`AnnotationReceiver.stop`): a second Ctrl-C meanwhile still finishes the file.
+        Then the views are told the owner goes (one of them takes over).
         """
+        with self._mode:
+            self._stopping = True
+        if self.feed is not None:
+            self.feed.stop()
         self._ranks_stop.set()
         if self._ranks is not None:
             self._ranks.join(timeout=2)
@@ -211,6 +340,8 @@ class LiveSources:
         try:
             self.receiver.stop()
         finally:
+            if self.hub is not None:
+                self.hub.stop()
             if self.metrics is not None:
                 self.metrics.stop()
             if self.recorder is not None:
@@ -220,19 +351,38 @@ class LiveSources:
         """What the status bar must always show: a recording that stopped, else None."""
         if self.recorder is not None and self.recorder.error is not None:
             return f"NOT RECORDING ({self.recorder.cause})"
+        if self.view_ended is not None:
+            return "VIEW ENDED: " + self.view_ended
         return None
 
     def describe(self, *, warning: bool = True) -> str:
         """One line for the status bar: the recording first (a narrow terminal cuts the end,
         and scripts find the socket without reading it). ``warning=False``: a recording
         that stopped is left to :meth:`warning` (the dashboard shows it among its
-        warnings, which never give way)."""
+        warnings, which never give way). A view says so first."""
+        feed = self.feed
+        if feed is not None:
+            text = f"view of gpuwatch pid {feed.owner_pid}"
+            if self.recorder is not None and self.recorder.error is None:
+                text += f" · recording {self._home(str(self.record_path))}"
+            elif feed.recording:
+                text += f" · its recording {self._home(feed.recording)}"
+            return text + f" · socket {self.socket_path}"
+        if self.took_over_from is not None:
+            return (
+                f"took over from gpuwatch pid {self.took_over_from} · "
+                + self._describe_owner(warning)
+            )
+        return self._describe_owner(warning)
+
+    @staticmethod
+    def _home(path: str) -> str:
+        home = os.path.expanduser("~")
+        return "~" + path[len(home) :] if path.startswith(home + os.sep) else path
+
+    def _describe_owner(self, warning: bool) -> str:
         if self.recorder is not None and self.recorder.error is None:
-            path = str(self.record_path)
-            home = os.path.expanduser("~")
-            if path.startswith(home + os.sep):
-                path = "~" + path[len(home) :]
-            text = f"recording {path}"
+            text = f"recording {self._home(str(self.record_path))}"
         elif self.recorder is not None:
             text = f"NOT RECORDING ({self.recorder.cause})" if warning else "not recording"
         else:
@@ -240,3 +390,51 @@ class LiveSources:
         if self.metrics is not None:
             text += f" · metrics {self.metrics.url}"
         return text + f" · socket {self.socket_path}"
+
+
+ONCE_WAIT = 3.0
+"""Seconds ``gpuwatch --once`` samples NVML at most, without an owner to ask."""
+CPU_WAIT = 0.7
+"""Seconds ``--once`` waits past the first process lists for a second (CPU % between)."""
+
+
+def read_once(socket: str | None = None, interval: float = 0.1) -> dict[str, Any]:
+    """What ``gpuwatch --once`` prints: the owner's document (its session's figures,
+    torch's included), or, where no gpuwatch owns the socket, one of NVML alone.
+
+    The owner's answer is hostile: it is checked (:func:`~gpuwatch.analysis.once.clean`).
+    """
+    from . import protocol
+    from .analysis.once import clean, document
+    from .sources.gpu import GpuSampler
+    from .sources.views import ask_once
+
+    asked = ask_once(socket or protocol.socket_path())
+    if asked is not None:
+        return clean(asked)
+    session = Session()
+    sampler = GpuSampler(session, interval=max(interval, 0.05), process_interval=0.3)
+    if sampler.start():
+        deadline = time.monotonic() + ONCE_WAIT
+        while time.monotonic() < deadline and not _listed(session, 1):
+            time.sleep(0.05)
+        # A second list (it is added when it changes) has CPU % over the time between.
+        deadline = min(deadline, time.monotonic() + CPU_WAIT)
+        while time.monotonic() < deadline and not _listed(session, 2):
+            time.sleep(0.05)
+    sampler.stop()
+    return clean(document(session, "NVML"))
+
+
+def _listed(session: Session, lists: int) -> bool:
+    """Every GPU has a sample and ``lists`` process lists (one where it lists none)."""
+    if not session.gpu:
+        return False
+    for key, table in session.gpu.items():
+        procs = session.gpu_procs.get(key)
+        if not len(table) or procs is None or not len(procs):
+            return False
+        snap = procs.snapshot()
+        if snap["pid"].any() and len(set(snap["t"].tolist())) < lists:
+            return False
+    return True

@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpuwatch {__version__}")
     live.add_dashboard_options(parser)
+    live.add_view_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     live.register(sub)
     estimate.register(sub)

@@ -52,6 +52,23 @@ def add_dashboard_options(p: argparse.ArgumentParser) -> None:
     add_options(p)
 
 
+def add_view_options(p: argparse.ArgumentParser) -> None:
+    """``--once`` / ``--json`` / ``--readonly``: the live dashboard's (not ``run``'s)."""
+    p.add_argument(
+        "-1",
+        "--once",
+        action="store_true",
+        help="print one table of every GPU and its processes on stdout and exit (torch's "
+        "figures and phases from the running gpuwatch, if any; else NVML alone)",
+    )
+    p.add_argument("--json", action="store_true", help="with --once: one JSON document")
+    p.add_argument(
+        "--readonly",
+        action="store_true",
+        help="send no signal to any process from this dashboard (the Processes tab's keys)",
+    )
+
+
 def add_record_options(p: argparse.ArgumentParser) -> None:
     """``--record PATH`` / ``--no-record`` / ``--sessions-max`` for the live dashboard and run."""
     g = p.add_mutually_exclusive_group()
@@ -86,6 +103,7 @@ def register(sub: Any) -> None:
     """Add ``live`` and ``run`` to the subcommand parsers."""
     live = sub.add_parser("live", help="the live dashboard (the default command)")
     add_dashboard_options(live)
+    add_view_options(live)
     live.set_defaults(func=cmd_live)
     run = sub.add_parser(
         "run",
@@ -175,6 +193,12 @@ def _report_recording(sources: LiveSources) -> None:
     after what came too late to be recorded, if anything did."""
     if sources.receiver.cut_short:
         say(sources.receiver.cut_short)
+    if sources.view_ended:
+        say(sources.view_ended)
+    feed = sources.feed
+    if feed is not None and not sources.view_ended:
+        its = f"; its recording: {feed.recording}" if feed.recording else ""
+        say(f"viewed the gpuwatch on {sources.socket_path} (pid {feed.owner_pid}){its}")
     line = recording_report(sources)
     if line:
         say(line)
@@ -242,7 +266,11 @@ def user_thresholds(args: argparse.Namespace) -> Thresholds:
 
 
 def cmd_live(args: argparse.Namespace) -> int:
-    """The live dashboard of every GPU and the host."""
+    """The live dashboard of every GPU and the host (``--once``: one table of it)."""
+    if getattr(args, "once", False) or getattr(args, "json", False):
+        from .once import cmd_once
+
+        return cmd_once(args)
     theme = checked_theme(args)
     keymap = user_keymap()
     thresholds = user_thresholds(args)
@@ -259,6 +287,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             keymap=keymap,
             thresholds=thresholds,
         )
+        app.readonly = bool(getattr(args, "readonly", False))
         app.run()
     finally:
         sources.stop()

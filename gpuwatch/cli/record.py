@@ -33,7 +33,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..launch import Child
+    from ..launch import Child, SignalForwarder
     from ..live_sources import LiveSources
     from ..session import Session
 
@@ -89,9 +89,39 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_record)
 
 
+class _Job:
+    """What ``gpuwatch record`` waits on: its signals, and the command it started (if any).
+
+    SIGINT and SIGTERM stop the recording, or, while the command runs, go to it (the job
+    decides when to stop; recording goes on until it has).
+    """
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.child: Child | None = None
+        self.forward: SignalForwarder | None = None
+        self.stopped = False  # the command stopped by gpuwatch at the end of --duration
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if self.forward is None or not self.forward.child.running:
+            self.stop.set()
+            return
+        self.forward(signum)
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            signal.SIGINT: self.on_signal,
+            signal.SIGTERM: self.on_signal,
+            signal.SIGHUP: hung_up,
+        }
+
+
 def cmd_record(args: argparse.Namespace) -> int:
-    """Record until SIGINT/SIGTERM or ``--duration``, with a status line on stderr."""
-    from ..launch import SignalForwarder, describe_returncode
+    """Record until SIGINT/SIGTERM or ``--duration``, with a status line on stderr.
+
+    Beside a running gpuwatch (a dashboard), this one records through it: it attaches as
+    a view of its session (see :mod:`gpuwatch.sources.views`) and takes over when it quits.
+    """
     from ..live_sources import LiveSources
     from .live import start_sources
 
@@ -104,68 +134,99 @@ def cmd_record(args: argparse.Namespace) -> int:
     sources = LiveSources(socket=args.socket, interval=args.interval / 1000)
     sources.record_to(out, label=args.label, overwrite=args.force)
     configure_metrics(sources, args)
-    stop = threading.Event()
-    forward: SignalForwarder | None = None
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if forward is None or not forward.child.running:
-            stop.set()
-            return
-        # The job decides when to stop; recording goes on until it has.
-        forward(signum)
-
-    handlers: dict[int, Handler] = {
-        signal.SIGINT: on_signal,
-        signal.SIGTERM: on_signal,
-        signal.SIGHUP: hung_up,
-    }
-    child: Child | None = None
-    stopped = False  # the command stopped by gpuwatch at the end of --duration
-    with handling(handlers):
+    job = _Job()
+    tty = sys.stderr.isatty()
+    with handling(job.handlers()):
         start_sources(sources)
-        recorder = sources.recorder
-        assert recorder is not None
-        tty = sys.stderr.isatty()
         started = time.monotonic()
         try:
-            say(f"recording to {out} (socket {sources.socket_path}); Ctrl-C or SIGTERM stops")
-            if sources.metrics is not None:
-                say(f"metrics on {sources.metrics.url}")
-            with ExitStack() as stack:
-                if command:
-                    child = stack.enter_context(
-                        launched(command, socket_path=sources.socket_path, log_path=args.log or "-")
-                    )
-                    forward = SignalForwarder(child)
-                reported, elapsed = _wait(args, sources, child, stop, started, tty)
-                if child is not None:
-                    sources.session.child_exited(child.pid, child.exit_status)
-                if not args.label:
-                    recorder.writer.set_label(_auto_label(sources.session))
-                if elapsed and child is not None and child.running:
-                    stopped = _end_of_duration(args.kill or "sigterm", sources, child, tty)
+            _say_started(sources, out)
+            reported = _record(args, sources, job, command, started, tty)
         finally:
             sources.stop()
+    return _finish(args, sources, job, command, (started, tty, reported))
+
+
+def _say_started(sources: LiveSources, out: Path) -> None:
+    feed = sources.feed
+    if feed is not None:
+        say(
+            f"recording to {out} through the gpuwatch on {sources.socket_path} "
+            f"(pid {feed.owner_pid}; this one takes over when it quits); Ctrl-C or SIGTERM stops"
+        )
+    else:
+        say(f"recording to {out} (socket {sources.socket_path}); Ctrl-C or SIGTERM stops")
+    if sources.metrics is not None:
+        say(f"metrics on {sources.metrics.url}")
+
+
+def _record(
+    args: argparse.Namespace,
+    sources: LiveSources,
+    job: _Job,
+    command: list[str],
+    started: float,
+    tty: bool,
+) -> bool:
+    """Start the command (if any) and wait; returns whether a failure was said."""
+    from ..launch import SignalForwarder
+
+    recorder = sources.recorder
+    assert recorder is not None
+    with ExitStack() as stack:
+        if command:
+            job.child = stack.enter_context(
+                launched(command, socket_path=sources.socket_path, log_path=args.log or "-")
+            )
+            job.forward = SignalForwarder(job.child)
+        child = job.child
+        reported, elapsed = _wait(args, sources, child, job.stop, started, tty)
+        if child is not None:
+            sources.session.child_exited(child.pid, child.exit_status)
+        if not args.label:
+            recorder.writer.set_label(_auto_label(sources.session))
+        if elapsed and child is not None and child.running:
+            job.stopped = _end_of_duration(args.kill or "sigterm", sources, child, tty)
+    return reported
+
+
+def _finish(
+    args: argparse.Namespace,
+    sources: LiveSources,
+    job: _Job,
+    command: list[str],
+    how: tuple[float, bool, bool],
+) -> int:
+    """Say how the recording (and the command) ended; the exit status."""
+    from ..launch import describe_returncode
+
+    started, tty, reported = how
+    recorder = sources.recorder
+    assert recorder is not None
     if tty:
         say("", end="", overwrite=True)
     if sources.receiver.cut_short:
         say(sources.receiver.cut_short)
+    if sources.view_ended:
+        say(sources.view_ended)
     if recorder.error is None:
         say(_status(sources, started))
     elif not reported:
         say(recorder.error)
-    if child is not None:
-        ended = describe_returncode(child.returncode)
-        if stopped:
-            ended += f" (--duration {args.duration:g} s elapsed, --kill {args.kill or 'sigterm'})"
-        say(f"{shlex.join(command)}: {ended}")
-        hint = child.torch_hint()  # with --log; else the child's own line said it
-        if hint:
-            say(hint)
-        if stopped:
-            return EXIT_ERROR if recorder.error is not None else EXIT_OK
-        return EXIT_ERROR if child.exit_status is None else child.exit_status
-    return EXIT_ERROR if recorder.error is not None else EXIT_OK
+    failed = EXIT_ERROR if recorder.error is not None else EXIT_OK
+    child = job.child
+    if child is None:
+        return failed
+    ended = describe_returncode(child.returncode)
+    if job.stopped:
+        ended += f" (--duration {args.duration:g} s elapsed, --kill {args.kill or 'sigterm'})"
+    say(f"{shlex.join(command)}: {ended}")
+    hint = child.torch_hint()  # with --log; else the child's own line said it
+    if hint:
+        say(hint)
+    if job.stopped:
+        return failed
+    return EXIT_ERROR if child.exit_status is None else child.exit_status
 
 
 def _wait(

@@ -119,6 +119,7 @@ class RssSampled(NamedTuple):
     pid: int
     t: int
     rss: int
+    cpu: float | None = None  # CPU % (100: one core), None: unknown
 
 
 class ProcessDescribed(NamedTuple):

@@ -371,7 +371,7 @@ class Session(SessionQueries):
             return
         proc.rss.append((t, rss, cpu))
         proc.rev += 1
-        self._emit(RssSampled(pid, t, rss))
+        self._emit(RssSampled(pid, t, rss, cpu))
 
     def set_proc_info(self, pid: int, info: dict[str, Any]) -> None:
         """Name / user / command line of a pid, as psutil sees it (``visible`` False if not).

@@ -165,6 +165,8 @@ class GpuwatchApp(App[int]):
     """
 
     TITLE = "gpuwatch"
+    readonly = False
+    """``--readonly``: no signal goes to a process from this dashboard (as nvitop's)."""
     # A short terminal (80x24) shows one device panel at a time (tab steps through them),
     # a one-line tab strip and notes; a narrow one fits the status bar and keys to its width.
     VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_BELOW, "-tall")]

@@ -367,6 +367,8 @@ class ProcessTable(CachedStrips, can_focus=True):
             return "this is a replay: its processes are a recording's, no signal is sent"
         if self.app.is_web:
             return "a served page sends no signal: use the dashboard on the machine"
+        if getattr(self.app, "readonly", False):
+            return "gpuwatch --readonly: no signal is sent"
         if row is None:
             return "no process selected"
         if not row.visible or row.shown_pid != row.pid:

@@ -501,7 +501,8 @@ class FakeNvml:
         ([NVML index, instances] GPUs in MIG mode, see :func:`mig_instances`), ``lose``
         ([NVML index, seconds after start]), ``missing_symbols`` (list), ``proc_util``
         ([pid, SM %, memory %, NVML index] per-process utilisation), ``hidden``
-        ([NVML index, bytes] used by processes NVML does not list).
+        ([NVML index, bytes] used by processes NVML does not list), ``util`` ([NVML index,
+        GPU %, memory %] utilisation).
         """
         if isinstance(spec, str):
             spec = json.loads(spec) if spec.strip() else {}
@@ -522,6 +523,8 @@ class FakeNvml:
             gpus[index].proc_util[int(pid)] = (int(sm), int(mem))
         for index, hidden in spec.get("hidden", ()):
             gpus[index].hidden = int(hidden)
+        for index, gpu_pct, mem_pct in spec.get("util", ()):
+            gpus[index].util = (int(gpu_pct), int(mem_pct))
         if "lose" in spec:
             index, after = spec["lose"]
             timer = threading.Timer(float(after), fake.lose, args=(int(index),))

@@ -322,6 +322,25 @@ def unattributed(
     return out
 
 
+def gpu_list(labels: Sequence[str]) -> str:
+    """``GPU 0–3, 5`` for the labels ``GPU 0`` … ``GPU 5`` (runs of indices joined); labels
+    of another form (a merged replay's ``a GPU 0``) as they are."""
+    indices = []
+    for label in labels:
+        word, _, index = label.partition(" ")
+        if word != "GPU" or not index.isdigit():
+            return ", ".join(labels)
+        indices.append(int(index))
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    parts = [str(a) if a == b else f"{a}–{b}" for a, b in runs]
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(parts)
+
+
 def sort(items: Sequence[ProcRow], key: str, reverse: bool = False) -> list[ProcRow]:
     """Rows sorted by column ``key``; unknown values last whichever the direction."""
     keyed = [(_key(r, key), r) for r in items]

@@ -24,11 +24,13 @@ from textual.strip import Strip
 from textual.widgets import Input, Static
 
 from ..analysis import processes as pr
-from ..fmt import fmt_bytes, fmt_duration, printable
+from ..fmt import ellipsis, fmt_bytes, fmt_duration, printable
 from ..session import Session
 from ._strips import CachedStrips
 from ._text import plain_lines
 from .confirm import Confirm
+from .thresholds import Thresholds, marked
+from .thresholds import of as thresholds_of
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
@@ -48,22 +50,29 @@ KEY_DISPLAY = {"slash": "/"}
 
 
 WIDTHS = {
-    "pid": 8,
-    "user": 9,
-    "device": 7,
+    "pid": 14,
+    "user": 12,
+    "device": 12,
     "gpu_mem": 10,
     "sm": 5,
     "cpu": 6,
     "rss": 10,
     "elapsed": 9,
     "rank": 5,
-    "phase": 14,
+    "phase": 16,
     "command": 0,  # the rest of the line
 }
-"""Cells of each column (a fixed layout: no pass over the rows to measure them)."""
+"""The most cells of each column: a column is as wide as its widest cell (or heading)
+up to this, and never narrower than it once was (nothing moves as figures change)."""
 RIGHT = {"pid", "gpu_mem", "sm", "cpu", "rss", "elapsed", "rank"}
 NARROW = ((120, {"rss", "elapsed", "rank"}), (100, {"phase"}))
 """Below each width (cells), these columns give way so the command keeps some room."""
+OPTIONAL = {"rank", "phase"}
+"""Columns shown only while a row has something in them (an instrumented process)."""
+LARGEST_FIRST = {"gpu_mem", "sm", "cpu", "rss", "elapsed"}
+"""Columns whose sort starts with the largest (the biggest user first, as nvitop's)."""
+HSCROLL = 8
+"""Cells the command moves by at each ←/→."""
 
 
 def shown_columns(width: int) -> list[str]:
@@ -73,6 +82,26 @@ def shown_columns(width: int) -> list[str]:
         if width < below:
             hidden |= keys
     return [k for k, _ in pr.COLUMNS if k not in hidden]
+
+
+def column_widths(
+    cells: list[tuple[str, ...]], before: dict[str, int] | None = None, sort_key: str = ""
+) -> dict[str, int]:
+    """Each column's cells: its widest cell or its heading (the sorted one's with room for
+    its arrow), at most :data:`WIDTHS`, never below ``before``; 0 for an optional column
+    with nothing in it (not shown). The command's is 0: it takes the rest of the line."""
+    out: dict[str, int] = {}
+    for i, (key, label) in enumerate(pr.COLUMNS):
+        if key == "command":
+            out[key] = 0
+            continue
+        widest = max((len(c[i]) for c in cells), default=0)
+        if key in OPTIONAL and widest == 0:
+            out[key] = 0
+            continue
+        w = min(WIDTHS[key], max(widest, len(label) + (key == sort_key)))
+        out[key] = max(w, (before or {}).get(key, 0))
+    return out
 
 
 class ProcessTable(CachedStrips, can_focus=True):
@@ -127,6 +156,8 @@ class ProcessTable(CachedStrips, can_focus=True):
         Binding("down", "move(1)", "Down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("left", "scroll_command(-1)", "Command left", show=False),
+        Binding("right", "scroll_command(1)", "Command right", show=False),
         *(
             Binding(k, a, h.split(" (")[0], show=False, key_display=KEY_DISPLAY.get(k))
             for k, a, h in KEYS
@@ -145,12 +176,14 @@ class ProcessTable(CachedStrips, can_focus=True):
         self.shown: list[pr.ProcRow] = []
         self.cursor_row = 0
         self.top = 0  # the first row in view
+        self.hscroll = 0  # cells of the command scrolled off to the left (←/→)
+        self.widths: dict[str, int] = {}  # each column's cells (see column_widths)
         self.opener: Callable[[pr.ProcRow], None] | None = None  # enter: the app's
         self._last: object = None
         self._version = 0
         self._cache = pr.RowCache()  # the rows of the last refresh, reused where unchanged
-        # (cells, width, style) -> the row's line, drawn once while its cells are equal
-        self._lines: dict[tuple[tuple[str, ...], int, Style], Strip] = {}
+        # (cells, width, style, layout, levels) -> the row's line, drawn once while they are equal
+        self._lines: dict[tuple[object, ...], Strip] = {}
         self._styles = self.style_cache(self._read_styles)
 
     # ------------------------------------------------------------------ rows
@@ -172,6 +205,8 @@ class ProcessTable(CachedStrips, can_focus=True):
         self._last = signature
         selected = self.selected()
         self.shown = items
+        cells = [self._cells(r) for r in items]
+        self.widths = column_widths(cells, self.widths, self.sort_key)
         if selected is not None:  # the cursor stays on its process when the order changes
             same = [i for i, r in enumerate(items) if r.pid == selected.pid]
             if same:
@@ -228,30 +263,103 @@ class ProcessTable(CachedStrips, can_focus=True):
 
     # ------------------------------------------------------------------ drawing
 
+    def columns(self, width: int) -> list[tuple[str, int]]:
+        """The columns shown at ``width`` cells and their cells (the command's: 0, the
+        rest of the line)."""
+        widths = self.widths
+        out = []
+        for key in shown_columns(width):
+            w = widths.get(key, 0 if key in OPTIONAL else len(dict(pr.COLUMNS)[key]) + 1)
+            if key == self.sort_key and w:  # room for the arrow (before a refresh measured)
+                w = min(WIDTHS[key], max(w, len(dict(pr.COLUMNS)[key]) + 1))
+            if w or key == "command":
+                out.append((key, w))
+        return out
+
+    def command_room(self, width: int | None = None) -> int:
+        """Cells the command has at ``width`` (default the table's)."""
+        width = self._width() if width is None else width
+        cols = self.columns(width)
+        return max(0, width - 1 - sum(w + 1 for _, w in cols if w))
+
     def strips_key(self, size: Size) -> object:
-        return (self._version, self.top, self.cursor_row, size, self.has_focus, self.app.theme)
+        return (
+            self._version,
+            self.top,
+            self.cursor_row,
+            size,
+            self.has_focus,
+            self.app.theme,
+            self.hscroll,
+        )
 
     def build_strips(self, size: Size) -> list[Strip]:
         width = size.width
         header, base, odd, cursor = self._styles.get()
         heads = []
-        keys = shown_columns(width)
+        cols = self.columns(width)
         for key, label in pr.COLUMNS:
             arrow = ("▼" if self.reverse else "▲") if key == self.sort_key else ""
+            if key == "command" and self.hscroll:
+                arrow = f" ◂ {self.hscroll}"  # scrolled: by how much, and that ← goes back
             heads.append(label + arrow)
-        strips = [Strip([Segment(_line(heads, width, keys), header)], width)]
+        strips = [Strip([Segment(_line(heads, width, cols), header)], width)]
         lines = self._lines
         if len(lines) > 4 * max(64, size.height):  # those of rows no longer in view go
             lines.clear()
+        layout = (tuple(cols), self.hscroll)
+        levels, mono = thresholds_of(self.app), self.app.no_color
+        colors = self.app.theme_variables
         for i in range(self.top, min(len(self.shown), self.top + size.height - 1)):
             style = cursor if i == self.cursor_row else odd if i % 2 else base
-            cells = self._cells(self.shown[i])
-            strip = lines.get((cells, width, style))
+            row = self.shown[i]
+            cells = self._cells(row)
+            marks = self._levels(row, levels)
+            strip = lines.get((cells, width, style, layout, marks))
             if strip is None:
-                text = _line(cells, width, keys)
-                strip = lines[cells, width, style] = Strip([Segment(text, style)], width)
+                strip = self._strip(cells, width, style, cols, marks, mono, colors)
+                lines[cells, width, style, layout, marks] = strip
             strips.append(strip)
         return strips
+
+    def _strip(
+        self,
+        cells: tuple[str, ...],
+        width: int,
+        style: Style,
+        cols: list[tuple[str, int]],
+        marks: tuple[str | None, str | None],
+        mono: bool,
+        colors: dict[str, str],
+    ) -> Strip:
+        """One row's line: its GPU memory and SM % in their load level's colour (with a
+        sign when there is no colour)."""
+        shown = list(cells)
+        if mono:
+            shown[3] = marked(shown[3], marks[0], True)
+            shown[4] = marked(shown[4], marks[1], True)
+        text = _line(shown, width, cols, self.hscroll)
+        spans = []
+        for (start, end), lvl in zip(_cell_spans(cols, ("gpu_mem", "sm")), marks, strict=True):
+            color = colors.get(f"gw-level-{lvl}") if lvl and not mono else None
+            if color and start < end:
+                spans.append((start, end, style + Style(color=color)))
+        if not spans:
+            return Strip([Segment(text, style)], width)
+        segments = []
+        at = 0
+        for start, end, colored in spans:
+            segments += [Segment(text[at:start], style), Segment(text[start:end], colored)]
+            at = end
+        segments.append(Segment(text[at:], style))
+        return Strip([s for s in segments if s.text], width)
+
+    def _levels(self, row: pr.ProcRow, levels: Thresholds) -> tuple[str | None, str | None]:
+        """The load levels of a row's GPU memory (of its GPU's total) and SM %."""
+        dev = self.session.devices.get(row.device_key or "")
+        total = dev.total if dev is not None and row.listed else None
+        sm = row.sm if row.listed else None
+        return levels.memory_level(row.gpu_mem, total), levels.util_level(sm)
 
     def _read_styles(self) -> tuple[Style, Style, Style, Style]:
         """The header's, a row's, an odd row's and the cursor's styles (kept per theme and
@@ -265,23 +373,27 @@ class ProcessTable(CachedStrips, can_focus=True):
         )
 
     def _note(self, items: list[pr.ProcRow], listed: list[pr.ProcRow]) -> str:
-        lines = [
-            f"{where}: {fmt_bytes(rest)} used that NVML attributes to no listed process "
-            "(another container's, or no permission to list them)"
-            for where, rest in pr.unattributed(self.session, self.at, listed)
-        ]
-        how = [f"{len(items)} processes, sorted by {dict(pr.COLUMNS)[self.sort_key]}"]
-        how[0] += " ▼" * self.reverse
+        """One line (the table's heading never moves): how many rows and how they are
+        shown, the memory NVML attributes to no listed process, what a wider screen adds."""
+        n = len(items)
+        how = [f"{n} process{'es' if n != 1 else ''} by {dict(pr.COLUMNS)[self.sort_key]}"]
+        how[0] += " ▼" if self.reverse else " ▲"
+        rest = pr.unattributed(self.session, self.at, listed)
+        if rest:
+            how.append(
+                f"{fmt_bytes(sum(b for _, b in rest))} on {pr.gpu_list([w for w, _ in rest])} "
+                "used by no listed process (another container's, or not ours to list)"
+            )
         if self.filter_text:
             how.append(f"filter “{self.filter_text}”")
         if self.as_tree:
             how.append("tree")
         shown = shown_columns(self._width())
-        hidden = [label for k, label in pr.COLUMNS if k not in shown]
+        hidden = [label for k, label in pr.COLUMNS if k not in shown and self.widths.get(k, 1)]
         if hidden:
             how.append("wider: " + ", ".join(hidden))
-        how.append("o/O sort · / filter · t tree · I/T/K signal · enter timelines")
-        return "\n".join([*lines, " · ".join(how)])
+        how.append("o/O sort · / filter · t tree · ←/→ command · I/T/K signal · enter timelines")
+        return ellipsis(" · ".join(how), max(1, self._width() - 2))
 
     def _width(self) -> int:
         """The table's width; before its first layout, the screen's."""
@@ -316,10 +428,18 @@ class ProcessTable(CachedStrips, can_focus=True):
     # ------------------------------------------------------------------ keys
 
     def action_sort_next(self) -> None:
-        """Sort by the next column."""
+        """Sort by the next column (a figure's largest first)."""
         keys = [k for k, _ in pr.COLUMNS]
         self.sort_key = keys[(keys.index(self.sort_key) + 1) % len(keys)]
+        self.reverse = self.sort_key in LARGEST_FIRST
         self.refresh_rows()
+
+    def action_scroll_command(self, step: int) -> None:
+        """Scroll the command column ``step`` times :data:`HSCROLL` cells (nvitop's ←/→)."""
+        longest = max((len(self._cells(r)[-1]) for r in self.shown), default=0)
+        most = max(0, longest - self.command_room())
+        self.hscroll = max(0, min(most, self.hscroll + step * HSCROLL))
+        self.refresh()
 
     def action_sort_reverse(self) -> None:
         """Reverse the order."""
@@ -404,7 +524,7 @@ class ProcessesView(Vertical):
 
     DEFAULT_CSS = """
     ProcessesView #process-note {
-        height: auto;
+        height: 1;
         color: $text-muted;
         padding: 0 1;
     }
@@ -475,21 +595,39 @@ def _figures(r: pr.ProcRow) -> tuple[object, ...]:
     return (r.pid, r.device, r.gpu_mem, r.sm, r.cpu, r.rss, r.phase, r.rank, r.depth)
 
 
-def _line(cells: list[str] | tuple[str, ...], width: int, keys: list[str]) -> str:
-    """One row's cells of the columns ``keys``, cut or padded to ``width`` (printable)."""
+def _line(
+    cells: list[str] | tuple[str, ...], width: int, cols: list[tuple[str, int]], hscroll: int = 0
+) -> str:
+    """One row's cells of the columns ``cols`` (key, cells), cut or padded to ``width``
+    (printable); the command's cell starts ``hscroll`` cells in."""
     parts = []
     raw = "".join(cells)
     safe = printable(raw) is raw  # one look at the whole row: escapes are rare
-    for (key, _), text in zip(pr.COLUMNS, cells, strict=True):
-        if key not in keys:
-            continue
+    index = COLUMN_INDEX
+    for key, w in cols:
+        text = cells[index[key]]
         if not safe:
             text = printable(text)
-        w = WIDTHS[key]
         if w:
             text = text[:w].rjust(w) if key in RIGHT else text[:w].ljust(w)
+        elif hscroll:
+            text = text[hscroll:]
         parts.append(text)
     return " " + " ".join(parts)[: max(0, width - 1)].ljust(max(0, width - 1))
+
+
+COLUMN_INDEX = {key: i for i, (key, _) in enumerate(pr.COLUMNS)}
+
+
+def _cell_spans(cols: list[tuple[str, int]], keys: tuple[str, ...]) -> list[tuple[int, int]]:
+    """Where the cells of columns ``keys`` lie on a line of :func:`_line` ((0, 0): not
+    shown)."""
+    at = 1
+    where = {}
+    for key, w in cols:
+        where[key] = (at, at + w)
+        at += w + 1
+    return [where.get(k, (0, 0)) for k in keys]
 
 
 def _bytes(v: int | None, listed: bool) -> str:

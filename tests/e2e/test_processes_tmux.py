@@ -50,18 +50,18 @@ def test_sort_filter_tree_and_a_signal_in_the_terminal(sub_env: dict[str, str], 
         term.keys("3")
         assert term.wait_for_text(str(b)) and term.wait_for_text("91%"), term.screen()
         assert "GPU▲" in term.screen()
-        term.keys("o")  # sort by GPU memory: the 3 GiB worker first
-        assert term.wait_for_text("GPU mem▲"), term.screen()
+        term.keys("o")  # sort by GPU memory: the 18 GiB worker first
+        assert term.wait_for_text("GPU mem▼"), term.screen()
         lines = term.screen().splitlines()
-        assert [i for i, x in enumerate(lines) if str(b) in x] < [
-            i for i, x in enumerate(lines) if f"{a} " in x
+        assert [i for i, x in enumerate(lines) if f"{a} " in x] < [
+            i for i, x in enumerate(lines) if f"{b} " in x
         ]
         term.keys("t")  # the tree: both workers under their launcher
         assert term.wait_for_text("└─ "), term.screen()
         assert str(launcher.pid) in term.screen()
         term.keys("t", "/", *str(b), "Enter")  # filter to one worker
         assert term.wait_for_gone(f"{a} "), term.screen()
-        assert "1 processes" in term.screen()
+        assert "1 process " in term.screen()
         term.keys("T")
         assert term.wait_for_text(f"Send SIGTERM to pid {b}?"), term.screen()
         term.keys("y")

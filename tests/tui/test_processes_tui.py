@@ -136,13 +136,13 @@ async def test_rows_sort_and_filter(size: str) -> None:
             assert by_pid[a][5].endswith("%") and by_pid[a][6].endswith("MiB")  # CPU, RSS
             assert "import time" in by_pid[a][10]  # the command, not "pid N"
             # Sort: o cycles the column (GPU -> GPU mem), O reverses it.
-            await pilot.press("o")
+            await pilot.press("o")  # GPU memory: the largest first
             await pilot.pause()
             assert table.sort_key == "gpu_mem"
-            assert [r.pid for r in table.shown] == [w.other, b, a]
+            assert [r.pid for r in table.shown] == [a, b, w.other]
             await pilot.press("O")
             await pilot.pause()
-            assert [r.pid for r in table.shown] == [a, b, w.other]
+            assert [r.pid for r in table.shown] == [w.other, b, a]
             await pilot.press("o")  # SM %
             await pilot.pause()
             assert [r.pid for r in table.shown] == [a, w.other, b]
@@ -302,8 +302,8 @@ async def test_memory_no_listed_process_holds_is_said() -> None:
             async with app.run_test(size=SIZES["200x50"]) as pilot:
                 await open_tab(app, pilot)
                 note = str(app.query_one("#process-note").render())
-                assert "GPU 1: 27." in note and "attributes to no listed process" in note, note
-                assert "GPU 0:" not in note
+                assert "27." in note and "on GPU 1 used by no listed process" in note, note
+                assert "GPU 0" not in note
 
 
 def _cpu_known(table) -> bool:

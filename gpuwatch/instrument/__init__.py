@@ -26,6 +26,7 @@ from ._api import (
     report_oom,
     step,
 )
+from ._facts import batch_facts, collect_facts
 from ._watch import describe_batch, watch
 
 _oom.install()
@@ -41,7 +42,9 @@ def auto_phases(*, discover: bool = True) -> bool:
 __all__ = [
     "ActivationMeter",
     "auto_phases",
+    "batch_facts",
     "close_span",
+    "collect_facts",
     "configure",
     "current_phase",
     "describe_batch",

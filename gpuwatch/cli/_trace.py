@@ -1,0 +1,713 @@
+"""``gpuwatch estimate --trace MODULE:FUNCTION``: the user's own model, planned as it runs.
+
+``FUNCTION`` builds the model (any ``nn.Module``) under ``FakeTensorMode``: every tensor
+has a shape and a dtype but no memory, so a model far larger than this machine is fine.
+It may take ``batch`` and ``seq`` keywords (``--batch``, ``--seq`` are passed to it) and
+returns the model, ``(model, batch)`` or ``(model, loss_fn, batch)``; the older
+``(model, optimizer, batch)`` is read as the optimizer's kind. gpuwatch then does what the
+run would do, on torch's fake process group (one rank of ``--gpus`` in this process):
+
+- the layout (``--layout``): ``DistributedDataParallel`` with its buckets, FSDP2's
+  ``fully_shard`` on each layer (the children of the model's largest ``ModuleList``) and
+  the root, FSDP1 with those layers as units; the weights' dtype and autocast
+  (``--precision``); the layers checkpointed (``--checkpointing``, ``--checkpoint-every``);
+- one real training step: forward (counted by the meter a live run uses,
+  :class:`~gpuwatch.instrument.ActivationMeter`), the loss, backward,
+  ``optimizer.step()`` and ``zero_grad()`` with the optimizer ``--optimizer`` names;
+- the facts the live run would send (:func:`~gpuwatch.instrument.collect_facts`: the
+  shards, the wrapper's buckets and units), predicted by the dashboard's predictor, and
+  walked through the steps' phases (``--accumulation`` micro-batches each) as the
+  dashboard's predicted line walks them.
+
+What it cannot honour (``--lora-rank``, ``tp=N``, ZeRO without DeepSpeed, a shape or a
+config) is refused in one line, as is a builder that fails (with its own error).
+torch is imported only when a trace runs; the predictor stays pure (``predict/``): this
+is a front end running the user's code, as ``predict/_hf_trace.py`` runs transformers'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..fmt import fmt_bytes
+from ._common import CliError
+
+LAYOUTS = ("none", "ddp", "fsdp", "fsdp-no-reshard", "fsdp1")
+"""The layouts ``--trace`` applies itself."""
+
+OPTIMIZER_CLASSES = {
+    "adamw": ("AdamW", {}),
+    "adam": ("Adam", {}),
+    "sgd": ("SGD", {"momentum": 0.0}),
+    "sgd-momentum": ("SGD", {"momentum": 0.9}),
+    "adafactor": ("Adafactor", {}),
+}
+"""``--optimizer`` -> the ``torch.optim`` class the trace steps, and its options."""
+
+KIND_OF_CLASS = {"AdamW": "adamw", "Adam": "adam", "SGD": "sgd", "Adafactor": "adafactor"}
+
+STEPS = 2
+"""Optimizer steps walked: the first (its state made) and a later one."""
+
+REFUSED = {
+    "lora_rank": "--lora-rank: with --trace the builder freezes the base and adds the adapters",
+    "qlora": "--qlora: with --trace the builder quantises the model itself",
+    "offload": "--offload is not traced: planned only by the config route",
+    "config": "--config: --trace builds the model itself; give one of them",
+    "params": "--params: --trace counts the model's own parameters; drop it",
+    "recording": "--from: --trace plans a model, not a recording; give one of them",
+}
+"""Options ``--trace`` cannot honour, and the one line that says so."""
+
+SHAPE = ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
+
+
+@dataclass
+class Setting:
+    """What one trace runs: the options as the trace takes them."""
+
+    spec: str
+    batch: int | None
+    seq: int | None
+    precision: str
+    optimizer: str
+    impl: str
+    checkpoint_every: int  # 0: no checkpointing
+    accumulation: int
+    layout: str
+    world: int
+    device: str
+    assumed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Traced:
+    """One traced step: the facts the run would send, and what the full model holds."""
+
+    facts: dict[str, Any]
+    parameters: int
+    trainable: int
+    batch: int | None
+    seq: int | None
+
+
+# --------------------------------------------------------------------------- options
+
+
+def _refuse_unhonoured(args: argparse.Namespace) -> None:
+    for name, line in REFUSED.items():
+        if getattr(args, name, None):
+            raise CliError(line)
+    if any(getattr(args, n, None) for n in SHAPE):
+        raise CliError("--trace builds the model itself: drop the shape options")
+    for name, default in (("attention", "sdpa"), ("dropout", None)):
+        if getattr(args, name, default) not in (default, None):
+            flag = "--" + name
+            raise CliError(f"{flag}: with --trace the model's own code decides it")
+
+
+def _layout(args: argparse.Namespace, world: int) -> str:
+    """``--layout`` as the trace applies it (refused in one line where it cannot)."""
+    from ..predict import parse_layout
+
+    text = getattr(args, "layout", None)
+    if not text:
+        return "ddp" if world > 1 else "none"
+    if text.strip().lower() == "fsdp1":
+        layout = "fsdp1"
+    else:
+        try:
+            layout = parse_layout(text)
+        except ValueError as exc:
+            raise CliError(str(exc))
+    if layout.startswith("zero"):
+        if importlib.util.find_spec("deepspeed") is None:
+            raise CliError(f"--layout {layout} with --trace needs deepspeed installed")
+        raise CliError(f"--layout {layout} with --trace: DeepSpeed's engine is not traced")
+    if layout.startswith("tp="):
+        raise CliError(
+            f"--layout {layout} with --trace: which of your layers split is your plan;"
+            " apply parallelize_module in the builder, or plan a --config"
+        )
+    if layout not in LAYOUTS:
+        raise CliError(f"--layout {layout} with --trace: one of {', '.join(LAYOUTS)}")
+    if layout != "none" and world < 2:
+        raise CliError(f"--layout {layout} needs --gpus (how many, and which)")
+    return layout
+
+
+def setting(args: argparse.Namespace) -> Setting:
+    """The trace's settings from ``estimate``'s options.
+
+    Raises:
+        CliError: An option the trace cannot honour (one line).
+    """
+    _refuse_unhonoured(args)
+    gpus = _gpus(args)
+    world = (gpus.count if gpus else 1) * int(getattr(args, "nodes", 1) or 1)
+    every = int(getattr(args, "checkpoint_every", 1) or 1)
+    ckpt = bool(getattr(args, "checkpointing", False)) or every > 1
+    optimizer = getattr(args, "optimizer", None) or "adamw"
+    if optimizer not in OPTIMIZER_CLASSES:
+        choices = ", ".join(OPTIMIZER_CLASSES)
+        raise CliError(f"--optimizer {optimizer} with --trace: one of {choices}")
+    s = Setting(
+        spec=args.trace,
+        batch=getattr(args, "batch", None),
+        seq=getattr(args, "seq", None),
+        precision=getattr(args, "precision", None) or "bf16-mixed",
+        optimizer=optimizer,
+        impl=getattr(args, "optimizer_impl", None) or "foreach",
+        checkpoint_every=every if ckpt else 0,
+        accumulation=int(getattr(args, "accumulation", 1) or 1),
+        layout=_layout(args, world),
+        world=world,
+        device=getattr(args, "device", None) or "cuda",
+    )
+    if s.layout != "none" and not getattr(args, "layout", None):
+        s.assumed.append("layout ddp (--layout)")
+    return s
+
+
+def _gpus(args: argparse.Namespace) -> Any:
+    from ..predict import parse_gpus
+
+    if not getattr(args, "gpus", None):
+        return None
+    try:
+        return parse_gpus(args.gpus)
+    except ValueError as exc:
+        raise CliError(str(exc))
+
+
+def _reserve(args: argparse.Namespace) -> int:
+    from .. import predict
+
+    # (predict's size parser, by the name it has before and after estimate's move there)
+    parse: Any = (
+        getattr(predict, "parse_gpu_size", None) or getattr(predict, "parse_size")  # noqa: B009
+    )
+    text = str(getattr(args, "reserve", "1GiB") or "0")
+    reserve = parse(text) if text.strip() not in ("0", "") else 0
+    if reserve is None:
+        raise CliError(f"--reserve {text!r}: a size such as 1GiB or 500MiB")
+    return reserve
+
+
+# --------------------------------------------------------------------------- the builder
+
+
+def load_builder(spec: str) -> Any:
+    """``MODULE:FUNCTION`` (a module name or a ``.py`` path), loaded.
+
+    Raises:
+        CliError: Not of that form, or the module or function cannot be loaded.
+    """
+    module_name, _, func_name = spec.partition(":")
+    if not module_name or not func_name:
+        raise CliError(f"--trace wants MODULE:FUNCTION, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            found = importlib.util.spec_from_file_location("_gpuwatch_trace", module_name)
+            if found is None or found.loader is None:
+                raise ImportError(module_name)
+            module = importlib.util.module_from_spec(found)
+            found.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        return getattr(module, func_name)
+    except Exception as exc:  # the user's module: whatever it raises, in one line
+        raise CliError(f"cannot load {spec}: {_one_line(exc)}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _keywords(func: Any, s: Setting) -> dict[str, int]:
+    """``batch``/``seq`` for the builder where given, refused where it cannot take them."""
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    out = {}
+    for name, value in (("batch", s.batch), ("seq", s.seq)):
+        if value is None:
+            continue
+        if name not in params and not takes_any:
+            raise CliError(f"--{name}: {s.spec} takes no {name} argument (give it one)")
+        out[name] = value
+    return out
+
+
+@dataclass
+class Built:
+    """What the builder returned, sorted out."""
+
+    model: Any
+    loss_fn: Any
+    batch: Any
+    optimizer_kind: str | None = None
+
+
+def _built(value: Any, spec: str, torch: Any) -> Built:
+    """The model, the loss function and the batch from what the builder returned."""
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    if not items or not isinstance(items[0], torch.nn.Module):
+        raise CliError(f"{spec} must return the model (an nn.Module), optionally with a batch")
+    model, rest = items[0], items[1:]
+    kind = None
+    if rest and isinstance(rest[0], torch.optim.Optimizer):
+        kind = KIND_OF_CLASS.get(type(rest[0]).__name__, "adamw")
+        rest = rest[1:]
+    loss_fn = rest[0] if len(rest) == 2 else None
+    if len(rest) > 2 or (loss_fn is not None and not callable(loss_fn)):
+        raise CliError(f"{spec} must return model, (model, batch) or (model, loss_fn, batch)")
+    if not rest:
+        raise CliError(f"{spec} returned no batch: return (model, batch) to run a step")
+    return Built(model, loss_fn, rest[-1], kind)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def layers_of(model: Any) -> list[Any]:
+    """The model's layers: the children of its largest ``ModuleList`` or ``Sequential``
+    (by parameters), as FSDP's per-layer units and activation checkpointing take them."""
+    import torch
+
+    best: list[Any] = []
+    size = -1
+    for mod in model.modules():
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.Sequential)) and len(mod) > 1:
+            n = sum(p.numel() for p in mod.parameters())
+            if n > size:
+                best, size = list(mod), n
+    return best
+
+
+def _checkpoint(model: Any, layers: list[Any], every: int) -> None:
+    """Wrap every ``every``-th layer in non-reentrant activation checkpointing (the
+    k-th, 2k-th, ...: torchtitan's count), in the container that holds it."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    wanted = {id(m) for i, m in enumerate(layers) if (i + 1) % every == 0}
+    for holder in model.modules():
+        for name, child in list(holder.named_children()):
+            if id(child) in wanted:
+                holder._modules[name] = checkpoint_wrapper(child)
+
+
+def _apply_layout(model: Any, layers: list[Any], s: Setting, mesh: Any) -> Any:
+    """The layout applied on the fake process group; returns the wrapper (or the model)."""
+    import torch
+
+    if s.layout == "ddp":
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, init_sync=False)
+        # The fake group's all-reduce returns nothing; the bucket, reduced in place on a
+        # GPU, is what the hook hands back.
+        ddp.register_comm_hook(None, noop_hook)
+        return ddp
+    if s.layout == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        kinds = {type(m) for m in layers} or {type(model)}
+        return FullyShardedDataParallel(
+            model, auto_wrap_policy=ModuleWrapPolicy(kinds), device_id=torch.device("cpu")
+        )
+    if s.layout in ("fsdp", "fsdp-no-reshard"):
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = s.layout == "fsdp"
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model
+
+
+def _optimizer(model: Any, s: Setting, torch: Any) -> Any:
+    name, options = OPTIMIZER_CLASSES[s.optimizer]
+    cls = getattr(torch.optim, name)
+    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}}.get(s.impl, {"foreach": False})
+    if name == "Adafactor" or (name == "SGD" and s.impl == "fused"):
+        impl = {"foreach": s.impl == "foreach"}
+    params = [p for p in model.parameters() if p.requires_grad]
+    return cls(params, lr=1e-3, **options, **impl)
+
+
+@contextmanager
+def _process_group(s: Setting) -> Iterator[Any]:
+    """Rank 0 of ``s.world`` on torch's fake process group (and a CPU mesh for FSDP2)."""
+    if s.layout == "none":
+        yield None
+        return
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise CliError("--trace: a process group is already up in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=s.world)
+    try:
+        mesh = None
+        if s.layout in ("fsdp", "fsdp-no-reshard"):
+            from torch.distributed.device_mesh import init_device_mesh
+
+            # Made before the fake mode: a mesh reads its ranks' values.
+            mesh = init_device_mesh("cpu", (s.world,))
+        yield mesh
+    finally:
+        dist.destroy_process_group()
+
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+_AMP = {"bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
+
+
+def _call(run: Any, batch: Any) -> Any:
+    if isinstance(batch, dict):
+        return run(**batch)
+    if isinstance(batch, (tuple, list)):
+        return run(*batch)
+    return run(batch)
+
+
+def _loss(out: Any, built: Built, torch: Any, spec: str) -> Any:
+    if built.loss_fn is not None:
+        try:
+            wants = len(inspect.signature(built.loss_fn).parameters) >= 2
+        except (TypeError, ValueError):
+            wants = False
+        return built.loss_fn(out, built.batch) if wants else built.loss_fn(out)
+    loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", out)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise CliError(f"{spec}: the model returned no loss; return (model, loss_fn, batch)")
+    return loss
+
+
+def _step(built: Built, s: Setting, mesh: Any, torch: Any) -> Traced:
+    """The layout applied and one training step run; the facts read as a run reads them."""
+    from ..instrument import ActivationMeter, batch_facts, collect_facts
+
+    model = built.model
+    model.train()
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    layers = layers_of(model)
+    if s.checkpoint_every:
+        if not layers:
+            raise CliError("--checkpointing: the model has no ModuleList of layers to checkpoint")
+        _checkpoint(model, layers, s.checkpoint_every)
+    wrapper = _apply_layout(model, layers, s, mesh)
+    if built.optimizer_kind and s.optimizer == "adamw" and built.optimizer_kind != "adamw":
+        s.optimizer = built.optimizer_kind
+        s.assumed.append(f"optimizer {s.optimizer}: the builder's (--optimizer)")
+    opt = _optimizer(model, s, torch)
+    amp = _AMP.get(s.precision)
+    # Read before the first step, as watch() reads them: no optimizer state yet.
+    facts: dict[str, Any] = dict(
+        collect_facts(
+            model,
+            opt,
+            amp_dtype=amp,
+            checkpointing=bool(s.checkpoint_every),
+            **({"wrapper": wrapper} if wrapper is not model else {}),
+        )
+    )
+    meter = ActivationMeter(torch, model, loss_span=True)
+    if not meter.start():
+        raise CliError(f"--trace: the activations meter did not start: {meter.error}")
+    try:
+        with torch.autocast("cpu", dtype=getattr(torch, amp or "bfloat16"), enabled=bool(amp)):
+            out = _call(wrapper, built.batch)
+            meter.model_returned(out)
+            loss = _loss(out, built, torch, s.spec)
+            del out
+        meter.stop("backward")
+        loss.backward()
+    finally:
+        meter.stop("backward")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    args = built.batch if isinstance(built.batch, (tuple, list)) else (built.batch,)
+    kwargs = built.batch if isinstance(built.batch, dict) else {}
+    facts["batch"] = dict(batch_facts(() if kwargs else args, kwargs))
+    facts["activations"] = meter.facts()
+    if facts["activations"].get("error"):
+        raise CliError(f"--trace: the activations meter failed: {facts['activations']['error']}")
+    bf = facts["batch"]
+    return Traced(facts, parameters, trainable, bf.get("batch"), bf.get("seq"))
+
+
+def trace_step(func: Any, s: Setting) -> Traced:
+    """Build the model with ``func`` on fake tensors and trace one step of it under ``s``.
+
+    Raises:
+        CliError: The builder failed (its own error, one line), or the step cannot run.
+    """
+    try:
+        import torch
+        import torch.testing._internal.distributed.fake_pg  # the "fake" backend
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError as exc:
+        raise CliError(f"--trace needs torch: {exc}", 1)
+    keywords = _keywords(func, s)
+    dtype = getattr(torch, _DTYPES.get(s.precision, "float32"))
+    with warnings.catch_warnings(), _process_group(s) as mesh:
+        warnings.simplefilter("ignore")
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            default = torch.get_default_dtype()
+            # Built in the weights' dtype: a cast of fake parameters cannot swap them.
+            torch.set_default_dtype(dtype)
+            try:
+                built = _built(func(**keywords), s.spec, torch)
+            except CliError:
+                raise
+            except Exception as exc:  # the user's builder: its own error, one line
+                raise CliError(f"{s.spec} failed: {_one_line(exc)}")
+            finally:
+                torch.set_default_dtype(default)
+            try:
+                return _step(built, s, mesh, torch)
+            except CliError:
+                raise
+            except Exception as exc:  # the user's model or loss, in one line
+                raise CliError(f"{s.spec}: the training step failed: {_one_line(exc)}")
+
+
+# --------------------------------------------------------------------------- the answer
+
+
+def _on_target(facts: dict[str, Any], device: str) -> dict[str, Any]:
+    """The traced facts (made on the CPU) as the target device's run sends them."""
+    if device == "cpu":
+        return facts
+    out = dict(facts)
+    for key in ("params", "buffers", "optimizer"):
+        part = dict(out.get(key) or {})
+        part["groups"] = [dict(g, device="cuda:0") for g in part.get("groups") or []]
+        out[key] = part
+    if isinstance(out.get("batch"), dict):
+        out["batch"] = dict(out["batch"], device="cuda:0")
+    return out
+
+
+def phase_peaks(facts: dict[str, Any], accumulation: int) -> tuple[Any, dict[bool, dict]]:
+    """Each phase's peak by category, for the first step and a later one, walked as the
+    dashboard's line walks ``accumulation`` forward/backward pairs per step."""
+    from ..predict import Span, predict, span_peaks, total
+
+    pred = predict(facts)  # type: ignore[arg-type]
+    spans, t = [], 0
+    for step in range(1, STEPS + 1):
+        names = ["forward", "backward"] * accumulation + ["optimizer.step", "zero_grad"]
+        for name in names:
+            spans.append(Span(name, t, t + 10, step))
+            t += 10
+    out: dict[bool, dict[str, dict[str, int]]] = {True: {}, False: {}}
+    for sp in span_peaks(pred, spans):
+        first = sp.span.step == 1
+        now = out[first].get(sp.span.name)
+        if now is None or total(sp.peak) > total(now):
+            out[first][sp.span.name] = dict(sp.peak)
+    for (name, first), pm in pred.phases.items():
+        out[first].setdefault(name, dict(pm.peak))
+    return pred, out
+
+
+def _peak_of(phases: dict[bool, dict]) -> tuple[int, str, bool]:
+    from ..predict import total
+
+    best = max(
+        ((total(b), name, first) for first, d in phases.items() for name, b in d.items()),
+        default=(0, "forward", True),
+    )
+    return best
+
+
+def result_of(traced: Traced, s: Setting) -> dict[str, Any]:
+    """The estimate of a traced step, in the config route's form (``--json``'s keys)."""
+    from ..predict import PHASES
+
+    facts = _on_target(traced.facts, s.device)
+    pred, phases = phase_peaks(facts, s.accumulation)
+    peak, phase, _ = _peak_of(phases)
+    par = facts.get("parallel") or {}
+    notes = list(pred.notes)
+    empty = dict.fromkeys(("weights",), 0)
+    return {
+        "peak_bytes": peak,
+        "peak_phase": phase,
+        "phases": {ph: phases[False].get(ph, empty) for ph in PHASES},
+        "first_step": {ph: phases[True].get(ph, empty) for ph in PHASES},
+        "parameters": traced.parameters,
+        "trainable_parameters": traced.trainable,
+        "rank_parameters": int((facts.get("params") or {}).get("count") or 0),
+        "activations_known": pred.activations_known,
+        "layout": None,
+        "parallel": s.layout,
+        "world_size": s.world if s.layout != "none" else 1,
+        "head": None,
+        "seq": traced.seq,
+        "batch": traced.batch,
+        "host_bytes": 0,
+        "traffic_bytes": 0,
+        "assumed": s.assumed,
+        "notes": notes,
+        "traced": {"strategy": par.get("strategy"), "device": s.device},
+    }
+
+
+def _said(s: Setting, traced: Traced) -> None:
+    """What the trace assumed, in the config route's words."""
+    s.assumed.insert(
+        0,
+        f"{s.spec}: {traced.parameters:,} parameters, one training step traced on fake"
+        " tensors (the facts a run sends, read from the model, its layout and its step)",
+    )
+    if traced.batch is not None:
+        said = " (--batch)" if s.batch else " (the builder's)"
+        s.assumed.append(f"batch {traced.batch}{said}")
+    ckpt = f", every {s.checkpoint_every} layer(s) checkpointed" if s.checkpoint_every else ""
+    s.assumed.append(f"{s.precision}, {s.optimizer} {s.impl}{ckpt}")
+    if s.accumulation > 1:
+        s.assumed.append(f"{s.accumulation} micro-batches per step (--accumulation)")
+    if s.device == "cuda":
+        s.assumed.append("a CUDA run (the trace's facts moved to cuda:0)")
+
+
+def trace_estimate(args: argparse.Namespace) -> dict[str, Any]:
+    """``estimate --trace``: the per-phase answer of rank 0, and the fit where GPUs are named.
+
+    Raises:
+        CliError: An option the trace cannot honour, or a builder or step that failed.
+    """
+    s = setting(args)
+    func = load_builder(s.spec)
+    traced = trace_step(func, s)
+    _said(s, traced)
+    result = result_of(traced, s)
+    gpus = _gpus(args)
+    if gpus is not None:
+        reserve = _reserve(args)
+        nodes = int(getattr(args, "nodes", 1) or 1)
+        s.assumed.append(
+            f"{gpus.count} x {gpus.name}: {fmt_bytes(gpus.usable(reserve))} each for torch"
+            f" ({fmt_bytes(reserve)} reserved: --reserve)"
+        )
+        result["fit"] = fit(func, s, result, gpus, reserve, nodes)
+    return result
+
+
+# --------------------------------------------------------------------------- the fit
+
+
+def _candidates(s: Setting, gpus: Any) -> list[tuple[str, str, Setting, str, int]]:
+    """``(what, flags, setting, cost, order)`` of each change worth tracing."""
+    out = []
+    if not s.checkpoint_every:
+        out.append(
+            (
+                "gradient checkpointing",
+                "--checkpointing",
+                replace(s, checkpoint_every=1, assumed=[]),
+                "about a third more compute (each layer's forward runs again in backward)",
+                1,
+            )
+        )
+    if s.batch and s.batch > 1:
+        half = s.batch // 2
+        steps = s.accumulation * (s.batch // half)
+        out.append(
+            (
+                f"micro-batch {half}, {steps} accumulation steps",
+                f"--batch {half} --accumulation {steps}",
+                replace(s, batch=half, accumulation=steps, assumed=[]),
+                "the same samples per step in more, smaller micro-batches",
+                2,
+            )
+        )
+    if s.world > 1 and s.layout in ("ddp", "none"):
+        out.append(
+            (
+                "FSDP2 (fully_shard each layer and the root)",
+                "--layout fsdp",
+                replace(s, layout="fsdp", assumed=[]),
+                "an all-gather of each layer in forward and backward, a reduce-scatter",
+                3,
+            )
+        )
+    if s.precision in ("fp32", "bf16-mixed", "fp16-mixed"):
+        out.append(
+            (
+                "bf16 weights (no fp32 master copy)",
+                "--precision bf16",
+                replace(s, precision="bf16", assumed=[]),
+                "bf16 weights and optimizer state: less precise updates",
+                4,
+            )
+        )
+    return out
+
+
+def fit(
+    func: Any, s: Setting, result: dict[str, Any], gpus: Any, reserve: int, nodes: int
+) -> dict[str, Any]:
+    """Fits or not, the deciding phase, and (where it does not) each change traced anew."""
+    usable = gpus.usable(reserve)
+    peak, phase, first = _peak_of({False: result["phases"], True: result["first_step"]})
+    changes = []
+    if peak > usable:
+        for what, flags, changed, cost, order in _candidates(s, gpus):
+            try:
+                got = result_of(trace_step(func, changed), changed)
+            except CliError:
+                continue
+            changes.append(
+                {
+                    "change": what,
+                    "flags": flags,
+                    "peak_bytes": got["peak_bytes"],
+                    "fits": got["peak_bytes"] <= usable,
+                    "headroom_bytes": usable - got["peak_bytes"],
+                    "deciding_phase": got["peak_phase"],
+                    "cost": cost,
+                    "host_bytes": 0,
+                    "traffic_bytes": 0,
+                    "order": order,
+                }
+            )
+        changes.sort(key=lambda c: (not c["fits"], c["order"], c["peak_bytes"]))
+        for c in changes:
+            c.pop("order")
+    return {
+        "gpus": gpus.count,
+        "nodes": nodes,
+        "gpu": gpus.name,
+        "gpu_bytes": gpus.total,
+        "usable_bytes": usable,
+        "fits": peak <= usable,
+        "peak_bytes": peak,
+        "headroom_bytes": usable - peak,
+        "deciding_phase": phase,
+        "deciding_first_step": first,
+        "max_batch": None,
+        "changes": changes,
+    }

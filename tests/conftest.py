@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,23 @@ def _isolate_user_dirs() -> None:
 
 # At import, before any test module imports gpuwatch (whose client finds its socket then).
 _isolate_user_dirs()
+
+
+def _restore_sigint() -> None:
+    """Give Ctrl-C back to the suite and its children where a shell took it away.
+
+    A shell without job control starts a background job (``bash .ci/run &``, a CI runner's
+    step) with SIGINT ignored, and an ignored signal stays ignored across fork and exec:
+    every child would ignore it too, and a Python child would not even install its
+    KeyboardInterrupt handler. The tests that stop a job with SIGINT, as Ctrl-C would,
+    then saw it die of SIGTERM after the grace period, or still alive. A handler set
+    here is reset to the default in each child on exec.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_restore_sigint()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

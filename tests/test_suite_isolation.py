@@ -48,3 +48,15 @@ def test_default_recording_log_and_socket_are_not_the_users(where: str) -> None:
     for path in paths:
         assert Path(path).is_relative_to(USER_ROOT), path
     assert not any(name.startswith("GPUWATCH_") for name in os.environ)
+
+
+def test_children_take_sigint_as_a_terminal_gives_it() -> None:
+    """A suite started in the background by a shell without job control (``bash .ci/run
+    &``) inherits SIGINT ignored; conftest gives it back, so that a job stopped with
+    SIGINT, as Ctrl-C would, raises KeyboardInterrupt (tests/cli/test_launch.py) and a
+    signalled ``sleep`` dies (tests/tui/test_processes_tui.py)."""
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "True"

@@ -41,16 +41,21 @@ def test_timelines(snap_compare, theme: str) -> None:
 async def peaks(pilot) -> None:
     """The Peaks tab, once its OOMs' answers are planned (a thread worker) and shown."""
     await pilot.press("2")
-    # The plan starts when a row first describes the OOM, which may come after the key
-    # has been handled: waiting for the workers alone could find none yet.
+    # A plan starts when a row first describes its OOM, which may come after the key has
+    # been handled: asking for each answer here starts any plan not started yet (a
+    # second ask starts none), so that waiting for the workers waits for every plan,
+    # however long a loaded machine makes it. Each worker ends after its answer is in
+    # the table (call_from_thread waits for the UI thread).
     table = pilot.app.query_one(MarksTable)
-    ooms = len(pilot.app.session.ooms)
-    assert ooms and await until(pilot, lambda: len(table.answers) >= ooms)
-    # What the table holds can reach the screen after the workers are done (a loaded
-    # machine): wait until the screen shows each OOM's answer.
-    said = [table.describe(oom).rpartition("; ")[2] for oom in pilot.app.session.ooms]
-    assert await until(pilot, lambda: all(s in screen_text(pilot.app) for s in said))
+    ooms = list(pilot.app.session.ooms)
+    assert ooms
+    for oom in ooms:
+        table.answer(oom)
     await pilot.app.workers.wait_for_complete()
+    assert len(table.answers) == len(ooms)
+    # The rows hold the answers now; the screen shows them after its next refresh.
+    said = [table.describe(oom).rpartition("; ")[2] for oom in ooms]
+    assert await until(pilot, lambda: all(s in screen_text(pilot.app) for s in said))
     await pilot.pause()
 
 

@@ -53,6 +53,7 @@ from ..session.ports import (
     RssSampled,
     SessionEvent,
 )
+from ..session.table import MISSING_INT
 
 VERSION = 1
 SUFFIX = ".views"
@@ -142,6 +143,8 @@ def snapshot(session: Session) -> list[list[Any]]:
         out.append(["info", pid, info])
     for text in list(session.notes):
         out.append(["note", text])
+    for key in list(session.gpu):
+        out += _newest(session, key)
     for proc in session.running():
         seq = max(proc.last_seq, 0)
         msgs = [Message("hello", proc.pid, seq, proc.first_t, proc.dropped, dict(proc.hello))]
@@ -153,6 +156,31 @@ def snapshot(session: Session) -> list[list[Any]]:
             if item is not None:
                 out.append(item)
     return out
+
+
+def _newest(session: Session, key: str) -> list[list[Any]]:
+    """A GPU's newest sample and process list: a list is sent again only when it changes."""
+    out: list[list[Any]] = []
+    sample = session.gpu[key].last()
+    if sample:
+        out.append(["gpu", key, {k: _plain(v) for k, v in sample.items()}])
+    procs = session.gpu_procs.get(key)
+    span = procs.span() if procs is not None else None
+    snap = procs.group_at(span[1]) if procs is not None and span is not None else None
+    if snap is not None:
+        cols = [snap[c].tolist() for c in ("pid", "used", "type", "sm", "mem_util", "cpu", "rss")]
+        rows = [[_plain(v) for v in r] for r in zip(*cols, strict=True) if r[0] > 0]
+        out.append(["procs", key, int(snap["t"][-1]), rows])
+    return out
+
+
+def _plain(v: Any) -> Any:
+    """A table's value as JSON has it: NaN and the missing integer are None."""
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if type(v) is int and v == MISSING_INT:
+        return None
+    return v.item() if hasattr(v, "item") else v
 
 
 # --------------------------------------------------------------------------- the owner

@@ -1,0 +1,535 @@
+"""Foresight: each phase's peak predicted before it runs, against what its device can give.
+
+From a process's facts (and the activations its first training forward measured) the
+predictor knows every phase of a full step, the first ``optimizer.step`` included, where
+the optimizer's state is created and the foreach temporary comes on top. A
+:class:`Forecast` sets those peaks against the bytes the process's allocator can have
+(:class:`Capacity`: the GPU's total less the other processes and its own CUDA context, as
+NVML counts them; the host's memory for a CPU run) and names each phase not yet run that
+will not fit (:class:`Shortfall`: its peak, how much is missing, its largest categories
+from the explanation object every view reads, and the planner's cheapest changes that fit).
+
+:class:`Foresight` keeps the forecasts of a live session, off the ingest thread: it marks
+each shortfall in the session (so the recording, ``info`` and replay show it) as soon as it
+is known, and, when a forecast phase has run, marks how close the forecast came (off by
+more than :data:`OFF_BY` is said as such). The dashboard, the exporter and the notebook's
+line read the same forecasts; ``gpuwatch.watch(..., warn=True)`` makes one in the training
+process itself (:func:`warn_in_process`).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from .. import predict as pr
+from ..facts import Facts
+from ..fmt import fmt_bytes
+from ..protocol import Message
+from ..session import MISSING_INT, Mark, Process, Session
+from .explain import CATEGORY_KEYS, Explained, explain_breakdown, labels
+from .oom_answer import RESERVE
+from .predicted import PredictedLine, predictions
+from .rank_feed import newest_snapshot
+
+OFF_BY = 0.10
+"""A forecast further than this from the measured peak is marked as off."""
+
+WARN_PREFIX = "forecast: "
+"""How a shortfall's mark begins (``info`` finds the forecasts by it)."""
+
+HELD_PREFIX = "forecast held: "
+OFF_PREFIX = "forecast off: "
+
+LARGEST = 3
+"""Categories a shortfall names."""
+
+CHANGES = 2
+"""Changes that fit a shortfall names."""
+
+EVERY = 1.0
+"""Seconds between two looks when nothing arrived (the other processes' memory moves)."""
+
+
+def phase_label(phase: str, first_step: bool) -> str:
+    """``optimizer.step (first step)``; a forward after it is ``forward (later steps)``."""
+    return f"{phase} ({'first step' if first_step else 'later steps'})"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a process's allocator can have on its device.
+
+    Attributes:
+        usable: Bytes it can allocate: ``total - others - context``.
+        total: The device's memory.
+        others: What the other processes on it use (NVML).
+        context: Its own memory that torch's allocator does not hold (the CUDA context,
+            NVML's figure for it less torch's reserved; :data:`RESERVE` while unseen).
+        where: The device in words (``GPU 0``, ``host``).
+    """
+
+    usable: int
+    total: int
+    others: int
+    context: int
+    where: str
+
+    def text(self) -> str:
+        """``58.2 GiB of GPU 0's 79.6 GiB (20.4 GiB other processes, 1.0 GiB context)``."""
+        return (
+            f"{fmt_bytes(self.usable)} of {self.where}'s {fmt_bytes(self.total)}"
+            f" ({fmt_bytes(self.others)} other processes, {fmt_bytes(self.context)} context)"
+        )
+
+
+@dataclass(frozen=True)
+class PhaseForecast:
+    """One phase's predicted peak.
+
+    Attributes:
+        phase: Its name.
+        first_step: The first step's variant (before the optimizer state exists).
+        explained: Its peak by category: the explanation object of ``info`` and the bar.
+        unknowns: What its prediction rests on that is not known (empty: nothing).
+    """
+
+    phase: str
+    first_step: bool
+    explained: Explained
+    unknowns: tuple[str, ...] = ()
+
+    @property
+    def peak(self) -> int:
+        return self.explained.predicted
+
+    @property
+    def key(self) -> tuple[str, bool]:
+        return self.phase, self.first_step
+
+    @property
+    def label(self) -> str:
+        return phase_label(self.phase, self.first_step)
+
+    def largest(self, n: int = LARGEST) -> list[tuple[str, int]]:
+        """Its ``n`` largest categories, (label, bytes), largest first."""
+        parts = sorted(
+            (p for p in self.explained.parts if p.key in CATEGORY_KEYS and p.bytes > 0),
+            key=lambda p: -p.bytes,
+        )
+        return [(p.label, p.bytes) for p in parts[:n]]
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """A phase not yet run whose peak is forecast above what its device can give.
+
+    Attributes:
+        forecast: The phase's forecast.
+        capacity: What the device can give.
+        changes: The planner's cheapest changes that fit, in words (may be empty).
+    """
+
+    forecast: PhaseForecast
+    capacity: Capacity
+    changes: tuple[str, ...] = ()
+
+    @property
+    def short(self) -> int:
+        """Bytes missing."""
+        return self.forecast.peak - self.capacity.usable
+
+    def text(self) -> str:
+        """One line: the phase, its peak, the shortfall, its largest parts, what fits."""
+        f = self.forecast
+        parts = ", ".join(f"{label} {fmt_bytes(n)}" for label, n in f.largest())
+        line = (
+            f"{WARN_PREFIX}{f.label} will need {fmt_bytes(f.peak)}, {fmt_bytes(self.short)}"
+            f" more than {self.capacity.where} can give ({fmt_bytes(self.capacity.usable)})"
+        )
+        line += f": {parts}" if parts else ""
+        if self.changes:
+            line += "; fits with " + " or ".join(self.changes)
+        return line
+
+    def status(self) -> str:
+        """The status line's few words: ``optimizer.step (first step) 1.2 GiB short``."""
+        return f"forecast: {self.forecast.label} {fmt_bytes(self.short)} short"
+
+
+@dataclass
+class Forecast:
+    """One process's phases, predicted, against its device.
+
+    Attributes:
+        pid: The process.
+        t: When it was made.
+        phases: Every phase of a full step (and eval), both variants.
+        capacity: What its device can give (None: not known yet).
+        ran: The phases (name, first step) that have run.
+        shortfalls: The phases not yet run that will not fit (none rest on unknowns).
+        unsure: The phases not yet run that might not fit, whose prediction rests on
+            unknowns: said, not warned about.
+    """
+
+    pid: int
+    t: int
+    phases: list[PhaseForecast]
+    capacity: Capacity | None
+    ran: frozenset[tuple[str, bool]] = frozenset()
+    shortfalls: list[Shortfall] = field(default_factory=list)
+    unsure: list[PhaseForecast] = field(default_factory=list)
+
+    def ahead(self) -> list[PhaseForecast]:
+        """The phases not yet run."""
+        return [p for p in self.phases if p.key not in self.ran]
+
+    def get(self, phase: str, first_step: bool) -> PhaseForecast | None:
+        return next((p for p in self.phases if p.key == (phase, first_step)), None)
+
+    def peaks_ahead(self) -> dict[str, int]:
+        """Phase name -> the highest forecast peak of its variants not yet run (and
+        resting on nothing unknown): what the chart's line and the exporter show."""
+        out: dict[str, int] = {}
+        for p in self.ahead():
+            if not p.unknowns:
+                out[p.phase] = max(out.get(p.phase, 0), p.peak)
+        return out
+
+
+def _unknowns(prediction: pr.Prediction, phase: str) -> tuple[str, ...]:
+    """What ``phase``'s predicted peak rests on that the facts do not say."""
+    out = []
+    if not prediction.layout.modelled:
+        out.append("the parallel layout's buffers")
+    if phase in ("forward", "backward", "eval") and not prediction.activations_known:
+        out.append("the activations (no transformer shape, no measured forward yet)")
+    if phase == "optimizer.step" and prediction.optimizer.kind in ("none", "other"):
+        out.append("the optimizer's state (its optimizer is not known yet)")
+    return tuple(out)
+
+
+def phase_forecasts(prediction: pr.Prediction) -> list[PhaseForecast]:
+    """Every phase's forecast from a prediction, in the predictor's order."""
+    out = []
+    for (phase, first), memory in prediction.phases.items():
+        categories = {k: int(memory.peak.get(k, 0)) for k in CATEGORY_KEYS}
+        explained = Explained(
+            phase=phase,
+            first_step=first,
+            count=0,
+            measured=None,
+            predicted=int(pr.total(memory.peak)),
+            categories=categories,
+            parts=explain_breakdown(prediction, phase, categories, None),
+            temporaries=labels(prediction, phase)["temporaries"][0],
+        )
+        out.append(PhaseForecast(phase, first, explained, _unknowns(prediction, phase)))
+    return out
+
+
+def make_forecast(
+    pid: int,
+    t: int,
+    prediction: pr.Prediction,
+    capacity: Capacity | None,
+    ran: Iterable[tuple[str, bool]] = (),
+    phases: Iterable[str] | None = None,
+) -> Forecast:
+    """A process's forecast (changes that fit are :func:`with_changes`' work).
+
+    Args:
+        pid: The process.
+        t: Now.
+        prediction: Its prediction.
+        capacity: What its device can give, if known.
+        ran: The phases that have run.
+        phases: Only these phase names (None: every phase the predictor models, less
+            ``clip``, which only a script that names it runs).
+    """
+    done = frozenset(ran)
+    names = set(phases) if phases is not None else set(pr.PHASES)
+    every = [p for p in phase_forecasts(prediction) if p.phase in names]
+    out = Forecast(pid, t, every, capacity, done)
+    if capacity is None:
+        return out
+    for p in out.ahead():
+        if p.peak > capacity.usable:
+            if p.unknowns:
+                out.unsure.append(p)
+            else:
+                out.shortfalls.append(Shortfall(p, capacity))
+    return out
+
+
+def changes_that_fit(facts: Any, usable: int, n: int = CHANGES) -> tuple[str, ...]:
+    """The planner's ``n`` cheapest changes that fit in ``usable`` bytes, in words
+    (``--checkpointing (62.58 GiB)``); empty where none fits or the facts cannot be
+    planned."""
+    try:
+        plan, _ = pr.plan_from_facts(facts)
+        ans = pr.answer(plan, max(usable, 0))
+    except Exception:  # the script's word: a plan it cannot make is no change
+        return ()
+    fitting = [c for c in ans.changes if c.peak_bytes <= ans.usable]
+    return tuple(f"{c.flags} ({fmt_bytes(c.peak_bytes)})" for c in fitting[:n])
+
+
+def with_changes(fc: Forecast, facts: Any) -> Forecast:
+    """``fc`` with each shortfall's changes that fit (the planner's bisection: not per
+    frame, once per new shortfall)."""
+    if fc.capacity is None or not fc.shortfalls:
+        return fc
+    changes = changes_that_fit(facts, fc.capacity.usable)
+    fc.shortfalls = [Shortfall(s.forecast, s.capacity, changes) for s in fc.shortfalls]
+    return fc
+
+
+# ---------------------------------------------------------------------- in a session
+
+
+def _gpu_of(session: Session, proc: Process) -> str | None:
+    """The key of the GPU the process uses: one its figures name, else one whose NVML
+    process list holds it."""
+    for key in proc.devices.values():
+        dev = session.devices.get(key)
+        if dev is not None and dev.kind == "gpu":
+            return key
+    pids = {proc.pid} | ({proc.container_pid} if proc.container_pid else set())
+    for key in sorted(session.gpu_procs):
+        if pids & set(newest_snapshot(session, key)):
+            return key
+    return None
+
+
+def _reserved(proc: Process) -> int:
+    """torch's newest reserved bytes in the process (0: none reported)."""
+    figures = list(proc.tally.torch.values())
+    if not figures:
+        return 0
+    reserved = figures[-1][1]
+    return 0 if reserved == MISSING_INT else int(reserved)
+
+
+def capacity_of(session: Session, proc: Process) -> Capacity | None:
+    """What ``proc``'s allocator can have now: on its GPU, from NVML's newest process
+    list; on the host for a process whose facts put the model on the CPU (None: not known)."""
+    key = _gpu_of(session, proc)
+    if key is not None:
+        dev = session.devices[key]
+        if not dev.total:
+            return None
+        snap = newest_snapshot(session, key)
+        others = sum(u or 0 for pid, u in snap.items() if pid not in (proc.pid, proc.container_pid))
+        mine = snap.get(proc.pid)
+        context = max(mine - _reserved(proc), 0) if mine is not None else RESERVE
+        where = f"GPU {dev.index}" if dev.index is not None else (dev.name or "its GPU")
+        usable = max(int(dev.total) - others - context, 0)
+        return Capacity(usable, int(dev.total), others, context, where)
+    if not _on_cpu(proc.facts):
+        return None
+    host = session.host_table(proc.host)
+    last = host.last() if len(host) else None
+    if not last or int(last.get("total", MISSING_INT)) <= 0:
+        return None
+    total, available = int(last["total"]), int(last["available"])
+    rss = proc.rss.last() if len(proc.rss) else None
+    mine = int(rss["rss"]) if rss else 0
+    usable = max(available + mine, 0)
+    return Capacity(usable, total, max(total - usable, 0), 0, "the host")
+
+
+def _on_cpu(facts: Any) -> bool:
+    groups = (facts or {}).get("params", {}).get("groups") if isinstance(facts, dict) else None
+    devices = {str(g.get("device", "")) for g in groups or [] if isinstance(g, dict)}
+    return bool(devices) and all(d == "cpu" for d in devices)
+
+
+@dataclass
+class _Watch:
+    """What :class:`Foresight` keeps of one process's current model."""
+
+    start: int  # the model's start (its epoch)
+    cursor: int  # phase rows read
+    stepped: bool = False  # its first optimizer.step has ended
+    ran: set[tuple[str, bool]] = field(default_factory=set)
+    warned: set[tuple[str, bool]] = field(default_factory=set)
+    expected: dict[tuple[str, bool], int] = field(default_factory=dict)  # the latest forecast
+    settled: set[tuple[str, bool]] = field(default_factory=set)
+    made: tuple[Any, ...] = ()
+
+
+class Foresight:
+    """The forecasts of a session's processes, kept up to date off the ingest thread.
+
+    As a session listener it only notes that facts or phases came; its thread (or a
+    caller of :meth:`update`) forecasts anew and marks each new shortfall and each
+    forecast phase that has run. Get the shared one with :func:`foresight`.
+
+    Args:
+        session: The session.
+        marks: Mark shortfalls and outcomes in the session (False for a replay, whose
+            recording holds the marks it made live).
+    """
+
+    def __init__(self, session: Session, marks: bool = True) -> None:
+        self.session = session
+        self.marks = marks
+        self.forecasts: dict[int, Forecast] = {}
+        self.failures = 0
+        self._watch: dict[int, _Watch] = {}
+        self._due = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.updated = 0  # forecasts made (a test waits on it)
+
+    def __call__(self, event: object) -> None:
+        """Session listener: facts or a phase came (cheap: the thread does the work)."""
+        if isinstance(event, Message) and event.kind in ("facts", "phase"):
+            self._due.set()
+
+    def start(self) -> None:
+        """Subscribe to the session and forecast on a thread of its own."""
+        self.session.subscribe(self)
+        self._thread = threading.Thread(target=self._run, name="gpuwatch-foresight", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (after a last look)."""
+        self._stop.set()
+        self._due.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            self._due.wait(EVERY)
+            self._due.clear()
+            stopping = self._stop.is_set()
+            try:
+                self.update()
+            except Exception as exc:  # tried again next time; the session goes on
+                self.failures += 1
+                if self.failures == 1:
+                    self.session.note(f"cannot forecast ({type(exc).__name__}): {exc}"[:160])
+
+    def update(self) -> dict[int, Forecast]:
+        """Forecast every running process that sent facts; marks what is new."""
+        with self._lock:
+            for proc in list(self.session.processes.values()):
+                if proc.facts and proc.ended is None and proc.gone is None:
+                    self._one(proc)
+            return dict(self.forecasts)
+
+    def _one(self, proc: Process) -> None:
+        line = predictions(self.session).line(proc)
+        if line is None or line.prediction is None or not line.epochs:
+            return
+        watch = self._follow(proc, line)
+        capacity = capacity_of(self.session, proc)
+        stamp = (id(line.prediction), capacity, frozenset(watch.ran))
+        if stamp == watch.made:
+            return
+        watch.made = stamp
+        names = set(pr.PHASES) | ({pr.CLIP} if (pr.CLIP, True) in watch.ran else set())
+        now = self.session.now()
+        fc = make_forecast(proc.pid, now, line.prediction, capacity, watch.ran, names)
+        watch.expected.update({p.key: p.peak for p in fc.ahead() if not p.unknowns})
+        if any(s.forecast.key not in watch.warned for s in fc.shortfalls):
+            fc = with_changes(fc, proc.facts)
+        for s in fc.shortfalls:
+            if s.forecast.key not in watch.warned:
+                watch.warned.add(s.forecast.key)
+                self._mark(proc.pid, s.text(), "warning")
+        self.forecasts[proc.pid] = fc
+        self.updated += 1
+
+    def _follow(self, proc: Process, line: PredictedLine) -> _Watch:
+        """The process's watch, its phases read up to now (a new model starts anew)."""
+        start = line.epochs[-1].start
+        watch = self._watch.get(proc.pid)
+        if watch is None or watch.start != start:
+            first = proc.phases.search(start, "left") if len(line.epochs) > 1 else 0
+            watch = self._watch[proc.pid] = _Watch(start, first)
+        table = proc.phases
+        if len(table) <= watch.cursor:
+            return watch
+        names = self.session.names
+        for cols in table.batches(watch.cursor, None, ("t1", "name", "peak_alloc")):
+            pairs = zip(cols["name"].tolist(), cols["peak_alloc"].tolist(), strict=True)
+            for name_id, peak in pairs:
+                name = names[name_id] if 0 <= name_id < len(names) else ""
+                key = (name, not watch.stepped)
+                watch.ran.add(key)
+                self._settle(proc.pid, watch, key, peak)
+                if name == "optimizer.step":
+                    watch.stepped = True
+            watch.cursor += len(cols["t1"])
+        return watch
+
+    def _settle(self, pid: int, watch: _Watch, key: tuple[str, bool], peak: int) -> None:
+        """A phase forecast before it ran has run: mark a forecast off by more than
+        :data:`OFF_BY`, and how close a warning came (only where the allocator measured
+        its peak: CUDA)."""
+        forecast = watch.expected.get(key)
+        if forecast is None or key in watch.settled or peak == MISSING_INT or peak <= 0:
+            return
+        watch.settled.add(key)
+        off = (forecast - peak) / peak
+        label = phase_label(*key)
+        figures = f"forecast {fmt_bytes(forecast)}, measured {fmt_bytes(peak)}"
+        if abs(off) > OFF_BY:
+            self._mark(pid, f"{OFF_PREFIX}{label} off by {off:+.0%} ({figures})", "warning")
+        elif key in watch.warned:
+            self._mark(pid, f"{HELD_PREFIX}{label} within {abs(off):.0%} ({figures})", "info")
+
+    def _mark(self, pid: int, text: str, level: str) -> None:
+        if self.marks:
+            self.session.add_mark(Mark(self.session.now(), pid, text, level))
+
+    def warning(self) -> str | None:
+        """The status line's warning: a shortfall of a phase still to come, or None."""
+        for fc in list(self.forecasts.values()):
+            if fc.shortfalls:
+                s = max(fc.shortfalls, key=lambda s: s.short)
+                return s.status()
+        return None
+
+
+_registries: weakref.WeakKeyDictionary[Session, Foresight] = weakref.WeakKeyDictionary()
+_made_lock = threading.Lock()
+
+
+def foresight(session: Session, marks: bool = False) -> Foresight:
+    """The forecasts of ``session``, shared by every view (made on first use; ``marks``
+    only decides for the first caller: the live sources, which start its thread)."""
+    with _made_lock:
+        found = _registries.get(session)
+        if found is None:
+            found = _registries[session] = Foresight(session, marks)
+        return found
+
+
+# ---------------------------------------------------------------------- in the training process
+
+
+Capacitor = Callable[[Any], "Capacity | None"]
+
+
+def warn_text(facts: Any, capacity: Capacity) -> str | None:
+    """The warning ``watch(..., warn=True)`` gives for ``facts`` on ``capacity``: the
+    largest shortfall's line, or None where every phase fits (or rests on unknowns)."""
+    try:
+        prediction = pr.predict(cast(Facts, facts))
+    except Exception:
+        return None
+    fc = make_forecast(0, 0, prediction, capacity)
+    if not fc.shortfalls:
+        return None
+    fc = with_changes(fc, facts)
+    return max(fc.shortfalls, key=lambda s: s.short).text()

@@ -54,7 +54,8 @@ def test_a_view_sees_what_the_owner_is_given(sock_path: str) -> None:
         owner.add_gpu_sample(GPU, {"t": t, "used": 5 << 30, "total": 80 << 30})
         owner.ingest(Message("phase", 4242, 0, t, 0, {"event": "begin", "name": "fwd", "id": 1}))
         assert wait_for(lambda: len(view.gpu[GPU]) == 1 and 4242 in view.processes)
-        assert view.gpu[GPU].last()["used"] == 5 << 30
+        last = view.gpu[GPU].last()
+        assert last is not None and last["used"] == 5 << 30
         assert [o.name for o in view.processes[4242].open.values()] == ["fwd"]
         hub.stop()
         assert ended.wait(5) and feed.applier.bye == (True, "/x.gpuwatch")

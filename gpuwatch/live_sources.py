@@ -19,6 +19,7 @@ from .sources.host import HostSampler
 from .sources.views import ViewError, ViewFeed, ViewHub
 
 if TYPE_CHECKING:  # imported when started: the dashboard's first frame does not wait on them
+    from .analysis.forecast import Foresight
     from .prometheus import MetricsServer
     from .sources.gpu_process import GpuProcess
     from .store.recorder import Recorder
@@ -64,6 +65,7 @@ class LiveSources:
         self._ranks_stop = threading.Event()
         self._ranks: threading.Thread | None = None
         self.rank_check_failures = 0  # looks at the ranks that raised (the first is noted)
+        self.foresight: Foresight | None = None  # once started
         self.may_view = view
         self.hub: ViewHub | None = None  # while the owner
         self.feed: ViewFeed | None = None  # while a view
@@ -163,6 +165,13 @@ class LiveSources:
         self.gpu.start()
         self._ranks = threading.Thread(target=self._mark_ranks, name="gpuwatch-ranks", daemon=True)
         self._ranks.start()
+        from .analysis.forecast import foresight
+
+        # Shortfalls forecast before a phase runs are marked (recorded) from here only:
+        # a replay shows the marks its recording holds.
+        self.foresight = foresight(self.session)
+        self.foresight.marks = True
+        self.foresight.start()
 
     def _mark_ranks(self) -> None:
         """Mark a stray context or diverging step counters of a job's ranks once, when seen."""
@@ -334,6 +343,8 @@ class LiveSources:
         self._ranks_stop.set()
         if self._ranks is not None:
             self._ranks.join(timeout=2)
+        if self.foresight is not None:
+            self.foresight.stop()
         if self.gpu is not None:
             self.gpu.stop()
         self.host.stop()

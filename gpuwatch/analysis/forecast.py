@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import numpy as np
+
 from .. import predict as pr
 from ..facts import Facts
 from ..fmt import fmt_bytes
@@ -459,18 +461,29 @@ class Foresight:
         table = proc.phases
         if len(table) <= watch.cursor:
             return watch
-        names = self.session.names
+        opt = self.session.find_name("optimizer.step")
         for cols in table.batches(watch.cursor, None, ("t1", "name", "peak_alloc")):
-            pairs = zip(cols["name"].tolist(), cols["peak_alloc"].tolist(), strict=True)
-            for name_id, peak in pairs:
-                name = names[name_id] if 0 <= name_id < len(names) else ""
-                key = (name, not watch.stepped)
-                watch.ran.add(key)
-                self._settle(proc.pid, watch, key, peak)
-                if name == "optimizer.step":
-                    watch.stepped = True
-            watch.cursor += len(cols["t1"])
+            names, peaks = cols["name"], cols["peak_alloc"]
+            cut, stepped = (0, True) if watch.stepped else (len(names), False)
+            if not stepped and opt is not None:
+                hits = np.flatnonzero(names == opt)
+                if len(hits):  # the first optimizer.step: what ends after it is a later step's
+                    cut, stepped = int(hits[0]) + 1, True
+            # Only the first span of each name in each variant matters: one pass in numpy.
+            for first, lo, hi in ((True, 0, cut), (False, cut, len(names))):
+                ids, at = np.unique(names[lo:hi], return_index=True)
+                for name_id, i in zip(ids.tolist(), at.tolist(), strict=True):
+                    self._ran(proc.pid, watch, name_id, first, int(peaks[lo + i]))
+            watch.stepped = stepped
+            watch.cursor += len(names)
         return watch
+
+    def _ran(self, pid: int, watch: _Watch, name_id: int, first: bool, peak: int) -> None:
+        names = self.session.names
+        key = (names[name_id] if 0 <= name_id < len(names) else "", first)
+        if key not in watch.ran:
+            watch.ran.add(key)
+            self._settle(pid, watch, key, peak)
 
     def _settle(self, pid: int, watch: _Watch, key: tuple[str, bool], peak: int) -> None:
         """A phase forecast before it ran has run: mark a forecast off by more than

@@ -6,6 +6,8 @@ import threading
 import time
 from pathlib import Path
 
+from conftest import wait_for
+
 import gpuwatch.live_sources as live_sources
 from gpuwatch.analysis.rank_feed import RankMarks
 from gpuwatch.live_sources import LiveSources
@@ -22,9 +24,7 @@ def test_a_failing_rank_check_is_counted_and_noted_once(monkeypatch, tmp_path: P
     sources = LiveSources(socket=str(tmp_path / "gw.sock"))
     watcher = threading.Thread(target=sources._mark_ranks, daemon=True)
     watcher.start()
-    deadline = time.monotonic() + 10
-    while sources.rank_check_failures < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: sources.rank_check_failures >= 3, timeout=10)
     sources._ranks_stop.set()
     watcher.join(5)
     assert sources.rank_check_failures >= 3
@@ -41,9 +41,8 @@ def test_stopping_looks_at_the_ranks_once_more(monkeypatch, tmp_path: Path) -> N
     tmp_path.chmod(0o700)
     sources = LiveSources(socket=str(tmp_path / "gw.sock"))
     watcher = threading.Thread(target=sources._mark_ranks, daemon=True)
-    watcher.start()
-    time.sleep(0.05)
     asked = time.monotonic()
+    watcher.start()
     sources._ranks_stop.set()
     watcher.join(5)
     assert not watcher.is_alive()

@@ -24,6 +24,13 @@ pytestmark = pytest.mark.torch
 
 MIB = 1 << 20
 LAG_S = 0.05
+_WORKERS: list[threading.Thread] = []
+
+
+def _workers_let_go() -> None:
+    """Wait until every collective's worker has dropped what it held."""
+    while _WORKERS:
+        _WORKERS.pop().join(30)
 
 
 class _Work:
@@ -54,6 +61,7 @@ def _collective(
 
         t = threading.Thread(target=worker)
         t.start()
+        _WORKERS.append(t)
         return _Work(t) if async_op else None
 
     return collective
@@ -80,7 +88,7 @@ def _frees_seen(collective: Callable[..., Any], async_op: bool) -> int:
     if work is not None:
         work.wait()
     del buf, work
-    time.sleep(2 * LAG_S)
+    _workers_let_go()
     mem.prof.__exit__(None, None, None)
     alloc = torch._C._profiler._EventType.Allocation
     todo = list(mem.prof.profiler.kineto_results.experimental_event_tree())
@@ -112,7 +120,7 @@ def test_a_works_own_temporary_ends_with_the_wait(async_op: bool) -> None:
         if work is not None:
             work.wait()
         del buf, work
-        time.sleep(2 * LAG_S)
+        _workers_let_go()
         big = torch.empty(16 * MIB, dtype=torch.uint8)
         del big
     mem.prof.__exit__(None, None, None)

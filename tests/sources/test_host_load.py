@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import psutil
+from conftest import wait_for
 
 from gpuwatch.session import Session
 from gpuwatch.sources import host
@@ -47,8 +48,6 @@ def test_cpu_load_and_swap_are_read_once_a_second(monkeypatch) -> None:
 def test_a_failing_tick_is_counted_and_said_once(monkeypatch) -> None:
     # /proc unreadable for a while (a container's mount, a kernel hiccup): the thread goes
     # on, and the failures show in the session instead of vanishing.
-    import time
-
     real = psutil.virtual_memory
     fails = [5]
 
@@ -63,9 +62,7 @@ def test_a_failing_tick_is_counted_and_said_once(monkeypatch) -> None:
     sampler.start()
     monkeypatch.setattr(psutil, "virtual_memory", flaky)
     try:
-        deadline = time.monotonic() + 30
-        while (fails[0] or not len(session.host)) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: not fails[0] and len(session.host) > 0, timeout=30)
     finally:
         sampler.stop()
     assert sampler.failed == 5

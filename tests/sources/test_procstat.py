@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
+from conftest import wait_for
 
 from gpuwatch.sources import procstat
 
@@ -65,10 +65,7 @@ def test_an_ended_process_reads_none_and_its_file_is_closed() -> None:
     assert reader.read(child.pid) is not None
     child.kill()
     # Not reaped yet: a zombie has ended too.
-    deadline = time.monotonic() + 10
-    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    assert wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE)
     assert reader.read(child.pid) is None
     assert len(reader) == 0
     child.wait()

@@ -102,38 +102,49 @@ def relay(sock_fd: int, out_fd: int, lifeline_fd: int, size: int) -> int:
                     return 0
             else:
                 timeout = max(1, int((DRAIN_QUIET - (now - last)) * 1000) + 1)
-        if want_read != reading:
-            reading = want_read
-            if reading:
-                poller.register(sock_fd, select.POLLIN)
-            else:
-                poller.unregister(sock_fd)
-        if bool(backlog) != writing:
-            writing = bool(backlog)
-            if writing:
-                poller.register(out_fd, select.POLLOUT)
-            else:
-                poller.unregister(out_fd)
+        reading = _watch(poller, sock_fd, select.POLLIN, want_read, reading)
+        writing = _watch(poller, out_fd, select.POLLOUT, bool(backlog), writing)
         events = dict(poller.poll(timeout))
         if lifeline_fd in events:
             if not lifeline_said(lifeline_fd):
                 return 0
             poller.unregister(lifeline_fd)
             draining = last = time.monotonic()
-        if sock_fd in events:
-            while len(backlog) < RELAY_BACKLOG:
-                got = batch.receive()
-                for data, pid in got:
-                    backlog += FRAME.pack(len(data), -1 if pid is None else pid)
-                    backlog += data
-                if got and draining is not None:
-                    last = time.monotonic()
-                if len(got) < batch.batch:
-                    break
+        if sock_fd in events and _receive(batch, backlog) and draining is not None:
+            last = time.monotonic()
         if backlog:  # as much as the pipe takes now
-            try:
-                with memoryview(backlog) as view:  # released before the buffer changes
-                    n = os.write(out_fd, view)
-            except BlockingIOError:
-                n = 0
-            del backlog[:n]  # from the front: CPython moves a start offset, no copy
+            _flush(out_fd, backlog)
+
+
+def _watch(poller: select.poll, fd: int, mask: int, want: bool, was: bool) -> bool:
+    """Poll ``fd`` for ``mask`` while ``want`` (registered or not as it changes)."""
+    if want != was:
+        if want:
+            poller.register(fd, mask)
+        else:
+            poller.unregister(fd)
+    return want
+
+
+def _receive(batch: BatchReceiver, backlog: bytearray) -> bool:
+    """Frame what the socket holds into ``backlog`` (until it is full); whether any came."""
+    came = False
+    while len(backlog) < RELAY_BACKLOG:
+        got = batch.receive()
+        for data, pid in got:
+            backlog += FRAME.pack(len(data), -1 if pid is None else pid)
+            backlog += data
+        came = came or bool(got)
+        if len(got) < batch.batch:
+            break
+    return came
+
+
+def _flush(out_fd: int, backlog: bytearray) -> None:
+    """Write as much of ``backlog`` as the pipe takes now, and drop it from the front."""
+    try:
+        with memoryview(backlog) as view:  # released before the buffer changes
+            n = os.write(out_fd, view)
+    except BlockingIOError:
+        n = 0
+    del backlog[:n]  # from the front: CPython moves a start offset, no copy

@@ -7,7 +7,7 @@ processes fold into a ``+N more`` row; a key under the rows names the colours.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from rich.segment import Segment
@@ -273,6 +273,16 @@ class PhaseBand(CachedStrips):
         segments += [Segment(text, style) for text, style in tail]
         return Strip(segments).adjust_cell_length(width, base)
 
+    def _cell_style(self, kind: str | None, marker: str | None, cursor: bool) -> Style:
+        """A cell's style: its phase's colour, reversed under the cursor, a marker's on top."""
+        st = self.rich_style if kind is None else self._phase_style(kind)
+        if cursor:
+            st = st + Style(reverse=True)
+        if marker is not None:
+            fg = self.app.theme_variables.get("gw-oom" if marker == "oom" else "gw-mark", "#ffff00")
+            st = st + Style(color=fg, bold=True)
+        return st
+
     def _row_strip(self, row: BandRow, width: int) -> Strip:
         variables = self.app.theme_variables
         base = self.rich_style
@@ -282,50 +292,14 @@ class PhaseBand(CachedStrips):
             return Strip.blank(width, base)
         t0, t1 = self.window
         scale = plot_w / max(t1 - t0, 1)
-        chars = [" "] * plot_w
-        kinds: list[str | None] = [None] * plot_w
-        owner = [-1] * plot_w
-        placed: list[tuple[int, int, str]] = []
-        # Inner phases over outer ones; among equals, longer ones last, so a cell that
-        # holds several short phases shows the one that filled most of it.
-        for span in sorted(row.spans, key=lambda s: (s.depth, s.t1 - s.t0)):
-            cells = span_cells(span.t0, span.t1, t0, scale, plot_w)
-            if cells is None:
-                continue
-            c0, c1 = cells
-            kind = phase_kind(span.name)
-            index = len(placed)
-            placed.append((c0, c1, span.name))
-            for c in range(c0, c1 + 1):
-                kinds[c] = kind
-                owner[c] = index
+        kinds, owner, placed = _place(row.spans, t0, scale, plot_w)
         marker_cols: dict[int, str] = {}
         for m in row.markers:
             if t0 <= m.t <= t1:
                 c = min(plot_w - 1, int((m.t - t0) * scale))
                 if marker_cols.get(c) != "oom":
                     marker_cols[c] = m.level
-        # Names go where their phase still shows, after every phase has taken its cells,
-        # in its longest stretch of cells free of markers.
-        for index, (c0, c1, name) in enumerate(placed):
-            best = (0, 0)
-            c = c0
-            while c <= c1:
-                if owner[c] != index or c in marker_cols:
-                    c += 1
-                    continue
-                end = c
-                while end + 1 <= c1 and owner[end + 1] == index and end + 1 not in marker_cols:
-                    end += 1
-                if end - c + 1 > best[1]:
-                    best = (c, end - c + 1)
-                c = end + 1
-            start, room = best
-            after = start + room
-            if after < plot_w and owner[after] not in (-1, index):
-                room -= 1  # a cell between this name and the next phase's: never `backwardopt`
-            for j, ch in enumerate(_label(name, room)):
-                chars[start + j] = ch
+        chars = _names(placed, owner, marker_cols)
         cursor_col = None
         if self.cursor is not None and t0 <= self.cursor <= t1:
             cursor_col = min(plot_w - 1, int((self.cursor - t0) * scale))
@@ -335,13 +309,7 @@ class PhaseBand(CachedStrips):
             key = (kind, marker, cursor)
             st = styles.get(key)
             if st is None:
-                st = base if kind is None else self._phase_style(kind)
-                if cursor:
-                    st = st + Style(reverse=True)
-                if marker is not None:
-                    fg = variables.get("gw-oom" if marker == "oom" else "gw-mark", "#ffff00")
-                    st = st + Style(color=fg, bold=True)
-                styles[key] = st
+                st = styles[key] = self._cell_style(kind, marker, cursor)
             return st
 
         segments = [
@@ -364,6 +332,67 @@ class PhaseBand(CachedStrips):
         if run_text and run_key is not None:
             segments.append(Segment("".join(run_text), style_for(*run_key)))
         return Strip(segments, width)
+
+
+def _place(
+    spans: Iterable[BandSpan], t0: int, scale: float, plot_w: int
+) -> tuple[list[str | None], list[int], list[tuple[int, int, str]]]:
+    """Each cell's phase kind and owner (an index into the placed phases, -1: none), and
+    the placed phases' first and last cells and names."""
+    kinds: list[str | None] = [None] * plot_w
+    owner = [-1] * plot_w
+    placed: list[tuple[int, int, str]] = []
+    # Inner phases over outer ones; among equals, longer ones last, so a cell that
+    # holds several short phases shows the one that filled most of it.
+    for span in sorted(spans, key=lambda s: (s.depth, s.t1 - s.t0)):
+        cells = span_cells(span.t0, span.t1, t0, scale, plot_w)
+        if cells is None:
+            continue
+        c0, c1 = cells
+        kind = phase_kind(span.name)
+        index = len(placed)
+        placed.append((c0, c1, span.name))
+        for c in range(c0, c1 + 1):
+            kinds[c] = kind
+            owner[c] = index
+    return kinds, owner, placed
+
+
+def _names(
+    placed: list[tuple[int, int, str]], owner: list[int], marker_cols: Mapping[int, str]
+) -> list[str]:
+    """The row's characters: each phase's name where it still shows, after every phase
+    has taken its cells, in its longest stretch of cells free of markers."""
+    plot_w = len(owner)
+    chars = [" "] * plot_w
+    for index, (c0, c1, name) in enumerate(placed):
+        start, room = _longest_stretch(owner, index, c0, c1, marker_cols)
+        after = start + room
+        if after < plot_w and owner[after] not in (-1, index):
+            room -= 1  # a cell between this name and the next phase's: never `backwardopt`
+        for j, ch in enumerate(_label(name, room)):
+            chars[start + j] = ch
+    return chars
+
+
+def _longest_stretch(
+    owner: list[int], index: int, c0: int, c1: int, marker_cols: Mapping[int, str]
+) -> tuple[int, int]:
+    """The first cell and length of the longest run in ``c0..c1`` that phase ``index``
+    owns and no marker takes ((0, 0): none)."""
+    best = (0, 0)
+    c = c0
+    while c <= c1:
+        if owner[c] != index or c in marker_cols:
+            c += 1
+            continue
+        end = c
+        while end + 1 <= c1 and owner[end + 1] == index and end + 1 not in marker_cols:
+            end += 1
+        if end - c + 1 > best[1]:
+            best = (c, end - c + 1)
+        c = end + 1
+    return best
 
 
 SHORT_NAMES = {

@@ -9,13 +9,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
-from phasecheck import receiver, rows, step_rows
+from phasecheck import drained, receiver, rows, step_rows
 
 from gpuwatch import launch
 from gpuwatch.session import Session
@@ -239,7 +238,7 @@ def test_auto_off(live: Session, sock_path: str, env: dict[str, str], tmp_path: 
     child = _run(sock_path, {**env, "GPUWATCH_AUTO": "0"}, tmp_path, "--steps", "2")
     assert child.exit_status == 0
     assert "gpuwatch False" in child.log_path.read_text()
-    time.sleep(0.3)
+    assert drained(live, sock_path)
     assert child.pid not in live.processes
 
 

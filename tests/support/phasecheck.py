@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+import uuid
 from collections.abc import Iterator
 
 from conftest import wait_for
 
+from gpuwatch import protocol
 from gpuwatch.session import Session
 from gpuwatch.sources.annotations import AnnotationReceiver
 
@@ -22,6 +27,22 @@ def receiver(path: str) -> Iterator[Session]:
         yield session
     finally:
         rx.stop()
+
+
+def drained(session: Session, path: str, timeout: float = 30) -> bool:
+    """Whether what was sent to ``path`` before this call has been applied to ``session``.
+
+    A mark sent now, from this process, comes after everything the socket already holds
+    (a datagram socket keeps its queue in order): once the session has it, nothing sent
+    earlier is still on its way, so the absence of a message can be asserted.
+    """
+    text = f"drained {uuid.uuid4().hex}"
+    t = time.monotonic_ns()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        probe = (("hello", {"argv": ["probe"]}), ("mark", {"text": text}))
+        for seq, (kind, body) in enumerate(probe):
+            sock.sendto(protocol.encode(kind, os.getpid(), seq, t, 0, body), path)
+    return wait_for(lambda: any(m.text == text for m in list(session.marks)), timeout)
 
 
 def phases(session: Session, pid: int) -> list[tuple[str, int, int, int, int, bool]]:

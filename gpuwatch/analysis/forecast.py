@@ -389,6 +389,11 @@ class Foresight:
         self._lock = threading.Lock()
         self.updated = 0  # forecasts made (a test waits on it)
 
+    @property
+    def running(self) -> bool:
+        """Its thread keeps the forecasts up to date (else :meth:`update` does)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def __call__(self, event: object) -> None:
         """Session listener: facts or a phase came (cheap: the thread does the work)."""
         if isinstance(event, Message) and event.kind in ("facts", "phase"):

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .._version import __version__
+from ..analysis.forecast import foresight
 from ..analysis.predicted import predictions
 from ..predict import CATEGORIES
 from ..protocol import MAX_RANK, job_id, label_text
@@ -232,6 +233,21 @@ METRICS = (
         "gauge",
         (*PROC_GPU, "category"),
         "The predicted peak (gpuwatch_process_predicted_peak_bytes), by category.",
+    ),
+    Spec(
+        "gpuwatch_forecast_peak_bytes",
+        "gauge",
+        (*PROC_GPU, "phase", "first_step"),
+        "Forecast peak allocated bytes of each phase not yet run (first_step: the first "
+        "optimizer step's variant, before the optimizer state exists, or a later step's); "
+        "a phase whose forecast rests on unknowns is left out.",
+    ),
+    Spec(
+        "gpuwatch_forecast_usable_bytes",
+        "gauge",
+        PROC_GPU,
+        "What the process's allocator can have on its GPU: the total less the other "
+        "processes and its own CUDA context (NVML); the host's memory for a CPU run.",
     ),
     Spec(
         "gpuwatch_rank_info",
@@ -450,6 +466,7 @@ class SessionCollector:
             seconds = folded.seconds[nid] / 1e9
             f["gpuwatch_process_phase_seconds_total"].add_metric(labels, seconds)
         self._predicted(f, proc, at(gpu))
+        self._forecast(f, proc.pid, at(gpu))
         f["gpuwatch_process_ooms_total"].add_metric(per_proc, ooms)
         f["gpuwatch_process_dropped_events_total"].add_metric(per_proc, proc.dropped)
         f["gpuwatch_process_lost_events_total"].add_metric(per_proc, proc.gaps)
@@ -479,6 +496,19 @@ class SessionCollector:
         for cat in CATEGORIES:
             value = parts.get(cat, 0)
             _add(f["gpuwatch_process_predicted_category_bytes"], [*labels, cat], value)
+
+    def _forecast(self, f: dict[str, _Family], pid: int, labels: list[str]) -> None:
+        """The forecast the live sources' foresight made (a collector on its own forecasts
+        once per scrape)."""
+        fs = foresight(self.session)
+        forecast = fs.forecasts.get(pid) if fs.running else fs.update().get(pid)
+        if forecast is None or forecast.capacity is None:
+            return
+        _add(f["gpuwatch_forecast_usable_bytes"], labels, forecast.capacity.usable)
+        for p in forecast.ahead():
+            if not p.unknowns:
+                series = [*labels, self._phase(p.phase), "true" if p.first_step else "false"]
+                _add(f["gpuwatch_forecast_peak_bytes"], series, p.peak)
 
     def _fold(self, proc: Process, folded: _Folded) -> None:
         """Read the process's tally; names past the cap share one key (and one label), so

@@ -223,3 +223,37 @@ def test_a_phase_resting_on_unknowns_is_said_not_warned_about() -> None:
     unsure = {p.phase: p.unknowns for p in fc.unsure}
     assert "forward" in warned and "optimizer.step" not in warned
     assert "optimizer" in " ".join(unsure["optimizer.step"])
+
+
+def test_the_exporter_gives_each_phase_still_to_come_and_what_the_gpu_can_give() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuwatch.analysis.oom_answer import RESERVE
+    from gpuwatch.prometheus.exporter import SessionCollector
+
+    predicted = _predicted()
+    total = RESERVE + predicted["optimizer.step"] - (1 << 20)
+    s, msg = _session(total)
+    registry = CollectorRegistry()
+    registry.register(SessionCollector(s, host="n1"))
+
+    def scrape() -> dict[tuple[str, str], float]:
+        out = {}
+        for family in text_string_to_metric_families(generate_latest(registry).decode()):
+            for sample in family.samples:
+                if sample.name == "gpuwatch_forecast_peak_bytes":
+                    out[sample.labels["phase"], sample.labels["first_step"]] = sample.value
+                elif sample.name == "gpuwatch_forecast_usable_bytes":
+                    assert sample.labels["pid"] == str(PID) and sample.labels["gpu"] == "0"
+                    out["usable", ""] = sample.value
+        return out
+
+    before = scrape()
+    assert before["optimizer.step", "true"] == predicted["optimizer.step"]
+    assert before["usable", ""] == total - RESERVE < before["optimizer.step", "true"]
+    assert ("forward", "false") in before
+    _run(msg, predicted)
+    after = scrape()
+    assert ("optimizer.step", "true") not in after  # it has run: no longer to come
+    assert ("forward", "false") in after

@@ -25,6 +25,7 @@ ALERTS = {
     "GpuAllocatorRetriesRising",
     "GpuRankMemoryImbalance",
     "GpuwatchDown",
+    "GpuForecastOutOfMemory",
 }
 
 
@@ -43,7 +44,7 @@ def rules_text() -> str:
 def test_promtool_accepts_the_rules() -> None:
     out = promtool("check", "rules", str(RULES))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 5 rules found" in out.stdout
+    assert "SUCCESS: 6 rules found" in out.stdout
 
 
 def test_every_rule_fires_and_holds_back_as_written() -> None:
@@ -74,6 +75,9 @@ def test_the_rules_name_only_metrics_gpuwatch_exports() -> None:
         ("unless gpuwatch_process_ooms_total offset 5m", "unless gpuwatch_process_ooms_total"),
         ('up{job="gpuwatch"} == 0', 'up{job="gpuwatch"} < 0'),
         ("for: 5m", "for: 1m"),
+        # a forecast compared with another GPU's, or any process's on the host
+        ("> on (host, pid, gpu) group_left", "> on (host) group_left"),
+        ("max by (host, pid, rank, gpu, phase) (gpuwatch_forecast_peak_bytes)\n          >", "max by (host, pid, rank, gpu, phase) (gpuwatch_forecast_peak_bytes)\n          >="),
     ],
 )
 def test_a_changed_rule_fails_its_test(tmp_path: Path, old: str, new: str) -> None:

@@ -70,6 +70,8 @@ ASK_LIMIT = 2.0
 """Seconds a client has to say what it wants, and the owner to answer a hello."""
 BATCH = 512
 """Facts written to a view in one send."""
+FLUSH_EVERY = 0.1
+"""Seconds an outlet gathers facts before it writes them (a view lags by this much)."""
 
 _CRED = struct.Struct("3i")
 
@@ -97,13 +99,18 @@ def _peer_uid(sock: socket.socket) -> int | None:
 def encode(event: SessionEvent) -> list[Any] | None:
     """The wire form of one session fact (None: a kind views do not need)."""
     if isinstance(event, Message):
+        # As protocol.encode writes it (the view decodes it as a datagram), with one
+        # encoder for every message: json.dumps with options builds one per call.
+        obj = {"v": protocol.VERSION, "kind": event.kind, "seq": event.seq, "pid": event.pid}
+        obj["t"] = event.t
+        if event.dropped:
+            obj["dropped"] = event.dropped
+        obj.update(event.body)
         try:
-            data = protocol.encode(
-                event.kind, event.pid, event.seq, event.t, event.dropped, event.body
-            )
-        except (protocol.ProtocolError, TypeError, ValueError):
+            data = _ENCODER.encode(obj)
+        except (TypeError, ValueError):
             return None
-        return ["msg", data.decode("utf-8"), event.container_pid]
+        return ["msg", data, event.container_pid]
     if isinstance(event, GpuSampled):
         return ["gpu", event.key, event.row]
     if isinstance(event, GpuProcessesSampled):
@@ -128,8 +135,11 @@ def encode(event: SessionEvent) -> list[Any] | None:
     return None
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def _line(item: list[Any]) -> bytes:
-    return json.dumps(item, separators=(",", ":"), default=str).encode("utf-8") + b"\n"
+    return _ENCODER.encode(item).encode("utf-8") + b"\n"
 
 
 def snapshot(session: Session) -> list[list[Any]]:
@@ -203,13 +213,17 @@ class _Outlet:
             self.dropped += 1
             return
         self.queue.append(event)
-        self.ready.set()
+        if not self.ready.is_set():  # a read: setting it takes a lock, at every fact
+            self.ready.set()
 
     def run(self, hello: dict[str, Any]) -> None:
         try:
             self._send([["hello", hello], *snapshot(self.hub.session)])
             while not self.closed:
                 self.ready.wait(1.0)
+                # What comes meanwhile goes in the same send: one wake-up (here and in
+                # the view) for a tenth of a second of facts, not one a fact.
+                time.sleep(FLUSH_EVERY)
                 self.ready.clear()
                 self._flush()
         except OSError:

@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -140,7 +139,10 @@ def test_force_does_not_overwrite_a_recording_being_written(tmp_path: Path, sock
         )
         assert second.returncode == 2
         assert f"pid {first.pid}" in _one_line(second)
-        time.sleep(1.5)  # the first one's next commits still land in its file
+        # The first one's next commits still land in its file (its -wal changes).
+        wal = Path(f"{out}-wal")
+        before = wal.stat().st_mtime_ns, wal.stat().st_size
+        assert wait_for(lambda: (wal.stat().st_mtime_ns, wal.stat().st_size) != before)
     finally:
         first.send_signal(signal.SIGINT)
         _, err = first.communicate(timeout=30)

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
@@ -243,6 +244,7 @@ import os, sys, time
 from gpuwatch.instrument._client import Client
 path, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 client = Client(path, interval=3600, max_wait=10.0)
+open(f"{go}.{os.getpid()}", "w").close()  # at the start line
 while not os.path.exists(go):
     time.sleep(0.001)
 for i in range(n):
@@ -274,7 +276,8 @@ def test_ranks_bursting_at_once_lose_nothing_to_a_live_dashboard(
         for _ in range(ranks)
     ]
     try:
-        time.sleep(0.5)  # every rank waits at the start line
+        ready = [Path(f"{go}.{p.pid}") for p in procs]
+        assert wait_for(lambda: all(r.exists() for r in ready), timeout=60)  # every rank
         go.touch()
         outs = [p.communicate(timeout=60) for p in procs]
         assert all(p.returncode == 0 for p in procs), outs

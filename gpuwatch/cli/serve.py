@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import socket
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ._common import (
     EXIT_OK,
@@ -23,6 +24,9 @@ from ._common import (
     metrics_address,
     say,
 )
+
+if TYPE_CHECKING:
+    from ..serve.offers import Live
 
 DEFAULT_BIND = "127.0.0.1:8765"
 
@@ -107,43 +111,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C or SIGTERM."""
     theme = checked_theme(args)
     _need_extra()
-    from ..serve.access import Access, TokenError, is_loopback, new_token, read_token
+    from ..serve.access import Access, is_loopback
 
     host, port = args.bind
     loopback = is_loopback(host)
-    token: str | None = None
-    if args.token_file:
-        try:
-            token = read_token(args.token_file)
-        except TokenError as exc:
-            raise CliError(str(exc))
-    elif not loopback:
-        token = new_token()
+    token = _token(args, loopback)
     files: list[str] = args.file
     for f in files:
         _check_file(f)
     import asyncio
 
-    from ..serve.offers import Catalog, Live, OfferError
+    from ..serve.offers import Catalog
     from ..serve.pages import client_dir
     from ..serve.server import Settings, serve
 
     client = client_dir()
     if client is None:
         raise CliError("textual-serve has no web client files: pip install 'gpuwatch[serve]'")
-    live: Live | None = None
-    if files:
-        catalog = Catalog(files)
-    else:
-        from ..protocol import socket_path
-        from ..store.sessions import sessions_dir
-
-        live = Live(args.socket or socket_path())
-        try:
-            live.check()  # nothing is started to browse: only a visit to /live does
-        except OfferError as exc:
-            raise CliError(str(exc))
-        catalog = Catalog([], sessions_dir(), live)
+    live = None if files else _live(args.socket)
+    catalog = Catalog(files) if live is None else Catalog([], _sessions_dir(), live)
     settings = Settings(
         catalog=catalog,
         access=Access(loopback=loopback, port=port, token=token),
@@ -173,6 +159,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if live is not None:
             live.stop()
     return EXIT_OK
+
+
+def _token(args: argparse.Namespace, loopback: bool) -> str | None:
+    """The token visitors must give: ``--token-file``'s, a new one off loopback, else none.
+
+    Raises:
+        CliError: The token file cannot be used.
+    """
+    from ..serve.access import TokenError, new_token, read_token
+
+    if args.token_file:
+        try:
+            return read_token(args.token_file)
+        except TokenError as exc:
+            raise CliError(str(exc))
+    return None if loopback else new_token()
+
+
+def _sessions_dir() -> Path:
+    from ..store.sessions import sessions_dir
+
+    return sessions_dir()
+
+
+def _live(sock: str | None) -> Live:
+    """The live session of this machine (nothing is started to browse: only a visit to
+    /live does).
+
+    Raises:
+        CliError: The running gpuwatch cannot be followed.
+    """
+    from ..protocol import socket_path
+    from ..serve.offers import Live, OfferError
+
+    live = Live(sock or socket_path())
+    try:
+        live.check()
+    except OfferError as exc:
+        raise CliError(str(exc))
+    return live
 
 
 def _check_file(path: str) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -116,14 +117,24 @@ class Live:
             return None
         return pid, _valid_recording_path(recording)
 
+    def _views_served(self) -> bool:
+        """The owner serves views: a ``gpuwatch record`` started beside it records its
+        session through it (``sources/views.py``)."""
+        from ..sources.views import view_path
+
+        with contextlib.suppress(OSError):
+            return stat.S_ISSOCK(os.lstat(view_path(self.socket_path)).st_mode)
+        return False
+
     def check(self) -> None:
-        """At start: a running gpuwatch that records to no file cannot be followed.
+        """At start: a running gpuwatch that records to no file and serves no views (an
+        older one) cannot be followed.
 
         Raises:
             OfferError: It records to no file.
         """
         found = self.owner()
-        if found is not None and found[1] is None:
+        if found is not None and found[1] is None and not self._views_served():
             raise OfferError(
                 f"the gpuwatch on {self.socket_path} (pid {found[0]}) records to no file, so "
                 "there is nothing to follow: restart it without --no-record, or serve "
@@ -140,7 +151,11 @@ class Live:
         with self._lock:
             found = self.owner()
             if found is None or found[1] is None:
-                if self.started is not None and self.started.poll() is None:
+                started = self.started
+                ours = started is not None and started.poll() is None
+                if ours and found is not None and started is not None and found[0] != started.pid:
+                    return self.offer()  # ours records through the owner's views
+                if ours:
                     self.stop()  # ours, but no longer naming a file: start afresh
                 self.start()
         return self.offer()
@@ -154,6 +169,9 @@ class Live:
         found = self.owner()
         if found is not None:
             pid, path = found
+            if path is None and self._views_served():
+                self._record(found[0])
+                return
             if path is None:
                 raise OfferError(
                     f"the gpuwatch on {self.socket_path} (pid {pid}) records to no file, so "
@@ -162,6 +180,15 @@ class Live:
                 )
             self._last = path
             return
+        self._record(None)
+
+    def _record(self, owner: int | None) -> None:
+        """Start ``gpuwatch record`` into the sessions directory: the owner (``owner``
+        None), or a view recording the session of the gpuwatch ``owner``.
+
+        Raises:
+            OfferError: It failed, or did not start recording in time.
+        """
         from ..store.sessions import default_recording_path
 
         out = default_recording_path()
@@ -184,8 +211,12 @@ class Live:
                     + (printable(said[-1]) if said else f"exit {self.started.returncode}")
                 )
             found = self.owner()
-            if found is not None and found[0] == self.started.pid and found[1] is not None:
-                self._last = found[1]
+            if owner is None and found is not None and found[0] == self.started.pid:
+                if found[1] is not None:
+                    self._last = found[1]
+                    return
+            elif owner is not None and _valid_recording_path(str(out)) is not None:
+                self._last = out  # a view: its file, not named in the owner's lock file
                 return
             time.sleep(0.05)
         self.stop()
@@ -195,9 +226,12 @@ class Live:
         """The live offer now: the owner's recording (it may have moved), its title."""
         found = self.owner()
         host = socket.gethostname()
-        if found is not None and found[1] is not None:
+        started = self.started.pid if self.started is not None else None
+        if found is not None and found[1] is None and self._last is not None and started:
+            how = f"gpuwatch record (pid {started}) views the running gpuwatch (pid {found[0]})"
+        elif found is not None and found[1] is not None:
             pid, self._last = found[0], found[1]
-            if self.started is not None and pid == self.started.pid:
+            if pid == started:
                 how = f"gpuwatch serve started gpuwatch record (pid {pid})"
             else:
                 how = f"following the running gpuwatch (pid {pid})"

@@ -1,9 +1,11 @@
 """The lock file beside the annotation socket: who owns the path, and what it records.
 
-A gpuwatch holds an ``flock`` on ``<socket>.lock`` for as long as it runs, so a second one
-on the same path is refused (and told the first one's pid and recording) while a socket
-left by a crashed one can be replaced. The lock file is gpuwatch's own (checked when it is
-taken): no other file beside the socket is ever made or written.
+A gpuwatch holds an ``flock`` on ``<socket>.lock`` for as long as it owns the socket, so a
+second one on the same path cannot take it (it is told the first one's pid and recording,
+and attaches to it as a view: ``views.py``) while a socket left by a crashed one can be
+replaced. The lock decides which view takes over when the owner quits. The lock file is
+gpuwatch's own (checked when it is taken); beside the socket only it and the owner's view
+socket (``<socket>.views``, made while the lock is held) are ever made or written.
 """
 
 from __future__ import annotations

@@ -146,3 +146,26 @@ def test_two_dashboards_and_a_record_at_once_and_the_owner_quitting(
     assert {"viewsphase", "afterphase"} <= set(both.names)
     assert len([d for d in both.devices.values() if d.kind == "gpu"]) == 8
     assert all(len(t) > 0 for t in both.gpu.values())
+
+
+def test_readonly_sends_no_signal(tmp_path: Path, sub_env: dict[str, str]) -> None:
+    """``--readonly``: the Processes tab's signal keys send nothing, said in one line."""
+    sleeper = _sleepers(1)[0]
+    shown = _env(sub_env, [sleeper.pid])
+    exe = shlex.quote(sys.executable)
+    term = None
+    try:
+        term = ViewsTmux(f"{exe} -m gpuwatch --no-record --readonly", shown, 160, 40)
+        assert term.wait_for_text("GPU", 60), term.screen()
+        term.keys("3")
+        assert term.wait_for_text(str(sleeper.pid), 60), term.screen()
+        term.keys("T")
+        assert term.wait_for_text("--readonly: no signal is sent", 30), term.screen()
+        assert sleeper.poll() is None
+        term.keys("q")
+        assert term.wait_for_text("EXIT=0", 60), term.screen()
+    finally:
+        if term is not None:
+            term.close()
+        sleeper.kill()
+        sleeper.wait()

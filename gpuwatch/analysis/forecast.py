@@ -19,9 +19,11 @@ process itself (:func:`warn_in_process`).
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -208,9 +210,9 @@ def _unknowns(prediction: pr.Prediction, phase: str) -> tuple[str, ...]:
     if not prediction.layout.modelled:
         out.append("the parallel layout's buffers")
     if phase in ("forward", "backward", "eval") and not prediction.activations_known:
-        out.append("the activations (no transformer shape, no measured forward yet)")
+        out.append("the activations, neither measured nor known from a transformer shape")
     if phase == "optimizer.step" and prediction.optimizer.kind in ("none", "other"):
-        out.append("the optimizer's state (its optimizer is not known yet)")
+        out.append("the optimizer, not known until its first step (gpuwatch.watch(model, opt))")
     return tuple(out)
 
 
@@ -533,10 +535,141 @@ def foresight(session: Session, marks: bool = False) -> Foresight:
         return found
 
 
+# ---------------------------------------------------------------------- came true or not
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a forecast marked in a session (``gpuwatch info``'s forecasts).
+
+    Attributes:
+        t: When it was marked.
+        pid: The process.
+        text: The mark's text.
+        outcome: What happened, in words.
+        came_true: True (the phase ran out of memory, or ran within :data:`OFF_BY` of the
+            forecast), False (off by more), None (not known: it has not run, or ran
+            where no allocator measured it).
+    """
+
+    t: int
+    pid: int
+    text: str
+    outcome: str
+    came_true: bool | None
+
+
+def warned_phase(text: str) -> tuple[str, bool] | None:
+    """(phase, first step) of a shortfall mark's text, or None for another mark."""
+    if not text.startswith(WARN_PREFIX):
+        return None
+    head = text[len(WARN_PREFIX) :].split(" will need ", 1)[0]
+    for first in (True, False):
+        suffix = phase_label("", first)
+        if head.endswith(suffix):
+            return head[: -len(suffix)], first
+    return None
+
+
+def _settled_label(text: str) -> str:
+    """``optimizer.step (first step)`` of a held or off mark."""
+    rest = text.split(": ", 1)[-1]
+    return rest.split(")", 1)[0] + ")" if ")" in rest else rest
+
+
+def _ran_after(session: Session, pid: int, phase: str, t: int) -> bool:
+    proc = session.processes.get(pid)
+    nid = session.find_name(phase)
+    if proc is None or nid is None:
+        return False
+    start = max(proc.phases.search(t, "left"), proc.phases.first)
+    for cols in proc.phases.batches(start, None, ("t1", "t0", "name")):
+        if bool(((cols["name"] == nid) & (cols["t0"] >= t)).any()):
+            return True
+    return False
+
+
+def outcomes(session: Session) -> list[Outcome]:
+    """Each shortfall marked in ``session`` and what became of it, then each forecast
+    marked off when its phase ran, in time order."""
+    marks = sorted(session.every_mark(), key=lambda m: m.t)
+    settled = {
+        (m.pid, _settled_label(m.text)): m
+        for m in marks
+        if m.text.startswith((HELD_PREFIX, OFF_PREFIX))
+    }
+    out: list[Outcome] = []
+    told: set[int] = set()
+    for m in marks:
+        found = warned_phase(m.text)
+        if found is None:
+            continue
+        phase, first = found
+        oom = next(
+            (
+                o
+                for o in session.ooms
+                if o.pid == m.pid and o.t >= m.t and o.body.get("phase") == phase
+            ),
+            None,
+        )
+        after = settled.get((m.pid, phase_label(phase, first)))
+        if after is not None:
+            told.add(id(after))
+            held = after.text.startswith(HELD_PREFIX)
+            word = "came true" if held else "did not come true"
+            said = after.text.split(": ", 1)[-1]
+            out.append(Outcome(m.t, m.pid, m.text, f"{word}: {said}", held))
+        elif oom is not None:
+            late = f"{(oom.t - m.t) / 1e9:.1f} s later"
+            what = f"came true: out of memory in {phase}, {late}"
+            out.append(Outcome(m.t, m.pid, m.text, what, True))
+        elif _ran_after(session, m.pid, phase, m.t):
+            what = "its phase ran without an error; no allocator measured its peak"
+            out.append(Outcome(m.t, m.pid, m.text, what, None))
+        else:
+            out.append(Outcome(m.t, m.pid, m.text, "its phase has not run", None))
+    for m in marks:
+        if m.text.startswith(OFF_PREFIX) and id(m) not in told:
+            out.append(Outcome(m.t, m.pid, m.text, "marked when its phase ran", False))
+    return sorted(out, key=lambda o: o.t)
+
+
 # ---------------------------------------------------------------------- in the training process
 
 
-Capacitor = Callable[[Any], "Capacity | None"]
+def _host_capacity() -> Capacity | None:
+    """The host's available memory plus this process's own resident set (Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {k: int(v.split()[0]) * 1024 for k, v in (ln.split(":", 1) for ln in f)}
+        with open("/proc/self/statm", encoding="ascii") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+    total, available = info.get("MemTotal", 0), info.get("MemAvailable", 0)
+    usable = min(available + rss, total)
+    return Capacity(usable, total, total - usable, 0, "the host")
+
+
+def capacity_here(facts: Any) -> Capacity | None:
+    """What this process's allocator can have, read in the process itself (the notebook
+    kernel, ``watch(..., warn=True)``): on CUDA, ``cudaMemGetInfo``'s free bytes plus what
+    torch's allocator holds already (the rest, other processes and the CUDA context
+    together, as ``others``); for a model on the CPU, the host's. Never initialises CUDA;
+    None where it cannot tell."""
+    if _on_cpu(facts):
+        return _host_capacity()
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None
+        free, total = cuda.mem_get_info()
+        usable = int(free) + int(cuda.memory_reserved())
+    except Exception:
+        return None
+    return Capacity(usable, int(total), max(int(total) - usable, 0), 0, "this GPU")
 
 
 def warn_text(facts: Any, capacity: Capacity) -> str | None:

@@ -19,9 +19,10 @@ import threading
 from typing import Any
 
 from .. import predict as pr
+from ..analysis.forecast import capacity_here
 from ..instrument import cells
 from . import _chart
-from ._line import CellReport, Predictor, report, spans_of
+from ._line import CellReport, Predictor, report, spans_of, step_ahead
 from ._tap import CellTap, Ended
 
 MAX_FIRST_LINE = 60
@@ -189,6 +190,8 @@ class CellWatch:
             rep.rss_peak = (rss, rss > self.rss0)
         if self.predictor.error:
             rep.notes.append(f"facts unusable ({self.predictor.error})")
+        if any(s.name == "backward" for s in inside):  # the step cell comes next
+            rep.ahead = step_ahead(inside, prediction, self.tap.first_step, capacity_here(facts))
         return rep, inside
 
     def _show(self, rep: CellReport, inside: list[Ended]) -> None:

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from .. import predict as pr
 from ..analysis.explain import CATEGORY_KEYS, Explained, explain_span
+from ..analysis.forecast import Capacity, make_forecast
 from ..facts import Facts
 from ..fmt import fmt_bytes, printable
 from ._tap import Ended
@@ -37,6 +38,9 @@ class CellReport:
             it (``cudaMemGetInfo``: what nvidia-smi shows), on CUDA.
         notes: Further short remarks (no model facts, ...).
         curve: The predicted line inside the cell, (time, bytes) points (for its chart).
+        ahead: After a cell that ran a backward, what the next ``optimizer.step`` will
+            need against what the device can give (:func:`step_ahead`); a leading ``!``
+            when it will not fit.
     """
 
     cell: Ended
@@ -48,6 +52,7 @@ class CellReport:
     used: tuple[int, int] | None = None
     notes: list[str] = field(default_factory=list)
     curve: list[tuple[int, int]] = field(default_factory=list)
+    ahead: str | None = None
 
     @property
     def largest(self) -> tuple[str, int] | None:
@@ -89,6 +94,8 @@ class CellReport:
             out.append(f"host peak RSS {fmt_bytes(rss)}{' (this cell)' if raised else ''}")
         if self.cell.error:
             out.append(f"failed: {self.cell.error}")
+        if self.ahead:
+            out.append(self.ahead)
         out.extend(self.notes)
         return [p for p in out if p]
 
@@ -182,3 +189,39 @@ def report(
     if not measured:
         out.peak = int(pr.total(sp.peak))
     return out
+
+
+def step_ahead(
+    inside: list[Ended],
+    prediction: pr.Prediction | None,
+    first_step: int | None,
+    capacity: Capacity | None,
+) -> str | None:
+    """After a cell that ran a backward, what the step cell will need: ``next
+    optimizer.step (first step) will need 40.0 MiB of 30.0 MiB this GPU can give (10.0 MiB
+    short)``, ``!`` first when it will not fit; None after any other cell.
+
+    Args:
+        inside: The spans that ran inside the cell.
+        prediction: The model's prediction, if its facts are known.
+        first_step: The step of the process's first optimizer.step, if one ended.
+        capacity: What the device can give (:func:`~gpuwatch.analysis.forecast.capacity_here`).
+    """
+    if prediction is None or not any(s.name == "backward" for s in inside):
+        return None
+    first = first_step is None
+    fc = make_forecast(0, 0, prediction, capacity, phases=("optimizer.step",))
+    step = fc.get("optimizer.step", first)
+    if step is None:
+        return None
+    what = f"next {step.label if first else 'optimizer.step'}"
+    if step.unknowns:
+        return f"{what}: not forecast, it rests on {step.unknowns[0]}"
+    text = f"{what} will need {fmt_bytes(step.peak)}"
+    if capacity is None:
+        return text
+    text += f" of {fmt_bytes(capacity.usable)} {capacity.where} can give"
+    if step.peak > capacity.usable:
+        largest = ", ".join(f"{label} {fmt_bytes(n)}" for label, n in step.largest(2))
+        return f"! {text} ({fmt_bytes(step.peak - capacity.usable)} short: {largest})"
+    return text

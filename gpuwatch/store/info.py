@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.explain import explain_process, format_predicted, predicted_json
+from ..analysis.forecast import outcomes
 from ..analysis.rank_feed import RankFeed
 from ..analysis.rank_table import format_ranks, ranks_from_json
 from ..fmt import ellipsis, first_line, fmt_bytes, fmt_duration, fmt_oom_sizes, printable
@@ -152,6 +153,16 @@ def _content(s: Session) -> dict[str, Any]:
         _rest(p)
     out["phases"] = dict(sorted(phases.items(), key=lambda kv: -kv[1]["count"]))
     out["marks"] = s.mark_count()
+    out["forecasts"] = [
+        {
+            "t_s": rel(o.t),
+            "pid": o.pid,
+            "text": o.text,
+            "outcome": o.outcome,
+            "came_true": o.came_true,
+        }
+        for o in outcomes(s)
+    ]
     out["ooms"] = [
         {
             "t_s": rel(o.t),
@@ -324,23 +335,46 @@ def _fold_phases(
 
 def format_summary(info: dict[str, Any]) -> str:
     """The human-readable report of :func:`summarize`'s dict."""
-    lines: list[str] = []
-    if "files" in info:
-        lines.append(
-            f"{len(info['files'])} recordings merged: {fmt_duration(info['duration_s'] * 1e9)}"
-            f" in all, {fmt_bytes(info['bytes'])}"
-        )
-        for f in info["files"]:
-            lines += _file_lines(f, f"{f['origin']}: ")
-            lines.append(
-                f"    from {fmt_duration(f['start_s'] * 1e9)} to "
-                f"{fmt_duration(f['end_s'] * 1e9)} on the merged clock"
-                f" (shifted {f['shift_s']:+.3f} s)"
+    lines = _header_lines(info)
+    lines += _device_lines(info["devices"])
+    lines += _process_lines(info["processes"])
+    lines += _phase_lines(info["phases"])
+    for p in info["processes"]:
+        if p.get("predicted"):
+            lines += format_predicted(
+                p["label"], p["predicted"], p.get("findings", []), p.get("prediction_notes", [])
             )
-    else:
-        lines += _file_lines(info)
-    lines.append("devices")
-    for d in info["devices"]:
+    for job in info.get("ranks", ()):
+        lines += format_ranks(ranks_from_json(job))
+    lines += _forecast_lines(info.get("forecasts", []))
+    lines += _event_lines(info)
+    lines += [f"note: {n}" for n in info["notes"]]
+    # Names, labels, argv, notes and paths are the recording's word: no escape, no
+    # undecodable byte reaches the terminal (each line is one line on screen).
+    return "\n".join(printable(line) for line in lines)
+
+
+def _header_lines(info: dict[str, Any]) -> list[str]:
+    """The file (or the merged files) the report is of."""
+    if "files" not in info:
+        return _file_lines(info)
+    lines = [
+        f"{len(info['files'])} recordings merged: {fmt_duration(info['duration_s'] * 1e9)}"
+        f" in all, {fmt_bytes(info['bytes'])}"
+    ]
+    for f in info["files"]:
+        lines += _file_lines(f, f"{f['origin']}: ")
+        lines.append(
+            f"    from {fmt_duration(f['start_s'] * 1e9)} to "
+            f"{fmt_duration(f['end_s'] * 1e9)} on the merged clock"
+            f" (shifted {f['shift_s']:+.3f} s)"
+        )
+    return lines
+
+
+def _device_lines(devices: list[dict[str, Any]]) -> list[str]:
+    lines = ["devices"]
+    for d in devices:
         where = (
             "host"
             if d["kind"] == "host"
@@ -353,8 +387,12 @@ def format_summary(info: dict[str, Any]) -> str:
             f"  {where:6} {d['name'] or d['key']:24} total {fmt_bytes(d['total'])}"
             f"  used max {fmt_bytes(d['used_max'])}  {d['samples']} samples{extra}"
         )
-    lines.append("processes")
-    for p in info["processes"]:
+    return lines
+
+
+def _process_lines(processes: list[dict[str, Any]]) -> list[str]:
+    lines = ["processes"]
+    for p in processes:
         argv = " ".join(p["argv"] or []) or "?"
         if p["end_s"] is None:
             end = "still running or killed"
@@ -368,33 +406,47 @@ def format_summary(info: dict[str, Any]) -> str:
             f"  {label:10} {ellipsis(argv, 60):60}  {p['steps']} steps, "
             f"{sum(p['phases'].values())} phases, {end}"
         )
-    if info["phases"]:
-        # Wide enough for a notebook's cells (``[12] loss.backward()``), cut with a mark.
-        wide = max(18, min(NAME_WIDTH, max(len(name) for name in info["phases"])))
+    return lines
+
+
+def _phase_lines(phases: dict[str, dict[str, Any]]) -> list[str]:
+    if not phases:
+        return []
+    # Wide enough for a notebook's cells (``[12] loss.backward()``), cut with a mark.
+    wide = max(18, min(NAME_WIDTH, max(len(name) for name in phases)))
+    lines = [
+        f"{'phases':{wide + 2}} {'count':>7} {'total':>8} {'peak alloc':>11}"
+        f" {'peak resv':>11} {'NVML max':>11} {'RSS max':>11}"
+    ]
+    for name, ph in phases.items():
         lines.append(
-            f"{'phases':{wide + 2}} {'count':>7} {'total':>8} {'peak alloc':>11}"
-            f" {'peak resv':>11} {'NVML max':>11} {'RSS max':>11}"
+            f"  {ellipsis(name, wide):{wide}} {ph['count']:7d}"
+            f" {fmt_duration(ph['total_s'] * 1e9):>8}"
+            f" {fmt_bytes(ph['peak_allocated']):>11} {fmt_bytes(ph['peak_reserved']):>11}"
+            f" {fmt_bytes(ph['nvml_used_max']):>11} {fmt_bytes(ph['rss_max']):>11}"
         )
-        for name, ph in info["phases"].items():
-            lines.append(
-                f"  {ellipsis(name, wide):{wide}} {ph['count']:7d}"
-                f" {fmt_duration(ph['total_s'] * 1e9):>8}"
-                f" {fmt_bytes(ph['peak_allocated']):>11} {fmt_bytes(ph['peak_reserved']):>11}"
-                f" {fmt_bytes(ph['nvml_used_max']):>11} {fmt_bytes(ph['rss_max']):>11}"
-            )
-    for p in info["processes"]:
-        if p.get("predicted"):
-            lines += format_predicted(
-                p["label"], p["predicted"], p.get("findings", []), p.get("prediction_notes", [])
-            )
-    for job in info.get("ranks", ()):
-        lines += format_ranks(ranks_from_json(job))
+    return lines
+
+
+def _forecast_lines(forecasts: list[dict[str, Any]]) -> list[str]:
+    """Each shortfall forecast before its phase ran, and whether it came true."""
+    if not forecasts:
+        return []
+    lines = ["forecasts (said before the phase ran)"]
+    for f in forecasts:
+        lines.append(f"  pid {f['pid']} at {fmt_duration(f['t_s'] * 1e9)}: {f['text']}")
+        lines.append(f"    -> {f['outcome']}")
+    return lines
+
+
+def _event_lines(info: dict[str, Any]) -> list[str]:
+    """Marks, OOMs and what was refused or lost."""
     rejects = ", ".join(f"{k} {v}" for k, v in info["rejects"].items())
-    lines.append(
+    lines = [
         f"marks {info['marks']} · OOMs {len(info['ooms'])} · rejected {info['rejected']}"
         + (f" ({rejects})" if rejects else "")
         + f" · dropped {info['dropped']} · lost {info['gaps']}"
-    )
+    ]
     if info.get("abandoned_phases"):
         lines.append(
             f"abandoned {info['abandoned_phases']} phases never ended "
@@ -406,10 +458,7 @@ def format_summary(info: dict[str, Any]) -> str:
             f"  OOM at {fmt_duration(o['t_s'] * 1e9)} pid {o['pid']} in {o['phase'] or '?'}"
             f" (step {o['step']}): " + ", ".join(sizes + ([o["message"]] if o["message"] else []))
         )
-    lines += [f"note: {n}" for n in info["notes"]]
-    # Names, labels, argv, notes and paths are the recording's word: no escape, no
-    # undecodable byte reaches the terminal (each line is one line on screen).
-    return "\n".join(printable(line) for line in lines)
+    return lines
 
 
 def _file_lines(f: dict[str, Any], prefix: str = "") -> list[str]:

@@ -129,6 +129,22 @@ def test_a_first_step_that_will_not_fit_is_warned_about_before_it_begins(
     assert "fits with --" in mark.text  # the planner's change that fits
     first = [m for m in marks if "(first step)" in m.text and m.text != mark.text]
     assert not [m for m in first if m.text.startswith(f"{WARN_PREFIX}forward")], first
+    # gpuwatch info lists it, and what became of it (a CPU run: nothing measured the step).
+    info = subprocess.run(
+        [sys.executable, "-m", "gpuwatch", "info", str(tmp_path / "run.gpuwatch")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert info.returncode == 0, info.stderr
+    lines = info.stdout.splitlines()
+    at = lines.index("forecasts (said before the phase ran)")
+    said = [ln for ln in lines[at:] if "optimizer.step (first step) will need" in ln]
+    assert said and said[0].startswith(f"  pid {pid} at "), lines[at:]
+    after = lines[lines.index(said[0]) + 1]
+    assert after == "    -> its phase ran without an error; no allocator measured its peak"
 
 
 @pytest.mark.torch
@@ -153,8 +169,8 @@ def _session(total: int) -> tuple[Session, Any]:
     s.add_device(Device(gpu_key(UUID), "gpu", index=0, name="H100", uuid=UUID, total=total))
     seq = iter(range(10_000))
 
-    def msg(kind: str, t: int, **body: Any) -> None:
-        s.ingest(Message(kind=kind, pid=PID, seq=next(seq), t=t, body=body))
+    def msg(kind: str, t: int, **body: Any) -> None:  # t: after the session's origin
+        s.ingest(Message(kind=kind, pid=PID, seq=next(seq), t=s.t_origin + t, body=body))
 
     msg("hello", 0, argv=["train.py"],
         devices=[{"index": 0, "uuid": UUID[4:], "name": "H100", "total": total}])  # fmt: skip
@@ -208,9 +224,7 @@ def test_a_warned_phase_that_ran_as_forecast_is_said_to_have_held() -> None:
     fs.update()
     texts = [m.text for m in s.every_mark()]
     assert [t for t in texts if t.startswith(f"{HELD_PREFIX}optimizer.step (first step)")], texts
-    assert ("optimizer.step", True) not in [
-        sf.forecast.key for sf in fs.forecasts[PID].shortfalls
-    ]
+    assert ("optimizer.step", True) not in [sf.forecast.key for sf in fs.forecasts[PID].shortfalls]
 
 
 def test_a_phase_resting_on_unknowns_is_said_not_warned_about() -> None:
@@ -257,3 +271,29 @@ def test_the_exporter_gives_each_phase_still_to_come_and_what_the_gpu_can_give()
     after = scrape()
     assert ("optimizer.step", "true") not in after  # it has run: no longer to come
     assert ("forward", "false") in after
+
+
+def test_outcomes_say_which_forecasts_came_true() -> None:
+    from gpuwatch.analysis.forecast import outcomes
+    from gpuwatch.analysis.oom_answer import RESERVE
+
+    predicted = _predicted()
+    s, msg = _session(RESERVE + predicted["optimizer.step"] - (1 << 20))
+    fs = Foresight(s)
+    fs.update()
+    warned = {sf.forecast.key for sf in fs.forecasts[PID].shortfalls}
+    assert {("optimizer.step", True), ("optimizer.step", False)} <= warned
+    measured = dict(predicted)
+    measured["backward"] = predicted["backward"] * 2  # off, and never warned about
+    _run(msg, measured)
+    msg("oom", 100 * MS, phase="optimizer.step", step=1, requested=1 << 20)
+    fs.update()
+    said = {o.text.split(" will need")[0].split(": ", 1)[-1]: o for o in outcomes(s)}
+    first = said["optimizer.step (first step)"]
+    assert first.came_true is True and first.outcome.startswith("came true: optimizer.step")
+    later = said["optimizer.step (later steps)"]
+    assert later.came_true is True and later.outcome.startswith("came true: out of memory in")
+    off = [o for o in outcomes(s) if o.text.startswith(OFF_PREFIX)]
+    assert [(o.came_true, o.outcome) for o in off] == [(False, "marked when its phase ran")]
+    assert "backward (first step) off by +100%" not in off[0].text  # forecast half: -50%
+    assert "backward (first step) off by -50%" in off[0].text

@@ -59,6 +59,13 @@ PART_ORDER = (
 CATEGORIES = PART_ORDER[6:-1]
 """The predicted categories that split what is allocated, in the order they are filled."""
 
+STATE = ("weights", "amp_copies", "gradients", "ddp_buckets", "optimizer_state", "zero_master")
+"""The model's state: inside a phase, always its size at the phase's exact peak (what the
+Peaks tab and ``info`` say of the phase), wherever the cursor is."""
+MOVING = tuple(c for c in CATEGORIES if c not in STATE)
+"""What comes and goes between two boundaries (activations, workspaces, temporaries,
+gathered shards): the only categories the held allocator figure takes from."""
+
 SAME = 32 * 1024**2
 """Two figures of the same thing this close are taken as unchanged (NVML's and the
 allocator's granularity, a driver's few MiB)."""
@@ -110,8 +117,15 @@ class Breakdown:
             it, it sets the used memory then.
         removed: Inside phases whose explanation is in force (``phase_predicted``): what
             the phase held at its exact peak and no longer at the moment, by category,
-            taken from the last categories (the step's temporaries first); the rest, with
-            the explanation's unexplained, is what ``predicted`` splits. None otherwise.
+            taken from what moves between boundaries (:data:`MOVING`, the last first:
+            the step's temporaries), from the model's state only where the phase makes
+            it (see ``lifted``); the rest, with the explanation's unexplained, is what
+            ``predicted`` splits. None otherwise.
+        lifted: Inside such phases, how far the model's state at the phase's peak
+            (:data:`STATE`, with what the explanation leaves unexplained there) is above
+            the held allocator figure (it grew inside the phase: gradients in a backward,
+            AdamW's state in the first step): the bar shows it whole, as Peaks does, and
+            that much less cache.
     """
 
     total: int | None = None
@@ -131,6 +145,7 @@ class Breakdown:
     ages: dict[str, int] = field(default_factory=dict)
     oom: dict[str, Any] | None = None
     removed: dict[str, float] | None = None
+    lifted: float = 0.0
 
     @property
     def free(self) -> float | None:
@@ -195,7 +210,7 @@ class Breakdown:
 
         inner: list[tuple[str, float]] = []
         if self.allocated is not None:
-            alloc = left = take(self.allocated)
+            alloc = left = take(self.allocated + self.lifted)
             if self.predicted:
                 for name in CATEGORIES:
                     v = max(0.0, min(self.predicted.get(name, 0.0), left))
@@ -261,9 +276,21 @@ def breakdown(
         readings = read_processes(session, session.processes_on(key), t, predicted)
     everyone = [r.proc for r in readings]
     running = [r for r in readings if r.running]
-    procs = [r.proc for r in running]
+    held = _torch_figures(running, t, out)
+    # NVML's sample is taken every ~100 ms: one from before the allocator's figures
+    # changed (growth, an OOM's release, a process's exit) says nothing of how they split.
+    if t_used is not None and _moved(session, everyone, t_used, t):
+        out.why = "nvidia-smi's sample predates torch's"
+    _split_used(session, key, t, out, everyone, [r.proc for r in running])
+    _split_allocated(out, running, held, t, phase_predicted or {})
+    return out
+
+
+def _torch_figures(running: list[ProcessReading], t: int, out: Breakdown) -> dict[int, float]:
+    """Set ``out``'s reserved, allocated, fragmented and cache from the running processes'
+    allocator figures; returns each one's own allocated figure at ``t`` by pid."""
     reserved = allocated = fragmented = None
-    held: dict[int, float] = {}  # each process's own allocated figure at t
+    held: dict[int, float] = {}
     for reading in running:
         proc, fig = reading.proc, reading.torch
         if fig is None:
@@ -280,12 +307,19 @@ def breakdown(
     out.reserved, out.allocated, out.fragmented = reserved, allocated, fragmented
     if reserved is not None and allocated is not None:
         out.cache = max(0.0, reserved - allocated)
-    # NVML's sample is taken every ~100 ms: one from before the allocator's figures
-    # changed (growth, an OOM's release, a process's exit) says nothing of how they split.
-    if t_used is not None and _moved(session, everyone, t_used, t):
-        out.why = "nvidia-smi's sample predates torch's"
-    _split_used(session, key, t, out, everyone, procs)
-    phases = phase_predicted or {}
+    return held
+
+
+def _split_allocated(
+    out: Breakdown,
+    running: list[ProcessReading],
+    held: Mapping[int, float],
+    t: int,
+    phases: Mapping[int, Mapping[str, float]],
+) -> None:
+    """Set ``out``'s predicted categories (and what they leave unexplained, the headroom
+    to the phase's peak): a process inside an explained phase by that explanation, its
+    model state whole (:attr:`Breakdown.lifted`); else by its predicted line at ``t``."""
     for reading in running:
         line = reading.line
         if line is None:
@@ -293,7 +327,18 @@ def breakdown(
         pid = reading.proc.pid
         parts: Mapping[str, float] | None
         if pid in phases and pid in held and reading.span is not None:
-            gone = float(reading.span["peak_alloc"]) - held[pid]
+            peak = float(reading.span["peak_alloc"])
+            # The state, and what the explanation leaves unexplained at the peak, stay whole.
+            floor = sum(float(phases[pid].get(k, 0.0)) for k in STATE) + max(
+                0.0, peak - sum(float(v) for v in phases[pid].values())
+            )
+            # Shown whole from the cache it comes back from (zero_grad's freed gradients
+            # in a later step's backward); what the cache cannot hold yet (the first
+            # backward's gradients) the phase only reaches above the cursor (▲).
+            room = min(out.cache or 0.0, out.budget - (out.allocated or 0.0)) - out.lifted
+            lift = min(max(0.0, floor - held[pid]), max(0.0, room))
+            out.lifted += lift
+            gone = peak - held[pid] - lift
             parts, removed = _below_peak(phases[pid], gone)
             out.removed = out.removed or {}
             for name, v in removed.items():
@@ -302,10 +347,12 @@ def breakdown(
             parts = line.breakdown_at(t)
         for name, v in (parts or {}).items():
             out.predicted[name] = out.predicted.get(name, 0.0) + v
-    if out.predicted and allocated is not None:
-        out.unexplained = allocated - sum(out.predicted.values())
-        out.headroom = _ceiling(running, allocated, held) - allocated
-    return out
+    if out.lifted and out.cache is not None:  # the state shown whole is not cache
+        out.cache = max(0.0, out.cache - out.lifted)
+    if out.predicted and out.allocated is not None:
+        shown = out.allocated + out.lifted
+        out.unexplained = shown - sum(out.predicted.values())
+        out.headroom = max(0.0, _ceiling(running, out.allocated, held) - shown)
 
 
 def _used_at(
@@ -328,12 +375,15 @@ def _used_at(
 def _below_peak(
     categories: Mapping[str, float], gone: float
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """A phase's categories at its exact peak less ``gone`` bytes (the peak minus the
-    held figure), taken from the last categories first: (what is left, what went)."""
+    """A phase's categories at its exact peak less ``gone`` bytes (the peak minus what is
+    shown of it), taken from what moves between boundaries (:data:`MOVING`), the last
+    categories first, then only from the model's state: (what is left, what went)."""
     left = {k: float(v) for k, v in categories.items()}
     removed: dict[str, float] = {}
     gone = max(0.0, gone)
-    for name in reversed(CATEGORIES):
+    # The state last: only what the phase itself makes of it (the first backward's
+    # gradients, the first step's AdamW state) is not there yet at the cursor.
+    for name in (*reversed(MOVING), *reversed(STATE)):
         v = min(left.get(name, 0.0), gone)
         if v > 0:
             left[name] -= v

@@ -849,14 +849,24 @@ class Cluster:
         ranks, phase, state) holds ``text`` (case and runs of spaces aside).
 
         Hosts come in the order of their first GPU, so the fullest host leads a memory sort.
+        The host sort (the first) puts the hosts with a GPU not ok first: on an 80x24
+        screen they are on the first page, not below the fold.
         """
         needle = " ".join(text.lower().split())
         chosen = [g for g in self.gpus.values() if not needle or needle in g.text()]
-        chosen.sort(key=_SORT_KEYS[sort])
+        if sort == "host":
+            odd = self.odd_hosts()
+            chosen.sort(key=lambda g: (g.host not in odd, g.host, _index_key(g.index)))
+        else:
+            chosen.sort(key=_SORT_KEYS[sort])
         groups: dict[str, list[Gpu]] = {}
         for g in chosen:
             groups.setdefault(g.host, []).append(g)
         return list(groups.items())
+
+    def odd_hosts(self) -> list[str]:
+        """The hosts with a GPU not ok (lost, stale), by name."""
+        return sorted({g.host for g in self.gpus.values() if g.state != OK})
 
     def fullest(self) -> Gpu | None:
         known = [g for g in self.gpus.values() if g.used is not None and g.total]
@@ -902,7 +912,7 @@ class Cluster:
         if self.down:
             odd.append(f"{len(self.down)} down")
         if odd:
-            parts.append(", ".join(odd))
+            parts.append(", ".join(odd) + _on_hosts(self.odd_hosts()))
         if (worst := self.worst_rank()) is not None:
             host, job = ellipsis(printable(worst.host), 24), ellipsis(printable(worst.job), 24)
             parts.append(f"worst rank {worst.rank} on {host} ({job})")
@@ -913,6 +923,19 @@ class Cluster:
                 f"{fmt_short(full.used)}/{fmt_short(full.total)} ({full.fill:.0%})"
             )
         return parts
+
+
+ODD_HOSTS_SHOWN = 3
+"""Hosts the summary names where GPUs are not ok (the rest: ``+N``)."""
+
+
+def _on_hosts(hosts: Sequence[str]) -> str:
+    """`` on a, b +2``: where the GPUs not ok are ("" for none)."""
+    if not hosts:
+        return ""
+    names = [ellipsis(printable(h), 24) for h in hosts[:ODD_HOSTS_SHOWN]]
+    more = len(hosts) - ODD_HOSTS_SHOWN
+    return " on " + ", ".join(names) + (f" +{more}" if more > 0 else "")
 
 
 def _host(ranks: Ranks, rank: int) -> str:

@@ -97,11 +97,49 @@ HAVE_GPU = _have_gpu()
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
+# ------------------------------------------------------------------ the tiers
+
+TIERS: dict[str, tuple[str, ...]] = {
+    "e2e": ("tests/e2e/",),
+    "accuracy": (
+        "tests/predict/test_from_oom_vs_run.py",
+        "tests/predict/test_hf_families.py",
+        "tests/predict/test_measured_wins.py",
+        "tests/predict/test_meta_params.py",
+        "tests/predict/test_plan_vs_run.py",
+        "tests/predict/test_ranks.py",
+    ),
+    "slow": (
+        "tests/notebook/",
+        "tests/test_types.py",
+    ),
+}
+"""Node-id prefixes (a directory, a file or a test) and the tier marker their tests get:
+a new file in tests/e2e/ or tests/notebook/ is in its tier with no marker of its own. A
+file named ``*accuracy*`` or ``*_vs_run*`` is an accuracy test, and a test driven in
+tmux (marker ``tmux``) a slow one, wherever they are. The fast tier is the rest:
+``-m "not e2e and not accuracy and not slow"``."""
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The tier markers ``item`` gets from :data:`TIERS` and the rules beside it."""
+    node = item.nodeid
+    found = {tier for tier, prefixes in TIERS.items() if node.startswith(prefixes)}
+    name = node.partition("::")[0].rpartition("/")[2]
+    if "accuracy" in name or "_vs_run" in name:
+        found.add("accuracy")
+    if item.get_closest_marker("tmux") is not None:
+        found.add("slow")
+    return found
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (none found here)")
     skip_tmux = pytest.mark.skip(reason="needs tmux on PATH")
     skip_torch = pytest.mark.skip(reason="needs torch (not installed here)")
     for item in items:
+        for tier in tiers_of(item):
+            item.add_marker(tier)
         if "gpu" in item.keywords and not HAVE_GPU:
             item.add_marker(skip_gpu)
         if "tmux" in item.keywords and shutil.which("tmux") is None:

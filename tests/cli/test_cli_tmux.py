@@ -68,7 +68,7 @@ def _squeeze(text: str) -> str:
 
 
 @pytest.mark.parametrize("records", [True, False], ids=["recording", "not recording"])
-def test_second_dashboard_says_what_to_do_and_quitting_says_where_it_recorded(
+def test_second_dashboard_is_a_view_and_quitting_says_where_it_recorded(
     gw_env, tmp_path, records: bool
 ) -> None:
     recording = tmp_path / "first.gpuwatch"
@@ -78,14 +78,14 @@ def test_second_dashboard_says_what_to_do_and_quitting_says_where_it_recorded(
         assert first.wait_for_text("host")
         second = Tmux(f"{shlex.quote(sys.executable)} -m gpuwatch --no-record", gw_env)
         try:
-            assert second.wait_for_text("EXIT=2"), second.screen()
+            # A view of the first (issue 51): it says so, and on quit whose session it
+            # viewed and where that one records (if it does).
+            assert second.wait_for_text("view of gpuwatch pid"), second.screen()
+            second.keys("q")
+            assert second.wait_for_text("EXIT=0"), second.screen()
             screen = _squeeze(second.screen())
-            assert "alreadylisteningon" in screen
-            # The growing recording to replay (if there is one), or a socket of its own.
-            replay = _squeeze(f"gpuwatch replay {recording}")
-            assert (replay in screen) == records, second.screen()
-            assert ("Itrecordstonofile" in screen) != records, second.screen()
-            assert "--socket" in screen and "GPUWATCH_SOCKET=" in screen
+            assert "viewedthegpuwatchon" in screen, second.screen()
+            assert (_squeeze(f"its recording: {recording}") in screen) == records, screen
         finally:
             second.close()
         first.keys("q")

@@ -135,7 +135,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     # The IPython extension and gpuwatch.plan: a front end inside the user's kernel.
     "notebook": {"instrument", "predict", "analysis", "fmt", "facts", "cli"},
-    "__init__": {"_version", "instrument", "notebook"},  # notebook: only when loaded
+    # notebook: only when loaded; analysis: watch(warn=True)'s forecast, on its own thread.
+    "__init__": {"_version", "instrument", "notebook", "analysis"},
     "__main__": {"cli"},
 }
 

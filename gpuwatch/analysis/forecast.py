@@ -32,7 +32,6 @@ import numpy as np
 from .. import predict as pr
 from ..facts import Facts
 from ..fmt import fmt_bytes
-from ..protocol import Message
 from ..session import MISSING_INT, Mark, Process, Session
 from .explain import CATEGORY_KEYS, Explained, explain_breakdown, labels
 from .oom_answer import RESERVE
@@ -398,7 +397,8 @@ class Foresight:
 
     def __call__(self, event: object) -> None:
         """Session listener: facts or a phase came (cheap: the thread does the work)."""
-        if isinstance(event, Message) and event.kind in ("facts", "phase"):
+        # A message from a process is its own event (protocol.Message): it has a kind.
+        if getattr(event, "kind", None) in ("facts", "phase"):
             self._due.set()
 
     def start(self) -> None:

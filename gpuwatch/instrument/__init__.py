@@ -27,7 +27,7 @@ from ._api import (
     step,
 )
 from ._facts import batch_facts, collect_facts
-from ._watch import describe_batch, watch
+from ._watch import describe_batch, facts_listeners, watch
 
 _oom.install()
 
@@ -48,6 +48,7 @@ __all__ = [
     "configure",
     "current_phase",
     "describe_batch",
+    "facts_listeners",
     "flush",
     "mark",
     "open_span",

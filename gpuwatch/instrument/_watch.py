@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import _api, _auto
@@ -454,7 +455,17 @@ def _send(watched: _Watched) -> None:
         facts["epoch"] = watched.epoch
         _api.set_facts(facts)
     except Exception:
-        pass
+        return
+    for listener in list(facts_listeners):
+        try:
+            listener(facts)
+        except Exception:
+            pass
+
+
+facts_listeners: list[Callable[[dict[str, Any]], None]] = []
+"""Called with each set of facts sent, on the thread that sent them: each must return at
+once (``gpuwatch.watch(..., warn=True)`` forecasts on a thread of its own)."""
 
 
 def _compiled(model: Any) -> bool:

@@ -122,7 +122,7 @@ def missing_torch(log_path: str | os.PathLike[str] | None, tail: int = 64 * 1024
     return any(marker in text for marker in _NO_TORCH_MARKERS)
 
 
-class Child:
+class LaunchedCommand:
     """A launched command: its process group, its log and how it ended.
 
     Attributes:
@@ -237,7 +237,7 @@ def start(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     instrument: bool = True,
-) -> Child:
+) -> LaunchedCommand:
     """Start ``command`` under gpuwatch (see the module docstring).
 
     Args:
@@ -282,7 +282,7 @@ def start(
     finally:
         if fd is not None:
             os.close(fd)
-    return Child(proc, command, path)
+    return LaunchedCommand(proc, command, path)
 
 
 class SignalForwarder:
@@ -292,7 +292,7 @@ class SignalForwarder:
     SIGTERM, a third to SIGKILL. Used as a ``signal.signal`` handler.
     """
 
-    def __init__(self, child: Child) -> None:
+    def __init__(self, child: LaunchedCommand) -> None:
         self.child = child
         self.interrupts = 0
 
@@ -306,7 +306,7 @@ class SignalForwarder:
 
 
 def supervise(
-    child: Child,
+    child: LaunchedCommand,
     signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP),
 ) -> int:
     """Wait for ``child`` while forwarding ``signals`` to its process group.

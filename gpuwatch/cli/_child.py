@@ -49,7 +49,7 @@ def handling(handlers: Mapping[int, Handler]) -> Iterator[Callable[[], None]]:
 @contextlib.contextmanager
 def launched(
     command: Sequence[str], *, socket_path: str, log_path: str | None
-) -> Iterator[launch.Child]:
+) -> Iterator[launch.LaunchedCommand]:
     """The job, started for the block and stopped at its end if it still runs.
 
     Args:

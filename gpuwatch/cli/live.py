@@ -90,10 +90,10 @@ def add_record_options(p: argparse.ArgumentParser) -> None:
 
 
 def _size(text: str) -> int:
-    from ..store.sessions import parse_size
+    from ..store.sessions import parse_cap
 
     try:
-        size = parse_size(text)
+        size = parse_cap(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc))
     return NO_CAP if size is None else size

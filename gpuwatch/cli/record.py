@@ -33,7 +33,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..launch import Child, SignalForwarder
+    from ..launch import LaunchedCommand, SignalForwarder
     from ..live_sources import LiveSources
     from ..session import Session
 
@@ -98,7 +98,7 @@ class _Job:
 
     def __init__(self) -> None:
         self.stop = threading.Event()
-        self.child: Child | None = None
+        self.child: LaunchedCommand | None = None
         self.forward: SignalForwarder | None = None
         self.stopped = False  # the command stopped by gpuwatch at the end of --duration
 
@@ -232,7 +232,7 @@ def _finish(
 def _wait(
     args: argparse.Namespace,
     sources: LiveSources,
-    child: Child | None,
+    child: LaunchedCommand | None,
     stop: threading.Event,
     started: float,
     tty: bool,
@@ -273,7 +273,7 @@ def _wait(
     return reported, False
 
 
-def _end_of_duration(kill: str, sources: LiveSources, child: Child, tty: bool) -> bool:
+def _end_of_duration(kill: str, sources: LiveSources, child: LaunchedCommand, tty: bool) -> bool:
     """``--duration`` ran out while the command runs: do what ``--kill`` says.
 
     Returns:

@@ -79,7 +79,7 @@ class Archive(Protocol):
 
 
 @dataclass(frozen=True)
-class Plan:
+class WindowPlan:
     """How to answer a window query: rows to read exactly, summaries for the rest.
 
     Attributes:
@@ -412,7 +412,7 @@ class Table:
 
     # ------------------------------------------------------------------ windows
 
-    def plan(self, t0: int, t1: int, width: int, lead: int = 0) -> Plan:
+    def plan(self, t0: int, t1: int, width: int, lead: int = 0) -> WindowPlan:
         """Which rows of ``[t0, t1 + lead]`` to read exactly, which to take as summaries.
 
         Memory rows are always read; archived ones while the window holds at most
@@ -456,7 +456,7 @@ class Table:
         blocks = sm.concat(self.spec, parts) if parts and self.spec is not None else None
         if blocks is not None and not len(blocks["rows"]):
             blocks = None
-        return Plan(i0, i1, blocks, hold)
+        return WindowPlan(i0, i1, blocks, hold)
 
     def minmax(
         self,

@@ -133,7 +133,7 @@ class MemoryInfo(NamedTuple):
     reserved: int | None
 
 
-class GpuProcess(NamedTuple):
+class NvmlProcess(NamedTuple):
     """One process NVML reports on a GPU.
 
     Attributes:
@@ -447,7 +447,7 @@ class NvmlDevice:
         mhz = self._read("clock_" + which, "nvmlDeviceGetClockInfo", self._clk[which])
         return NA if mhz is NA else int(mhz)
 
-    def processes(self) -> list[GpuProcess] | NotAvailable:
+    def processes(self) -> list[NvmlProcess] | NotAvailable:
         """Compute and graphics processes on this GPU, one entry per PID.
 
         Raises:
@@ -468,7 +468,7 @@ class NvmlDevice:
                     used[pid] = p.usedGpuMemory
         if not answered:
             return NA
-        return [GpuProcess(pid, used[pid], _PROC_TYPE[bits]) for pid, bits in kinds.items()]
+        return [NvmlProcess(pid, used[pid], _PROC_TYPE[bits]) for pid, bits in kinds.items()]
 
     def _process_list(self, kind: str) -> list[Any] | NotAvailable:
         calls = self._proc_calls[kind]

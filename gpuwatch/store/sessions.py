@@ -49,7 +49,7 @@ def default_recording_path(now: datetime.datetime | None = None) -> Path:
     return sessions_dir() / f"{now:%Y%m%d-%H%M%S}-{host or 'host'}{SUFFIX}"
 
 
-def parse_size(text: str) -> int | None:
+def parse_cap(text: str) -> int | None:
     """``500M``, ``2G``, ``1.5GiB``, ``0`` -> bytes; ``none`` / ``off`` -> None (no cap).
 
     Raises:
@@ -74,7 +74,7 @@ def cap_from_env() -> int | None:
     if not value:
         return DEFAULT_CAP
     try:
-        return parse_size(value)
+        return parse_cap(value)
     except ValueError as exc:
         raise ValueError(f"${SESSIONS_MAX_ENV}: {exc}")
 

@@ -36,7 +36,7 @@ def env() -> dict[str, str]:
     return base
 
 
-def _run(sock_path: str, env: dict[str, str], tmp_path: Path, *args: str) -> launch.Child:
+def _run(sock_path: str, env: dict[str, str], tmp_path: Path, *args: str) -> launch.LaunchedCommand:
     child = launch.start(
         [sys.executable, PLAIN, *args], socket_path=sock_path, log_path=tmp_path / "log", env=env
     )
@@ -44,14 +44,16 @@ def _run(sock_path: str, env: dict[str, str], tmp_path: Path, *args: str) -> lau
     return child
 
 
-def _python(code: str, sock_path: str, env: dict[str, str], tmp_path: Path) -> launch.Child:
+def _python(
+    code: str, sock_path: str, env: dict[str, str], tmp_path: Path
+) -> launch.LaunchedCommand:
     """``python -c code`` started under gpuwatch, its output in ``tmp_path / "log"``."""
     return launch.start(
         [sys.executable, "-c", code], socket_path=sock_path, log_path=tmp_path / "log", env=env
     )
 
 
-def _printed(child: launch.Child, line: str) -> bool:
+def _printed(child: launch.LaunchedCommand, line: str) -> bool:
     """Whether the child printed ``line`` (the log's first line, the command, holds it too)."""
     return line in child.log_path.read_text().splitlines()
 

@@ -13,11 +13,11 @@ from gpuwatch.sources.nvml import (
     BACKEND_ENV,
     NA,
     GpuLost,
-    GpuProcess,
     MemoryInfo,
     Nvml,
     NvmlCallFailed,
     NvmlNoPermission,
+    NvmlProcess,
     NvmlUnavailable,
     load_backend,
 )
@@ -119,7 +119,7 @@ def test_process_lists_use_the_newest_version_there_is(
     fake = FakeNvml([gpu], missing_symbols=missing_symbols, missing_functions=missing_functions)
     d = opened(fake).device(0)
     for _ in range(3):
-        assert d.processes() == [GpuProcess(101, GiB, 0)]
+        assert d.processes() == [NvmlProcess(101, GiB, 0)]
     assert fake.calls[used_call] == 3
 
 
@@ -131,9 +131,9 @@ def test_compute_and_graphics_processes_merge_by_pid() -> None:
     )
     procs = opened(FakeNvml([gpu])).device(0).processes()
     assert sorted(procs) == [
-        GpuProcess(10, 2 * GiB, 2),  # compute + graphics
-        GpuProcess(11, None, 0),
-        GpuProcess(12, 64 * MiB, 1),
+        NvmlProcess(10, 2 * GiB, 2),  # compute + graphics
+        NvmlProcess(11, None, 0),
+        NvmlProcess(12, 64 * MiB, 1),
     ]
 
 

@@ -15,7 +15,7 @@ from gpuwatch.cli import CliError, build_parser
 from gpuwatch.cli.live import configure_recording
 from gpuwatch.session import Session
 from gpuwatch.store import save_session
-from gpuwatch.store.sessions import DEFAULT_CAP, parse_size, prune, removable, sessions_dir
+from gpuwatch.store.sessions import DEFAULT_CAP, parse_cap, prune, removable, sessions_dir
 from gpuwatch.store.writer import SessionWriter
 
 
@@ -24,13 +24,13 @@ from gpuwatch.store.writer import SessionWriter
     [("0", 0), ("500M", 500 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29), ("64k", 64 << 10)],
 )
 def test_parse_size(text: str, size: int) -> None:
-    assert parse_size(text) == size
+    assert parse_cap(text) == size
 
 
 def test_parse_size_none_and_garbage() -> None:
-    assert parse_size("none") is None
+    assert parse_cap("none") is None
     with pytest.raises(ValueError):
-        parse_size("lots")
+        parse_cap("lots")
 
 
 def _age(path: Path, days_ago: float) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from .. import predict as pr
 from ..facts import Facts
 from ..fmt import GIB, fmt_bytes
-from ..session import MISSING_INT, Process, Session
+from ..session import MISSING_INT, Process, Session, Table
 from ..session.peaks import table_range_max
 from .predicted import FIRST_START, Epoch, epochs_of, split_spans
 from .rank_table import phase_key
@@ -409,6 +409,16 @@ def _sampled(
                 top[nid] = (int(peaks[i]), int(cols["t1"][i]))
     for key in [k for k, v in counts.items() if v == 0]:
         del counts[key]
+    merged = _walked(table, usable, sorted(t1 for _, t1 in top.values()))
+    parts = [table.rows(a, b) for a, b in merged]
+    cols = {c: np.concatenate([p[c] for p in parts]) for c in table.names}
+    return cols, counts
+
+
+def _walked(table: Table, usable: list[Epoch], peaks_t1: list[int]) -> list[tuple[int, int]]:
+    """The row ranges a sampled explanation walks, merged so no span is walked twice:
+    the start of each model's time (to :data:`LEAD` after its first optimizer step, at
+    most a share of :data:`EXPLAIN_ROWS`) and the :data:`LEAD` before each peak's end."""
     head = max(4096, EXPLAIN_ROWS // 4 // max(1, len(usable)))
     pieces = []
     for e in usable:
@@ -418,18 +428,16 @@ def _sampled(
         else:
             head_end = start + 4096
         pieces.append((start, min(head_end, start + head)))
-    for _, t1 in sorted(top.values(), key=lambda v: v[1]):
+    for t1 in peaks_t1:
         pieces.append((table.search(t1 - LEAD, "left"), table.search(t1, "right")))
     merged: list[tuple[int, int]] = []
     end = -1
-    for a, b in sorted(pieces):  # merged, so no span is walked twice
+    for a, b in sorted(pieces):
         a = max(a, end)
         if b > a:
             merged.append((a, b))
             end = b
-    parts = [table.rows(a, b) for a, b in merged]
-    cols = {c: np.concatenate([p[c] for p in parts]) for c in table.names}
-    return cols, counts
+    return merged
 
 
 def predicted_json(ex: ProcessExplained, prediction: pr.Prediction | None = None) -> dict:

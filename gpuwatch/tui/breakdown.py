@@ -137,62 +137,82 @@ class BreakdownBar(Widget):
         variables = self.app.theme_variables
         mono = self.app.no_color
         parts = data.parts()
-        scale = width / data.total
-        cells: list[tuple[str, Style]] = []
-        acc = 0.0
-        for name, value in parts:
-            acc += value
-            n = min(width, round(acc * scale)) - len(cells)
-            if n <= 0:
-                continue
-            color = variables.get(THEME_VAR[name])
-            if mono:
-                cells += [(MONO_FILL[name], Style(color=color, bold=True))] * n
-            elif name in PATTERN:
-                cells += [(PATTERN[name], Style(color=color))] * n
-            else:
-                cells += [(" ", Style(bgcolor=color))] * n
-        over = data.over_predicted
-        bar = Text()
-        for ch, style in cells:
-            bar.append(ch, style)
-        if len(cells) < width:
-            bar.append("░" * (width - len(cells)), Style(color=variables.get("gw-grid")))
-        items: list[Item] = []  # in the bar's order
-        oom = data.oom
-        if oom is not None:  # the error's story, as the OOM toast tells it
-            oom_style = Style(color=variables.get("gw-oom"), bold=True)
-            short = oom_text(oom, short=True)
-            items.append(Item("✖", oom_style, oom_text(oom), "oom", math.inf, short))
-        for name, value in parts:
-            swatch = MONO_FILL[name] if mono else PATTERN.get(name, "■")
-            style = Style(color=variables.get(THEME_VAR[name]))
-            text = f"{LABELS[name]} {fmt_short(value)}"
-            why = f"{text} ({data.why})" if name == "unsplit" and data.why else ""
-            # What the prediction misses ranks as a finding only where it matters: 65M
-            # beside 53G is a segment like any other (and goes before weights do).
-            minor = name == "unexplained" and value < MINOR * (data.allocated or 0.0)
-            rank = "segment" if minor else name
-            items.append(Item(swatch, style, why or text, rank, value, text))
-        above = data.above()
-        if above:  # not on the bar: the phase reached it, but not at the cursor
-            style = Style(color=variables.get(THEME_VAR[above[0][0]]))
-            cut = " ".join(f"{LABELS[name]} {fmt_short(v)}" for name, v in above)
-            text = f"phase peak +{fmt_short(data.headroom)}: {cut}"
-            items.append(Item("▲", style, text, "above", data.headroom, f"+{cut}"))
-        if over > 0:  # not on the bar: it is no memory the device holds
-            over_style = Style(color=variables.get("gw-unexplained"))
-            text = f"over-predicted {fmt_short(over)}"
-            items.append(Item(OVER, over_style, text, "over_predicted", over))
-        if data.free is not None:  # the ░ of the bar above, named
-            free_style = Style(color=variables.get("gw-grid"))
-            items.append(Item("░", free_style, f"free {fmt_short(data.free)}", "free", data.free))
+        bar = _bar(parts, width / data.total, width, variables, mono)
         labels = Text()
-        for swatch, style, text in fit_legend(items, width):
+        for swatch, style, text in fit_legend(_items(data, parts, variables, mono), width):
             labels.append(swatch, style)
             labels.append(text + " ")
         labels.truncate(width, overflow="ellipsis")
         return Text("\n").join([bar, labels])
+
+
+def _bar(
+    parts: list[tuple[str, float]],
+    scale: float,
+    width: int,
+    variables: dict[str, str],
+    mono: bool,
+) -> Text:
+    """The bar's row: each segment in its colour (or pattern, or monochrome fill), the
+    rest of the device's memory as ``░``."""
+    cells: list[tuple[str, Style]] = []
+    acc = 0.0
+    for name, value in parts:
+        acc += value
+        n = min(width, round(acc * scale)) - len(cells)
+        if n <= 0:
+            continue
+        color = variables.get(THEME_VAR[name])
+        if mono:
+            cells += [(MONO_FILL[name], Style(color=color, bold=True))] * n
+        elif name in PATTERN:
+            cells += [(PATTERN[name], Style(color=color))] * n
+        else:
+            cells += [(" ", Style(bgcolor=color))] * n
+    bar = Text()
+    for ch, style in cells:
+        bar.append(ch, style)
+    if len(cells) < width:
+        bar.append("░" * (width - len(cells)), Style(color=variables.get("gw-grid")))
+    return bar
+
+
+def _items(
+    data: Breakdown, parts: list[tuple[str, float]], variables: dict[str, str], mono: bool
+) -> list[Item]:
+    """The legend's items in the bar's order: the OOM, the segments, then what is not on
+    the bar (the phase's peak above the cursor, an over-prediction, the free memory)."""
+    items: list[Item] = []
+    oom = data.oom
+    if oom is not None:  # the error's story, as the OOM toast tells it
+        oom_style = Style(color=variables.get("gw-oom"), bold=True)
+        short = oom_text(oom, short=True)
+        items.append(Item("✖", oom_style, oom_text(oom), "oom", math.inf, short))
+    for name, value in parts:
+        swatch = MONO_FILL[name] if mono else PATTERN.get(name, "■")
+        style = Style(color=variables.get(THEME_VAR[name]))
+        text = f"{LABELS[name]} {fmt_short(value)}"
+        why = f"{text} ({data.why})" if name == "unsplit" and data.why else ""
+        # What the prediction misses ranks as a finding only where it matters: 65M
+        # beside 53G is a segment like any other (and goes before weights do).
+        minor = name == "unexplained" and value < MINOR * (data.allocated or 0.0)
+        rank = "segment" if minor else name
+        items.append(Item(swatch, style, why or text, rank, value, text))
+    above = data.above()
+    if above:  # not on the bar: the phase reached it, but not at the cursor
+        style = Style(color=variables.get(THEME_VAR[above[0][0]]))
+        cut = " ".join(f"{LABELS[name]} {fmt_short(v)}" for name, v in above)
+        text = f"phase peak +{fmt_short(data.headroom)}: {cut}"
+        items.append(Item("▲", style, text, "above", data.headroom, f"+{cut}"))
+    over = data.over_predicted
+    if over > 0:  # not on the bar: it is no memory the device holds
+        over_style = Style(color=variables.get("gw-unexplained"))
+        text = f"over-predicted {fmt_short(over)}"
+        items.append(Item(OVER, over_style, text, "over_predicted", over))
+    if data.free is not None:  # the ░ of the bar above, named
+        free_style = Style(color=variables.get("gw-grid"))
+        items.append(Item("░", free_style, f"free {fmt_short(data.free)}", "free", data.free))
+    return items
 
 
 def oom_text(body: dict, short: bool = False) -> str:

@@ -206,6 +206,7 @@ class _Outlet:
         self.ready = threading.Event()
         self.dropped = 0
         self.closed = False
+        self.rates: dict[str, float] = {}
 
     def put(self, event: SessionEvent | list[Any]) -> None:
         """Queue one fact (the producer's thread: an append, or a count when full)."""
@@ -219,13 +220,16 @@ class _Outlet:
     def run(self, hello: dict[str, Any]) -> None:
         try:
             self._send([["hello", hello], *snapshot(self.hub.session)])
-            while not self.closed:
+            while True:
                 self.ready.wait(1.0)
-                # What comes meanwhile goes in the same send: one wake-up (here and in
-                # the view) for a tenth of a second of facts, not one a fact.
-                time.sleep(FLUSH_EVERY)
+                if not self.closed:
+                    # What comes meanwhile goes in the same send: one wake-up (here and in
+                    # the view) for a tenth of a second of facts, not one a fact.
+                    time.sleep(FLUSH_EVERY)
                 self.ready.clear()
                 self._flush()
+                if self.closed and not self.queue:
+                    break  # the owner's bye written
         except OSError:
             pass  # the view went (or stopped reading for SEND_LIMIT): it is let go
         finally:
@@ -243,6 +247,11 @@ class _Outlet:
         if self.dropped:
             lost, self.dropped = self.dropped, 0
             self._send([["dropped", lost]])
+        # The achieved sampling rates are no fact of their own (the panels show them).
+        rates = dict(self.hub.session.sampler_rate)
+        if rates != self.rates:
+            self.rates = rates
+            self._send([["rates", rates]])
 
     def _send(self, items: list[list[Any]]) -> None:
         if items:
@@ -525,6 +534,7 @@ class Applier:
             "reject": lambda reason: s.count_reject(_text(reason, 64)),
             "note": lambda text: s.note(_text(text, 2 * protocol.MAX_TEXT)),
             "dropped": self._dropped,
+            "rates": self._rates,
             "bye": self._bye,
         }
 
@@ -546,6 +556,14 @@ class Applier:
         mark = Mark(_int(t), _int(pid, 0, _MAX_PID), _text(text, protocol.MAX_TEXT), level)
         mark.step = _opt_int(step)
         self.session.add_mark(mark)
+
+    def _rates(self, rates: Any) -> None:
+        if not isinstance(rates, dict) or len(rates) > 1024:
+            raise ValueError("not rates")
+        for key, rate in rates.items():
+            value = _num(rate)
+            if value is not None:
+                self.session.set_sampler_rate(self._gpu(key), float(value))
 
     def _dropped(self, n: Any) -> None:
         self.dropped += _int(n)

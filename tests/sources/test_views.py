@@ -57,6 +57,8 @@ def test_a_view_sees_what_the_owner_is_given(sock_path: str) -> None:
         last = view.gpu[GPU].last()
         assert last is not None and last["used"] == 5 << 30
         assert [o.name for o in view.processes[4242].open.values()] == ["fwd"]
+        owner.set_sampler_rate(GPU, 9.5)  # no fact of its own: sent when it changes
+        assert wait_for(lambda: view.sampler_rate.get(GPU) == 9.5)
         hub.stop()
         assert ended.wait(5) and feed.applier.bye == (True, "/x.gpuwatch")
     finally:

@@ -374,7 +374,8 @@ def run_trace_case(name: str) -> str:
     result = trace_plan(case)
     planned_s = time.monotonic() - t0
     if "refused" in result:
-        return f"REFUSED in one line: {result['refused']}"
+        said = f"REFUSED in one line: {result['refused']}"
+        return said if case.get("refused") else f"{said} FAIL"
     plan = trace_rows(result)
     anchor = anchor_plan(case)
     worst, anchor_worst = compare(f"trace:{name}", plan, truth_of(case), anchor)

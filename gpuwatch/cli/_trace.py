@@ -306,10 +306,15 @@ def _checkpoint(model: Any, layers: list[Any], every: int) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     wanted = {id(m) for i, m in enumerate(layers) if (i + 1) % every == 0}
-    for holder in model.modules():
-        for name, child in list(holder.named_children()):
-            if id(child) in wanted:
-                holder._modules[name] = checkpoint_wrapper(child)
+    # Found first, wrapped after: a wrapper holds its layer, which a walk would find again.
+    found = [
+        (holder, name, child)
+        for holder in model.modules()
+        for name, child in holder.named_children()
+        if id(child) in wanted
+    ]
+    for holder, name, child in found:
+        holder._modules[name] = checkpoint_wrapper(child)
 
 
 def _apply_layout(model: Any, layers: list[Any], s: Setting, mesh: Any) -> Any:

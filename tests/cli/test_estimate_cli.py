@@ -108,15 +108,15 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("gpuwatch: ")
 
 
-def test_trace_counts_real_steps_on_fake_tensors() -> None:
+def test_trace_plans_the_sample_per_phase_on_fake_tensors() -> None:
     pytest.importorskip("torch")
     r = _run("--trace", "samples/trace_tiny_gpt.py:build", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    first, second = out["steps"]
-    cats = second["cpu"]
-    assert cats["Parameter"] > 0 and cats["Optstate"] > 0
-    assert out["peak_bytes"] >= first["cpu"]["Total"]
+    later, first = out["phases"], out["first_step"]
+    assert later["optimizer.step"]["weights"] > 0 and later["forward"]["optimizer_state"] > 0
+    assert not first["forward"].get("optimizer_state") and later["forward"]["activations"] > 0
+    assert out["peak_bytes"] == max(sum(b.values()) for d in (later, first) for b in d.values())
 
 
 def test_trace_keeps_memtrackers_chatter_out_of_the_terminal(tmp_path: Path) -> None:

@@ -234,6 +234,11 @@ def phase_forecasts(prediction: pr.Prediction) -> list[PhaseForecast]:
     return out
 
 
+FORECAST_PHASES = ("forward", "backward", "optimizer.step", "eval")
+"""The phases forecast: ``clip`` too where a script has run one; never ``zero_grad``,
+which frees gradients and allocates nothing (its peak is the level it starts from)."""
+
+
 def make_forecast(
     pid: int,
     t: int,
@@ -250,11 +255,10 @@ def make_forecast(
         prediction: Its prediction.
         capacity: What its device can give, if known.
         ran: The phases that have run.
-        phases: Only these phase names (None: every phase the predictor models, less
-            ``clip``, which only a script that names it runs).
+        phases: Only these phase names (None: :data:`FORECAST_PHASES`).
     """
     done = frozenset(ran)
-    names = set(phases) if phases is not None else set(pr.PHASES)
+    names = set(phases) if phases is not None else set(FORECAST_PHASES)
     every = [p for p in phase_forecasts(prediction) if p.phase in names]
     out = Forecast(pid, t, every, capacity, done)
     if capacity is None:
@@ -430,9 +434,15 @@ class Foresight:
     def update(self) -> dict[int, Forecast]:
         """Forecast every running process that sent facts; marks what is new."""
         with self._lock:
+            running = set()
             for proc in list(self.session.processes.values()):
                 if proc.facts and proc.ended is None and proc.gone is None:
+                    running.add(proc.pid)
                     self._one(proc)
+            for pid in set(self.forecasts) - running:  # ended: nothing of it is to come
+                del self.forecasts[pid]
+            for pid in set(self._watch) - running:
+                del self._watch[pid]
             return dict(self.forecasts)
 
     def _one(self, proc: Process) -> None:
@@ -445,7 +455,8 @@ class Foresight:
         if stamp == watch.made:
             return
         watch.made = stamp
-        names = set(pr.PHASES) | ({pr.CLIP} if (pr.CLIP, True) in watch.ran else set())
+        clip = {pr.CLIP} if (pr.CLIP, True) in watch.ran or (pr.CLIP, False) in watch.ran else set()
+        names = set(FORECAST_PHASES) | clip
         now = self.session.now()
         fc = make_forecast(proc.pid, now, line.prediction, capacity, watch.ran, names)
         watch.expected.update({p.key: p.peak for p in fc.ahead() if not p.unknowns})
@@ -521,8 +532,30 @@ class Foresight:
         return None
 
 
+STEP_PHASES = ("forward", "backward", pr.CLIP, "optimizer.step")
+"""The phases of a training step: the chart's line is at the highest still to come (eval,
+which a run may never do, is left to the warnings)."""
+
+
+def level_ahead(session: Session, pid: int) -> int | None:
+    """The highest forecast peak of the training-step phases ``pid`` has still to run (the
+    chart's forecast line); None when none is left, or nothing forecasts this session."""
+    fs = foresight_of(session)
+    fc = fs.forecasts.get(pid) if fs is not None else None
+    if fc is None:
+        return None
+    peaks = [v for k, v in fc.peaks_ahead().items() if k in STEP_PHASES]
+    return max(peaks) if peaks else None
+
+
 _registries: weakref.WeakKeyDictionary[Session, Foresight] = weakref.WeakKeyDictionary()
 _made_lock = threading.Lock()
+
+
+def foresight_of(session: Session) -> Foresight | None:
+    """The forecasts of ``session`` if something made them (the live sources), else None:
+    a view that only reads makes none."""
+    return _registries.get(session)
 
 
 def foresight(session: Session, marks: bool = False) -> Foresight:

@@ -27,7 +27,14 @@ AXIS_WIDTH = 9
 """Cells left of the plot for y labels, at least (shared with the phase band, so columns
 align; a panel widens both for a longer process label, ``pid 4194304``)."""
 
-MONO_MARK = {"nvml": "N", "reserved": "R", "allocated": "A", "predicted": "P", "peak": "E"}
+MONO_MARK = {
+    "nvml": "N",
+    "reserved": "R",
+    "allocated": "A",
+    "predicted": "P",
+    "peak": "E",
+    "forecast": "F",
+}
 """Without colour (``NO_COLOR``) every line carries its letter, repeated along it, and the
 legend names it the same way: four greys alone cannot tell the lines apart."""
 MONO_EVERY = 16

@@ -12,6 +12,7 @@ from textual.content import Content
 from textual.reactive import var
 
 from ..analysis.breakdown import SAME
+from ..analysis.forecast import level_ahead
 from ..analysis.moment import Moment, moment
 from ..analysis.predicted import PredictedLine
 from ..fmt import fmt_bytes, fmt_clock, fmt_duration, printable
@@ -30,6 +31,7 @@ LINE_LABELS = {
         "allocated": "allocated",
         "predicted": "predicted",
         "peak": "peak in phase",
+        "forecast": "to come",
     },
     "host": {"nvml": "RAM used", "allocated": "RSS"},
 }
@@ -269,6 +271,9 @@ class DevicePanel(Vertical):
         frame = self.chart.last_frame
         roles = [s.role for s in frame.series] if frame else []
         values = dict(now.values)
+        ahead = [line.hi[0] for line in frame.series if line.role == "forecast"] if frame else []
+        if ahead:
+            values["forecast"] = max(ahead)
         span, predicted_peak = self.phase_prediction(now)
         if span is not None and span.get("peak_alloc") is not None:
             values["peak"] = span["peak_alloc"]
@@ -371,6 +376,9 @@ class DevicePanel(Vertical):
                 if predicted is not None:
                     lo, hi = predicted.window(t0, t1, n)
                     series.append(Series("predicted", lo, hi))
+                ahead = level_ahead(s, proc.pid)  # the highest peak of a phase still to come
+                if ahead is not None:
+                    series.append(Series("forecast", np.full(n, ahead), np.full(n, ahead)))
             if self.key in s.gpu and len(s.gpu[self.key]):
                 lo, hi = s.gpu_window(self.key, "used", t0, t1, n)
                 series.append(Series("nvml", lo, hi))

@@ -27,6 +27,7 @@ VARIABLE_DEFAULTS: dict[str, str] = {
     "gw-allocated": "#5fd7ff",
     "gw-predicted": "#d787ff",
     "gw-peak": "#ff5f87",
+    "gw-forecast": "#ff8700",  # the highest forecast peak of the phases still to come
     "gw-ceiling": "#4e5561",
     "gw-phase-data": "#4e5561",
     "gw-phase-forward": "#2f7fd0",

@@ -61,7 +61,7 @@ async def main():
     app = replay_app(player, subtitle="bench")
     t = time.perf_counter()
     async with app.run_test(size=(200, 60)) as pilot:
-        while app.redraws < 1:
+        while app.dashboard.redraws < 1:
             await pilot.pause()
         await pilot.pause()
         out["first"] = time.perf_counter() - t
@@ -74,7 +74,7 @@ async def main():
             player.seek(target)
             app.view.span = 300 * 10**9
             app.view.jump(target, last)
-            app.redraw()
+            app.dashboard.redraw()
             await pilot.pause()
             worst = max(worst, time.perf_counter() - t)
         out["seek_max"] = worst

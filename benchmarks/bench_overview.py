@@ -63,7 +63,7 @@ async def main():
         c1, h1, w1 = own(), other(), time.monotonic()
         shown = getattr(app, 'overview_shown', None)
         print(json.dumps({'own': (c1 - c0) / (w1 - w0), 'sampler': (h1 - h0) / (w1 - w0),
-                          'overview': shown, 'redraws': app.redraws}))
+                          'overview': shown, 'redraws': app.dashboard.redraws}))
 if alone:
     time.sleep(2); c0, h0, w0 = own(), other(), time.monotonic(); time.sleep(seconds)
     c1, h1, w1 = own(), other(), time.monotonic()

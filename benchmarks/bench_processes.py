@@ -109,12 +109,12 @@ async def main():
     app = GpuwatchApp(s)
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.pause(3.0)
-        first = "overview" if getattr(app, "overview_shown", False) else app.panels[0].key
+        first = "overview" if app.dashboard.overview_shown else app.dashboard.panels[0].key
         idle, idle_ui = await share(pilot, SECONDS)
         await pilot.press("3")
         await pilot.pause(1.0)
         tab, tab_ui = await share(pilot, SECONDS)
-        table = app.process_table
+        table = app.dashboard.process_table
         times, walls = [], []
         for _ in range(20):
             table._last = None  # rebuild, as when a list changed

@@ -86,7 +86,7 @@ async def main():
     out["open"] = time.perf_counter() - t
     app = replay_app(player, subtitle="bench")
     async with app.run_test(size=(160, 60)) as pilot:
-        while app.redraws < 1:
+        while app.dashboard.redraws < 1:
             await pilot.pause()
         await pilot.pause()
         print("FIRST", flush=True)
@@ -108,10 +108,10 @@ async def main():
             player.seek(target)
             app.view.span = span
             app.view.jump(target, app.now())
-            app.redraw()  # every panel reads its new window: header, legend, band, bar
+            app.dashboard.redraw()  # every panel reads its new window: header, legend, band, bar
             data.append(time.perf_counter() - t)
             c = time.perf_counter()
-            for panel in app.panels:  # and its chart's lines (fetched when painted)
+            for panel in app.dashboard.panels:  # and its chart's lines (fetched when painted)
                 t0, t1 = panel.chart.window
                 panel.chart.fetch(t0, t1, max(1, panel.chart.plot_width * 2))
             charts.append(time.perf_counter() - c)

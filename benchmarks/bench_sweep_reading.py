@@ -79,7 +79,7 @@ async def main():
     out = {{"open": time.perf_counter() - t}}
     app = replay_app(player, subtitle="bench")
     async with app.run_test(size=(160, 50)) as pilot:
-        while app.redraws < 1:
+        while app.dashboard.redraws < 1:
             await pilot.pause()
         await pilot.pause()
         out["first"] = time.perf_counter() - START

@@ -180,10 +180,13 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         raise CliError(f"--prometheus: {exc}")
     if args.once:
         return _once(client, matchers, args.sort)
+    from .live import user_keymap  # a bad keymap is one line before the screen
+
+    keymap = user_keymap()
     need_terminal("gpuwatch cluster --once (the grid as text)")
     from ..tui.cluster import ClusterApp
 
-    app = ClusterApp(client, matchers, sort=args.sort, theme=theme)
+    app = ClusterApp(client, matchers, sort=args.sort, theme=theme, keymap=keymap)
     app.run()
     return EXIT_OK
 

@@ -26,13 +26,12 @@ class Action:
     title: str
     help: str
     footer: bool = False
-    key_display: str | None = None
 
 
 # Shared by both modes: the same keys, the same text.
 _ZOOM = (
-    Action("plus,equals_sign", "zoom(0.5)", "Zoom in", "Halve the time window", True, "+"),
-    Action("minus", "zoom(2.0)", "Zoom out", "Double the time window", True, "-"),
+    Action("plus,equals_sign", "zoom(0.5)", "Zoom in", "Halve the time window", True),
+    Action("minus", "zoom(2.0)", "Zoom out", "Double the time window", True),
 )
 
 
@@ -75,7 +74,6 @@ def _boundaries(verb: str) -> tuple[Action, Action]:
             "Previous phase boundary",
             f"{verb} the previous phase start or end",
             False,
-            "[",
         ),
         Action(
             "right_square_bracket",
@@ -83,15 +81,14 @@ def _boundaries(verb: str) -> tuple[Action, Action]:
             "Next phase boundary",
             f"{verb} the next phase start or end",
             False,
-            "]",
         ),
     )
 
 
 _TABS = (
     Action("1", "show_tab('timelines')", "Timelines", "Show the timelines"),
-    Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True, "2"),
-    Action("3", "show_tab('processes')", "Processes", "Show the process table", True, "3"),
+    Action("2", "show_tab('peaks')", "Peaks", "Show per-phase peaks", True),
+    Action("3", "show_tab('processes')", "Processes", "Show the process table", True),
     Action("4", "show_tab('log')", "Log", "Show the command's output (gpuwatch run)"),
     Action("5", "show_ranks", "Ranks", "Show the ranks of a multi-GPU job side by side"),
 )
@@ -111,10 +108,9 @@ _PANELS = (
         "Back to the overview, every GPU at a glance (up / down select, enter or tab "
         "opens); the first screen when the panels do not all fit",
         False,
-        "g",
     ),
 )
-_HELP = Action("question_mark", "help", "Help", "Show keys and what the lines mean", True, "?")
+_HELP = Action("question_mark", "help", "Help", "Show keys and what the lines mean", True)
 _QUIT = Action("q", "quit", "Quit", "Quit gpuwatch", True)
 _CLEAR = Action("escape", "clear_cursor", "Clear cursor", "Remove the cursor")
 
@@ -125,7 +121,6 @@ LIVE_ACTIONS: tuple[Action, ...] = (
         "Follow / pause",
         "Follow the newest data, or freeze the window where it is",
         True,
-        "f",
     ),
     *_ZOOM,
     *_cursor("Move the cursor"),
@@ -165,7 +160,6 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
         "Play / pause",
         "Play or pause the recording",
         True,
-        "space",
     ),
     # The arrows mean what they mean live (the cursor: one column, ctrl a tenth of the
     # window); paused, the playback position goes with the cursor, playing it seeks.
@@ -196,7 +190,6 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
         "Faster",
         "Double the playback speed (to x64)",
         True,
-        ">",
     ),
     Action(
         "less_than_sign",
@@ -204,7 +197,6 @@ REPLAY_ACTIONS: tuple[Action, ...] = (
         "Slower",
         "Halve the playback speed (to x0.25)",
         True,
-        "<",
     ),
     # Live keys kept, but out of the footer: replay's own keys need the room.
     Action("f", "toggle_follow", "Follow position", "Let the window follow the playback position"),
@@ -232,25 +224,6 @@ def bindings(*tables: Iterable[Action]) -> list[BindingType]:
                     continue
                 seen.add((key, a.action))
                 out.append(
-                    Binding(
-                        key,
-                        a.action,
-                        a.title,
-                        show=a.footer,
-                        key_display=a.key_display,
-                        id=KEY_IDS[key],
-                    )
+                    Binding(key, a.action, a.title, show=a.footer, id=KEY_IDS[key], tooltip=a.help)
                 )
     return out
-
-
-def help_keys(actions: Iterable[Action] = LIVE_ACTIONS) -> list[tuple[str, str]]:
-    """(keys, description) for the help screen."""
-    rows = []
-    for a in actions:
-        keys = a.keys.replace("equals_sign", "=").replace("plus", "+").replace("minus", "-")
-        keys = keys.replace("left_square_bracket", "[").replace("right_square_bracket", "]")
-        keys = keys.replace("less_than_sign", "<").replace("greater_than_sign", ">")
-        keys = keys.replace("question_mark", "?").replace(",", " / ")
-        rows.append((keys, a.help))
-    return rows

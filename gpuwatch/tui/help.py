@@ -1,4 +1,8 @@
-"""The help screen (``?``): every key and mouse action, and what the lines mean."""
+"""The help screen (``?``): every key and mouse action, and what the lines mean.
+
+The keys come from the screen that opened it, as bound now (:func:`~.keys.bound_keys`: a
+keymap's keys, not the defaults); this page holds only the words around them.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,6 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
-
-from .processes import KEY_DISPLAY
-from .processes import KEYS as PROCESS_KEYS
 
 HELP = """\
 # gpuwatch
@@ -105,18 +106,26 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,q,question_mark", "dismiss", "Close"),
     ]
 
-    def __init__(self, keys: list[tuple[str, str]], text: str = HELP) -> None:
+    def __init__(
+        self,
+        keys: list[tuple[str, str]],
+        text: str = HELP,
+        process_keys: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """``keys`` and ``process_keys``: (keys as shown, what they do) rows of the page's
+        ``{keys}`` and ``{process_keys}`` tables (``text``: the cluster view has its own)."""
         super().__init__()
         self.keys = keys
-        self.text = text  # a Markdown page with a {keys} table (the cluster view has its own)
+        self.text = text
+        self.process_keys = process_keys or []
 
     def compose(self) -> ComposeResult:
-        table = "\n".join(f"| `{key}` | {desc} |" for key, desc in self.keys)
-        process_keys = "\n".join(
-            f"| `{KEY_DISPLAY.get(key, key)}` | {desc} |" for key, _, desc in PROCESS_KEYS
-        )
+        def table(rows: list[tuple[str, str]]) -> str:
+            return "\n".join(f"| `{key}` | {desc} |" for key, desc in rows)
+
+        page = self.text.format(keys=table(self.keys), process_keys=table(self.process_keys))
         with VerticalScroll():
-            yield Markdown(self.text.format(keys=table, process_keys=process_keys))
+            yield Markdown(page)
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)

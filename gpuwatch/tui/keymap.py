@@ -1,7 +1,7 @@
 """The user's keymap: ``$XDG_CONFIG_HOME/gpuwatch/keymap.toml`` (else ``~/.config/...``).
 
-Each line gives a binding id (:data:`KEY_IDS`) its keys, over the
-defaults, in live and replay alike::
+Each line gives a binding id (:data:`KEY_IDS`; the Processes tab's :data:`PROCESS_IDS`, the
+cluster view's :data:`CLUSTER_IDS`) its keys, over the defaults, in live and replay alike::
 
     play = "p"                 # space no longer plays or follows; p does
     zoom-in = ["plus", "i"]    # several keys: a list, or "plus,i"
@@ -71,6 +71,38 @@ KEY_IDS: dict[str, str] = {
 """The id of each key's bindings: what a keymap (``keymap.toml``) names to move the key.
 Live, ``space`` follows and ``<`` / ``>`` pan (their ids name what they do in a replay)."""
 
+PROCESS_IDS: dict[str, str] = {
+    "sort_next": "sort-next",
+    "sort_reverse": "sort-reverse",
+    "filter": "filter",
+    "toggle_tree": "tree",
+    "signal('INT')": "sigint",
+    "signal('TERM')": "sigterm",
+    "signal('KILL')": "sigkill",
+    "open": "open",
+}
+"""The id of each of the Processes tab's own bindings, by action (``tui/processes.py``)."""
+
+CLUSTER_IDS: dict[str, str] = {
+    "quit": "quit",
+    "help": "help",
+    "sort": "sort",
+    "filter": "filter",
+    "clear_filter": "clear-filter",
+    "refresh_now": "refresh",
+    "show_tab('gpus')": "gpus",
+    "show_tab('ranks')": "ranks",
+    "open": "open",
+    "back": "back",
+    "window(1)": "longer",
+    "window(-1)": "shorter",
+}
+"""The id of each of the cluster view's bindings, by action (``tui/cluster/``): where it
+does what a dashboard key does (quit, help, filter, open) the id is that key's."""
+
+IDS = frozenset(KEY_IDS.values()) | set(PROCESS_IDS.values()) | set(CLUSTER_IDS.values())
+"""Every id a keymap may name."""
+
 
 class KeymapError(ValueError):
     """The keymap file cannot be used; ``str()`` is one line that says why."""
@@ -105,8 +137,8 @@ def load_keymap(path: Path | None = None) -> dict[str, str]:
         raise KeymapError(f"the keymap {shown} is not TOML: {exc}") from None
     keymap: dict[str, str] = {}
     for binding_id, value in data.items():
-        if binding_id not in KEY_IDS.values():
-            known = ", ".join(sorted(set(KEY_IDS.values())))
+        if binding_id not in IDS:
+            known = ", ".join(sorted(IDS))
             name = ellipsis(printable(binding_id), 40)
             raise KeymapError(f"the keymap {shown} names {name!r}: gpuwatch has {known}")
         keys = value.split(",") if isinstance(value, str) else value

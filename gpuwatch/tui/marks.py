@@ -121,7 +121,7 @@ class MarksTable(DataTable):
         self.answers[key] = said
         self._signature = None  # the OOM's row says it now
         self.refresh_rows()
-        redraw = getattr(self.app, "redraw", None)  # the status line at the cursor, too
+        redraw = getattr(self.screen, "redraw", None)  # the status line at the cursor, too
         if callable(redraw):
             redraw()
 

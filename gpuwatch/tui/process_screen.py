@@ -2,7 +2,8 @@
 
 Opened by ``enter`` on a row of the Processes tab. It draws with the panel's widgets (the
 timeline chart, the phase band) over the dashboard's window: the cursor, zoom, pan and
-follow keys are the dashboard's own and move this screen as they move the panels.
+follow keys are the dashboard's (:class:`~gpuwatch.tui.actions.WindowActions`, bound from
+its action table, a keymap's keys with them) and move this screen as they move the panels.
 ``escape`` clears the cursor, then closes; ``backspace`` closes.
 """
 
@@ -18,9 +19,13 @@ from ..analysis.processes import ProcRow
 from ..fmt import fmt_bytes, fmt_duration, printable
 from ..session import Session
 from ._text import Line
+from .actions import LIVE_ACTIONS, bindings
 from .band import BandMarker, BandRow, PhaseBand, label_width, process_spans
 from .chart import ChartFrame, Series, TimelineChart
-from .keys import Key, KeyBar
+from .keymap import KEY_IDS
+from .keys import KeyBar, bar_keys, bound_keys
+from .transport import Dashboard
+from .window_actions import WindowActions
 
 Lines = tuple[np.ndarray, np.ndarray]
 
@@ -28,8 +33,21 @@ MEMORY_ROLES = {"gpu": "nvml", "rss": "allocated"}
 PERCENT_ROLES = {"sm": "reserved", "cpu": "predicted"}
 """Theme roles (colours) of this screen's lines."""
 
+WINDOW_KEYS = ("cursor", "cursor_window", "zoom", "pan", "toggle_follow", "quit")
+"""The dashboard's actions bound here too (by the name before their arguments)."""
+SHOWN = (
+    ("escape", "Back"),
+    ("cursor(-1)", "Cursor left"),
+    ("cursor(1)", "Cursor right"),
+    ("zoom(0.5)", "Zoom in"),
+    ("zoom(2.0)", "Zoom out"),
+    ("toggle_follow", "Follow / pause"),
+    ("quit", "Quit"),
+)
+"""The key bar's actions and labels, each on the key that runs it now."""
 
-class ProcessScreen(Screen[None]):
+
+class ProcessScreen(WindowActions, Screen[None]):
     """The timelines of process ``row.pid``.
 
     Args:
@@ -55,8 +73,9 @@ class ProcessScreen(Screen[None]):
     """
 
     BINDINGS = [
-        Binding("escape", "escape", "Back", show=False),
-        Binding("backspace", "close", "Back", show=False),
+        Binding("escape", "escape", "Back", show=False, id=KEY_IDS["escape"]),
+        Binding("backspace", "close", "Back", show=False, id=KEY_IDS["backspace"]),
+        *bindings([a for a in LIVE_ACTIONS if a.action.split("(")[0] in WINDOW_KEYS]),
     ]
 
     def __init__(self, session: Session, row: ProcRow) -> None:
@@ -82,20 +101,17 @@ class ProcessScreen(Screen[None]):
             yield self.legend
         yield self.keys
 
+    @property
+    def dashboard(self) -> Dashboard:
+        return self.app.dashboard  # type: ignore[attr-defined]
+
     def on_mount(self) -> None:
-        self.keys.set_keys(
-            [
-                Key("esc", "Back", "escape"),
-                Key("←→", "Cursor", "cursor(1)"),
-                Key("+", "Zoom in", "zoom(0.5)"),
-                Key("-", "Zoom out", "zoom(2.0)"),
-                Key("f", "Follow / pause", "toggle_follow"),
-                Key("q", "Quit", "quit"),
-            ]
-        )
-        redraw = getattr(self.app, "redraw", None)
-        if redraw is not None:
-            redraw()
+        self.keys.set_keys(bar_keys(bound_keys(self), SHOWN))
+        self.dashboard.redraw()
+
+    async def action_quit(self) -> None:
+        """Quit (as on the dashboard)."""
+        await self.app.action_quit()
 
     def _title(self) -> str:
         r = self.row
@@ -230,9 +246,8 @@ class ProcessScreen(Screen[None]):
 
     async def action_escape(self) -> None:
         """Clear the cursor; without one, go back to the Processes tab."""
-        view = getattr(self.app, "view", None)
-        if view is not None and view.cursor is not None:
-            await self.app.run_action("clear_cursor")
+        if self.dashboard.view.cursor is not None:
+            self.action_clear_cursor()
             return
         self.dismiss()
 

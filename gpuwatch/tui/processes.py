@@ -29,6 +29,7 @@ from ..session import Session
 from ._strips import CachedStrips
 from ._text import plain_lines
 from .confirm import Confirm
+from .keymap import PROCESS_IDS
 from .thresholds import Thresholds, marked
 from .thresholds import of as thresholds_of
 
@@ -45,8 +46,6 @@ KEYS: tuple[tuple[str, str, str], ...] = (
     ("enter", "open", "Open the selected process's timelines"),
 )
 """The Processes tab's own keys: (key, action, help), bound while its table has focus."""
-
-KEY_DISPLAY = {"slash": "/"}
 
 
 WIDTHS = {
@@ -159,7 +158,7 @@ class ProcessTable(CachedStrips, can_focus=True):
         Binding("left", "scroll_command(-1)", "Command left", show=False),
         Binding("right", "scroll_command(1)", "Command right", show=False),
         *(
-            Binding(k, a, h.split(" (")[0], show=False, key_display=KEY_DISPLAY.get(k))
+            Binding(k, a, h.split(" (")[0], show=False, id=PROCESS_IDS[a], tooltip=h)
             for k, a, h in KEYS
         ),
     ]

@@ -134,8 +134,8 @@ class ReplayTransport(Transport):
         self._recorded_on = loader.recording.meta.get("host", "") if loader is not None else ""
         self._frozen = False
 
-    def attach(self, app: Dashboard) -> None:
-        super().attach(app)
+    def attach(self, dashboard: Dashboard) -> None:
+        super().attach(dashboard)
         # Modules, the file's index and the session opened so far live as long as the
         # app: out of the collector's view, its full passes while the screen is built
         # see only what is new (a 7-day recording's first frame spent most of its
@@ -147,7 +147,7 @@ class ReplayTransport(Transport):
 
     def mount(self) -> None:
         self._open_on_the_data()
-        self.app.set_interval(0.25, self._transport_tick)
+        self.dashboard.set_interval(0.25, self._transport_tick)
 
     def _open_on_the_data(self) -> None:
         """Start paused on the recording's data, the cursor on its highest exact peak.
@@ -162,12 +162,12 @@ class ReplayTransport(Transport):
         t0, t1 = opening.window
         # A recording of one sample still has a width.
         span = max(t1 - t0, MIN_SPAN)
-        self.app.view = replace(self.app.view, span=span, end=t1, cursor=opening.cursor)
+        self.dashboard.view = replace(self.dashboard.view, span=span, end=t1, cursor=opening.cursor)
 
     def figures_time(self, window: tuple[int, int]) -> int:
         """The cursor, else the playback position."""
-        if self.app.view.cursor is not None:
-            return self.app.view.cursor
+        if self.dashboard.view.cursor is not None:
+            return self.dashboard.view.cursor
         return self.player.position()
 
     def notes_text(self) -> str:
@@ -190,12 +190,12 @@ class ReplayTransport(Transport):
 
     def _replay_now(self) -> int:
         # Following: the playback position. Paused to browse: the whole recording is open.
-        if self.app.view.following or self.player.playing:
+        if self.dashboard.view.following or self.player.playing:
             return self.player.position()
         return self.player.bounds()[1]
 
     def follow_text(self) -> str:
-        if self.app.view.following:
+        if self.dashboard.view.following:
             return "the window follows the playback position"
         return "the window stays"
 
@@ -205,19 +205,19 @@ class ReplayTransport(Transport):
     def frame_key(self, now: int) -> tuple[object, int] | None:
         # Playing and following: like live. Otherwise the position stands still and the
         # frame changes with the data (the loader filling in) or a key.
-        if self.player.playing and self.app.view.following:
+        if self.player.playing and self.dashboard.view.following:
             return None
         return ("replay", self.player.session.version, now), now
 
     def _follow_position(self) -> None:
-        self.app.view = self.app.view.followed()
+        self.dashboard.view = self.dashboard.view.followed()
 
     def move_cursor(self, cells: int) -> None:
         """Move by chart columns: the cursor and the position together (paused), the
         position (playing)."""
-        view = self.app.view
+        view = self.dashboard.view
         # A column's time as the live cursor steps it (TimeWindow.cursor_moved).
-        self._seek_by(cells * max(1, view.span // max(self.app.plot_width(), 1)))
+        self._seek_by(cells * max(1, view.span // max(self.dashboard.plot_width(), 1)))
 
     def _seek_by(self, delta: int) -> None:
         """Seek by ``delta`` ns: playing, the window follows; paused, the cursor moves
@@ -227,16 +227,16 @@ class ReplayTransport(Transport):
             self.player.seek_by(delta)
             self._follow_position()
             return
-        view = self.app.view
+        view = self.dashboard.view
         base = view.cursor if view.cursor is not None else self.player.position()
         pos = self.player.seek(base + delta)
         now = self._replay_now()
-        self.app.view = view.with_cursor(pos, now).revealing(pos, now)
+        self.dashboard.view = view.with_cursor(pos, now).revealing(pos, now)
 
     def redrawing(self) -> None:
         """Paused, the playback position is where the cursor is (the scrubber and the
         cursor tell one time, and play resumes from what is being read)."""
-        cursor = self.app.view.cursor
+        cursor = self.dashboard.view.cursor
         if cursor is not None and not self.player.playing and self.player.position() != cursor:
             self.player.seek(cursor)
         self.scrubber.refresh()
@@ -252,7 +252,7 @@ class ReplayTransport(Transport):
         """Play / pause; playing again makes the window follow the position."""
         if self.player.playing:
             self.player.pause()
-            self.app.view = self.app.view.paused(self.player.position())
+            self.dashboard.view = self.dashboard.view.paused(self.player.position())
         else:
             self.player.play()
             self._follow_position()
@@ -270,7 +270,7 @@ class ReplayTransport(Transport):
     def action_speed(self, direction: int) -> None:
         """Double or halve the speed."""
         speed = self.player.faster() if direction > 0 else self.player.slower()
-        self.app.notify(f"speed x{speed:g}", timeout=1.5)
+        self.dashboard.notify(f"speed x{speed:g}", timeout=1.5)
         self.scrubber.refresh()
 
     def action_jump_boundary(self, direction: int) -> None:
@@ -291,7 +291,7 @@ class ReplayTransport(Transport):
 
     def _jump(self, method: str) -> None:
         """Seek to a phase boundary, mark, OOM or the largest spike; pause there."""
-        app = self.app
+        app = self.dashboard
         target = getattr(self.player, method)()
         if target is None:
             app.notify(_NOTHING.get(method, "nothing there"), severity="warning", timeout=2)
@@ -310,7 +310,7 @@ class ReplayTransport(Transport):
         first, last = self.player.bounds()
         self.player.pause()
         span = max(last - first, 10**8)
-        self.app.view = replace(self.app.view, span=span, end=first + span, cursor=None)
+        self.dashboard.view = replace(self.dashboard.view, span=span, end=first + span, cursor=None)
 
 
 def replay_app(

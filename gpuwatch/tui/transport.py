@@ -1,9 +1,9 @@
 """What drives the dashboard: the live sources' clock, or a player over a recording.
 
-The app (:class:`~gpuwatch.tui.app.GpuwatchApp`) is one class for both modes; a transport
-gives it the newest time, the mode's own keys (its action table, and ``action_*`` methods
+The dashboard (:class:`~gpuwatch.tui.main_screen.MainScreen`) is one class for both modes; a
+transport gives it the newest time, the mode's own keys (its action table, and ``action_*`` methods
 that the table's ``transport(...)`` actions run) and the words of its status bar. A key
-whose action the transport lacks is off (:meth:`GpuwatchApp.check_action`).
+whose action the transport lacks is off (:meth:`MainScreen.check_action`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,15 @@ from .time_window import TimeWindow
 
 
 class Dashboard(Protocol):
-    """What a transport needs of the app it drives (:class:`GpuwatchApp`)."""
+    """What a transport needs of the dashboard it drives (its main screen,
+    :class:`~gpuwatch.tui.main_screen.MainScreen`)."""
 
     session: Session
     view: TimeWindow
+    transport: Transport
+
+    def now(self) -> int:
+        """The newest time (the transport's)."""
 
     def redraw(self) -> None:
         """Redraw now."""
@@ -101,17 +106,17 @@ class Transport:
         self.clock = clock
         self._subtitle = subtitle
         self._warning = warning
-        self._app: Dashboard | None = None
+        self._dashboard: Dashboard | None = None
 
     @property
-    def app(self) -> Dashboard:
-        """The app this transport drives (set when the app is made)."""
-        assert self._app is not None, "attach() first"
-        return self._app
+    def dashboard(self) -> Dashboard:
+        """The dashboard this transport drives (set when its screen is made)."""
+        assert self._dashboard is not None, "attach() first"
+        return self._dashboard
 
-    def attach(self, app: Dashboard) -> None:
-        """Drive ``app``."""
-        self._app = app
+    def attach(self, dashboard: Dashboard) -> None:
+        """Drive ``dashboard``."""
+        self._dashboard = dashboard
 
     def can(self, name: str) -> bool:
         """Does this mode have the transport action ``name``?"""
@@ -139,7 +144,7 @@ class Transport:
         """The app is mounting: set the mode's first view, start its timers."""
 
     def frame_key(self, now: int) -> tuple[object, int] | None:
-        """The frame's key and time (see ``GpuwatchApp._tick``), or None: the app's."""
+        """The frame's key and time (see ``MainScreen._tick``), or None: the app's."""
         return None
 
     def until(self, t: int) -> float:
@@ -149,28 +154,28 @@ class Transport:
 
     def figures_time(self, window: tuple[int, int]) -> int:
         """The time the headers and legends describe: the cursor, else the newest time."""
-        view = self.app.view
+        view = self.dashboard.view
         if view.cursor is not None:
             return view.cursor
         return min(window[1], self.now())
 
     def mode_text(self) -> str:
         """The first words of the status bar."""
-        return "LIVE" if self.app.view.following else "PAUSED"
+        return "LIVE" if self.dashboard.view.following else "PAUSED"
 
     def follow_text(self) -> str:
         """What ``f`` just did."""
-        if self.app.view.following:
+        if self.dashboard.view.following:
             return "following the newest data"
         return "paused: the window stays"
 
     def notes_text(self) -> str:
         """The notes bar: what the session has to say (no driver, not recording...)."""
-        return "\n".join(self.app.session.notes)
+        return "\n".join(self.dashboard.session.notes)
 
     def move_cursor(self, cells: int) -> None:
         """Move the cursor by chart columns."""
-        app = self.app
+        app = self.dashboard
         app.view = app.view.cursor_moved(cells, app.plot_width(), self.now())
 
     def redrawing(self) -> None:
@@ -183,17 +188,17 @@ class Transport:
 
     def action_home(self) -> None:
         """Show the session's start."""
-        app = self.app
+        app = self.dashboard
         first = app.session.time_range()[0]
         app.view = replace(app.view, end=first + app.view.span, cursor=None)
 
     def action_end(self) -> None:
         """Follow the newest data."""
-        self.app.view = self.app.view.followed()
+        self.dashboard.view = self.dashboard.view.followed()
 
     def action_jump_boundary(self, direction: int) -> None:
         """Cursor to the previous / next phase boundary on the focused device."""
-        app = self.app
+        app = self.dashboard
         panel = app.focused_panel()
         key = panel.key if panel else None
         if key is not None and not nav.has_phases(app.session, key):
@@ -203,7 +208,7 @@ class Transport:
 
     def action_jump_event(self, direction: int) -> None:
         """Cursor to the previous / next mark or OOM, and say what it says."""
-        app = self.app
+        app = self.dashboard
         times = nav.events(app.session, None)
         t = nav.step_to(times, app.reference_time(direction), direction)
         if t is not None:
@@ -212,7 +217,7 @@ class Transport:
 
     def action_jump_spike(self) -> None:
         """Cursor to the largest spike of the focused device (see :func:`nav.spike`)."""
-        app = self.app
+        app = self.dashboard
         panel = app.focused_panel()
         if panel is None:
             return

@@ -69,7 +69,7 @@ async def test_the_host_legend_shows_only_the_living() -> None:
     app = GpuwatchApp(s, clock=lambda: END)
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.pause()
-        host = next(p for p in app.panels if p.key == HOST)
+        host = next(p for p in app.dashboard.panels if p.key == HOST)
         for cursor, shown in ((BYE - 50 * MS, "830 MiB"), (END, "100 MiB")):
             app.view = app.view.with_cursor(cursor, END)
             await pilot.pause()

@@ -35,7 +35,7 @@ async def test_the_dashboard_and_the_exporter_predict_each_process_once(monkeypa
         list(SessionCollector(session, host="h").collect())  # another exporter, same lines
     assert len(calls) == 1  # one process, one prediction
     line = predictions(session)[synthetic.PID]
-    assert app.predicted is predictions(session)
+    assert app.dashboard.predicted is predictions(session)
     assert predictions(session).line(session.processes[synthetic.PID]) is line
     assert line.prediction is not None
 

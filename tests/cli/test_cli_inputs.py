@@ -57,7 +57,7 @@ async def test_replay_opens_a_file_named_in_latin1(latin1: Path) -> None:
         app = replay_app(player, subtitle=f"replay {latin1.name}")
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
-            assert "caf\\xe9" in str(app.status_bar.render())
+            assert "caf\\xe9" in str(app.dashboard.status_bar.render())
     finally:
         player.close()
 

@@ -181,18 +181,18 @@ async def test_merged_replay_under_pilot(two_files: list[Path]) -> None:
     app = replay_app(player, theme_name="gpuwatch-dark", subtitle="merged")
     async with app.run_test(size=(160, 60)) as pilot:
         await pilot.pause(0.2)
-        keys = [p.key for p in app.panels]
+        keys = [p.key for p in app.dashboard.panels]
         # Each host's GPU, then its host strip; hosts in the order given.
         assert keys == ["node-a/" + GPU, "node-a/host", "node-b/" + GPU, "node-b/host"]
-        titles = [str(p.border_title) for p in app.panels]
+        titles = [str(p.border_title) for p in app.dashboard.panels]
         assert titles[0].startswith("node-a · GPU 0") and titles[2].startswith("node-b · GPU 0")
         # A time inside node-a's forward of step 2 is B's data phase (B runs 2 s behind,
         # so it is in step 0 there): the cursor shows each host's own phase.
         t = app.session.t_origin + 2 * SECOND + 200 * synthetic.MS
         app.view = app.view.with_cursor(t, t)
         await pilot.pause(0.1)
-        span_a = app.panels[0].span_at(t)
-        span_b = app.panels[2].span_at(t)
+        span_a = app.dashboard.panels[0].span_at(t)
+        span_b = app.dashboard.panels[2].span_at(t)
         assert span_a["name"] == "forward" and span_a["step"] == 2
         assert span_b["name"] == "forward" and span_b["step"] == 0
         # The replay's largest spike is looked for over both hosts' GPUs: node-a's comes

@@ -203,11 +203,11 @@ async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> 
             assert app.view.window(app.now()) == opening.window
             await pilot.press("space")
             player.pause()
-            assert app.redraws >= 1 and app.now() == player.position()
+            assert app.dashboard.redraws >= 1 and app.now() == player.position()
             spike = player.jump_to_spike()
-            app.redraw()
+            app.dashboard.redraw()
             await pilot.pause()
             assert app.now() == spike
-            assert len(app._panels) == len(session.devices)
+            assert len(app.dashboard._panels) == len(session.devices)
     finally:
         player.close()

@@ -252,7 +252,7 @@ async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_f
             await pilot.pause()
             first, last = player.bounds()
             assert app.view.window(app.now()) == (first, last)
-            panel = next(p for p in app.panels if p.key == KEY)
+            panel = next(p for p in app.dashboard.panels if p.key == KEY)
             nvml = next(s for s in panel.chart.last_frame.series if s.role == "nvml")
             assert np.nanmax(nvml.hi) == 70 * GIB
             # The summaries drew the 120k samples: only the blocks of rows at the cursor
@@ -265,7 +265,7 @@ async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_f
             assert player.position() == spike.t
             await pilot.press("right_square_bracket", "2")
             await pilot.pause(0.6)
-            assert app.peaks_table.row_count > 0
+            assert app.dashboard.peaks_table.row_count > 0
     finally:
         player.close()
 
@@ -292,7 +292,7 @@ async def test_the_band_fetches_for_its_own_width_before_and_after_layout(
         app = replay_app(player, subtitle="long")
         async with app.run_test(size=(140, 45)) as pilot:
             await pilot.pause()
-            band = next(p for p in app.panels if p.key == KEY).band
+            band = next(p for p in app.dashboard.panels if p.key == KEY).band
             assert widths and None not in widths
             assert widths[-1] == band.plot_cells() == band.size.width - band.axis_width
             await pilot.resize_terminal(50, 45)
@@ -392,7 +392,7 @@ async def test_the_live_dashboard_zooms_out_over_rows_its_recording_holds(tmp_pa
     app = GpuwatchApp(s, clock=lambda: end)
     try:
         async with app.run_test(size=(140, 45)) as pilot:
-            panel = next(p for p in app.panels if p.key == KEY)
+            panel = next(p for p in app.dashboard.panels if p.key == KEY)
             await pilot.pause()
             nvml = next(x for x in panel.chart.last_frame.series if x.role == "nvml")
             assert np.nanmax(nvml.hi) < 70 * GIB  # the last minute: no spike there

@@ -92,7 +92,7 @@ async def test_replay_first_frame_reads_a_few_chunks(tmp_path: Path) -> None:
     try:
         app = replay_app(player, subtitle="sweep")
         async with app.run_test(size=(160, 50)) as pilot:
-            while app.redraws < 1:
+            while app.dashboard.redraws < 1:
                 await pilot.pause()
             await pilot.pause()
             source = player.loader.source
@@ -103,7 +103,7 @@ async def test_replay_first_frame_reads_a_few_chunks(tmp_path: Path) -> None:
             asleep = sum(p.phases.archive.asleep for p in player.session.processes.values())
             assert asleep >= 300 - 10
             # The band shows its rows, the rest folded, as before.
-            host = next(p for p in app.panels if p.is_host)
+            host = next(p for p in app.dashboard.panels if p.is_host)
             labels = [r.label for r in host.band.rows]
             assert labels[-1].startswith("+") and labels[-1].endswith("more"), labels
     finally:

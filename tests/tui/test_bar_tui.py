@@ -45,7 +45,7 @@ def replay():
 
 
 def panel(app: GpuwatchApp):
-    return next(p for p in app.panels if p.bar is not None)
+    return next(p for p in app.dashboard.panels if p.bar is not None)
 
 
 def legend(app: GpuwatchApp) -> str:
@@ -137,7 +137,7 @@ async def test_the_processes_tab_shows_the_lists_at_the_cursor(replay) -> None:
         await pilot.press("3")
         await put_cursor(app, pilot, 20.0)
         await pilot.pause(0.6)  # the tables refresh a few times a second
-        table = app.process_table
+        table = app.dashboard.process_table
         rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
         # At 20 s NVML listed the training process with 22.66 GiB (as in its last list, 33.8 s).
         assert any(r[0] == "604" and r[3] == "22.66 GiB" for r in rows), rows
@@ -168,7 +168,7 @@ async def test_the_oom_says_what_would_have_fitted(replay) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("home", "o")
-        table = app.marks_table
+        table = app.dashboard.marks_table
         for _ in range(600):  # the plan runs in a thread worker (seconds on a busy CPU)
             await pilot.pause(0.1)
             if table.answers:
@@ -176,7 +176,7 @@ async def test_the_oom_says_what_would_have_fitted(replay) -> None:
         ((said, _),) = table.answers.values()
         assert said.startswith("would have fitted: --checkpointing, peak 62.58 GiB"), said
         await pilot.pause(0.3)
-        status = str(app.status_bar.render())
+        status = str(app.dashboard.status_bar.render())
         assert "✖ 0:13.4 OOM in forward (step 5): --checkpointing fits" in status, status
         rows = [str(c) for r in range(table.row_count) for c in table.get_row_at(r)]
         assert any("OOM in forward" in c and "--checkpointing" in c for c in rows), rows

@@ -56,8 +56,8 @@ def damaged(tmp_path: Path) -> Path:
 
 
 def screen_text(app: GpuwatchApp) -> str:
-    headers = [str(p.header.render()) for p in app.panels]
-    legends = [str(p.legend.render()) for p in app.panels]
+    headers = [str(p.header.render()) for p in app.dashboard.panels]
+    legends = [str(p.legend.render()) for p in app.dashboard.panels]
     return "\n".join(headers + legends)
 
 
@@ -68,7 +68,7 @@ async def test_a_damaged_chunk_reads_as_unknown_never_negative(tmp_path: Path, s
         app = replay_app(player, subtitle="replay damaged.gpuwatch")
         async with app.run_test(size=size) as pilot:
             await pilot.pause(0.5)
-            gpu = next(p for p in app.panels if not p.is_host)
+            gpu = next(p for p in app.dashboard.panels if not p.is_host)
             # The opening cursor lies in the damaged chunk: its figures are unknown.
             header = str(gpu.header.render())
             assert "n/a / n/a" in header, header
@@ -101,7 +101,7 @@ async def test_a_negative_count_in_a_file_reads_as_unknown(tmp_path: Path) -> No
         async with app.run_test(size=(120, 40)) as pilot:
             app.view = replace(app.view, cursor=t)
             await pilot.pause()
-            gpu = next(p for p in app.panels if not p.is_host)
+            gpu = next(p for p in app.dashboard.panels if not p.is_host)
             assert str(gpu.header.render()).startswith("n/a / 80.00 GiB")
             assert not NEGATIVE.search(screen_text(app))
     finally:

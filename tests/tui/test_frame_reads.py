@@ -18,7 +18,8 @@ import rank_session as rs
 from conftest import until
 
 from gpuwatch.analysis import moment
-from gpuwatch.tui.app import FOLLOW_FRAME_NS, GpuwatchApp
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.frame_clock import FOLLOW_FRAME_NS
 from gpuwatch.tui.overview import GpuOverview, gpu_devices
 
 GIB = 1 << 30
@@ -41,7 +42,7 @@ def reads(overview: GpuOverview) -> list[object]:
 
 def used_shown(app: GpuwatchApp) -> str:
     """GPU 0's used/total as the overview shows it."""
-    return app.overview.render_plain()[1]
+    return app.dashboard.overview.render_plain()[1]
 
 
 async def check_hidden_then_shown(click: bool) -> None:
@@ -49,16 +50,16 @@ async def check_hidden_then_shown(click: bool) -> None:
     app = GpuwatchApp(session, clock=lambda: END)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.3)
-        assert app.overview_shown
+        assert app.dashboard.overview_shown
         await pilot.press("f")  # paused: a frame only when data comes
         await pilot.press("3")
         await pilot.pause(FRAME_S + 0.1)
-        seen = reads(app.overview)
+        seen = reads(app.dashboard.overview)
         before = used_shown(app)
-        frames = app.redraws
+        frames = app.dashboard.redraws
         key = gpu_devices(session)[0].key
         session.add_gpu_sample(key, {"t": END, "used": 79 * GIB, "total": 80 * GIB})
-        assert await until(pilot, lambda: app.redraws > frames)  # the frame came (status
+        assert await until(pilot, lambda: app.dashboard.redraws > frames)  # the frame came (status
         await pilot.pause(0.1)  # bar, key bar) ...
         assert seen == []  # ... without reading the hidden overview
         assert used_shown(app) == before
@@ -68,7 +69,7 @@ async def check_hidden_then_shown(click: bool) -> None:
             await pilot.press("1")
         # Paused, and no more data: no frame would come on its own.
         assert await until(pilot, lambda: "79.0/80G" in used_shown(app)), used_shown(app)
-        assert app.tabs.active == "timelines"
+        assert app.dashboard.tabs.active == "timelines"
         assert seen
 
 
@@ -85,14 +86,14 @@ async def test_the_hidden_ranks_tab_counts_faults_and_draws_when_shown() -> None
     app = GpuwatchApp(session, clock=lambda: session.time_range()[1])
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.pause(0.3)
-        view = app.ranks_view
+        view = app.dashboard.ranks_view
         drawn: list[int] = []
         update = view.body.update
         view.body.update = lambda *a, **k: (drawn.append(1), update(*a, **k))[1]  # type: ignore[method-assign]
         view._at = -1e9  # the hidden tab's next refresh is due
-        app._tables_version = -1
-        app._refresh_tables()
-        assert view.tables and "! 2 rank faults" in app.status_bar.text
+        app.dashboard._tables_version = -1
+        app.dashboard._refresh_tables()
+        assert view.tables and "! 2 rank faults" in app.dashboard.status_bar.text
         assert drawn == []  # hidden: the tables are made, not drawn
         await pilot.press("5")
         assert await until(pilot, lambda: bool(drawn))
@@ -108,20 +109,20 @@ async def test_panels_out_of_view_are_drawn_when_scrolled_into_it() -> None:
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.pause(0.3)
         keys = [d.key for d in gpu_devices(session)]
-        app.open_panel(keys[0])
+        app.dashboard.open_panel(keys[0])
         await pilot.press("f")  # paused: a frame only when data comes
-        first, last = app._panels[keys[0]], app._panels[keys[-1]]
-        assert await until(pilot, lambda: first.region.overlaps(app.panel_list.region))
+        first, last = app.dashboard._panels[keys[0]], app.dashboard._panels[keys[-1]]
+        assert await until(pilot, lambda: first.region.overlaps(app.dashboard.panel_list.region))
         await pilot.pause(FRAME_S + 0.2)
-        assert not app.overview_shown
-        assert not last.region.overlaps(app.panel_list.region)  # below the fold
+        assert not app.dashboard.overview_shown
+        assert not last.region.overlaps(app.dashboard.panel_list.region)  # below the fold
         session.add_gpu_sample(keys[-1], {"t": END, "used": 79 * GIB, "total": 80 * GIB})
         # The frame came ...
         assert await until(pilot, lambda: first.chart.data_version == session.version)
         assert last.chart.data_version != session.version  # ... and left it alone
-        app.panel_list.scroll_end(animate=False)
+        app.dashboard.panel_list.scroll_end(animate=False)
         assert await until(pilot, lambda: last.chart.data_version == session.version)
-        assert last.region.overlaps(app.panel_list.region)
+        assert last.region.overlaps(app.dashboard.panel_list.region)
         assert "79.0" in str(last.header.render()), str(last.header.render())
 
 
@@ -140,12 +141,13 @@ async def test_the_overview_reads_figures_not_explanations(
     app = GpuwatchApp(session, clock=lambda: END)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.3)
-        assert app.overview_shown
-        frames = app.redraws
-        app.redraw()
-        assert await until(pilot, lambda: app.redraws > frames)
+        assert app.dashboard.overview_shown
+        frames = app.dashboard.redraws
+        app.dashboard.redraw()
+        assert await until(pilot, lambda: app.dashboard.redraws > frames)
         assert explained == []
-        assert len(app.overview.rows) == 8 and all(r.used for r in app.overview.rows)
+        rows = app.dashboard.overview.rows
+        assert len(rows) == 8 and all(r.used for r in rows)
         # A panel's header still explains its phase.
         await pilot.press("enter")
         assert await until(pilot, lambda: bool(explained))

@@ -124,10 +124,10 @@ async def test_the_dashboard_shows_hostile_text_escaped() -> None:
         await pilot.pause()
         screen = app.export_screenshot()
         assert "\x1b]0;" not in screen and "\x07" not in screen
-        status = str(app.status_bar.render())
+        status = str(app.dashboard.status_bar.render())
         assert "[b]x[/b]" in status and "\\x1b]0;pwned" in status
         assert "[$warning]w" in status  # a Textual variable is text too
-        assert "\\x1b]0;pwned" in str(app.notes_bar.render())
+        assert "\\x1b]0;pwned" in str(app.dashboard.notes_bar.render())
         await pilot.press("2")
         await pilot.pause()
         table = app.query_one(PeaksTable)
@@ -164,9 +164,9 @@ async def test_a_recording_that_stops_says_so_in_the_header(tmp_path: Path) -> N
     async with app.run_test(size=(140, 45)) as pilot:
         assert wait_for(lambda: recorder.error is not None, timeout=10)
         await pilot.pause(0.6)
-        status = str(app.status_bar.render())
+        status = str(app.dashboard.status_bar.render())
         assert "NOT RECORDING (disk full)" in status
-        assert "recording stopped: disk full" in str(app.notes_bar.render())
+        assert "recording stopped: disk full" in str(app.dashboard.notes_bar.render())
     recorder.close()
 
 
@@ -183,10 +183,10 @@ async def test_a_recording_that_stops_after_the_first_frame_shows_at_once() -> N
     )
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.3)
-        assert "recording ~/a" in app.status_bar.text
+        assert "recording ~/a" in app.dashboard.status_bar.text
         said["warning"], said["subtitle"] = "NOT RECORDING (disk full)", "not recording " * 9
         await pilot.pause(0.3)
-        status = app.status_bar.text
+        status = app.dashboard.status_bar.text
         assert status.startswith("gpuwatch · LIVE · NOT RECORDING (disk full) · "), status
 
 
@@ -237,7 +237,7 @@ async def test_marks_read_at_the_cursor_and_listed_stay_inert() -> None:
         told = [n.message for n in app._notifications]
         assert any(printable(EVIL_TEXT) in m for m in told), told
         assert any(printable(EVIL_NAME) in m and "OOM" in m for m in told), told
-        status = str(app.status_bar.render())
+        status = str(app.dashboard.status_bar.render())
         assert printable(EVIL_NAME) in status or printable(EVIL_TEXT)[:20] in status, status
         await pilot.press("2")
         await pilot.pause()

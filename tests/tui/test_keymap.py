@@ -13,6 +13,7 @@ from gpuwatch.store.player import open_replay
 from gpuwatch.tui.actions import LIVE_ACTIONS, REPLAY_ACTIONS
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.keymap import KEY_IDS, KeymapError, keymap_path, load_keymap
+from gpuwatch.tui.main_screen import MainScreen
 from gpuwatch.tui.replay import replay_app
 
 SIZE = (140, 45)
@@ -23,7 +24,7 @@ SAMPLE = ROOT / "samples" / "gpt2-small-h100.gpuwatch"
 def test_every_key_of_both_modes_has_an_id() -> None:
     keys = {k for a in (*LIVE_ACTIONS, *REPLAY_ACTIONS) for k in a.keys.split(",")}
     assert keys == set(KEY_IDS)
-    for binding in GpuwatchApp.BINDINGS:
+    for binding in MainScreen.BINDINGS:
         assert getattr(binding, "id", None) == KEY_IDS[binding.key]  # type: ignore[union-attr]
 
 

@@ -28,7 +28,7 @@ CPU = SAMPLES / "tiny-gpt-cpu-sdpa.gpuwatch"
 
 
 def gpu_panel(app: GpuwatchApp):
-    return next(p for p in app.panels if p.key == KEY)
+    return next(p for p in app.dashboard.panels if p.key == KEY)
 
 
 def add_process(session: Session, pid: int, t0_ms: int, t1_ms: int, *, bye: bool = True) -> None:
@@ -96,13 +96,13 @@ async def test_replay_first_screen_is_the_spike() -> None:
             assert app.view.cursor == opening.cursor
             legend = gpu_legend(app)
             assert "peak in phase 53.61 GiB" in legend and "optimizer.step" in legend
-            assert "REPLAY paused" in app.status_bar.text
+            assert "REPLAY paused" in app.dashboard.status_bar.text
     finally:
         player.close()
 
 
 def gpu_legend(app: GpuwatchApp) -> str:
-    panel = next(p for p in app.panels if not p.is_host)
+    panel = next(p for p in app.dashboard.panels if not p.is_host)
     return panel.legend.text
 
 
@@ -117,7 +117,7 @@ async def test_header_figures_are_those_at_the_cursor() -> None:
         # The newest sample: reserved's high-water mark plus the context, 53.5 GiB.
         assert "53.50 GiB / 80.00 GiB" in panel.header.text
         app.view = app.view.with_cursor(50 * MS, app.now())  # the first 100 ms: 13.5 GiB
-        app.redraw()
+        app.dashboard.redraw()
         await pilot.pause()
         assert "13.50 GiB / 80.00 GiB" in panel.header.text
         assert "53.50" not in panel.header.text
@@ -152,11 +152,11 @@ async def test_the_process_count_is_the_bands() -> None:
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.pause()
         panel = gpu_panel(app)
-        assert len(panel.band.rows) == 2 and "2 instrumented" in app.status_bar.text
+        assert len(panel.band.rows) == 2 and "2 instrumented" in app.dashboard.status_bar.text
         await pilot.press(*["plus"] * 5)  # the last 1.9 s: the second one is long gone
         await pilot.pause()
         assert [r.label for r in panel.band.rows] == ["pid 4242"]
-        assert "1 instrumented" in app.status_bar.text
+        assert "1 instrumented" in app.dashboard.status_bar.text
 
 
 async def test_recorded_notes_read_as_the_recordings() -> None:
@@ -165,7 +165,7 @@ async def test_recorded_notes_read_as_the_recordings() -> None:
         app = replay_app(player)
         async with app.run_test(size=(140, 45)) as pilot:
             await pilot.pause()
-            notes = str(app.notes_bar.render())
+            notes = str(app.dashboard.notes_bar.render())
             assert notes.startswith("recorded on vm: no NVIDIA driver found"), notes
     finally:
         player.close()
@@ -216,7 +216,7 @@ async def test_many_processes_fold_into_more_on_screen() -> None:
         await pilot.pause()
         labels = [r.label for r in gpu_panel(app).band.rows]
         assert len(labels) == 6 and labels[-1] == "+4 more"
-        assert "9 instrumented" in app.status_bar.text  # all of them, folded or not
+        assert "9 instrumented" in app.dashboard.status_bar.text  # all of them, folded or not
 
 
 async def test_phase_names_and_a_key_for_the_colours() -> None:
@@ -246,20 +246,20 @@ async def test_80x24_shows_one_panel_at_a_time_and_keeps_help_and_quit() -> None
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert app.screen.has_class("-short")
-        panels = app.panels
-        view = app.panel_list.scrollable_content_region.height
+        panels = app.dashboard.panels
+        view = app.dashboard.panel_list.scrollable_content_region.height
         assert all(p.outer_size.height == view for p in panels)
         assert "1/2" in panels[0].border_title
         gpu = panels[0]
         assert gpu.chart.size.height >= 10  # five rows before the compact layout
-        keys = app.key_bar.render().plain
+        keys = app.dashboard.key_bar.render().plain
         assert "? Help" in keys and "q Quit" in keys and "tab Next panel" in keys
-        status = app.status_bar.text
+        status = app.dashboard.status_bar.text
         assert "1 instrumented" in status and len(status) <= 78
         await pilot.press("tab")
         await pilot.pause()
-        assert app.focused_panel() is panels[1]
-        assert panels[1].region.y == app.panel_list.region.y  # scrolled into view
+        assert app.dashboard.focused_panel() is panels[1]
+        assert panels[1].region.y == app.dashboard.panel_list.region.y  # scrolled into view
         legend = gpu.legend.text
         assert "reserved" in legend and "allocated" in legend
 
@@ -269,10 +269,10 @@ async def test_200x60_shows_every_panel() -> None:
     async with app.run_test(size=(200, 60)) as pilot:
         await pilot.pause()
         assert not app.screen.has_class("-short")
-        gpu, host = app.panels
+        gpu, host = app.dashboard.panels
         assert gpu.region.height > 30 and host.region.height == 12
         assert gpu.region.bottom <= host.region.y
-        assert "tab Next panel" not in app.key_bar.render().plain
+        assert "tab Next panel" not in app.dashboard.key_bar.render().plain
 
 
 def test_fit_keeps_the_first_parts_whole() -> None:
@@ -331,11 +331,11 @@ async def test_clicking_a_key_on_the_bar_runs_it() -> None:
     app = GpuwatchApp(synthetic.build(), clock=lambda: END)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        text = app.key_bar.render().plain
+        text = app.dashboard.key_bar.render().plain
         await pilot.click(KeyBar, offset=(text.index("? Help") + 1, 0))
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"
-        assert app.panels[0].key == KEY and HOST in app._panels
+        assert app.dashboard.panels[0].key == KEY and HOST in app.dashboard._panels
 
 
 async def test_phase_names_on_the_band_never_touch() -> None:
@@ -388,7 +388,7 @@ async def test_at_80x24_the_first_screen_shows_the_cause_free_and_the_exact_peak
         app = replay_app(player)
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause()
-            panel = app.panels[0]
+            panel = app.dashboard.panels[0]
             legend = panel.bar.render().plain.split("\n")[1]
             assert cause in legend and "░free " in legend, legend
             # Whole items only: every shown figure ends with its unit.

@@ -42,7 +42,7 @@ def replay():
 
 
 def panel(app: GpuwatchApp):
-    return next(p for p in app.panels if p.bar is not None)
+    return next(p for p in app.dashboard.panels if p.bar is not None)
 
 
 def bar_legend(app: GpuwatchApp) -> str:
@@ -136,7 +136,7 @@ async def test_the_context_is_one_figure_on_the_bar_in_peaks_and_in_info(replay,
         assert "unclaimed" not in parts
         if size[0] >= 120:
             assert "context 751M" in bar_legend(app)
-        table = app.peaks_table
+        table = app.dashboard.peaks_table
         table.refresh_rows()
         (rows,) = [ex for ex in table.explanations if ex[0].startswith("optimizer.step, step 3")]
         assert "CUDA context and non-torch 751 MiB" in rows[1], rows

@@ -36,7 +36,7 @@ def app_of(session: Session) -> GpuwatchApp:
 
 def lines(app: GpuwatchApp) -> list[str]:
     """The overview's lines as the screen shows them (no styles)."""
-    return app.overview.render_plain()
+    return app.dashboard.overview.render_plain()
 
 
 def expected_row(session: Session, key: str, t: int) -> dict[str, str]:
@@ -84,16 +84,16 @@ async def test_eight_gpus_open_on_the_overview_with_the_sessions_figures(size: s
     app = app_of(session)
     async with app.run_test(size=SIZES[size]) as pilot:
         await pilot.pause()
-        assert app.overview_shown and app.focused is app.overview
-        assert not app.panel_list.display
-        assert app.overview.region.height == 1 + 8 + 1  # every GPU on the screen at once
+        assert app.dashboard.overview_shown and app.focused is app.dashboard.overview
+        assert not app.dashboard.panel_list.display
+        assert app.dashboard.overview.region.height == 1 + 8 + 1  # every GPU on the screen at once
         assert_figures(app, session, END)
-        shown = app.key_bar.shown(SIZES[size][0])
+        shown = app.dashboard.key_bar.shown(SIZES[size][0])
         assert any(k.key == "enter" and k.label == "Open GPU" for k in shown)
         # At a cursor inside a forward, the instrumented GPUs name that phase.
         t = 3300 * many_gpus.MS
         app.view = app.view.with_cursor(t, app.now())
-        app.redraw()
+        app.dashboard.redraw()
         await pilot.pause()
         assert_figures(app, session, t)
         assert "7000 python · forward" in lines(app)[1], lines(app)[1]
@@ -105,20 +105,21 @@ async def test_two_gpus_at_80x24_open_on_the_overview_and_fit_at_200x50() -> Non
     app = app_of(session)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        assert app.overview_shown
+        assert app.dashboard.overview_shown
         assert_figures(app, session, END)
     app = app_of(many_gpus.build(2))
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.pause()
-        assert not app.overview_shown and app.panel_list.display  # both panels fit
-        assert len(app.panels) == 3
+        dash = app.dashboard
+        assert not dash.overview_shown and dash.panel_list.display  # both panels fit
+        assert len(app.dashboard.panels) == 3
 
 
 async def test_one_gpu_at_80x24_keeps_its_panel() -> None:
     app = app_of(many_gpus.build(1))
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        assert not app.overview_shown and app.panel_list.display
+        assert not app.dashboard.overview_shown and app.dashboard.panel_list.display
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -130,26 +131,26 @@ async def test_enter_opens_a_gpus_panel_and_g_comes_back(size: str) -> None:
         await pilot.pause()
         await pilot.press("down", "down", "enter")
         await pilot.pause()
-        assert not app.overview_shown and app.panel_list.display
-        assert app.focused_panel().key == keys[2]
-        assert app.focused_panel().region.height > 0  # in view
+        assert not app.dashboard.overview_shown and app.dashboard.panel_list.display
+        assert app.dashboard.focused_panel().key == keys[2]
+        assert app.dashboard.focused_panel().region.height > 0  # in view
         await pilot.press("g")
         await pilot.pause()
-        assert app.overview_shown and app.focused is app.overview
-        assert app.overview.selected_key == keys[2]  # back on the GPU it came from
+        assert app.dashboard.overview_shown and app.focused is app.dashboard.overview
+        assert app.dashboard.overview.selected_key == keys[2]  # back on the GPU it came from
         await pilot.press("up", "tab")  # tab opens too
         await pilot.pause()
-        assert not app.overview_shown and app.focused_panel().key == keys[1]
+        assert not app.dashboard.overview_shown and app.dashboard.focused_panel().key == keys[1]
         # In a panel, tab steps through the panels as before, in their order (the GPUs
         # an instrumented process trains on first: 0, 2, 4, 6, then 1, 3, 5, 7).
-        order = [p.key for p in app.panels]
+        order = [p.key for p in app.dashboard.panels]
         assert order[:4] == keys[::2]
         await pilot.press("tab")
         await pilot.pause()
-        assert app.focused_panel().key == order[order.index(keys[1]) + 1] == keys[3]
+        assert app.dashboard.focused_panel().key == order[order.index(keys[1]) + 1] == keys[3]
         await pilot.press("g", "end", "3", "1")  # another tab and back: still the overview
         await pilot.pause()
-        assert app.overview_shown and app.focused is app.overview
+        assert app.dashboard.overview_shown and app.focused is app.dashboard.overview
 
 
 async def test_the_overview_selection_stops_at_the_ends() -> None:
@@ -157,9 +158,9 @@ async def test_the_overview_selection_stops_at_the_ends() -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         await pilot.press("up")
-        assert app.overview.selected == 0
+        assert app.dashboard.overview.selected == 0
         await pilot.press(*["down"] * 12)
-        assert app.overview.selected == 7
+        assert app.dashboard.overview.selected == 7
         assert lines(app)[8].startswith("▸ 7")
 
 
@@ -170,28 +171,28 @@ async def test_the_overview_follows_the_cursor_in_a_replay(tmp_path: Path) -> No
         app = replay_app(player, subtitle="replay eight")
         async with app.run_test(size=(80, 24)) as pilot:
             await pilot.pause()
-            assert app.overview_shown
+            assert app.dashboard.overview_shown
             await pilot.press("home", "right", "right", "right")
             await pilot.pause()
             cursor = app.view.cursor
-            assert cursor is not None and app.overview.at == cursor
+            assert cursor is not None and app.dashboard.overview.at == cursor
             assert_figures(app, player.session, cursor)
             before = lines(app)
             await pilot.press(*["right"] * 20)
             await pilot.pause()
-            assert app.overview.at == app.view.cursor != cursor
+            assert app.dashboard.overview.at == app.view.cursor != cursor
             assert_figures(app, player.session, app.view.cursor)
             assert lines(app) != before  # used memory rises through the recording
             # Replay binds o to OOMs: g (and backspace) come back from a panel there too.
             await pilot.press("enter")
             await pilot.pause()
-            assert not app.overview_shown
+            assert not app.dashboard.overview_shown
             await pilot.press("backspace")
             await pilot.pause()
-            assert app.overview_shown
+            assert app.dashboard.overview_shown
             await pilot.press("enter", "g")
             await pilot.pause()
-            assert app.overview_shown
+            assert app.dashboard.overview_shown
     finally:
         player.close()
 
@@ -209,7 +210,7 @@ async def test_an_older_recording_has_no_host_cpu_and_no_mig() -> None:
         async with app.run_test(size=(200, 50)) as pilot:
             await pilot.press("g")
             await pilot.pause()
-            assert app.overview_shown  # asked for: one GPU shows a row too
+            assert app.dashboard.overview_shown  # asked for: one GPU shows a row too
             assert "CPU –" in lines(app)[-1]
     finally:
         player.close()
@@ -229,7 +230,7 @@ async def test_mig_instances_are_rows_with_their_own_memory() -> None:
         assert_figures(app, session, END)
         await pilot.press("down", "down", "down", "enter")  # the second instance
         await pilot.pause()
-        panel = app.focused_panel()
+        panel = app.dashboard.focused_panel()
         assert panel.device.mig == (gpu_devices(session)[1].key, 1)
         row = session.gpu[panel.key].at(END)
         assert f"{row['used'] / GIB:.2f} GiB / {row['total'] / GIB:.2f} GiB" in panel.header.text

@@ -43,7 +43,7 @@ def cpu_run(s: Session) -> None:
 
 def first_screen(app: GpuwatchApp):
     """The panel the first screen shows on top (the focused one on a short terminal)."""
-    panels = app.panels
+    panels = app.dashboard.panels
     shown = [p for p in panels if p.region.height > 0 and p.region.y < app.size.height]
     return panels[0], min(shown, key=lambda p: p.region.y)
 
@@ -62,7 +62,7 @@ async def test_a_cpu_run_on_a_gpu_machine_shows_its_phases_first(size) -> None:
         assert first.is_host and top is first
         assert first.has_focus_within
         assert not first.has_class("-secondary")  # a full panel, not the host's strip
-        if app.short:
+        if app.dashboard.short:
             assert first.place.startswith("1/3")
         assert "forward" in app.export_screenshot()
 
@@ -72,15 +72,16 @@ async def test_the_host_moves_first_when_a_cpu_run_says_hello_live() -> None:
     app = GpuwatchApp(s, theme_name="gpuwatch-dark")
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        assert not app.panels[0].is_host  # nothing instrumented yet: GPUs by index
+        assert not app.dashboard.panels[0].is_host  # nothing instrumented yet: GPUs by index
         cpu_run(s)
         await pilot.pause(0.8)  # the panels are rearranged at TABLE_HZ
         first, top = first_screen(app)
         assert first.is_host and top is first and first.has_focus_within
-        assert not app.overview_shown  # it gave way to the run's phases (issue 38's, by g)
+        # It gave way to the run's phases (issue 38's, by g).
+        assert not app.dashboard.overview_shown
         await pilot.press("g")
         await pilot.pause()
-        assert app.overview_shown and app.focused is app.overview
+        assert app.dashboard.overview_shown and app.focused is app.dashboard.overview
 
 
 async def test_gpu_training_keeps_its_gpu_first() -> None:
@@ -89,6 +90,6 @@ async def test_gpu_training_keeps_its_gpu_first() -> None:
     app = GpuwatchApp(s, theme_name="gpuwatch-dark")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        keys = [p.key for p in app.panels]
+        keys = [p.key for p in app.dashboard.panels]
         assert keys[0] == gpu_key(synthetic.UUID) and keys[-1] == "host"
-        assert next(p for p in app.panels if p.is_host).has_class("-secondary")
+        assert next(p for p in app.dashboard.panels if p.is_host).has_class("-secondary")

@@ -49,7 +49,7 @@ async def draw(path: Path, theme: str) -> None:
         async with app.run_test(size=SIZE) as pilot:
             await pilot.pause()
             assert app.current_theme.name == theme
-            assert "REPLAY" in str(app.status_bar.render())
+            assert "REPLAY" in str(app.dashboard.status_bar.render())
     finally:
         rec.close()
 

@@ -94,10 +94,10 @@ async def test_a_dataloaders_workers_show_under_their_trainer(monkeypatch, where
             async with app.run_test(size=(120, 30)) as pilot:
                 await pilot.press("3", "t")
                 await pilot.pause(0.6)
-                shown = app.process_table.shown
+                shown = app.dashboard.process_table.shown
                 j = next(k for k, r in enumerate(shown) if r.pid == pid)
                 assert sorted(r.pid for r in shown[j + 1 : j + 3]) == workers
-                cells = [app.process_table.get_row_at(k) for k in (j + 1, j + 2)]
+                cells = [app.dashboard.process_table.get_row_at(k) for k in (j + 1, j + 2)]
                 assert all("─ " in c[10] for c in cells), cells  # drawn as branches
         finally:
             host.stop()

@@ -112,7 +112,7 @@ def cells(table: ProcessTable) -> list[list[str]]:
 async def open_tab(app, pilot) -> ProcessTable:
     await pilot.press("3")
     await pilot.pause(0.6)
-    table = app.process_table
+    table = app.dashboard.process_table
     assert app.focused is table
     return table
 

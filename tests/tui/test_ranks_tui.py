@@ -16,7 +16,7 @@ def _app(session) -> GpuwatchApp:
 
 
 def _shown(app: GpuwatchApp) -> list[str]:
-    return str(app.ranks_view.body.render()).splitlines()
+    return str(app.dashboard.ranks_view.body.render()).splitlines()
 
 
 async def test_the_tab_shows_each_rank_and_flags_the_faults() -> None:
@@ -24,7 +24,7 @@ async def test_the_tab_shows_each_rank_and_flags_the_faults() -> None:
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.press("5")
         await pilot.pause()
-        assert app.tabs.active == "ranks"
+        assert app.dashboard.tabs.active == "ranks"
         lines = _shown(app)
         assert lines[0].startswith("ranks: 4 (world size 4, newest step 2)")
         assert "! 2 faults" in lines[0]
@@ -37,9 +37,9 @@ async def test_the_tab_shows_each_rank_and_flags_the_faults() -> None:
         assert faults[0].endswith("(unexplained)")
         assert faults[1].startswith("! rank 2 (pid 5102) holds 300 MiB on GPU 0")
         await pilot.press("1")
-        assert app.tabs.active == "timelines"
+        assert app.dashboard.tabs.active == "timelines"
         # Whatever the tab, the status bar counts the job's faults.
-        assert "! 2 rank faults (5)" in app.status_bar.text
+        assert "! 2 rank faults (5)" in app.dashboard.status_bar.text
 
 
 async def test_at_80x24_the_table_fits_and_the_faults_are_short() -> None:
@@ -48,12 +48,12 @@ async def test_at_80x24_the_table_fits_and_the_faults_are_short() -> None:
         await pilot.press("5")
         await pilot.pause()
         lines = _shown(app)
-        width = app.ranks_view.size.width
+        width = app.dashboard.ranks_view.size.width
         assert all(len(ln) <= width for ln in lines), lines
         assert "! rank 0 eval 1.0G over the median (unexplained)" in lines
         assert "! rank 2: a context on GPU 0 (300M), not its own GPU" in lines
         # Everything is on screen at once: no scrolling to find a fault.
-        assert len(lines) <= app.ranks_view.size.height
+        assert len(lines) <= app.dashboard.ranks_view.size.height
 
 
 async def test_no_tab_without_ranks_and_one_once_a_second_rank_says_hello() -> None:
@@ -63,17 +63,17 @@ async def test_no_tab_without_ranks_and_one_once_a_second_rank_says_hello() -> N
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.press("5")
         await pilot.pause()
-        assert app.tabs.active == "timelines" and not app.has_ranks()
+        assert app.dashboard.tabs.active == "timelines" and not app.dashboard.has_ranks()
         # Rank 1's first message is not its hello (a dashboard that started late).
         Script(s, rs.PIDS[1]).send("mark", T0, text="resumed")
         await pilot.pause(0.6)
-        assert not app.has_ranks()
+        assert not app.dashboard.has_ranks()
         rs.build(session=s, ranks=(1,), stray=False)  # its hello, and its steps
         await pilot.pause(1.2)  # the table timer looks at the new process
-        assert app.has_ranks()
+        assert app.dashboard.has_ranks()
         await pilot.press("5")
         await pilot.pause()
-        assert app.tabs.active == "ranks"
+        assert app.dashboard.tabs.active == "ranks"
         assert _shown(app)[0].startswith("ranks: 2 (world size 4")
 
 
@@ -84,7 +84,7 @@ async def test_a_ranks_view_no_longer_on_screen_is_not_drawn() -> None:
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.press("5")
         await pilot.pause()
-        view = app.ranks_view
+        view = app.dashboard.ranks_view
         await view.remove()
         view.refresh_rows()
         assert view.tables  # read, not drawn
@@ -96,7 +96,7 @@ async def test_a_single_process_session_has_no_ranks_tab() -> None:
         await pilot.pause(0.6)
         await pilot.press("5")
         await pilot.pause()
-        assert not app.has_ranks() and app.tabs.active == "timelines"
+        assert not app.dashboard.has_ranks() and app.dashboard.tabs.active == "timelines"
 
 
 def test_columns_go_least_telling_first_as_the_width_shrinks() -> None:
@@ -129,7 +129,7 @@ async def test_the_tab_in_a_replay(tmp_path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("5")
         await pilot.pause()
-        assert app.tabs.active == "ranks"
+        assert app.dashboard.tabs.active == "ranks"
         lines = _shown(app)
         assert lines[0].startswith("ranks: 4 (world size 4, newest step 2)")
         assert "! rank 2: a context on GPU 0 (300M), not its own GPU" in lines

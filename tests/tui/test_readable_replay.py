@@ -51,7 +51,7 @@ def told(app: GpuwatchApp) -> list[str]:
 
 
 def gpu(app: GpuwatchApp):
-    return next(p for p in app.panels if not p.is_host)
+    return next(p for p in app.dashboard.panels if not p.is_host)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -80,10 +80,11 @@ async def test_marks_are_readable_at_the_cursor_and_listed(app, size) -> None:
         # The status bar reads it (cut to fit: its start at least).
         said = describe(first)
         assert first.text in said
-        assert f"◆ {fmt_clock(first.t - a.session.t_origin)} {said[:20]}" in a.status_bar.text
+        at = fmt_clock(first.t - a.session.t_origin)
+        assert f"◆ {at} {said[:20]}" in a.dashboard.status_bar.text
         await pilot.press("2")
         await pilot.pause()
-        table = a.marks_table
+        table = a.dashboard.marks_table
         texts = [str(table.get_row_at(i)[3]) for i in range(table.row_count)]
         assert texts == [describe(m) for m in a.session.marks]
         assert table.cursor_row == 0  # the mark at the cursor
@@ -95,7 +96,7 @@ async def test_peaks_follow_the_cursor_and_fit_the_width(app, size) -> None:
     async with a.run_test(size=size) as pilot:
         await pilot.press("s", "2")
         await pilot.pause()
-        table: PeaksTable = a.peaks_table
+        table: PeaksTable = a.dashboard.peaks_table
 
         def highlighted() -> tuple[str, str]:
             row = table.get_row_at(table.cursor_row)
@@ -127,7 +128,7 @@ async def test_one_time_format_and_the_scrubber_agrees_with_the_cursor(app, size
         await pilot.press("s", "right")
         await pilot.pause()
         at = fmt_clock(a.view.cursor - a.session.t_origin)
-        assert f"cursor {at}" in a.status_bar.text
+        assert f"cursor {at}" in a.dashboard.status_bar.text
         # The legend's time part (at 80 columns it gives way to the figures).
         parts = [str(part) for part in gpu(a)._legend(gpu(a).moment_at(a.view.cursor))]
         assert f"@ {at}" in parts

@@ -40,7 +40,7 @@ async def test_space_plays_and_pauses_and_the_window_follows(replay) -> None:
     player, clock = replay
     app = make_app(player)
     async with app.run_test(size=SIZE) as pilot:
-        assert "REPLAY paused" in app.status_bar.text
+        assert "REPLAY paused" in app.dashboard.status_bar.text
         await pilot.press("space")
         assert player.playing and app.view.following
         clock.now += 2 * SECOND
@@ -48,7 +48,7 @@ async def test_space_plays_and_pauses_and_the_window_follows(replay) -> None:
         # Play resumes from the cursor's time (the position the scrubber shows).
         start = app.transport.player.opening().position
         assert app.now() == start + 2 * SECOND
-        assert "REPLAY ▶" in app.status_bar.text
+        assert "REPLAY ▶" in app.dashboard.status_bar.text
         await pilot.press("space")
         assert not player.playing
 
@@ -61,7 +61,7 @@ async def test_arrows_move_cursor_and_position_as_live(replay) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("plus", "plus", "plus")  # 7.5 s window
         start = app.view.cursor if app.view.cursor is not None else player.position()
-        width = next(p for p in app.panels if not p.is_host).chart.plot_width
+        width = next(p for p in app.dashboard.panels if not p.is_host).chart.plot_width
         col = app.view.span // width
         await pilot.press("right")
         assert player.position() == app.view.cursor == start + col
@@ -204,7 +204,7 @@ async def test_right_moves_the_cursor_on_and_minus_zooms_around_it(size) -> None
             await pilot.press("right")
             await pilot.pause()
             assert app.view.window(app.now()) == window  # no jump
-            width = next(p for p in app.panels if not p.is_host).chart.plot_width
+            width = next(p for p in app.dashboard.panels if not p.is_host).chart.plot_width
             assert app.view.cursor == cursor + app.view.span // width
             assert player.position() == app.view.cursor
             cursor = app.view.cursor
@@ -235,10 +235,10 @@ def resolved(app: GpuwatchApp) -> dict[str, str]:
     from textual.actions import parse
 
     out: dict[str, str] = {}
-    for binding in app.BINDINGS:
+    for binding in app.dashboard.BINDINGS:
         assert isinstance(binding, Binding)
         _, name, params = parse(binding.action)
-        if binding.key not in out and app.check_action(name, params):
+        if binding.key not in out and app.dashboard.check_action(name, params):
             out[binding.key] = binding.action
     return out
 

@@ -37,7 +37,7 @@ async def test_a_theme_switch_recolours_the_processes_tab(first: str, then: str)
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.press("3")
         await pilot.pause(0.3)
-        table = app.process_table
+        table = app.dashboard.process_table
         assert table.row_count >= 3
         before = [backgrounds(table, y) for y in range(4)]
         await switch(app, pilot, table, then)
@@ -57,8 +57,8 @@ async def test_a_theme_switch_recolours_the_overview(first: str, then: str) -> N
     )
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause(0.3)
-        assert app.overview_shown
-        overview = app.overview
+        assert app.dashboard.overview_shown
+        overview = app.dashboard.overview
         before = backgrounds(overview, 0)
         await switch(app, pilot, overview, then)
         head = overview.get_component_rich_style("gpu-overview--head").bgcolor

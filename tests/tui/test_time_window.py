@@ -41,16 +41,16 @@ async def test_one_change_of_several_fields_is_one_redraw() -> None:
     app = GpuwatchApp(synthetic.build(), clock=lambda: END)
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.pause()
-        before = app.redraws
+        before = app.dashboard.redraws
         app.view = replace(app.view, span=5 * SECOND, end=END - SECOND, cursor=END - 2 * SECOND)
-        assert app.redraws == before + 1
-        panel = app.panels[0]
+        assert app.dashboard.redraws == before + 1
+        panel = app.dashboard.panels[0]
         assert panel.chart.window == (END - 6 * SECOND, END - SECOND)
         assert panel.chart.cursor == END - 2 * SECOND
         # A key builds the next window: one redraw, the chart on the new span.
         await pilot.press("minus")
-        assert app.redraws == before + 2 and app.view.span == 10 * SECOND
+        assert app.dashboard.redraws == before + 2 and app.view.span == 10 * SECOND
         # The frame timer keeps the session's start in the window without redrawing it.
         await pilot.pause(0.2)
         assert app.view.first == app.session.time_range()[0]
-        assert app.redraws == before + 2
+        assert app.dashboard.redraws == before + 2

@@ -12,8 +12,9 @@ from textual.widgets import Markdown
 
 from gpuwatch.session import HOST, gpu_key
 from gpuwatch.session.navigate import boundaries
-from gpuwatch.tui.app import FOLLOW_FRAME_NS, GpuwatchApp
+from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.chart import AXIS_WIDTH, TimelineChart
+from gpuwatch.tui.frame_clock import FOLLOW_FRAME_NS
 from gpuwatch.tui.help import HelpScreen
 from gpuwatch.tui.processes import ProcessTable
 from gpuwatch.tui.tables import PeaksTable
@@ -29,14 +30,14 @@ def make_app(**kwargs) -> GpuwatchApp:
 
 
 def gpu_panel(app: GpuwatchApp):
-    return next(p for p in app.panels if p.key == KEY)
+    return next(p for p in app.dashboard.panels if p.key == KEY)
 
 
 async def test_panels_for_every_device_and_lines() -> None:
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert [p.key for p in app.panels] == [KEY, HOST]
+        assert [p.key for p in app.dashboard.panels] == [KEY, HOST]
         panel = gpu_panel(app)
         roles = [s.role for s in panel.chart.last_frame.series]
         # The exact peaks drawn last: where lines share a cell, theirs is the colour shown.
@@ -54,7 +55,7 @@ async def test_panels_for_every_device_and_lines() -> None:
         assert "80.00 GiB" in header and "10 Hz" in header and "97%" in header
         # One band row for the one process, on the GPU panel, none on the host panel.
         assert [r.label for r in panel.band.rows] == ["pid 4242"]
-        host = next(p for p in app.panels if p.key == HOST)
+        host = next(p for p in app.dashboard.panels if p.key == HOST)
         assert host.band.rows == []
 
 
@@ -186,7 +187,7 @@ async def test_tabs_peaks_and_processes() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
         await pilot.pause()
-        assert app.tabs.active == "peaks"
+        assert app.dashboard.tabs.active == "peaks"
         table = app.query_one(PeaksTable)
         assert table.row_count == 6 * 5  # 6 steps x 5 phases
         first = table.get_row_at(0)
@@ -208,11 +209,11 @@ async def test_tabs_peaks_and_processes() -> None:
         assert "n/a" not in predicted.values()
         await pilot.press("3")
         await pilot.pause()
-        assert app.tabs.active == "processes"
+        assert app.dashboard.tabs.active == "processes"
         procs = app.query_one(ProcessTable)
         assert procs.row_count >= 1
         await pilot.press("1")
-        assert app.tabs.active == "timelines"
+        assert app.dashboard.tabs.active == "timelines"
 
 
 async def test_help_screen_opens_and_closes() -> None:
@@ -338,13 +339,13 @@ async def test_a_paused_view_shows_new_data_at_once_then_at_most_twice_a_second(
         app.session.add_gpu_sample(KEY, sample)
         await pilot.pause(0.2)
         assert chart.build_count == builds + 1  # the first change shows at once
-        redraws = app.redraws
+        redraws = app.dashboard.redraws
         start = time.monotonic()
         for _ in range(20):  # a sampler's stream: each sample used to redraw every panel
             app.session.add_gpu_sample(KEY, sample)
             await pilot.pause(0.05)
         took = time.monotonic() - start
-        assert app.redraws - redraws <= took / (FOLLOW_FRAME_NS / 1e9) + 1
+        assert app.dashboard.redraws - redraws <= took / (FOLLOW_FRAME_NS / 1e9) + 1
         await pilot.pause(0.6)
         assert chart.data_version == app.session.version  # the last of them shows
 
@@ -473,7 +474,7 @@ async def test_notes_are_lines_and_a_cut_one_says_so(size) -> None:
     app = GpuwatchApp(session, clock=lambda: END)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
-        bar = app.notes_bar
+        bar = app.dashboard.notes_bar
         shown = [bar.render_line(y).text.rstrip() for y in range(bar.size.height)]
         text = "\n".join(shown)
         assert "\\n" not in text, text

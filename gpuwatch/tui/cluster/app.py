@@ -21,7 +21,7 @@ from pathlib import Path
 
 from textual import events, work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingsMap, Keymap
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.reactive import reactive
@@ -33,7 +33,8 @@ from ...cluster.background import Cancelled, call
 from ...cluster.text import label, ranks_lines
 from ...fmt import fmt_duration, printable
 from .._text import Fitted, Line, plain, plain_lines
-from ..keys import Key, KeyBar
+from ..keymap import CLUSTER_IDS
+from ..keys import Key, KeyBar, bar_keys, bindings_keys, help_rows, key_display, node_keys
 from ..theme import DEFAULT_THEME, builtin_themes
 from .cadence import Cadence
 from .grid import Grid, GridRows, Row
@@ -76,6 +77,32 @@ def refresh_interval(scrape: float | None) -> float:
     return max(MIN_INTERVAL, scrape if scrape is not None else UNKNOWN_INTERVAL)
 
 
+BAR = (
+    ("sort", "Sort"),
+    ("filter", "Filter"),
+    ("show_tab('gpus')", "GPUs"),
+    ("show_tab('ranks')", "Ranks"),
+    ("refresh_now", "Refresh"),
+    ("help", "Help"),
+    ("quit", "Quit"),
+)
+"""The key bar's actions after ``Host`` (open), each on the key bound to it now."""
+HELP_ORDER = (
+    "open",
+    "sort",
+    "filter",
+    "clear_filter",
+    "show_tab('gpus')",
+    "show_tab('ranks')",
+    "refresh_now",
+    "window(1)",
+    "window(-1)",
+    "back",
+    "quit",
+)
+"""The help's actions, in its order (their words: each binding's tooltip)."""
+
+
 class ClusterApp(App[int]):
     """The cluster view.
 
@@ -84,19 +111,24 @@ class ClusterApp(App[int]):
         matchers: ``--job`` and ``--match`` as label matchers.
         sort: The grid's first order (one of :data:`~gpuwatch.cluster.SORTS`).
         theme: A gpuwatch theme name.
+        keymap: Binding ids to keys (:data:`~gpuwatch.tui.keymap.CLUSTER_IDS`), over the
+            defaults.
     """
 
     TITLE = "gpuwatch cluster"
     CSS_PATH = Path(__file__).with_name("app.tcss")
     BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("s", "sort", "Sort"),
-        Binding("slash", "filter", "Filter"),
-        Binding("escape", "clear_filter", "Clear filter", show=False),
-        Binding("r", "refresh_now", "Refresh"),
-        Binding("question_mark", "help", "Help"),
-        Binding("1", "show_tab('gpus')", "GPUs", show=False),
-        Binding("2", "show_tab('ranks')", "Ranks", show=False),
+        Binding(key, action, title, show=show, id=CLUSTER_IDS[action], tooltip=help)
+        for key, action, title, help, show in (
+            ("q", "quit", "Quit", "quit", True),
+            ("s", "sort", "Sort", "sort: memory, headroom, host, rank", True),
+            ("slash", "filter", "Filter", "filter by text (host, gpu, rank, phase, state)", True),
+            ("escape", "clear_filter", "Clear filter", "clear the filter", False),
+            ("r", "refresh_now", "Refresh", "refresh now", True),
+            ("question_mark", "help", "Help", "this help", True),
+            ("1", "show_tab('gpus')", "GPUs", "the GPUs grid", False),
+            ("2", "show_tab('ranks')", "Ranks", "the ranks table", False),
+        )
     ]
 
     sort: reactive[str] = reactive("host", init=False)
@@ -111,8 +143,11 @@ class ClusterApp(App[int]):
         *,
         sort: str = "host",
         theme: str | None = None,
+        keymap: Keymap | None = None,
     ) -> None:
         super().__init__()
+        if keymap:
+            self.set_keymap(keymap)
         self.client = client
         self.matchers = list(matchers)
         self.cluster = Cluster()
@@ -159,17 +194,9 @@ class ClusterApp(App[int]):
             self.register_theme(theme)
         self.theme = self._theme_name
         self.query_one(Tabs).can_focus = False
-        self.key_bar.set_keys(
-            [
-                Key("enter", "Host", "open_host"),
-                Key("s", "Sort", "sort"),
-                Key("/", "Filter", "filter"),
-                Key("1/2", "GPUs/Ranks", "show_tab('gpus')"),
-                Key("r", "Refresh", "refresh_now"),
-                Key("?", "Help", "help"),
-                Key("q", "Quit", "quit"),
-            ]
-        )
+        keys = self._keys()
+        host = [Key(keys["open"][0], "Host", "open_host")] if keys.get("open") else []
+        self.key_bar.set_keys(host + bar_keys(keys, BAR))
         self.summary.set([Content(f"asking {printable(self.client.base)} …")])
         self.grid.focus()
         self.refresh_cluster()
@@ -407,23 +434,22 @@ class ClusterApp(App[int]):
         """Show ``host``'s panels."""
         self.push_screen(HostScreen(self, host))
 
+    def get_key_display(self, binding: Binding) -> str:
+        return key_display(binding) or super().get_key_display(binding)
+
     def action_help(self) -> None:
         from ..help import HelpScreen
 
-        self.push_screen(
-            HelpScreen(
-                [
-                    ("enter", "the selected host's timelines (escape: back)"),
-                    ("s", "sort: memory, headroom, host, rank"),
-                    ("/", "filter by text (host, gpu, rank, phase, state); escape clears"),
-                    ("1 / 2", "the GPUs grid / the ranks table"),
-                    ("r", "refresh now"),
-                    ("+ / -", "on a host: a longer / shorter window"),
-                    ("q", "quit"),
-                ],
-                CLUSTER_HELP,
-            )
-        )
+        bindings = [*self.BINDINGS, *Grid.BINDINGS, *HostScreen.BINDINGS]
+        tips = {b.action: b.tooltip for b in bindings if isinstance(b, Binding)}
+        rows = help_rows(self._keys(), [(a, tips[a]) for a in HELP_ORDER])
+        self.push_screen(HelpScreen(rows, CLUSTER_HELP))
+
+    def _keys(self) -> dict[str, list[str]]:
+        """The keys of the grid (open), the app's own, and a host's screen, as bound now
+        (the keymap applied)."""
+        keys = {**bindings_keys(self, BindingsMap(HostScreen.BINDINGS)), **node_keys(self.grid)}
+        return {**keys, **node_keys(self)}
 
     async def action_quit(self) -> None:
         self.workers.cancel_all()  # a query in flight is left to a thread nobody waits for

@@ -28,6 +28,7 @@ from textual.strip import Strip
 from ...cluster import STALE, Cluster, Gpu
 from ...cluster.text import HEAD, cell_columns, fit_columns, label
 from ...fmt import ellipsis, printable
+from ..keymap import CLUSTER_IDS
 
 Run = tuple[str, "Style | None"]
 """A styled run of a row: its text (printable, already padded) and its style."""
@@ -260,7 +261,14 @@ class Grid(ScrollView, can_focus=True):
         Binding("pagedown", "page(1)", "Page down", show=False),
         Binding("home", "move(-1000000)", "First row", show=False),
         Binding("end", "move(1000000)", "Last row", show=False),
-        Binding("enter", "open", "Open host", show=False),
+        Binding(
+            "enter",
+            "open",
+            "Open host",
+            show=False,
+            id=CLUSTER_IDS["open"],
+            tooltip="the selected host's timelines (escape: back)",
+        ),
     ]
 
     class Opened(Message):

@@ -28,7 +28,8 @@ from .._text import Line, markup_safe
 from ..band import BandRow, BandSpan, PhaseBand
 from ..chart import ChartFrame, TimelineChart
 from ..chart import Series as ChartSeries
-from ..keys import Key, KeyBar
+from ..keymap import CLUSTER_IDS
+from ..keys import KeyBar, bar_keys, bound_keys
 from .cadence import Cadence
 
 WINDOWS = (60, 300, 900, 3600, 6 * 3600)
@@ -111,10 +112,21 @@ class HostScreen(Screen[None]):
 
     CSS_PATH = Path(__file__).with_name("host.tcss")
     BINDINGS = [
-        Binding("escape", "back", "Back"),
-        Binding("plus,equals_sign", "window(1)", "Longer"),
-        Binding("minus", "window(-1)", "Shorter"),
-        Binding("q", "back", "Back", show=False),
+        Binding("escape,q", "back", "Back", id=CLUSTER_IDS["back"], tooltip="on a host: back"),
+        Binding(
+            "plus,equals_sign",
+            "window(1)",
+            "Longer",
+            id=CLUSTER_IDS["window(1)"],
+            tooltip="on a host: a longer window",
+        ),
+        Binding(
+            "minus",
+            "window(-1)",
+            "Shorter",
+            id=CLUSTER_IDS["window(-1)"],
+            tooltip="on a host: a shorter window",
+        ),
     ]
 
     window_s: reactive[int] = reactive(DEFAULT_WINDOW, init=False)
@@ -135,9 +147,13 @@ class HostScreen(Screen[None]):
         yield self.title_line
         self.scroll = VerticalScroll()
         yield self.scroll
-        keys = KeyBar()
-        keys.set_keys([Key("+/-", "Window", "window(1)"), Key("esc", "Back", "back")])
-        yield keys
+        yield KeyBar()
+
+    def on_screen_resume(self) -> None:
+        # Once the screen is active its bindings are (the keymap applied).
+        keys = bound_keys(self)
+        shown = [("window(1)", "Longer"), ("window(-1)", "Shorter"), ("back", "Back")]
+        self.query_one(KeyBar).set_keys(bar_keys(keys, shown))
 
     def on_mount(self) -> None:
         self.title_line.set(f"{label(self.host, 60)} · asking Prometheus …")

@@ -1,0 +1,116 @@
+"""Issue 51 item 9 / issue 53: the key bar and ``?`` say the keys bound now, a keymap's.
+
+Before, both were built from the static action table: with ``play = "p"`` in keymap.toml
+they still said ``space Play / pause``; the Processes tab's keys could not be remapped, and
+the process screen listed its keys by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import synthetic
+from conftest import ROOT, until
+
+from gpuwatch.analysis.processes import rows as process_rows
+from gpuwatch.store.player import open_replay
+from gpuwatch.tui.app import GpuwatchApp
+from gpuwatch.tui.help import HelpScreen
+from gpuwatch.tui.keymap import load_keymap
+from gpuwatch.tui.process_screen import ProcessScreen
+from gpuwatch.tui.replay import replay_app
+
+SIZE = (140, 45)
+END = synthetic.end_time()
+SAMPLE = ROOT / "samples" / "gpt2-small-h100.gpuwatch"
+
+
+def keymap(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "keymap.toml"
+    path.write_text(text)
+    return load_keymap(path)
+
+
+def bar(app: GpuwatchApp) -> str:
+    return app.screen.query_one("KeyBar").render().plain  # type: ignore[attr-defined]
+
+
+def rows(app: GpuwatchApp) -> dict[str, str]:
+    screen = app.screen
+    assert isinstance(screen, HelpScreen)
+    return {desc: keys for keys, desc in [*screen.keys, *screen.process_keys]}
+
+
+async def test_a_remapped_play_key_is_what_the_key_bar_and_help_say_in_a_replay(
+    tmp_path: Path,
+) -> None:
+    player = open_replay(str(SAMPLE))
+    try:
+        app = replay_app(player, keymap=keymap(tmp_path, 'play = "p"\nzoom-in = "i"\n'))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert " p Play / pause " in bar(app), bar(app)
+            assert "space" not in bar(app) and " i Zoom in " in bar(app)
+            await pilot.press("question_mark")
+            assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+            said = rows(app)
+            assert said["Play or pause the recording"] == "p"
+            assert said["Halve the time window"] == "i"
+            assert said["Double the playback speed (to x64)"] == ">"  # not remapped
+    finally:
+        player.close()
+
+
+async def test_live_the_help_lists_every_key_of_an_action_the_keymap_moved(
+    tmp_path: Path,
+) -> None:
+    # Live, f and space both follow; play = "p" moves space's binding only.
+    app = GpuwatchApp(synthetic.build(), clock=lambda: END, keymap=keymap(tmp_path, 'play = "p"'))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert " f Follow / pause " in bar(app)
+        await pilot.press("question_mark")
+        assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        said = rows(app)
+        assert said["Follow the newest data, or freeze the window where it is"] == "f / p"
+        assert said["Halve the time window"] == "+ / ="
+
+
+async def test_the_processes_tab_keys_are_remappable_and_the_help_says_so(
+    tmp_path: Path,
+) -> None:
+    app = GpuwatchApp(
+        synthetic.build(), clock=lambda: END, keymap=keymap(tmp_path, 'sort-next = "x"\n')
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        table = app.dashboard.process_table
+        assert await until(pilot, lambda: app.focused is table)
+        before = table.sort_key
+        await pilot.press("o")  # sort-next's key no more
+        await pilot.pause()
+        assert table.sort_key == before
+        await pilot.press("x")
+        await pilot.pause()
+        assert table.sort_key != before
+        await pilot.press("question_mark")
+        assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        assert rows(app)["Sort by the next column"] == "x"
+        assert rows(app)["Filter the rows by text (enter keeps it, escape clears it)"] == "/"
+
+
+async def test_the_process_screen_bar_says_its_keys_as_bound(tmp_path: Path) -> None:
+    app = GpuwatchApp(
+        synthetic.build(), clock=lambda: END, keymap=keymap(tmp_path, 'follow = "F"\n')
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        row = process_rows(app.session)[0]  # the synthetic run's own process
+        app.push_screen(ProcessScreen(app.session, row))
+        assert await until(pilot, lambda: isinstance(app.screen, ProcessScreen))
+        await pilot.pause()
+        assert " F Follow / pause " in bar(app), bar(app)
+        assert app.view.following
+        await pilot.press("F")
+        await pilot.pause()
+        assert not app.view.following

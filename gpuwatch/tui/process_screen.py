@@ -15,7 +15,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
 
-from ..analysis.processes import ProcRow
+from ..analysis.processes import ProcRow, listed_line
 from ..fmt import fmt_bytes, fmt_duration, printable
 from ..session import Session
 from ._text import Line
@@ -213,7 +213,7 @@ class ProcessScreen(WindowActions, Screen[None]):
         for table in self._gpu_tables():
             if column not in table.names:
                 continue
-            lo, hi = table.minmax(column, t0, t1, n, where=("pid", [self.pid]))
+            lo, hi = listed_line(table, column, self.pid, t0, t1, n, self.session.now())
             if np.isfinite(hi).any():
                 out.append((lo, hi))
         return out

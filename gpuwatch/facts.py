@@ -204,6 +204,7 @@ class TransformerFacts(TypedDict, total=False):
     softmax_fp32: bool
     image: dict[str, int]
     loss_parallel: bool
+    loss: str
     expand_kv: bool
     causal_mask: bool
     shared_norm: bool
@@ -248,6 +249,7 @@ class ActivationFacts(TypedDict, total=False):
     user_hooks: bool
     until: str
     held_output_bytes: int
+    loss_outside: bool
     held_step_bytes: int
     modules: list[ModuleActivations]
     forward_peak: dict[str, Any]  # bytes, saved_bytes, amp_copy_bytes, at

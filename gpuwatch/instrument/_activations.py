@@ -238,6 +238,7 @@ class Meter:
         self.error: str | None = None
         self.outputs: list[tuple[Any, int, tuple[int, str]]] = []  # (weak storage, bytes, key)
         self.held = 0
+        self.loss_outside = False  # the model returned logits and no loss
         self.held_refs: list[tuple[Any, int]] = []  # the outputs counted in ``held``
         self.chains: list[tuple[int, Any]] = []  # counting packs pushed over a checkpoint's
         self.peak: Any = None  # the forward's running peak (_peak.Peak) while it runs
@@ -326,6 +327,9 @@ class Meter:
             self.loss_counting = False
             self._stop_peak()
         try:
+            # A Hugging Face output with logits and no loss: the loop computes it outside.
+            logits = getattr(output, "logits", None)
+            self.loss_outside = logits is not None and getattr(output, "loss", 0) is None
             for t in _held_tensors(output):
                 st = t.untyped_storage()
                 key = (int(st._cdata), str(t.device))
@@ -725,6 +729,7 @@ class Meter:
             "user_hooks": self.user_pack is not None,
             "until": self.stopped_by or "running",
             "held_output_bytes": self.held,
+            **({"loss_outside": True} if self.loss_outside else {}),
             "modules": modules,
         }
         if self.forward_peak is not None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..cli.estimate import plan_from_options
+from ..predict import EstimateError, Result, estimate, options_from_keywords, table
 
 
-class Plan:
+class PlanResult:
     """An estimate: shown as ``gpuwatch estimate`` prints it; its figures in ``result``.
 
     Attributes:
@@ -16,7 +16,7 @@ class Plan:
         text: The printed table.
     """
 
-    def __init__(self, result: dict[str, Any], text: str) -> None:
+    def __init__(self, result: Result, text: str) -> None:
         self.result = result
         self.text = text
 
@@ -27,9 +27,10 @@ class Plan:
 
     @property
     def fits(self) -> bool | None:
-        """Whether it fits the GPUs given (None when none were given)."""
+        """Whether it fits the GPUs given (None when none were given, or when the
+        activations are unknown and the rest fits)."""
         fit = self.result.get("fit")
-        return None if fit is None else bool(fit["fits"])
+        return None if fit is None or fit["fits"] is None else bool(fit["fits"])
 
     def __repr__(self) -> str:
         return self.text
@@ -41,7 +42,7 @@ class Plan:
         return f'<pre class="gpuwatch-plan">{html.escape(self.text)}</pre>'
 
 
-def plan(**options: Any) -> Plan:
+def plan(**options: Any) -> PlanResult:
     """Predict memory per phase before running: ``gpuwatch estimate`` with keywords.
 
     Each keyword is an option of ``gpuwatch estimate`` (``--`` dropped, ``-`` as ``_``);
@@ -54,17 +55,8 @@ def plan(**options: Any) -> Plan:
     Raises:
         ValueError: An option is wrong or the model cannot be read (one line, as the CLI).
     """
-    argv: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is not None and value is not False:
-            argv += [flag, str(value)]
-    from ..cli import CliError
-
     try:
-        result, text = plan_from_options(argv)
-    except CliError as exc:
+        result = estimate(options_from_keywords(options))
+    except EstimateError as exc:
         raise ValueError(f"gpuwatch.plan: {exc}") from None
-    return Plan(result, text)
+    return PlanResult(result, table(result))

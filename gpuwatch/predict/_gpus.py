@@ -50,7 +50,7 @@ def _key(name: str) -> str:
 _BY_KEY = {_key(k): k for k in GPUS}
 
 
-def parse_size(text: str) -> int | None:
+def parse_gpu_size(text: str) -> int | None:
     """``80GiB``, ``80GB``, ``24576MiB`` as bytes; None when it is not a size."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]+)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
@@ -89,7 +89,7 @@ def parse_gpus(text: str) -> Gpus:
     what = m.group(2) if m else text
     if count <= 0 or count > 4096:
         raise ValueError(f"--gpus {text!r}: the count must be 1 to 4096")
-    size = parse_size(what)
+    size = parse_gpu_size(what)
     if size is not None:
         return Gpus(count, what.strip(), size)
     name = _BY_KEY.get(_key(what))

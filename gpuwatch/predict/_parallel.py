@@ -220,9 +220,12 @@ def _fsdp1(fsdp: dict[str, Any], out: LayoutMemory) -> None:
     _fsdp2(dict(fsdp, unit_list=units), out, copy_out=False)
 
 
-def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory, copy_out: bool = True) -> None:
+def _fsdp2(
+    fsdp: dict[str, Any], out: LayoutMemory, copy_out: bool = True, loss_inside: bool = False
+) -> None:
     """FSDP2's units (see the module's docstring); ``copy_out`` False: FSDP1, whose
-    all-gather output is the parameters themselves."""
+    all-gather output is the parameters themselves; ``loss_inside``: the model computes
+    its loss (given labels), before the root's forward ends."""
     listed = fsdp.get("unit_list")
     # A recording's facts are hostile: at most MAX_UNITS units (the walk is quadratic).
     units = [
@@ -257,9 +260,12 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory, copy_out: bool = True) -> No
         prev = sizes[i - 1] if i and copy_out else 0
         moments.append((k / m, root + kept[i] + prev + 2 * sizes[i]))
     out.forward_units = moments
-    # At the forward's own peak (the loss, at its end): the root and the units kept.
-    if root + kept[n]:
-        out.forward[FSDP_UNSHARDED] = root + kept[n]
+    # At the forward's own peak (the loss, at its end): the root and the units kept, and
+    # where the model computes the loss, the last unit's all-gather output, which the
+    # root's post-forward frees (``_fsdp_state.py``: ``all_gather_state = None``).
+    last = sizes[inner[-1]] if inner and copy_out and loss_inside else 0
+    if root + kept[n] + last:
+        out.forward[FSDP_UNSHARDED] = root + kept[n] + last
     held = (0 if reshard[0] else root) if has_root else 0
     if held + kept[n]:
         out.held[FSDP_UNSHARDED] = held + kept[n]
@@ -281,7 +287,9 @@ def _fsdp2(fsdp: dict[str, Any], out: LayoutMemory, copy_out: bool = True) -> No
     out.backward_units = walk
     # The model's own backward peak (an LM head's logits gradient early, the gradients
     # late) falls inside one unit's computation: what is unsharded there, by position.
-    out.backward_gathered = [w[2] for w in walk[:m]] or [root]
+    # The loss's backward comes before the last unit's pre-backward gathers it: only the
+    # root and the units kept are unsharded there (a unit's own moment is its walk's).
+    out.backward_gathered = [root + kept[n]] + [w[2] for w in walk[1:m]] if m else [root]
     if fsdp.get("cpu_offload"):
         out.notes.append("FSDP2 CPU offload: states on the host; all-gathers predicted as usual")
 
@@ -388,7 +396,11 @@ def layout_memory(facts: dict[str, Any]) -> LayoutMemory:
     elif strategy == "zero" and isinstance(par.get("zero"), dict):
         _zero(par["zero"], params, _n(par.get("rank")), out)
     elif strategy == "fsdp2" and isinstance(par.get("fsdp"), dict):
-        _fsdp2(par["fsdp"], out)
+        tf, act = facts.get("transformer"), facts.get("activations")
+        outside = isinstance(act, dict) and act.get("loss_outside") is True
+        inside = isinstance(tf, dict) and str(tf.get("loss") or "inside") == "inside"
+        inside = inside and not outside
+        _fsdp2(par["fsdp"], out, loss_inside=inside)
     elif strategy == "fsdp1" and isinstance(par.get("fsdp"), dict):
         _fsdp1(par["fsdp"], out)
     elif strategy in ("fsdp1", "tp", "device_map", "fsdp2", "zero"):

@@ -54,6 +54,8 @@ LAYOUTS = (
     "ddp",
     "fsdp",
     "fsdp-no-reshard",
+    "fsdp1",
+    "fsdp1-grad-op",
     "zero1",
     "zero2",
     "zero3",
@@ -62,7 +64,15 @@ LAYOUTS = (
 )
 """``--layout`` choices (``tp=N``: tensor parallel of degree N)."""
 
-SHARDING = {"fsdp": 3, "fsdp-no-reshard": 3, "zero1": 1, "zero2": 2, "zero3": 3}
+SHARDING = {
+    "fsdp": 3,
+    "fsdp-no-reshard": 3,
+    "fsdp1": 3,
+    "fsdp1-grad-op": 3,
+    "zero1": 1,
+    "zero2": 2,
+    "zero3": 3,
+}
 """How much of the model states a data-parallel layout divides: ZeRO's stage numbers
 (1: optimizer states, 2: and gradients, 3: and parameters), FSDP full sharding as 3."""
 
@@ -78,9 +88,47 @@ ZERO_DEFAULTS: dict[str, int] = {
 }
 """``deepspeed.runtime.zero.config.DeepSpeedZeroConfig``'s defaults (elements)."""
 
+FSDP_LAYOUTS = ("fsdp", "fsdp-no-reshard", "fsdp1", "fsdp1-grad-op")
+"""The layouts whose units :func:`_fsdp` builds (FSDP2's ``fully_shard``, FSDP1)."""
+
+FSDP_PARTS = ("embed", "layers", "norm", "head")
+"""What ``--fsdp-units`` names: the embeddings, each layer, the final norm, the head."""
+
+LOSSES = ("inside", "outside", "outside-unshifted")
+"""``--loss``: computed by the model (given labels), or after it returned, with the usual
+shift (``logits[:, :-1]`` made contiguous: a copy of the logits) or without."""
+
 _ZERO_PRECISION = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 _ELT = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4, "fp16-mixed": 4}
 _DTYPE = {4: "float32", 2: "bfloat16"}
+_DTYPE_NAME = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def parse_fsdp_units(text: str) -> tuple[str, ...]:
+    """``--fsdp-units``: the units around the root, in forward order: ``layers`` (the
+    default: each layer), ``embed,layers,[norm,head]`` (a bracketed group is one unit,
+    ``fully_shard([norm, head])``, kept as ``norm+head``). What no unit names stays in
+    the root's.
+
+    Raises:
+        ValueError: One line naming the parts.
+    """
+    units: list[str] = []
+    seen: set[str] = set()
+    for item in text.replace(" ", "").replace("],", "];").replace(",[", ";[").split(";"):
+        group = item.strip("[]").split(",") if item.startswith("[") else item.split(",")
+        names = [g for g in group if g]
+        bad = [g for i, g in enumerate(names) if g not in FSDP_PARTS or g in {*seen, *names[:i]}]
+        if bad or not names:
+            raise ValueError(
+                f"--fsdp-units {text!r}: parts {', '.join(FSDP_PARTS)}, each once;"
+                " [a,b] is one unit of two"
+            )
+        seen.update(names)
+        units += ["+".join(names)] if item.startswith("[") else names
+    if any("layers" in u.split("+") and u != "layers" for u in units):
+        raise ValueError(f"--fsdp-units {text!r}: layers are units of their own")
+    return tuple(units)
 
 
 def parse_layout(text: str) -> str:
@@ -121,6 +169,13 @@ class Plan:
             predictor's CPU rules: no allocator rounding, SDPA's math path).
         quant: ``nf4`` for QLoRA (Dettmers et al. 2023): the layers' linear weights in
             4-bit NormalFloat with double-quantised constants, computing in bf16.
+        fsdp_units: FSDP's units around the root, in forward order
+            (:func:`parse_fsdp_units`): ``layers`` each layer, ``embed``, ``norm``,
+            ``head``, ``norm+head`` one unit of two; the rest is the root's.
+        param_dtype, reduce_dtype: FSDP2's ``MixedPrecisionPolicy`` (``bf16``, ``fp32``;
+            empty: none): units gathered and computed in ``param_dtype``, gradients
+            reduced in ``reduce_dtype``, the sharded states in the weights' own dtype.
+        loss: One of :data:`LOSSES`.
         excess, excess_phase, excess_per: What a recorded run needed beyond its
             prediction (an out-of-memory error's allocated plus requested bytes, less
             the predicted peak), in the phase it failed in, and the activations predicted
@@ -128,7 +183,7 @@ class Plan:
             predicted activations do (a measured residual carried over, never a formula).
         activations, activations_batch: For a model without a shape (a family built by
             ``transformers``), the ``activations`` facts of one step traced on fake tensors
-            at micro-batch ``activations_batch`` (``gpuwatch/cli/_hf_trace.py``); another
+            at micro-batch ``activations_batch`` (``gpuwatch/predict/_hf_trace.py``); another
             micro-batch scales what is saved per sample.
         activations_checkpointed: The same step traced with every layer checkpointed
             (transformers' ``gradient_checkpointing_enable``), at the same micro-batch:
@@ -158,6 +213,10 @@ class Plan:
     accumulation: int = 1
     device: str = "cuda"
     quant: str = ""
+    fsdp_units: tuple[str, ...] = ("layers",)
+    param_dtype: str = ""
+    reduce_dtype: str = ""
+    loss: str = "inside"
     excess: int = 0
     excess_phase: str = "forward"
     excess_per: int = 0
@@ -216,6 +275,8 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
             g["device"] = plan.device
     if shape is None and plan.activations is not None:
         facts["activations"] = per_batch(plan.activations, plan.batch, plan.activations_batch)
+    if plan.loss != "inside" and isinstance(facts.get("transformer"), dict):
+        facts["transformer"]["loss"] = plan.loss
     return facts
 
 
@@ -363,85 +424,129 @@ def _traced_layers(act: dict[str, Any] | None, elt: int) -> list[int]:
     ]
 
 
+def _unit_sizes(plan: Plan, facts: dict[str, Any], notes: list[str]) -> list[tuple[str, int, int]]:
+    """FSDP's units, the root's first then in forward order: ``(name, parameters,
+    trainable parameters)``."""
+    total = facts["params"]["count"]
+    trainable = facts["params"]["trainable_count"]
+    shape = plan.shape
+    if shape is None:
+        layers = _traced_layers(plan.activations, _ELT[plan.precision])
+        if not layers:
+            # Where the units fall is not known: their gathered copies are not counted
+            # (a lower bound), never guessed as one unit of the whole model.
+            notes.append(
+                "FSDP units unknown without a shape: their all-gathered parameters and"
+                " reduce-scatter buffers are not counted (add at least the largest unit's"
+                " size twice)"
+            )
+            return [(ROOT, 0, 0)]
+        # A family built by transformers: its layers' sizes from the trace's gradients.
+        group = _ceil(len(layers), MAX_UNITS - 1)
+        grouped = [sum(layers[i : i + group]) for i in range(0, len(layers), group)]
+        notes.append(f"FSDP units: the {len(layers)} layers the trace saw, and the root")
+        sizes = [max(total - sum(layers), 0), *grouped]
+        # LoRA or a frozen part: each unit reduces its share of the trainable parameters.
+        return [
+            (ROOT if i == 0 else f"layers.{i - 1}", s, round(s * trainable / max(total, 1)))
+            for i, s in enumerate(sizes)
+        ]
+    seq = plan.seq or shape.max_positions or 1024
+    per_layer, _ = _layer_sizes(plan, shape, seq)
+    adapters = per_layer - _layer_sizes(replace(plan, lora_rank=0), shape, seq)[0]
+    parts = shape.part_counts(seq)
+    units = plan.fsdp_units or ("layers",)
+    claimed = {p for u in units for p in u.split("+")}
+    root = sum(parts[p] for p in ("embed", "norm", "head") if p not in claimed)
+    out = [(ROOT, root, 0 if plan.lora_rank else root)]
+    for unit in units:
+        if unit != "layers":
+            count = sum(parts[p] for p in unit.split("+"))
+            out.append((unit, count, 0 if plan.lora_rank else count))
+            continue
+        group = _ceil(shape.layers, MAX_UNITS - len(units))
+        if group > 1:
+            notes.append(f"FSDP units of {group} layers each: the facts list at most {MAX_UNITS}")
+        for i in range(0, shape.layers, group):
+            k = min(group, shape.layers - i)
+            out.append(
+                (f"layers.{i}", per_layer * k, (adapters if plan.lora_rank else per_layer) * k)
+            )
+    if "layers" not in claimed:
+        name, count, mine = out[0]
+        out[0] = (
+            name,
+            count + per_layer * shape.layers,
+            mine + (adapters if plan.lora_rank else per_layer) * shape.layers,
+        )
+    return out
+
+
+def _fsdp_units(plan: Plan, facts: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
+    """The ``unit_list`` of the facts: each unit's bytes, gathered in the policy's
+    ``param_dtype`` (the weights' own without one), held sharded in the weights' dtype."""
+    n, elt = plan.world, _ELT[plan.precision]
+    gathered = _ELT[plan.param_dtype] if plan.param_dtype else elt
+    reshard = plan.layout in ("fsdp", "fsdp1")
+    return [
+        {
+            "name": name,
+            "unsharded_bytes": count * gathered,
+            "sharded_bytes": _ceil(count, n) * elt,
+            "trainable_unsharded_bytes": mine * gathered,
+            "trainable_sharded_bytes": _ceil(mine, n) * elt,
+            "reshard_after_forward": reshard and name != ROOT,
+        }
+        for name, count, mine in _unit_sizes(plan, facts, notes)
+    ]
+
+
 def _fsdp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> tuple[int, int]:
-    """FSDP2's facts; returns (host bytes, bytes sent per step)."""
+    """FSDP2's (or FSDP1's) facts; returns (host bytes, bytes sent per step)."""
     n = plan.world
     elt = _ELT[plan.precision]
     total = facts["params"]["count"]
     trainable = facts["params"]["trainable_count"]
-    shape = plan.shape
-    if shape is not None:
-        seq = plan.seq or shape.max_positions or 1024
-        per_layer, outside = _layer_sizes(plan, shape, seq)
-        group = _ceil(shape.layers, MAX_UNITS - 1)
-        if group > 1:
-            notes.append(
-                f"FSDP units of {group} layers each: the facts list at most {MAX_UNITS} units"
-            )
-        sizes = [outside] + [
-            per_layer * min(group, shape.layers - i) for i in range(0, shape.layers, group)
-        ]
-    elif layers := _traced_layers(plan.activations, elt):
-        # A family built by transformers: its layers' sizes from the trace's gradients.
-        group = _ceil(len(layers), MAX_UNITS - 1)
-        grouped = [sum(layers[i : i + group]) for i in range(0, len(layers), group)]
-        sizes = [max(total - sum(layers), 0), *grouped]
-        notes.append(f"FSDP units: the {len(layers)} layers the trace saw, and the root")
-    else:
-        sizes = [total]
-        notes.append("FSDP without a shape: one unit, the whole model")
-    reshard = plan.layout != "fsdp-no-reshard"
-    units: list[dict[str, Any]] = [
-        {
-            "name": ROOT if i == 0 else f"layers.{i - 1}",
-            "unsharded_bytes": s * elt,
-            "sharded_bytes": _ceil(s, n) * elt,
-            "reshard_after_forward": reshard if i else False,
-        }
-        for i, s in enumerate(sizes)
-    ]
-    if 0 <= trainable < total:
-        # LoRA or a frozen part: a unit reduce-scatters only its trainable parameters'
-        # gradients. Where they sit is not known from a config, so each unit gets its
-        # share by size (the adapters follow the layers they wrap).
-        for u, s in zip(units, sizes, strict=True):
-            mine = round(s * trainable / total)
-            u["trainable_unsharded_bytes"] = mine * elt
-            u["trainable_sharded_bytes"] = _ceil(mine, n) * elt
+    units = _fsdp_units(plan, facts, notes)
+    reshard = plan.layout in ("fsdp", "fsdp1")
     _shard_states(facts, n)
-    facts["parallel"] = {
-        "strategy": "fsdp2",
-        "rank": 0,
-        "world_size": n,
-        "fsdp": {
-            "version": 2,
-            "mesh_size": n,
-            "units": len(units),
-            "unit_list": units,
-            "largest_unit_bytes": max(u["unsharded_bytes"] for u in units),
-            "reshard_after_forward": reshard,
-            "param_dtype": None,
-            "reduce_dtype": None,
-            "cpu_offload": plan.offload,
-        },
+    version = 1 if plan.layout.startswith("fsdp1") else 2
+    fsdp: dict[str, Any] = {
+        "version": version,
+        "mesh_size": n,
+        "units": len(units),
+        "unit_list": units,
+        "largest_unit_bytes": max(u["unsharded_bytes"] for u in units),
+        "reshard_after_forward": reshard,
+        "param_dtype": _DTYPE_NAME.get(plan.param_dtype),
+        "reduce_dtype": _DTYPE_NAME.get(plan.reduce_dtype),
+        "cpu_offload": plan.offload,
     }
-    host = 0
-    if plan.offload:
-        p, opt = facts["params"], facts["optimizer"]
-        host = p["bytes"] + p["trainable_bytes"] + optimizer_memory(opt).state
-        for k in ("bytes", "trainable_bytes", "frozen_bytes"):
-            p[k] = 0
-        for g in p["groups"]:
-            g["bytes"] = 0
-        opt["groups"] = []
-        notes.append(
-            "CPUOffloadPolicy: sharded parameters, gradients and optimizer state on the host;"
-            " the optimizer steps there"
-        )
+    if version == 1:
+        fsdp["strategy"] = "FULL_SHARD" if reshard else "SHARD_GRAD_OP"
+    strategy = "fsdp1" if version == 1 else "fsdp2"
+    facts["parallel"] = {"strategy": strategy, "rank": 0, "world_size": n, "fsdp": fsdp}
+    host = _fsdp_offload(plan, facts, notes) if plan.offload else 0
     # All-gather in forward and (after a reshard) again in backward, reduce-scatter of the
     # gradients: ring passes of (N-1)/N of the model each.
     passes = total * (2 if reshard else 1) + trainable
     return host, round(passes * elt * (n - 1) / n)
+
+
+def _fsdp_offload(plan: Plan, facts: dict[str, Any], notes: list[str]) -> int:
+    """``CPUOffloadPolicy``: the states leave the device's facts; returns the host bytes."""
+    p, opt = facts["params"], facts["optimizer"]
+    host = p["bytes"] + p["trainable_bytes"] + optimizer_memory(opt).state
+    for k in ("bytes", "trainable_bytes", "frozen_bytes"):
+        p[k] = 0
+    for g in p["groups"]:
+        g["bytes"] = 0
+    opt["groups"] = []
+    notes.append(
+        "CPUOffloadPolicy: sharded parameters, gradients and optimizer state on the host;"
+        " the optimizer steps there"
+    )
+    return int(host)
 
 
 def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tuple[int, int]:
@@ -622,7 +727,7 @@ def rank_estimate(plan: Plan) -> RankEstimate:
     layout, n = plan.layout, plan.world
     if layout != "none" and n < 2 and not layout.startswith("tp="):
         notes.append(f"--layout {layout} on one GPU: nothing is divided")
-    if plan.offload and layout not in ("fsdp", "fsdp-no-reshard", "zero1", "zero2", "zero3"):
+    if plan.offload and layout not in (*FSDP_LAYOUTS, "zero1", "zero2", "zero3"):
         raise ValueError("--offload needs --layout fsdp, fsdp-no-reshard or zero1/2/3")
     if layout.startswith("tp=") and plan.tp > n:
         raise ValueError(f"--layout {layout} needs at least {plan.tp} GPUs (--gpus)")
@@ -648,7 +753,7 @@ def rank_estimate(plan: Plan) -> RankEstimate:
         facts = _build(plan, plan.shape, plan.precision)
         if plan.quant:
             _quantise(plan, facts, notes)
-        if layout in ("fsdp", "fsdp-no-reshard"):
+        if layout in FSDP_LAYOUTS:
             host, traffic = _fsdp(plan, facts, notes)
         elif layout == "ddp":
             facts["parallel"] = {
@@ -668,7 +773,7 @@ def rank_estimate(plan: Plan) -> RankEstimate:
     pred = predict(facts)  # type: ignore[arg-type]
     if plan.excess > 0:
         _add_excess(plan, pred)
-    traffic *= plan.accumulation if layout in ("fsdp", "fsdp-no-reshard", "zero3") else 1
+    traffic *= plan.accumulation if layout in (*FSDP_LAYOUTS, "zero3") else 1
     return RankEstimate(facts, pred, host, traffic, notes)  # type: ignore[arg-type]
 
 

@@ -173,6 +173,34 @@ def _param_elt(facts: dict[str, Any]) -> int:
     return max(by, key=lambda k: by[k]) if by else 4
 
 
+def _policy_elt(facts: dict[str, Any], param_elt: int) -> int:
+    """FSDP's ``MixedPrecisionPolicy`` computes in its param dtype: the activations are
+    in it, whatever the sharded weights' own."""
+    fsdp = _dict(_dict(facts.get("parallel")).get("fsdp"))
+    elt = DTYPE_BYTES.get(str(fsdp.get("param_dtype")).replace("torch.", ""))
+    return min(param_elt, elt) if elt else param_elt
+
+
+def _rate(value: Any) -> float:
+    return float(value or 0) if isinstance(value, (int, float)) else 0.0
+
+
+def _layer_flags(tf: dict[str, Any], loss_outside: bool = False) -> dict[str, Any]:
+    """The :class:`Arch` switches the ``transformer`` facts carry as they are;
+    ``loss_outside``: measured (the model returned no loss), planned with the shift."""
+    return {
+        "head_transform": bool(tf.get("head_transform")),
+        "loss_parallel": bool(tf.get("loss_parallel")),
+        "loss": str(tf.get("loss") or ("outside" if loss_outside else "inside"))[:24],
+        "parallel_residual": bool(tf.get("parallel_residual")),
+        "expand_kv": bool(tf.get("expand_kv")),
+        "causal_mask": bool(tf.get("causal_mask")),
+        "shared_norm": bool(tf.get("shared_norm")),
+        "broadcast_kv": bool(tf.get("broadcast_kv")),
+        "rope_cat": bool(tf.get("rope_cat")),
+    }
+
+
 def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     """The :class:`Arch` the recorder needs, or None with the reason in the notes."""
     notes: list[str] = []
@@ -190,7 +218,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
     b, s = fact_int(batch.get("batch")), fact_int(batch.get("seq"))
     if b <= 0 or s <= 0:
         return None, ["activations unknown: no batch shape yet (sent with the first forward)"]
-    param_elt = _param_elt(facts)
+    param_elt = _policy_elt(facts, _param_elt(facts))
     # The autocast dtype given to watch(), else the one seen at the first forward.
     amp = _dict(facts.get("amp")).get("dtype") or batch.get("autocast")
     autocast_elt = DTYPE_BYTES.get(str(amp).replace("torch.", "")) if amp else None
@@ -232,9 +260,9 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         fused_qkv=bool(tf.get("fused_qkv", mlp != "gated")),
         rope=bool(tf.get("rope", mlp == "gated")),
         softmax_fp32=bool(tf.get("softmax_fp32", mlp == "gated")),
-        attn_dropout=float(drop.get("attn", 0) or 0),
-        resid_dropout=float(drop.get("resid", 0) or 0),
-        embd_dropout=float(drop.get("embd", 0) or 0),
+        attn_dropout=_rate(drop.get("attn")),
+        resid_dropout=_rate(drop.get("resid")),
+        embd_dropout=_rate(drop.get("embd")),
         learned_positions=bool(tf.get("learned_positions", mlp != "gated")),
         tied=bool(tf.get("tied_embeddings", False)),
         bias=bool(tf.get("bias", mlp != "gated")),
@@ -243,14 +271,7 @@ def arch_from_facts(facts: dict[str, Any]) -> tuple[Arch | None, list[str]]:
         lora_targets=tuple(str(t) for t in lora.get("targets") or ()),
         checkpointing=ckpt,
         checkpoint_every=every,
-        head_transform=bool(tf.get("head_transform")),
-        loss_parallel=bool(tf.get("loss_parallel")),
-        parallel_residual=bool(tf.get("parallel_residual")),
-        expand_kv=bool(tf.get("expand_kv")),
-        causal_mask=bool(tf.get("causal_mask")),
-        shared_norm=bool(tf.get("shared_norm")),
-        broadcast_kv=bool(tf.get("broadcast_kv")),
-        rope_cat=bool(tf.get("rope_cat")),
+        **_layer_flags(tf, _dict(facts.get("activations")).get("loss_outside") is True),
         image_elements=(
             fact_int(image.get("channels")) * fact_int(image.get("size")) ** 2 if image else 0
         ),
@@ -275,6 +296,59 @@ def _with(base: Breakdown, extra: Breakdown) -> Breakdown:
     return out
 
 
+@dataclass
+class _Activations:
+    """What :func:`predict` knows of the activations: the simulation, and where from."""
+
+    sim: Simulation | None = None
+    source: str | None = None
+    formula: int | None = None
+    measured: tuple[int, int] | None = None
+    findings: list[str] = field(default_factory=list)
+
+
+def _activations(raw: dict[str, Any], notes: list[str]) -> _Activations:
+    """The model's simulated forward and backward: the formula's from the shape, set to
+    what autograd saved where that was measured."""
+    out = _Activations()
+    arch, arch_notes = arch_from_facts(raw)
+    notes.extend(arch_notes)
+    if arch is not None:
+        try:
+            ops, loss = record(arch)
+            out.sim = simulate(ops, [loss])
+        except (ValueError, ZeroDivisionError, OverflowError) as exc:  # odd shapes
+            notes.append(f"activations unknown: {exc}")
+    act = _dict(raw.get("activations"))
+    out.measured = measured = measured_bytes(act)
+    if out.sim is not None:
+        out.source = "formula"
+        out.formula = out.sim.forward_end.saved + out.sim.forward_end.amp
+    # What autograd saved is the activations figure whenever it was measured; the formula
+    # serves `estimate` and the time before the first training forward. Where the two
+    # agree the formula's moments (its transients walk every op) are kept, set to the
+    # measured bytes; where they disagree the formula does not know this model (an
+    # encoder-decoder, a frozen backbone) and only the finding names it.
+    if measured is not None:
+        notes[:] = [n for n in notes if not n.startswith("activations unknown")]
+        off = _disagreement(out.formula, sum(measured)) if out.formula is not None else []
+        out.findings.extend(off)
+        how = "transients estimated from module outputs"
+        if out.sim is not None and not off:
+            out.sim = _set_saved(out.sim, *measured)
+            how = "transients from the model's shape, which agrees with it"
+        else:
+            out.sim = simulate_measured(act)
+        notes.append(
+            f"activations measured (what autograd saved in the first training forward); {how}"
+        )
+        if out.sim is not None:
+            out.sim = with_forward_peak(out.sim, act)
+        out.source = "measured"
+    notes.extend(_measurement_notes(act))
+    return out
+
+
 def predict(facts: Facts) -> Prediction:
     """Predict memory per phase from a facts dict (never raises on odd facts)."""
     # Read as a plain dict: the facts came from a socket or a file, each field is checked.
@@ -285,114 +359,11 @@ def predict(facts: Facts) -> Prediction:
     grads = fact_int(params.get("trainable_bytes"))
     opt = optimizer_memory(_dict(raw.get("optimizer")) or None)
     notes = list(opt.notes)
-    arch, arch_notes = arch_from_facts(raw)
-    notes.extend(arch_notes)
-    sim: Simulation | None = None
-    if arch is not None:
-        try:
-            ops, loss = record(arch)
-            sim = simulate(ops, [loss])
-        except (ValueError, ZeroDivisionError, OverflowError) as exc:  # odd shapes
-            notes.append(f"activations unknown: {exc}")
-            sim = None
-    act = _dict(raw.get("activations"))
-    measured = measured_bytes(act)
-    source = formula = None
-    findings: list[str] = []
-    if sim is not None:
-        source = "formula"
-        formula = sim.forward_end.saved + sim.forward_end.amp
-    # What autograd saved is the activations figure whenever it was measured; the formula
-    # serves `estimate` and the time before the first training forward. Where the two
-    # agree the formula's moments (its transients walk every op) are kept, set to the
-    # measured bytes; where they disagree the formula does not know this model (an
-    # encoder-decoder, a frozen backbone) and only the finding names it.
-    if measured is not None:
-        notes[:] = [n for n in notes if not n.startswith("activations unknown")]
-        off = _disagreement(formula, sum(measured)) if formula is not None else []
-        findings.extend(off)
-        if sim is not None and not off:
-            sim = _set_saved(sim, *measured)
-            notes.append(
-                "activations measured (what autograd saved in the first training forward);"
-                " transients from the model's shape, which agrees with it"
-            )
-        else:
-            sim = simulate_measured(act)
-            notes.append(
-                "activations measured (what autograd saved in the first training forward);"
-                " transients estimated from module outputs"
-            )
-        if sim is not None:
-            sim = with_forward_peak(sim, act)
-        source = "measured"
-    notes.extend(_measurement_notes(act))
-    # The recorder counts the gradients of the weights it models; the facts know them all.
-    grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
-    phases: dict[tuple[str, bool], PhaseMemory] = {}
-    accumulating: dict[bool, Breakdown] = {}
-    # A loss computed after the model returned (nanoGPT's label shift copies the logits
-    # once more), measured: the outputs the loop held from the step before are gone there.
-    loss_moment = measured_loss_peak(act) if sim is not None else None
-    at_loss: dict[bool, Breakdown] = {}
-    for first in (True, False):
-        state_now = opt.state if (opt.present or not first) else 0
-        base = {c: 0 for c in CATEGORIES}
-        base[WEIGHTS] = weights
-        base[OPTIMIZER_STATE] = state_now
-        after = dict(base, **{OPTIMIZER_STATE: opt.state})
-        with_grads = dict(base, **{GRADIENTS: grads})
-        if loss_moment is not None:
-            at_loss[first] = _with(base, _moment(loss_moment, grad_scale))
-        if sim is not None:
-            fwd_end = _with(base, _moment(sim.forward_end, grad_scale))
-            phases["forward", first] = PhaseMemory(
-                base, _with(base, _moment(sim.forward_peak, grad_scale)), fwd_end
-            )
-            bwd_end = _with(base, _moment(sim.backward_end, grad_scale))
-            bwd_end[GRADIENTS] = grads
-            phases["backward", first] = PhaseMemory(
-                fwd_end, _with(base, _moment(sim.backward_peak, grad_scale)), bwd_end
-            )
-            if sim.accumulating_peak is not None:
-                acc = _with(base, _moment(sim.accumulating_peak, grad_scale))
-                acc[GRADIENTS] += grads
-                accumulating[first] = acc
-            eval_base = after if not first else base
-            phases["eval", first] = PhaseMemory(
-                eval_base, _with(eval_base, _moment(sim.eval_peak, grad_scale)), eval_base
-            )
-        else:
-            phases["forward", first] = PhaseMemory(base, base, base)
-            phases["backward", first] = PhaseMemory(base, with_grads, with_grads)
-            eval_base = after if not first else base
-            phases["eval", first] = PhaseMemory(eval_base, eval_base, eval_base)
-        phases[CLIP, first] = PhaseMemory(
-            with_grads, dict(with_grads, **{TEMPORARIES: _clip_norms(raw)}), with_grads
-        )
-        step_end = dict(with_grads, **{OPTIMIZER_STATE: opt.state})
-        step_peak = dict(step_end, **{TEMPORARIES: opt.temp})
-        phases["optimizer.step", first] = PhaseMemory(with_grads, step_peak, step_end)
-        zg_start = dict(step_end)
-        zg_end = dict(zg_start, **{GRADIENTS: 0})
-        phases["zero_grad", first] = PhaseMemory(zg_start, zg_start, zg_end)
-    held = fact_int(act.get("held_output_bytes")) if measured is not None else 0
-    if held:
-        kept = act.get("held_step_bytes")
-        through = held if kept is None else min(held, fact_int(kept))
-        _hold(phases, accumulating, held, through)
-        if through == held:
-            notes.append(
-                f"the model's outputs ({_gib(held)}) were still referenced when backward"
-                " began: counted as activations through the step, until the next forward"
-                " replaces them"
-            )
-        else:
-            notes.append(
-                f"the model's outputs ({_gib(held)}) were still referenced when backward"
-                f" began and {_gib(through)} of them when the step began: counted as"
-                " activations through backward, and what was left through the step"
-            )
+    acts = _activations(raw, notes)
+    sim, act = acts.sim, _dict(raw.get("activations"))
+    phases, accumulating, at_loss = _phases(raw, sim, opt, weights, grads)
+    if acts.measured is not None:
+        _held_outputs(phases, accumulating, act, notes)
     for first, b in at_loss.items():
         pm = phases["forward", first]
         if total(b) > total(pm.peak):
@@ -408,10 +379,10 @@ def predict(facts: Facts) -> Prediction:
         peak_phase=peak_key,
         activations_known=sim is not None,
         notes=notes,
-        activations_source=source,
-        activations_formula=formula,
-        activations_measured=sum(measured) if measured is not None else None,
-        findings=findings,
+        activations_source=acts.source,
+        activations_formula=acts.formula,
+        activations_measured=sum(acts.measured) if acts.measured is not None else None,
+        findings=acts.findings,
         optimizer=opt,
         accumulating=accumulating,
         layout=layout,
@@ -420,6 +391,120 @@ def predict(facts: Facts) -> Prediction:
             "backward": sim.backward_peak_at if sim else 1.0,
         },
     )
+
+
+def _phases(
+    raw: dict[str, Any],
+    sim: Simulation | None,
+    opt: OptimizerMemory,
+    weights: int,
+    grads: int,
+) -> tuple[dict[tuple[str, bool], PhaseMemory], dict[bool, Breakdown], dict[bool, Breakdown]]:
+    """Each phase's start, peak and end, first step and later ones, before the layout's
+    buffers; the peak of a backward that accumulates; the moment of a loss computed
+    after the model returned (measured)."""
+    act = _dict(raw.get("activations"))
+    # The recorder counts the gradients of the weights it models; the facts know them all.
+    grad_scale = grads / sim.grad_bytes if sim and sim.grad_bytes else 1.0
+    phases: dict[tuple[str, bool], PhaseMemory] = {}
+    accumulating: dict[bool, Breakdown] = {}
+    # A loss computed after the model returned (nanoGPT's label shift copies the logits
+    # once more), measured: the outputs the loop held from the step before are gone there.
+    loss_moment = measured_loss_peak(act) if sim is not None else None
+    at_loss: dict[bool, Breakdown] = {}
+    for first in (True, False):
+        state_now = opt.state if (opt.present or not first) else 0
+        base = {c: 0 for c in CATEGORIES}
+        base[WEIGHTS] = weights
+        base[OPTIMIZER_STATE] = state_now
+        after = dict(base, **{OPTIMIZER_STATE: opt.state})
+        with_grads = dict(base, **{GRADIENTS: grads})
+        eval_base = after if not first else base
+        if sim is not None:
+            _model_phases(phases, accumulating, first, base, eval_base, sim, grad_scale, grads)
+        else:
+            phases["forward", first] = PhaseMemory(base, base, base)
+            phases["backward", first] = PhaseMemory(base, with_grads, with_grads)
+            phases["eval", first] = PhaseMemory(eval_base, eval_base, eval_base)
+        if loss_moment is not None:
+            at_loss[first] = _with(base, _moment(loss_moment, grad_scale))
+        _step_phases(phases, first, raw, opt, with_grads)
+    return phases, accumulating, at_loss
+
+
+def _model_phases(
+    phases: dict[tuple[str, bool], PhaseMemory],
+    accumulating: dict[bool, Breakdown],
+    first: bool,
+    base: Breakdown,
+    eval_base: Breakdown,
+    sim: Simulation,
+    grad_scale: float,
+    grads: int,
+) -> None:
+    """Forward, backward and eval from the simulated model."""
+    fwd_end = _with(base, _moment(sim.forward_end, grad_scale))
+    phases["forward", first] = PhaseMemory(
+        base, _with(base, _moment(sim.forward_peak, grad_scale)), fwd_end
+    )
+    bwd_end = _with(base, _moment(sim.backward_end, grad_scale))
+    bwd_end[GRADIENTS] = grads
+    phases["backward", first] = PhaseMemory(
+        fwd_end, _with(base, _moment(sim.backward_peak, grad_scale)), bwd_end
+    )
+    if sim.accumulating_peak is not None:
+        acc = _with(base, _moment(sim.accumulating_peak, grad_scale))
+        acc[GRADIENTS] += grads
+        accumulating[first] = acc
+    phases["eval", first] = PhaseMemory(
+        eval_base, _with(eval_base, _moment(sim.eval_peak, grad_scale)), eval_base
+    )
+
+
+def _step_phases(
+    phases: dict[tuple[str, bool], PhaseMemory],
+    first: bool,
+    raw: dict[str, Any],
+    opt: OptimizerMemory,
+    with_grads: Breakdown,
+) -> None:
+    """Clipping, the optimizer's step and ``zero_grad``."""
+    phases[CLIP, first] = PhaseMemory(
+        with_grads, dict(with_grads, **{TEMPORARIES: _clip_norms(raw)}), with_grads
+    )
+    step_end = dict(with_grads, **{OPTIMIZER_STATE: opt.state})
+    step_peak = dict(step_end, **{TEMPORARIES: opt.temp})
+    phases["optimizer.step", first] = PhaseMemory(with_grads, step_peak, step_end)
+    zg_start = dict(step_end)
+    zg_end = dict(zg_start, **{GRADIENTS: 0})
+    phases["zero_grad", first] = PhaseMemory(zg_start, zg_start, zg_end)
+
+
+def _held_outputs(
+    phases: dict[tuple[str, bool], PhaseMemory],
+    accumulating: dict[bool, Breakdown],
+    act: dict[str, Any],
+    notes: list[str],
+) -> None:
+    """Outputs the training loop still referenced when backward began (measured)."""
+    held = fact_int(act.get("held_output_bytes"))
+    if not held:
+        return
+    kept = act.get("held_step_bytes")
+    through = held if kept is None else min(held, fact_int(kept))
+    _hold(phases, accumulating, held, through)
+    if through == held:
+        notes.append(
+            f"the model's outputs ({_gib(held)}) were still referenced when backward"
+            " began: counted as activations through the step, until the next forward"
+            " replaces them"
+        )
+    else:
+        notes.append(
+            f"the model's outputs ({_gib(held)}) were still referenced when backward"
+            f" began and {_gib(through)} of them when the step began: counted as"
+            " activations through backward, and what was left through the step"
+        )
 
 
 def _hold(

@@ -138,6 +138,26 @@ class ModelShape:
 
     def tensors(self, seq: int) -> list[tuple[int, ...]]:
         """Every parameter tensor's shape."""
+        embed, layer, final, head = self.pieces(seq)
+        return embed + layer * self.layers + final + head
+
+    def part_counts(self, seq: int) -> dict[str, int]:
+        """Parameters of the parts FSDP units are made of: ``embed`` (every embedding),
+        ``layer`` (one layer), ``norm`` (the final norm) and ``head`` (what follows it;
+        nothing for a head tied to the embedding)."""
+        embed, layer, final, head = self.pieces(seq)
+        return {
+            name: sum(_numel(t) for t in part)
+            for name, part in (("embed", embed), ("layer", layer), ("norm", final), ("head", head))
+        }
+
+    def pieces(
+        self, seq: int
+    ) -> tuple[
+        list[tuple[int, ...]], list[tuple[int, ...]], list[tuple[int, ...]], list[tuple[int, ...]]
+    ]:
+        """The parameter shapes of the embeddings, of one layer, of the final norm and of
+        the head, in the model's order."""
         h, f, v = self.hidden, self.intermediate or 0, self.vocab
         d = self.head_dim or h // self.heads
         q, kv = self.heads * d, (self.kv_heads or self.heads) * d
@@ -175,18 +195,18 @@ class ModelShape:
             out = [(1, 1, h), (1, self.patches, h), (h, c, p, p), (h,)]
             layer = [*ln, *lin, *lin, *lin, *lin, *ln, (f, h), (f,), (h, f), (h,)]
             final = ln
-        out += layer * self.layers + final
+        head: list[tuple[int, ...]] = []
         if self.head == "lm" and not self.tied:
-            out.append((v, h))
+            head.append((v, h))
         elif self.head == "mlm":
-            out += [*lin, *ln, (v,)]  # transform, LayerNorm, the decoder's own bias
+            head += [*lin, *ln, (v,)]  # transform, LayerNorm, the decoder's own bias
             if not self.tied:
-                out.append((v, h))
+                head.append((v, h))
         elif self.head == "pooler":
-            out += lin
+            head += lin
         elif self.head == "classifier":
-            out += [(self.labels, h), (self.labels,)]
-        return out
+            head += [(self.labels, h), (self.labels,)]
+        return out, layer, final, head
 
     def count(self, seq: int) -> int:
         """Parameters in all."""

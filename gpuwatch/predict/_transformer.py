@@ -65,6 +65,9 @@ class Arch:
         upcast_logits: The loss upcasts logits to fp32 (HF ForCausalLMLoss).
         loss_parallel: The logits are sharded by vocabulary and the loss is torch's
             ``loss_parallel`` (tensor parallel): its log-softmax runs in steps.
+        loss: ``inside`` (the model's, given labels), ``outside`` (after the model
+            returned, the logits shifted by one and made contiguous: a copy) or
+            ``outside-unshifted``.
         head_transform: BERT's MLM head: dense, GeLU and LayerNorm before the logits.
         parallel_residual: Attention and MLP read the same input (GPT-NeoX):
             ``x + attn(ln1(x)) + mlp(ln2(x))``.
@@ -116,6 +119,7 @@ class Arch:
     checkpoint_every: int = 1
     upcast_logits: bool = True
     loss_parallel: bool = False
+    loss: str = "inside"
     head_transform: bool = False
     parallel_residual: bool = False
     expand_kv: bool = False
@@ -496,6 +500,8 @@ class _Recorder:
         head_trains = a.trains("embed") if a.tied else a.trains("head")
         key = "embed" if a.tied else "head"
         logits = self._linear(x, h, a.vocab, key, head_trains, False)
+        if a.loss.startswith("outside"):
+            return self.outside_loss(logits)
         if a.upcast_logits or a.autocast_elt:
             # HF's loss upcasts; cross_entropy is on both autocast float32 lists anyway.
             logits = self.cast(logits, 4)
@@ -505,6 +511,23 @@ class _Recorder:
         logp = self.unary(logits, save_output=True)
         loss = self.new(1, 4, logp.rg)
         self.op([logp], [loss])
+        return loss
+
+    def outside_loss(self, logits: Tensor) -> Tensor:
+        """Cross-entropy after the model returned its logits, which the caller holds
+        until the loss returns: ``logits[:, :-1].contiguous()`` copies them (``outside``),
+        and autocast's fp32 cross-entropy casts them."""
+        a = self.a
+        held = logits
+        if a.loss == "outside":
+            logits = self.copy(logits, self.numel(logits) * (a.seq - 1) // max(a.seq, 1))
+        if a.autocast_elt:
+            logits = self.cast(logits, 4)
+        logp = self.unary(logits, save_output=True)
+        loss = self.new(1, 4, logp.rg)
+        self.op([logp], [loss])
+        # The caller lets go of the logits once the loss returned (no gradient flows here).
+        self.op([held], [self.new(0, 4, False)])
         return loss
 
     def parallel_loss(self, logits: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 Each config is its family's public architecture (Mixtral-8x7B, T5 v1.1, Gemma-7B,
 Phi-2, DeiT: the same layer layout, activation, norms, heads and expert routing) scaled down
 to run here. ``estimate`` sees only the config: it counts the parameters on the meta
-device and traces one training step on fake tensors (``cli/_hf_trace.py``); the same
+device and traces one training step on fake tensors (``predict/_hf_trace.py``); the same
 model then really trains two steps on the CPU, and torch.profiler's allocator events give
 each phase's true peak (``profmem``). Every closed-form family must agree with the
 trace (``CLOSED``), and the per-layer extrapolation with a trace of every layer.
@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from profmem import ProfiledMemory  # noqa: E402
 
-from gpuwatch.cli._hf_trace import (  # noqa: E402
+from gpuwatch.predict._hf_trace import (  # noqa: E402
     build,
     image_input,
     image_tokens,

@@ -33,6 +33,8 @@ from profmem import ProfiledMemory, settle_collectives  # noqa: E402
 DIM, BLOCKS, BATCH, STEPS = 1024, 12, 64, 3
 LORA_RANK = 8
 HF_VOCAB, HF_BATCH, HF_SEQ = 8192, 4, 128
+HF_WIDE = 4 * 688
+"""The wide cases' MLP inner size."""
 
 CASES = {
     "ddp": {"layout": "ddp", "world": 2},
@@ -96,6 +98,45 @@ CASES = {
     "zero2": {"layout": "zero", "world": 2, "stage": 2},
     "zero2-overlap": {"layout": "zero", "world": 2, "stage": 2, "overlap_comm": True},
     "zero3": {"layout": "zero", "world": 2, "stage": 3},
+    # Issue 52's layouts the planner got wrong. LoRA on q and v of a causal LM whose
+    # frozen MLP is wide (intermediate 4 x 688): the gathered units dwarf the adapters.
+    "fsdp2-hf-lora-wide": {
+        "layout": "fsdp2",
+        "world": 2,
+        "model": "hf",
+        "lora": LORA_RANK,
+        "wide": True,
+        "reshard_after_forward": None,
+    },
+    # Tied embedding, the loss computed outside the model with the usual shift
+    # (``logits[:, :-1]``, made contiguous: a copy of the logits).
+    "fsdp2-hf-tied-outside": {
+        "layout": "fsdp2",
+        "world": 2,
+        "model": "hf",
+        "tied": True,
+        "loss": "outside",
+        "reshard_after_forward": None,
+    },
+    # torchtitan's units: the embedding, each layer, and [norm, head] resharded after
+    # forward, around the root; rank 0 of eight.
+    "fsdp2-hf-fake8-units": {
+        "layout": "fsdp2",
+        "world": 8,
+        "fake": True,
+        "model": "hf",
+        "units": "embed,layers,[norm,head]",
+        "reshard_after_forward": True,
+    },
+    # LoRA on a frozen fp32 base under bf16 autocast, one process (no layout).
+    "hf-lora-autocast": {
+        "layout": "none",
+        "world": 1,
+        "fake": True,
+        "model": "hf",
+        "lora": LORA_RANK,
+        "autocast": True,
+    },
 }
 """Name -> how the case is run (``layout``, ``world``, and the layout's options)."""
 
@@ -175,20 +216,21 @@ class LoraLinear(nn.Module):
         return self.base_layer(x) + self.lora_B(self.lora_A(x)) * self.scaling
 
 
-def _hf_model(lora: int = 0) -> nn.Module:
+def _hf_model(lora: int = 0, wide: bool = False, tied: bool = False) -> nn.Module:
     """A small Llama-style causal LM from Hugging Face transformers (built from a config);
-    with ``lora`` > 0 frozen, with rank-``lora`` adapters on q and v."""
+    with ``lora`` > 0 frozen, with rank-``lora`` adapters on q and v; ``wide``: an MLP four
+    times as wide; ``tied``: the head shares the embedding."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=HF_VOCAB,
         hidden_size=256,
-        intermediate_size=688,
+        intermediate_size=HF_WIDE if wide else 688,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=HF_SEQ,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     model = LlamaForCausalLM(config)
     if lora:
@@ -217,6 +259,18 @@ def _loss(model: nn.Module, x: torch.Tensor, case: dict[str, Any]) -> torch.Tens
         labels = nn.functional.pad(x, (0, 1), value=-100)[..., 1:]
         with loss_parallel():
             return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    if case.get("autocast"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _plain_loss(model, x, case)
+    return _plain_loss(model, x, case)
+
+
+def _plain_loss(model: nn.Module, x: torch.Tensor, case: dict[str, Any]) -> torch.Tensor:
+    if case.get("loss") == "outside":
+        # The usual loss outside the model: the logits shifted by one and made contiguous.
+        logits = model(input_ids=x).logits
+        shifted = logits[:, :-1].contiguous()
+        return nn.functional.cross_entropy(shifted.flatten(0, 1), x[:, 1:].flatten())
     if case.get("model") == "hf":
         return model(input_ids=x, labels=x).loss
     return model(x).square().mean()
@@ -283,12 +337,18 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
             sharding_strategy=ShardingStrategy[case["strategy"]],
             device_id=torch.device("cpu"),  # without it FSDP1 asks for an accelerator
         )
+    if case["layout"] == "none":
+        return model
     from torch.distributed.fsdp import fully_shard
 
     reshard = case.get("reshard_after_forward", True)
     kw = {} if reshard is None else {"reshard_after_forward": reshard}
+    if case.get("units"):  # the embedding, each layer, and [norm, head]
+        fully_shard(model.model.embed_tokens, **kw)
     for unit in _units(model):
         fully_shard(unit, **kw)
+    if case.get("units"):
+        fully_shard([model.model.norm, model.lm_head], **kw)
     if case.get("head"):
         fully_shard([model.norm, model.output], **kw)
     fully_shard(model, **kw)
@@ -297,7 +357,7 @@ def _wrap(model: nn.Module, case: dict[str, Any]) -> nn.Module:
 
 def _model(case: dict[str, Any]) -> nn.Module:
     if case.get("model") == "hf":
-        model = _hf_model(case.get("lora", 0))
+        model = _hf_model(case.get("lora", 0), bool(case.get("wide")), bool(case.get("tied")))
         every = case.get("checkpoint_every")
         if every:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (

@@ -14,7 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..session import Process, Session, is_host
+from ..session.decimate import column_edges
 from ..session.table import MISSING_INT
 from .rank_feed import rank_of
 
@@ -339,6 +342,35 @@ def gpu_list(labels: Sequence[str]) -> str:
             runs.append([i, i])
     parts = [str(a) if a == b else f"{a}–{b}" for a, b in runs]
     return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(parts)
+
+
+def listed_line(
+    table: Any, column: str, pid: int, t0: int, t1: int, width: int, now: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``pid``'s ``column`` (used bytes, SM %...) over ``[t0, t1]`` in ``width`` columns from
+    a GPU's process lists, as (lo, hi).
+
+    A list is stored only when it changes: a process whose figures hold still (a steady
+    job) has no newer row than the list it last changed in. While the newest list at
+    ``now`` still names it, its figures hold up to ``now`` (a table's own step-hold ends
+    at its newest row, and the line would stop there and scroll out of the window).
+    """
+    lo, hi = table.minmax(column, t0, t1, width, where=("pid", [pid]))
+    end = min(t1, now)
+    snap = table.group_at(end) if width > 0 and end > t0 else None
+    if snap is None:
+        return lo, hi
+    mine = np.flatnonzero(snap["pid"] == pid)
+    if not len(mine) or column not in snap:
+        return lo, hi
+    value = float(snap[column][mine[0]])
+    if value == MISSING_INT or not math.isfinite(value):
+        return lo, hi
+    edges = column_edges(t0, t1, width)
+    since = max(t0, int(snap[table.time][0]))
+    cells = (edges[1:] > since) & (edges[:-1] <= end) & ~np.isfinite(hi)
+    lo[cells] = hi[cells] = value
+    return lo, hi
 
 
 def sort(items: Sequence[ProcRow], key: str, reverse: bool = False) -> list[ProcRow]:

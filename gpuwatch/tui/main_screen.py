@@ -429,7 +429,9 @@ class MainScreen(WindowActions, DashboardScreen):
         """The key bar's entries, most important first (help and quit always fit): the
         mode's key-bar actions, then those of the moment, each on the key that runs it now
         (the active bindings, a keymap's keys among them)."""
-        bound = {**bound_keys(self), "open": node_keys(self.overview).get("open", [])}
+        # The overview's "open" while it shows (focus may not be on it yet).
+        bound = self.keys_now()
+        bound["open"] = node_keys(self.overview).get("open", [])
         keys = bar_keys(bound, ((a.action, a.title) for a in self.transport.actions if a.footer))
         at = next((i + 1 for i, k in enumerate(keys) if k.action == self.transport.tab_after), 1)
         timelines = self.tabs.active == "timelines"
@@ -444,6 +446,12 @@ class MainScreen(WindowActions, DashboardScreen):
         if "command_palette" in bound:
             keys.append(Key(bound["command_palette"][0], "palette", "command_palette"))
         return keys
+
+    def keys_now(self) -> dict[str, list[str]]:
+        """Each action and the keys bound to it now (:func:`~.keys.bound_keys`); an action
+        whose key the focused widget's bindings list first (a panel list's scroll keys),
+        or that focus has yet to reach (a tab switching), on this screen's own keys."""
+        return {**node_keys(self), **bound_keys(self)}
 
     def plot_width(self) -> int:
         """The charts' plot width in columns (a chart not drawn yet: 100)."""
@@ -737,7 +745,7 @@ class MainScreen(WindowActions, DashboardScreen):
         """Show the help screen: each action of the mode, on the keys that run it now."""
         from .help import HelpScreen  # Markdown's imports cost a first frame ~25 ms: on demand
 
-        rows = help_rows(bound_keys(self), ((a.action, a.help) for a in self.transport.actions))
+        rows = help_rows(self.keys_now(), ((a.action, a.help) for a in self.transport.actions))
         table = node_keys(self.process_table)  # its keys while it has the focus
         process_rows = help_rows(table, ((a, h) for _, a, h in PROCESS_KEYS))
         self.app.push_screen(HelpScreen(rows, process_keys=process_rows))

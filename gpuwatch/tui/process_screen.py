@@ -23,7 +23,7 @@ from .actions import LIVE_ACTIONS, bindings
 from .band import BandMarker, BandRow, PhaseBand, label_width, process_spans
 from .chart import ChartFrame, Series, TimelineChart
 from .keymap import KEY_IDS
-from .keys import KeyBar, bar_keys, bound_keys
+from .keys import Key, KeyBar, bar_keys, bound_keys
 from .transport import Dashboard
 from .window_actions import WindowActions
 
@@ -36,15 +36,13 @@ PERCENT_ROLES = {"sm": "reserved", "cpu": "predicted"}
 WINDOW_KEYS = ("cursor", "cursor_window", "zoom", "pan", "toggle_follow", "quit")
 """The dashboard's actions bound here too (by the name before their arguments)."""
 SHOWN = (
-    ("escape", "Back"),
-    ("cursor(-1)", "Cursor left"),
-    ("cursor(1)", "Cursor right"),
     ("zoom(0.5)", "Zoom in"),
     ("zoom(2.0)", "Zoom out"),
     ("toggle_follow", "Follow / pause"),
     ("quit", "Quit"),
 )
-"""The key bar's actions and labels, each on the key that runs it now."""
+"""The key bar's actions and labels after ``Back`` and ``Cursor``, each on the key that
+runs it now."""
 
 
 class ProcessScreen(WindowActions, Screen[None]):
@@ -106,7 +104,11 @@ class ProcessScreen(WindowActions, Screen[None]):
         return self.app.dashboard  # type: ignore[attr-defined]
 
     def on_mount(self) -> None:
-        self.keys.set_keys(bar_keys(bound_keys(self), SHOWN))
+        keys = bound_keys(self)
+        arrows = "".join(keys[a][0] for a in ("cursor(-1)", "cursor(1)") if keys.get(a))
+        cursor = [Key(arrows, "Cursor", "cursor(1)")] if arrows else []
+        back = bar_keys(keys, [("escape", "Back")])
+        self.keys.set_keys(back + cursor + bar_keys(keys, SHOWN))
         self.dashboard.redraw()
 
     async def action_quit(self) -> None:

@@ -59,6 +59,18 @@ def _relay(gpuwatch_pid: int) -> psutil.Process:
     return relay
 
 
+def _command_ended(gpuwatch_pid: int) -> bool:
+    """Whether the command of a gpuwatch has ended: gone, or a zombie its paused gpuwatch
+    has not reaped."""
+    for p in psutil.Process(gpuwatch_pid).children():
+        try:
+            if SENDER in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:  # a zombie has no command line: ended
+            continue
+    return True
+
+
 def _finish(gw: subprocess.Popen[str]) -> str:
     """Wait for gpuwatch to end (killed if it hangs); its stderr."""
     try:
@@ -113,7 +125,7 @@ def test_a_paused_gpuwatch_records_all_its_finished_command_sent(tmp_path, sock_
         assert wait_for(lambda: Path(f"{report}.started").exists(), timeout=60)
         gw.send_signal(signal.SIGSTOP)
         assert wait_for(report.exists, timeout=60)
-        time.sleep(1)
+        assert wait_for(lambda: _command_ended(gw.pid), timeout=60)
     finally:
         gw.send_signal(signal.SIGCONT)
     err = _finish(gw)

@@ -12,7 +12,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -191,7 +190,6 @@ def test_run_exit_status_becomes_gpuwatchs(sock_path, tmp_path) -> None:
 
 def test_run_stops_its_command_when_gpuwatch_is_terminated(sock_path, tmp_path) -> None:
     import signal
-    import time
 
     from conftest import wait_for
 
@@ -236,9 +234,22 @@ def test_run_stops_its_command_when_gpuwatch_is_terminated(sock_path, tmp_path) 
         assert wait_for(gone, timeout=30), (
             "the command outlived gpuwatch: " + tmux.screen() + (tmp_path / "c.log").read_text()
         )
-        time.sleep(0.1)
     finally:
         tmux.close()
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 
 
 SLOW_CHILD = (
@@ -267,7 +278,8 @@ def test_a_broken_terminal_stops_neither_the_recording_nor_the_command(tmp_path,
     os.close(write)
     os.close(read)  # the terminal is gone: every write gpuwatch makes fails (EPIPE)
     assert wait_for(lambda: out.exists(), timeout=30)
-    time.sleep(0.5)
+    # Mid-run: the command runs (3 s of phases) when the terminal hangs up.
+    assert wait_for(lambda: any(str(child) in _cmdline(p) for p in _children(gw.pid)), 30)
     gw.send_signal(signal.SIGHUP)
     assert gw.wait(timeout=60) == 5  # the command's own status
     assert done.read_text() == "done"

@@ -332,23 +332,32 @@ class TorchMemory:
             self.last_device = idx
             self._read_event = event
             self._shared = (*figures[:3], None, None, *figures[5:])
-            if figures[6] > self.retries:
-                new, self.retries = figures[6] - self.retries, figures[6]
-                if self.on_retry is not None:
-                    try:
-                        self.on_retry(new, figures[6])
-                    except Exception:
-                        pass
+            if figures[6] > self.retries:  # rare: the helper's call costs nothing per phase
+                self._retried(figures[6])
             if self.on_peak is not None:
                 high = figures[3] if figures[3] is not None else figures[1]
                 if high > self.watermark:
-                    try:
-                        self.on_peak(figures)
-                    except Exception:
-                        pass
+                    self._peaked(self.on_peak, figures)
             return figures
         except Exception:
             return None
+
+    def _retried(self, retries: int) -> None:
+        """cudaMalloc retried since the last boundary: tell ``on_retry`` how often."""
+        new, self.retries = retries - self.retries, retries
+        if self.on_retry is not None:
+            try:
+                self.on_retry(new, retries)
+            except Exception:
+                pass  # the user's callback never breaks the run
+
+    @staticmethod
+    def _peaked(on_peak: Callable[[Figures], None], figures: Figures) -> None:
+        """A read above the watermark: hand it to ``on_peak``."""
+        try:
+            on_peak(figures)
+        except Exception:
+            pass  # the user's callback never breaks the run
 
     def current(self, idx: int | None = None) -> Figures | None:
         """Current figures without touching the peak counters (safe from any thread)."""

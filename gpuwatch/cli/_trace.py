@@ -99,6 +99,7 @@ class Traced:
     trainable: int
     batch: int | None
     seq: int | None
+    amp_cached: int = 0
 
 
 # --------------------------------------------------------------------------- options
@@ -407,6 +408,62 @@ def _loss(out: Any, built: Built, torch: Any, spec: str) -> Any:
     return loss
 
 
+def _amp_cache(torch: Any, amp: str | None) -> Any:
+    """A dispatch mode that adds up the copies autocast keeps in its cache while the
+    forward runs: a weight that requires grad, cast to ``amp``, once each (torch's
+    ``cached_cast`` keeps exactly those until autocast exits)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    dtype = getattr(torch, amp) if amp else None
+
+    class AmpCache(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[int] = set()
+            self.bytes = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            src = args[0] if args else None
+            if (
+                dtype is not None
+                and func is torch.ops.aten._to_copy.default
+                and isinstance(src, torch.nn.Parameter)
+                and src.requires_grad
+                and getattr(out, "dtype", None) == dtype
+                and id(src) not in self.seen
+            ):
+                self.seen.add(id(src))
+                self.bytes += out.numel() * out.element_size()
+            return out
+
+    return AmpCache()
+
+
+HELD = ("weights", "gradients", "optimizer_state", "activations", "amp_copies")
+"""Categories a forward's measured peak does not stand for (the predictor adds them)."""
+
+
+def _with_cached_copies(facts: dict[str, Any], cached: int) -> dict[str, Any]:
+    """The facts with autocast's cached weight copies at the forward's end, where the
+    meter saw fewer of them among the saved tensors: inside a checkpointed layer nothing
+    is saved, yet the cache holds every copy until autocast exits. They go into the
+    forward's measured peak, with what else the forward holds then (the layout's gathered
+    units, temporaries: as predicted without them)."""
+    from ..predict import predict
+
+    act = facts.get("activations") or {}
+    if cached <= int(act.get("amp_copy_bytes") or 0) or act.get("forward_peak"):
+        return facts
+    before = predict(facts).phases["forward", True].peak  # type: ignore[arg-type]
+    extra = sum(v for k, v in before.items() if k not in HELD)
+    saved = int(act.get("bytes") or 0)
+    peak = {"bytes": saved + cached + extra, "saved_bytes": saved, "amp_copy_bytes": cached}
+    return dict(facts, activations=dict(act, forward_peak=dict(peak, at=1.0)))
+
+
 def _step(built: Built, s: Setting, mesh: Any, torch: Any) -> Traced:
     """The layout applied and one training step run; the facts read as a run reads them."""
     from ..instrument import ActivationMeter, batch_facts, collect_facts
@@ -439,11 +496,13 @@ def _step(built: Built, s: Setting, mesh: Any, torch: Any) -> Traced:
     meter = ActivationMeter(torch, model, loss_span=True)
     if not meter.start():
         raise CliError(f"--trace: the activations meter did not start: {meter.error}")
+    cache = _amp_cache(torch, amp)
     try:
         with torch.autocast("cpu", dtype=getattr(torch, amp or "bfloat16"), enabled=bool(amp)):
-            out = _call(wrapper, built.batch)
-            meter.model_returned(out)
-            loss = _loss(out, built, torch, s.spec)
+            with cache:
+                out = _call(wrapper, built.batch)
+                meter.model_returned(out)
+                loss = _loss(out, built, torch, s.spec)
             del out
         meter.stop("backward")
         loss.backward()
@@ -458,7 +517,7 @@ def _step(built: Built, s: Setting, mesh: Any, torch: Any) -> Traced:
     if facts["activations"].get("error"):
         raise CliError(f"--trace: the activations meter failed: {facts['activations']['error']}")
     bf = facts["batch"]
-    return Traced(facts, parameters, trainable, bf.get("batch"), bf.get("seq"))
+    return Traced(facts, parameters, trainable, bf.get("batch"), bf.get("seq"), cache.bytes)
 
 
 def trace_step(func: Any, s: Setting) -> Traced:
@@ -552,6 +611,8 @@ def result_of(traced: Traced, s: Setting) -> dict[str, Any]:
     from ..predict import PHASES
 
     facts = _on_target(traced.facts, s.device)
+    if s.checkpoint_every:
+        facts = _with_cached_copies(facts, traced.amp_cached)
     pred, phases = phase_peaks(facts, s.accumulation)
     peak, phase, _ = _peak_of(phases)
     par = facts.get("parallel") or {}
@@ -713,6 +774,36 @@ def fit(
         "headroom_bytes": usable - peak,
         "deciding_phase": phase,
         "deciding_first_step": first,
-        "max_batch": None,
+        "max_batch": _max_batch(func, s, result, usable),
         "changes": changes,
     }
+
+
+def _max_batch(func: Any, s: Setting, result: dict[str, Any], usable: int) -> int | None:
+    """The largest micro-batch that fits, where the builder takes ``batch``: each phase's
+    peak is linear in it, so a second trace at twice the batch gives each line (None
+    where the builder takes no batch, or a batch of 1 does not fit)."""
+    from ..predict import total
+
+    b = result.get("batch")
+    try:
+        takes = "batch" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes or not isinstance(b, int) or b < 1:
+        return None
+    try:
+        twice = result_of(trace_step(func, replace(s, batch=2 * b, assumed=[])), s)
+    except CliError:
+        return None
+    most: int | None = None
+    for key in ("phases", "first_step"):
+        for ph, now in result[key].items():
+            at, at2 = total(now), total(twice[key].get(ph) or now)
+            per = (at2 - at) / b
+            fixed = at - per * b
+            if per <= 0:
+                continue
+            fits = int((usable - fixed) // per)
+            most = fits if most is None else min(most, fits)
+    return most if most is None or most >= 1 else 0

@@ -152,9 +152,15 @@ def test_accumulation_keeps_the_gradients_through_the_next_forward(builder: str)
 
 
 def test_a_plan_that_does_not_fit_says_so_and_ranks_changes(builder: str) -> None:
-    out = _estimate("--trace", f"{builder}:build", "--batch", "4096", "--gpus", "1x64MiB")
+    out = _estimate(
+        "--trace", f"{builder}:build", "--batch", "4096", "--gpus", "1x24MiB", "--reserve", "0"
+    )
     fit = out["fit"]
     assert fit["fits"] is False and fit["headroom_bytes"] < 0
+    # Each phase is linear in the batch: the largest that fits is well below 4096.
+    assert fit["max_batch"] is not None and 0 <= fit["max_batch"] < 4096
+    smaller = _estimate("--trace", f"{builder}:build", "--batch", str(max(fit["max_batch"], 1)))
+    assert smaller["peak_bytes"] <= fit["usable_bytes"] or fit["max_batch"] == 0
     flags = [c["flags"] for c in fit["changes"]]
     assert "--checkpointing" in flags
     assert all(c["peak_bytes"] > 0 for c in fit["changes"])

@@ -299,11 +299,11 @@ def main() -> int:
     )
     for key, what in (("idle", "idle (Timelines)"), ("tab", "Processes tab open")):
         view, own = med(f"view_dash_{key}"), med(f"owner_dash_{key}")
-        own_less = own - alone
+        own_less, view_less = own - alone, view - feed
         print(
-            f"dashboard {what}: the view's process {view:5.2f}% | anchor, the owner's "
-            f"dashboard {own_less:5.2f}% (its process {own:5.2f}% less the owner alone) | "
-            f"{view / own_less if own_less > 0 else float('inf'):4.2f}x"
+            f"dashboard {what}: the view's {view_less:5.2f}% (its process {view:5.2f}% less "
+            f"its feed) | anchor, the owner's {own_less:5.2f}% (its process {own:5.2f}% less "
+            f"the owner alone) | {view_less / own_less if own_less > 0 else float('inf'):4.2f}x"
         )
     return 0 if ok else 1
 

@@ -60,16 +60,16 @@ SUFFIX = ".views"
 """The view socket is the annotation socket's path with this added."""
 QUEUE_MAX = 20_000
 """Facts a view may be behind (seconds of a busy session); beyond, they are dropped."""
-LINE_MAX = 1 << 20
-"""Longest line a view reads (a process list of a GPU with thousands of processes)."""
+LINE_MAX = 8 << 20
+"""Longest line a view reads (a batch of facts; a GPU's list of thousands of processes)."""
 VIEWS_MAX = 16
 """Views attached at once; more are refused."""
 SEND_LIMIT = 10.0
 """Seconds a view may read nothing before the owner lets it go."""
 ASK_LIMIT = 2.0
 """Seconds a client has to say what it wants, and the owner to answer a hello."""
-BATCH = 512
-"""Facts written to a view in one send."""
+BATCH = 256
+"""Facts written to a view in one line (one send) at most."""
 FLUSH_EVERY = 0.1
 """Seconds an outlet gathers facts before it writes them (a view lags by this much)."""
 
@@ -99,18 +99,13 @@ def _peer_uid(sock: socket.socket) -> int | None:
 def encode(event: SessionEvent) -> list[Any] | None:
     """The wire form of one session fact (None: a kind views do not need)."""
     if isinstance(event, Message):
-        # As protocol.encode writes it (the view decodes it as a datagram), with one
-        # encoder for every message: json.dumps with options builds one per call.
+        # The object protocol.encode would write (the view decodes it as a datagram).
         obj = {"v": protocol.VERSION, "kind": event.kind, "seq": event.seq, "pid": event.pid}
         obj["t"] = event.t
         if event.dropped:
             obj["dropped"] = event.dropped
         obj.update(event.body)
-        try:
-            data = _ENCODER.encode(obj)
-        except (TypeError, ValueError):
-            return None
-        return ["msg", data, event.container_pid]
+        return ["msg", obj, event.container_pid]
     if isinstance(event, GpuSampled):
         return ["gpu", event.key, event.row]
     if isinstance(event, GpuProcessesSampled):
@@ -135,10 +130,12 @@ def encode(event: SessionEvent) -> list[Any] | None:
     return None
 
 
+# One encoder for every line: json.dumps with options builds one per call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 
 
 def _line(item: list[Any]) -> bytes:
+    """One line: an item, or a batch of items (one encoding for a tenth of a second)."""
     return _ENCODER.encode(item).encode("utf-8") + b"\n"
 
 
@@ -219,7 +216,10 @@ class _Outlet:
 
     def run(self, hello: dict[str, Any]) -> None:
         try:
-            self._send([["hello", hello], *snapshot(self.hub.session)])
+            self.conn.sendall(_line(["hello", hello]))
+            items = snapshot(self.hub.session)
+            for i in range(0, len(items), BATCH):
+                self._send(items[i : i + BATCH])
             while True:
                 self.ready.wait(1.0)
                 if not self.closed:
@@ -255,7 +255,7 @@ class _Outlet:
 
     def _send(self, items: list[list[Any]]) -> None:
         if items:
-            self.conn.sendall(b"".join(_line(i) for i in items))
+            self.conn.sendall(_line(items))
 
     def close(self) -> None:
         self.closed = True
@@ -543,10 +543,10 @@ class Applier:
             raise ValueError("not a known GPU")
         return key
 
-    def _msg(self, data: Any, container_pid: Any) -> None:
-        if not isinstance(data, str):
+    def _msg(self, obj: Any, container_pid: Any) -> None:
+        if not isinstance(obj, dict):
             raise ValueError("not a message")
-        msg = protocol.decode(data.encode("utf-8", "surrogatepass"))
+        msg = protocol.decode(json.dumps(obj, separators=(",", ":")).encode("utf-8"))
         msg.container_pid = _opt_int(container_pid, 0, _MAX_PID)
         self.session.ingest(msg)
 
@@ -575,22 +575,36 @@ class Applier:
         self.bye = (True, _opt_text(recording, 4096))
 
     def line(self, data: bytes) -> None:
-        """Apply one line from the owner."""
+        """Apply one line from the owner: a batch of items."""
         try:
-            item = json.loads(data)
+            batch = json.loads(data)
+            if not isinstance(batch, list):
+                raise ValueError("not a batch")
+        except Exception as exc:  # RecursionError too: hostile
+            self._refuse(exc)
+            return
+        for item in batch:
+            self.item(item)
+
+    def item(self, item: Any) -> None:
+        """Apply one item (``[kind, *fields]``); one that does not check out is counted."""
+        try:
             if not isinstance(item, list) or not item or not isinstance(item[0], str):
-                raise ValueError("not a list")
+                raise ValueError("not an item")
             handler = self._handlers.get(item[0])
             if handler is None:
                 return  # a newer owner's kind: nothing to show of it
             handler(*item[1:])
         except Exception as exc:  # hostile or damaged: counted, the stream goes on
-            self.refused += 1
-            if self.refused == 1:
-                self.session.note(
-                    f"the gpuwatch viewed sent a line this view refused "
-                    f"({type(exc).__name__}); more are counted"
-                )
+            self._refuse(exc)
+
+    def _refuse(self, exc: Exception) -> None:
+        self.refused += 1
+        if self.refused == 1:
+            self.session.note(
+                f"the gpuwatch viewed sent a line this view refused "
+                f"({type(exc).__name__}); more are counted"
+            )
 
 
 def _list(v: Any, limit: int) -> list[Any]:

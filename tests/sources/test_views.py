@@ -99,7 +99,7 @@ def test_a_stuck_view_never_holds_the_owner_up(sock_path: str, monkeypatch) -> N
 def test_a_view_is_told_what_was_dropped(sock_path: str) -> None:
     view = Session()
     applier = Applier(view)
-    applier.line(b'["dropped", 17]')
+    applier.line(b'[["dropped", 17]]')
     assert applier.dropped == 17
     assert any("dropped 17" in n for n in view.notes)
 
@@ -116,10 +116,11 @@ def test_a_view_is_told_what_was_dropped(sock_path: str) -> None:
         b'["gpu", "gpu:0000", {"t": "soon"}]',
         b'["procs", "gpu:0000", 5, [[1, 2]]]',
         b'["procs", "gpu:0000", 5, [[-1, 2, 0]]]',
-        b'["msg", "{\\"v\\": 9}", null]',
+        b'["msg", {"v": 9}, null]',
         b'["mark", 1, 2, "x", "shout", null]',
         b'["info", 5, {"cmdline": [' + b'"a",' * 2000 + b'"b"]}]',
         b'["note"]',
+        b"[" * 100_000 + b"]" * 100_000,  # deeper than the parser goes
     ],
 )
 def test_hostile_lines_are_refused_one_by_one(line: bytes) -> None:
@@ -127,11 +128,11 @@ def test_hostile_lines_are_refused_one_by_one(line: bytes) -> None:
     view.add_device(Device(GPU, "gpu", index=0))
     applier = Applier(view)
     before = (len(view.devices), len(view.gpu[GPU]), len(view.marks), len(view.processes))
-    applier.line(line)
+    applier.line(b"[" + line + b"]")  # a line is a batch of items
     assert applier.refused == 1
     after = (len(view.devices), len(view.gpu[GPU]), len(view.marks), len(view.processes))
     assert after == before
-    applier.line(b'["gpu", "gpu:0000", {"t": 1, "used": 2}]')  # the stream goes on
+    applier.line(b'[["gpu", "gpu:0000", {"t": 1, "used": 2}]]')  # the stream goes on
     assert len(view.gpu[GPU]) == 1 and applier.refused == 1
 
 
@@ -139,11 +140,11 @@ def test_strings_from_the_owner_are_made_printable() -> None:
     view = Session()
     applier = Applier(view)
     evil = "\x1b]0;owned\x07GPU\x1b[2J"
-    applier.line(json.dumps(["device", {"key": "gpu:e", "kind": "gpu", "name": evil}]).encode())
-    applier.line(json.dumps(["note", evil]).encode())
+    device = ["device", {"key": "gpu:e", "kind": "gpu", "name": evil}]
+    applier.line(json.dumps([device, ["note", evil]]).encode())
     assert "\x1b" not in view.devices["gpu:e"].name and "\x1b" not in view.notes[-1]
     datagram = protocol.encode("mark", 7, 0, time.monotonic_ns(), 0, {"text": "hi"})
-    applier.line(json.dumps(["msg", datagram.decode(), None]).encode())
+    applier.line(json.dumps([["msg", json.loads(datagram), None]]).encode())
     assert [m.text for m in view.marks] == ["hi"]
 
 

@@ -114,3 +114,36 @@ async def test_the_process_screen_bar_says_its_keys_as_bound(tmp_path: Path) -> 
         await pilot.press("F")
         await pilot.pause()
         assert not app.view.following
+
+
+async def test_the_cluster_view_keys_are_remappable_and_its_bar_and_help_say_so(
+    tmp_path: Path,
+) -> None:
+    # Before: its bar and help listed "s Sort" and "r" by hand beside its BINDINGS.
+    from promstub import PromStub, Stub, gpu_series
+
+    from gpuwatch.cluster import PromClient
+    from gpuwatch.tui.cluster import ClusterApp
+
+    server = PromStub(Stub(families=gpu_series("node-a", 2, used_gib=70)))
+    try:
+        keys = keymap(tmp_path, 'sort = "S"\nrefresh = "R"\n')
+        app = ClusterApp(PromClient(server.url), [], keymap=keys)
+        async with app.run_test(size=SIZE) as pilot:
+            assert await until(pilot, lambda: app.refreshes >= 1)
+            assert " S Sort " in bar(app) and " R Refresh " in bar(app), bar(app)
+            sort = app.sort
+            await pilot.press("s")
+            await pilot.pause()
+            assert app.sort == sort
+            await pilot.press("S")
+            await pilot.pause()
+            assert app.sort != sort
+            await pilot.press("question_mark")
+            assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+            said = rows(app)  # type: ignore[arg-type]
+            assert said["sort: memory, headroom, host, rank"] == "S"
+            assert said["refresh now"] == "R"
+            assert said["on a host: a longer window"] == "+ / ="
+    finally:
+        server.close()

@@ -287,9 +287,13 @@ def _fsdp2(
     out.backward_units = walk
     # The model's own backward peak (an LM head's logits gradient early, the gradients
     # late) falls inside one unit's computation: what is unsharded there, by position.
-    # The loss's backward comes before the last unit's pre-backward gathers it: only the
-    # root and the units kept are unsharded there (a unit's own moment is its walk's).
-    out.backward_gathered = [root + kept[n]] + [w[2] for w in walk[1:m]] if m else [root]
+    # The loss's backward comes before the last unit's pre-backward: the root and the
+    # units kept are unsharded there, and the last unit's all-gather output where the
+    # root's own pre-backward prefetched it: a root with parameters, whose output is the
+    # loss (a loss computed outside reaches the root's output only after it).
+    first = inner[-1] if m else 0
+    ahead = sizes[first] if m and root and reshard[first] and loss_inside else 0
+    out.backward_gathered = [root + kept[n] + ahead] + [w[2] for w in walk[1:m]] if m else [root]
     if fsdp.get("cpu_offload"):
         out.notes.append("FSDP2 CPU offload: states on the host; all-gathers predicted as usual")
 

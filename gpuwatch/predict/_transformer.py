@@ -232,8 +232,10 @@ class _Recorder:
         weight = None
         if a.autocast_elt:
             # Autocast casts the weight on use and caches the copy for the forward
-            # (autocast_mode.cpp, cached_cast); the linear keeps it for the input gradient.
-            weight = self.new(w_numel, a.autocast_elt, trains, amp=True)
+            # (autocast_mode.cpp, cached_cast) only where the weight requires grad; a
+            # frozen one (LoRA's base) is cast afresh at each use, and its copy is then an
+            # activation like any other the linear keeps for the input gradient.
+            weight = self.new(w_numel, a.autocast_elt, trains, amp=trains)
             self.op([], [weight])
         rows = self.numel(x) // n_in
         out = self.new(rows * n_out, xin.elt, xin.rg or trains)
@@ -502,6 +504,7 @@ class _Recorder:
         logits = self._linear(x, h, a.vocab, key, head_trains, False)
         if a.loss.startswith("outside"):
             return self.outside_loss(logits)
+        held = logits
         if a.upcast_logits or a.autocast_elt:
             # HF's loss upcasts; cross_entropy is on both autocast float32 lists anyway.
             logits = self.cast(logits, 4)
@@ -511,6 +514,9 @@ class _Recorder:
         logp = self.unary(logits, save_output=True)
         loss = self.new(1, 4, logp.rg)
         self.op([logp], [loss])
+        if held is not logits:
+            # The model's output holds its own logits until the loss returns with it.
+            self.op([held], [self.new(0, 4, False)])
         return loss
 
     def outside_loss(self, logits: Tensor) -> Tensor:

@@ -431,7 +431,6 @@ def quit_seconds(stub: Stub, url: str, folder: Path, delay: float) -> float:
         asked = len(stub.requests)
         tmux.keys("r")
         assert wait_for(lambda: len(stub.requests) > asked, timeout=10)  # a query in flight
-        time.sleep(0.3)
         pressed = time.time()
         tmux.keys("q")
         assert wait_for(stamp.exists, timeout=20), tmux.screen()

@@ -58,7 +58,14 @@ def test_record_the_cpu_sample_then_info_matches(
         env, "--steps", str(steps), "--eval-every", str(every), "--step-sleep", "0.05"
     )
     assert sample.returncode == 0, sample.stderr
-    time.sleep(0.3)  # the last datagrams reach the receiver
+
+    def said_bye() -> bool:  # the sample's last datagrams are in the recording
+        try:
+            return any(p.ended is not None for p in load(out).processes.values())
+        except Exception:  # caught mid-write
+            return False
+
+    assert wait_for(said_bye, 60, 0.2)
     recorder.send_signal(signal.SIGINT)
     _, err = recorder.communicate(timeout=30)
     assert recorder.returncode == 0, err

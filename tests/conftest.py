@@ -110,8 +110,30 @@ TIERS: dict[str, tuple[str, ...]] = {
         "tests/predict/test_ranks.py",
     ),
     "slow": (
-        "tests/notebook/",
-        "tests/test_types.py",
+        "tests/notebook/",  # real kernels
+        "tests/serve/",  # real servers, forked dashboards, their visitors
+        "tests/test_types.py",  # mypy over the package
+        # Real training in child processes, torchrun, framework Trainers, the profiler.
+        "tests/analysis/test_explain.py",
+        "tests/analysis/test_forecast.py",
+        "tests/cli/test_launch.py",
+        "tests/instrument/test_integrations.py",
+        "tests/instrument/test_no_held_tensors.py",
+        "tests/predict/test_profmem.py",
+        "tests/store/test_store_e2e.py",
+        "tests/tui/test_process_tree_workers.py",
+        # `gpuwatch estimate` (torch) or another gpuwatch child per case, or children
+        # that run for seconds.
+        "tests/cli/test_estimate_cli.py",
+        "tests/cli/test_estimate_fit_cli.py",
+        "tests/cli/test_estimate_trace.py",
+        "tests/cli/test_export_cli.py",
+        "tests/sources/test_gpu_process.py",
+        "tests/store/test_disk_full.py",
+        "tests/store/test_hostile_files.py",
+        "tests/store/test_odd_recordings.py::test_info_export_and_load_take_it",
+        "tests/store/test_rename_recording.py",
+        "tests/store/test_samples_open.py",
     ),
 }
 """Node-id prefixes (a directory, a file or a test) and the tier marker their tests get:

@@ -32,6 +32,7 @@ from . import marks
 from .actions import LIVE_ACTIONS, REPLAY_ACTIONS, bindings
 from .chart import TimelineChart
 from .dashboard_screen import DashboardScreen
+from .forecast_parts import ForecastParts
 from .frame_clock import REDRAW_HZ, FrameClock
 from .keys import Key, KeyBar, bar_keys, bound_keys, help_rows, node_keys
 from .overview import GpuOverview, gpu_devices
@@ -159,6 +160,8 @@ class MainScreen(WindowActions, DashboardScreen):
         session = self.session
         self.status_bar = StatusLine(id="status")
         DashboardParts(self).install(self.status_bar)
+        # A phase still to come that will not fit (docs/foresight.md), among the warnings.
+        self.status_bar.add_source("forecast", ForecastParts(session), before="cursor")
         self.notes_bar = NotesLine(id="notes")
         self.tabs = TabbedContent(initial="timelines")
         self.panel_list = PanelList(id="panels")

@@ -4,6 +4,7 @@ without colour) while a phase still to come will not fit, gone once that phase h
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpuwatch import predict as pr
@@ -83,3 +84,22 @@ def test_the_chart_draws_the_highest_peak_still_to_come() -> None:
     fs.update()
     frame = panel._fetch_chart(s.t_origin, s.t_origin + 100 * MS, 40)
     assert [x for x in frame.series if x.role == "forecast"] == []  # nothing left to come
+
+
+async def test_the_dashboard_says_it_in_the_status_line_until_the_phase_has_run() -> None:
+    from conftest import until
+
+    from gpuwatch.tui.app import GpuwatchApp
+
+    s, msg = _session()
+    fs = foresight(s)
+    fs.update()
+    start = time.monotonic_ns()  # a live clock: the status line is asked at each frame
+    app = GpuwatchApp(s, clock=lambda: s.t_origin + 200 * MS + time.monotonic_ns() - start)
+    async with app.run_test(size=(160, 40)) as pilot:
+        bar = app.dashboard.status_bar
+        assert await until(pilot, lambda: "! forecast: optimizer.step (" in bar.text), bar.text
+        assert " short" in bar.text
+        _steps(msg, 2)
+        fs.update()
+        assert await until(pilot, lambda: "forecast" not in bar.text), bar.text

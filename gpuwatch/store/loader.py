@@ -223,11 +223,12 @@ class Loader:
         restore.open_spans(s, spans)
         for pid, body in db.execute("SELECT pid, body FROM proc_info"):
             s.set_proc_info(pid, _bodies.proc_info(json.loads(body)))
-        rejects = {
-            reason: count
-            for reason, count in db.execute("SELECT reason, count FROM rejects")
-            if isinstance(reason, str) and type(count) is int
-        }
+        self._read_events(db)
+        self._read_counts(db)
+
+    def _read_events(self, db: sqlite3.Connection) -> None:
+        """The events past the last one read: marks, OOMs and notes into the session."""
+        s = self.session
         marks: list[Mark] = []
         ooms, notes = [], []
         filed = self.source is not None
@@ -254,6 +255,15 @@ class Loader:
             elif kind == "note":
                 notes.append(clean["text"])
         restore.events(s, marks, ooms, notes, filed=filed)
+
+    def _read_counts(self, db: sqlite3.Connection) -> None:
+        """The rejected messages' counts and the sampler's rates (what is malformed: left
+        out)."""
+        rejects = {
+            reason: count
+            for reason, count in db.execute("SELECT reason, count FROM rejects")
+            if isinstance(reason, str) and type(count) is int
+        }
         row = db.execute("SELECT value FROM meta WHERE key = 'sampler_rate'").fetchone()
         stored = json.loads(row[0]) if row else None
         rates = (
@@ -261,7 +271,7 @@ class Loader:
             if isinstance(stored, dict)
             else {}
         )
-        restore.counts(s, rejects, rates)
+        restore.counts(self.session, rejects, rates)
 
     def _read_index(self, db: sqlite3.Connection) -> None:
         series = db.execute("SELECT id, kind, key, columns FROM series").fetchall()

@@ -151,49 +151,12 @@ class SessionWriter:
         self._summaries = False  # the summaries table exists
         self._label: str | None = None  # a new label, written at the next sync
         self.source: ChunkSource | None = None
-        if self.path.exists() or self.path.is_symlink():
-            if not overwrite:
-                raise FileExistsError(f"{self.path} already exists")
-            from .recording import live_writer
-
-            writer = live_writer(self.path)
-            if writer is not None:
-                raise FileExistsError(
-                    f"{self.path} is being written by another gpuwatch (pid {writer}); "
-                    "it is not overwritten even with --force"
-                )
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(str(self.path) + suffix).unlink(missing_ok=True)
+        _make_room(self.path, overwrite)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: transactions are the explicit BEGIN/COMMIT in sync().
         self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         try:
-            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode: a commit survives the process being killed (it is in the
-            # OS's page cache); only a power loss may take the last commits back.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("BEGIN")
-            for statement in DDL.split(";"):
-                if statement.strip():
-                    self._db.execute(statement)
-            self._set_meta(
-                {
-                    "format": FORMAT,
-                    "schema": SCHEMA_VERSION,
-                    "gpuwatch_version": __version__,
-                    "host": socket.gethostname(),
-                    "created_wall_ns": time.time_ns(),
-                    "t_origin": session.t_origin,
-                    "wall_offset": session.wall_offset,
-                    "label": label,
-                    "writer_pid": os.getpid(),
-                    "complete": 0,
-                    SUMMARIES: sm.VERSION,
-                    "summary_block_rows": sm.BLOCK_ROWS,
-                }
-            )
-            self._db.execute("COMMIT")
+            self._create(session, label)
             st = os.stat(self.path)
             self._identity = (st.st_dev, st.st_ino)
         except BaseException:
@@ -208,6 +171,35 @@ class SessionWriter:
             # Settled series are read back through it; marks go too, once written.
             session.retention.attach(FileReadback(self.source, self._wake))
             self._cursors["marks"] = session.marks_gone
+
+    def _create(self, session: Session, label: str) -> None:
+        """The new file's pragmas, tables and meta, in one transaction."""
+        self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: a commit survives the process being killed (it is in the
+        # OS's page cache); only a power loss may take the last commits back.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("BEGIN")
+        for statement in DDL.split(";"):
+            if statement.strip():
+                self._db.execute(statement)
+        self._set_meta(
+            {
+                "format": FORMAT,
+                "schema": SCHEMA_VERSION,
+                "gpuwatch_version": __version__,
+                "host": socket.gethostname(),
+                "created_wall_ns": time.time_ns(),
+                "t_origin": session.t_origin,
+                "wall_offset": session.wall_offset,
+                "label": label,
+                "writer_pid": os.getpid(),
+                "complete": 0,
+                SUMMARIES: sm.VERSION,
+                "summary_block_rows": sm.BLOCK_ROWS,
+            }
+        )
+        self._db.execute("COMMIT")
 
     def _attach(self, kind: str, key: str, table: Table) -> None:
         """Give a session table the archive its sealed rows will be read back from."""
@@ -687,6 +679,29 @@ class SessionWriter:
 
 
 _NOTHING = object()
+
+
+def _make_room(path: Path, overwrite: bool) -> None:
+    """Remove what stands at ``path`` (and its WAL files) for a new recording.
+
+    Raises:
+        FileExistsError: Something is there and ``overwrite`` is false, or another
+            gpuwatch is writing it.
+    """
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{path} already exists")
+    from .recording import live_writer
+
+    writer = live_writer(path)
+    if writer is not None:
+        raise FileExistsError(
+            f"{path} is being written by another gpuwatch (pid {writer}); "
+            "it is not overwritten even with --force"
+        )
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
 
 
 def _anchor(path: Path, identity: tuple[int, int]) -> int | None:

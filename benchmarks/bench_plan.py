@@ -11,8 +11,8 @@ settled):
   :func:`mlp_lora` below, with the run's options (``--gpus``, ``--layout``,
   ``--precision``, ``--accumulation``, ``--checkpointing``, ``--optimizer-impl``) under
   DDP, DDP with two micro-batches, DDP under bf16 autocast, FSDP2 with every block
-  checkpointed under bf16 autocast, FSDP1, LoRA under DDP and FSDP2, and rank 0 of an
-  8-rank FSDP2 job;
+  checkpointed under bf16 autocast or under ``MixedPrecisionPolicy(bf16, fp32)``, FSDP1,
+  LoRA under DDP and FSDP2, and rank 0 of an 8-rank FSDP2 job;
 - the config route, of the Llama-style causal LM of ``ranks_cases`` given as its Hugging
   Face config (``shape_from_config`` and the plan ``estimate`` makes of it) under DDP,
   FSDP2 (rank 0 of eight too, and with every 2nd layer checkpointed), LoRA under FSDP2
@@ -59,6 +59,7 @@ TRACE_CASES: dict[str, dict[str, Any]] = {
         "checkpointing": True,
         "precision": "bf16-mixed",
     },
+    "fsdp2-ckpt-mp": {"layout": "fsdp", "world": 2, "checkpointing": True, "mp_policy": "bf16"},
     "fsdp1": {"layout": "fsdp1", "world": 2},
     "lora-ddp": {"layout": "ddp", "world": 2, "lora": LORA},
     "lora-fsdp2": {"layout": "fsdp", "world": 2, "lora": LORA},
@@ -133,6 +134,8 @@ def _argv(case: dict[str, Any]) -> list[str]:
         argv += ["--accumulation", str(case["accumulation"])]
     if case.get("checkpointing"):
         argv.append("--checkpointing")
+    if case.get("mp_policy"):
+        argv += ["--mp-policy", case["mp_policy"]]
     return argv
 
 
@@ -242,11 +245,14 @@ def _wrap(model: Any, case: dict[str, Any]) -> Any:
         return FullyShardedDataParallel(
             model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu")
         )
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    kw = {}
+    if case.get("mp_policy"):  # (bf16 units, fp32 reduction)
+        kw["mp_policy"] = MixedPrecisionPolicy(torch.bfloat16, torch.float32)
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
     return model
 
 
@@ -377,7 +383,7 @@ def run_trace_case(name: str) -> str:
         said = f"REFUSED in one line: {result['refused']}"
         return said if case.get("refused") else f"{said} FAIL"
     plan = trace_rows(result)
-    anchor = anchor_plan(case)
+    anchor = anchor_plan({k: v for k, v in case.items() if k != "mp_policy"})
     worst, anchor_worst = compare(f"trace:{name}", plan, truth_of(case), anchor)
     verdict = "PASS" if worst <= TOLERANCE else "FAIL"
     return (

@@ -42,7 +42,7 @@ from typing import Any
 from ..fmt import fmt_bytes
 from ._common import CliError
 
-LAYOUTS = ("none", "ddp", "fsdp", "fsdp-no-reshard", "fsdp1")
+LAYOUTS = ("none", "ddp", "fsdp", "fsdp-no-reshard", "fsdp1", "fsdp1-grad-op")
 """The layouts ``--trace`` applies itself."""
 
 OPTIMIZER_CLASSES = {
@@ -55,6 +55,9 @@ OPTIMIZER_CLASSES = {
 """``--optimizer`` -> the ``torch.optim`` class the trace steps, and its options."""
 
 KIND_OF_CLASS = {"AdamW": "adamw", "Adam": "adam", "SGD": "sgd", "Adafactor": "adafactor"}
+
+MP_DTYPES = ("bf16", "fp16", "fp32")
+"""``--mp-policy``'s dtypes."""
 
 STEPS = 2
 """Optimizer steps walked: the first (its state made) and a later one."""
@@ -87,6 +90,7 @@ class Setting:
     layout: str
     world: int
     device: str
+    mp_policy: tuple[str, str] | None = None  # FSDP's (param, reduce) dtypes
     assumed: list[str] = field(default_factory=list)
 
 
@@ -111,7 +115,12 @@ def _refuse_unhonoured(args: argparse.Namespace) -> None:
             raise CliError(line)
     if any(getattr(args, n, None) for n in SHAPE):
         raise CliError("--trace builds the model itself: drop the shape options")
-    for name, default in (("attention", "sdpa"), ("dropout", None)):
+    units = getattr(args, "fsdp_units", None)
+    if units and units.replace(" ", "") != "layers":
+        raise CliError(
+            f"--fsdp-units {units}: with --trace the units are the model's layers and the root"
+        )
+    for name, default in (("attention", "sdpa"), ("dropout", None), ("loss", "inside")):
         if getattr(args, name, default) not in (default, None):
             flag = "--" + name
             raise CliError(f"{flag}: with --trace the model's own code decides it")
@@ -166,7 +175,8 @@ def setting(args: argparse.Namespace) -> Setting:
         spec=args.trace,
         batch=getattr(args, "batch", None),
         seq=getattr(args, "seq", None),
-        precision=getattr(args, "precision", None) or "bf16-mixed",
+        precision=getattr(args, "precision", None)
+        or ("fp32" if getattr(args, "mp_policy", None) else "bf16-mixed"),
         optimizer=optimizer,
         impl=getattr(args, "optimizer_impl", None) or "foreach",
         checkpoint_every=every if ckpt else 0,
@@ -177,7 +187,25 @@ def setting(args: argparse.Namespace) -> Setting:
     )
     if s.layout != "none" and not getattr(args, "layout", None):
         s.assumed.append("layout ddp (--layout)")
+    s.mp_policy = _mp_policy(getattr(args, "mp_policy", None), s.layout)
+    if s.mp_policy:
+        s.assumed.append(
+            f"MixedPrecisionPolicy: units gathered and computed in {s.mp_policy[0]}, gradients"
+            f" reduced in {s.mp_policy[1]} (--mp-policy)"
+        )
     return s
+
+
+def _mp_policy(text: str | None, layout: str) -> tuple[str, str] | None:
+    if not text:
+        return None
+    if not layout.startswith("fsdp"):
+        raise CliError("--mp-policy needs --layout fsdp, fsdp-no-reshard, fsdp1 or fsdp1-grad-op")
+    param, _, reduce = text.replace(" ", "").partition(",")
+    reduce = reduce or "fp32"
+    if param not in MP_DTYPES or reduce not in MP_DTYPES:
+        raise CliError(f"--mp-policy {text!r}: PARAM[,REDUCE], each one of {', '.join(MP_DTYPES)}")
+    return param, reduce
 
 
 def _gpus(args: argparse.Namespace) -> Any:
@@ -331,21 +359,33 @@ def _apply_layout(model: Any, layers: list[Any], s: Setting, mesh: Any) -> Any:
         # GPU, is what the hook hands back.
         ddp.register_comm_hook(None, noop_hook)
         return ddp
-    if s.layout == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel
+    mp = s.mp_policy and tuple(getattr(torch, _DTYPES.get(d, "float32")) for d in s.mp_policy)
+    if s.layout.startswith("fsdp1"):
+        from torch.distributed.fsdp import (
+            FullyShardedDataParallel,
+            MixedPrecision,
+            ShardingStrategy,
+        )
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         kinds = {type(m) for m in layers} or {type(model)}
+        grad_op = s.layout == "fsdp1-grad-op"
         return FullyShardedDataParallel(
-            model, auto_wrap_policy=ModuleWrapPolicy(kinds), device_id=torch.device("cpu")
+            model,
+            auto_wrap_policy=ModuleWrapPolicy(kinds),
+            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP if grad_op else None,
+            mixed_precision=MixedPrecision(param_dtype=mp[0], reduce_dtype=mp[1]) if mp else None,
+            device_id=torch.device("cpu"),
         )
     if s.layout in ("fsdp", "fsdp-no-reshard"):
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        reshard = s.layout == "fsdp"
+        kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": s.layout == "fsdp"}
+        if mp:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mp[0], reduce_dtype=mp[1])
         for layer in layers:
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
     return model
 
 

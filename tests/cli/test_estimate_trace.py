@@ -125,6 +125,16 @@ def test_fsdp_shards_the_states_over_the_gpus_named(builder: str) -> None:
     assert fsdp1["phases"]["zero_grad"]["weights"] == pytest.approx(weights / 4, rel=0.02)
 
 
+def test_fsdp_s_mixed_precision_policy_gathers_the_units_in_bf16(builder: str) -> None:
+    argv = ("--trace", f"{builder}:build", "--gpus", "2x24GiB", "--layout", "fsdp")
+    fp32 = _estimate(*argv, "--precision", "fp32")
+    mixed = _estimate(*argv, "--mp-policy", "bf16")
+    gathered = fp32["phases"]["forward"]["fsdp_unsharded"]
+    assert mixed["phases"]["forward"]["fsdp_unsharded"] == pytest.approx(gathered / 2, rel=0.05)
+    # The weights stay fp32 (the policy casts them as it gathers).
+    assert mixed["phases"]["zero_grad"]["weights"] == fp32["phases"]["zero_grad"]["weights"]
+
+
 def test_the_batch_the_precision_and_checkpointing_change_the_phases(builder: str) -> None:
     base = _estimate("--trace", f"{builder}:build", "--precision", "fp32", "--batch", "64")
     big = _estimate("--trace", f"{builder}:build", "--precision", "fp32", "--batch", "256")
@@ -174,6 +184,9 @@ def test_a_plan_that_does_not_fit_says_so_and_ranks_changes(builder: str) -> Non
         (("--gpus", "2x24GiB", "--layout", "zero2"), "zero2"),
         (("--layers", "2"), "shape"),
         (("--layout", "fsdp"), "--gpus"),
+        (("--gpus", "2x24GiB", "--layout", "fsdp", "--fsdp-units", "embed,layers"), "units"),
+        (("--gpus", "2x24GiB", "--mp-policy", "bf16"), "--mp-policy"),
+        (("--loss", "outside"), "--loss"),
     ],
 )
 def test_what_the_trace_cannot_honour_is_refused_in_one_line(

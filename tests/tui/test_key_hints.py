@@ -7,7 +7,9 @@ the process screen listed its keys by hand.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import synthetic
 from conftest import ROOT, until
@@ -39,6 +41,23 @@ def rows(app: GpuwatchApp) -> dict[str, str]:
     screen = app.screen
     assert isinstance(screen, HelpScreen)
     return {desc: keys for keys, desc in [*screen.keys, *screen.process_keys]}
+
+
+async def moved(
+    app: GpuwatchApp, pilot: Any, old: str, new: str, state: Callable[[], object]
+) -> dict[str, str]:
+    """Press ``old`` (``state`` stays), then ``new`` (it changes), then ``?``: the help's
+    rows."""
+    before = state()
+    await pilot.press(old)  # the remapped action's key no more
+    await pilot.pause()
+    assert state() == before
+    await pilot.press(new)
+    await pilot.pause()
+    assert state() != before
+    await pilot.press("question_mark")
+    assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+    return rows(app)
 
 
 async def test_a_remapped_play_key_is_what_the_key_bar_and_help_say_in_a_replay(
@@ -86,16 +105,8 @@ async def test_the_processes_tab_keys_are_remappable_and_the_help_says_so(
         await pilot.press("3")
         table = app.dashboard.process_table
         assert await until(pilot, lambda: app.focused is table)
-        before = table.sort_key
-        await pilot.press("o")  # sort-next's key no more
-        await pilot.pause()
-        assert table.sort_key == before
-        await pilot.press("x")
-        await pilot.pause()
-        assert table.sort_key != before
-        await pilot.press("question_mark")
-        assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
-        assert rows(app)["Sort by the next column"] == "x"
+        said = await moved(app, pilot, "o", "x", lambda: table.sort_key)
+        assert said["Sort by the next column"] == "x"
         assert rows(app)["Filter the rows by text (enter keeps it, escape clears it)"] == "/"
 
 
@@ -132,16 +143,7 @@ async def test_the_cluster_view_keys_are_remappable_and_its_bar_and_help_say_so(
         async with app.run_test(size=SIZE) as pilot:
             assert await until(pilot, lambda: app.refreshes >= 1)
             assert " S Sort " in bar(app) and " R Refresh " in bar(app), bar(app)
-            sort = app.sort
-            await pilot.press("s")
-            await pilot.pause()
-            assert app.sort == sort
-            await pilot.press("S")
-            await pilot.pause()
-            assert app.sort != sort
-            await pilot.press("question_mark")
-            assert await until(pilot, lambda: isinstance(app.screen, HelpScreen))
-            said = rows(app)  # type: ignore[arg-type]
+            said = await moved(app, pilot, "s", "S", lambda: app.sort)  # type: ignore[arg-type]
             assert said["sort: memory, headroom, host, rank"] == "S"
             assert said["refresh now"] == "R"
             assert said["on a host: a longer window"] == "+ / ="

@@ -492,12 +492,15 @@ class MainScreen(WindowActions, DashboardScreen):
         """Show the overview or the panels, as chosen (else as the layout says)."""
         choice = self._overview_choice
         shown = (not self.panels_fit()) if choice is None else choice
+        timelines = self.tabs.active == "timelines"
         if shown == self.overview_shown:
-            if shown and isinstance(self.focused, DevicePanel):  # hidden: it cannot keep it
+            # A hidden panel cannot keep the focus; under another tab, focus is that tab's
+            # (a frame between a tab key and its focus moving took it back to the overview).
+            if shown and timelines and isinstance(self.focused, DevicePanel):
                 self.overview.focus()
             return
         self.overview_shown = shown
-        if self.tabs.active != "timelines":
+        if not timelines:
             return
         if shown:
             panel = self.focused_panel()

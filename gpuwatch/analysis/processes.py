@@ -106,91 +106,116 @@ def rows(session: Session, at: int | None = None, cache: RowCache | None = None)
 
     ``cache``: the one given to the previous call, to reuse what did not change."""
     s = session
+    now = s.now() if at is None else at
+    ctx = _Build(
+        wall=(now + s.wall_offset) / 1e9,
+        known=cache.lists if cache is not None else {},
+        old=cache.rows if cache is not None else {},
+    )
     out: list[ProcRow] = []
     seen: set[int] = set()
-    now = s.now() if at is None else at
-    wall = (now + s.wall_offset) / 1e9
-    lists: dict[str, tuple[tuple[int, int, int], list[tuple[Any, ...]]]] = {}
-    built: dict[tuple[str, int], tuple[tuple[Any, ...], ProcRow]] = {}
-    old = cache.rows if cache is not None else {}
     for key, table in sorted(s.gpu_procs.items()):
         dev = s.devices.get(key)
-        if dev is None:
-            continue
-        newest = table.span()
-        t = newest[1] if newest is not None and at is None else at
-        if t is None:
-            continue
-        stamp = (id(table), len(table), t)
-        known = cache.lists.get(key) if cache is not None else None
-        if known is not None and known[0] == stamp:
-            listed = known[1]
-        else:
-            snap = table.group_at(t)
-            if snap is None:
+        listed = _listed(table, key, at, ctx) if dev is not None else None
+        where = _where(dev) if dev is not None else ""
+        for figures in listed or ():
+            if figures[0] == 0:  # an empty snapshot
                 continue
-            listed = list(
-                zip(*(snap[c].tolist() for c in ("pid", "used", "sm", "cpu", "rss")), strict=True)
-            )
-        lists[key] = (stamp, listed)
-        where = _where(dev)
-        for figures in listed:
-            pid = figures[0]
-            if pid == 0:  # an empty snapshot
-                continue
-            seen.add(pid)
-            info = s.proc_info.get(pid)
-            proc = s.processes.get(pid)
-            hello, container = (
-                (proc.hello, proc.container_pid) if proc is not None else (None, None)
-            )
-            inputs: tuple[Any, ...] = (info, proc, hello, (where, container, figures))
-            row = _reused(old.get((key, pid)), inputs, wall)
-            if row is None:
-                _, used, sm, cpu, rss = figures
-                row = _describe(s, pid, wall)
-                row.device, row.device_key = where, key
-                row.gpu_mem = _int(used)
-                row.sm = _float(sm)
-                row.cpu = _float(cpu)
-                row.rss = _int(rss)
-            else:
-                row.rss = _int(figures[4])
-            built[(key, pid)] = (inputs, row)
-            _instrumented(s, row, at, proc)
-            out.append(row)
+            seen.add(figures[0])
+            out.append(_gpu_row(s, key, where, figures, at, ctx))
     for pid, proc in list(s.processes.items()):
-        if pid in seen:
-            continue
-        if at is None:
-            if proc.ended is not None or proc.gone is not None:
-                continue
-            last = proc.rss.last()
-        elif s.runs_at(proc, at):
-            last = proc.rss.at(at)
-        else:
-            continue
-        rss = _int(last.get("rss")) if last else None
-        cpu = _float(last.get("cpu", math.nan)) if last else None
-        inputs = (
-            s.proc_info.get(pid),
-            proc,
-            proc.hello,
-            (proc.origin, proc.container_pid, rss, cpu),
-        )
-        row = _reused(old.get(("host", pid)), inputs, wall)
-        if row is None:
-            row = _describe(s, pid, wall)
-            row.device = f"{proc.origin} host" if proc.origin else "host"
-            row.device_key = "host"
-            row.cpu = cpu
-        row.rss = rss
-        built[("host", pid)] = (inputs, row)
-        _instrumented(s, row, at, proc)
-        out.append(row)
+        row = _host_row(s, pid, proc, at, ctx) if pid not in seen else None
+        if row is not None:
+            out.append(row)
     if cache is not None:  # only what this call used: the cache holds no process that left
-        cache.lists, cache.rows = lists, built
+        cache.lists, cache.rows = ctx.lists, ctx.built
     return out
+
+
+@dataclass(slots=True)
+class _Build:
+    """One :func:`rows` call's state: the wall time, the cache's lists and rows before it,
+    and those it uses (the cache's next)."""
+
+    wall: float
+    known: dict[str, tuple[tuple[int, int, int], list[tuple[Any, ...]]]]
+    old: dict[tuple[str, int], tuple[tuple[Any, ...], ProcRow]]
+    lists: dict[str, tuple[tuple[int, int, int], list[tuple[Any, ...]]]] = field(
+        default_factory=dict
+    )
+    built: dict[tuple[str, int], tuple[tuple[Any, ...], ProcRow]] = field(default_factory=dict)
+
+
+def _listed(table: Any, key: str, at: int | None, ctx: _Build) -> list[tuple[Any, ...]] | None:
+    """GPU ``key``'s process list at ``at`` as (pid, used, sm, cpu, rss) tuples: taken from
+    its table again only when the table grew or the time asked changed."""
+    newest = table.span()
+    t = newest[1] if newest is not None and at is None else at
+    if t is None:
+        return None
+    stamp = (id(table), len(table), t)
+    known = ctx.known.get(key)
+    if known is not None and known[0] == stamp:
+        listed = known[1]
+    else:
+        snap = table.group_at(t)
+        if snap is None:
+            return None
+        listed = list(
+            zip(*(snap[c].tolist() for c in ("pid", "used", "sm", "cpu", "rss")), strict=True)
+        )
+    ctx.lists[key] = (stamp, listed)
+    return listed
+
+
+def _gpu_row(
+    s: Session, key: str, where: str, figures: tuple[Any, ...], at: int | None, ctx: _Build
+) -> ProcRow:
+    """The row of a process NVML lists on GPU ``key`` (reused while nothing changed)."""
+    pid = figures[0]
+    info = s.proc_info.get(pid)
+    proc = s.processes.get(pid)
+    hello, container = (proc.hello, proc.container_pid) if proc is not None else (None, None)
+    inputs: tuple[Any, ...] = (info, proc, hello, (where, container, figures))
+    row = _reused(ctx.old.get((key, pid)), inputs, ctx.wall)
+    if row is None:
+        _, used, sm, cpu, rss = figures
+        row = _describe(s, pid, ctx.wall)
+        row.device, row.device_key = where, key
+        row.gpu_mem = _int(used)
+        row.sm = _float(sm)
+        row.cpu = _float(cpu)
+        row.rss = _int(rss)
+    else:
+        row.rss = _int(figures[4])
+    ctx.built[(key, pid)] = (inputs, row)
+    _instrumented(s, row, at, proc)
+    return row
+
+
+def _host_row(s: Session, pid: int, proc: Process, at: int | None, ctx: _Build) -> ProcRow | None:
+    """The row of an instrumented process on no GPU's list, None when it does not run."""
+    if at is None:
+        if proc.ended is not None or proc.gone is not None:
+            return None
+        last = proc.rss.last()
+    elif s.runs_at(proc, at):
+        last = proc.rss.at(at)
+    else:
+        return None
+    rss = _int(last.get("rss")) if last else None
+    cpu = _float(last.get("cpu", math.nan)) if last else None
+    inputs = (s.proc_info.get(pid), proc, proc.hello, (proc.origin, proc.container_pid, rss, cpu))
+    row = _reused(ctx.old.get(("host", pid)), inputs, ctx.wall)
+    if row is None:
+        row = _describe(s, pid, ctx.wall)
+        row.device = f"{proc.origin} host" if proc.origin else "host"
+        row.device_key = "host"
+        row.cpu = cpu
+    row.rss = rss
+    ctx.built[("host", pid)] = (inputs, row)
+    _instrumented(s, row, at, proc)
+    return row
 
 
 def _reused(
@@ -407,41 +432,10 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
     by_pid: dict[int, ProcRow] = {}
     for r in items:
         by_pid.setdefault(r.pid, r)
-    wall = (session.now() + session.wall_offset) / 1e9
-    # Parents described but not listed (one level up; a launcher's own parent is a shell).
-    for r in list(by_pid.values()):
-        ppid = r.ppid
-        if ppid and ppid not in by_pid and ppid in session.proc_info:
-            launcher = _describe(session, ppid, wall)
-            launcher.listed = False
-            launcher.device = ""
-            by_pid[ppid] = launcher
-    # Children the samplers found under a listed process (its description's "children").
-    kids_of: dict[int, list[ProcRow]] = {}
-    for r in list(by_pid.values()):
-        if not r.listed:
-            continue
-        for kid in _children(session.proc_info.get(r.pid)):
-            if kid not in by_pid and kid in session.proc_info:
-                worker = _describe(session, kid, wall)
-                worker.listed = False
-                worker.device = ""
-                worker.ppid = r.pid
-                by_pid[kid] = worker
-                kids_of.setdefault(r.pid, []).append(worker)
+    kids_of = _described_kin(session, by_pid)
+    order = _tree_order(items, by_pid, kids_of)
     children: dict[int, list[ProcRow]] = {}
     roots: list[ProcRow] = []
-    # A launcher takes the place of its first child in the sorted order.
-    order: list[ProcRow] = []
-    placed: set[int] = set()
-    for r in items:
-        parent = by_pid.get(r.ppid) if r.ppid is not None else None
-        if parent is not None and not parent.listed and parent.pid not in placed:
-            placed.add(parent.pid)
-            order.append(parent)
-        order.append(r)
-        if by_pid.get(r.pid) is r:
-            order += kids_of.pop(r.pid, [])
     for r in order:
         if by_pid.get(r.pid) is not r:  # a second GPU's row: beside the first, no children
             roots.append(r)
@@ -469,6 +463,51 @@ def tree(session: Session, items: Sequence[ProcRow]) -> list[ProcRow]:
         if id(r) not in done:
             walk(r, 0, "", True)
     return out
+
+
+def _described_kin(session: Session, by_pid: dict[int, ProcRow]) -> dict[int, list[ProcRow]]:
+    """Add to ``by_pid`` the parents described but not listed (one level up: a launcher's
+    own parent is a shell) and the children the samplers found under a listed process (its
+    description's "children"); returns the latter by their parent's pid."""
+    wall = (session.now() + session.wall_offset) / 1e9
+    for r in list(by_pid.values()):
+        ppid = r.ppid
+        if ppid and ppid not in by_pid and ppid in session.proc_info:
+            launcher = _describe(session, ppid, wall)
+            launcher.listed = False
+            launcher.device = ""
+            by_pid[ppid] = launcher
+    kids_of: dict[int, list[ProcRow]] = {}
+    for r in list(by_pid.values()):
+        if not r.listed:
+            continue
+        for kid in _children(session.proc_info.get(r.pid)):
+            if kid not in by_pid and kid in session.proc_info:
+                worker = _describe(session, kid, wall)
+                worker.listed = False
+                worker.device = ""
+                worker.ppid = r.pid
+                by_pid[kid] = worker
+                kids_of.setdefault(r.pid, []).append(worker)
+    return kids_of
+
+
+def _tree_order(
+    items: Sequence[ProcRow], by_pid: dict[int, ProcRow], kids_of: dict[int, list[ProcRow]]
+) -> list[ProcRow]:
+    """The rows in their sorted order, a launcher in the place of its first child and a
+    process's described children right after it."""
+    order: list[ProcRow] = []
+    placed: set[int] = set()
+    for r in items:
+        parent = by_pid.get(r.ppid) if r.ppid is not None else None
+        if parent is not None and not parent.listed and parent.pid not in placed:
+            placed.add(parent.pid)
+            order.append(parent)
+        order.append(r)
+        if by_pid.get(r.pid) is r:
+            order += kids_of.pop(r.pid, [])
+    return order
 
 
 MAX_CHILDREN = 64

@@ -204,8 +204,6 @@ class ProcessTable(CachedStrips, can_focus=True):
         self._last = signature
         selected = self.selected()
         self.shown = items
-        cells = [self._cells(r) for r in items]
-        self.widths = column_widths(cells, self.widths, self.sort_key)
         if selected is not None:  # the cursor stays on its process when the order changes
             same = [i for i, r in enumerate(items) if r.pid == selected.pid]
             if same:
@@ -296,6 +294,11 @@ class ProcessTable(CachedStrips, can_focus=True):
         width = size.width
         header, base, odd, cursor = self._styles.get()
         heads = []
+        # The columns are measured on the rows drawn (a refresh formats no other row);
+        # they only widen, so nothing moves as figures change.
+        view = range(self.top, min(len(self.shown), self.top + size.height - 1))
+        drawn = [self._cells(self.shown[i]) for i in view]
+        self.widths = column_widths(drawn, self.widths, self.sort_key)
         cols = self.columns(width)
         for key, label in pr.COLUMNS:
             arrow = ("▼" if self.reverse else "▲") if key == self.sort_key else ""
@@ -309,10 +312,9 @@ class ProcessTable(CachedStrips, can_focus=True):
         layout = (tuple(cols), self.hscroll)
         levels, mono = thresholds_of(self.app), self.app.no_color
         colors = self.app.theme_variables
-        for i in range(self.top, min(len(self.shown), self.top + size.height - 1)):
+        for i, cells in zip(view, drawn, strict=True):
             style = cursor if i == self.cursor_row else odd if i % 2 else base
             row = self.shown[i]
-            cells = self._cells(row)
             marks = self._levels(row, levels)
             strip = lines.get((cells, width, style, layout, marks))
             if strip is None:

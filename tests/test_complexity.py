@@ -30,15 +30,6 @@ PENDING: frozenset[str] = frozenset(
         # analysis/processes.py (KEEPOPEN, issue 51)
         "gpuwatch/analysis/processes.py::rows",
         "gpuwatch/analysis/processes.py::tree",
-        # predict/ (PLANNER, issue 52: the estimate's logic moves there)
-        "gpuwatch/predict/_fit.py::_candidates",
-        "gpuwatch/predict/_graph.py::_backward",
-        "gpuwatch/predict/_plan.py::_zero",
-        "gpuwatch/predict/_plan.py::plan_from_facts",
-        "gpuwatch/predict/_predict.py::_add_layout",
-        "gpuwatch/predict/_shape.py::facts_from_shape",
-        "gpuwatch/predict/_shape.py::shape_from_config",
-        "gpuwatch/predict/_transformer.py::_Recorder.attention",
     }
 )
 """``path::qualname`` of the functions over budget that are known and being fixed."""

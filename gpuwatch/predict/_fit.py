@@ -112,9 +112,26 @@ def _traffic_cost(now: RankEstimate, new: RankEstimate) -> str:
     return sent + (f" ({_gib(more)} more)" if more > 0 else "")
 
 
-def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan, int]]:
-    """(what, flags, changed plan, cost order) for each change that applies."""
-    out: list[tuple[str, str, Plan, int]] = []
+Candidate = tuple[str, str, Plan, int]
+"""(what, flags, changed plan, cost order) of one change."""
+
+
+def _candidates(plan: Plan, usable: int, gpu: str) -> list[Candidate]:
+    """Each change that applies, cheapest kinds first."""
+    level = SHARDING.get(plan.layout, 0)
+    return [
+        *_numeric_changes(plan),
+        *_checkpoint_changes(plan),
+        *_batch_change(plan, usable),
+        *_layout_changes(plan, level),
+        *_adapter_changes(plan),
+        *_more_gpus(plan, usable, gpu, level),
+    ]
+
+
+def _numeric_changes(plan: Plan) -> list[Candidate]:
+    """Kernels and numerics: SDPA, a fused step, 16-bit weights, 8-bit AdamW."""
+    out: list[Candidate] = []
     if plan.attention == "eager" and plan.shape is not None:
         out.append(("SDPA attention", "--attention sdpa", replace(plan, attention="sdpa"), 0))
     if plan.impl == "foreach":
@@ -129,6 +146,12 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
     if plan.optimizer in ("adam", "adamw"):
         changed = replace(plan, optimizer="adamw-8bit")
         out.append(("8-bit AdamW (bitsandbytes)", "--optimizer adamw-8bit", changed, 1))
+    return out
+
+
+def _checkpoint_changes(plan: Plan) -> list[Candidate]:
+    """Gradient checkpointing of every layer, or of every 2nd."""
+    out: list[Candidate] = []
     if not plan.checkpointing and plan.shape is None and plan.activations_checkpointed:
         # A traced family: the step traced again with every layer checkpointed.
         changed = replace(
@@ -146,14 +169,25 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
             changed = replace(plan, checkpointing=True, checkpoint_every=2)
             flags = "--checkpointing --checkpoint-every 2"
             out.append(("gradient checkpointing, every 2nd layer", flags, changed, 2))
-    if _batch_grows(plan) and plan.batch > 1:
-        fit = max_batch(plan, usable) or 0
-        if 0 < fit < plan.batch:
-            steps = -(-plan.batch // fit)
-            changed = replace(plan, batch=fit, accumulation=plan.accumulation * steps)
-            what = f"micro-batch {fit}, {steps} accumulation steps"
-            out.append((what, f"--batch {fit} --accumulation {steps}", changed, 2))
-    level = SHARDING.get(plan.layout, 0)
+    return out
+
+
+def _batch_change(plan: Plan, usable: int) -> list[Candidate]:
+    """The largest micro-batch that fits, with accumulation making up the rest."""
+    if not (_batch_grows(plan) and plan.batch > 1):
+        return []
+    fit = max_batch(plan, usable) or 0
+    if not 0 < fit < plan.batch:
+        return []
+    steps = -(-plan.batch // fit)
+    changed = replace(plan, batch=fit, accumulation=plan.accumulation * steps)
+    what = f"micro-batch {fit}, {steps} accumulation steps"
+    return [(what, f"--batch {fit} --accumulation {steps}", changed, 2)]
+
+
+def _layout_changes(plan: Plan, level: int) -> list[Candidate]:
+    """More sharding, and offload."""
+    out: list[Candidate] = []
     if plan.world > 1 and not plan.layout.startswith("tp="):
         for layout in ("zero2", "fsdp", "zero3"):
             if SHARDING[layout] > level:
@@ -166,6 +200,12 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
         layout = plan.layout if level else ("zero3" if plan.world > 1 else "zero2")
         changed = replace(plan, layout=layout, offload=True)
         out.append((f"{layout} with CPU offload", f"--layout {layout} --offload", changed, 4))
+    return out
+
+
+def _adapter_changes(plan: Plan) -> list[Candidate]:
+    """Train less: QLoRA, LoRA."""
+    out: list[Candidate] = []
     if not plan.quant and plan.shape is not None and plan.layout in ("none", "ddp"):
         rank = plan.lora_rank or LORA_RANK
         targets = plan.lora_targets if plan.lora_rank else ("q", "k", "v", "o")
@@ -178,16 +218,22 @@ def _candidates(plan: Plan, usable: int, gpu: str) -> list[tuple[str, str, Plan,
         changed = replace(plan, lora_rank=LORA_RANK, lora_targets=("q", "k", "v", "o"))
         flags = f"--lora-rank {LORA_RANK} --lora-targets q,k,v,o"
         out.append((f"LoRA rank {LORA_RANK} on q, k, v, o", flags, changed, 5))
-    if level == 3 or plan.layout == "ddp" or plan.layout == "none":
-        sharded = plan if level == 3 else replace(plan, layout="zero3")
-        n = plan.world * 2
-        while n <= MAX_GPUS and not _fits(replace(sharded, world=n), usable):
-            n *= 2
-        if n <= MAX_GPUS:
-            what = f"{n} GPUs" + ("" if level == 3 else " under zero3")
-            flags = f"--gpus {n}x{gpu}" + ("" if level == 3 else " --layout zero3")
-            out.append((what, flags, replace(sharded, world=n), 6))
     return out
+
+
+def _more_gpus(plan: Plan, usable: int, gpu: str, level: int) -> list[Candidate]:
+    """The fewest GPUs (doubling) on which the sharded plan fits."""
+    if not (level == 3 or plan.layout == "ddp" or plan.layout == "none"):
+        return []
+    sharded = plan if level == 3 else replace(plan, layout="zero3")
+    n = plan.world * 2
+    while n <= MAX_GPUS and not _fits(replace(sharded, world=n), usable):
+        n *= 2
+    if n > MAX_GPUS:
+        return []
+    what = f"{n} GPUs" + ("" if level == 3 else " under zero3")
+    flags = f"--gpus {n}x{gpu}" + ("" if level == 3 else " --layout zero3")
+    return [(what, flags, replace(sharded, world=n), 6)]
 
 
 def _cost(what: str, plan: Plan, now: RankEstimate, new: RankEstimate) -> str:

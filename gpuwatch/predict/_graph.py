@@ -254,12 +254,7 @@ def _backward(
     accumulate: bool = False,
 ) -> tuple[Moment, Moment, int]:
     # Uses of each parameter still to come in backward: AccumulateGrad runs after the last.
-    uses: dict[str, int] = {}
-    if accumulate:
-        for op in ops:
-            if any(t.rg for t in op.outputs):
-                for key, _ in op.params:
-                    uses[key] = uses.get(key, 0) + 1
+    uses = _param_uses(ops) if accumulate else {}
     live.peak = live.now.copy()
     live.peak_step = len(ops) - 1
     grads: dict[int, Tensor] = {}  # activation gradients alive, by tensor id
@@ -281,21 +276,7 @@ def _backward(
             recomputed.add(op.region)
             start = region_first[op.region]
             _recompute(ops, start, i, live, last_read, region_saver)
-        # The gradients this op's backward makes: its inputs' and its parameters'.
-        for t in op.inputs:
-            if t.rg and id(t) not in grads:
-                g = Tensor(t.nbytes, False, t.elt)
-                grads[id(t)] = g
-                live.add(g, "temp")
-            elif t.rg:
-                live.bump(t.nbytes)  # a second gradient, summed into the first
-        for key, nbytes in op.params:
-            if key in param_grads:
-                live.bump(nbytes)  # tied weight: computed, then accumulated in place
-            else:
-                param_grads.add(key)
-                grad_bytes += nbytes
-                live.now.grads += nbytes
+        grad_bytes += _op_gradients(op, live, grads, param_grads)
         live.bump()
         if accumulate:
             for key, nbytes in op.params:
@@ -306,13 +287,8 @@ def _backward(
             done = grads.pop(id(t), None)
             if done is not None:
                 live.drop(done)
-        for t in op.saved:
-            if saved_by.get(id(t)) == i or region_saver.get(id(t)) == i:
-                live.drop(t)
-        if op.region is not None and i == region_first[op.region]:
-            for t in list(op.inputs):
-                if saved_by.get(id(t)) == i:
-                    live.drop(t)
+        start = op.region is not None and i == region_first[op.region]
+        _free_saved(op, i, live, saved_by, region_saver, start)
     for g in grads.values():  # gradients of the graph's inputs that nothing consumes
         live.drop(g)
     for alive_id in list(live.alive):
@@ -320,6 +296,56 @@ def _backward(
         if kind != "temp":
             live.drop(t)
     return live.peak, live.now.copy(), grad_bytes
+
+
+def _param_uses(ops: list[Op]) -> dict[str, int]:
+    """How many ops of the graph use each parameter."""
+    uses: dict[str, int] = {}
+    for op in ops:
+        if any(t.rg for t in op.outputs):
+            for key, _ in op.params:
+                uses[key] = uses.get(key, 0) + 1
+    return uses
+
+
+def _op_gradients(op: Op, live: _Live, grads: dict[int, Tensor], param_grads: set[str]) -> int:
+    """The gradients an op's backward makes, its inputs' and its parameters'; returns
+    the bytes of the parameter gradients it makes first."""
+    made = 0
+    for t in op.inputs:
+        if t.rg and id(t) not in grads:
+            g = Tensor(t.nbytes, False, t.elt)
+            grads[id(t)] = g
+            live.add(g, "temp")
+        elif t.rg:
+            live.bump(t.nbytes)  # a second gradient, summed into the first
+    for key, nbytes in op.params:
+        if key in param_grads:
+            live.bump(nbytes)  # tied weight: computed, then accumulated in place
+        else:
+            param_grads.add(key)
+            made += nbytes
+            live.now.grads += nbytes
+    return made
+
+
+def _free_saved(
+    op: Op,
+    i: int,
+    live: _Live,
+    saved_by: dict[int, int],
+    region_saver: dict[int, int],
+    region_start: bool,
+) -> None:
+    """What op ``i``'s backward lets go of: what it saved, and at a checkpointed region's
+    first op, the region's inputs it kept."""
+    for t in op.saved:
+        if saved_by.get(id(t)) == i or region_saver.get(id(t)) == i:
+            live.drop(t)
+    if op.region is not None and region_start:
+        for t in list(op.inputs):
+            if saved_by.get(id(t)) == i:
+                live.drop(t)
 
 
 def _recompute(

@@ -595,38 +595,7 @@ def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tu
         "partition_numel": part,
     }
     if stage == 3:
-        threshold = ZERO_DEFAULTS["stage3_param_persistence_threshold"]
-        shapes: list[tuple[int, ...]] = []
-        if plan.shape is not None:
-            seq = plan.seq or plan.shape.max_positions or 1024
-            shapes = plan.shape.tensors(seq)
-            if plan.lora_rank:
-                shapes += plan.shape.lora_tensors(plan.lora_rank, plan.lora_targets)
-        persistent = sum(_numel(s) for s in shapes if _numel(s) < threshold)
-        zero.update(
-            {
-                k: ZERO_DEFAULTS[k]
-                for k in (
-                    "stage3_prefetch_bucket_size",
-                    "stage3_max_live_parameters",
-                    "stage3_param_persistence_threshold",
-                )
-            }
-        )
-        zero.update(
-            {
-                "grad_partition_bytes": part * elt,
-                "unsharded_bytes": total * elt,
-                "partition_bytes": _ceil(total, n) * elt,
-                "persistent_bytes": persistent * elt,
-                "largest_param_bytes": max((_numel(s) for s in shapes), default=total) * elt,
-            }
-        )
-        # Each rank holds its partitions, plus the small parameters kept whole.
-        _divide(p, n, _PARAM_KEYS)
-        for g in p["groups"]:
-            _divide(g, n, ("count", "bytes"))
-        p["bytes"] += persistent * elt
+        _zero3(plan, p, zero, elt)
     host = 0
     if plan.offload:
         host = optimizer_memory(opt).state + zero["master_bytes"]
@@ -642,6 +611,39 @@ def _zero(plan: Plan, facts: dict[str, Any], stage: int, notes: list[str]) -> tu
     # again in backward (Rajbhandari et al. 2020, section 7: 1.5x DDP's volume).
     passes = 2 * trainable if stage < 3 else 2 * total + trainable
     return host, round(passes * elt * (n - 1) / n)
+
+
+def _zero3(plan: Plan, p: dict[str, Any], zero: dict[str, Any], elt: int) -> None:
+    """Stage 3: the parameters partitioned too, the small ones kept whole (persistent)."""
+    n, total, part = plan.world, p["count"], zero["partition_numel"]
+    threshold = ZERO_DEFAULTS["stage3_param_persistence_threshold"]
+    shapes: list[tuple[int, ...]] = []
+    if plan.shape is not None:
+        seq = plan.seq or plan.shape.max_positions or 1024
+        shapes = plan.shape.tensors(seq)
+        if plan.lora_rank:
+            shapes += plan.shape.lora_tensors(plan.lora_rank, plan.lora_targets)
+    persistent = sum(_numel(s) for s in shapes if _numel(s) < threshold)
+    for k in (
+        "stage3_prefetch_bucket_size",
+        "stage3_max_live_parameters",
+        "stage3_param_persistence_threshold",
+    ):
+        zero[k] = ZERO_DEFAULTS[k]
+    zero.update(
+        {
+            "grad_partition_bytes": part * elt,
+            "unsharded_bytes": total * elt,
+            "partition_bytes": _ceil(total, n) * elt,
+            "persistent_bytes": persistent * elt,
+            "largest_param_bytes": max((_numel(s) for s in shapes), default=total) * elt,
+        }
+    )
+    # Each rank holds its partitions, plus the small parameters kept whole.
+    _divide(p, n, _PARAM_KEYS)
+    for g in p["groups"]:
+        _divide(g, n, ("count", "bytes"))
+    p["bytes"] += persistent * elt
 
 
 def _tp(plan: Plan, facts: dict[str, Any], notes: list[str]) -> int:
@@ -787,27 +789,22 @@ _PRECISION_OF = {
 _STRATEGY_LAYOUT = {"ddp": "ddp", "fsdp2": "fsdp", "tp": "tp", "device_map": "device-map"}
 
 
-def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
-    """The :class:`Plan` of a recorded run, from the facts it sent (a recording's facts are
-    hostile: every field is checked), and what could not be carried over.
-
-    Raises:
-        ValueError: Facts with neither a decoder's shape nor a parameter count.
-    """
+def _precision_of(facts: dict[str, Any], params: dict[str, Any]) -> str:
+    """``--precision`` from the bulk of the weights' dtype and the autocast dtype."""
     from ..facts import fact_int
-    from ._optim import ESTIMATE_OPTIMIZERS, kind_of
 
-    lost: list[str] = []
-    tf = _dict(facts.get("transformer"))
-    batch = _dict(facts.get("batch"))
-    params = _dict(facts.get("params"))
     groups = [g for g in params.get("groups") or [] if isinstance(g, dict)]
     big = max(groups, key=lambda g: fact_int(g.get("bytes")), default={})
     amp = _dict(facts.get("amp"))
-    autocast = amp.get("dtype") or batch.get("autocast")
+    autocast = amp.get("dtype") or _dict(facts.get("batch")).get("autocast")
     dtype = str(big.get("dtype") or "float32")
-    precision = _PRECISION_OF.get((dtype, str(autocast) if autocast else None), "bf16-mixed")
-    opt = _dict(facts.get("optimizer"))
+    return _PRECISION_OF.get((dtype, str(autocast) if autocast else None), "bf16-mixed")
+
+
+def _optimizer_of(opt: dict[str, Any], lost: list[str]) -> tuple[str, str]:
+    """``--optimizer`` and ``--optimizer-impl`` from the optimizer's facts."""
+    from ._optim import ESTIMATE_OPTIMIZERS, kind_of
+
     kind = kind_of(opt) if opt else "adamw"
     optimizer = kind if kind in ESTIMATE_OPTIMIZERS else "adamw"
     if kind == "sgd":
@@ -816,31 +813,72 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
     if opt and optimizer != kind and kind != "sgd":
         lost.append(f"optimizer {str(opt.get('class'))[:40]} planned as {optimizer}")
     impl = str(opt.get("impl") or "foreach")
-    impl = impl if impl in ("foreach", "fused", "for-loop") else "foreach"
-    shape = None
+    return optimizer, impl if impl in ("foreach", "fused", "for-loop") else "foreach"
+
+
+def _shape_of(tf: dict[str, Any]) -> ModelShape | None:
+    """A decoder's :class:`ModelShape` from the ``transformer`` facts (None: none)."""
+    from ..facts import fact_int
+
     dims = {k: fact_int(tf.get(k)) for k in ("layers", "hidden", "heads", "vocab")}
-    if all(v > 0 for v in dims.values()) and tf.get("head", "lm") == "lm":
-        if tf.get("mlp") in ("gated", "swiglu", "geglu"):
-            arch = "llama"
-        elif tf.get("parallel_residual"):
-            arch = "neox"
-        elif tf.get("fused_qkv", True):
-            arch = "gpt"
-        else:
-            arch = ""
-        if arch:
-            shape = ModelShape(
-                arch=arch,
-                kv_heads=fact_int(tf.get("kv_heads")) or None,
-                head_dim=fact_int(tf.get("head_dim")) or None,
-                intermediate=fact_int(tf.get("intermediate")) or None,
-                tied=bool(tf.get("tied_embeddings", arch == "gpt")),
-                max_positions=fact_int(tf.get("max_positions")) or None,
-                layers=dims["layers"],
-                hidden=dims["hidden"],
-                heads=dims["heads"],
-                vocab=dims["vocab"],
-            )
+    if not all(v > 0 for v in dims.values()) or tf.get("head", "lm") != "lm":
+        return None
+    if tf.get("mlp") in ("gated", "swiglu", "geglu"):
+        arch = "llama"
+    elif tf.get("parallel_residual"):
+        arch = "neox"
+    elif tf.get("fused_qkv", True):
+        arch = "gpt"
+    else:
+        return None
+    return ModelShape(
+        arch=arch,
+        kv_heads=fact_int(tf.get("kv_heads")) or None,
+        head_dim=fact_int(tf.get("head_dim")) or None,
+        intermediate=fact_int(tf.get("intermediate")) or None,
+        tied=bool(tf.get("tied_embeddings", arch == "gpt")),
+        max_positions=fact_int(tf.get("max_positions")) or None,
+        layers=dims["layers"],
+        hidden=dims["hidden"],
+        heads=dims["heads"],
+        vocab=dims["vocab"],
+    )
+
+
+def _layout_of(par: dict[str, Any], lost: list[str]) -> tuple[str, int]:
+    """``--layout`` and the world size from the ``parallel`` facts."""
+    from ..facts import fact_int
+
+    strategy = str(par.get("strategy") or "none")
+    world = max(fact_int(par.get("world_size")), 1)
+    layout = _STRATEGY_LAYOUT.get(strategy, "none")
+    if strategy == "zero":
+        stage = fact_int(_dict(par.get("zero")).get("stage"))
+        layout = f"zero{stage}" if stage else "none"
+    if layout == "tp":
+        layout, world = "none", 1
+        lost.append("tensor parallel's degree is not in the facts: planned as one GPU")
+    if layout == "fsdp":
+        fsdp = _dict(par.get("fsdp"))
+        layout = "fsdp" if fsdp.get("reshard_after_forward") is not False else "fsdp-no-reshard"
+    return (layout if world > 1 or layout == "device-map" else "none"), world
+
+
+def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
+    """The :class:`Plan` of a recorded run, from the facts it sent (a recording's facts are
+    hostile: every field is checked), and what could not be carried over.
+
+    Raises:
+        ValueError: Facts with neither a decoder's shape nor a parameter count.
+    """
+    from ..facts import fact_int
+
+    lost: list[str] = []
+    tf = _dict(facts.get("transformer"))
+    batch = _dict(facts.get("batch"))
+    params = _dict(facts.get("params"))
+    optimizer, impl = _optimizer_of(_dict(facts.get("optimizer")), lost)
+    shape = _shape_of(tf)
     count = fact_int(params.get("count"))
     if shape is None:
         if count <= 0:
@@ -848,19 +886,7 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
         lost.append("no decoder shape in the facts: parameters only, activations unknown")
     lora = _dict(tf.get("lora"))
     targets = tuple(str(t)[:8] for t in (lora.get("targets") or ("q", "v")))[:8]
-    par = _dict(facts.get("parallel"))
-    strategy = str(par.get("strategy") or "none")
-    world = max(fact_int(par.get("world_size")), 1)
-    layout = _STRATEGY_LAYOUT.get(strategy, "none")
-    if strategy == "zero":
-        zero = _dict(par.get("zero"))
-        layout = f"zero{fact_int(zero.get('stage'))}" if fact_int(zero.get("stage")) else "none"
-    if layout == "tp":
-        layout, world = "none", 1
-        lost.append("tensor parallel's degree is not in the facts: planned as one GPU")
-    if layout == "fsdp":
-        fsdp = _dict(par.get("fsdp"))
-        layout = "fsdp" if fsdp.get("reshard_after_forward") is not False else "fsdp-no-reshard"
+    layout, world = _layout_of(_dict(facts.get("parallel")), lost)
     ckpt = _dict(facts.get("checkpointing"))
     drop = _dict(tf.get("dropout"))
     plan = Plan(
@@ -868,7 +894,7 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
         params=count if shape is None else None,
         batch=max(fact_int(batch.get("batch")), 1),
         seq=fact_int(batch.get("seq")) or None,
-        precision=precision,
+        precision=_precision_of(facts, params),
         optimizer=optimizer,
         impl=impl,
         attention=str(tf.get("attention") or "sdpa")[:24],
@@ -877,7 +903,7 @@ def plan_from_facts(facts: dict[str, Any]) -> tuple[Plan, list[str]]:
         lora_rank=fact_int(lora.get("rank")),
         lora_targets=targets,
         dropout={k: float(v) for k, v in drop.items() if isinstance(v, (int, float))},
-        layout=layout if world > 1 or layout == "device-map" else "none",
+        layout=layout,
         world=world,
     )
     return plan, lost

@@ -560,6 +560,27 @@ def _workspaces(
         accumulating[first] = _with(b, {BLAS_WORKSPACES: 2 * each})
 
 
+def _with_layout(b: Breakdown, extra: dict[str, int], lay: LayoutMemory, where: str) -> Breakdown:
+    """``b`` with the layout's buffers; ``where`` (ZeRO's gradients): ``held`` from the
+    backward's end to the step's peak, ``after`` the step, else ``""``."""
+    out = dict(b)  # a copy: one breakdown may stand for several moments
+    for part in (lay.persistent, extra):
+        for k, v in part.items():
+            out[k] = out.get(k, 0) + v
+    if lay.grads_in_buckets:
+        out[GRADIENTS] = 0  # views of the buckets, counted there
+    if lay.grad_bytes is not None:
+        # ZeRO: this rank's gradient partition replaces the model's gradients.
+        own = out.get(GRADIENTS, 0)
+        if where == "held" or lay.grads_from_start:
+            out[GRADIENTS] = lay.grad_bytes
+        elif where == "after":
+            out[GRADIENTS] = 0  # the step freed the partition
+        elif lay.grads_reduced_early:
+            out[GRADIENTS] = min(own, lay.grad_bytes)
+    return out
+
+
 def _add_layout(
     phases: dict[tuple[str, bool], PhaseMemory],
     accumulating: dict[bool, Breakdown],
@@ -575,64 +596,50 @@ def _add_layout(
         lay.persistent or lay.forward or lay.held or lay.backward or lay.grads_in_buckets
     ) and not (lay.forward_units or lay.backward_units or lay.grad_bytes is not None):
         return
-
-    def add(b: Breakdown, extra: dict[str, int], where: str = "") -> Breakdown:
-        """``b`` with the layout's buffers; ``where`` (ZeRO's gradients): ``held`` from
-        the backward's end to the step's peak, ``after`` the step, else ``""``."""
-        out = dict(b)  # a copy: one breakdown may stand for several moments
-        for part in (lay.persistent, extra):
-            for k, v in part.items():
-                out[k] = out.get(k, 0) + v
-        if lay.grads_in_buckets:
-            out[GRADIENTS] = 0  # views of the buckets, counted there
-        if lay.grad_bytes is not None:
-            # ZeRO: this rank's gradient partition replaces the model's gradients.
-            own = out.get(GRADIENTS, 0)
-            if where == "held" or lay.grads_from_start:
-                out[GRADIENTS] = lay.grad_bytes
-            elif where == "after":
-                out[GRADIENTS] = 0  # the step freed the partition
-            elif lay.grads_reduced_early:
-                out[GRADIENTS] = min(own, lay.grad_bytes)
-        return out
-
-    none: dict[str, int] = {}
     backward = dict(lay.backward)
     if lay.backward_gathered:
         # The unit whose computation the model's own backward peak falls in.
         at = min(int(peak_at * len(lay.backward_gathered)), len(lay.backward_gathered) - 1)
         backward[FSDP_UNSHARDED] = lay.backward_gathered[at]
     for (name, first), pm in list(phases.items()):
-        start, peak, end = none, none, none
-        if name == "forward":
-            peak, end = lay.forward, lay.held
-        elif name == "backward":
-            start, peak = lay.held, backward
-        # Where ZeRO's gradient partition is alive (see ``add``), by moment.
-        before = "held" if name in (CLIP, "optimizer.step") else ""
-        before = "after" if name == "zero_grad" else before
-        after = "after" if name in ("optimizer.step", "zero_grad") else ""
-        at_peak = add(pm.peak, peak, before)
-        if name == "optimizer.step" and lay.step_grads:
-            at_peak[GRADIENTS] = at_peak.get(GRADIENTS, 0) + lay.step_grads
-        if name == "backward" and lay.grads_copy:
-            # ZeRO-1: the partition's gradient copy, made at the backward's end while
-            # most of the model's gradients are still whole.
-            moment = add(pm.end, backward)
-            moment[GRADIENTS] = moment.get(GRADIENTS, 0) + lay.grads_copy
-            if total(moment) > total(at_peak):
-                at_peak = moment
-        # FSDP: the peak may instead be at one unit's collectives, mid-phase.
-        for moment in _unit_moments(name, pm, lay):
-            if total(moment) > total(at_peak):
-                at_peak = add(moment, none)
-        phases[name, first] = PhaseMemory(
-            add(pm.start, start, before),
-            at_peak,
-            add(pm.end, end, "held" if name in ("backward", CLIP) else after),
-        )
+        phases[name, first] = _layout_phase(name, pm, lay, backward)
     for first, b in list(accumulating.items()):
-        accumulating[first] = add(b, backward)
+        accumulating[first] = _with_layout(b, backward, lay, "")
+
+
+def _layout_phase(
+    name: str, pm: PhaseMemory, lay: LayoutMemory, backward: dict[str, int]
+) -> PhaseMemory:
+    """One phase with the layout's buffers at its start, peak and end."""
+    none: dict[str, int] = {}
+    start, peak, end = none, none, none
+    if name == "forward":
+        peak, end = lay.forward, lay.held
+    elif name == "backward":
+        start, peak = lay.held, backward
+    # Where ZeRO's gradient partition is alive (see ``_with_layout``), by moment.
+    before = "held" if name in (CLIP, "optimizer.step") else ""
+    before = "after" if name == "zero_grad" else before
+    after = "after" if name in ("optimizer.step", "zero_grad") else ""
+    at_peak = _with_layout(pm.peak, peak, lay, before)
+    if name == "optimizer.step" and lay.step_grads:
+        at_peak[GRADIENTS] = at_peak.get(GRADIENTS, 0) + lay.step_grads
+    if name == "backward" and lay.grads_copy:
+        # ZeRO-1: the partition's gradient copy, made at the backward's end while
+        # most of the model's gradients are still whole.
+        moment = _with_layout(pm.end, backward, lay, "")
+        moment[GRADIENTS] = moment.get(GRADIENTS, 0) + lay.grads_copy
+        if total(moment) > total(at_peak):
+            at_peak = moment
+    # FSDP: the peak may instead be at one unit's collectives, mid-phase.
+    for moment in _unit_moments(name, pm, lay):
+        if total(moment) > total(at_peak):
+            at_peak = _with_layout(moment, none, lay, "")
+    return PhaseMemory(
+        _with_layout(pm.start, start, lay, before),
+        at_peak,
+        _with_layout(pm.end, end, lay, "held" if name in ("backward", CLIP) else after),
+    )
 
 
 def _unit_moments(name: str, pm: PhaseMemory, lay: LayoutMemory) -> list[Breakdown]:

@@ -298,6 +298,99 @@ _HEAD_SUFFIXES = (
 )
 
 
+def _pick(config: dict[str, Any], key: str) -> int | None:
+    """The config's integer for ``key`` under any of its names (:data:`CONFIG_NAMES`)."""
+    for name in CONFIG_NAMES[key]:
+        v = config.get(name)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def _layout(config: dict[str, Any], arch: str | None, assumed: list[str]) -> str:
+    """The layout of :data:`ARCHS` the config's ``model_type`` (or ``arch``) names."""
+    model_type = str(config.get("model_type") or "")
+    layout = arch or MODEL_TYPES.get(model_type)
+    if layout is None:
+        known = ", ".join(MODEL_TYPES)
+        what = f"model_type {model_type!r}" if model_type else "no model_type"
+        raise ValueError(
+            f"config has {what}; estimate lists the parameters of {known} exactly:"
+            " give --arch to use one of their layouts, or --trace MODULE:FUNCTION"
+        )
+    needed = ("layers", "hidden", "heads") + (() if layout == "vit" else ("vocab",))
+    missing = [k for k in needed if _pick(config, k) is None]
+    if missing:
+        raise ValueError(f"config has no {', '.join(missing)}")
+    if arch and model_type and MODEL_TYPES.get(model_type) != arch:
+        assumed.append(f"layout {arch} (--arch) for model_type {model_type!r}")
+    return layout
+
+
+def _head(config: dict[str, Any], layout: str) -> tuple[str | None, str]:
+    """The head ``architectures[0]`` names (None: none named), and that name."""
+    archs = config.get("architectures")
+    if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+        return None, ""
+    name = archs[0]
+    head = next((h for suffix, h in _HEAD_SUFFIXES if name.endswith(suffix)), None)
+    if head is None:
+        raise ValueError(
+            f"config architecture {name}: estimate knows the heads of ...ForMaskedLM,"
+            " ...ForCausalLM, ...LMHeadModel, ...ForImageClassification and ...Model"
+        )
+    if head == "pooler" and layout in ("gpt", "llama", "neox"):
+        head = "none"  # GPT2Model, LlamaModel: no head at all
+    return head, name
+
+
+def _labels(config: dict[str, Any]) -> int:
+    labels = config.get("num_labels")
+    if not isinstance(labels, int) or isinstance(labels, bool):
+        id2label = config.get("id2label")
+        labels = len(id2label) if isinstance(id2label, dict) and id2label else 2
+    return int(labels)
+
+
+def _falcon_heads(config: dict[str, Any]) -> tuple[int | None, int]:
+    """Falcon's key/value heads and LayerNorms per layer."""
+    if config.get("parallel_attn") is False or config.get("alibi"):
+        raise ValueError(
+            "falcon with parallel_attn false or alibi: estimate lists only Falcon's"
+            " rotary, parallel-attention layout (7B, 40B, 180B); --trace would count it"
+        )
+    # FalconConfig: num_kv_heads only counts in the new architecture; the old one is
+    # multi-query (one key/value head) unless multi_query is false.
+    if not config.get("new_decoder_architecture"):
+        return (1 if config.get("multi_query", True) else None), 1
+    return _pick(config, "kv_heads"), 2
+
+
+def _config_seq(shape: ModelShape, assumed: list[str]) -> int | None:
+    """The sequence the config implies: ViT's patches, else its positions."""
+    if shape.arch == "vit":
+        seq: int | None = shape.patches
+        assumed.append(f"sequence {seq}: ({shape.image_size}/{shape.patch_size})² patches and CLS")
+        return seq
+    seq = shape.max_positions
+    if shape.arch == "roberta" and seq and seq > 2:
+        seq -= 2  # RoBERTa's table starts after the padding index
+    if seq:
+        assumed.append(f"sequence length {seq} (the config's positions; --seq to change)")
+    return seq
+
+
+def _config_dropout(config: dict[str, Any]) -> dict[str, float]:
+    dropout = {}
+    for key, names in DROPOUT_NAMES.items():
+        for name in names:
+            v = config.get(name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                dropout[key] = float(v)
+                break
+    return dropout
+
+
 def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromConfig:
     """A :class:`ModelShape` from a Hugging Face ``config.json`` dict.
 
@@ -310,103 +403,44 @@ def shape_from_config(config: dict[str, Any], arch: str | None = None) -> FromCo
         ValueError: A family or head this module cannot list exactly, or a config that
             lacks the shape; the message is one line for the user.
     """
-
-    def pick(key: str) -> int | None:
-        for name in CONFIG_NAMES[key]:
-            v = config.get(name)
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v
-        return None
-
-    model_type = str(config.get("model_type") or "")
-    layout = arch or MODEL_TYPES.get(model_type)
-    if layout is None:
-        known = ", ".join(MODEL_TYPES)
-        what = f"model_type {model_type!r}" if model_type else "no model_type"
-        raise ValueError(
-            f"config has {what}; estimate lists the parameters of {known} exactly:"
-            " give --arch to use one of their layouts, or --trace MODULE:FUNCTION"
-        )
-    needed = ("layers", "hidden", "heads") + (() if layout == "vit" else ("vocab",))
-    missing = [k for k in needed if pick(k) is None]
-    if missing:
-        raise ValueError(f"config has no {', '.join(missing)}")
     assumed: list[str] = []
-    if arch and model_type and MODEL_TYPES.get(model_type) != arch:
-        assumed.append(f"layout {arch} (--arch) for model_type {model_type!r}")
-    head = None
-    name = ""
-    archs = config.get("architectures")
-    if isinstance(archs, list) and archs and isinstance(archs[0], str):
-        name = archs[0]
-        head = next((h for suffix, h in _HEAD_SUFFIXES if name.endswith(suffix)), None)
-        if head is None:
-            raise ValueError(
-                f"config architecture {name}: estimate knows the heads of ...ForMaskedLM,"
-                " ...ForCausalLM, ...LMHeadModel, ...ForImageClassification and ...Model"
-            )
-        if head == "pooler" and layout in ("gpt", "llama", "neox"):
-            head = "none"  # GPT2Model, LlamaModel: no head at all
-    labels = config.get("num_labels")
-    if not isinstance(labels, int) or isinstance(labels, bool):
-        id2label = config.get("id2label")
-        labels = len(id2label) if isinstance(id2label, dict) and id2label else 2
+    layout = _layout(config, arch, assumed)
+    head, name = _head(config, layout)
     gpt_like = layout in ("gpt", "bert", "roberta", "falcon")
     tied = config.get("tie_word_embeddings")
-    kv_heads, norms = pick("kv_heads"), 2
+    kv_heads, norms = _pick(config, "kv_heads"), 2
     if layout == "falcon":
-        if config.get("parallel_attn") is False or config.get("alibi"):
-            raise ValueError(
-                "falcon with parallel_attn false or alibi: estimate lists only Falcon's"
-                " rotary, parallel-attention layout (7B, 40B, 180B); --trace would count it"
-            )
-        # FalconConfig: num_kv_heads only counts in the new architecture; the old one is
-        # multi-query (one key/value head) unless multi_query is false.
-        if not config.get("new_decoder_architecture"):
-            kv_heads = 1 if config.get("multi_query", True) else None
-            norms = 1
+        kv_heads, norms = _falcon_heads(config)
     shape = ModelShape(
-        layers=pick("layers") or 0,
-        hidden=pick("hidden") or 0,
-        heads=pick("heads") or 0,
-        vocab=pick("vocab") or 0,
+        layers=_pick(config, "layers") or 0,
+        hidden=_pick(config, "hidden") or 0,
+        heads=_pick(config, "heads") or 0,
+        vocab=_pick(config, "vocab") or 0,
         arch=layout,
         kv_heads=kv_heads,
-        intermediate=pick("intermediate"),
-        head_dim=pick("head_dim"),
+        intermediate=_pick(config, "intermediate"),
+        head_dim=_pick(config, "head_dim"),
         layer_norms=norms,
-        qkv_bias=model_type == "qwen2",
+        qkv_bias=str(config.get("model_type") or "") == "qwen2",
         tied=tied if isinstance(tied, bool) else gpt_like,
-        max_positions=pick("max_positions"),
+        max_positions=_pick(config, "max_positions"),
         head=head,
         type_vocab=config.get("type_vocab_size") if layout in ("bert", "roberta") else None,
         image_size=int(config.get("image_size") or 224),
         patch_size=int(config.get("patch_size") or 16),
         channels=int(config.get("num_channels") or 3),
-        labels=int(labels),
+        labels=_labels(config),
     )
-    if head is None:
-        assumed.append(f"head: {shape.head} (the config names no architecture)")
-    else:
-        assumed.append(f"head: {shape.head} ({name})")
-    if layout == "vit":
-        seq: int | None = shape.patches
-        assumed.append(f"sequence {seq}: ({shape.image_size}/{shape.patch_size})² patches and CLS")
-    else:
-        seq = shape.max_positions
-        if layout == "roberta" and seq and seq > 2:
-            seq -= 2  # RoBERTa's table starts after the padding index
-        if seq:
-            assumed.append(f"sequence length {seq} (the config's positions; --seq to change)")
-    dropout = {}
-    for key, names in DROPOUT_NAMES.items():
-        for name in names:
-            v = config.get(name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                dropout[key] = float(v)
-                break
+    assumed.append(
+        f"head: {shape.head} (the config names no architecture)"
+        if head is None
+        else f"head: {shape.head} ({name})"
+    )
+    seq = _config_seq(shape, assumed)
     act = config.get("hidden_act") or config.get("activation_function")
-    return FromConfig(shape, seq, dropout, act if isinstance(act, str) else None, assumed)
+    return FromConfig(
+        shape, seq, _config_dropout(config), act if isinstance(act, str) else None, assumed
+    )
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -450,6 +484,139 @@ _LAYOUT = {
     "falcon": ("layernorm", "gelu", True, True, False, False),
     "vit": ("layernorm", "gelu", False, False, True, True),
 }
+
+
+def _transformer_facts(
+    shape: ModelShape,
+    attention: str,
+    dropout: dict[str, float] | None,
+    lora_rank: int,
+    lora_targets: tuple[str, ...],
+    activation: str | None,
+) -> dict[str, Any]:
+    """The ``transformer`` facts of a shape (``docs/facts.md``)."""
+    roles = ("q", "k", "v", "o", "gate", "up", "down", "norm", "embed", "head")
+    norm, mlp, fused, rope, learned, bias = _LAYOUT[shape.arch]
+    lm = shape.head in ("lm", "mlm")
+    tf: dict[str, Any] = {
+        "source": "estimate",
+        "model_type": shape.arch,
+        "layers": shape.layers,
+        "hidden": shape.hidden,
+        "heads": shape.heads,
+        "kv_heads": shape.kv_heads,
+        "intermediate": shape.intermediate,
+        "vocab": shape.vocab if lm else 0,
+        "head": shape.head,
+        "attention": attention,
+        "norm": norm,
+        "norm_upcast": norm == "rmsnorm",
+        "mlp": mlp,
+        "fused_qkv": fused,
+        "rope": rope,
+        "softmax_fp32": shape.arch == "llama",
+        "learned_positions": learned,
+        "tied_embeddings": bool(shape.tied),
+        "bias": bias,
+        "dropout": {k: float(v) for k, v in (dropout or {}).items()},
+        "trainable": {r: not lora_rank for r in roles},
+        **(
+            {"lora": {"rank": lora_rank, "targets": _lora_roles(shape, lora_targets)}}
+            if lora_rank
+            else {}
+        ),
+    }
+    if activation:
+        tf["activation"] = activation
+    if shape.head == "mlm":
+        tf["head_transform"] = True
+    if shape.arch in ("neox", "falcon"):
+        tf["parallel_residual"] = True
+    if shape.arch == "neox":
+        tf["rope_cat"] = True  # GPTNeoX's apply_rotary_pos_emb, whatever rotary_pct
+    if shape.arch == "falcon":
+        tf["expand_kv"] = True  # FalconAttention._split_heads, before any kernel
+        tf["causal_mask"] = True  # FalconModel: allow_is_causal_skip=False
+        if shape.layer_norms == 1:
+            tf["shared_norm"] = True
+        if shape.kv_heads == 1 and shape.layer_norms == 1:
+            tf["broadcast_kv"] = True  # the old architecture's multi-query K/V
+    if shape.head_dim != shape.hidden // shape.heads:
+        tf["head_dim"] = shape.head_dim
+    if shape.arch == "vit":
+        tf["image"] = {
+            "channels": shape.channels,
+            "size": shape.image_size,
+            "patch": shape.patch_size,
+            "labels": shape.labels,
+        }
+    return tf
+
+
+def _params_facts(
+    base: list[tuple[int, ...]],
+    adapters: list[tuple[int, ...]],
+    trainable: list[tuple[int, ...]],
+    dtype: str,
+    elt: int,
+) -> dict[str, Any]:
+    """The ``params`` facts: the model's tensors in one group, LoRA's adapters in another."""
+    base_count = sum(_numel(s) for s in base)
+    adapter_count = sum(_numel(s) for s in adapters)
+    count = base_count + adapter_count
+    t_count = sum(_numel(s) for s in trainable)
+    groups = [
+        {
+            "dtype": dtype,
+            "device": "cuda:0",
+            "trainable": trainable is base,
+            "count": base_count,
+            "bytes": base_count * elt,
+            "tensors": len(base),
+        }
+    ]
+    if adapters:
+        groups.append(
+            {
+                "dtype": dtype,
+                "device": "cuda:0",
+                "trainable": True,
+                "count": adapter_count,
+                "bytes": adapter_count * elt,
+                "tensors": len(adapters),
+            }
+        )
+    return {
+        "count": count,
+        "bytes": count * elt,
+        "trainable_count": t_count,
+        "trainable_bytes": t_count * elt,
+        "frozen_count": count - t_count,
+        "frozen_bytes": (count - t_count) * elt,
+        "groups": groups,
+    }
+
+
+def _optimizer_facts(
+    optimizer: str, impl: str, trainable: list[tuple[int, ...]], elt: int, dtype: str
+) -> dict[str, Any]:
+    """The ``optimizer`` facts: one param group of the trainable tensors, no state yet."""
+    kind, extra = ESTIMATE_OPTIMIZERS[optimizer]
+    return {
+        "class": KINDS[kind].cls,
+        "module": KINDS[kind].module,
+        "impl": impl,
+        "impl_explicit": True,
+        "options": {
+            "weight_decay": 0.01,
+            "foreach": impl == "foreach",
+            "fused": impl == "fused",
+            **extra,
+        },
+        "groups": [_bucket(trainable, elt, dtype)],
+        "state_bytes": 0,
+        "state_tensors": 0,
+    }
 
 
 def facts_from_shape(
@@ -504,60 +671,11 @@ def facts_from_shape(
         raise ValueError("give --params, a shape (--layers --hidden --heads --vocab) or --config")
     adapters = shape.lora_tensors(lora_rank, lora_targets) if (shape and lora_rank) else []
     trainable = adapters if lora_rank else base
-    base_count = sum(_numel(s) for s in base)
-    adapter_count = sum(_numel(s) for s in adapters)
-    count = base_count + adapter_count
-    t_count = sum(_numel(s) for s in trainable)
-    groups = [
-        {
-            "dtype": dtype,
-            "device": "cuda:0",
-            "trainable": not lora_rank,
-            "count": base_count,
-            "bytes": base_count * elt,
-            "tensors": len(base),
-        }
-    ]
-    if adapters:
-        groups.append(
-            {
-                "dtype": dtype,
-                "device": "cuda:0",
-                "trainable": True,
-                "count": adapter_count,
-                "bytes": adapter_count * elt,
-                "tensors": len(adapters),
-            }
-        )
-    kind, extra = ESTIMATE_OPTIMIZERS[optimizer]
-    cls, module = KINDS[kind].cls, KINDS[kind].module
     facts: dict[str, Any] = {
         "version": 1,
-        "params": {
-            "count": count,
-            "bytes": count * elt,
-            "trainable_count": t_count,
-            "trainable_bytes": t_count * elt,
-            "frozen_count": count - t_count,
-            "frozen_bytes": (count - t_count) * elt,
-            "groups": groups,
-        },
+        "params": _params_facts(base, adapters, trainable, dtype, elt),
         "buffers": {"count": 0, "bytes": 0, "groups": []},
-        "optimizer": {
-            "class": cls,
-            "module": module,
-            "impl": impl,
-            "impl_explicit": True,
-            "options": {
-                "weight_decay": 0.01,
-                "foreach": impl == "foreach",
-                "fused": impl == "fused",
-                **extra,
-            },
-            "groups": [_bucket(trainable, elt, dtype)],
-            "state_bytes": 0,
-            "state_tensors": 0,
-        },
+        "optimizer": _optimizer_facts(optimizer, impl, trainable, elt, dtype),
         "amp": {"dtype": amp, "source": "argument" if amp else None},
         "checkpointing": {
             "enabled": checkpointing,
@@ -566,62 +684,9 @@ def facts_from_shape(
         },
     }
     if shape is not None:
-        roles = ("q", "k", "v", "o", "gate", "up", "down", "norm", "embed", "head")
-        norm, mlp, fused, rope, learned, bias = _LAYOUT[shape.arch]
-        lm = shape.head in ("lm", "mlm")
-        tf: dict[str, Any] = {
-            "source": "estimate",
-            "model_type": shape.arch,
-            "layers": shape.layers,
-            "hidden": shape.hidden,
-            "heads": shape.heads,
-            "kv_heads": shape.kv_heads,
-            "intermediate": shape.intermediate,
-            "vocab": shape.vocab if lm else 0,
-            "head": shape.head,
-            "attention": attention,
-            "norm": norm,
-            "norm_upcast": norm == "rmsnorm",
-            "mlp": mlp,
-            "fused_qkv": fused,
-            "rope": rope,
-            "softmax_fp32": shape.arch == "llama",
-            "learned_positions": learned,
-            "tied_embeddings": bool(shape.tied),
-            "bias": bias,
-            "dropout": {k: float(v) for k, v in (dropout or {}).items()},
-            "trainable": {r: not lora_rank for r in roles},
-            **(
-                {"lora": {"rank": lora_rank, "targets": _lora_roles(shape, lora_targets)}}
-                if lora_rank
-                else {}
-            ),
-        }
-        if activation:
-            tf["activation"] = activation
-        if shape.head == "mlm":
-            tf["head_transform"] = True
-        if shape.arch in ("neox", "falcon"):
-            tf["parallel_residual"] = True
-        if shape.arch == "neox":
-            tf["rope_cat"] = True  # GPTNeoX's apply_rotary_pos_emb, whatever rotary_pct
-        if shape.arch == "falcon":
-            tf["expand_kv"] = True  # FalconAttention._split_heads, before any kernel
-            tf["causal_mask"] = True  # FalconModel: allow_is_causal_skip=False
-            if shape.layer_norms == 1:
-                tf["shared_norm"] = True
-            if shape.kv_heads == 1 and shape.layer_norms == 1:
-                tf["broadcast_kv"] = True  # the old architecture's multi-query K/V
-        if shape.head_dim != shape.hidden // shape.heads:
-            tf["head_dim"] = shape.head_dim
-        if shape.arch == "vit":
-            tf["image"] = {
-                "channels": shape.channels,
-                "size": shape.image_size,
-                "patch": shape.patch_size,
-                "labels": shape.labels,
-            }
-        facts["transformer"] = tf
+        facts["transformer"] = _transformer_facts(
+            shape, attention, dropout, lora_rank, lora_targets, activation
+        )
     if batch and seq:
         facts["batch"] = {"shape": [batch, seq], "batch": batch, "seq": seq, "autocast": amp}
     # Built field by field as docs/facts.md has them (the nested parts are plain dicts).

@@ -353,64 +353,80 @@ class _Recorder:
             v = self.copy(v, full)
             k_n = v_n = full
         if math_path:
-            # matmul folds (b, heads) for bmm: Q, and K/V unless repeat_kv already made
-            # them contiguous, are transposed views and become contiguous copies. SDPA's
-            # math path on the CPU computes a 16-bit input in fp32 (ATen attention.cpp):
-            # the cast is the copy, and the product stays fp32 until the output linear.
-            upcast = a.attention != "eager" and a.device == "cpu" and bool(a.autocast_elt)
-
-            def operand(t: Tensor, numel: int, contiguous: bool) -> Tensor:
-                """Q, K or V (``numel`` of it: ``t`` may be the fused QKV) as bmm takes it."""
-                if upcast and t.elt != 4:
-                    out = self.new(numel, 4, t.rg)
-                    self.op([t], [out])
-                    return out
-                t = t if upcast else self.lp_op(t)
-                return t if contiguous else self.copy(t, numel)
-
-            qc = operand(q, q_n, False)
-            kc = operand(k, k_n, repeated)
-            scores = self.new(b * heads * s * s, qc.elt, qc.rg or kc.rg)
-            self.op([qc, kc], [scores], [qc if kc.rg else None, kc if qc.rg else None])
-            scaled = self.unary(scores)  # * 1/sqrt(d), masked_fill: nothing big kept
-            masked = self.unary(scaled)
-            if a.softmax_fp32:
-                probs = self.cast(masked, 4)
-                probs = self.unary(probs, save_output=True)
-                probs = self.cast(probs, qc.elt)
-            else:
-                probs = self.unary(self.fp32_op(masked), save_output=True)
-            probs = self.dropout(probs, a.attn_dropout)
-            probs = probs if upcast else self.lp_op(probs)
-            vc = operand(v, v_n, repeated)
-            ctx = self.new(q_n, probs.elt, probs.rg or vc.rg)
-            self.op([probs, vc], [ctx], [probs if vc.rg else None, vc if probs.rg else None])
-            y = self.copy(ctx)  # transpose(1, 2).reshape(b, s, h)
+            y = self._math_attention(q, k, v, (q_n, k_n, v_n), repeated)
         else:
-            # Flash/memory-efficient SDPA keeps Q, K, V, the output and a log-sum-exp, no
-            # s×s matrix (Dao et al. 2022); its output transposes back without a copy.
-            # The kernels (CPU and CUDA alike) take strided views of the fused QKV as they
-            # are and keep them: one view left (GPT-NeoX's V, its Q and K rotated into new
-            # tensors) keeps the whole QKV storage alive.
-            qs, ks, vs = self.lp_op(q), self.lp_op(k), self.lp_op(v)
-            y = self.new(q_n, qs.elt, qs.rg or ks.rg or vs.rg)
-            lse = self.new(b * heads * s, 4, False)
-            keep = [qs, ks, vs, y, lse] if y.rg else []
-            if a.causal_mask and a.device == "cpu":
-                # The CPU kernel keeps its own copy of the mask, in Q's dtype, per layer
-                # (measured on fake tensors and in a run; CUDA's kernels not checked).
-                mask = self.new(b * s * s, qs.elt, False)
-                self.op([], [mask])
-                keep += [mask] if y.rg else []
-            self.op([qs, ks, vs], [y, lse], keep)
-            if a.rope_cat and a.device == "cpu":
-                # The CPU kernel lays its output out as Q is: rotated through torch.cat,
-                # Q is contiguous at (b, heads, s, d), so the transpose back to
-                # (b, s, heads·d) is a copy, and the output linear keeps that copy.
-                # CUDA's kernels write (b, s, heads, d) whatever Q's layout.
-                y = self.copy(y)
+            y = self._fused_attention(q, k, v, q_n)
         out = self.linear(y, heads * d, h, f"{layer}.o", "o")
         return self.dropout(out, a.resid_dropout)
+
+    def _math_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, sizes: tuple[int, int, int], repeated: bool
+    ) -> Tensor:
+        """Attention as matmuls and a softmax (eager, or SDPA's math path)."""
+        a = self.a
+        b, s, heads = a.batch, a.seq, a.heads
+        q_n, k_n, v_n = sizes
+        # matmul folds (b, heads) for bmm: Q, and K/V unless repeat_kv already made
+        # them contiguous, are transposed views and become contiguous copies. SDPA's
+        # math path on the CPU computes a 16-bit input in fp32 (ATen attention.cpp):
+        # the cast is the copy, and the product stays fp32 until the output linear.
+        upcast = a.attention != "eager" and a.device == "cpu" and bool(a.autocast_elt)
+
+        def operand(t: Tensor, numel: int, contiguous: bool) -> Tensor:
+            """Q, K or V (``numel`` of it: ``t`` may be the fused QKV) as bmm takes it."""
+            if upcast and t.elt != 4:
+                out = self.new(numel, 4, t.rg)
+                self.op([t], [out])
+                return out
+            t = t if upcast else self.lp_op(t)
+            return t if contiguous else self.copy(t, numel)
+
+        qc = operand(q, q_n, False)
+        kc = operand(k, k_n, repeated)
+        scores = self.new(b * heads * s * s, qc.elt, qc.rg or kc.rg)
+        self.op([qc, kc], [scores], [qc if kc.rg else None, kc if qc.rg else None])
+        scaled = self.unary(scores)  # * 1/sqrt(d), masked_fill: nothing big kept
+        masked = self.unary(scaled)
+        if a.softmax_fp32:
+            probs = self.cast(masked, 4)
+            probs = self.unary(probs, save_output=True)
+            probs = self.cast(probs, qc.elt)
+        else:
+            probs = self.unary(self.fp32_op(masked), save_output=True)
+        probs = self.dropout(probs, a.attn_dropout)
+        probs = probs if upcast else self.lp_op(probs)
+        vc = operand(v, v_n, repeated)
+        ctx = self.new(q_n, probs.elt, probs.rg or vc.rg)
+        self.op([probs, vc], [ctx], [probs if vc.rg else None, vc if probs.rg else None])
+        return self.copy(ctx)  # transpose(1, 2).reshape(b, s, h)
+
+    def _fused_attention(self, q: Tensor, k: Tensor, v: Tensor, q_n: int) -> Tensor:
+        """SDPA's flash or memory-efficient kernel (or flash_attention_2)."""
+        a = self.a
+        b, s, heads = a.batch, a.seq, a.heads
+        # Flash/memory-efficient SDPA keeps Q, K, V, the output and a log-sum-exp, no
+        # s×s matrix (Dao et al. 2022); its output transposes back without a copy.
+        # The kernels (CPU and CUDA alike) take strided views of the fused QKV as they
+        # are and keep them: one view left (GPT-NeoX's V, its Q and K rotated into new
+        # tensors) keeps the whole QKV storage alive.
+        qs, ks, vs = self.lp_op(q), self.lp_op(k), self.lp_op(v)
+        y = self.new(q_n, qs.elt, qs.rg or ks.rg or vs.rg)
+        lse = self.new(b * heads * s, 4, False)
+        keep = [qs, ks, vs, y, lse] if y.rg else []
+        if a.causal_mask and a.device == "cpu":
+            # The CPU kernel keeps its own copy of the mask, in Q's dtype, per layer
+            # (measured on fake tensors and in a run; CUDA's kernels not checked).
+            mask = self.new(b * s * s, qs.elt, False)
+            self.op([], [mask])
+            keep += [mask] if y.rg else []
+        self.op([qs, ks, vs], [y, lse], keep)
+        if a.rope_cat and a.device == "cpu":
+            # The CPU kernel lays its output out as Q is: rotated through torch.cat,
+            # Q is contiguous at (b, heads, s, d), so the transpose back to
+            # (b, s, heads·d) is a copy, and the output linear keeps that copy.
+            # CUDA's kernels write (b, s, heads, d) whatever Q's layout.
+            y = self.copy(y)
+        return y
 
     def mlp(self, x: Tensor, layer: int) -> Tensor:
         a = self.a

@@ -110,7 +110,8 @@ def test_a_busy_gpuwatch_does_not_delay_the_samples(fake_env: None) -> None:
             sys.setswitchinterval(old)
             hog.join()
         end = time.monotonic_ns()
-        time.sleep(0.5)  # the lines the child wrote meanwhile, applied now
+        # The lines the child wrote meanwhile, applied now: each GPU has a sample since.
+        assert wait_for(lambda: all(t.snapshot()["t"][-1] > end for t in s.gpu.values()))
         for table in s.gpu.values():
             t = table.snapshot()["t"]
             taken = int(((t >= start) & (t <= end)).sum())

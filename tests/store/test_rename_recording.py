@@ -7,11 +7,12 @@ the renamed file was 8 KB with "no tables" and gpuwatch said "file removed".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import ROOT, record_cmd, run_gpuwatch, wait_for
@@ -26,6 +27,15 @@ for i in range(40):  # ~4 s: the rename comes in the middle
     time.sleep(0.1)
 open(sys.argv[1], "w").write("done")
 """
+
+
+def _marks_recorded(path: Path) -> int:
+    """How many marks the recording being written at ``path`` has committed."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT count(*) FROM events WHERE kind = 'mark'").fetchone()[0]
+    except sqlite3.Error:  # not yet a recording
+        return 0
 
 
 def test_renaming_the_recording_while_it_is_written_loses_nothing(
@@ -46,7 +56,7 @@ def test_renaming_the_recording_while_it_is_written_loses_nothing(
     )  # fmt: skip
     try:
         assert wait_for(lambda: Path(f"{out}-wal").exists(), 60)
-        time.sleep(2.5)  # commits of the child's first events are in the -wal by now
+        assert wait_for(lambda: _marks_recorded(out) >= 5, 60)  # committed, in the -wal
         os.rename(out, renamed)
         _, err = proc.communicate(timeout=120)
     finally:

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .._version import __version__
-from ..analysis.forecast import foresight
+from ..analysis.forecast import foresight_of
 from ..analysis.predicted import predictions
 from ..predict import CATEGORIES
 from ..protocol import MAX_RANK, job_id, label_text
@@ -498,10 +498,10 @@ class SessionCollector:
             _add(f["gpuwatch_process_predicted_category_bytes"], [*labels, cat], value)
 
     def _forecast(self, f: dict[str, _Family], pid: int, labels: list[str]) -> None:
-        """The forecast the live sources' foresight made (a collector on its own forecasts
-        once per scrape)."""
-        fs = foresight(self.session)
-        forecast = fs.forecasts.get(pid) if fs.running else fs.update().get(pid)
+        """The forecast the live sources' foresight made, as it stands: a scrape forecasts
+        nothing itself."""
+        fs = foresight_of(self.session)
+        forecast = fs.forecasts.get(pid) if fs is not None else None
         if forecast is None or forecast.capacity is None:
             return
         _add(f["gpuwatch_forecast_usable_bytes"], labels, forecast.capacity.usable)

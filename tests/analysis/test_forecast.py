@@ -251,8 +251,10 @@ def test_the_exporter_gives_each_phase_still_to_come_and_what_the_gpu_can_give()
     s, msg = _session(total)
     registry = CollectorRegistry()
     registry.register(SessionCollector(s, host="n1"))
+    fs = foresight(s)  # what the live sources start: a scrape reads its forecasts
 
     def scrape() -> dict[tuple[str, str], float]:
+        fs.update()
         out = {}
         for family in text_string_to_metric_families(generate_latest(registry).decode()):
             for sample in family.samples:

@@ -127,6 +127,7 @@ class LiveSources:
                 feed.stop()
                 raise
             feed.start(self._owner_gone)
+            self._start_foresight(marks=False)  # the owner marks; the view shows its own
             return
         # After the socket (a second gpuwatch fails there), before the recorder (a port in
         # use leaves no file behind) and the samplers (nothing is missed).
@@ -165,12 +166,16 @@ class LiveSources:
         self.gpu.start()
         self._ranks = threading.Thread(target=self._mark_ranks, name="gpuwatch-ranks", daemon=True)
         self._ranks.start()
+        # Shortfalls forecast before a phase runs are marked (recorded) by the owner only:
+        # a view gets the owner's marks, a replay shows the marks its recording holds.
+        self._start_foresight(marks=True)
+
+    def _start_foresight(self, marks: bool) -> None:
+        """Forecast on a thread of its own (once: a view that takes over starts marking)."""
         from .analysis.forecast import foresight
 
-        # Shortfalls forecast before a phase runs are marked (recorded) from here only:
-        # a replay shows the marks its recording holds.
         self.foresight = foresight(self.session)
-        self.foresight.marks = True
+        self.foresight.marks = marks
         self.foresight.start()
 
     def _mark_ranks(self) -> None:

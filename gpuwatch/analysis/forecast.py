@@ -415,7 +415,9 @@ class Foresight:
             self._due.set()
 
     def start(self) -> None:
-        """Subscribe to the session and forecast on a thread of its own."""
+        """Subscribe to the session and forecast on a thread of its own (again: nothing)."""
+        if self._thread is not None:
+            return
         self.session.subscribe(self)
         self._thread = threading.Thread(target=self._run, name="gpuwatch-foresight", daemon=True)
         self._thread.start()

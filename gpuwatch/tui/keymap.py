@@ -13,16 +13,10 @@ file before it knows it has a terminal.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 from ..fmt import ellipsis, printable
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from ._config_file import config_file, read_toml
 
 KEYMAP_ENV = "GPUWATCH_KEYMAP"
 """A keymap file to read instead of the one in the config directory."""
@@ -110,10 +104,7 @@ class KeymapError(ValueError):
 
 def keymap_path() -> Path:
     """Where the keymap is read from (it need not exist)."""
-    if os.environ.get(KEYMAP_ENV):
-        return Path(os.environ[KEYMAP_ENV])
-    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config) / "gpuwatch" / "keymap.toml"
+    return config_file(KEYMAP_ENV, "keymap.toml")
 
 
 def load_keymap(path: Path | None = None) -> dict[str, str]:
@@ -125,16 +116,9 @@ def load_keymap(path: Path | None = None) -> dict[str, str]:
     """
     path = path or keymap_path()
     shown = printable(str(path))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    data = read_toml(path, "keymap", KeymapError)
+    if data is None:
         return {}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KeymapError(f"cannot read the keymap {shown}: {exc}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise KeymapError(f"the keymap {shown} is not TOML: {exc}") from None
     keymap: dict[str, str] = {}
     for binding_id, value in data.items():
         if binding_id not in IDS:

@@ -20,17 +20,11 @@ Nothing here imports textual: the command line reads the file before it has a te
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..fmt import printable
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from ._config_file import config_file, read_toml
 
 CONFIG_ENV = "GPUWATCH_CONFIG"
 """A config file to read instead of the one in the config directory."""
@@ -92,10 +86,7 @@ class ConfigError(ValueError):
 
 def config_path() -> Path:
     """Where the config is read from (it need not exist)."""
-    if os.environ.get(CONFIG_ENV):
-        return Path(os.environ[CONFIG_ENV])
-    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config) / "gpuwatch" / "config.toml"
+    return config_file(CONFIG_ENV, "config.toml")
 
 
 def load(path: Path | None = None) -> Thresholds:
@@ -107,16 +98,10 @@ def load(path: Path | None = None) -> Thresholds:
     """
     path = path or config_path()
     shown = printable(str(path))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    doc = read_toml(path, "config", ConfigError)
+    if doc is None:
         return DEFAULT
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the config {shown}: {exc}") from None
-    try:
-        table = tomllib.loads(text).get("thresholds", {})
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"the config {shown} is not TOML: {exc}") from None
+    table = doc.get("thresholds", {})
     if not isinstance(table, dict):
         raise ConfigError(f"the config {shown}: [thresholds] must be a table")
     pairs = {}

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..protocol import Message
+from .frame import FrameState, WindowOf
 from .messages import HANDLERS, opt
 from .model import (
     GPU_COLUMNS,
@@ -246,6 +247,36 @@ class Session(SessionQueries):
             ids = list(proc.open) if reset else sorted(changed)
             spans = [(sid, proc.open.get(sid)) for sid in ids]
             return reset, [(sid, None if o is None else stored_open(book, o)) for sid, o in spans]
+
+    def frame_state(self, window_of: WindowOf) -> FrameState:
+        """What the dashboard's frame draws, read under the lock in one go (up to 20 a
+        second): writers that hold it (messages, devices, marks, rejects, processes
+        gone) come wholly before or wholly after; a sample, a note or a device state
+        that comes without it is in, or not yet. See :class:`FrameState`.
+
+        Args:
+            window_of: The frame's window, given the data's first time.
+        """
+        with self._lock:
+            time_range = self.time_range()
+            window = window_of(time_range[0])
+            t0, t1 = window
+            procs = self.processes.values()
+            marks, ooms = self.events_between(t0, t1)
+            return FrameState(
+                version=self.version,
+                t_origin=self.t_origin,
+                live=self.live,
+                time_range=time_range,
+                window=window,
+                devices=tuple(self.devices),
+                gpus=sum(d.kind == "gpu" for d in self.devices.values()),
+                instrumented=len(self.active(t0, t1)),
+                rejects=sum(self.rejects.values()),
+                dropped=sum(p.dropped for p in procs),
+                notes=tuple(self.notes),
+                events=(*ooms, *marks),
+            )
 
     # ------------------------------------------------------------------ events
 

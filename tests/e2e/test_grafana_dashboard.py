@@ -18,6 +18,7 @@ from conftest import ROOT
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatch.analysis.forecast import foresight
 from gpuwatch.prometheus import SessionCollector
 from gpuwatch.protocol import Message
 
@@ -65,6 +66,7 @@ def exported_names() -> set[str]:
         })
     )  # fmt: skip
     s.count_reject("json")
+    foresight(s).update()  # the forecasts, as the live sources' foresight keeps them
     registry = CollectorRegistry()
     registry.register(SessionCollector(s, host="h"))
     text = generate_latest(registry).decode()

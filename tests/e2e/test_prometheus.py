@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatch import predict
+from gpuwatch.analysis.forecast import foresight
 from gpuwatch.analysis.predicted import PredictedLine
 from gpuwatch.prometheus import JOB, MAX_PHASE_NAMES, METRICS, MetricsServer, SessionCollector
 from gpuwatch.protocol import Message
@@ -305,6 +306,7 @@ def test_every_exported_name_is_declared_and_follows_the_conventions(session: Se
         gpu_key(synthetic.UUID), END + MS, [(PID, GIB, 0, 50.0, 9.0, 99.0, GIB)]
     )
     session.add_rss(PID, END + MS, GIB, 99.0)
+    foresight(session).update()  # the forecasts, as the live sources' foresight keeps them
     declared = {m.name for m in METRICS}
     exported = {s[0] for s in scrape(SessionCollector(session, host="h"))}
     assert exported == declared  # this session has every metric

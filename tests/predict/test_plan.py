@@ -110,7 +110,7 @@ def test_fsdp_with_lora_reduces_only_the_adapters() -> None:
     # The base is still gathered, unit by unit, as the whole model's is.
     gathered = [w[2] for w in lora.prediction.layout.backward_units]
     plain = [w[2] for w in whole.layout.backward_units]
-    assert len(gathered) == len(plain) and all(a >= b > 0 for a, b in zip(gathered, plain))
+    assert all(a >= b > 0 for a, b in zip(gathered, plain, strict=True))
 
 
 def test_ddp_keeps_a_second_copy_of_the_gradients() -> None:

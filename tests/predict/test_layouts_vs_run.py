@@ -104,5 +104,6 @@ def test_the_plan_of_each_layout_holds_against_each_ranks_truth(name: str, tmp_p
         live = {(s, ph): pred for r in results[:1] for s, ph, _, pred in run_table(r)}
         bad += [f"during the run: {b}" for b in _ratios(name, live, results)]
     if name == "hf-lora-autocast":
-        assert not any(b.get("amp_copies") for b in result["phases"].values())
+        # Autocast caches copies of the adapters alone (a few KiB), not of the frozen base.
+        assert all(b.get("amp_copies", 0) < 1 << 20 for b in result["phases"].values())
     assert not bad, f"{name}: " + "; ".join(bad)

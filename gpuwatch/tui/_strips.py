@@ -1,16 +1,27 @@
-"""The strip cache of a line-drawn widget: all its lines built at once, once per key; and
-the styles its lines are drawn in, read from the CSS once per theme and focus."""
+"""The strip cache of a line-drawn widget: all its lines built at once, once per key; the
+styles its lines are drawn in, read from the CSS once per theme and focus; and the keys
+that move a line-drawn table's cursor."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from textual.binding import Binding
 from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
 T = TypeVar("T")
+
+ROW_KEYS = (
+    Binding("up", "move(-1)", "Up", show=False),
+    Binding("down", "move(1)", "Down", show=False),
+    Binding("pageup", "page(-1)", "Page up", show=False),
+    Binding("pagedown", "page(1)", "Page down", show=False),
+)
+"""A line-drawn table's cursor keys (the Processes tab's, the cluster grid's): a row, a
+page; the widget has ``move`` and ``page`` actions."""
 
 
 class StyleCache(Generic[T]):

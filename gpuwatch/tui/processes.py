@@ -26,7 +26,7 @@ from textual.widgets import Input, Static
 from ..analysis import processes as pr
 from ..fmt import ellipsis, fmt_bytes, fmt_duration, printable
 from ..session import Session
-from ._strips import CachedStrips
+from ._strips import ROW_KEYS, CachedStrips
 from ._text import plain_lines
 from .confirm import Confirm
 from .keymap import PROCESS_IDS
@@ -151,10 +151,7 @@ class ProcessTable(CachedStrips, can_focus=True):
     }
 
     BINDINGS = [
-        Binding("up", "move(-1)", "Up", show=False),
-        Binding("down", "move(1)", "Down", show=False),
-        Binding("pageup", "page(-1)", "Page up", show=False),
-        Binding("pagedown", "page(1)", "Page down", show=False),
+        *ROW_KEYS,
         Binding("left", "scroll_command(-1)", "Command left", show=False),
         Binding("right", "scroll_command(1)", "Command right", show=False),
         *(
@@ -181,7 +178,7 @@ class ProcessTable(CachedStrips, can_focus=True):
         self._last: object = None
         self._version = 0
         self._cache = pr.RowCache()  # the rows of the last refresh, reused where unchanged
-        # (cells, width, style, layout, levels) -> the row's line, drawn once while they are equal
+        # (cells, width, style, layout) -> the row's line, drawn once while they are equal
         self._lines: dict[tuple[object, ...], Strip] = {}
         self._styles = self.style_cache(self._read_styles)
 
@@ -314,12 +311,12 @@ class ProcessTable(CachedStrips, can_focus=True):
         colors = self.app.theme_variables
         for i, cells in zip(view, drawn, strict=True):
             style = cursor if i == self.cursor_row else odd if i % 2 else base
-            row = self.shown[i]
-            marks = self._levels(row, levels)
-            strip = lines.get((cells, width, style, layout, marks))
+            # The levels follow the figures the cells show: read on a miss only.
+            strip = lines.get((cells, width, style, layout))
             if strip is None:
+                marks = self._levels(self.shown[i], levels)
                 strip = self._strip(cells, width, style, cols, marks, mono, colors)
-                lines[cells, width, style, layout, marks] = strip
+                lines[cells, width, style, layout] = strip
             strips.append(strip)
         return strips
 

@@ -28,6 +28,7 @@ from textual.strip import Strip
 from ...cluster import STALE, Cluster, Gpu
 from ...cluster.text import HEAD, cell_columns, fit_columns, label
 from ...fmt import ellipsis, printable
+from .._strips import ROW_KEYS
 from ..keymap import CLUSTER_IDS
 
 Run = tuple[str, "Style | None"]
@@ -255,10 +256,7 @@ class Grid(ScrollView, can_focus=True):
     """
 
     BINDINGS = [
-        Binding("up", "move(-1)", "Up", show=False),
-        Binding("down", "move(1)", "Down", show=False),
-        Binding("pageup", "page(-1)", "Page up", show=False),
-        Binding("pagedown", "page(1)", "Page down", show=False),
+        *ROW_KEYS,
         Binding("home", "move(-1000000)", "First row", show=False),
         Binding("end", "move(1000000)", "Last row", show=False),
         Binding(

@@ -38,21 +38,9 @@ from typing import Any
 from .. import protocol
 from ..fmt import printable
 from ..protocol import Message
-from ..session import Device, Session
+from ..session import Device, Session, ports
 from ..session.model import GPU_COLUMNS, HOST_COLUMNS, Mark
-from ..session.ports import (
-    DeviceChanged,
-    GpuProcessesSampled,
-    GpuSampled,
-    HostSampled,
-    MarkAdded,
-    Noted,
-    ProcessDescribed,
-    ProcessGone,
-    Rejected,
-    RssSampled,
-    SessionEvent,
-)
+from ..session.ports import SessionEvent
 from ..session.table import MISSING_INT
 
 VERSION = 1
@@ -106,26 +94,26 @@ def encode(event: SessionEvent) -> list[Any] | None:
             obj["dropped"] = event.dropped
         obj.update(event.body)
         return ["msg", obj, event.container_pid]
-    if isinstance(event, GpuSampled):
+    if isinstance(event, ports.GpuSampled):
         return ["gpu", event.key, event.row]
-    if isinstance(event, GpuProcessesSampled):
+    if isinstance(event, ports.GpuProcessesSampled):
         return ["procs", event.key, event.t, [list(r) for r in event.rows]]
-    if isinstance(event, HostSampled):
+    if isinstance(event, ports.HostSampled):
         return ["host", event.row]
-    if isinstance(event, RssSampled):
+    if isinstance(event, ports.RssSampled):
         return ["rss", event.pid, event.t, event.rss, event.cpu]
-    if isinstance(event, DeviceChanged):
+    if isinstance(event, ports.DeviceChanged):
         return ["device", dataclasses.asdict(event.device)]
-    if isinstance(event, ProcessDescribed):
+    if isinstance(event, ports.ProcessDescribed):
         return ["info", event.pid, event.info]
-    if isinstance(event, ProcessGone):
+    if isinstance(event, ports.ProcessGone):
         return ["gone", event.pid, event.t]
-    if isinstance(event, MarkAdded):
+    if isinstance(event, ports.MarkAdded):
         m = event.mark
         return ["mark", m.t, m.pid, m.text, m.level, m.step]
-    if isinstance(event, Rejected):
+    if isinstance(event, ports.Rejected):
         return ["reject", event.reason]
-    if isinstance(event, Noted):
+    if isinstance(event, ports.Noted):
         return ["note", event.text]
     return None
 

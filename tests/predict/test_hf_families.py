@@ -20,6 +20,13 @@ transformers = pytest.importorskip("transformers")
 
 from profmem import ProfiledMemory  # noqa: E402
 
+from gpuwatch.predict import (  # noqa: E402
+    Plan,
+    answer,
+    rank_estimate,
+    shape_from_config,
+    total,
+)
 from gpuwatch.predict._hf_trace import (  # noqa: E402
     build,
     image_input,
@@ -27,13 +34,6 @@ from gpuwatch.predict._hf_trace import (  # noqa: E402
     layer_kinds,
     meta_count,
     traced_activations,
-)
-from gpuwatch.predict import (  # noqa: E402
-    Plan,
-    answer,
-    rank_estimate,
-    shape_from_config,
-    total,
 )
 from gpuwatch.predict._shape import MODEL_TYPES  # noqa: E402
 

@@ -52,21 +52,24 @@ def add_dashboard_options(p: argparse.ArgumentParser) -> None:
     add_options(p)
 
 
+_VIEW_SWITCHES = (
+    (
+        ("-1", "--once"),
+        "print one table of every GPU and its processes on stdout and exit (torch's "
+        "figures and phases from the running gpuwatch, if any; else NVML alone)",
+    ),
+    (("--json",), "with --once: one JSON document"),
+    (
+        ("--readonly",),
+        "send no signal to any process from this dashboard (the Processes tab's keys)",
+    ),
+)
+
+
 def add_view_options(p: argparse.ArgumentParser) -> None:
     """``--once`` / ``--json`` / ``--readonly``: the live dashboard's (not ``run``'s)."""
-    p.add_argument(
-        "-1",
-        "--once",
-        action="store_true",
-        help="print one table of every GPU and its processes on stdout and exit (torch's "
-        "figures and phases from the running gpuwatch, if any; else NVML alone)",
-    )
-    p.add_argument("--json", action="store_true", help="with --once: one JSON document")
-    p.add_argument(
-        "--readonly",
-        action="store_true",
-        help="send no signal to any process from this dashboard (the Processes tab's keys)",
-    )
+    for flags, text in _VIEW_SWITCHES:
+        p.add_argument(*flags, action="store_true", help=text)
 
 
 def add_record_options(p: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ from ..analysis.rank_feed import jobs, rank_of
 from ..fmt import fmt_bytes, printable
 from ..session import Session, is_host
 from ..session import navigate as nav
+from ..session.frame import FrameState
 from ..session.model import Oom
 from ..session.ports import SessionEvent
 from . import marks
@@ -35,7 +36,7 @@ from .dashboard_screen import DashboardScreen
 from .forecast_parts import ForecastParts
 from .frame_clock import REDRAW_HZ, FrameClock
 from .keys import Key, KeyBar, bar_keys, bound_keys, help_rows, node_keys
-from .overview import GpuOverview, gpu_devices
+from .overview import GpuOverview
 from .panel import DevicePanel
 from .process_screen import ProcessScreen
 from .processes import KEYS as PROCESS_KEYS
@@ -141,8 +142,10 @@ class MainScreen(WindowActions, DashboardScreen):
         self._panels_behind: list[DevicePanel] = []  # out of view at the last frame
         self._tables_version: object = -1
         # What the status line said that no frame key follows: redrawn when it changes.
-        self._status_said: tuple[str, str | None, str] | None = None
+        self._status_said: tuple[str, str | None] | None = None
         self.redraws = 0
+        # The session as the last frame read it (one read a frame; see _frame).
+        self.state: FrameState = session.frame_state(lambda first: (first, first))
         # The overview: None follows the layout (shown when the panels do not all fit),
         # True / False is the user's choice (g / enter).
         self._overview_choice: bool | None = None
@@ -249,7 +252,7 @@ class MainScreen(WindowActions, DashboardScreen):
     def _arrange_panels(self) -> None:
         """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the
         host panel first when its hello comes); the first panel keeps the focus it had."""
-        panels = self.panels
+        panels = [self._panels[k] for k in sorted(self._panels, key=self._order)]
         # Training on the CPU alone, the GPUs show nothing of it: the panels, the host's
         # first, are the first screen even where they do not all fit (see panels_fit).
         trains = [(p.is_host, self._trains_on(p.key)) for p in panels]
@@ -289,8 +292,9 @@ class MainScreen(WindowActions, DashboardScreen):
 
     @property
     def panels(self) -> list[DevicePanel]:
-        """Device panels in display order."""
-        return [self._panels[k] for k in sorted(self._panels, key=self._order)]
+        """Device panels in display order (as :meth:`_arrange_panels` last placed them: a
+        frame asks no process where it trains)."""
+        return [self._panels[k] for k in self._arranged]
 
     # ------------------------------------------------------------------ drawing
 
@@ -312,7 +316,9 @@ class MainScreen(WindowActions, DashboardScreen):
         self.frames.schedule(self.transport.polled, self.transport.until)
 
     def _frame(self) -> None:
-        """Draw the frame, if its key is not the one drawn (see :meth:`_tick`)."""
+        """Draw the frame, if its key is not the one drawn (see :meth:`_tick`). A frame
+        drawn reads the session once (:meth:`~gpuwatch.session.Session.frame_state`); its
+        widgets draw from :attr:`state`."""
         now = self.now()
         key, now = self.transport.frame_key(now) or self.frames.key(
             self.view, now, self.plot_width(), self.session.version
@@ -323,17 +329,20 @@ class MainScreen(WindowActions, DashboardScreen):
                 self._update_status()
             return
         self._drawn_key = key
-        if len(self._panels) != len(self.session.devices):
+        view = self.view
+        state = self.state = self.session.frame_state(
+            lambda first: (view if first == view.first else replace(view, first=first)).window(now)
+        )
+        if len(self._panels) != len(state.devices):
             self._sync_panels()
         self.predicted.update()  # each process that sent facts (cached per completed step)
-        first = self.session.time_range()[0]
-        if first != self.view.first:  # the data's start, not a change of view: no redraw
-            self.set_reactive(MainScreen.view, replace(self.view, first=first))
-        window = self.view.window(now)
-        version = self.session.version
+        first = state.time_range[0]
+        if first != view.first:  # the data's start, not a change of view: no redraw
+            self.set_reactive(MainScreen.view, replace(view, first=first))
+        window, version = state.window, state.version
         at = self.transport.figures_time(window)
         # Live and following: the newest lists; else (a cursor, a replay) those at ``at``.
-        self.process_table.at = None if self.session.live and self.view.following else at
+        self.process_table.at = None if state.live and view.following else at
         with self.app.batch_update():
             self._draw(window, version, at)
         self._plot_width_at = None  # the panels' axes may have moved
@@ -397,16 +406,15 @@ class MainScreen(WindowActions, DashboardScreen):
         """The status line (:class:`~gpuwatch.tui.status_line.StatusLine`) and the notes."""
         self.status_bar.show(window or self.view.window(self.now()))
         t = self.transport
-        notes = t.notes_text()
-        self._status_said = (t.subtitle(), t.warning(), notes)
-        self.notes_bar.show(notes, self.short)
+        self._status_said = (t.subtitle(), t.warning())
+        self.notes_bar.show(t.notes_text(self.state.notes), self.short)
 
     def _status_changed(self) -> bool:
-        """Has what the status line shows from outside the frame (the subtitle, the warning,
-        the notes) changed since it was drawn? A recording can stop while the frame stays
-        the same (paused, or a clock that stands still)."""
+        """Has what the status line shows from outside the frame (the subtitle, the warning)
+        changed since it was drawn? A recording can stop while the frame stays the same
+        (paused, or a clock that stands still); a note is a new version, a new frame."""
         t = self.transport
-        return self._status_said != (t.subtitle(), t.warning(), t.notes_text())
+        return self._status_said != (t.subtitle(), t.warning())
 
     def _follow_tables(self) -> None:
         """The Peaks tab highlights the phase, and the mark, at the cursor."""
@@ -443,7 +451,7 @@ class MainScreen(WindowActions, DashboardScreen):
             extra.append(("open", "Open GPU", "next_panel(1)"))
         elif self.stepping:
             extra.append(("next_panel(1)", "Next panel", "next_panel(1)"))
-        if timelines and not self.overview_shown and len(gpu_devices(self.session)) > 1:
+        if timelines and not self.overview_shown and self.state.gpus > 1:
             extra.append(("overview", "Overview", "overview"))
         keys[at:at] = [Key(bound[b][0], label, a) for b, label, a in extra if b in bound]
         if "command_palette" in bound:
@@ -480,7 +488,7 @@ class MainScreen(WindowActions, DashboardScreen):
         on the host's, which comes first (issue 37), and the overview's GPU rows hold
         nothing of it; ``g`` still opens the overview.
         """
-        gpus = sum(d.kind == "gpu" for d in list(self.session.devices.values()))
+        gpus = self.state.gpus
         if gpus < 2 or self._host_run:
             return True
         if self.short:

@@ -8,6 +8,7 @@ jumped through) and playing again resumes from the position.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterable
 from dataclasses import replace
 
 from rich.style import Style
@@ -170,12 +171,12 @@ class ReplayTransport(Transport):
             return self.dashboard.view.cursor
         return self.player.position()
 
-    def notes_text(self) -> str:
-        """The session's notes, those from the file marked as the recording's."""
+    def notes_text(self, notes: Iterable[str]) -> str:
+        """The session's ``notes``, those from the file marked as the recording's."""
         where = f"recorded on {self._recorded_on}" if self._recorded_on else "in the recording"
         return "\n".join(
             f"{where}: {note}" if note in self._recorded_notes else note
-            for note in self.player.session.notes
+            for note in notes
         )
 
     def _transport_tick(self) -> None:

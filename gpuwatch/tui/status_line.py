@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from ..fmt import ellipsis, fmt_clock, fmt_duration
 from ..session import Session
+from ..session.frame import FrameState
 from . import marks
 from ._text import Fitted, Part, markup_safe, plain_lines
 from .ranks import RanksView
@@ -85,9 +86,11 @@ class NotesLine(Static):
 
 
 class Described(Protocol):
-    """What :class:`DashboardParts` reads of the dashboard (its main screen)."""
+    """What :class:`DashboardParts` reads of the dashboard (its main screen): of the
+    session, the frame's :attr:`state` only (``session`` is told a command's exit)."""
 
     session: Session
+    state: FrameState
     transport: Transport
     view: TimeWindow
     child: Any  # main_screen.ChildLike, or None
@@ -145,10 +148,9 @@ class DashboardParts:
         faults = s.ranks_view.faults
         if faults:  # the job's ranks disagree: the Ranks tab says how
             parts.append(Part(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]"))
-        rejects = sum(s.session.rejects.values())
+        rejects, dropped = s.state.rejects, s.state.dropped
         if rejects:
             parts.append(Part(f"[$warning]{rejects} rejected[/]"))
-        dropped = sum(p.dropped for p in list(s.session.processes.values()))
         if dropped:
             parts.append(Part(f"[$warning]{dropped} dropped[/]"))
         warning = s.transport.warning()
@@ -160,11 +162,11 @@ class DashboardParts:
         """What the cursor reads: the time, and the mark or OOM nearest to it in the window
         with what it says."""
         s = self.screen
-        cursor, origin = s.view.cursor, s.session.t_origin
+        cursor, origin = s.view.cursor, s.state.t_origin
         if cursor is None:
             return []
         parts = [Part(f"cursor {fmt_clock(cursor - origin)}", keep=6)]
-        near = marks.nearest(s.session, cursor, *window)
+        near = s.state.nearest(cursor)
         if near is not None:
             at = f"{marks.symbol(near)} {fmt_clock(near.t - origin)} "
             said = ellipsis(s.marks_table.describe(near, short=True), MARK_CELLS)
@@ -176,7 +178,7 @@ class DashboardParts:
 
     def count(self, window: tuple[int, int]) -> list[Part]:
         # The processes the bands show: those alive in the window.
-        return [Part(f"{len(self.screen.session.active(*window))} instrumented", keep=1)]
+        return [Part(f"{self.screen.state.instrumented} instrumented", keep=1)]
 
     def subtitle(self, window: tuple[int, int]) -> list[Part]:
         subtitle = self.screen.transport.subtitle()

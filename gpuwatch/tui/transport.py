@@ -169,9 +169,10 @@ class Transport:
             return "following the newest data"
         return "paused: the window stays"
 
-    def notes_text(self) -> str:
-        """The notes bar: what the session has to say (no driver, not recording...)."""
-        return "\n".join(self.dashboard.session.notes)
+    def notes_text(self, notes: Iterable[str]) -> str:
+        """The notes bar: what the session has to say (no driver, not recording...), from
+        the frame's ``notes``."""
+        return "\n".join(notes)
 
     def move_cursor(self, cells: int) -> None:
         """Move the cursor by chart columns."""

@@ -19,6 +19,7 @@ from conftest import until
 from textual.content import Content
 from textual.strip import Strip
 
+from gpuwatch.session.frame import FrameState, WindowOf
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.frame_clock import FOLLOW_FRAME_NS, FRAME_SLACK, REDRAW_HZ, FrameClock
 from gpuwatch.tui.time_window import TimeWindow
@@ -216,3 +217,37 @@ async def test_the_overview_lines_are_what_content_renders() -> None:
                     content = Content.assemble(*parts).stylize(style)
                     want = Strip(content.render_segments(base)).adjust_cell_length(width, pad)
                     assert list(strip) == list(want), (theme, focused)
+
+
+async def test_a_frame_reads_the_session_once_and_draws_from_what_it_read() -> None:
+    # Issue 53: the main screen and its status line draw from one FrameState a frame, read
+    # under the session's lock; the session changing after it leaves that frame as read.
+    session = synthetic.build()
+    reads: list[FrameState] = []
+    take = session.frame_state
+
+    def counted(window_of: WindowOf) -> FrameState:
+        reads.append(take(window_of))
+        return reads[-1]
+
+    session.frame_state = counted  # type: ignore[method-assign]
+    app = GpuwatchApp(session, clock=lambda: synthetic.end_time())
+    async with app.run_test(size=(140, 45)) as pilot:
+        screen = app.dashboard
+        assert await until(pilot, lambda: screen.redraws >= 1, timeout=10)
+        for _ in range(3):
+            await pilot.pause()
+            reads.clear()
+            redraws = screen.redraws
+            screen.redraw()
+            assert screen.redraws == redraws + 1 and reads == [screen.state]
+        state = screen.state
+        assert "1 instrumented" in str(screen.status_bar.render())
+        session.count_reject("oversized")
+        session.note("a new note")
+        assert screen.state is state and state.rejects == 0 and not state.notes
+        screen._update_status()  # the status line says what the frame read, not the session
+        assert "rejected" not in str(screen.status_bar.render())
+        screen.redraw()
+        assert screen.state.rejects == 1 and screen.state.notes == ("a new note",)
+        assert await until(pilot, lambda: "1 rejected" in str(screen.status_bar.render()))

@@ -32,8 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "See 'gpuwatch COMMAND --help' for each command.",
     )
     parser.add_argument("--version", action="version", version=f"gpuwatch {__version__}")
-    live.add_dashboard_options(parser)
-    live.add_view_options(parser)
+    live.live_dashboard(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     live.register(sub)
     estimate.register(sub)
@@ -41,7 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
     recordings.register(sub)
     serve.register(sub)
     cluster.register(sub)
-    parser.set_defaults(func=live.cmd_live)
     _top_level_wins(parser, sub)
     return parser
 

@@ -66,6 +66,14 @@ _VIEW_SWITCHES = (
 )
 
 
+def live_dashboard(p: argparse.ArgumentParser) -> None:
+    """Make ``p`` the live dashboard's parser: its options, and :func:`cmd_live` to run
+    (``gpuwatch`` without a command and ``gpuwatch live`` are the same command)."""
+    add_dashboard_options(p)
+    add_view_options(p)
+    p.set_defaults(func=cmd_live)
+
+
 def add_view_options(p: argparse.ArgumentParser) -> None:
     """``--once`` / ``--json`` / ``--readonly``: the live dashboard's (not ``run``'s)."""
     for flags, text in _VIEW_SWITCHES:
@@ -104,10 +112,7 @@ def _size(text: str) -> int:
 
 def register(sub: Any) -> None:
     """Add ``live`` and ``run`` to the subcommand parsers."""
-    live = sub.add_parser("live", help="the live dashboard (the default command)")
-    add_dashboard_options(live)
-    add_view_options(live)
-    live.set_defaults(func=cmd_live)
+    live_dashboard(sub.add_parser("live", help="the live dashboard (the default command)"))
     run = sub.add_parser(
         "run",
         help="the dashboard plus a command, instrumented with no code change",

@@ -91,6 +91,7 @@ class Setting:
     world: int
     device: str
     mp_policy: tuple[str, str] | None = None  # FSDP's (param, reduce) dtypes
+    backend: str = "nccl"  # the run's process group: gloo, nccl, or fake (torch's)
     assumed: list[str] = field(default_factory=list)
 
 
@@ -185,6 +186,8 @@ def setting(args: argparse.Namespace) -> Setting:
         world=world,
         device=getattr(args, "device", None) or "cuda",
     )
+    # The trace runs on torch's fake process group; the facts say the run's own.
+    s.backend = getattr(args, "backend", None) or ("gloo" if s.device == "cpu" else "nccl")
     if s.layout != "none" and not getattr(args, "layout", None):
         s.assumed.append("layout ddp (--layout)")
     s.mp_policy = _mp_policy(getattr(args, "mp_policy", None), s.layout)
@@ -646,11 +649,19 @@ def _peak_of(phases: dict[bool, dict]) -> tuple[int, str, bool]:
     return best
 
 
+def _with_backend(facts: dict[str, Any], backend: str) -> dict[str, Any]:
+    """The facts with FSDP2's ``backend`` the run's (the trace's own group is fake)."""
+    par = facts.get("parallel")
+    if not isinstance(par, dict) or not isinstance(par.get("fsdp"), dict):
+        return facts
+    return dict(facts, parallel=dict(par, fsdp=dict(par["fsdp"], backend=backend)))
+
+
 def result_of(traced: Traced, s: Setting) -> dict[str, Any]:
     """The estimate of a traced step, in the config route's form (``--json``'s keys)."""
     from ..predict import PHASES
 
-    facts = _on_target(traced.facts, s.device)
+    facts = _with_backend(_on_target(traced.facts, s.device), s.backend)
     if s.checkpoint_every:
         facts = _with_cached_copies(facts, traced.amp_cached)
     pred, phases = phase_peaks(facts, s.accumulation)

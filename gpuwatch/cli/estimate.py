@@ -226,6 +226,13 @@ def _layout_options(run: Any) -> None:
         help="plan a run on GPUs (default) or on this machine's CPU, to check a plan here",
     )
     run.add_argument(
+        "--backend",
+        choices=("nccl", "gloo", "fake"),
+        default=None,
+        help="--trace: the run's process group (default nccl on GPUs, gloo on the CPU;"
+        " fake: torch's fake group, one rank of a job too big to run here)",
+    )
+    run.add_argument(
         "--offload",
         action="store_true",
         help="optimizer states on the host (ZeRO-Offload; FSDP's CPUOffloadPolicy)",

@@ -129,6 +129,17 @@ def _world() -> tuple[int | None, int | None]:
     return None, None
 
 
+def _backend() -> str | None:
+    """The default process group's backend (``gloo``, ``nccl``, ...), or None."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return str(dist.get_backend())[:16]
+    except Exception:
+        pass
+    return None
+
+
 def _ddp(ddp: Any) -> dict[str, Any]:
     """DDP's options (``torch/nn/parallel/distributed.py``)."""
     # torch 2.13 keeps both caps in ``_bucket_config``; earlier ones on the module.
@@ -239,6 +250,7 @@ def _fsdp2(model: Any) -> dict[str, Any] | None:
         "param_dtype": _dtype(getattr(mp, "param_dtype", None)),
         "reduce_dtype": _dtype(getattr(mp, "reduce_dtype", None)),
         "cpu_offload": offload,
+        "backend": _backend(),
     }
     if mesh is not None and replicate:
         out["replicate_size"] = int(replicate)

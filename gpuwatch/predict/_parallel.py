@@ -24,11 +24,12 @@ buffers each layout makes, each its own category. Sources, per rule:
     stay too, until each unit's backward.
   - backward, in reverse: the unit's unsharded parameters (all-gathered again after a
     reshard) and the next unit's prefetched all-gather output (backward prefetch, on by
-    default) are ``fsdp_unsharded``; the unit's unsharded gradients (of its trainable
-    parameters alone: a LoRA unit's frozen base is gathered, never reduced) and the previous
-    unit's reduce-scatter input (the gradients flattened, ``foreach_reduce``, kept in
-    ``reduce_scatter_state`` until this unit's reduce-scatter waits) are ``fsdp_reduce``,
-    in the reduce dtype.
+    default; over gloo, whose work allocates a flat output of its own as the prefetch is
+    issued, two of it: the facts' ``backend``) are ``fsdp_unsharded``; the unit's
+    unsharded gradients (of its trainable parameters alone: a LoRA unit's frozen base is
+    gathered, never reduced) and the previous unit's reduce-scatter input (the gradients
+    flattened, ``foreach_reduce``, kept in ``reduce_scatter_state`` until this unit's
+    reduce-scatter waits) are ``fsdp_reduce``, in the reduce dtype.
   - the root's unit (``_fsdp_state.py``: the root's pre-forward and post-backward) is
     gathered first and stays unsharded while the root's forward runs, so through every
     other unit and through a loss the model computes itself (a Hugging Face model given
@@ -242,6 +243,10 @@ def _fsdp2(
     grads = [round(_trainable(u, "unsharded_bytes") * scale) for u in units]
     shards = [_trainable(u, "sharded_bytes") for u in units]
     n = len(sizes)
+    # A prefetched all-gather over gloo holds two of its unit: its output and the flat
+    # output gloo's work allocates as it is issued (``ProcessGroupGloo``'s
+    # ``_allgather_base``), given back only when the work is done; NCCL gathers in place.
+    extra = 2 if copy_out and fsdp.get("backend") == "gloo" else 1
     # The root's unit is unsharded by the root's pre-forward and stays so while its
     # forward runs: through every other unit, and through the loss where the model
     # computes it (Hugging Face models given labels); in backward it is gathered first
@@ -277,7 +282,7 @@ def _fsdp2(
     walk: list[tuple[float, int, int, int]] = []
     for k in range(m - 1, -1, -1):
         i = inner[k]
-        prefetch = sizes[i - 1] if k and reshard[i - 1] else 0
+        prefetch = extra * sizes[i - 1] if k and reshard[i - 1] else 0
         unsharded = root + kept[i] + sizes[i] + prefetch
         reduce = grads[i] + (grads[inner[k + 1]] if k + 1 < m else 0)
         walk.append(((k + 1) / m, done, unsharded, reduce))

@@ -71,6 +71,21 @@ def test_fsdp2_units_in_forward_and_backward() -> None:
     assert p.layout.modelled and all("not modelled" not in n for n in p.notes)
 
 
+def test_fsdp2_over_gloo_holds_the_prefetch_twice_in_backward() -> None:
+    """Gloo's all-gather allocates a flat output of its own as the prefetch is issued: at
+    a LoRA unit's backward (no gradients to speak of) the unit, and the prefetched unit
+    twice (issue 52: the LoRA MLP under FSDP2 read 0.90 of the truth without it)."""
+    units = [
+        {"unsharded_bytes": 8 * MIB, "sharded_bytes": 4 * MIB, "trainable_unsharded_bytes": 0}
+    ] * 3
+    fsdp = {"units": 3, "unit_list": units}
+    for backend, prefetched in (("gloo", 2), ("nccl", 1), ("fake", 1), (None, 1)):
+        p = predict(_facts({"strategy": "fsdp2", "fsdp": dict(fsdp, backend=backend)}))
+        # Each unit's backward moment: (share of activations, shards done, gathered, reduce).
+        gathered = [w[2] for w in p.layout.backward_units]
+        assert gathered == [(8 + prefetched * 8) * MIB] * 2 + [8 * MIB], backend
+
+
 def test_a_layout_not_modelled_says_so_in_one_line() -> None:
     p = predict(_facts({"strategy": "fsdp1", "fsdp": {"version": 1}}))
     assert not p.layout.modelled

@@ -86,8 +86,11 @@ def test_fsdp2_hugging_face_causal_lm() -> None:
     assert units[0]["name"] == "(root)" and units[0]["reshard_after_forward"] is False
     assert all(u["reshard_after_forward"] for u in units[1:])
     p = predict(results[0]["facts"])
-    # At the loss the root's parameters (embedding, norm, LM head) are unsharded.
-    assert p.phases["forward", False].peak["fsdp_unsharded"] == units[0]["unsharded_bytes"]
+    # At the loss the root's parameters (embedding, norm, LM head) are unsharded, and the
+    # last layer's all-gather output is still alive: it is freed only when the root's
+    # forward ends, after a loss computed inside the model.
+    expected = units[0]["unsharded_bytes"] + units[-1]["unsharded_bytes"]
+    assert p.phases["forward", False].peak["fsdp_unsharded"] == expected
 
 
 def test_fsdp2_lora_reduces_only_the_adapters() -> None:

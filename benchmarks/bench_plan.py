@@ -12,14 +12,15 @@ settled):
   ``--precision``, ``--accumulation``, ``--checkpointing``, ``--optimizer-impl``) under
   DDP, DDP with two micro-batches, DDP under bf16 autocast, FSDP2 with every block
   checkpointed under bf16 autocast or under ``MixedPrecisionPolicy(bf16, fp32)``, FSDP1,
-  LoRA under DDP and FSDP2, and rank 0 of an 8-rank FSDP2 job;
+  LoRA under DDP and FSDP2, rank 0 of an 8-rank FSDP2 job, and tensor parallel;
 - the config route, of the Llama-style causal LM of ``ranks_cases`` given as its Hugging
   Face config (``shape_from_config`` and the plan ``estimate`` makes of it) under DDP,
   FSDP2 (rank 0 of eight too, and with every 2nd layer checkpointed), LoRA under FSDP2
   and tensor parallel.
 
-Tensor parallel is refused by ``--trace`` (the split of a user's layers is the user's
-plan): said in one line. ZeRO needs DeepSpeed: skipped where it is not installed.
+Tensor parallel (``tp``): the trace splits each block's pair of Linear layers by
+columns then rows (its default plan), as the truth's ``parallelize_module`` plan written
+out does. ZeRO needs DeepSpeed: skipped where it is not installed.
 Printed: case x rank x step x phase x (truth, plan, ratio), and as the anchor, what the
 old ``--trace`` answered: the model traced whole on one GPU, the layout and the options
 ignored, one peak per step standing for each of its phases.
@@ -64,7 +65,7 @@ TRACE_CASES: dict[str, dict[str, Any]] = {
     "lora-ddp": {"layout": "ddp", "world": 2, "lora": LORA},
     "lora-fsdp2": {"layout": "fsdp", "world": 2, "lora": LORA},
     "fsdp2-fake8": {"layout": "fsdp", "world": 8, "fake": True},
-    "tp": {"layout": "tp=2", "world": 2, "refused": True},
+    "tp": {"layout": "tp=2", "world": 2},
     "zero2": {"layout": "zero2", "world": 2, "zero": True},
 }
 """``--trace`` cases of the MLP: the options given to ``estimate`` and to the run alike."""
@@ -236,6 +237,8 @@ def _wrap(model: Any, case: dict[str, Any]) -> Any:
         for i in range(len(model.blocks)):
             model.blocks[i] = checkpoint_wrapper(model.blocks[i])
     layout = case["layout"]
+    if layout.startswith("tp="):
+        return _tensor_parallel(model)
     if layout == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -256,6 +259,26 @@ def _wrap(model: Any, case: dict[str, Any]) -> Any:
         fully_shard(block, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def _tensor_parallel(model: Any) -> Any:
+    """Megatron's split of each block, written out: ``up`` by columns, ``down`` by rows."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan: dict[str, Any] = {}
+    for i in range(len(model.blocks)):
+        plan[f"blocks.{i}.up"] = ColwiseParallel()
+        plan[f"blocks.{i}.down"] = RowwiseParallel()
+    # src_data_rank=None: each rank cuts its shards from its own copy (one seed made them
+    # equal); a scatter from rank 0 leaves frees to gloo's thread, unseen (ranks_cases).
+    return parallelize_module(model, mesh, plan, src_data_rank=None)
 
 
 def run_truth(case: dict[str, Any], rank: int) -> dict[str, int]:

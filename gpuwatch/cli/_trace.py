@@ -9,7 +9,9 @@ run would do, on torch's fake process group (one rank of ``--gpus`` in this proc
 
 - the layout (``--layout``): ``DistributedDataParallel`` with its buckets, FSDP2's
   ``fully_shard`` on each layer (the children of the model's largest ``ModuleList``) and
-  the root, FSDP1 with those layers as units; the weights' dtype and autocast
+  the root, FSDP1 with those layers as units, tensor parallel (``tp=N``, N the GPUs:
+  :func:`tp_plan`'s pairs of ``nn.Linear`` in each layer split by columns then rows with
+  ``parallelize_module``, said in assumed); the weights' dtype and autocast
   (``--precision``); the layers checkpointed (``--checkpointing``, ``--checkpoint-every``);
 - one real training step: forward (counted by the meter a live run uses,
   :class:`~gpuwatch.instrument.ActivationMeter`), the loss, backward,
@@ -19,8 +21,8 @@ run would do, on torch's fake process group (one rank of ``--gpus`` in this proc
   walked through the steps' phases (``--accumulation`` micro-batches each) as the
   dashboard's predicted line walks them.
 
-What it cannot honour (``--lora-rank``, ``tp=N``, ZeRO without DeepSpeed, a shape or a
-config) is refused in one line, as is a builder that fails (with its own error).
+What it cannot honour (``--lora-rank``, ZeRO without DeepSpeed, a shape or a config) is
+refused in one line, as is a builder that fails (with its own error).
 torch is imported only when a trace runs; the predictor stays pure (``predict/``): this
 is a front end running the user's code, as ``predict/_hf_trace.py`` runs transformers'.
 """
@@ -145,12 +147,12 @@ def _layout(args: argparse.Namespace, world: int) -> str:
         if importlib.util.find_spec("deepspeed") is None:
             raise CliError(f"--layout {layout} with --trace needs deepspeed installed")
         raise CliError(f"--layout {layout} with --trace: DeepSpeed's engine is not traced")
-    if layout.startswith("tp="):
+    if layout.startswith("tp=") and int(layout[3:]) != world:
         raise CliError(
-            f"--layout {layout} with --trace: which of your layers split is your plan;"
-            " apply parallelize_module in the builder, or plan a --config"
+            f"--layout {layout} with --trace: tensor parallel over all {world} GPU(s) only"
+            " (give --gpus as many)"
         )
-    if layout not in LAYOUTS:
+    if layout not in LAYOUTS and not layout.startswith("tp="):
         raise CliError(f"--layout {layout} with --trace: one of {', '.join(LAYOUTS)}")
     if layout != "none" and world < 2:
         raise CliError(f"--layout {layout} needs --gpus (how many, and which)")
@@ -353,6 +355,8 @@ def _apply_layout(model: Any, layers: list[Any], s: Setting, mesh: Any) -> Any:
     """The layout applied on the fake process group; returns the wrapper (or the model)."""
     import torch
 
+    if s.layout.startswith("tp="):
+        return _tensor_parallel(model, layers, s, mesh)
     if s.layout == "ddp":
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
         from torch.nn.parallel import DistributedDataParallel
@@ -392,6 +396,57 @@ def _apply_layout(model: Any, layers: list[Any], s: Setting, mesh: Any) -> Any:
     return model
 
 
+def tp_plan(layers: list[Any]) -> dict[str, str]:
+    """gpuwatch's default tensor-parallel plan: in each layer, consecutive pairs of
+    ``nn.Linear`` where the first's output feeds the second, the first split by columns
+    and the second by rows (Megatron's MLP split: one all-reduce per pair); anything it
+    cannot pair stays replicated. ``{"<layer index>.<name>": "colwise" | "rowwise"}``."""
+    import torch
+
+    plan: dict[str, str] = {}
+    for i, layer in enumerate(layers):
+        linears = [(n, m) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)]
+        j = 0
+        while j + 1 < len(linears):
+            (a, first), (b, second) = linears[j], linears[j + 1]
+            if first.out_features == second.in_features:
+                plan[f"{i}.{a}"], plan[f"{i}.{b}"] = "colwise", "rowwise"
+                j += 2
+            else:
+                j += 1
+    return plan
+
+
+def _tensor_parallel(model: Any, layers: list[Any], s: Setting, mesh: Any) -> Any:
+    """:func:`tp_plan` applied with ``parallelize_module`` on the fake group's mesh."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = tp_plan(layers)
+    if not plan:
+        raise CliError(
+            f"--layout {s.layout} with --trace: no pair of Linear layers in the model's"
+            " layers to split; apply parallelize_module in the builder"
+        )
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for i, layer in enumerate(layers):
+        mine = {
+            k.partition(".")[2]: styles[v]() for k, v in plan.items() if k.split(".")[0] == str(i)
+        }
+        if mine:
+            # src_data_rank=None: each rank cuts its shard from its own copy, as seeded runs do.
+            parallelize_module(layer, mesh, mine, src_data_rank=None)
+    names = list(dict.fromkeys(k.partition(".")[2] + f" ({v})" for k, v in plan.items()))
+    s.assumed.append(
+        f"tensor parallel over {s.world}: in each of {len(layers)} layers {', '.join(names)}"
+        " split (Megatron's pairs of Linear), the rest replicated (--layout)"
+    )
+    return model
+
+
 def _optimizer(model: Any, s: Setting, torch: Any) -> Any:
     name, options = OPTIMIZER_CLASSES[s.optimizer]
     cls = getattr(torch.optim, name)
@@ -404,7 +459,7 @@ def _optimizer(model: Any, s: Setting, torch: Any) -> Any:
 
 @contextmanager
 def _process_group(s: Setting) -> Iterator[Any]:
-    """Rank 0 of ``s.world`` on torch's fake process group (and a CPU mesh for FSDP2)."""
+    """Rank 0 of ``s.world`` on torch's fake process group (and a CPU mesh for FSDP2, TP)."""
     if s.layout == "none":
         yield None
         return
@@ -416,7 +471,7 @@ def _process_group(s: Setting) -> Iterator[Any]:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=s.world)
     try:
         mesh = None
-        if s.layout in ("fsdp", "fsdp-no-reshard"):
+        if s.layout in ("fsdp", "fsdp-no-reshard") or s.layout.startswith("tp="):
             from torch.distributed.device_mesh import init_device_mesh
 
             # Made before the fake mode: a mesh reads its ranks' values.

@@ -107,6 +107,21 @@ def test_ddp_is_traced_with_its_buckets(builder: str) -> None:
     assert ddp["phases"]["backward"]["ddp_buckets"] == pytest.approx(grads, rel=0.05)
 
 
+def test_tp_splits_each_layers_pair_of_linears_and_says_so(builder: str) -> None:
+    argv = ("--trace", f"{builder}:build", "--precision", "fp32")
+    alone = _estimate(*argv)
+    tp = _estimate(*argv, "--gpus", "2x24GiB", "--layout", "tp=2")
+    assert tp["parallel"] == "tp=2" and tp["traced"]["strategy"] == "tp"
+    # Megatron's split: the first Linear by columns (weight and bias halved), the second
+    # by rows (weight halved, its bias replicated on every rank).
+    per_rank = 3 * ((256 * 512 + 512) // 2 + 256 * 512 // 2 + 256)
+    assert tp["rank_parameters"] == per_rank
+    assert alone["phases"]["optimizer.step"]["weights"] == 4 * tp["parameters"]
+    assert tp["phases"]["optimizer.step"]["weights"] == 4 * per_rank
+    said = [a for a in tp["assumed"] if a.startswith("tensor parallel over 2")]
+    assert said and "0 (colwise), 2 (rowwise)" in said[0] and "replicated" in said[0]
+
+
 def test_fsdp_shards_the_states_over_the_gpus_named(builder: str) -> None:
     one = _estimate("--trace", f"{builder}:build", "--precision", "fp32")
     fsdp = _estimate(
@@ -180,7 +195,7 @@ def test_a_plan_that_does_not_fit_says_so_and_ranks_changes(builder: str) -> Non
     ("args", "said"),
     [
         (("--lora-rank", "8"), "--lora-rank"),
-        (("--gpus", "2x24GiB", "--layout", "tp=2"), "tp=2"),
+        (("--gpus", "2x24GiB", "--layout", "tp=3"), "tp=3"),
         (("--gpus", "2x24GiB", "--layout", "zero2"), "zero2"),
         (("--layers", "2"), "shape"),
         (("--layout", "fsdp"), "--gpus"),

@@ -58,8 +58,9 @@ class ChangeRow(TypedDict):
 class Fit(TypedDict):
     """Whether the plan fits the GPUs named, and what would make it fit.
 
-    ``fits`` is None where the activations are unknown and the rest fits: the plan
-    cannot back a verdict (``peak_bytes`` is then what the rest needs, a lower bound).
+    ``fits`` is None where the activations or the optimizer step's temporaries are unknown
+    and the rest fits: the plan cannot back a verdict (``peak_bytes`` is then what the rest
+    needs, a lower bound).
     """
 
     gpus: int
@@ -95,6 +96,7 @@ class Result(TypedDict):
     trainable_parameters: int
     rank_parameters: int
     activations_known: bool
+    step_temporaries_known: NotRequired[bool]
     layout: str | None
     parallel: str
     world_size: int
@@ -567,6 +569,12 @@ def plan_result(plan: Plan, assumed: list[str], target: Target) -> Result:
     pred, facts = est.prediction, est.facts
     if shape is not None and not plan.seq:
         pred.notes.append("activations unknown: give --seq")
+    if not plan.step_temporaries_known:
+        pred.notes.append(
+            f"optimizer.step's temporaries unknown: {plan.impl} {plan.optimizer} makes them per"
+            " tensor, from the largest ones, and a parameter count alone has no tensor sizes"
+            " (counted as 0: a lower bound); give a shape, --config or --trace"
+        )
     everything = (
         shape.count(plan.seq or shape.max_positions or 1024) + _adapters(shape, plan)
         if shape is not None
@@ -581,6 +589,7 @@ def plan_result(plan: Plan, assumed: list[str], target: Target) -> Result:
         trainable_parameters=_adapters(shape, plan) if plan.lora_rank else everything,
         rank_parameters=facts["params"]["count"],
         activations_known=pred.activations_known,
+        step_temporaries_known=plan.step_temporaries_known,
         layout=shape.arch if shape is not None else None,
         parallel=plan.layout,
         world_size=plan.world,
@@ -608,8 +617,9 @@ def fit_of(plan: Plan, gpus: Gpus, reserve: int, nodes: int = 1) -> Fit:
     except ValueError as exc:
         raise EstimateError(str(exc)) from None
     fits: bool | None = ans.fits
-    if ans.fits and not ans.estimate.prediction.activations_known:
-        # Only what the activations leave: a lower bound fits, which says nothing.
+    known = ans.estimate.prediction.activations_known and plan.step_temporaries_known
+    if ans.fits and not known:
+        # Only what the unknown parts leave: a lower bound fits, which says nothing.
         fits = None
     changes = [
         ChangeRow(

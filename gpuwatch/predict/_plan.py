@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..facts import MAX_UNITS, Facts
-from ._optim import optimizer_memory
+from ._optim import ESTIMATE_OPTIMIZERS, KINDS, optimizer_memory
 from ._parallel import ROOT
 from ._predict import Prediction, _dict, predict
 from ._shape import ModelShape, _numel, facts_from_shape
@@ -230,6 +230,25 @@ class Plan:
         """The tensor-parallel degree (1: none)."""
         return int(self.layout[3:]) if self.layout.startswith("tp=") else 1
 
+    @property
+    def tensor_sizes_known(self) -> bool:
+        """Whether the parameters' sizes are known (a shape, or the tensors of a model built
+        on the meta device), not only their count."""
+        if self.shape is not None:
+            return True
+        return bool(self.tensors) and sum(map(_numel, self.tensors)) == self.params
+
+    @property
+    def step_temporaries_known(self) -> bool:
+        """Whether ``optimizer.step``'s temporary can be planned: a for-loop step's is the
+        largest tensors' (unknown from a count alone); foreach's is its bucket's, which the
+        count gives (one group, one dtype); fused and 8-bit steps update in place, and
+        ZeRO's inner optimizer steps one flat partition."""
+        if self.tensor_sizes_known or self.impl != "for-loop" or self.layout.startswith("zero"):
+            return True
+        kind = ESTIMATE_OPTIMIZERS.get(self.optimizer, ("", {}))[0]
+        return kind not in KINDS or "for-loop" not in KINDS[kind].temps
+
 
 @dataclass
 class RankEstimate:
@@ -277,6 +296,12 @@ def _build(plan: Plan, shape: ModelShape | None, precision: str) -> dict[str, An
         facts["activations"] = per_batch(plan.activations, plan.batch, plan.activations_batch)
     if plan.loss != "inside" and isinstance(facts.get("transformer"), dict):
         facts["transformer"]["loss"] = plan.loss
+    if not plan.step_temporaries_known:
+        # A count alone is one tensor of the whole model to facts_from_shape: its largest
+        # tensors are unknown, so a for-loop step's temporary is counted as none (a lower
+        # bound, said by step_temporaries_known), never as the model's size.
+        for b in facts["optimizer"]["groups"]:
+            b.update(max_tensor_bytes=0, second_tensor_bytes=0)
     return facts
 
 

@@ -13,10 +13,31 @@ _WIDTH = 16
 _WITH_ACTIVATIONS = ("forward", "backward", "eval")
 """The phases whose total holds the activations (a lower bound where they are unknown)."""
 
+_STEP = "optimizer.step"
+"""The phase whose temporaries a parameter count alone may not give."""
+
+
+def _unknown(result: Result) -> dict[str, set[str]]:
+    """The phases each unknown category leaves a lower bound (none where all is known)."""
+    out: dict[str, set[str]] = {}
+    if not result["activations_known"]:
+        out["activations"] = set(PHASES)
+    if not result.get("step_temporaries_known", True):
+        out["temporaries"] = {_STEP}
+    return out
+
+
+def _cell(result: Result, cat: str, ph: str, unknown: dict[str, set[str]]) -> str:
+    """One cell of the table: its bytes, or "unknown"."""
+    if ph in unknown.get(cat, ()):
+        return "unknown"
+    return fmt_bytes(result["phases"][ph].get(cat, 0))
+
 
 def table(result: Result) -> str:
     """The bytes per category at each phase's peak, what was assumed, and the fit."""
     phases = result["phases"]
+    unknown = _unknown(result)
     width = max(len(c) for c in CATEGORIES) + 2
     ranks = (
         f" on each of {result['world_size']} ranks ({result['parallel']}),"
@@ -33,26 +54,25 @@ def table(result: Result) -> str:
     for cat in CATEGORIES:
         if cat not in CATEGORIES[:6] and not any(phases[ph].get(cat) for ph in PHASES):
             continue  # a parallel layout's buffers: none on one GPU
-        if cat == "activations" and not result["activations_known"]:
-            cells = "".join("unknown".rjust(_WIDTH) for _ in PHASES)
-        else:
-            cells = "".join(fmt_bytes(phases[ph].get(cat, 0)).rjust(_WIDTH) for ph in PHASES)
+        cells = "".join(_cell(result, cat, ph, unknown).rjust(_WIDTH) for ph in PHASES)
         lines.append(cat.replace("_", " ").ljust(width) + cells)
-    known = result["activations_known"]
+    # A total is a lower bound where it holds an unknown part (the activations are none
+    # of the step's or zero_grad's, though shown unknown there too).
+    bounded = set(unknown.get("temporaries", ()))
+    if "activations" in unknown:
+        bounded.update(_WITH_ACTIVATIONS)
     totals = "".join(
-        (
-            ("" if known or ph not in _WITH_ACTIVATIONS else ">= ")
-            + fmt_bytes(sum(phases[ph].values()))
-        ).rjust(_WIDTH)
+        (("" if ph not in bounded else ">= ") + fmt_bytes(sum(phases[ph].values()))).rjust(_WIDTH)
         for ph in PHASES
     )
     lines.append("total".ljust(width) + totals)
     lines.append("")
-    least = "" if known else "at least "
-    unknown = "" if known else " (activations unknown: give a shape, --config or --trace)"
-    lines.append(
-        f"peak: {least}{fmt_bytes(result['peak_bytes'])} in {result['peak_phase']}{unknown}"
+    least = "at least " if unknown else ""
+    why = " and ".join(
+        {"activations": "activations", "temporaries": "the step's temporaries"}[c] for c in unknown
     )
+    why = f" ({why} unknown: give a shape, --config or --trace)" if why else ""
+    lines.append(f"peak: {least}{fmt_bytes(result['peak_bytes'])} in {result['peak_phase']}{why}")
     lines.extend(f"assumed: {a}" for a in result["assumed"])
     lines.extend(f"note: {n}" for n in result["notes"])
     if "fit" in result:

@@ -172,6 +172,73 @@ def test_params_alone_gives_a_lower_bound_and_no_verdict_it_cannot_back() -> Non
     assert "DOES NOT FIT" in table(short)
 
 
+def _columns(text: str, row: str) -> dict[str, str]:
+    """One row of the table, cell by cell under each phase's heading."""
+    lines = text.splitlines()
+    head = next(line for line in lines if line.rstrip().endswith("eval"))
+    line = next(line for line in lines if line.startswith(row + " "))
+    cells, at = {}, 0
+    for phase in head.split():
+        end = head.index(phase, at) + len(phase)
+        cells[phase], at = line[at:end].strip(), end
+    return cells
+
+
+def test_params_alone_leaves_a_for_loop_steps_temporary_unknown() -> None:
+    # A count is no tensor sizes: a for-loop step's temporary (the largest tensors') is
+    # unknown, never "twice the model" as one tensor of the model's size made it.
+    loop = estimate(
+        Options(params=7 * 10**9, gpus="4xA100-80GB", layout="fsdp", optimizer_impl="for-loop")
+    )
+    assert loop["step_temporaries_known"] is False
+    for phases in (loop["phases"], loop["first_step"]):
+        step = phases["optimizer.step"]
+        assert step["temporaries"] == 0  # the lower bound
+        # Weights, gradients and states (and clip's norms, a few KiB): no temporary.
+        assert 0 <= loop["peak_bytes"] - sum(step.values()) < 2**20
+    assert loop["fit"]["fits"] is None and loop["fit"]["changes"] == []
+    assert any("optimizer.step's temporaries unknown" in n for n in loop["notes"])
+    text = table(loop)
+    assert _columns(text, "temporaries")["optimizer.step"] == "unknown"
+    assert _columns(text, "total")["optimizer.step"].startswith(">= ")
+    assert "the step's temporaries unknown" in text and "CANNOT SAY" in text
+    # The known parts alone exceed one GPU: that verdict is backed.
+    short = estimate(Options(params=7 * 10**9, gpus="1xA100-80GB", optimizer_impl="for-loop"))
+    assert short["fit"]["fits"] is False
+    assert short["peak_bytes"] - 16 * 7 * 10**9 < 2**20  # no temporary of twice the model
+    # foreach's temporary is its bucket's, which a count gives: known, the model's size.
+    each = estimate(Options(params=10**9, optimizer_impl="foreach"))
+    assert each["step_temporaries_known"] is True
+    assert each["phases"]["optimizer.step"]["temporaries"] == 4 * 10**9
+    assert _columns(table(each), "temporaries")["optimizer.step"] != "unknown"
+
+
+def test_known_tensor_sizes_plan_the_for_loop_temporary() -> None:
+    assert Plan(LLAMA, impl="for-loop").step_temporaries_known
+    tensors = ((1000, 300), (200, 100), (50,))
+    sized = Plan(None, params=320_050, impl="for-loop", tensors=tensors)
+    assert sized.step_temporaries_known
+    # _single_tensor_adam: sqrt and denom of the largest, the previous denom alive.
+    assert rank_estimate(sized).prediction.phases["optimizer.step", False].peak[
+        "temporaries"
+    ] == 4 * (2 * 300_000 + 20_000)
+    assert not Plan(None, params=320_050, impl="for-loop").step_temporaries_known
+    # ZeRO's inner optimizer steps one flat partition: known.
+    assert Plan(None, params=10**6, impl="for-loop", layout="zero2", world=2).step_temporaries_known
+
+
+def test_the_command_line_says_the_step_temporary_is_unknown() -> None:
+    r = run_gpuwatch(
+        "estimate", "--params", "7e9", "--gpus", "4xA100-80GB", "--layout", "fsdp",
+        "--optimizer-impl", "for-loop", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["step_temporaries_known"] is False
+    assert out["phases"]["optimizer.step"]["temporaries"] == 0
+    assert out["fit"]["fits"] is None
+
+
 def test_gpuwatch_plan_in_a_cell_asks_predict(tmp_path: Path) -> None:
     shown = notebook_plan(config=_config(tmp_path), gpus="2x80GiB", layout="fsdp")
     assert shown.fits and shown.peak_bytes > 0 and "FITS" in shown.text

@@ -141,7 +141,9 @@ class LiveSources:
             SourcesError: Another program has it, or the path or directory is unsafe.
         """
         try:
-            self.receiver.bind()
+            # Read at once: a sender may find the socket before the recorder and the
+            # views are up, and must not find its queue full meanwhile.
+            self.receiver.listen()
         except SocketInUse as exc:
             if str(exc).startswith("another gpuwatch"):
                 return str(exc)

@@ -123,11 +123,32 @@ class AnnotationReceiver:
                 full. Otherwise (or if the relay cannot start) a thread of this process
                 reads it.
         """
+        if relay:
+            self.listen()
+        elif self._sock is None:
+            self.bind()
+        self._start_reader()
+
+    def listen(self) -> None:
+        """Bind (if not yet bound) and have the relay read the socket now, where it can.
+
+        The socket file exists from the bind on, and a sender that finds it connects at
+        once: from then on something must empty the socket's small queue, or the sender
+        drops all it sends while gpuwatch still opens its recording and serves its views
+        (a loaded machine can stall that for seconds). The relay holds what it reads
+        until :meth:`start` reads its pipe. Without a relay the socket waits for
+        :meth:`start`'s thread.
+        """
         if self._sock is None:
             self.bind()
         assert self._sock is not None
-        if relay:
+        if self._relay is None:
             self._relay = relay_process.start(self._sock, _SIZE)
+
+    def _start_reader(self) -> None:
+        """Read the relay's pipe, or else the socket itself, on a thread (once)."""
+        if self._thread is not None:
+            return
         target = self._run if self._relay is None else self._run_relayed
         self._thread = threading.Thread(target=target, name="gpuwatch-receiver", daemon=True)
         self._thread.start()
@@ -244,6 +265,8 @@ class AnnotationReceiver:
         if self._identity is not None:
             unlink_ours(self.path, self._identity)
             self._identity = None
+        if self._relay is not None:
+            self._start_reader()  # listening, not started yet: what the relay holds counts
         self._stop.set()
         relayed = self._relay is not None
         if relayed:

@@ -642,3 +642,28 @@ def test_what_cannot_be_recorded_in_time_at_stop_is_counted_as_lost(
     assert rx.cut_short is not None and "counted as lost" in rx.cut_short
     assert "\n" not in rx.cut_short
     assert rx.cut_short in session.notes
+
+
+def test_a_listening_receiver_reads_before_it_starts(sock_path: str) -> None:
+    # The socket file exists from the bind on, and a sender connects at once: while
+    # gpuwatch still opens its recording and serves its views, the relay already empties
+    # the socket's small queue (else the sender drops all its burst), and start records it.
+    from gpuwatch.sources.datagrams import available
+
+    if not available():
+        pytest.skip("no recvmmsg here: the receiver reads in a thread, from start")
+    session = Session()
+    rx = AnnotationReceiver(session, sock_path)
+    rx.listen()
+    try:
+        me, now, n = os.getpid(), time.monotonic_ns(), 500  # many times the socket's queue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.settimeout(10)  # nobody reading: the queue stays full and this times out
+            for i in range(n):
+                s.sendto(protocol.encode("mark", me, i, now, 0, {"text": f"m{i}"}), sock_path)
+        assert not session.marks  # held by the relay until start reads its pipe
+        rx.start()
+        assert wait_for(lambda: len(session.marks) == n, timeout=30), len(session.marks)
+    finally:
+        rx.stop()
+    assert [m.text for m in session.marks] == [f"m{i}" for i in range(n)]

@@ -19,6 +19,7 @@ from textual.dom import NoScreen
 from textual.geometry import Region
 from textual.message import Message
 from textual.reactive import var
+from textual.widget import Widget
 from textual.widgets import TabbedContent, TabPane, Tabs
 
 from ..analysis.predicted import predictions
@@ -49,6 +50,11 @@ from .transport import Seek, Transport
 from .window_actions import WindowActions
 
 TABLE_HZ = 2
+STATUS_HZ = 10
+"""How often the status line asks the transport whether what it says from outside the
+frame (the subtitle, the warning: a recording that stopped) changed. Those come from
+callables, with no event to wait on, and a stopped recording must show at once even
+where no frame follows (a paused view, a clock that stands still); two cheap calls."""
 PANEL_ROWS = 12
 """The rows a device panel needs (DevicePanel's min-height; a host panel's own height)."""
 CHROME_ROWS = 5
@@ -95,10 +101,23 @@ class PanelList(VerticalScroll, inherit_bindings=False):
     class Scrolled(Message):
         """The list scrolled: panels out of view may have come into it."""
 
+    _top: Widget | None = None  # what show_at_top waits to scroll to (not laid out yet)
+
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
         if round(old_value) != round(new_value):
             self.post_message(self.Scrolled())
+
+    def show_at_top(self, widget: Widget) -> None:
+        """Scroll ``widget`` to the top, now or, if the list has no size yet (shown again
+        after the overview: hidden, it is laid out a few refreshes later), once it has."""
+        self._top = None if self.size else widget
+        self.scroll_to_widget(widget, animate=False, top=True)
+
+    def on_resize(self) -> None:
+        widget, self._top = self._top, None
+        if widget is not None:
+            self.call_after_refresh(self.scroll_to_widget, widget, animate=False, top=True)
 
 
 class MainScreen(WindowActions, DashboardScreen):
@@ -221,6 +240,7 @@ class MainScreen(WindowActions, DashboardScreen):
         # first frame, not from the first table refresh half a second later.
         self._add_ranks_tab()
         self.set_interval(1 / TABLE_HZ, self._refresh_tables)
+        self.set_interval(1 / STATUS_HZ, self._refresh_status)
         self._tick()
 
     def _on_session_change(self, event: SessionEvent) -> None:
@@ -416,6 +436,11 @@ class MainScreen(WindowActions, DashboardScreen):
         t = self.transport
         return self._status_said != (t.subtitle(), t.warning())
 
+    def _refresh_status(self) -> None:
+        # Between frames (see STATUS_HZ); before the first frame there is nothing to redo.
+        if self._status_said is not None and self._status_changed():
+            self._update_status()
+
     def _follow_tables(self) -> None:
         """The Peaks tab highlights the phase, and the mark, at the cursor."""
         if self.tabs.active == "peaks":
@@ -530,7 +555,7 @@ class MainScreen(WindowActions, DashboardScreen):
             target = panels[0] if panels else None
         if target is not None:
             target.focus(scroll_visible=False)
-            self.panel_list.scroll_to_widget(target, animate=False, top=True)
+            self.panel_list.show_at_top(target)
 
     def open_panel(self, key: str) -> None:
         """Leave the overview for the panel of device ``key``."""
@@ -576,8 +601,6 @@ class MainScreen(WindowActions, DashboardScreen):
         # A hello saying where a process trains can reorder the panels: looked at here, at
         # TABLE_HZ, not each frame (a pass over the processes per device).
         self._arrange_panels()
-        if self._status_said is not None and self._status_changed():  # between frames
-            self._update_status()
         # The Processes tab shows the figures at the cursor: a new cursor is a new table.
         version = (self.session.version, self.process_table.at)
         if version == self._tables_version:

@@ -438,7 +438,14 @@ class MainScreen(WindowActions, DashboardScreen):
 
     def _refresh_status(self) -> None:
         # Between frames (see STATUS_HZ); before the first frame there is nothing to redo.
-        if self._status_said is not None and self._status_changed():
+        if self._status_said is None:
+            return
+        if len(self.session.notes) != len(self.state.notes):
+            # A new note (a recording that stopped says why) is drawn now, in a frame of its
+            # own: with a clock that stands still the next look may be a second away.
+            self._drawn_key = None
+            self._tick()
+        elif self._status_changed():
             self._update_status()
 
     def _follow_tables(self) -> None:

@@ -11,17 +11,11 @@ from pathlib import Path
 
 import pytest
 from conftest import fake_nvml_env, run_gpuwatch
+from support.phasecheck import HOLD
 
 GIB = 1 << 30
 PROCESSES = 40
 
-HOLD = """
-import os, sys, time
-import gpuwatch
-with gpuwatch.phase(sys.argv[1]):
-    while not os.path.exists(sys.argv[2]):
-        time.sleep(0.05)
-"""
 
 
 @pytest.fixture

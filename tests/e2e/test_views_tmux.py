@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import fake_nvml_env, wait_for
+from support.phasecheck import HOLD
 from tmuxhelp import Tmux
 
 from gpuwatch.store import load
@@ -29,14 +30,6 @@ pytestmark = pytest.mark.tmux
 GIB = 1 << 30
 PROCESSES = 40
 
-HOLD = """
-import os, sys, time
-import gpuwatch
-with gpuwatch.phase(sys.argv[1]):
-    while not os.path.exists(sys.argv[2]):
-        time.sleep(0.05)
-"""
-"""An instrumented script: holds the phase ``argv[1]`` open until the file ``argv[2]`` is."""
 
 
 class ViewsTmux(Tmux):

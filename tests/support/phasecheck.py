@@ -14,6 +14,15 @@ from gpuwatch import protocol
 from gpuwatch.session import Session
 from gpuwatch.sources.annotations import AnnotationReceiver
 
+HOLD = """
+import os, sys, time
+import gpuwatch
+with gpuwatch.phase(sys.argv[1]):
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
+"""
+"""An instrumented script: holds the phase ``argv[1]`` open until the file ``argv[2]`` is."""
+
 Row = tuple[str, int, int]
 """(name, depth, step) of one ended phase."""
 

@@ -179,6 +179,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_torch)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _rank_pools_end_with_their_module() -> Iterator[None]:
+    """The rank processes ``ranks_cases.run_case`` keeps (each holds torch) end with the
+    module that used them."""
+    yield
+    cases = sys.modules.get("ranks_cases")
+    if cases is not None:
+        cases.close_pools()
+
+
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
     """A private (0700) directory with a short path (AF_UNIX paths are limited to 107 bytes)."""

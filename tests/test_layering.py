@@ -353,8 +353,9 @@ def session_private_uses(tree: ast.Module) -> list[tuple[int, str]]:
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
     ]
     found: set[tuple[int, str]] = set()
+    module_names = _session_names(tree)  # once: it walks the whole module
     for scope in scopes:
-        names = _session_names(scope) | _session_names(tree)
+        names = _session_names(scope) | module_names
         for node in ast.walk(scope):
             if isinstance(node, ast.Attribute):
                 target, attr = node.value, node.attr

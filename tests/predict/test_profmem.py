@@ -91,7 +91,7 @@ def _frees_seen(collective: Callable[..., Any], async_op: bool) -> int:
     _workers_let_go()
     mem.prof.__exit__(None, None, None)
     alloc = torch._C._profiler._EventType.Allocation
-    todo = list(mem.prof.profiler.kineto_results.experimental_event_tree())
+    todo = list(mem.prof.kineto_results.experimental_event_tree())
     frees = 0
     while todo:
         node = todo.pop()

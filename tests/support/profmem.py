@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.autograd.profiler import profile, record_function
 
 PREFIX = "gw:"
 
@@ -224,10 +224,14 @@ class ProfiledMemory:
 
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
-        activities = [ProfilerActivity.CPU]
-        if device == "cuda":
-            activities.append(ProfilerActivity.CUDA)
-        self.prof = profile(activities=activities, profile_memory=True)
+        # torch.autograd's profiler, not torch.profiler's wrapper: the wrapper's first start
+        # in a process imports torch._inductor (seconds per rank, per case), and the events
+        # are the same kineto results.
+        self.prof = profile(
+            use_kineto=True,
+            use_device="cuda" if device == "cuda" else None,
+            profile_memory=True,
+        )
         self.truth = Truth()
 
     def start(self) -> None:
@@ -278,7 +282,7 @@ def phase_peaks(prof: Any, device: str = "cpu", alive: set[int] | None = None) -
     release_ends: list[int] = []
     calls: list[tuple[int, int, str]] = []  # settled collectives: (start, end, id)
     waits: dict[str, int] = {}  # their waits' ends, by id
-    todo = list(prof.profiler.kineto_results.experimental_event_tree())
+    todo = list(prof.kineto_results.experimental_event_tree())
     alloc_tag = torch._C._profiler._EventType.Allocation
     while todo:
         node = todo.pop()

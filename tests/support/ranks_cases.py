@@ -533,18 +533,110 @@ def _child(rank: int, name: str, world: int, store: str, out: str, steps: int) -
     Path(out, f"rank{rank}.json").write_text(json.dumps(got))
 
 
+CASE_TIMEOUT = 900.0
+"""Seconds a case's ranks may take before the pool is torn down and the case fails."""
+
+
+class _Pool:
+    """``world`` rank processes that run case after case, each in a process group of its
+    own: a spawned rank spends most of a small case importing torch and ``torch._dynamo``
+    (DDP and FSDP import it), so the ranks outlive their case. A pool runs either the
+    :data:`SETTLED` layouts or the others, never both: settling wraps the collectives for
+    good."""
+
+    def __init__(self, world: int) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.done = ctx.Queue()
+        self.jobs = [ctx.Queue() for _ in range(world)]
+        self.procs = [
+            ctx.Process(target=_serve, args=(r, world, self.jobs[r], self.done), daemon=True)
+            for r in range(world)
+        ]
+        for proc in self.procs:
+            proc.start()
+
+    def run(self, name: str, steps: int) -> list[dict[str, Any]]:
+        import queue
+        import time
+
+        with tempfile.TemporaryDirectory(prefix="gw-ranks-") as tmp:
+            for q in self.jobs:
+                q.put((name, steps, os.path.join(tmp, "store"), tmp))
+            left = len(self.procs)
+            deadline = time.monotonic() + CASE_TIMEOUT
+            while left:
+                try:
+                    _, error = self.done.get(timeout=1.0)
+                except queue.Empty:
+                    if time.monotonic() > deadline or not all(p.is_alive() for p in self.procs):
+                        raise RuntimeError(f"case {name}: a rank died or hung") from None
+                    continue
+                if error:  # the other ranks may wait in a collective for it: no use waiting
+                    raise RuntimeError(f"case {name}:\n{error}")
+                left -= 1
+            world = len(self.procs)
+            return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+
+    def stop(self) -> None:
+        """Ask the ranks to end (they take seconds to unload torch: see :meth:`close`)."""
+        for q in self.jobs:
+            q.put(None)
+
+    def close(self) -> None:
+        self.stop()
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+_pools: dict[tuple[int, bool], _Pool] = {}
+
+
+def close_pools() -> None:
+    """End the rank processes :func:`run_case` keeps (each holds torch in memory)."""
+    pools = list(_pools.values())
+    _pools.clear()
+    for pool in pools:  # every pool's ranks unload at once
+        pool.stop()
+    for pool in pools:
+        pool.close()
+
+
+def _serve(rank: int, world: int, jobs: Any, done: Any) -> None:
+    """A pooled rank: run each case put to it, until ``None``."""
+    import traceback
+
+    while (job := jobs.get()) is not None:
+        name, steps, store, out = job
+        try:
+            _child(rank, name, world, store, out, steps)
+            done.put((rank, ""))
+        except BaseException:  # the parent fails the case with it; the rank serves on
+            done.put((rank, f"rank {rank}: {traceback.format_exc()}"))
+
+
 def run_case(name: str, steps: int = STEPS) -> list[dict[str, Any]]:
-    """Every rank's result for case ``name`` (spawned processes, or the fake group)."""
+    """Every rank's result for case ``name`` (pooled rank processes, or the fake group)."""
+    import atexit
+
     case = CASES[name]
     world = case["world"]
     if case.get("fake"):
         return [_fake(name, world, steps)]
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="gw-ranks-") as tmp:
-        store = os.path.join(tmp, "store")
-        mp.spawn(_child, args=(name, world, store, tmp, steps), nprocs=world, join=True)
-        return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    key = (world, case["layout"] in SETTLED)
+    if key not in _pools:
+        if not _pools:
+            atexit.register(close_pools)
+        _pools[key] = _Pool(world)
+    try:
+        return _pools[key].run(name, steps)
+    except BaseException:
+        _pools.pop(key).close()  # a rank that failed may hold a broken group
+        raise
 
 
 def _fake(name: str, world: int, steps: int) -> dict[str, Any]:

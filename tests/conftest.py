@@ -328,6 +328,41 @@ def run_gpuwatch(
     )
 
 
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``gpuwatch`` in this process: the same ``main()`` the command runs, its stdout
+    and stderr captured, its exit status as a child's (1 and the traceback for an
+    exception that escapes it, as Python's own exit would give).
+
+    For commands whose work is a file's or a computation's (``info``, ``export``,
+    ``estimate``): a child spends a second or more importing what this process has
+    already. Not for what only a child shows: a terminal, signals, its own environment,
+    or output that bypasses ``sys.stdout``/``sys.stderr`` (C code, warnings pytest keeps).
+    """
+    import contextlib
+    import io
+    import traceback
+
+    from gpuwatch.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's refusals and --help
+                code = exc.code if isinstance(exc.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(
+        ["gpuwatch", *args], code, out.getvalue(), err.getvalue()
+    )
+
+
 def run_sample(
     env: dict[str, str], *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess:

@@ -1,4 +1,9 @@
-"""``gpuwatch estimate`` as a user runs it: a child process, its output and exit status."""
+"""``gpuwatch estimate`` as a user runs it: its output and exit status.
+
+Most cases run the command's ``main()`` in this process (``run_cli``: a child spends
+seconds importing torch and transformers again); bad input and the trace's quiet stderr
+are checked on a real child as well.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, run_cli, run_gpuwatch
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return run_gpuwatch("estimate", *args, cwd=cwd)
+    return run_cli("estimate", *args, cwd=cwd)
 
 
 def test_json_from_shape_options() -> None:
@@ -103,7 +108,7 @@ def test_params_only_says_activations_are_unknown() -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...]) -> None:
-    r = _run(*args)
+    r = run_gpuwatch("estimate", *args)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("gpuwatch: ")
 
@@ -137,7 +142,7 @@ def test_trace_keeps_memtrackers_chatter_out_of_the_terminal(tmp_path: Path) -> 
         "    model = Net()\n"
         "    return model, torch.optim.AdamW(model.parameters()), (torch.randn(8, 32),)\n"
     )
-    r = _run("--trace", f"{script}:build")
+    r = run_gpuwatch("estimate", "--trace", f"{script}:build")  # C++ and warnings too
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 

@@ -7,14 +7,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, run_cli
 
 FALCON_7B = ROOT / "samples" / "configs" / "falcon-7b.json"
 FALCON_40B = ROOT / "samples" / "configs" / "falcon-40b.json"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_gpuwatch("estimate", *args, cwd=ROOT)
+    return run_cli("estimate", *args, cwd=ROOT)  # in this process: see test_estimate_cli
 
 
 def _json(*args: str) -> dict:
@@ -141,13 +141,13 @@ def test_falcon_variants_outside_the_closed_form_are_counted_on_the_meta_device(
 
 
 def test_info_of_an_oom_recording_offers_the_answer() -> None:
-    r = run_gpuwatch("info", str(OOM), cwd=ROOT)
+    r = run_cli("info", str(OOM), cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "what would have fitted (gpuwatch estimate --from" in r.stdout
     assert "--checkpointing: peak" in r.stdout
-    out = json.loads(run_gpuwatch("info", str(OOM), "--json", cwd=ROOT).stdout)
+    out = json.loads(run_cli("info", str(OOM), "--json", cwd=ROOT).stdout)
     assert out["oom_answer"]["changes"][0]["fits"]
-    clean = run_gpuwatch("info", str(ROOT / "samples" / "gpt2-small-h100.gpuwatch"), cwd=ROOT)
+    clean = run_cli("info", str(ROOT / "samples" / "gpt2-small-h100.gpuwatch"), cwd=ROOT)
     assert "what would have fitted" not in clean.stdout
 
 

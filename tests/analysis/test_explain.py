@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import synthetic
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, run_cli
 
 from gpuwatch import predict as pr
 from gpuwatch.analysis.explain import CATEGORY_KEYS, Explained, explain_breakdown, explain_line
@@ -24,7 +24,7 @@ GIB = 2**30
 
 
 def test_info_explains_the_27b_optimizer_step_in_one_line() -> None:
-    out = run_gpuwatch("info", str(SPIKE))
+    out = run_cli("info", str(SPIKE))
     assert out.returncode == 0, out.stderr
     (line,) = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("optimizer.step peak")]
     # 53.61 GiB = weights + gradients + AdamW state + the foreach temporary + the cuBLAS
@@ -38,7 +38,7 @@ def test_info_explains_the_27b_optimizer_step_in_one_line() -> None:
 
 
 def test_info_json_holds_predicted_against_measured_per_phase() -> None:
-    out = run_gpuwatch("info", "--json", str(SPIKE))
+    out = run_cli("info", "--json", str(SPIKE))
     assert out.returncode == 0, out.stderr
     (proc,) = json.loads(out.stdout)["processes"]
     predicted = proc["predicted"]
@@ -241,7 +241,7 @@ async def test_the_peaks_tab_explains_the_selected_row() -> None:
 
 
 def test_samples_explained_rows_are_the_same_in_json_and_text(tmp_path: Path) -> None:
-    out = run_gpuwatch("info", str(SPIKE))
-    data = json.loads(run_gpuwatch("info", "--json", str(SPIKE)).stdout)
+    out = run_cli("info", str(SPIKE))
+    data = json.loads(run_cli("info", "--json", str(SPIKE)).stdout)
     for entry in data["processes"][0]["predicted"].values():
         assert entry["explained"] in out.stdout

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import run_gpuwatch
+from conftest import run_cli
 
 from gpuwatch import predict as pr
 from gpuwatch.analysis.explain import explain_process, explain_span
@@ -144,7 +144,7 @@ def test_the_phases_inside_are_explained_and_a_cursor_anywhere_reads() -> None:
 
 def test_info_lists_the_cells_with_their_peaks(tmp_path: Path) -> None:
     path = save_session(build(), tmp_path / "nb.gpuwatch")
-    result = run_gpuwatch("info", "--json", str(path))
+    result = run_cli("info", "--json", str(path))
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     (proc,) = info["processes"]
@@ -154,7 +154,7 @@ def test_info_lists_the_cells_with_their_peaks(tmp_path: Path) -> None:
         want = max([peak for _, _, peak in inner] + [1]) * MIB
         assert info["phases"][name]["peak_allocated"] == want, name
     assert set(proc["predicted"]) == {"forward", "backward", "optimizer.step", "zero_grad"}
-    text = run_gpuwatch("info", str(path))
+    text = run_cli("info", str(path))
     assert text.returncode == 0
     for name, _ in CELLS:  # each cell named whole in the phases table
         assert f"  {name} " in text.stdout, name

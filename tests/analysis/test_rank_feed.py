@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import rank_session as rs
-from conftest import run_gpuwatch
+from conftest import run_cli
 from store_data import GIB, MS, T0, Script
 
 from gpuwatch.analysis.rank_feed import MARK_PREFIX, RankFeed, RankMarks, jobs
@@ -171,7 +171,7 @@ def test_marks_are_made_once_and_replayed(tmp_path) -> None:
 
 def test_info_has_the_ranks_table_text_and_json(tmp_path) -> None:
     path = save_session(rs.build(), tmp_path / "job.gpuwatch")
-    out = run_gpuwatch("info", "--json", str(path))
+    out = run_cli("info", "--json", str(path))
     assert out.returncode == 0, out.stderr
     [job] = json.loads(out.stdout)["ranks"]
     assert job["count"] == 4
@@ -182,7 +182,7 @@ def test_info_has_the_ranks_table_text_and_json(tmp_path) -> None:
         ("above_median", 0),
         ("stray_context", 2),
     }
-    out = run_gpuwatch("info", str(path))
+    out = run_cli("info", str(path))
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "ranks: 4 (world size 4, newest step 2)" in text
@@ -193,16 +193,16 @@ def test_info_has_the_ranks_table_text_and_json(tmp_path) -> None:
 
 def test_info_of_a_single_process_has_no_ranks(tmp_path) -> None:
     path = save_session(rs.build(ranks=(0,)), tmp_path / "one.gpuwatch")
-    out = run_gpuwatch("info", "--json", str(path))
+    out = run_cli("info", "--json", str(path))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["ranks"] == []
-    assert "ranks:" not in run_gpuwatch("info", str(path)).stdout
+    assert "ranks:" not in run_cli("info", str(path)).stdout
 
 
 def test_merged_multi_host_replay_is_one_job(tmp_path) -> None:
     a = save_session(rs.build(ranks=(0, 1), hostname="nodea"), tmp_path / "a.gpuwatch")
     b = save_session(rs.build(ranks=(2, 3), hostname="nodeb"), tmp_path / "b.gpuwatch")
-    out = run_gpuwatch("info", "--json", str(a), str(b))
+    out = run_cli("info", "--json", str(a), str(b))
     assert out.returncode == 0, out.stderr
     [job] = json.loads(out.stdout)["ranks"]
     # Both files were written on this host: the merge names them by file (a, b).
@@ -222,7 +222,7 @@ def test_info_shows_a_hostile_host_name_escaped(tmp_path) -> None:
     s = rs.build()
     s.processes[rs.PIDS[1]].hello["hostname"] = "evil\x1b]0;pwned\x07"
     path = save_session(s, tmp_path / "job.gpuwatch")
-    out = run_gpuwatch("info", str(path))
+    out = run_cli("info", str(path))
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "evil\\x1b]0;pwned\\x07" in out.stdout
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
-from conftest import run_gpuwatch
+from conftest import run_cli
 from store_data import assert_tables_equal
 
 from gpuwatch.session import HOST, gpu_key
@@ -107,7 +107,7 @@ def two_files(tmp_path: Path) -> list[Path]:
 
 
 def test_info_json_of_two_files_shows_both_aligned(two_files: list[Path]) -> None:
-    run = run_gpuwatch("info", "--json", *map(str, two_files))
+    run = run_cli("info", "--json", *map(str, two_files))
     assert run.returncode == 0, run.stderr
     info = json.loads(run.stdout)
     a, b = info["files"]
@@ -129,16 +129,16 @@ def test_info_json_of_two_files_shows_both_aligned(two_files: list[Path]) -> Non
         [info["ooms"][0]["t_s"], info["ooms"][0]["t_s"] + 2]
     )
     # Per phase name, counts add up over both hosts.
-    single = json.loads(run_gpuwatch("info", "--json", str(two_files[0])).stdout)
+    single = json.loads(run_cli("info", "--json", str(two_files[0])).stdout)
     assert info["phases"]["forward"]["count"] == 2 * single["phases"]["forward"]["count"]
-    text = run_gpuwatch("info", *map(str, two_files))
+    text = run_cli("info", *map(str, two_files))
     assert text.returncode == 0 and "2 recordings merged" in text.stdout
     assert "node-b gpu 0" in text.stdout
 
 
 def test_export_of_two_files(two_files: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "x"
-    run = run_gpuwatch("export", "--format", "jsonl", "--out", str(out), *map(str, two_files))
+    run = run_cli("export", "--format", "jsonl", "--out", str(out), *map(str, two_files))
     assert run.returncode == 0, run.stderr
     rows = [json.loads(line) for line in (out / "gpu.jsonl").read_text().splitlines()]
     by_device: dict[str, list[float]] = {}
@@ -167,10 +167,10 @@ def test_bad_files_among_several_are_one_line_errors(two_files: list[Path], tmp_
         [str(two_files[0]), str(two_files[0])],
         [str(two_files[0]), str(tmp_path / "missing.gpuwatch")],
     ):
-        run = run_gpuwatch("info", *args)
+        run = run_cli("info", *args)
         assert run.returncode == 2, args
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
-    run = run_gpuwatch("info", "--align", "sideways", *map(str, two_files))
+    run = run_cli("info", "--align", "sideways", *map(str, two_files))
     assert run.returncode == 2
 
 

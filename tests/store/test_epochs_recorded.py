@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_gpuwatch
+from conftest import run_cli
 
 from gpuwatch import predict as pr
 from gpuwatch.analysis.explain import CATEGORY_KEYS
@@ -119,7 +119,7 @@ def test_every_model_and_the_notebook_read_back(recorded: tuple[Session, Path]) 
 
 def test_info_explains_each_phase_with_its_own_model(recorded: tuple[Session, Path]) -> None:
     _, path = recorded
-    result = run_gpuwatch("info", "--json", str(path))
+    result = run_cli("info", "--json", str(path))
     assert result.returncode == 0, result.stderr
     (proc,) = json.loads(result.stdout)["processes"]
     assert proc["label"] == "train.ipynb"
@@ -139,7 +139,7 @@ def test_info_explains_each_phase_with_its_own_model(recorded: tuple[Session, Pa
         assert entry["categories"] == {k: int(sp.peak.get(k, 0)) for k in CATEGORY_KEYS}
     assert predicted["optimizer.step"]["temporaries"] == big.optimizer.temp_name
     assert small.optimizer.temp_name != big.optimizer.temp_name
-    text = run_gpuwatch("info", str(path))
+    text = run_cli("info", str(path))
     assert text.returncode == 0 and "train.ipynb" in text.stdout
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import run_gpuwatch
+from conftest import run_cli
 from store_data import T0, populated_session
 
 from gpuwatch.store import load, save_session
@@ -129,12 +129,12 @@ def test_info_export_and_load_take_it(case: str, odd_files: dict[str, Path], tmp
     lo, hi = session.time_range()
     assert hi - lo < 3600 * 10**9  # no axis stretched over the clock's ends
     for args in (("info", str(path)), ("info", "--json", str(path))):
-        result = run_gpuwatch(*args)
+        result = run_cli(*args)
         assert result.returncode == 0, (case, result.stderr)
         assert "Traceback" not in result.stderr
-    info = json.loads(result.stdout)  # the JSON's (a gpuwatch child each costs a second)
+    info = json.loads(result.stdout)
     assert info["duration_s"] < 3600
-    result = run_gpuwatch("export", str(path), "--out", str(tmp_path / "x"))
+    result = run_cli("export", str(path), "--out", str(tmp_path / "x"))
     assert result.returncode == 0, (case, result.stderr)
 
 

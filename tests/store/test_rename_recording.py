@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, record_cmd, run_gpuwatch, wait_for
+from conftest import ROOT, record_cmd, run_cli, wait_for
 
 CHILD = """
 import sys, time
@@ -71,7 +71,7 @@ def test_renaming_the_recording_while_it_is_written_loses_nothing(
     assert str(renamed) in err.splitlines()[-2]  # the last status line names it
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("rec.gpuwatch")]
     assert leftovers == []  # nothing left at the old name: no -wal, no -shm
-    result = run_gpuwatch("info", "--json", str(renamed))
+    result = run_cli("info", "--json", str(renamed))
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["complete"] is True
@@ -112,4 +112,4 @@ def test_rows_let_go_are_read_back_from_the_renamed_file(tmp_path: Path) -> None
     finally:
         recorder.close()
     assert not (tmp_path / "rec.gpuwatch-wal").exists()
-    assert run_gpuwatch("info", str(tmp_path / "renamed.gpuwatch")).returncode == 0
+    assert run_cli("info", str(tmp_path / "renamed.gpuwatch")).returncode == 0

@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, run_cli
 
 from gpuwatch.store import load
 
@@ -23,15 +23,15 @@ SAMPLES = sorted((ROOT / "samples").glob("*.gpuwatch"))
 
 @pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
 def test_sample_opens_in_info_export_and_load(path: Path, tmp_path: Path) -> None:
-    text = run_gpuwatch("info", str(path))
+    text = run_cli("info", str(path))
     assert text.returncode == 0, text.stderr
     assert "Traceback" not in text.stderr
-    as_json = run_gpuwatch("info", "--json", str(path))
+    as_json = run_cli("info", "--json", str(path))
     assert as_json.returncode == 0, as_json.stderr
     info = json.loads(as_json.stdout)
     assert info["devices"]
     out = tmp_path / "export"
-    exported = run_gpuwatch("export", str(path), "--out", str(out))
+    exported = run_cli("export", str(path), "--out", str(out))
     assert exported.returncode == 0, exported.stderr
     assert (out / "events.csv").exists()
     session = load(path)
@@ -50,20 +50,20 @@ def test_oom_without_message_is_reported_not_fatal(tmp_path: Path) -> None:
         assert body["message"].startswith("CUDA out of memory.")  # the sample's own text
         body["message"] = None
         db.execute("UPDATE events SET body = ? WHERE seq = ?", (json.dumps(body), seq))
-    result = run_gpuwatch("info", "--json", str(path))
+    result = run_cli("info", "--json", str(path))
     assert result.returncode == 0, result.stderr
     [oom] = json.loads(result.stdout)["ooms"]
     assert oom["phase"] == "forward" and oom["step"] == 5
     assert oom["requested"] > 100 * 1024**3  # the sample asks for 192 GiB on purpose
     assert oom["message"] is None
-    text = run_gpuwatch("info", str(path))
+    text = run_cli("info", str(path))
     assert text.returncode == 0, text.stderr
     [line] = [x for x in text.stdout.splitlines() if "OOM at" in x]
     assert line.endswith("reserved 4.61 GiB"), line  # the figures, and no text after them
 
 
 def test_info_tells_what_the_oom_asked_for_and_what_was_there() -> None:
-    text = run_gpuwatch("info", str(OOM_SAMPLE))
+    text = run_cli("info", str(OOM_SAMPLE))
     assert text.returncode == 0, text.stderr
     [line] = [x for x in text.stdout.splitlines() if "OOM at" in x]
     head, tail = line.split(" (step 5): ")
@@ -71,7 +71,7 @@ def test_info_tells_what_the_oom_asked_for_and_what_was_there() -> None:
     # The file holds them: the request, the device's free memory and torch's figures,
     # then the first 200 characters of torch's error text.
     figures = "requested 192.00 GiB, free 73.84 GiB, allocated 2.46 GiB, reserved 4.61 GiB"
-    [oom] = json.loads(run_gpuwatch("info", "--json", str(OOM_SAMPLE)).stdout)["ooms"]
+    [oom] = json.loads(run_cli("info", "--json", str(OOM_SAMPLE)).stdout)["ooms"]
     assert tail == f"{figures}, {oom['message']}"
     assert len(oom["message"]) == 200
     assert oom["message"].startswith("CUDA out of memory. Tried to allocate 192.00 GiB.")
@@ -81,7 +81,7 @@ def test_info_tells_what_the_oom_asked_for_and_what_was_there() -> None:
 
 @pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
 def test_allocated_max_covers_the_exact_phase_peaks(path: Path) -> None:
-    info = json.loads(run_gpuwatch("info", "--json", str(path)).stdout)
+    info = json.loads(run_cli("info", "--json", str(path)).stdout)
     peaks = [ph["peak_allocated"] for ph in info["phases"].values() if ph["peak_allocated"]]
     if not peaks:
         pytest.skip("no exact peaks in this recording (CPU)")
@@ -91,7 +91,7 @@ def test_allocated_max_covers_the_exact_phase_peaks(path: Path) -> None:
 
 def test_info_marks_a_cut_command_and_keeps_it_off_the_step_count() -> None:
     # Before: `... --step-sl 6 steps`, the cut command running into the count.
-    out = run_gpuwatch("info", str(ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"))
+    out = run_cli("info", str(ROOT / "samples" / "gpt-2.7b-h100-adamw-spike.gpuwatch"))
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "train_tiny_gpt.py" in x and "steps," in x)
     assert "…  6 steps, " in line, line

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import synthetic
-from conftest import run_gpuwatch, wait_for
+from conftest import run_cli, wait_for
 
 from gpuwatch.fmt import printable
 from gpuwatch.protocol import Message
@@ -101,16 +101,16 @@ def test_printable_escapes_every_control_and_keeps_plain_text() -> None:
 
 def test_info_prints_no_escape_and_export_keeps_the_raw_text(tmp_path: Path) -> None:
     path = save_session(hostile_session(), tmp_path / f"evil{CLEAR}.gpuwatch", label=TITLE)
-    result = run_gpuwatch("info", str(path))
+    result = run_cli("info", str(path))
     assert result.returncode == 0, result.stderr
     for out in (result.stdout, result.stderr):
         assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "[red]fwd[/red]\\x1b]0;pwned\\x07" in result.stdout  # shown as typed
     assert "CUDA out of memory\\x1b[2J" in result.stdout  # first line only, escaped
-    as_json = run_gpuwatch("info", "--json", str(path))
+    as_json = run_cli("info", "--json", str(path))
     assert json.loads(as_json.stdout)["label"] == TITLE  # JSON escapes, and keeps it exact
     out = tmp_path / "export"
-    assert run_gpuwatch("export", str(path), "--out", str(out)).returncode == 0
+    assert run_cli("export", str(path), "--out", str(out)).returncode == 0
     with open(out / "events.csv", newline="") as f:
         texts = [row["body"] for row in csv.DictReader(f)]
     assert any(EVIL_TEXT in json.loads(body).get("text", "") for body in texts)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, run_cli
 
 from gpuwatch.fmt import fmt_short
 from gpuwatch.store.player import open_replay
@@ -123,7 +123,7 @@ async def test_step_1_and_step_3_are_explained_the_same_way(replay) -> None:
 async def test_the_context_is_one_figure_on_the_bar_in_peaks_and_in_info(replay, size) -> None:
     """Item 9: context 742M (+ unclaimed 9M) on the bar, 751 MiB in Peaks, 0.73 GiB in
     info were one figure told three ways."""
-    info = run_gpuwatch("info", str(SPIKE))
+    info = run_cli("info", str(SPIKE))
     assert info.returncode == 0, info.stderr
     (line,) = [ln for ln in info.stdout.splitlines() if "optimizer.step peak" in ln]
     assert "CUDA context and non-torch 751 MiB" in line, line

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, run_cli, run_gpuwatch
 from store_data import populated_session
 
 from gpuwatch.store import RecordingError, _codec, load, open_recording, open_session, save_session
@@ -170,24 +170,27 @@ def test_a_damaged_chunk_of_narrow_columns_replays_as_unknown(tmp_path: Path, ki
 def test_every_command_gives_exit_2_and_one_line(tmp_path: Path, sub_env: dict[str, str]) -> None:
     cases = {kind: make(tmp_path / f"{kind}.gpuwatch") for kind, (make, _) in BAD.items()}
     cases["damaged-chunk"] = _damaged_chunk(tmp_path / "chunk.gpuwatch")
+    # replay as a child (it would take this terminal), all at once; info and export here.
     procs = {}
     for kind, path in cases.items():
-        for command in ("replay", "info", "export"):
-            if kind == "damaged-chunk" and command == "replay":
-                continue  # replay shows the sound part (tested above)
-            argv = [sys.executable, "-m", "gpuwatch", command, str(path)]
-            if command == "export":
-                argv += ["--out", str(tmp_path / "out")]
-            procs[kind, command] = subprocess.Popen(
-                argv, env=sub_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                stdin=subprocess.DEVNULL, text=True,
+        if kind != "damaged-chunk":  # replay shows the sound part (tested above)
+            procs[kind, "replay"] = subprocess.Popen(
+                [sys.executable, "-m", "gpuwatch", "replay", str(path)], env=sub_env, cwd=ROOT,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
             )  # fmt: skip
-    for (kind, command), proc in procs.items():
+    results = {
+        (kind, command): run_cli(command, str(path), *extra)
+        for kind, path in cases.items()
+        for command, extra in (("info", ()), ("export", ("--out", str(tmp_path / "out"))))
+    }
+    for key, proc in procs.items():
         out, err = proc.communicate(timeout=60)
-        lines = err.splitlines()
-        assert proc.returncode == 2, (kind, command, err)
-        assert len(lines) == 1 and lines[0].startswith("gpuwatch: "), (kind, command, err)
-        assert "Traceback" not in err and out == ""
+        results[key] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    for (kind, command), r in results.items():
+        lines = r.stderr.splitlines()
+        assert r.returncode == 2, (kind, command, r.stderr)
+        assert len(lines) == 1 and lines[0].startswith("gpuwatch: "), (kind, command, r.stderr)
+        assert "Traceback" not in r.stderr and r.stdout == ""
 
 
 def _pages_in_wal(path: Path) -> Path:

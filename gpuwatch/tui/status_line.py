@@ -97,6 +97,9 @@ class Described(Protocol):
     ranks_view: RanksView
     marks_table: marks.MarksTable
 
+    def keys_now(self) -> dict[str, list[str]]:
+        """Each action and the keys that run it now, as shown."""
+
     def notify(
         self,
         message: str,
@@ -126,6 +129,12 @@ class DashboardParts:
         self.screen = screen
         self._child_status: int | None = None
 
+    def _key(self, action: str, what: str) -> str:
+        """`` (KEY{what})`` for the first key that runs ``action`` now; "" where none does
+        (the keymap decides: the status line never names a key by hand)."""
+        keys = self.screen.keys_now().get(action)
+        return f" ({keys[0]}{what})" if keys else ""
+
     def install(self, line: StatusLine) -> None:
         """Give ``line`` these sources."""
         for name, source in (
@@ -147,7 +156,9 @@ class DashboardParts:
         parts = []
         faults = s.ranks_view.faults
         if faults:  # the job's ranks disagree: the Ranks tab says how
-            parts.append(Part(f"[$warning]! {faults} rank fault{'s' * (faults != 1)} (5)[/]"))
+            key = self._key("show_ranks", "")
+            text = f"! {faults} rank fault{'s' * (faults != 1)}{key}"
+            parts.append(Part(f"[$warning]{markup_safe(text)}[/]"))
         rejects, dropped = s.state.rejects, s.state.dropped
         if rejects:
             parts.append(Part(f"[$warning]{rejects} rejected[/]"))
@@ -191,7 +202,8 @@ class DashboardParts:
             return []
         code = child.poll()
         if code is None:
-            return [Part(f"running pid {child.pid} (4: log)", keep=4)]
+            log = self._key("show_tab('log')", ": log")
+            return [Part(markup_safe(f"running pid {child.pid}{log}"), keep=4)]
         status = child.exit_status
         if self._child_status is None:
             self._child_status = status

@@ -149,3 +149,18 @@ async def test_the_cluster_view_keys_are_remappable_and_its_bar_and_help_say_so(
             assert said["on a host: a longer window"] == "+ / ="
     finally:
         server.close()
+
+
+async def test_the_status_line_names_the_ranks_key_as_bound(tmp_path: Path) -> None:
+    # It said "(5)" whatever the keymap said.
+    import rank_session
+
+    session = rank_session.build()
+    app = GpuwatchApp(
+        session, clock=lambda: session.time_range()[1], keymap=keymap(tmp_path, 'ranks = "R"')
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("R")
+        assert await until(pilot, lambda: app.dashboard.tabs.active == "ranks")
+        assert "! 2 rank faults (R)" in app.dashboard.status_bar.text
+        assert "(5)" not in app.dashboard.status_bar.text

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -52,6 +52,8 @@ from .queries import SessionQueries
 from .retention import KEEP_ROWS, Retention
 from .settled_table import SettledTable
 from .table import Table
+
+T = TypeVar("T")
 
 TableHook = Callable[[str, str, Table], None]
 
@@ -277,6 +279,14 @@ class Session(SessionQueries):
                 notes=tuple(self.notes),
                 events=(*ooms, *marks),
             )
+
+    def read(self, fn: Callable[[], T]) -> T:
+        """``fn()`` under the session's lock: what it reads is one moment of the session
+        (writers that hold the lock come wholly before or after it, as for
+        :meth:`frame_state`). ``fn`` returns figures and frozen rows, never one of the
+        session's containers: that is what a widget keeps and draws from."""
+        with self._lock:
+            return fn()
 
     # ------------------------------------------------------------------ events
 

@@ -421,18 +421,21 @@ class GpuOverview(CachedStrips, can_focus=True):
                 return
 
     def update_view(self, at: int, version: object) -> None:
-        """Read every device at ``at`` (once per moment and data version) and redraw
-        where what is shown changed."""
-        devices = gpu_devices(self.session)
-        key = (at, version, len(devices))
+        """Read every device at ``at`` (once per moment and data version, in one read
+        under the session's lock) and redraw where what is shown changed."""
+        key = (at, version, len(self.session.devices))
         if key != self._read_key:
             self._read_key = key
             self.at = at
-            self.rows = [gpu_row(self.session, d, at, self.predicted) for d in devices]
-            self.host = host_row(self.session, at)
+            self.rows, self.host = self.session.read(lambda: self._read(at))
             if self.selected >= len(self.rows) and self.rows:
                 self.selected = len(self.rows) - 1
         self._draw()
+
+    def _read(self, at: int) -> tuple[list[GpuRow], HostRow | None]:
+        """Each GPU's row and the host's at ``at`` (frozen: drawn without the session)."""
+        rows = [gpu_row(self.session, d, at, self.predicted) for d in gpu_devices(self.session)]
+        return rows, host_row(self.session, at)
 
     # ------------------------------------------------------------------ drawing
 

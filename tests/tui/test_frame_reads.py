@@ -151,3 +151,36 @@ async def test_the_overview_reads_figures_not_explanations(
         # A panel's header still explains its phase.
         await pilot.press("enter")
         assert await until(pilot, lambda: bool(explained))
+
+
+async def test_the_overview_reads_its_rows_in_one_read_under_the_session_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 53: the overview draws frozen rows taken in one read (``Session.read``), with
+    the lock held: a receiver's message comes wholly before or after a frame's rows."""
+    from gpuwatch.tui import overview as overview_mod
+
+    session = many_gpus.build(8)
+    held: list[bool] = []
+    real_row = overview_mod.gpu_row
+
+    def row(*args: object, **kwargs: object) -> object:
+        # Another thread cannot take the lock while this frame's read holds it.
+        import threading
+
+        got: list[bool] = []
+        t = threading.Thread(target=lambda: got.append(session._lock.acquire(blocking=False)))
+        t.start()
+        t.join()
+        if got[0]:
+            session._lock.release()
+        held.append(not got[0])
+        return real_row(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(overview_mod, "gpu_row", row)
+    app = GpuwatchApp(session, clock=lambda: END)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await until(pilot, lambda: len(held) >= 8)
+        assert all(held), held
+        rows = app.dashboard.overview.rows
+        assert len(rows) == 8 and all(type(r).__dataclass_params__.frozen for r in rows)

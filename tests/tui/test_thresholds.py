@@ -94,6 +94,9 @@ async def test_the_panels_and_the_processes_tab_warn() -> None:
     with live(2) as app:
         async with app.run_test(size=(120, 40)) as pilot:
             assert await until(pilot, lambda: "97%" in screen_text(app), timeout=15)
+            # Enter is the overview's key: it has the focus once it is placed (under load,
+            # a frame or two after its first rows show).
+            assert await until(pilot, lambda: app.dashboard.overview.has_focus, timeout=15)
             await pilot.press("enter")  # from the overview (no GPU instrumented): the panels
             assert await until(pilot, lambda: "util 97%" in screen_text(app), timeout=15)
             await pilot.pause()

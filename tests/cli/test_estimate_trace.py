@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, run_gpuwatch
+from conftest import ROOT, run_cli, run_gpuwatch
 
 torch = pytest.importorskip("torch")
 
@@ -79,7 +79,7 @@ def _total(breakdown: dict[str, int]) -> int:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_gpuwatch("estimate", *args, cwd=ROOT)
+    return run_cli("estimate", *args, cwd=ROOT)  # in this process: see test_estimate_cli
 
 
 def test_the_answer_is_per_phase_with_a_fit_verdict(builder: str) -> None:
@@ -220,7 +220,7 @@ def test_a_batch_the_builder_cannot_take_is_refused(builder: str) -> None:
 
 
 def test_a_failing_builder_is_one_line_with_its_own_error(builder: str) -> None:
-    r = _run("--trace", f"{builder}:broken")
+    r = run_gpuwatch("estimate", "--trace", f"{builder}:broken", cwd=ROOT)  # a real child
     assert r.returncode == 2, r.stdout
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert "FileNotFoundError: no such checkpoint: weights/net.pt" in r.stderr

@@ -11,6 +11,7 @@ kernel named by its notebook.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Iterator
@@ -20,12 +21,15 @@ import pytest
 from conftest import no_gpu_env, wait_for
 from support.phasecheck import phases, receiver
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-pytest.importorskip("torch")
+NEEDS = ("nbformat", "nbclient", "ipykernel", "torch")
+MISSING = [m for m in NEEDS if importlib.util.find_spec(m) is None]
 
-pytestmark = pytest.mark.torch
+# Imported where a notebook runs, not here: every worker collects this module, and
+# nbformat's import alone takes seconds (jsonschema's format grammars).
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}"),
+]
 
 MODEL = """\
 import torch, torch.nn as nn
@@ -38,6 +42,9 @@ x = torch.randn(64, 256)"""
 
 def run(cells: list[str], env: dict[str, str], timeout: int = 60, **kw: Any) -> Any:
     """Execute ``cells`` in a fresh kernel (errors allowed); the executed notebook."""
+    import nbclient
+    import nbformat
+
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {
         "name": "python3",

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import re
 
-import pytest
-from test_notebook import MODEL, env, lines, run  # noqa: F401 (env: the fixture)
-
-pytestmark = pytest.mark.torch
+# env: the fixture; pytestmark: torch, and skipped without a kernel
+from test_notebook import MODEL, env, lines, pytestmark, run  # noqa: F401
 
 
 def test_after_the_backward_cell_the_line_says_what_the_step_will_need(

@@ -143,6 +143,20 @@ TIERS: dict[str, tuple[str, ...]] = {
         "tests/store/test_odd_recordings.py",  # 31 cases, each through the CLI and the app
         "tests/store/test_rename_recording.py",
         "tests/store/test_samples_open.py",
+        # Seconds a test in real time: real processes signalled or sampled, NVML children,
+        # a C++ build, the cluster app's refresh cadence, tracemalloc over long sessions.
+        "tests/analysis/test_hostile_facts.py",
+        "tests/cli/test_nvml_cli.py",
+        "tests/cli/test_once.py",
+        "tests/cluster/test_cluster_tui.py",
+        "tests/instrument/test_native.py",
+        "tests/session/test_process_churn.py",
+        "tests/store/test_sweep_reading.py",
+        "tests/tui/test_damaged_replay.py",
+        "tests/tui/test_process_history.py",
+        "tests/tui/test_processes_fit.py",
+        "tests/tui/test_processes_tui.py",
+        "tests/tui/test_thresholds.py",
     ),
 }
 """Node-id prefixes (a directory, a file or a test) and the tier marker their tests get:

@@ -148,9 +148,11 @@ TIERS: dict[str, tuple[str, ...]] = {
         "tests/analysis/test_hostile_facts.py",
         "tests/cli/test_nvml_cli.py",
         "tests/cli/test_once.py",
+        "tests/cluster/test_cluster_client.py",  # a real HTTP server (and TLS) per case
         "tests/cluster/test_cluster_tui.py",
         "tests/instrument/test_native.py",
         "tests/session/test_process_churn.py",
+        "tests/sources/test_gpu_sampler.py",  # samplers run for a second or more per case
         "tests/store/test_sweep_reading.py",
         "tests/tui/test_damaged_replay.py",
         "tests/tui/test_process_history.py",

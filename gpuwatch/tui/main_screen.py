@@ -534,9 +534,12 @@ class MainScreen(WindowActions, DashboardScreen):
         shown = (not self.panels_fit()) if choice is None else choice
         timelines = self.tabs.active == "timelines"
         if shown == self.overview_shown:
-            # A hidden panel cannot keep the focus; under another tab, focus is that tab's
-            # (a frame between a tab key and its focus moving took it back to the overview).
-            if shown and timelines and isinstance(self.focused, DevicePanel):
+            # The overview takes the keys while it shows: a hidden panel cannot keep the
+            # focus, and focus lost on the way (a panel blurred as its list hid, the tab
+            # strip's focus from before any device came) would leave the arrows and enter
+            # to nobody. Under another tab, focus is that tab's (a frame between a tab key
+            # and its focus moving took it back to the overview).
+            if shown and timelines and self.focused is not self.overview:
                 self.overview.focus()
             return
         self.overview_shown = shown

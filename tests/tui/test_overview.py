@@ -12,7 +12,7 @@ from pathlib import Path
 
 import many_gpus
 import pytest
-from conftest import ROOT
+from conftest import ROOT, until
 from fake_nvml import FakeNvml, mig_instances
 
 from gpuwatch.session import Session
@@ -151,6 +151,21 @@ async def test_enter_opens_a_gpus_panel_and_g_comes_back(size: str) -> None:
         await pilot.press("g", "end", "3", "1")  # another tab and back: still the overview
         await pilot.pause()
         assert app.dashboard.overview_shown and app.focused is app.dashboard.overview
+
+
+async def test_the_overview_takes_back_a_focus_lost_while_it_shows() -> None:
+    """The keys were lost once in tmux: the overview showed, its selection on GPU 0, and
+    down, down, enter went to no widget (the focus was on none: a panel blurred as its list
+    hid, or the tab strip's from before any device came). Each frame gives it back."""
+    app = app_of(many_gpus.build(8))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.focused is app.dashboard.overview
+        app.screen.set_focus(None)
+        app.dashboard.redraw()
+        assert await until(pilot, lambda: app.focused is app.dashboard.overview)
+        await pilot.press("down")
+        assert app.dashboard.overview.selected == 1
 
 
 async def test_the_overview_selection_stops_at_the_ends() -> None:

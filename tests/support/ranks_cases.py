@@ -586,6 +586,10 @@ class _Pool:
 
     def close(self) -> None:
         self.stop()
+        self.join()
+
+    def join(self) -> None:
+        """Wait for the ranks :meth:`stop` ended (a hung one is killed)."""
         for proc in self.procs:
             proc.join(timeout=10)
             if proc.is_alive():
@@ -603,7 +607,7 @@ def close_pools() -> None:
     for pool in pools:  # every pool's ranks unload at once
         pool.stop()
     for pool in pools:
-        pool.close()
+        pool.join()
 
 
 def _serve(rank: int, world: int, jobs: Any, done: Any) -> None:

@@ -2,8 +2,9 @@
 serve, cluster.
 
 One module per command family (``live``: the dashboard and ``run``; ``record``;
-``recordings``: replay, info and export; ``estimate``; ``serve``; ``cluster``), what they
-share in ``_common`` (errors, output, option types) and ``_child`` (the launched command
+``recordings``: replay, info and export; ``estimate``; ``serve``; ``cluster``), each
+declaring its commands in ``COMMANDS``; what they share in ``_common`` (errors, output,
+option types, the parser a declared command gets) and ``_child`` (the launched command
 and its signals).
 Heavy modules (textual, numpy, the samplers) are imported inside the command that needs
 them, so ``gpuwatch --help`` is quick and errors reach the user as one line.
@@ -18,11 +19,11 @@ from collections.abc import Callable, Sequence
 
 from .._version import __version__
 from . import cluster, estimate, live, record, recordings, serve
-from ._common import EXIT_OK, CliError, Parser, say
+from ._common import EXIT_OK, CliError, Parser, add_commands, say
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (each command family registers its own subcommands)."""
+    """The full argument parser (each command family declares its own subcommands)."""
     parser = Parser(
         prog="gpuwatch",
         description="Where did my GPU memory go? Live timelines of nvidia-smi used memory "
@@ -34,12 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuwatch {__version__}")
     live.live_dashboard(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    live.register(sub)
-    estimate.register(sub)
-    record.register(sub)
-    recordings.register(sub)
-    serve.register(sub)
-    cluster.register(sub)
+    add_commands(
+        sub,
+        (
+            *live.COMMANDS,
+            *estimate.COMMANDS,
+            *record.COMMANDS,
+            *recordings.COMMANDS,
+            *serve.COMMANDS,
+            *cluster.COMMANDS,
+        ),
+    )
     _top_level_wins(parser, sub)
     return parser
 

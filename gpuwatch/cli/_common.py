@@ -1,4 +1,5 @@
-"""What every command shares: exit statuses, the one-line error, output, option types.
+"""What every command shares: exit statuses, the one-line error, output, option types, and
+how a command's parser is made from what it declares (:class:`Command`).
 
 Standard library only at import time: ``gpuwatch --help`` loads no numpy, textual or
 sqlite3.
@@ -12,8 +13,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     from ..live_sources import LiveSources
@@ -135,6 +136,36 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+class Command(NamedTuple):
+    """A subcommand as its module declares it; :func:`add_commands` makes its parser.
+
+    Attributes:
+        name: The word after ``gpuwatch``.
+        help: Its line in ``gpuwatch --help``.
+        options: Adds its options and arguments to its parser.
+        run: Runs it on the parsed arguments; returns the exit status.
+        description: What its own ``--help`` says first (None: nothing).
+        usage: Its usage line, where argparse's own would list every option (None: argparse's).
+    """
+
+    name: str
+    help: str
+    options: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str | None = None
+    usage: str | None = None
+
+
+def add_commands(sub: argparse._SubParsersAction, commands: Iterable[Command]) -> None:
+    """Add a parser to ``sub`` for each of ``commands``, in their order (``--help``'s)."""
+    for command in commands:
+        p = sub.add_parser(
+            command.name, help=command.help, description=command.description, usage=command.usage
+        )
+        command.options(p)
+        p.set_defaults(func=command.run)
 
 
 N = TypeVar("N", int, float)

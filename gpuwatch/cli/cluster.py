@@ -17,6 +17,7 @@ from ._common import (
     EXIT_ERROR,
     EXIT_OK,
     CliError,
+    Command,
     add_theme,
     bounded,
     check_theme,
@@ -38,18 +39,8 @@ MAX_SECRET = 64 << 10
 _timeout = bounded(float, 0.1, 300.0, noun="a number of seconds", name="timeout", unit=" seconds")
 
 
-def register(sub: Any) -> None:
-    """Add ``cluster`` to the subcommand parsers."""
-    p = sub.add_parser(
-        "cluster",
-        help="every GPU of a cluster, live, from Prometheus",
-        description="Show every GPU that gpuwatch exporters report to Prometheus: a cell per "
-        "GPU grouped by host (used/total, rank, phase, the last step's exact peak against "
-        "its prediction, its state), the ranks side by side, and a host's timelines on "
-        "enter. Reads Prometheus' HTTP API; refreshes at Prometheus' scrape interval "
-        "(at most once a second).",
-        usage="gpuwatch cluster --prometheus URL [options]",
-    )
+def _options(p: argparse.ArgumentParser) -> None:
+    """Where Prometheus is, which series to show, how to sign in, and the view."""
     p.add_argument(
         "--prometheus",
         required=True,
@@ -97,7 +88,6 @@ def register(sub: Any) -> None:
         "needed; exit status 1 when Prometheus could not be read)",
     )
     add_theme(p)
-    p.set_defaults(func=cmd_cluster)
 
 
 def _secret(path: str, what: str) -> str:
@@ -204,3 +194,19 @@ def _once(client: Any, matchers: list[tuple[str, str, str]], sort: str) -> int:
         print(line)
     sys.stdout.flush()
     return EXIT_ERROR if cluster.refreshed is None else EXIT_OK
+
+
+COMMANDS = (
+    Command(
+        "cluster",
+        help="every GPU of a cluster, live, from Prometheus",
+        description="Show every GPU that gpuwatch exporters report to Prometheus: a cell per "
+        "GPU grouped by host (used/total, rank, phase, the last step's exact peak against "
+        "its prediction, its state), the ranks side by side, and a host's timelines on "
+        "enter. Reads Prometheus' HTTP API; refreshes at Prometheus' scrape interval "
+        "(at most once a second).",
+        usage="gpuwatch cluster --prometheus URL [options]",
+        options=_options,
+        run=cmd_cluster,
+    ),
+)

@@ -31,7 +31,7 @@ from ..predict import (
     reserve_of,
     table,
 )
-from ._common import EXIT_OK, CliError
+from ._common import EXIT_OK, CliError, Command
 
 
 def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -60,15 +60,8 @@ _SIZES = {
 }
 
 
-def register(sub: Any) -> None:
-    """Add ``estimate`` to the subcommand parsers."""
-    p = sub.add_parser(
-        "estimate",
-        help="predict GPU memory per training phase before running",
-        description="Predict memory per phase (weights, gradients, optimizer state, "
-        "activations, temporaries) for a transformer, before any run: decoders (GPT-2, "
-        "LLaMA, GPT-NeoX), encoders (BERT, RoBERTa) and ViT. It prints what it assumed.",
-    )
+def _options(p: argparse.ArgumentParser) -> None:
+    """The model, its training, its GPUs and layout, and where the answer comes from."""
     _model_options(p.add_argument_group("model"))
     _training_options(p)
     _layout_options(p.add_argument_group("GPUs and layout (per rank)"))
@@ -86,7 +79,6 @@ def register(sub: Any) -> None:
         help="build your own model with FUNCTION() (which may take batch= and seq=) on fake"
         " tensors and plan it with these options: layout, precision, checkpointing, ...",
     )
-    p.set_defaults(func=cmd_estimate)
 
 
 def _model_options(src: Any) -> None:
@@ -351,3 +343,16 @@ def oom_answer_lines(answer: dict[str, Any]) -> list[str]:
             f"  {c['flags']}: peak {fmt_bytes(c['peak_bytes'])} per rank ({state}); {c['cost']}"
         )
     return lines
+
+
+COMMANDS = (
+    Command(
+        "estimate",
+        help="predict GPU memory per training phase before running",
+        description="Predict memory per phase (weights, gradients, optimizer state, "
+        "activations, temporaries) for a transformer, before any run: decoders (GPT-2, "
+        "LLaMA, GPT-NeoX), encoders (BERT, RoBERTa) and ViT. It prints what it assumed.",
+        options=_options,
+        run=cmd_estimate,
+    ),
+)

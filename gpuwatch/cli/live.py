@@ -11,13 +11,14 @@ import argparse
 import shlex
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._child import handling, launched, leave_if_requested, unwind_later, unwind_requested
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
     CliError,
+    Command,
     add_source_options,
     add_theme,
     checked_theme,
@@ -69,9 +70,14 @@ _VIEW_SWITCHES = (
 def live_dashboard(p: argparse.ArgumentParser) -> None:
     """Make ``p`` the live dashboard's parser: its options, and :func:`cmd_live` to run
     (``gpuwatch`` without a command and ``gpuwatch live`` are the same command)."""
+    _live_options(p)
+    p.set_defaults(func=cmd_live)
+
+
+def _live_options(p: argparse.ArgumentParser) -> None:
+    """The live dashboard's options: the dashboard's, and its views'."""
     add_dashboard_options(p)
     add_view_options(p)
-    p.set_defaults(func=cmd_live)
 
 
 def add_view_options(p: argparse.ArgumentParser) -> None:
@@ -110,27 +116,16 @@ def _size(text: str) -> int:
     return NO_CAP if size is None else size
 
 
-def register(sub: Any) -> None:
-    """Add ``live`` and ``run`` to the subcommand parsers."""
-    live_dashboard(sub.add_parser("live", help="the live dashboard (the default command)"))
-    run = sub.add_parser(
-        "run",
-        help="the dashboard plus a command, instrumented with no code change",
-        description="Start the dashboard and COMMAND as a child process whose Python "
-        "processes get automatic phases (forward, backward, optimizer.step, zero_grad, "
-        "eval, data) once they import torch. Its output goes to a log shown in the "
-        "dashboard's Log tab; its exit status becomes gpuwatch's.",
-        usage="gpuwatch run [options] -- COMMAND [ARGS...]",
-    )
-    add_dashboard_options(run)
-    run.add_argument(
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """The dashboard's options, where the command's output goes, and the command."""
+    add_dashboard_options(p)
+    p.add_argument(
         "--log",
         metavar="FILE",
         help="where the command's output goes (default: a file in gpuwatch's "
         "log directory, named in the Log tab)",
     )
-    run.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
-    run.set_defaults(func=cmd_run)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
 
 
 # --------------------------------------------------------------------------- recording
@@ -346,3 +341,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         say(hint)
     status = child.exit_status
     return EXIT_ERROR if status is None else status
+
+
+COMMANDS = (
+    Command(
+        "live",
+        help="the live dashboard (the default command)",
+        options=_live_options,
+        run=cmd_live,
+    ),
+    Command(
+        "run",
+        help="the dashboard plus a command, instrumented with no code change",
+        description="Start the dashboard and COMMAND as a child process whose Python "
+        "processes get automatic phases (forward, backward, optimizer.step, zero_grad, "
+        "eval, data) once they import torch. Its output goes to a log shown in the "
+        "dashboard's Log tab; its exit status becomes gpuwatch's.",
+        usage="gpuwatch run [options] -- COMMAND [ARGS...]",
+        options=_run_options,
+        run=cmd_run,
+    ),
+)

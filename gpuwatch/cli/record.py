@@ -25,6 +25,7 @@ from ._common import (
     EXIT_ERROR,
     EXIT_OK,
     CliError,
+    Command,
     add_source_options,
     command_after_dashes,
     configure_metrics,
@@ -49,17 +50,8 @@ STATUS_EVERY = 1.0
 """Seconds between status lines on a terminal."""
 
 
-def register(sub: Any) -> None:
-    """Add ``record`` to the subcommand parsers."""
-    p = sub.add_parser(
-        "record",
-        help="record a session to a file, without a terminal (batch jobs)",
-        description="Record NVML, host and annotation data to FILE until SIGINT/SIGTERM "
-        "or --duration. Scripts send to the same socket as for the dashboard. With "
-        "'-- COMMAND', run COMMAND instrumented (as 'gpuwatch run' does) and record until it "
-        "exits; SIGINT/SIGTERM go to the command, and its exit status becomes gpuwatch's.",
-        usage="gpuwatch record --out FILE [options] [-- COMMAND [ARGS...]]",
-    )
+def _options(p: argparse.ArgumentParser) -> None:
+    """The file, when to stop, the live sources, and the command to run."""
     p.add_argument("--out", required=True, metavar="FILE", help="the recording to create")
     p.add_argument(
         "--duration",
@@ -86,7 +78,6 @@ def register(sub: Any) -> None:
     p.add_argument(
         "command", nargs=argparse.REMAINDER, help="a command to run instrumented, after --"
     )
-    p.set_defaults(func=cmd_record)
 
 
 class _Job:
@@ -320,3 +311,18 @@ def _status(sources: LiveSources, started: float) -> str:
         f"recorded {time.monotonic() - started:.0f} s · {_count(len(s.processes), 'process')} · "
         f"{phases} phases · {rows} rows · {size / 1e6:.1f} MB in {where}"
     )
+
+
+COMMANDS = (
+    Command(
+        "record",
+        help="record a session to a file, without a terminal (batch jobs)",
+        description="Record NVML, host and annotation data to FILE until SIGINT/SIGTERM "
+        "or --duration. Scripts send to the same socket as for the dashboard. With "
+        "'-- COMMAND', run COMMAND instrumented (as 'gpuwatch run' does) and record until it "
+        "exits; SIGINT/SIGTERM go to the command, and its exit status becomes gpuwatch's.",
+        usage="gpuwatch record --out FILE [options] [-- COMMAND [ARGS...]]",
+        options=_options,
+        run=cmd_record,
+    ),
+)

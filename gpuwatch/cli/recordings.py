@@ -11,11 +11,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._common import (
     EXIT_OK,
     CliError,
+    Command,
     Progress,
     add_align,
     add_theme,
@@ -107,39 +108,25 @@ EXPORT_TABLES = (
 EXPORT_FORMATS = ("csv", "jsonl")
 
 
-def register(sub: Any) -> None:
-    """Add ``replay``, ``info`` and ``export`` to the subcommand parsers."""
-    p = sub.add_parser(
-        "replay",
-        help="play a recording back in the dashboard",
-        description="Replay a recording (also one still being written: it follows the tail). "
-        "Several files (the hosts of one job, or several runs) replay as one session, lined "
-        "up by each file's wall clock, their devices named by host.",
-    )
+def _replay_options(p: argparse.ArgumentParser) -> None:
+    """The files, how they line up, the theme and the speed."""
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     add_align(p)
     add_theme(p)
     p.add_argument(
         "--speed", type=_speed, default=1.0, metavar="X", help="playback speed, 0.25 to 64"
     )
-    p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser(
-        "info",
-        help="summarise a recording",
-        description="Summarise a recording, or several merged as 'replay' shows them.",
-    )
+
+def _info_options(p: argparse.ArgumentParser) -> None:
+    """The files, how they line up, and JSON."""
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_align(p)
-    p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser(
-        "export",
-        help="write a recording's tables as CSV or JSON lines",
-        description="Write flat tables (see docs/recording.md) for pandas / polars. Several "
-        "files are merged as 'replay' shows them (device keys start with each file's host).",
-    )
+
+def _export_options(p: argparse.ArgumentParser) -> None:
+    """The files, how they line up, the format, the tables and where they go."""
     p.add_argument("file", metavar="FILE", nargs="+", help=_FILES_HELP)
     add_align(p)
     p.add_argument(
@@ -158,7 +145,6 @@ def register(sub: Any) -> None:
         "./run-export/; with --table and no --out, the table goes to stdout)",
     )
     p.add_argument("--force", action="store_true", help="overwrite table files that exist in DIR")
-    p.set_defaults(func=cmd_export)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -277,3 +263,31 @@ def cmd_export(args: argparse.Namespace) -> int:
         note = f" ({', '.join(empty)}: no rows, {what})"
     say(f"wrote {len(names)} tables, {total} rows, to {out}{os.sep}{note}")
     return EXIT_OK
+
+
+COMMANDS = (
+    Command(
+        "replay",
+        help="play a recording back in the dashboard",
+        description="Replay a recording (also one still being written: it follows the tail). "
+        "Several files (the hosts of one job, or several runs) replay as one session, lined "
+        "up by each file's wall clock, their devices named by host.",
+        options=_replay_options,
+        run=cmd_replay,
+    ),
+    Command(
+        "info",
+        help="summarise a recording",
+        description="Summarise a recording, or several merged as 'replay' shows them.",
+        options=_info_options,
+        run=cmd_info,
+    ),
+    Command(
+        "export",
+        help="write a recording's tables as CSV or JSON lines",
+        description="Write flat tables (see docs/recording.md) for pandas / polars. Several "
+        "files are merged as 'replay' shows them (device keys start with each file's host).",
+        options=_export_options,
+        run=cmd_export,
+    ),
+)

@@ -11,11 +11,12 @@ import argparse
 import importlib.util
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._common import (
     EXIT_OK,
     CliError,
+    Command,
     add_align,
     add_socket,
     add_theme,
@@ -39,18 +40,8 @@ def _bind(text: str) -> tuple[str, int]:
 _visitors = bounded(int, 1, 256, noun="a number of visitors", name="number of visitors")
 
 
-def register(sub: Any) -> None:
-    """Add ``serve`` to the subcommand parsers."""
-    p = sub.add_parser(
-        "serve",
-        help="serve the dashboard to a web browser (live, or recordings)",
-        description="Serve the dashboard to web browsers, one dashboard process per visitor. "
-        "With FILEs, each visitor replays them (several merged into one session, as "
-        "'replay' does). Without, visitors get an index: the live session of this machine "
-        "(the running gpuwatch's recording, followed as it grows; 'gpuwatch record' is "
-        "started if none runs) and the recordings of the sessions directory, newest first. "
-        "Needs the serve extra: pip install 'gpuwatch[serve]'.",
-    )
+def _options(p: argparse.ArgumentParser) -> None:
+    """What to serve, where, to whom, and how it looks."""
     p.add_argument("file", metavar="FILE", nargs="*", help="a recording to serve; several merge")
     p.add_argument(
         "--bind",
@@ -77,7 +68,6 @@ def register(sub: Any) -> None:
     add_align(p)
     add_theme(p, " of every visitor's dashboard")
     add_socket(p, "without FILEs: the annotation socket of the live session")
-    p.set_defaults(func=cmd_serve)
 
 
 def _need_extra() -> None:
@@ -209,3 +199,19 @@ def _check_file(path: str) -> None:
         open_recording(path).close()
     except RecordingError as exc:
         raise CliError(str(exc))
+
+
+COMMANDS = (
+    Command(
+        "serve",
+        help="serve the dashboard to a web browser (live, or recordings)",
+        description="Serve the dashboard to web browsers, one dashboard process per visitor. "
+        "With FILEs, each visitor replays them (several merged into one session, as "
+        "'replay' does). Without, visitors get an index: the live session of this machine "
+        "(the running gpuwatch's recording, followed as it grows; 'gpuwatch record' is "
+        "started if none runs) and the recordings of the sessions directory, newest first. "
+        "Needs the serve extra: pip install 'gpuwatch[serve]'.",
+        options=_options,
+        run=cmd_serve,
+    ),
+)

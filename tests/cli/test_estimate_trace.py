@@ -63,11 +63,12 @@ def builder(tmp_path: Path) -> str:
 
 def _estimate(*argv: str) -> dict[str, Any]:
     """``estimate --trace ...`` as the command parses and answers it, in this process."""
+    from gpuwatch.cli._common import add_commands
     from gpuwatch.cli._trace import trace_estimate
-    from gpuwatch.cli.estimate import register
+    from gpuwatch.cli.estimate import COMMANDS
 
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
+    add_commands(parser.add_subparsers(), COMMANDS)
     args, extra = parser.parse_known_args(["estimate", *argv, "--device", "cpu"])
     if extra == ["--device", "cpu"]:
         args.device = "cpu"

@@ -174,6 +174,13 @@ class PhaseBand(CachedStrips):
 
     def update_view(self, window: tuple[int, int], cursor: int | None, data_version: int) -> None:
         """Set what to show; re-fetches rows and redraws only if something changed."""
+        cells = self.wants(window, cursor, data_version)
+        if cells is not None:
+            self.take(window, cursor, data_version, cells, self.fetch(*window, cells))
+
+    def wants(self, window: tuple[int, int], cursor: int | None, data_version: int) -> int | None:
+        """The plot cells to fetch rows for to show ``window``, or None when the rows
+        shown stand (nothing changed)."""
         cells = self.plot_cells()
         if (window, cursor, data_version, cells) == (
             self.window,
@@ -181,9 +188,21 @@ class PhaseBand(CachedStrips):
             self.data_version,
             self._cells,
         ):
-            return
+            return None
+        return cells
+
+    def take(
+        self,
+        window: tuple[int, int],
+        cursor: int | None,
+        data_version: int,
+        cells: int,
+        rows: list[BandRow],
+    ) -> None:
+        """Show ``rows``, fetched for ``window`` at ``data_version`` and ``cells`` columns."""
         self.window, self.cursor, self.data_version = window, cursor, data_version
-        self._fetch(cells)
+        self._cells = cells
+        self.set_rows(rows)
 
     def _fetch(self, cells: int) -> None:
         self._cells = cells

@@ -107,6 +107,9 @@ class TimelineChart(CachedStrips):
         self.cursor: int | None = None
         self.data_version = 0
         self.last_frame: ChartFrame | None = None
+        # The frame for (t0, t1, dot columns, data version), read with the rest of its
+        # panel's frame (see :meth:`give`); a draw for another key fetches its own.
+        self._given: tuple[tuple[int, int, int, int], ChartFrame] | None = None
         self.build_count = 0  # how often strips were rebuilt (tests check the cache)
         self.axis_width = AXIS_WIDTH
         self.unit = "bytes"  # or "%": how the y axis is labelled
@@ -129,6 +132,30 @@ class TimelineChart(CachedStrips):
         """Drop the cached strips (a setting that is not part of the cache key changed)."""
         self.forget_strips()
         self.refresh()
+
+    def forget_frame(self) -> None:
+        """Fetch anew at the next draw (a setting the frame depends on changed)."""
+        self._given = None
+        self.invalidate()
+
+    def dot_columns(self, axis_width: int) -> int:
+        """Dot columns of the plot with ``axis_width`` cells of labels (0 before layout)."""
+        plot_w, plot_h = self.size.width - axis_width, self.size.height - 1
+        return plot_w * 2 if plot_w > 0 and plot_h > 0 else 0
+
+    def holds(self, window: tuple[int, int], data_version: int, dots: int) -> bool:
+        """Is the frame for ``window`` at ``data_version`` and ``dots`` columns held?"""
+        return self._given is not None and self._given[0] == (*window, dots, data_version)
+
+    def give(
+        self, window: tuple[int, int], data_version: int, dots: int, frame: ChartFrame
+    ) -> None:
+        """The frame to draw ``window`` at ``data_version`` with ``dots`` columns."""
+        self._given = ((*window, dots, data_version), frame)
+
+    def frame_held(self) -> ChartFrame | None:
+        """The frame given or fetched last (what the lines drawn next show), or None."""
+        return self._given[1] if self._given is not None else self.last_frame
 
     def set_axis_width(self, width: int) -> None:
         """Cells left of the plot (the panel keeps it equal to the band's label column)."""
@@ -192,7 +219,12 @@ class TimelineChart(CachedStrips):
         if plot_w <= 0 or plot_h <= 0:
             return [Strip.blank(width, base) for _ in range(height)]
         t0, t1 = self.window
-        frame = self.fetch(t0, t1, plot_w * 2)
+        key = (t0, t1, plot_w * 2, self.data_version)
+        if self._given is not None and self._given[0] == key:
+            frame = self._given[1]
+        else:  # a size the frame was not read for (a resize between frames)
+            frame = self.fetch(t0, t1, plot_w * 2)
+            self._given = (key, frame)
         self.last_frame = frame
         ymax = frame.ymax if frame.ymax > 0 else 1.0
         bits, owner = rasterise([(s.lo, s.hi) for s in frame.series], plot_w, plot_h, ymax)

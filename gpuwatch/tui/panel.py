@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from textual.app import ComposeResult
@@ -11,14 +12,14 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.reactive import var
 
-from ..analysis.breakdown import SAME
+from ..analysis.breakdown import SAME, Breakdown
 from ..analysis.forecast import level_ahead
 from ..analysis.moment import Moment, moment
 from ..analysis.predicted import PredictedLine
 from ..fmt import fmt_bytes, fmt_clock, fmt_duration, printable
 from ..session import MISSING_INT, Session, is_host
 from ._text import Fitted, Line, markup_safe
-from .band import BandMarker, BandRow, PhaseBand, label_width, process_spans
+from .band import BandMarker, BandRow, PhaseBand, fold_rows, label_width, process_spans
 from .breakdown import BreakdownBar
 from .chart import MONO_MARK, ChartFrame, Series, TimelineChart
 from .thresholds import level_style, marked
@@ -35,6 +36,37 @@ LINE_LABELS = {
     },
     "host": {"nvml": "RAM used", "allocated": "RSS"},
 }
+
+
+@dataclass(frozen=True, slots=True)
+class PanelRead:
+    """What one frame of a panel draws, read under the session's lock in one go.
+
+    Text, rows and lines made for this frame: none of the session's own containers.
+
+    Attributes:
+        title: The border title.
+        header: The device's figures at the moment.
+        legend: The lines' figures, the phase and the time.
+        breakdown: The bar's split (a GPU with an instrumented process), or None.
+        explained: The bar shows (an instrumented process has a row on the band).
+        band: The band's rows fetched for :attr:`band_cells`, or None where they stand.
+        band_cells: The plot cells the rows were fetched for.
+        axis_width: The label column of the band and the chart.
+        chart: The chart's frame for :attr:`dots` columns, or None where it holds one.
+        dots: The chart's dot columns (0 before layout).
+    """
+
+    title: str
+    header: Content
+    legend: tuple[Content, ...]
+    breakdown: Breakdown | None
+    explained: bool
+    band: tuple[BandRow, ...] | None
+    band_cells: int
+    axis_width: int
+    chart: ChartFrame | None
+    dots: int
 
 
 class DevicePanel(Vertical):
@@ -94,7 +126,7 @@ class DevicePanel(Vertical):
         self._header_shown: object = None  # the header line last set (text, styles)
 
     def watch_fit(self) -> None:
-        self.chart.invalidate()  # the y scale is not part of the chart's cache key
+        self.chart.forget_frame()  # the y scale is not part of the chart's cache key
 
     @property
     def device(self):
@@ -113,6 +145,9 @@ class DevicePanel(Vertical):
     ) -> None:
         """Show ``window``; figures at ``at`` (the cursor, else the newest or play position).
 
+        What the frame draws is read in one :meth:`~gpuwatch.session.Session.read`
+        (:class:`PanelRead`), then drawn from without the session.
+
         Args:
             window: ``(t0, t1)`` on the session's axis.
             cursor: The cursor (drawn on the chart and the band), or None.
@@ -120,39 +155,72 @@ class DevicePanel(Vertical):
             at: The time the header, legend and breakdown describe; default the cursor,
                 else the window's end (at most the newest time).
         """
+        self.band.set_max_rows(self.MAX_BAND_ROWS["short" if self.short else "regular"])
+        read = self.session.read(lambda: self._read(window, cursor, version, at))
+        self._show(read, window, cursor, version)
+
+    def _read(
+        self, window: tuple[int, int], cursor: int | None, version: int, at: int | None
+    ) -> PanelRead:
+        """Everything one frame of the panel draws (under the session's lock)."""
         if at is None:
             at = cursor if cursor is not None else min(window[1], self.session.now())
-        self.band.set_max_rows(self.MAX_BAND_ROWS["short" if self.short else "regular"])
-        self.band.update_view(window, cursor, version)
+        cells = self.band.wants(window, cursor, version)
+        rows = None if cells is None else tuple(self._band_rows(*window, cells))
+        shown = self.band.rows if rows is None else fold_rows(list(rows), self.band.max_rows)
         # The band's longest label sets the label column, and the chart's y axis matches
         # it, so the time axes of both stay aligned.
-        width = label_width(self.band.rows)
-        self.band.axis_width = width
-        self.chart.set_axis_width(width)
-        self.chart.update_view(window, cursor, version)
-        title = self._title()
-        # Setting a border title repaints the whole panel, chart included, even when it is
-        # the same: only a new one is set.
-        if title != self._title_shown:
-            self._title_shown = title
-            self.border_title = title
+        width = label_width(shown)
+        dots = self.chart.dot_columns(width)
+        chart = None
+        if dots and not self.chart.holds(window, version, dots):
+            chart = self._chart_frame(*window, dots)
         # The bar explains an instrumented process's memory: a GPU without one has
         # nothing to split that the header does not say already.
-        explained = self.bar is not None and bool(self.band.rows)
-        now = self.moment_at(at, with_breakdown=explained)  # read once, formatted below
-        header = self._header_text(now, window)
+        explained = self.bar is not None and bool(shown)
+        now = self._moment(at, explained)
+        return PanelRead(
+            title=self._title(),
+            header=self._header_text(now, window),
+            legend=tuple(self._legend(now, chart or self.chart.frame_held())),
+            breakdown=now.breakdown,
+            explained=explained,
+            band=rows,
+            band_cells=cells or 0,
+            axis_width=width,
+            chart=chart,
+            dots=dots,
+        )
+
+    def _show(
+        self, read: PanelRead, window: tuple[int, int], cursor: int | None, version: int
+    ) -> None:
+        """Draw what :meth:`_read` took (no session here)."""
+        if read.band is not None:
+            self.band.take(window, cursor, version, read.band_cells, list(read.band))
+        self.band.axis_width = read.axis_width
+        self.chart.set_axis_width(read.axis_width)
+        if read.chart is not None:
+            self.chart.give(window, version, read.dots, read.chart)
+        self.chart.update_view(window, cursor, version)
+        # Setting a border title repaints the whole panel, chart included, even when it is
+        # the same: only a new one is set.
+        if read.title != self._title_shown:
+            self._title_shown = read.title
+            self.border_title = read.title
+        header = read.header
         # Content's == ignores its styles: a level's new colour is a new header too.
         said = (header.plain, tuple(header.spans))
         if said != self._header_shown:  # an update repaints the line: only a new one
             self._header_shown = said
             self.header.text = header.plain
             self.header.update(header, layout=False)
-        self.legend.set(self._legend(now))
+        self.legend.set(list(read.legend))
         if self.bar is not None:
-            if self.bar.display != explained:
-                self.bar.display = explained
-            if now.breakdown is not None:
-                self.bar.show(now.breakdown)
+            if self.bar.display != read.explained:
+                self.bar.display = read.explained
+            if read.breakdown is not None:
+                self.bar.show(read.breakdown)
 
     # ------------------------------------------------------------------ text
 
@@ -266,9 +334,11 @@ class DevicePanel(Vertical):
                 return (len(times) - 1) * 1e9 / max(1, int(times[-1] - times[0]))
         return self.session.sampler_rate.get(self.key)
 
-    def _legend(self, now: Moment) -> list[Content]:
+    def _legend(self, now: Moment, frame: ChartFrame | None = None) -> list[Content]:
+        """The lines' figures at the moment, for the lines ``frame`` draws (default the
+        chart's)."""
         labels = LINE_LABELS["host" if self.is_host else "gpu"]
-        frame = self.chart.last_frame
+        frame = frame or self.chart.frame_held()
         roles = [s.role for s in frame.series] if frame else []
         values = dict(now.values)
         ahead = [line.hi[0] for line in frame.series if line.role == "forecast"] if frame else []
@@ -311,6 +381,9 @@ class DevicePanel(Vertical):
 
     def moment_at(self, t: int, with_breakdown: bool = False) -> Moment:
         """The device at ``t``, read once (the bar's breakdown too when asked)."""
+        return self.session.read(lambda: self._moment(t, with_breakdown))
+
+    def _moment(self, t: int, with_breakdown: bool) -> Moment:
         return moment(self.session, self.key, t, self.predicted, with_breakdown)
 
     def values_at(self, t: int) -> dict[str, float | None]:
@@ -348,6 +421,10 @@ class DevicePanel(Vertical):
         return reading.span, float(found.predicted_at_peak) if found is not None else None
 
     def _fetch_chart(self, t0: int, t1: int, n: int) -> ChartFrame:
+        """The chart's frame for a draw between frames (a resize), in a read of its own."""
+        return self.session.read(lambda: self._chart_frame(t0, t1, n))
+
+    def _chart_frame(self, t0: int, t1: int, n: int) -> ChartFrame:
         s = self.session
         series: list[Series] = []
         peak_seen = 0.0
@@ -402,6 +479,10 @@ class DevicePanel(Vertical):
         return ChartFrame(series, ymax)
 
     def _fetch_band(self, t0: int, t1: int, cells: int) -> list[BandRow]:
+        """The band's rows for a fetch between frames (a resize), in a read of its own."""
+        return self.session.read(lambda: self._band_rows(t0, t1, cells))
+
+    def _band_rows(self, t0: int, t1: int, cells: int) -> list[BandRow]:
         s = self.session
         rows = []
         now = s.now()

@@ -10,11 +10,12 @@ scaled under a change as that phase's predicted activations are), on the GPU it 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..fmt import fmt_bytes
 from ..predict import Answer, Plan, answer, plan_from_facts, rank_estimate
 from ..session import Session
-from ..session.model import Oom
+from ..session.model import Device, Oom
 
 PHASES = ("forward", "backward", "optimizer.step", "eval")
 """Phases whose recorded demand can be carried into the plan (they have activations)."""
@@ -55,27 +56,10 @@ def recorded_plan(session: Session, oom: Oom | None = None) -> Recorded:
     Raises:
         ValueError: No facts to plan from (the message is one line for the user).
     """
-    ooms = list(getattr(session, "ooms", []) or [])
-    procs = [(pid, p) for pid, p in session.processes.items() if isinstance(p.facts, dict)]
-    if not procs:
-        raise ValueError("no process sent facts (gpuwatch.watch)")
-    if oom is None:
-        oom_pids = {o.pid for o in ooms}
-        pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
-        oom = next((o for o in ooms if o.pid == pid), None)
-    else:
-        found = next(((pid, p) for pid, p in procs if pid == oom.pid), None)
-        if found is None:
-            raise ValueError(f"pid {oom.pid} sent no facts (gpuwatch.watch)")
-        pid, proc = found
-    # The model that ran out of memory, not one a notebook built after it.
-    facts = proc.facts_at(oom.t) if oom is not None else proc.facts
-    if not isinstance(facts, dict):
-        raise ValueError(f"pid {pid}: the facts of the model that failed were not kept")
+    pid, facts, oom, gpu = session.read(lambda: _recorded_inputs(session, oom))
     plan, assumed = plan_from_facts(facts)
     recorded = plan
     body = oom.body if oom is not None and isinstance(oom.body, dict) else {}
-    gpu = next((d for d in session.devices.values() if d.kind == "gpu" and d.total), None)
     phase = str(body.get("phase") or "")
     allocated, requested = body.get("allocated"), body.get("requested")
     demand = sum(max(v, 0) for v in (allocated, requested) if isinstance(v, int))
@@ -102,6 +86,32 @@ def recorded_plan(session: Session, oom: Oom | None = None) -> Recorded:
         gpu_total=int(gpu.total or 0) if gpu is not None else 0,
         assumed=assumed,
     )
+
+
+def _recorded_inputs(
+    session: Session, oom: Oom | None
+) -> tuple[int, dict[str, Any], Oom | None, Device | None]:
+    """What :func:`recorded_plan` plans from, read of the session at once (the plan itself
+    is made without its lock): the pid, its facts, the error, the first GPU with a total."""
+    ooms = list(session.ooms)
+    procs = [(pid, p) for pid, p in session.processes.items() if isinstance(p.facts, dict)]
+    if not procs:
+        raise ValueError("no process sent facts (gpuwatch.watch)")
+    if oom is None:
+        oom_pids = {o.pid for o in ooms}
+        pid, proc = next(((pid, p) for pid, p in procs if pid in oom_pids), procs[0])
+        oom = next((o for o in ooms if o.pid == pid), None)
+    else:
+        found = next(((pid, p) for pid, p in procs if pid == oom.pid), None)
+        if found is None:
+            raise ValueError(f"pid {oom.pid} sent no facts (gpuwatch.watch)")
+        pid, proc = found
+    # The model that ran out of memory, not one a notebook built after it.
+    facts = proc.facts_at(oom.t) if oom is not None else proc.facts
+    if not isinstance(facts, dict):
+        raise ValueError(f"pid {pid}: the facts of the model that failed were not kept")
+    gpu = next((d for d in session.devices.values() if d.kind == "gpu" and d.total), None)
+    return pid, facts, oom, replace(gpu) if gpu is not None else None
 
 
 def oom_answer(session: Session, oom: Oom) -> Answer | None:

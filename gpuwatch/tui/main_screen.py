@@ -264,7 +264,7 @@ class MainScreen(WindowActions, DashboardScreen):
 
     def _new_panels(self) -> list[DevicePanel]:
         """A panel for every device the session knows that has none yet, in :meth:`_order`."""
-        keys = [k for k in sorted(self.session.devices, key=self._order) if k not in self._panels]
+        keys = [k for k in self._placing()[0] if k not in self._panels]
         for key in keys:
             self._panels[key] = DevicePanel(self.session, key, self.predicted)
         return [self._panels[k] for k in keys]
@@ -272,10 +272,11 @@ class MainScreen(WindowActions, DashboardScreen):
     def _arrange_panels(self) -> None:
         """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the
         host panel first when its hello comes); the first panel keeps the focus it had."""
-        panels = [self._panels[k] for k in sorted(self._panels, key=self._order)]
+        order, trains_on = self._placing()
+        panels = [self._panels[k] for k in order if k in self._panels]
         # Training on the CPU alone, the GPUs show nothing of it: the panels, the host's
         # first, are the first screen even where they do not all fit (see panels_fit).
-        trains = [(p.is_host, self._trains_on(p.key)) for p in panels]
+        trains = [(p.is_host, trains_on[p.key]) for p in panels]
         host_run = any(h and t for h, t in trains) and not any(t and not h for h, t in trains)
         if host_run != self._host_run:
             self._host_run = host_run
@@ -291,10 +292,20 @@ class MainScreen(WindowActions, DashboardScreen):
         gpus = any(not p.is_host for p in panels)
         for panel in panels:
             if panel.is_host:
-                panel.set_class(gpus and not self._trains_on(panel.key), "-secondary")
+                panel.set_class(gpus and not trains_on[panel.key], "-secondary")
         if panels and first is not panels[0] and (first is None or first.has_focus_within):
             panels[0].focus(scroll_visible=False)
             self.panel_list.scroll_home(animate=False)
+
+    def _placing(self) -> tuple[list[str], dict[str, bool]]:
+        """Every device's key in :meth:`_order`, and whether an instrumented process trains
+        on it (:meth:`_trains_on`), in one read of the session."""
+
+        def read() -> tuple[list[str], dict[str, bool]]:
+            trains = {key: self._trains_on(key) for key in self.session.devices}
+            return sorted(trains, key=lambda key: self._order(key, trains[key])), trains
+
+        return self.session.read(read)
 
     def _trains_on(self, key: str) -> bool:
         """Does an instrumented process report its memory on this panel: a GPU its
@@ -303,12 +314,12 @@ class MainScreen(WindowActions, DashboardScreen):
             return any(not p.devices for p in self.session.processes_of_host(key))
         return bool(self.session.processes_on(key))
 
-    def _order(self, key: str) -> tuple[str, bool, bool, int, str]:
+    def _order(self, key: str, trains: bool) -> tuple[str, bool, bool, int, str]:
         """Panels by recording, the ones an instrumented process trains on first (whatever
         its device), then GPUs by index, the host last."""
         dev = self.session.devices[key]
         index = dev.index if dev.index is not None else 1 << 30
-        return (dev.origin, not self._trains_on(key), dev.kind == "host", index, key)
+        return (dev.origin, not trains, dev.kind == "host", index, key)
 
     @property
     def panels(self) -> list[DevicePanel]:
@@ -355,7 +366,8 @@ class MainScreen(WindowActions, DashboardScreen):
         )
         if len(self._panels) != len(state.devices):
             self._sync_panels()
-        self.predicted.update()  # each process that sent facts (cached per completed step)
+        # Each process that sent facts (cached per completed step).
+        self.session.read(self.predicted.update)
         first = state.time_range[0]
         if first != view.first:  # the data's start, not a change of view: no redraw
             self.set_reactive(MainScreen.view, replace(view, first=first))
@@ -440,7 +452,7 @@ class MainScreen(WindowActions, DashboardScreen):
         # Between frames (see STATUS_HZ); before the first frame there is nothing to redo.
         if self._status_said is None:
             return
-        if len(self.session.notes) != len(self.state.notes):
+        if self.session.read(lambda: len(self.session.notes)) != len(self.state.notes):
             # A new note (a recording that stopped says why) is drawn now, in a frame of its
             # own: with a clock that stands still the next look may be a second away.
             self._drawn_key = None
@@ -639,13 +651,16 @@ class MainScreen(WindowActions, DashboardScreen):
         each table refresh until found, a pass over the processes.)"""
         if self._ranks_added:
             return None
-        procs = list(self.session.processes.values())
-        if sum(rank_of(p) is not None for p in procs) < 2:
-            return None
-        if not any(len(job) >= 2 for job in jobs(self.session)):
+        if not self.session.read(self._has_job):
             return None
         self._ranks_added = True
         return self.tabs.add_pane(TabPane("Ranks", self.ranks_view, id="ranks"))
+
+    def _has_job(self) -> bool:
+        procs = list(self.session.processes.values())
+        if sum(rank_of(p) is not None for p in procs) < 2:
+            return False
+        return any(len(job) >= 2 for job in jobs(self.session))
 
     async def action_show_ranks(self) -> None:
         """Show the Ranks tab (added first if the session has ranks it has not shown)."""

@@ -50,7 +50,7 @@ def symbol(event: Mark | Oom) -> str:
 
 def nearest(session: Session, t: int, t0: int, t1: int) -> Mark | Oom | None:
     """The mark or OOM in ``[t0, t1]`` nearest to ``t`` (an OOM on a tie), or None."""
-    marks, ooms = session.events_between(t0, t1)
+    marks, ooms = session.read(lambda: session.events_between(t0, t1))
     events: list[Mark | Oom] = [*ooms, *marks]
     if not events:
         return None
@@ -59,7 +59,7 @@ def nearest(session: Session, t: int, t0: int, t1: int) -> Mark | Oom | None:
 
 def at(session: Session, t: int) -> list[Mark | Oom]:
     """The marks and OOMs at exactly ``t`` (where a jump landed), OOMs first."""
-    marks, ooms = session.events_between(t, t)
+    marks, ooms = session.read(lambda: session.events_between(t, t))
     return [*ooms, *marks]
 
 
@@ -130,11 +130,28 @@ class MarksTable(DataTable):
             self.add_column(label, key=key)
 
     def refresh_rows(self) -> None:
-        """Rebuild when a mark or an OOM came since the last call."""
+        """Rebuild when a mark or an OOM came since the last call (the events read in one
+        :meth:`~gpuwatch.session.Session.read`)."""
+        listed = self.session.read(self._listed)
+        if listed is None:
+            return
+        self.times = [e.t for e, _ in listed]
+        origin = self.session.t_origin
+        rows = [
+            (fmt_clock(e.t - origin), symbol(e), Text(printable(label)), Text(self.describe(e)))
+            for e, label in listed
+        ]
+        self.clear()
+        self.add_rows(rows)
+        self.display = bool(rows)
+
+    def _listed(self) -> list[tuple[Mark | Oom, str]] | None:
+        """The events to list with their process's label, or None when none came since
+        the last call."""
         s = self.session
         signature = (s.mark_count(), len(s.ooms))
         if signature == self._signature:
-            return
+            return None
         self._signature = signature
         kept = list(s.marks)
         if len(kept) >= LISTED or not s.marks_gone:
@@ -143,23 +160,11 @@ class MarksTable(DataTable):
             listed = list(islice(s.every_mark(), max(0, s.mark_count() - LISTED), None))
         events: list[Mark | Oom] = [*listed, *list(s.ooms)]
         events.sort(key=lambda e: e.t)
-        events = events[-LISTED:]
-        self.times = [e.t for e in events]
-        rows = []
-        for e in events:
+        out = []
+        for e in events[-LISTED:]:
             proc = s.processes.get(e.pid)
-            label = proc.label if proc is not None else str(e.pid)
-            rows.append(
-                (
-                    fmt_clock(e.t - s.t_origin),
-                    symbol(e),
-                    Text(printable(label)),
-                    Text(self.describe(e)),
-                )
-            )
-        self.clear()
-        self.add_rows(rows)
-        self.display = bool(rows)
+            out.append((e, proc.label if proc is not None else str(e.pid)))
+        return out
 
     def follow(self, t: int | None) -> None:
         """Highlight the row nearest to ``t`` (the cursor); None leaves it be."""

@@ -423,19 +423,23 @@ class GpuOverview(CachedStrips, can_focus=True):
     def update_view(self, at: int, version: object) -> None:
         """Read every device at ``at`` (once per moment and data version, in one read
         under the session's lock) and redraw where what is shown changed."""
-        key = (at, version, len(self.session.devices))
-        if key != self._read_key:
-            self._read_key = key
-            self.at = at
-            self.rows, self.host = self.session.read(lambda: self._read(at))
-            if self.selected >= len(self.rows) and self.rows:
-                self.selected = len(self.rows) - 1
+        taken = self.session.read(lambda: self._read(at, version))
+        if taken and self.selected >= len(self.rows) and self.rows:
+            self.selected = len(self.rows) - 1
         self._draw()
 
-    def _read(self, at: int) -> tuple[list[GpuRow], HostRow | None]:
-        """Each GPU's row and the host's at ``at`` (frozen: drawn without the session)."""
-        rows = [gpu_row(self.session, d, at, self.predicted) for d in gpu_devices(self.session)]
-        return rows, host_row(self.session, at)
+    def _read(self, at: int, version: object) -> bool:
+        """Take each GPU's row and the host's at ``at`` (frozen: drawn without the session)
+        unless those of this moment and version are held; True when taken."""
+        key = (at, version, len(self.session.devices))
+        if key == self._read_key:
+            return False
+        self._read_key = key
+        self.at = at
+        devices = gpu_devices(self.session)
+        self.rows = [gpu_row(self.session, d, at, self.predicted) for d in devices]
+        self.host = host_row(self.session, at)
+        return True
 
     # ------------------------------------------------------------------ drawing
 

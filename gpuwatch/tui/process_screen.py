@@ -128,17 +128,39 @@ class ProcessScreen(WindowActions, Screen[None]):
     def update_view(
         self, window: tuple[int, int], cursor: int | None, version: int, at: int
     ) -> None:
-        """Show ``window`` with the figures at ``at`` (as a panel's update_view)."""
-        self.band.update_view(window, cursor, version)
-        width = label_width(self.band.rows)
+        """Show ``window`` with the figures at ``at`` (as a panel's update_view): what the
+        frame draws is read in one :meth:`~gpuwatch.session.Session.read`."""
+        read = self.session.read(lambda: self._read(window, cursor, version, at))
+        rows, cells, width, frames, header, listed = read
+        if rows is not None:
+            self.band.take(window, cursor, version, cells, rows)
         self.band.axis_width = width
-        for chart in (self.memory, self.percent):
+        for chart, (dots, frame) in zip((self.memory, self.percent), frames, strict=True):
             chart.set_axis_width(width)
+            if frame is not None:
+                chart.give(window, version, dots, frame)
             chart.update_view(window, cursor, version)
-        self.band.display = bool(self.session.processes.get(self.pid))
-        figures = self.figures_at(at)
-        self.header.set(printable(self._header(figures, cursor)))
-        self.legend.set(self._legend(figures))
+        self.band.display = listed
+        self.header.set(printable(header))
+        self.legend.set(self._legend())
+
+    def _read(
+        self, window: tuple[int, int], cursor: int | None, version: int, at: int
+    ) -> tuple[list[BandRow] | None, int, int, list[tuple[int, ChartFrame | None]], str, bool]:
+        """The band's rows (None where they stand) and the cells they are for, the label
+        column, each chart's dot columns and frame (None where it holds one), the header
+        and whether the process has a row on the band (under the session's lock)."""
+        cells = self.band.wants(window, cursor, version)
+        rows = None if cells is None else self._band_rows(*window, cells)
+        width = label_width(self.band.rows if rows is None else rows)
+        frames: list[tuple[int, ChartFrame | None]] = []
+        for chart, fetch in ((self.memory, self._memory), (self.percent, self._percent)):
+            dots = chart.dot_columns(width)
+            wanted = dots and not chart.holds(window, version, dots)
+            frames.append((dots, fetch(*window, dots) if wanted else None))
+        header = self._header(self.figures_at(at), cursor)
+        listed = self.session.processes.get(self.pid) is not None
+        return rows, cells or 0, width, frames, header, listed
 
     def figures_at(self, t: int) -> dict[str, float | None]:
         """GPU memory, SM %, CPU % and RSS of the process at ``t`` (None: unknown)."""
@@ -180,7 +202,7 @@ class ProcessScreen(WindowActions, Screen[None]):
             parts.append(f"running {fmt_duration(int(self.row.elapsed * 1e9))}")
         return " · ".join(parts)
 
-    def _legend(self, f: dict[str, float | None]) -> str:
+    def _legend(self) -> str:
         def swatch(role: str, what: str) -> str:
             return f"[$gw-{role}]━━[/] {what}"
 
@@ -197,11 +219,17 @@ class ProcessScreen(WindowActions, Screen[None]):
         return [t for _, t in sorted(self.session.gpu_procs.items())]
 
     def _fetch_memory(self, t0: int, t1: int, n: int) -> ChartFrame:
+        return self.session.read(lambda: self._memory(t0, t1, n))
+
+    def _fetch_percent(self, t0: int, t1: int, n: int) -> ChartFrame:
+        return self.session.read(lambda: self._percent(t0, t1, n))
+
+    def _memory(self, t0: int, t1: int, n: int) -> ChartFrame:
         series = [Series(MEMORY_ROLES["gpu"], *lohi) for lohi in self._gpu_lines("used", t0, t1, n)]
         series.append(Series(MEMORY_ROLES["rss"], *self._rss_line("rss", t0, t1, n)))
         return ChartFrame(series, _ceiling(series))
 
-    def _fetch_percent(self, t0: int, t1: int, n: int) -> ChartFrame:
+    def _percent(self, t0: int, t1: int, n: int) -> ChartFrame:
         series = [Series(PERCENT_ROLES["sm"], *lohi) for lohi in self._gpu_lines("sm", t0, t1, n)]
         series.append(Series(PERCENT_ROLES["cpu"], *self._rss_line("cpu", t0, t1, n)))
         top = max(100.0, _ceiling(series))
@@ -235,6 +263,9 @@ class ProcessScreen(WindowActions, Screen[None]):
         return empty, empty
 
     def _fetch_band(self, t0: int, t1: int, cells: int) -> list[BandRow]:
+        return self.session.read(lambda: self._band_rows(t0, t1, cells))
+
+    def _band_rows(self, t0: int, t1: int, cells: int) -> list[BandRow]:
         proc = self.session.processes.get(self.pid)
         if proc is None:
             return []

@@ -178,6 +178,7 @@ class ProcessTable(CachedStrips, can_focus=True):
         self._last: object = None
         self._version = 0
         self._cache = pr.RowCache()  # the rows of the last refresh, reused where unchanged
+        self._totals: dict[str, int | None] = {}  # device key -> its total, at the refresh
         # (cells, width, style, layout) -> the row's line, drawn once while they are equal
         self._lines: dict[tuple[object, ...], Strip] = {}
         self._styles = self.style_cache(self._read_styles)
@@ -185,16 +186,12 @@ class ProcessTable(CachedStrips, can_focus=True):
     # ------------------------------------------------------------------ rows
 
     def refresh_rows(self) -> None:
-        """Rebuild from the session at :attr:`at` (sorted, filtered, as a tree)."""
-        listed = pr.rows(self.session, self.at, self._cache)
-        items = pr.sort(listed, self.sort_key, self.reverse)
-        if self.filter_text:
-            items = pr.matching(items, self.filter_text)
-        if self.as_tree:
-            items = pr.tree(self.session, items)
+        """Rebuild from the session at :attr:`at` (sorted, filtered, as a tree), read in one
+        :meth:`~gpuwatch.session.Session.read`."""
+        items, rest = self.session.read(self._read_rows)
         parent = self.parent
         if isinstance(parent, ProcessesView):
-            parent.show_note(self._note(items, listed))
+            parent.show_note(self._note(items, rest))
         signature = (self.sort_key, self.reverse, [_figures(r) for r in items])
         if signature == self._last:
             return
@@ -206,6 +203,21 @@ class ProcessTable(CachedStrips, can_focus=True):
             if same:
                 self.cursor_row = same[0]
         self._place(self.cursor_row)
+
+    def _read_rows(
+        self,
+    ) -> tuple[list[pr.ProcRow], list[tuple[str, int]]]:
+        """The rows shown at :attr:`at` (sorted, filtered, as a tree) and what NVML
+        attributes to no listed process; the GPUs' totals kept for the rows' levels."""
+        session = self.session
+        listed = pr.rows(session, self.at, self._cache)
+        items = pr.sort(listed, self.sort_key, self.reverse)
+        if self.filter_text:
+            items = pr.matching(items, self.filter_text)
+        if self.as_tree:
+            items = pr.tree(session, items)
+        self._totals = {key: dev.total for key, dev in session.devices.items()}
+        return items, pr.unattributed(session, self.at, listed)
 
     @property
     def row_count(self) -> int:
@@ -354,8 +366,7 @@ class ProcessTable(CachedStrips, can_focus=True):
 
     def _levels(self, row: pr.ProcRow, levels: Thresholds) -> tuple[str | None, str | None]:
         """The load levels of a row's GPU memory (of its GPU's total) and SM %."""
-        dev = self.session.devices.get(row.device_key or "")
-        total = dev.total if dev is not None and row.listed else None
+        total = self._totals.get(row.device_key or "") if row.listed else None
         sm = row.sm if row.listed else None
         return levels.memory_level(row.gpu_mem, total), levels.util_level(sm)
 
@@ -370,13 +381,12 @@ class ProcessTable(CachedStrips, can_focus=True):
             base + self.get_component_rich_style("process-table--cursor"),
         )
 
-    def _note(self, items: list[pr.ProcRow], listed: list[pr.ProcRow]) -> str:
+    def _note(self, items: list[pr.ProcRow], rest: list[tuple[str, int]]) -> str:
         """One line (the table's heading never moves): how many rows and how they are
         shown, the memory NVML attributes to no listed process, what a wider screen adds."""
         n = len(items)
         how = [f"{n} process{'es' if n != 1 else ''} by {dict(pr.COLUMNS)[self.sort_key]}"]
         how[0] += " ▼" if self.reverse else " ▲"
-        rest = pr.unattributed(self.session, self.at, listed)
         if rest:
             how.append(
                 f"{fmt_bytes(sum(b for _, b in rest))} on {pr.gpu_list([w for w, _ in rest])} "

@@ -222,7 +222,7 @@ class RanksView(VerticalScroll):
         if hidden and now - self._at < HIDDEN_EVERY:
             return
         self._at = now
-        self.tables = self.feed.tables(self.session)
+        self.tables = self.session.read(lambda: self.feed.tables(self.session))
         if hidden:  # only the faults are read: drawn when the tab shows (on_show)
             self._stale = True
             return

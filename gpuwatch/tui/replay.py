@@ -157,7 +157,7 @@ class ReplayTransport(Transport):
         """
         if self.player.growing:
             return
-        opening = self.player.opening()
+        opening = self.player.session.read(self.player.opening)
         self.player.pause()
         self.player.seek(opening.position)
         t0, t1 = opening.window
@@ -243,7 +243,7 @@ class ReplayTransport(Transport):
         self.scrubber.refresh()
 
     def seek_fraction(self, fraction: float) -> None:
-        first, last = self.player.bounds()
+        first, last = self.player.session.read(self.player.bounds)
         self.player.seek(first + int(fraction * (last - first)))
         self._follow_position()
 
@@ -293,12 +293,13 @@ class ReplayTransport(Transport):
     def _jump(self, method: str) -> None:
         """Seek to a phase boundary, mark, OOM or the largest spike; pause there."""
         app = self.dashboard
-        target = getattr(self.player, method)()
+        read = self.player.session.read
+        target = read(getattr(self.player, method))
         if target is None:
             app.notify(_NOTHING.get(method, "nothing there"), severity="warning", timeout=2)
             return
         if method == "jump_to_spike":
-            spike = self.player.spike()
+            spike = read(self.player.spike)
             if spike is not None:
                 app.tell_spike(spike)
         elif method in ("next_oom", "prev_oom", "next_mark", "prev_mark"):
@@ -308,7 +309,7 @@ class ReplayTransport(Transport):
 
     def action_whole(self) -> None:
         """Zoom out to the whole recording."""
-        first, last = self.player.bounds()
+        first, last = self.player.session.read(self.player.bounds)
         self.player.pause()
         span = max(last - first, 10**8)
         self.dashboard.view = replace(self.dashboard.view, span=span, end=first + span, cursor=None)

@@ -145,11 +145,23 @@ class PeaksTable(DataTable):
         return True
 
     def refresh_rows(self) -> None:
-        """Rebuild the rows if any process ended a phase since the last call."""
+        """Rebuild the rows if any process ended a phase since the last call (read in one
+        :meth:`~gpuwatch.session.Session.read`)."""
+        made = self.session.read(self._rows)
+        if made is None:
+            return
+        self.cells, self.spans, self.explanations = made
+        self._fill()
+
+    def _rows(
+        self,
+    ) -> tuple[list[tuple[object, ...]], list[tuple[int, int, int, int]], list[list[str]]] | None:
+        """Each phase's cells, span and explanation, or None when no process ended a phase
+        since the last call."""
         s = self.session
         signature = tuple((p.pid, len(p.phases)) for p in s.processes.values())
         if signature == self._signature:
-            return
+            return None
         self._signature = signature
         rows: list[tuple[object, ...]] = []
         spans: list[tuple[int, int, int, int]] = []
@@ -193,10 +205,7 @@ class PeaksTable(DataTable):
                         texts.append(_explain_row(line, p, sp, proc.label, is_host(key)))
                     except Exception as exc:  # facts are the script's word: never a crash
                         texts.append([f"{p.name}: cannot be explained ({type(exc).__name__})"])
-        self.explanations = texts
-        self.cells = rows
-        self.spans = spans
-        self._fill()
+        return rows, spans, texts
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show(event.cursor_row)

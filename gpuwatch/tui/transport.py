@@ -190,7 +190,7 @@ class Transport:
     def action_home(self) -> None:
         """Show the session's start."""
         app = self.dashboard
-        first = app.session.time_range()[0]
+        first = app.session.read(app.session.time_range)[0]
         app.view = replace(app.view, end=first + app.view.span, cursor=None)
 
     def action_end(self) -> None:
@@ -202,15 +202,19 @@ class Transport:
         app = self.dashboard
         panel = app.focused_panel()
         key = panel.key if panel else None
-        if key is not None and not nav.has_phases(app.session, key):
-            key = None
-        t = nav.next_boundary(app.session, app.reference_time(direction), direction, key)
+        s, at = app.session, app.reference_time(direction)
+
+        def boundary() -> int | None:
+            on = key if key is not None and nav.has_phases(s, key) else None
+            return nav.next_boundary(s, at, direction, on)
+
+        t = s.read(boundary)
         app.jump(t, "phase boundary")
 
     def action_jump_event(self, direction: int) -> None:
         """Cursor to the previous / next mark or OOM, and say what it says."""
         app = self.dashboard
-        times = nav.events(app.session, None)
+        times = app.session.read(lambda: nav.events(app.session, None))
         t = nav.step_to(times, app.reference_time(direction), direction)
         if t is not None:
             app.tell_events(t)
@@ -222,7 +226,7 @@ class Transport:
         panel = app.focused_panel()
         if panel is None:
             return
-        found = nav.spike(app.session, panel.key)
+        found = app.session.read(lambda: nav.spike(app.session, panel.key))
         if found is not None:
             app.tell_spike(found)
         app.jump(found.t if found else None, "spike")

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import synthetic
+from conftest import until
 
 from gpuwatch.protocol import Message
 from gpuwatch.session import Device, Session, gpu_key
@@ -45,7 +46,7 @@ def first_screen(app: GpuwatchApp):
     """The panel the first screen shows on top (the focused one on a short terminal)."""
     panels = app.dashboard.panels
     shown = [p for p in panels if p.region.height > 0 and p.region.y < app.size.height]
-    return panels[0], min(shown, key=lambda p: p.region.y)
+    return panels[0], min(shown, key=lambda p: p.region.y, default=None)
 
 
 def band_text(panel) -> str:
@@ -74,9 +75,13 @@ async def test_the_host_moves_first_when_a_cpu_run_says_hello_live() -> None:
         await pilot.pause()
         assert not app.dashboard.panels[0].is_host  # nothing instrumented yet: GPUs by index
         cpu_run(s)
-        await pilot.pause(0.8)  # the panels are rearranged at TABLE_HZ
-        first, top = first_screen(app)
-        assert first.is_host and top is first and first.has_focus_within
+
+        def host_first() -> bool:
+            first, top = first_screen(app)
+            return first.is_host and top is first and first.has_focus_within
+
+        # The panels are rearranged at TABLE_HZ, then laid out.
+        assert await until(pilot, host_first)
         # It gave way to the run's phases (issue 38's, by g).
         assert not app.dashboard.overview_shown
         await pilot.press("g")

@@ -9,8 +9,9 @@ an unauthenticated client can hold is bounded here:
   connections never starves a visitor with the token, and ``accept()`` never fails for
   want of descriptors.
 - **A time limit on unfinished requests**: a connection must complete a request within
-  :data:`REQUEST_WAIT` of opening, and an idle one is closed after as long (aiohttp's
-  keep-alive timer, which starts when the connection opens).
+  :data:`REQUEST_WAIT` of opening (``$GPUWATCH_SERVE_REQUEST_WAIT`` may say otherwise), and
+  an idle one is closed after as long (aiohttp's keep-alive timer, which starts when the
+  connection opens).
 - **One line with a count** for what it closed to make room, at most every
   :data:`REPORT_EVERY` seconds, and the same for descriptor errors of the event loop.
 """
@@ -19,13 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
+import os
 import resource
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 REQUEST_WAIT = 10.0
 """Seconds a connection has to send a whole request, and an idle one is kept."""
+REQUEST_WAIT_ENV = "GPUWATCH_SERVE_REQUEST_WAIT"
+"""Overrides :data:`REQUEST_WAIT` (seconds): a shorter door for the tests that wait it out."""
 REPORT_EVERY = 10.0
 """Seconds between two lines about connections closed to make room."""
 DESCRIPTORS_KEPT = 64
@@ -47,6 +52,16 @@ def raise_descriptor_limit() -> int:
         return int(hard)
     except (ValueError, OSError):
         return int(soft)
+
+
+def request_wait(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds from ``$GPUWATCH_SERVE_REQUEST_WAIT`` (a positive number), else
+    :data:`REQUEST_WAIT`."""
+    try:
+        value = float(environ.get(REQUEST_WAIT_ENV, ""))
+    except ValueError:
+        return REQUEST_WAIT
+    return value if 0 < value < math.inf else REQUEST_WAIT
 
 
 def connection_cap(limit: int, max_visitors: int) -> int:

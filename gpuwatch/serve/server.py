@@ -28,7 +28,7 @@ from aiohttp import WSMsgType, web
 from ..fmt import printable
 from .access import Access
 from .forking import ForkServer
-from .gate import REQUEST_WAIT, Gate, connection_cap, listen, raise_descriptor_limit
+from .gate import Gate, connection_cap, listen, raise_descriptor_limit, request_wait
 from .offers import LIVE, Catalog, Offer, OfferError, link
 from .pages import SECURITY_HEADERS, app_page, index_page, message_page, static_file
 from .visitor import DRIVER_ENV, Visitor, clamp_size, replay_argv
@@ -299,7 +299,7 @@ async def serve(settings: Settings, host: str, port: int, ready: Callable[[int],
         bound = sock.getsockname()[1]
         settings.access.port = bound  # the prefix depends on it: before the routes
         runner = web.AppRunner(
-            server.app(), access_log=None, handle_signals=False, keepalive_timeout=REQUEST_WAIT
+            server.app(), access_log=None, handle_signals=False, keepalive_timeout=request_wait()
         )
         await runner.setup()
         assert runner.server is not None

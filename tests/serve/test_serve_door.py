@@ -30,7 +30,7 @@ import psutil
 from conftest import fake_nvml_env, wait_for
 from serveproc import SPIKE, Served, serving
 
-from gpuwatch.serve.gate import REQUEST_WAIT
+from gpuwatch.serve.gate import REQUEST_WAIT, REQUEST_WAIT_ENV, request_wait
 
 CROWD = 1100
 LIMIT = 1024
@@ -123,17 +123,27 @@ def test_a_crowd_of_unfinished_connections_does_not_lock_out_the_token_holder(
 
 
 def test_idle_unfinished_connections_are_closed_after_the_wait() -> None:
-    with serving(["--bind", "0.0.0.0:0", str(SPIKE)]) as served:
+    # A shorter door than the default: waiting it out is the test, not its 10 seconds.
+    wait = 3.0
+    env = {**os.environ, REQUEST_WAIT_ENV: str(wait)}
+    with serving(["--bind", "0.0.0.0:0", str(SPIKE)], env=env) as served:
         socks = _crowd(served.port, 100)
         try:
-            time.sleep(REQUEST_WAIT / 2)
+            time.sleep(wait / 2)
             assert not any(_closed(s) for s in socks)  # not before their time
-            assert wait_for(lambda: all(_closed(s) for s in socks), timeout=REQUEST_WAIT + 5)
+            assert wait_for(lambda: all(_closed(s) for s in socks), timeout=wait + 5)
         finally:
             for s in socks:
                 s.close()
         # Nothing to report: no connection was closed to make room.
         assert "connections" not in served.stderr()
+
+
+def test_the_wait_comes_from_the_environment_when_it_is_a_positive_number() -> None:
+    assert request_wait({}) == REQUEST_WAIT
+    assert request_wait({REQUEST_WAIT_ENV: "2.5"}) == 2.5
+    for odd in ("", "soon", "0", "-1", "nan", "inf"):
+        assert request_wait({REQUEST_WAIT_ENV: odd}) == REQUEST_WAIT, odd
 
 
 # ---------------------------------------------------------------------- the fork server

@@ -160,7 +160,10 @@ def test_off_chart_reload_interrupt_and_a_new_model(session: Any, env: dict[str,
             "loss = model(x).pow(2).mean(); loss.backward()",  # 6: no line
             "%gpuwatch chart",  # 7
             "opt.step(); opt.zero_grad()",  # 8: a line with its chart
-            "import time\nwhile True: time.sleep(0.05)",  # 9: interrupted on its timeout
+            # 9: interrupted as the Interrupt button does it, SIGINT to the kernel mid-cell
+            # (no timeout's seconds waited out first)
+            "import time, os, signal\nos.kill(os.getpid(), signal.SIGINT)\n"
+            "while True: time.sleep(0.05)",
             "model = nn.Sequential(nn.Linear(256, 4096), nn.Linear(4096, 256))  # re-run\n"
             "opt = torch.optim.AdamW(model.parameters())",  # 10
             "loss = model(x).pow(2).mean(); loss.backward(); opt.step(); opt.zero_grad()",  # 11
@@ -169,8 +172,6 @@ def test_off_chart_reload_interrupt_and_a_new_model(session: Any, env: dict[str,
             "import os; print('pid', os.getpid())",  # 14
         ],
         env,
-        timeout=8,
-        interrupt_on_timeout=True,
     )
     c = nb.cells
     (first,) = lines(c[3])
@@ -191,7 +192,7 @@ def test_off_chart_reload_interrupt_and_a_new_model(session: Any, env: dict[str,
     wait_for(lambda: any(n.startswith("[11]") for n, _ in cells()))
     top = cells()
     assert len([n for n, _ in top if n.startswith("[4] loss = model(x)")]) == 1  # one, reloaded
-    assert ("[9] import time", True) in top  # interrupted: ended, marked failed
+    assert ("[9] import time, os, signal", True) in top  # interrupted: ended, marked failed
     assert not [n for n, _ in top if n.startswith("[13]")]  # unloaded: no cell phase
     proc = session.processes[pid]
     # The re-run model cell's model is a new epoch of facts, with its own parameters.

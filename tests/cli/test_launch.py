@@ -66,14 +66,19 @@ def _ended(session: Session, pid: int) -> bool:
 @pytest.mark.torch
 @pytest.mark.parametrize(
     ("args", "expected"),
+    # Three torch children, each seconds of imports: the plain loop's rows are every
+    # case's (``model.zero_grad()`` gives exactly them, ``opt.zero_grad()`` is the first
+    # case's); accumulation and eval each add their own rows, so one loop holds both (eval
+    # alone is tests/e2e/test_run_record.py's recorded loop).
     [
-        (["--steps", "3"], step_rows(3, last_data=True)),
-        (["--steps", "2", "--accum", "3"], step_rows(2, accum=3, last_data=True)),
-        (["--steps", "4", "--eval-every", "2"], step_rows(4, eval_every=2, last_data=True)),
+        (
+            ["--steps", "4", "--accum", "3", "--eval-every", "2"],
+            step_rows(4, accum=3, eval_every=2, last_data=True),
+        ),
         (["--steps", "3", "--zero-grad", "start"], step_rows(3, zero_grad="start")),
         (["--steps", "2", "--zero-grad", "model"], step_rows(2, last_data=True)),
     ],
-    ids=["plain", "accumulation", "eval", "zero-grad-first", "model-zero-grad"],
+    ids=["accumulation-and-eval", "zero-grad-first", "model-zero-grad"],
 )
 def test_plain_script_gets_phases(
     live: Session,
@@ -246,7 +251,15 @@ def test_startup_hook_is_light_and_chains(sock_path: str, env, tmp_path: Path) -
 
 @pytest.mark.torch
 def test_auto_off(live: Session, sock_path: str, env: dict[str, str], tmp_path: Path) -> None:
-    child = _run(sock_path, {**env, "GPUWATCH_AUTO": "0"}, tmp_path, "--steps", "2")
+    # torch imported and a forward and backward run, where the hook would load gpuwatch
+    # and phases begin; no optimizer (its first use imports torch._dynamo: seconds).
+    code = (
+        "import sys, torch\n"
+        "torch.nn.Linear(16, 4)(torch.randn(8, 16)).sum().backward()\n"
+        "print('gpuwatch', 'gpuwatch' in sys.modules)\n"
+    )
+    child = _python(code, sock_path, {**env, "GPUWATCH_AUTO": "0"}, tmp_path)
+    child.wait(timeout=120)
     assert child.exit_status == 0
     assert "gpuwatch False" in child.log_path.read_text()
     assert drained(live, sock_path)

@@ -8,7 +8,6 @@ next frame is due. Nothing here calls NVML.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -16,16 +15,14 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.dom import NoScreen
-from textual.geometry import Region
 from textual.message import Message
 from textual.reactive import var
-from textual.widget import Widget
 from textual.widgets import TabbedContent, TabPane, Tabs
 
 from ..analysis.predicted import predictions
 from ..analysis.rank_feed import jobs, rank_of
 from ..fmt import fmt_bytes, printable
-from ..session import Session, is_host
+from ..session import Session
 from ..session import navigate as nav
 from ..session.frame import FrameState
 from ..session.model import Oom
@@ -39,6 +36,7 @@ from .frame_clock import REDRAW_HZ, FrameClock
 from .keys import Key, KeyBar, bar_keys, bound_keys, help_rows, node_keys
 from .overview import GpuOverview
 from .panel import DevicePanel
+from .panel_list import PanelList
 from .process_screen import ProcessScreen
 from .processes import KEYS as PROCESS_KEYS
 from .processes import ProcessesView, ProcessTable
@@ -89,37 +87,6 @@ class NewData(Message):
         return isinstance(message, NewData)
 
 
-class PanelList(VerticalScroll, inherit_bindings=False):
-    """The device panels: they scroll, but ``home`` and ``end`` are the dashboard's.
-
-    In the one-panel layout (80x24) a panel has the focus, and a scrolling container's own
-    ``home`` / ``end`` (scroll to top / bottom) took the keys before the app saw them.
-    """
-
-    BINDINGS = [b for b in VerticalScroll.BINDINGS if b.key not in ("home", "end")]  # type: ignore[union-attr]
-
-    class Scrolled(Message):
-        """The list scrolled: panels out of view may have come into it."""
-
-    _top: Widget | None = None  # what show_at_top waits to scroll to (not laid out yet)
-
-    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
-        super().watch_scroll_y(old_value, new_value)
-        if round(old_value) != round(new_value):
-            self.post_message(self.Scrolled())
-
-    def show_at_top(self, widget: Widget) -> None:
-        """Scroll ``widget`` to the top, now or, if the list has no size yet (shown again
-        after the overview: hidden, it is laid out a few refreshes later), once it has."""
-        self._top = None if self.size else widget
-        self.scroll_to_widget(widget, animate=False, top=True)
-
-    def on_resize(self) -> None:
-        widget, self._top = self._top, None
-        if widget is not None:
-            self.call_after_refresh(self.scroll_to_widget, widget, animate=False, top=True)
-
-
 class MainScreen(WindowActions, DashboardScreen):
     """The dashboard: a panel per device over one shared, zoomable time window, and tabs.
 
@@ -153,12 +120,8 @@ class MainScreen(WindowActions, DashboardScreen):
         self.frames = FrameClock(
             lambda wait, call: self.app.set_timer(wait, call, name="frame"), self._look
         )
-        self._panels: dict[str, DevicePanel] = {}
-        self._arranged: tuple[str, ...] = ()  # the panels' keys in the order they stand
-        self._host_run = False  # instrumented processes train on the host, none on a GPU
         self._drawn_key: object = None
         self._timelines_stale = False  # a frame came while another tab was shown
-        self._panels_behind: list[DevicePanel] = []  # out of view at the last frame
         self._tables_version: object = -1
         # What the status line said that no frame key follows: redrawn when it changes.
         self._status_said: tuple[str, str | None] | None = None
@@ -186,7 +149,7 @@ class MainScreen(WindowActions, DashboardScreen):
         self.status_bar.add_source("forecast", ForecastParts(session), before="cursor")
         self.notes_bar = NotesLine(id="notes")
         self.tabs = TabbedContent(initial="timelines")
-        self.panel_list = PanelList(id="panels")
+        self.panel_list = PanelList(self.session, self.predicted, id="panels")
         self.overview = GpuOverview(session, self.predicted, id="overview")
         self.overview_scroll = VerticalScroll(self.overview, id="overview-scroll")
         self.overview_scroll.can_focus = False  # the overview itself takes the keys
@@ -210,7 +173,7 @@ class MainScreen(WindowActions, DashboardScreen):
                 # The devices known now are in the first layout: mounted from on_mount,
                 # the first frame came without them and three full redraws followed.
                 with self.panel_list:
-                    yield from self._new_panels()
+                    yield from self.panel_list.new_panels()
             with TabPane("Peaks", id="peaks"):
                 yield self.peaks_table
                 yield self.marks_table
@@ -257,75 +220,19 @@ class MainScreen(WindowActions, DashboardScreen):
     # ------------------------------------------------------------------ panels
 
     def _sync_panels(self) -> None:
-        """Mount a panel for every device the session knows, in :meth:`_order`."""
-        for panel in self._new_panels():
-            self.panel_list.mount(panel)
+        """Mount a panel for every device the session knows (:class:`PanelList`)."""
+        self.panel_list.sync()
         self._arrange_panels()
 
-    def _new_panels(self) -> list[DevicePanel]:
-        """A panel for every device the session knows that has none yet, in :meth:`_order`."""
-        keys = [k for k in self._placing()[0] if k not in self._panels]
-        for key in keys:
-            self._panels[key] = DevicePanel(self.session, key, self.predicted)
-        return [self._panels[k] for k in keys]
-
     def _arrange_panels(self) -> None:
-        """Keep the panels in :meth:`_order` (a process that trains on the CPU makes the
-        host panel first when its hello comes); the first panel keeps the focus it had."""
-        order, trains_on = self._placing()
-        panels = [self._panels[k] for k in order if k in self._panels]
-        # Training on the CPU alone, the GPUs show nothing of it: the panels, the host's
-        # first, are the first screen even where they do not all fit (see panels_fit).
-        trains = [(p.is_host, trains_on[p.key]) for p in panels]
-        host_run = any(h and t for h, t in trains) and not any(t and not h for h, t in trains)
-        if host_run != self._host_run:
-            self._host_run = host_run
-            self._drawn_key = None  # the next frame places the overview (or the panels)
-        keys = tuple(p.key for p in panels)
-        if keys == self._arranged:
-            return
-        first = self._panels[self._arranged[0]] if self._arranged else None
-        self._arranged = keys
-        for before, panel in itertools.pairwise(panels):
-            self.panel_list.move_child(panel, after=before)
-        # With GPUs to show, a host panel is a small strip, unless it is where training runs.
-        gpus = any(not p.is_host for p in panels)
-        for panel in panels:
-            if panel.is_host:
-                panel.set_class(gpus and not trains_on[panel.key], "-secondary")
-        if panels and first is not panels[0] and (first is None or first.has_focus_within):
-            panels[0].focus(scroll_visible=False)
-            self.panel_list.scroll_home(animate=False)
-
-    def _placing(self) -> tuple[list[str], dict[str, bool]]:
-        """Every device's key in :meth:`_order`, and whether an instrumented process trains
-        on it (:meth:`_trains_on`), in one read of the session."""
-
-        def read() -> tuple[list[str], dict[str, bool]]:
-            trains = {key: self._trains_on(key) for key in self.session.devices}
-            return sorted(trains, key=lambda key: self._order(key, trains[key])), trains
-
-        return self.session.read(read)
-
-    def _trains_on(self, key: str) -> bool:
-        """Does an instrumented process report its memory on this panel: a GPU its
-        allocator reads, or the host for one that uses no GPU (torch on the CPU)."""
-        if is_host(key):
-            return any(not p.devices for p in self.session.processes_of_host(key))
-        return bool(self.session.processes_on(key))
-
-    def _order(self, key: str, trains: bool) -> tuple[str, bool, bool, int, str]:
-        """Panels by recording, the ones an instrumented process trains on first (whatever
-        its device), then GPUs by index, the host last."""
-        dev = self.session.devices[key]
-        index = dev.index if dev.index is not None else 1 << 30
-        return (dev.origin, not trains, dev.kind == "host", index, key)
+        # Training that moves to the CPU (or back) places the overview anew.
+        if self.panel_list.reorder():
+            self._drawn_key = None
 
     @property
     def panels(self) -> list[DevicePanel]:
-        """Device panels in display order (as :meth:`_arrange_panels` last placed them: a
-        frame asks no process where it trains)."""
-        return [self._panels[k] for k in self._arranged]
+        """Device panels in display order (:attr:`PanelList.panels`)."""
+        return self.panel_list.panels
 
     # ------------------------------------------------------------------ drawing
 
@@ -364,7 +271,7 @@ class MainScreen(WindowActions, DashboardScreen):
         state = self.state = self.session.frame_state(
             lambda first: (view if first == view.first else replace(view, first=first)).window(now)
         )
-        if len(self._panels) != len(state.devices):
+        if len(self.panel_list.by_key) != len(state.devices):
             self._sync_panels()
         # Each process that sent facts (cached per completed step).
         self.session.read(self.predicted.update)
@@ -389,8 +296,8 @@ class MainScreen(WindowActions, DashboardScreen):
         elif self.overview_shown:  # the panels are hidden: not drawn (the cost of 8)
             self.overview.update_view(at, version)
         else:
-            self._place_panels()
-            self._update_panels(window, version, at)
+            self.panel_list.place(self.stepping, self.short)
+            self.panel_list.update_in_view(window, self.view.cursor, version, at)
         self._update_status(window)
         self.key_bar.set_keys(self.footer_keys())
         stack = self.app.screen_stack
@@ -398,30 +305,10 @@ class MainScreen(WindowActions, DashboardScreen):
         if isinstance(screen, ProcessScreen):
             screen.update_view(window, self.view.cursor, version, at)
 
-    def _update_panels(self, window: tuple[int, int], version: int, at: int) -> None:
-        """Update the panels in view; those scrolled out of it (a run on the CPU keeps every
-        GPU's panel below the host's) are updated when they come into view."""
-        view = self.panel_list.region
-        self._panels_behind = []
-        for panel in self._panels.values():
-            if self._out_of_view(panel, view):
-                self._panels_behind.append(panel)
-                continue
-            panel.update_view(window, self.view.cursor, version, at)
-        if self._panels_behind:  # a new layout can bring them into view without a scroll
-            self.call_after_refresh(self._panels_moved)
-
-    @staticmethod
-    def _out_of_view(panel: DevicePanel, view: Region) -> bool:
-        region = panel.region
-        return bool(region and view) and not region.overlaps(view)  # laid out, and outside
-
-    @on(PanelList.Scrolled)
+    @on(PanelList.CameIntoView)
     def _panels_moved(self) -> None:
-        view = self.panel_list.region
-        if any(not self._out_of_view(p, view) for p in self._panels_behind):
-            self._drawn_key = None
-            self.frames.look_in(1 / REDRAW_HZ)
+        self._drawn_key = None
+        self.frames.look_in(1 / REDRAW_HZ)
 
     def watch_view(self) -> None:
         # The first frame draws the window the transport opened on.
@@ -478,7 +365,7 @@ class MainScreen(WindowActions, DashboardScreen):
     @property
     def stepping(self) -> bool:
         """One panel at a time (a short terminal) and more than one panel to step through."""
-        return self.short and len(self._panels) > 1
+        return self.short and len(self.panel_list.by_key) > 1
 
     def footer_keys(self) -> list[Key]:
         """The key bar's entries, most important first (help and quit always fit): the
@@ -515,9 +402,8 @@ class MainScreen(WindowActions, DashboardScreen):
         size = self.size
         if self._plot_width_at is not None and self._plot_width_at[0] == size:
             return self._plot_width_at[1]
-        width = next(
-            (p.chart.plot_width for p in self._panels.values() if p.chart.plot_width > 0), 100
-        )
+        widths = (p.chart.plot_width for p in self.panel_list.by_key.values())
+        width = next((w for w in widths if w > 0), 100)
         self._plot_width_at = (size, width)
         return width
 
@@ -533,11 +419,11 @@ class MainScreen(WindowActions, DashboardScreen):
         nothing of it; ``g`` still opens the overview.
         """
         gpus = self.state.gpus
-        if gpus < 2 or self._host_run:
+        if gpus < 2 or self.panel_list.host_run:
             return True
         if self.short:
             return False
-        host = any(p.is_host for p in self._panels.values())
+        host = any(p.is_host for p in self.panel_list.by_key.values())
         return (gpus + host) * PANEL_ROWS <= self.size.height - CHROME_ROWS
 
     def _place_overview(self) -> None:
@@ -564,27 +450,19 @@ class MainScreen(WindowActions, DashboardScreen):
             self.overview.focus()
         elif self.overview.has_focus:
             # Given way to a run on the CPU: its host panel, first; else the selected GPU's.
-            self._focus_panel(None if self._host_run else self.overview.selected_key)
+            host_run = self.panel_list.host_run
+            self.panel_list.focus_on(None if host_run else self.overview.selected_key)
 
     def watch_overview_shown(self, shown: bool) -> None:
         self.overview_scroll.display = shown
         self.panel_list.display = not shown
 
-    def _focus_panel(self, key: str | None) -> None:
-        target = self._panels.get(key) if key is not None else None
-        if target is None:
-            panels = self.panels
-            target = panels[0] if panels else None
-        if target is not None:
-            target.focus(scroll_visible=False)
-            self.panel_list.show_at_top(target)
-
     def open_panel(self, key: str) -> None:
         """Leave the overview for the panel of device ``key``."""
         self._overview_choice = False
         self._place_overview()
-        self.call_after_refresh(self._focus_panel, key)
-        self._focus_panel(key)
+        self.call_after_refresh(self.panel_list.focus_on, key)
+        self.panel_list.focus_on(key)
         self.redraw()
 
     def action_overview(self) -> None:
@@ -608,14 +486,6 @@ class MainScreen(WindowActions, DashboardScreen):
     @on(GpuOverview.Opened)
     def _overview_opened(self, event: GpuOverview.Opened) -> None:
         self.open_panel(event.key)
-
-    def _place_panels(self) -> None:
-        """Tell each panel where it is among the others, and the layout, when stepping."""
-        panels = self.panels
-        stepping, short = self.stepping, self.short
-        for i, panel in enumerate(panels):
-            panel.place = f"{i + 1}/{len(panels)} tab ▸" if stepping else ""
-            panel.short = short
 
     # ------------------------------------------------------------------ tables
 
@@ -676,8 +546,9 @@ class MainScreen(WindowActions, DashboardScreen):
 
     def focused_panel(self) -> DevicePanel | None:
         """The panel holding focus (on the overview: the selected GPU's), else the first."""
-        if self.overview_shown and self.overview.selected_key in self._panels:
-            return self._panels[self.overview.selected_key]
+        by_key = self.panel_list.by_key
+        if self.overview_shown and self.overview.selected_key in by_key:
+            return by_key[self.overview.selected_key]
         node = self.focused
         while node is not None:
             if isinstance(node, DevicePanel):
@@ -739,7 +610,7 @@ class MainScreen(WindowActions, DashboardScreen):
 
     def action_toggle_fit(self) -> None:
         """Scale GPU y axes to the data / to the device total (and say which)."""
-        gpus = [panel for panel in self._panels.values() if not panel.is_host]
+        gpus = [panel for panel in self.panel_list.by_key.values() if not panel.is_host]
         if not gpus:
             self.notify("no GPU panel: the host's axis is its RAM", timeout=2)
             return

@@ -208,6 +208,6 @@ async def test_replay_drives_the_dashboard(tmp_path: Path, session: Session) -> 
             app.dashboard.redraw()
             await pilot.pause()
             assert app.now() == spike
-            assert len(app.dashboard._panels) == len(session.devices)
+            assert len(app.dashboard.panel_list.by_key) == len(session.devices)
     finally:
         player.close()

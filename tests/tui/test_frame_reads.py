@@ -111,7 +111,8 @@ async def test_panels_out_of_view_are_drawn_when_scrolled_into_it() -> None:
         keys = [d.key for d in gpu_devices(session)]
         app.dashboard.open_panel(keys[0])
         await pilot.press("f")  # paused: a frame only when data comes
-        first, last = app.dashboard._panels[keys[0]], app.dashboard._panels[keys[-1]]
+        by_key = app.dashboard.panel_list.by_key
+        first, last = by_key[keys[0]], by_key[keys[-1]]
         assert await until(pilot, lambda: first.region.overlaps(app.dashboard.panel_list.region))
         await pilot.pause(FRAME_S + 0.2)
         assert not app.dashboard.overview_shown

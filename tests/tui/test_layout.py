@@ -337,7 +337,7 @@ async def test_clicking_a_key_on_the_bar_runs_it() -> None:
         await pilot.click(KeyBar, offset=(text.index("? Help") + 1, 0))
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"
-        assert app.dashboard.panels[0].key == KEY and HOST in app.dashboard._panels
+        assert app.dashboard.panels[0].key == KEY and HOST in app.dashboard.panel_list.by_key
 
 
 async def test_phase_names_on_the_band_never_touch() -> None:

@@ -175,6 +175,6 @@ async def test_a_frame_reads_once_for_its_state_once_for_the_lines_and_once_a_pa
         frames = dash.redraws
         app.view = replace(app.view, cursor=session.t_origin + 4 * SECOND)
         assert dash.redraws == frames + 1
-        drawn = len(dash.panels) - len(dash._panels_behind)
+        drawn = len(dash.panels) - len(dash.panel_list.behind)
         assert drawn >= 2  # the GPU's panel and the host's
         assert reads == ["frame_state", "read", *["read"] * drawn], (reads, drawn)

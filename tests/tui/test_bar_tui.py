@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, until
 
 from gpuwatch.store.player import open_replay
 from gpuwatch.tui.app import GpuwatchApp
@@ -136,15 +136,20 @@ async def test_the_processes_tab_shows_the_lists_at_the_cursor(replay) -> None:
         await pilot.pause()
         await pilot.press("3")
         await put_cursor(app, pilot, 20.0)
-        await pilot.pause(0.6)  # the tables refresh a few times a second
         table = app.dashboard.process_table
-        rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
+
+        def rows() -> list[list[str]]:
+            return [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
+
         # At 20 s NVML listed the training process with 22.66 GiB (as in its last list, 33.8 s).
-        assert any(r[0] == "604" and r[3] == "22.66 GiB" for r in rows), rows
+        # The tables refresh a few times a second: wait for the one after the cursor moved.
+        assert await until(
+            pilot, lambda: any(r[0] == "604" and r[3] == "22.66 GiB" for r in rows())
+        ), rows()
         await put_cursor(app, pilot, 10.0)
-        await pilot.pause(0.6)
-        rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
-        assert any(r[0] == "604" and r[3] == "1.02 GiB" for r in rows), rows
+        assert await until(
+            pilot, lambda: any(r[0] == "604" and r[3] == "1.02 GiB" for r in rows())
+        ), rows()
 
 
 async def test_o_tells_what_the_oom_asked_for(replay) -> None:
@@ -169,14 +174,13 @@ async def test_the_oom_says_what_would_have_fitted(replay) -> None:
         await pilot.pause()
         await pilot.press("home", "o")
         table = app.dashboard.marks_table
-        for _ in range(600):  # the plan runs in a thread worker (seconds on a busy CPU)
-            await pilot.pause(0.1)
-            if table.answers:
-                break
+        # The plan runs in a thread worker (seconds on a busy CPU).
+        assert await until(pilot, lambda: bool(table.answers), timeout=60.0)
         ((said, _),) = table.answers.values()
         assert said.startswith("would have fitted: --checkpointing, peak 62.58 GiB"), said
-        await pilot.pause(0.3)
-        status = str(app.dashboard.status_bar.render())
-        assert "✖ 0:13.4 OOM in forward (step 5): --checkpointing fits" in status, status
+        word = "✖ 0:13.4 OOM in forward (step 5): --checkpointing fits"
+        assert await until(pilot, lambda: word in str(app.dashboard.status_bar.render())), str(
+            app.dashboard.status_bar.render()
+        )
         rows = [str(c) for r in range(table.row_count) for c in table.get_row_at(r)]
         assert any("OOM in forward" in c and "--checkpointing" in c for c in rows), rows

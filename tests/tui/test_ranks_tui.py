@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import rank_session as rs
 import synthetic
+from conftest import until
 from store_data import T0, Script
 
 from gpuwatch.analysis.rank_feed import RankFeed
@@ -69,8 +70,8 @@ async def test_no_tab_without_ranks_and_one_once_a_second_rank_says_hello() -> N
         await pilot.pause(0.6)
         assert not app.dashboard.has_ranks()
         rs.build(session=s, ranks=(1,), stray=False)  # its hello, and its steps
-        await pilot.pause(1.2)  # the table timer looks at the new process
-        assert app.dashboard.has_ranks()
+        # The table timer looks at the new process on its next tick.
+        assert await until(pilot, app.dashboard.has_ranks)
         await pilot.press("5")
         await pilot.pause()
         assert app.dashboard.tabs.active == "ranks"

@@ -7,7 +7,9 @@ import time
 import numpy as np
 import pytest
 import synthetic
+from conftest import until
 from textual import events
+from textual.command import CommandList
 from textual.widgets import Markdown
 
 from gpuwatch.session import HOST, gpu_key
@@ -300,10 +302,15 @@ async def test_command_palette_lists_every_action() -> None:
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*"Largest spike")
-        await pilot.pause(0.3)
+
+        def spike_highlighted() -> bool:
+            # The palette searches in a worker and shows its hits in batches.
+            option = app.screen.query_one(CommandList).highlighted_option
+            return option is not None and "Largest spike" in str(option.prompt)
+
+        assert await until(pilot, spike_highlighted)
         await pilot.press("enter")
-        await pilot.pause(0.3)
-        assert app.view.cursor is not None
+        assert await until(pilot, lambda: app.view.cursor is not None)
 
 
 async def test_chart_caches_strips_until_something_changes() -> None:
@@ -324,7 +331,7 @@ async def test_chart_caches_strips_until_something_changes() -> None:
         app.session.add_gpu_sample(
             KEY, {"t": END, "used": 70 * synthetic.GIB, "total": 80 * synthetic.GIB}
         )
-        await pilot.pause(0.3)
+        assert await until(pilot, lambda: chart.build_count > builds)
         assert chart.build_count == builds + 1
 
 
@@ -337,7 +344,7 @@ async def test_a_paused_view_shows_new_data_at_once_then_at_most_twice_a_second(
         sample = {"t": END, "used": 70 * synthetic.GIB, "total": 80 * synthetic.GIB}
         builds = chart.build_count
         app.session.add_gpu_sample(KEY, sample)
-        await pilot.pause(0.2)
+        assert await until(pilot, lambda: chart.build_count > builds)
         assert chart.build_count == builds + 1  # the first change shows at once
         redraws = app.dashboard.redraws
         start = time.monotonic()
@@ -346,8 +353,8 @@ async def test_a_paused_view_shows_new_data_at_once_then_at_most_twice_a_second(
             await pilot.pause(0.05)
         took = time.monotonic() - start
         assert app.dashboard.redraws - redraws <= took / (FOLLOW_FRAME_NS / 1e9) + 1
-        await pilot.pause(0.6)
-        assert chart.data_version == app.session.version  # the last of them shows
+        # The last of them shows.
+        assert await until(pilot, lambda: chart.data_version == app.session.version)
 
 
 async def test_a_frame_repaints_the_panel_only_for_a_new_title(monkeypatch) -> None:
@@ -368,13 +375,13 @@ async def test_a_frame_repaints_the_panel_only_for_a_new_title(monkeypatch) -> N
         builds = panel.chart.build_count
         sample = {"t": END, "used": 70 * synthetic.GIB, "total": 80 * synthetic.GIB}
         app.session.add_gpu_sample(KEY, sample)
-        await pilot.pause(0.3)
+        assert await until(pilot, lambda: panel.chart.build_count > builds)
         assert panel.chart.build_count == builds + 1  # a frame was drawn
         assert repaints == []
         panel.device.name = "Renamed GPU"
         app.session.add_gpu_sample(KEY, sample)
-        await pilot.pause(0.7)  # paused, a second change of data shows within FOLLOW_FRAME_NS
-        assert repaints and "Renamed GPU" in panel.border_title
+        # Paused, a second change of data shows within FOLLOW_FRAME_NS.
+        assert await until(pilot, lambda: bool(repaints) and "Renamed GPU" in panel.border_title)
 
 
 @pytest.mark.parametrize("theme", ["gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"])
@@ -407,8 +414,7 @@ async def test_theme_switch_rebuilds_chart() -> None:
         chart = gpu_panel(app).chart
         builds = chart.build_count
         app.theme = "gpuwatch-light"
-        await pilot.pause(0.2)
-        assert chart.build_count > builds
+        assert await until(pilot, lambda: chart.build_count > builds)
 
 
 async def test_one_band_row_per_rank_named_by_rank() -> None:

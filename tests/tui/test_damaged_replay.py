@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import synthetic
-from conftest import ROOT
+from conftest import ROOT, until
 
 from gpuwatch.session import MISSING_INT
 from gpuwatch.store import save_session
@@ -67,11 +67,13 @@ async def test_a_damaged_chunk_reads_as_unknown_never_negative(tmp_path: Path, s
     try:
         app = replay_app(player, subtitle="replay damaged.gpuwatch")
         async with app.run_test(size=size) as pilot:
-            await pilot.pause(0.5)
-            gpu = next(p for p in app.dashboard.panels if not p.is_host)
-            # The opening cursor lies in the damaged chunk: its figures are unknown.
-            header = str(gpu.header.render())
-            assert "n/a / n/a" in header, header
+            # The opening cursor lies in the damaged chunk: its figures are unknown, once
+            # the first frame has drawn the panel.
+            def gpu_header() -> str:
+                gpus = [p for p in app.dashboard.panels if not p.is_host]
+                return str(gpus[0].header.render()) if gpus else ""
+
+            assert await until(pilot, lambda: "n/a / n/a" in gpu_header()), gpu_header()
             assert not NEGATIVE.search(screen_text(app)), screen_text(app)
             assert any("damaged" in note for note in app.session.notes)
             # And everywhere along the recording.

@@ -49,8 +49,7 @@ async def check_hidden_then_shown(click: bool) -> None:
     session = many_gpus.build(8)
     app = GpuwatchApp(session, clock=lambda: END)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
-        assert app.dashboard.overview_shown
+        assert await until(pilot, lambda: app.dashboard.overview_shown)  # the layout chose it
         await pilot.press("f")  # paused: a frame only when data comes
         await pilot.press("3")
         await pilot.pause(FRAME_S + 0.1)
@@ -141,8 +140,7 @@ async def test_the_overview_reads_figures_not_explanations(
     session = many_gpus.build(8)
     app = GpuwatchApp(session, clock=lambda: END)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
-        assert app.dashboard.overview_shown
+        assert await until(pilot, lambda: app.dashboard.overview_shown)  # the layout chose it
         frames = app.dashboard.redraws
         app.dashboard.redraw()
         assert await until(pilot, lambda: app.dashboard.redraws > frames)

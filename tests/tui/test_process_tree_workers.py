@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import until, wait_for
 
 from gpuwatch.analysis import processes as pr
 from gpuwatch.session import Session
@@ -93,10 +93,16 @@ async def test_a_dataloaders_workers_show_under_their_trainer(monkeypatch, where
             app = GpuwatchApp(s)
             async with app.run_test(size=(120, 30)) as pilot:
                 await pilot.press("3", "t")
-                await pilot.pause(0.6)
+
+                def workers_under_it() -> bool:
+                    # The tables refresh a few times a second; the tree comes with one.
+                    shown = app.dashboard.process_table.shown
+                    j = next((k for k, r in enumerate(shown) if r.pid == pid), None)
+                    return j is not None and sorted(r.pid for r in shown[j + 1 : j + 3]) == workers
+
+                assert await until(pilot, workers_under_it), app.dashboard.process_table.shown
                 shown = app.dashboard.process_table.shown
                 j = next(k for k, r in enumerate(shown) if r.pid == pid)
-                assert sorted(r.pid for r in shown[j + 1 : j + 3]) == workers
                 cells = [app.dashboard.process_table.get_row_at(k) for k in (j + 1, j + 2)]
                 assert all("─ " in c[10] for c in cells), cells  # drawn as branches
         finally:

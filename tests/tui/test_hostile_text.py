@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import synthetic
-from conftest import run_cli, wait_for
+from conftest import run_cli, until, wait_for
 
 from gpuwatch.fmt import printable
 from gpuwatch.protocol import Message
@@ -163,10 +163,13 @@ async def test_a_recording_that_stops_says_so_in_the_header(tmp_path: Path) -> N
     app = GpuwatchApp(session, clock=lambda: synthetic.end_time(), subtitle=sources.describe)
     async with app.run_test(size=(140, 45)) as pilot:
         assert wait_for(lambda: recorder.error is not None, timeout=10)
-        await pilot.pause(0.6)
-        status = str(app.dashboard.status_bar.render())
-        assert "NOT RECORDING (disk full)" in status
-        assert "recording stopped: disk full" in str(app.dashboard.notes_bar.render())
+        # The next frame says so, in the status bar and the notes.
+        assert await until(
+            pilot, lambda: "NOT RECORDING (disk full)" in str(app.dashboard.status_bar.render())
+        ), str(app.dashboard.status_bar.render())
+        assert await until(
+            pilot, lambda: "recording stopped: disk full" in str(app.dashboard.notes_bar.render())
+        ), str(app.dashboard.notes_bar.render())
     recorder.close()
 
 
@@ -182,12 +185,12 @@ async def test_a_recording_that_stops_after_the_first_frame_shows_at_once() -> N
         warning=lambda: said["warning"],
     )
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
-        assert "recording ~/a" in app.dashboard.status_bar.text
+        assert await until(pilot, lambda: "recording ~/a" in app.dashboard.status_bar.text)
         said["warning"], said["subtitle"] = "NOT RECORDING (disk full)", "not recording " * 9
-        await pilot.pause(0.3)
-        status = app.dashboard.status_bar.text
-        assert status.startswith("gpuwatch · LIVE · NOT RECORDING (disk full) · "), status
+        warned = "gpuwatch · LIVE · NOT RECORDING (disk full) · "
+        assert await until(pilot, lambda: app.dashboard.status_bar.text.startswith(warned)), (
+            app.dashboard.status_bar.text
+        )
 
 
 @pytest.mark.tmux

@@ -50,7 +50,19 @@ async def test_a_steady_process_lines_reach_now() -> None:
 
             # The list has not changed for 3 s (the figures hold still)...
             assert await until(pilot, lambda: steady_for(3), timeout=30)
-            await pilot.pause(0.3)
+
+            def reaches_now() -> bool:
+                # A frame drawn since the list held still (a few come a second).
+                frame = screen.memory.last_frame
+                if frame is None:
+                    return False
+                hi = frame.series[0].hi
+                t0, t1 = screen.memory.window
+                now = (min(s.now(), t1) - t0) * len(hi) // (t1 - t0)
+                newest = np.flatnonzero(np.isfinite(hi))
+                return bool(len(newest)) and newest[-1] >= now - 3
+
+            assert await until(pilot, reaches_now)
             frame = screen.memory.last_frame
             assert frame is not None
             hi = frame.series[0].hi

@@ -6,6 +6,7 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 import synthetic
+from conftest import until
 
 from gpuwatch.tui.app import GpuwatchApp
 from gpuwatch.tui.time_window import MIN_SPAN, SECOND, TimeWindow
@@ -51,6 +52,5 @@ async def test_one_change_of_several_fields_is_one_redraw() -> None:
         await pilot.press("minus")
         assert app.dashboard.redraws == before + 2 and app.view.span == 10 * SECOND
         # The frame timer keeps the session's start in the window without redrawing it.
-        await pilot.pause(0.2)
-        assert app.view.first == app.session.time_range()[0]
+        assert await until(pilot, lambda: app.view.first == app.session.time_range()[0])
         assert app.dashboard.redraws == before + 2

@@ -111,9 +111,9 @@ def cells(table: ProcessTable) -> list[list[str]]:
 
 async def open_tab(app, pilot) -> ProcessTable:
     await pilot.press("3")
-    await pilot.pause(0.6)
     table = app.dashboard.process_table
-    assert app.focused is table
+    # The tab's key refreshes its table; its focus and rows are waited for, not assumed.
+    assert await until(pilot, lambda: app.focused is table and table.row_count > 0)
     return table
 
 
@@ -271,7 +271,18 @@ async def test_enter_opens_the_process_timelines(size: str) -> None:
             table = await open_tab(app, pilot)
             select(table, target)
             await pilot.press("enter")
-            await pilot.pause(0.6)
+
+            def drawn() -> bool:
+                # The screen opens, and its header and lines come with its first frame.
+                screen = app.screen
+                return (
+                    isinstance(screen, ProcessScreen)
+                    and "SM 91%" in str(screen.header.render())
+                    and screen.memory.last_frame is not None
+                    and screen.percent.last_frame is not None
+                )
+
+            assert await until(pilot, drawn), str(app.screen)
             screen = app.screen
             assert isinstance(screen, ProcessScreen) and screen.pid == target
             header = str(screen.header.render())

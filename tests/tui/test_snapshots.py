@@ -70,10 +70,7 @@ def test_process_table(snap_compare) -> None:
 async def first_frame(pilot) -> None:
     """The dashboard behind the help has drawn its first frame (a loaded machine may handle
     the key before it, and the help would then cover a half-drawn screen)."""
-    for _ in range(200):
-        if pilot.app.dashboard.redraws:
-            break
-        await pilot.pause(0.02)
+    assert await until(pilot, lambda: bool(pilot.app.dashboard.redraws))
     await pilot.pause()
 
 

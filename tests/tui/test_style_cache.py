@@ -12,6 +12,7 @@ from __future__ import annotations
 import many_gpus
 import pytest
 import synthetic
+from conftest import until
 from test_process_snapshots import session as processes_session
 
 from gpuwatch.tui._strips import CachedStrips
@@ -26,9 +27,11 @@ def backgrounds(widget: CachedStrips, y: int) -> set[object]:
 
 async def switch(app: GpuwatchApp, pilot: object, widget: CachedStrips, theme: str) -> None:
     """Name ``theme`` and draw a line before its CSS is applied, then let it apply."""
+    style = widget.rich_style
     app.theme = theme
     widget.render_line(0)  # the screen's frame, between the two
-    await pilot.pause(0.3)  # type: ignore[attr-defined]
+    # Every theme here has its own background: the CSS has applied once it shows.
+    assert await until(pilot, lambda: widget.rich_style != style)
 
 
 @pytest.mark.parametrize(("first", "then"), THEMES)
@@ -36,9 +39,8 @@ async def test_a_theme_switch_recolours_the_processes_tab(first: str, then: str)
     app = GpuwatchApp(processes_session(), theme_name=first, clock=synthetic.end_time)
     async with app.run_test(size=(140, 45)) as pilot:
         await pilot.press("3")
-        await pilot.pause(0.3)
         table = app.dashboard.process_table
-        assert table.row_count >= 3
+        assert await until(pilot, lambda: table.row_count >= 3)
         before = [backgrounds(table, y) for y in range(4)]
         await switch(app, pilot, table, then)
         header = table.get_component_rich_style("process-table--header").bgcolor
@@ -56,8 +58,7 @@ async def test_a_theme_switch_recolours_the_overview(first: str, then: str) -> N
         many_gpus.build(8), theme_name=first, clock=lambda: many_gpus.END_MS * many_gpus.MS
     )
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.pause(0.3)
-        assert app.dashboard.overview_shown
+        assert await until(pilot, lambda: app.dashboard.overview_shown)
         overview = app.dashboard.overview
         before = backgrounds(overview, 0)
         await switch(app, pilot, overview, then)

@@ -6,11 +6,10 @@ summary names the host. On main they sorted below the fold and the summary said 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import screen_text
+from conftest import screen_text, until
 from promstub import PromStub, Stub, gpu_series, merge
 
 from gpuwatch.cluster import PromClient
@@ -25,15 +24,6 @@ def served() -> Iterator[tuple[Stub, PromStub]]:
     server = PromStub(s)
     yield s, server
     server.close()
-
-
-async def until(pilot, cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        await pilot.pause(0.05)
-    return cond()
 
 
 async def test_stale_gpus_are_on_the_first_screen_and_named(served) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, screen_text, wait_for
+from conftest import ROOT, screen_text, until, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series
@@ -45,15 +45,6 @@ def served() -> Iterator[tuple[Stub, PromStub]]:
     server = PromStub(s)
     yield s, server
     server.close()
-
-
-async def until(pilot, cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        await pilot.pause(0.05)
-    return cond()
 
 
 async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
@@ -107,12 +98,15 @@ async def test_grid_ranks_sort_filter_and_drill_down(served) -> None:
         assert await until(pilot, lambda: len(screen.query(GpuBlock)) == 2)
         ranges = [r.params["query"] for r in s.requests if r.path == "/api/v1/query_range"]
         assert ranges and all('host="node-b"' in q for q in ranges)
-        await pilot.pause(0.2)
         block = screen.query(GpuBlock).first()
-        roles = [
-            x.role for x in block.chart.fetch(screen.history.start, screen.history.end, 20).series
-        ]
-        assert roles == ["predicted", "nvml", "reserved", "allocated", "peak"]
+
+        def roles() -> list[str]:
+            # The history's answers come in after its queries went out.
+            chart = block.chart.fetch(screen.history.start, screen.history.end, 20)
+            return [x.role for x in chart.series]
+
+        expected = ["predicted", "nvml", "reserved", "allocated", "peak"]
+        assert await until(pilot, lambda: roles() == expected), roles()
         title = "GPU 1 · util 51% · 61°C · 301W · not instrumented: bob ollama 4.0G"
         assert await until(pilot, lambda: title in screen_text(app)), screen_text(app)
         await pilot.press("escape")
@@ -137,7 +131,14 @@ async def test_80x24_keeps_state_phase_and_used_and_the_summary_whole(served) ->
     app = ClusterApp(PromClient(server.url), [])
     async with app.run_test(size=(80, 24)) as pilot:
         assert await until(pilot, lambda: app.refreshes >= 1)
-        await pilot.pause(0.2)
+
+        def drawn() -> bool:
+            # The refresh's figures are in the widgets; the screen shows them once drawn.
+            lines = screen_text(app).splitlines()
+            summary = " ".join(lines[:2])
+            return "worst rank 9" in summary and sum("G/80.0G" in ln for ln in lines) >= 10
+
+        assert await until(pilot, drawn), screen_text(app)
         text = screen_text(app)
         lines = text.splitlines()
         assert all(len(line) <= 80 for line in lines)

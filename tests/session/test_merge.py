@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import synthetic
-from conftest import run_cli
+from conftest import run_cli, until
 from store_data import assert_tables_equal
 
 from gpuwatch.session import HOST, gpu_key
@@ -180,10 +180,11 @@ async def test_merged_replay_under_pilot(two_files: list[Path]) -> None:
     player = Player(opened.session, playing=False)
     app = replay_app(player, theme_name="gpuwatch-dark", subtitle="merged")
     async with app.run_test(size=(160, 60)) as pilot:
-        await pilot.pause(0.2)
-        keys = [p.key for p in app.dashboard.panels]
         # Each host's GPU, then its host strip; hosts in the order given.
-        assert keys == ["node-a/" + GPU, "node-a/host", "node-b/" + GPU, "node-b/host"]
+        keys = ["node-a/" + GPU, "node-a/host", "node-b/" + GPU, "node-b/host"]
+        assert await until(pilot, lambda: [p.key for p in app.dashboard.panels] == keys), [
+            p.key for p in app.dashboard.panels
+        ]
         titles = [str(p.border_title) for p in app.dashboard.panels]
         assert titles[0].startswith("node-a · GPU 0") and titles[2].startswith("node-b · GPU 0")
         # A time inside node-a's forward of step 2 is B's data phase (B runs 2 s behind,

@@ -16,6 +16,7 @@ from pathlib import Path
 import longdata
 import numpy as np
 import pytest
+from conftest import until
 from longdata import GIB, KEY, PID, SECOND, T0
 from store_data import as_schema_1, assert_sessions_equal
 
@@ -264,8 +265,7 @@ async def test_the_replay_app_opens_on_the_whole_file_and_shows_the_spike(long_f
             assert spike is not None and spike.source == "phase"
             assert player.position() == spike.t
             await pilot.press("right_square_bracket", "2")
-            await pilot.pause(0.6)
-            assert app.dashboard.peaks_table.row_count > 0
+            assert await until(pilot, lambda: app.dashboard.peaks_table.row_count > 0)
     finally:
         player.close()
 

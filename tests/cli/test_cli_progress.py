@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, wait_for
 
 from gpuwatch.cli import _common, recordings
 
@@ -37,10 +37,10 @@ def test_on_a_terminal_it_waits_tells_and_clears(monkeypatch) -> None:
         shown.status = "checking x"
         time.sleep(0.15)
         assert err.getvalue() == ""  # quick work says nothing
-        time.sleep(0.4)
+        assert wait_for(lambda: "checking x" in err.getvalue())  # past the delay it tells
         count = iter(range(1000))
         shown.status = lambda: f"read {next(count)}"
-        time.sleep(0.2)
+        assert wait_for(lambda: "read 3" in err.getvalue())
     out = err.getvalue()
     assert "\r\x1b[Kgpuwatch: checking x · 0 s" in out
     assert "read 3" in out  # asked anew at each rewrite
@@ -69,18 +69,30 @@ def test_info_and_export_say_what_they_read(
     monkeypatch.setattr(recordings, "Progress", quick)
     validate = recording.Recording.validate
 
-    def slow_validate(self, progress=None) -> None:  # a big file: checking takes a while
+    def shown(*parts: str) -> bool:
+        return all(p in err.getvalue() for p in parts)
+
+    # A big file: each step takes a while, here until the status line has said it.
+    def slow_validate(self, progress=None) -> None:
         for i in range(3):
             if progress is not None:
                 progress(i, 3)
-            time.sleep(0.1)
+                assert wait_for(lambda: shown(f"{i * 100 // 3}% of its chunks"))  # noqa: B023
         validate(self, progress)
 
     monkeypatch.setattr(recording.Recording, "validate", slow_validate)
     summarize = info.summarize_opened
-    monkeypatch.setattr(info, "summarize_opened", lambda o: (time.sleep(0.2), summarize(o))[1])
+    reading = (
+        f"{'summarising' if command == 'info' else 'exporting'} {SAMPLE.name}: ",
+        " chunks read · ",
+    )
+    monkeypatch.setattr(
+        info, "summarize_opened", lambda o: (wait_for(lambda: shown(*reading)), summarize(o))[1]
+    )
     write = export.write
-    monkeypatch.setattr(export, "write", lambda *a: (time.sleep(0.02), write(*a))[1])
+    monkeypatch.setattr(
+        export, "write", lambda *a: (wait_for(lambda: shown(*reading)), write(*a))[1]
+    )
     monkeypatch.setattr("sys.stderr", err)
     args = [command, str(SAMPLE)]
     if command == "export":

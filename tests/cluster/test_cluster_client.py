@@ -10,12 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, wait_for
 from promstub import GiB, PromStub, Stub, gpu_series, merge, rank_series, self_signed
 
 from gpuwatch.cluster import Auth, Cluster, PromClient, PromError, fetch, parse_matchers
@@ -411,7 +410,8 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(kept) -> None:
     s, server = kept
     client = PromClient(server.url)
     assert client.query("gpuwatch_gpu_up")
-    time.sleep(1.0)  # past the server's idle timeout: it closed the kept connection
+    # Past the server's idle timeout: it closed the kept connection.
+    assert wait_for(lambda: not server._open)
     assert len(client.query("gpuwatch_gpu_up")) == 3
     assert client.connections == 2
     assert len({r.peer for r in s.requests}) == 2

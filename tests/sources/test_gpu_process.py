@@ -164,11 +164,23 @@ def test_frames_are_what_the_session_applies(fake_env: None) -> None:
     sampler = child.Child.start("gpuwatch.sources.gpu_process", ["0.05", "1.0"])
     assert sampler is not None
     frames: list[tuple[int, bytes]] = []
+    ended: list[bool] = []
+
+    def samples() -> int:
+        return sum(c[0] == "sample" for _, p in list(frames) for c in marshal.loads(p))
+
+    def read() -> None:
+        ended.append(sampler.read(lambda tag, p: frames.append((tag, p)), 1 << 26, 1 << 16))
+
+    reader = threading.Thread(target=read)
     try:
         assert sampler.wait_ready(30)
-        time.sleep(1.0)
+        reader.start()
+        # Frames come as the child samples: read as they come, until ten samples are in.
+        assert wait_for(lambda: samples() >= 10, timeout=30), samples()
         sampler.close_lifeline(drain=True)  # the child stops, writes what it holds, exits
-        assert sampler.read(lambda tag, payload: frames.append((tag, payload)), 1 << 26, 1 << 16)
+        reader.join(30)
+        assert ended == [True]
         assert sampler.reap(10)
     finally:
         sampler.reap(0)

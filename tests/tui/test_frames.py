@@ -195,9 +195,12 @@ async def test_the_overview_lines_are_what_content_renders() -> None:
     session = many_gpus.build(2, mig=True)
     app = GpuwatchApp(session, clock=lambda: many_gpus.END_MS * many_gpus.MS)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.pause(FOLLOW_FRAME_NS / 1e9)
         overview = app.dashboard.overview
-        assert app.dashboard.overview_shown and any(r.util is None for r in overview.rows)
+        # The layout chooses the overview, and a frame gives it its rows.
+        assert await until(
+            pilot,
+            lambda: app.dashboard.overview_shown and any(r.util is None for r in overview.rows),
+        )
         for theme in ("gpuwatch-dark", "gpuwatch-light", "gpuwatch-contrast"):
             for focused in (True, False):
                 app.theme = theme

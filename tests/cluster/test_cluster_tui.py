@@ -136,7 +136,12 @@ async def test_80x24_keeps_state_phase_and_used_and_the_summary_whole(served) ->
             # The refresh's figures are in the widgets; the screen shows them once drawn.
             lines = screen_text(app).splitlines()
             summary = " ".join(lines[:2])
-            return "worst rank 9" in summary and sum("G/80.0G" in ln for ln in lines) >= 10
+            rows = [ln for ln in lines[2:] if "G/80.0G" in ln]
+            return (
+                all(w in summary for w in ("16 GPUs", "worst rank 9", "every 1 s", "sort host"))
+                and len(rows) >= 10
+                and all(re.search(r"  ok\b", r) and "forward @10" in r for r in rows)
+            )
 
         assert await until(pilot, drawn), screen_text(app)
         text = screen_text(app)
@@ -158,12 +163,16 @@ async def test_80x24_keeps_state_phase_and_used_and_the_summary_whole(served) ->
         def head() -> str:
             return next(line for line in screen_text(app).splitlines() if "used/total" in line)
 
-        assert await until(pilot, lambda: "memory" in head()), head()
-        assert "util" in head() and "peak/pred" in head(), head()
+        assert await until(
+            pilot, lambda: all(w in head() for w in ("memory", "util", "peak/pred"))
+        ), head()
         await pilot.resize_terminal(80, 24)
         assert await until(pilot, lambda: "memory" not in head()), head()
         await pilot.press("2")
-        assert await until(pilot, lambda: "ranks: 16" in screen_text(app))
+        # The tab's title line and its table (a long phase name cut short) come drawn.
+        assert await until(
+            pilot, lambda: all(w in screen_text(app) for w in ("ranks: 16", "ppppppp…"))
+        ), screen_text(app)
         text = screen_text(app)
         assert "ranks: 16" in text and "ppppppp…" in text, text
         table = [line for line in text.splitlines() if "gpu-node-0" in line]

@@ -159,6 +159,17 @@ TIERS: dict[str, tuple[str, ...]] = {
         "tests/tui/test_processes_fit.py",
         "tests/tui/test_processes_tui.py",
         "tests/tui/test_thresholds.py",
+        # The sample recordings replayed at two or three sizes each.
+        "tests/tui/test_one_story.py",
+        "tests/tui/test_readable_replay.py",
+        "tests/tui/test_replay_tui.py",
+        # Seconds of real time each: a trickled backlog, a recording being written, CLI
+        # children, a paused view's redraws over a second.
+        "tests/sources/test_receiver.py::test_a_trickled_backlog_costs_the_relay_about_its_size",
+        "tests/cli/test_cli_inputs.py::test_force_does_not_overwrite_a_recording_being_written",
+        "tests/cli/test_cli_inputs.py::test_info_and_export_open_a_file_named_in_latin1",
+        "tests/cli/test_cli_inputs.py::test_run_and_record_of_a_missing_command_exit_2",
+        "tests/tui/test_tui.py::test_a_paused_view_shows_new_data_at_once_then_at_most_twice",
     ),
 }
 """Node-id prefixes (a directory, a file or a test) and the tier marker their tests get:

@@ -95,14 +95,16 @@ async def test_a_replay_frame_and_its_tabs_read_only_under_the_lock(
     oom_replay: GpuwatchApp,
 ) -> None:
     app = oom_replay
+    app.animation_level = "none"  # Pilot waits out each tab's sliding underline otherwise
     seen = watch(app.session)
     async with app.run_test(size=(160, 50)) as pilot:
         dash = app.dashboard
         assert await until(pilot, lambda: dash.redraws > 0 and bool(dash.panels))
         app.view = replace(app.view, cursor=app.session.t_origin + 5 * SECOND)
         await pilot.pause()
-        # Play, jump to the OOM, fit the y axis, step back a mark, then every tab.
-        for key in ("space", "o", "y", "M", "[", "]", "home", "space", "2", "3"):
+        # Play, home, jump to the OOM (which pauses), fit the y axis, step back a mark
+        # and through phase boundaries, then the tabs.
+        for key in ("space", "home", "o", "y", "M", "[", "]", "2", "3"):
             await pilot.press(key)
             await pilot.pause(0.1)
         assert await until(pilot, lambda: dash.process_table.row_count > 0)

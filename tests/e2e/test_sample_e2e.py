@@ -39,6 +39,11 @@ def _top_level(session: Session, pid: int) -> list[tuple[str, int, int, int]]:
     return [(name, step, t0, t1) for t0, t1, name, step in rows]
 
 
+SMALL = ("--layers", "1", "--hidden", "32", "--seq", "16", "--batch", "2", "--vocab", "64")
+"""The sample's model made small, where a test is about its events rather than its model
+(test_sample_phases_arrive_in_order and the run without a dashboard train the default)."""
+
+
 @pytest.fixture
 def live(sock_path: str):
     session = Session()
@@ -115,7 +120,7 @@ def test_sample_with_stalled_dashboard_completes(sock_path: str, sub_env: dict[s
     stalled.bind(sock_path)  # bound, never read
     try:
         start = time.monotonic()
-        result = run_sample(sub_env, "--steps", "30")
+        result = run_sample(sub_env, "--steps", "30", *SMALL)
         assert result.returncode == 0, result.stderr
         assert time.monotonic() - start < 60
     finally:
@@ -123,13 +128,12 @@ def test_sample_with_stalled_dashboard_completes(sock_path: str, sub_env: dict[s
 
 
 def test_dashboard_started_mid_run_picks_up(sock_path: str, sub_env: dict[str, str]) -> None:
-    # A model small enough that 400 steps are mostly the 10 ms sleeps, on one thread: on a
-    # loaded 2-core machine the default model, with OpenMP's threads spinning for cores
-    # they could not get, took over the 120 s this test once allowed (100 steps at load
-    # ~10: 72 s, and 12 s with OMP_NUM_THREADS=1).
-    small = ("--layers", "1", "--hidden", "32", "--seq", "16", "--batch", "2", "--vocab", "64")
+    # 200 steps of SMALL are mostly the 10 ms sleeps, on one thread: on a loaded 2-core
+    # machine the default model, with OpenMP's threads spinning for cores they could not
+    # get, took over the 120 s this test once allowed (100 steps at load ~10: 72 s, and
+    # 12 s with OMP_NUM_THREADS=1).
     env = {**sub_env, "OMP_NUM_THREADS": "1"}
-    proc = start_sample(env, "--steps", "400", "--step-sleep", "0.01", "--log-every", "10", *small)
+    proc = start_sample(env, "--steps", "200", "--step-sleep", "0.01", "--log-every", "10", *SMALL)
     try:
         # The first 10 steps happen with nobody listening.
         assert proc.stdout is not None

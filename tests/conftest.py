@@ -191,35 +191,6 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return found
 
 
-HEAVY_FIRST = ("accuracy", "e2e", "slow")
-"""The tiers whose files are handed out first, in this order (the fast tier's after)."""
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # xdist's loadfile hands out files in order of how many tests each holds, so a file of
-    # four long training runs went out last and one worker finished long before the other.
-    # It now keeps the order below instead.
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def heavy_first(items: list[pytest.Item]) -> None:
-    """Order ``items`` file by file: the files of the slowest tier a test of theirs is in
-    first (:data:`HEAVY_FIRST`), then those holding more tests; a file's tests stay
-    together and in their order."""
-
-    def file_of(item: pytest.Item) -> str:
-        return item.nodeid.partition("::")[0]
-
-    rank: dict[str, tuple[int, int, int]] = {}
-    for item in items:
-        tiers = {m.name for m in item.iter_markers()}
-        tier = min((HEAVY_FIRST.index(t) for t in tiers if t in HEAVY_FIRST), default=3)
-        best, count, first = rank.get(file_of(item), (3, 0, len(rank)))
-        rank[file_of(item)] = (min(tier, best), count - 1, first)
-    items.sort(key=lambda item: rank[file_of(item)])
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (none found here)")
     skip_tmux = pytest.mark.skip(reason="needs tmux on PATH")
@@ -233,7 +204,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_tmux)
         if item.get_closest_marker("torch") is not None and not HAVE_TORCH:
             item.add_marker(skip_torch)
-    heavy_first(items)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -415,7 +385,9 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
                 code = 1
     finally:
         os.chdir(here)
-    return subprocess.CompletedProcess(["gpuwatch", *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(
+        ["gpuwatch", *args], code, out.getvalue(), err.getvalue()
+    )
 
 
 def run_sample(
